@@ -1,0 +1,138 @@
+"""Transformer architectures: their parameter count, and the named presets.
+
+Two block styles:
+
+* ``"gpt"``: LayerNorm (weight + bias), biased Q/K/V/O and MLP linears,
+  GeLU MLP of width F (4d in GPT), dropout; per layer 4d^2 + 2dF + F + 9d
+  parameters, i.e. 12d^2 + 13d at F = 4d (Kaplan et al. 2020; Korthikanti
+  et al. 2022). Tied input/output embedding Vd, optional learned positions.
+* ``"llama"``: RMSNorm (weight only), no biases, SwiGLU MLP with three d x F
+  matrices, untied embeddings, no dropout: L(4d^2 + 3dF + 2d) + 2Vd + d
+  (Touvron et al. 2023).
+"""
+from dataclasses import dataclass, field, replace
+
+import sympy as sp
+
+from .symbols import F, H, L, V, d
+
+STYLES = ("gpt", "llama")
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """A decoder-only transformer. ``n_params`` overrides the computed count
+    (the article works with a nominal 7x10^9)."""
+    d_model: int
+    n_layers: int
+    n_heads: int
+    d_ff: int = None
+    vocab_size: int = 32000
+    style: str = "gpt"
+    n_positions: int = 0          # learned position embeddings (GPT-2/3); 0 for RoPE
+    n_params: int = None
+    description: str = field(default="", compare=False)
+
+    def __post_init__(self):
+        if self.style not in STYLES:
+            raise ValueError(f"style must be one of {', '.join(STYLES)}, got {self.style!r}")
+        if self.d_ff is None:
+            object.__setattr__(self, "d_ff", 4 * self.d_model)
+        for name in ("d_model", "n_layers", "n_heads", "d_ff", "vocab_size"):
+            _check_positive(name, getattr(self, name))
+        _check_positive("n_positions", self.n_positions, allow_zero=True)
+        if self.n_params is not None:
+            _check_positive("n_params", self.n_params)
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
+
+    @property
+    def dropout(self) -> bool:
+        """GPT-style blocks train with dropout; LLaMA-style blocks do not."""
+        return self.style == "gpt"
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    @property
+    def computed_params(self) -> int:
+        """The parameter count from the architecture (ignores ``n_params``)."""
+        expr = param_count_expr(self.style, self.n_positions)
+        return int(expr.subs({d: self.d_model, L: self.n_layers, F: self.d_ff, V: self.vocab_size}))
+
+    @property
+    def params(self) -> int:
+        """The count the ledger uses: ``n_params`` if given, else the computed one."""
+        return self.n_params if self.n_params is not None else self.computed_params
+
+    @property
+    def largest_layer_params(self) -> int:
+        """Parameters of the largest single module (a block or the embedding)."""
+        block = int(block_params_expr(self.style).subs({d: self.d_model, F: self.d_ff}))
+        return max(block, self.vocab_size * self.d_model)
+
+    def with_changes(self, **changes) -> "Architecture":
+        """A copy with fields changed; a changed shape drops the nominal ``n_params``."""
+        if set(changes) - {"n_params", "description"} and "n_params" not in changes:
+            changes["n_params"] = None
+        return replace(self, **changes)
+
+
+def _check_positive(name, value, allow_zero=False):
+    ok = isinstance(value, int) and not isinstance(value, bool) and (value >= 0 if allow_zero else value > 0)
+    if not ok:
+        kind = "a non-negative" if allow_zero else "a positive"
+        raise ValueError(f"{name} must be {kind} integer, got {value!r}")
+
+
+def block_params_expr(style: str = "gpt") -> sp.Expr:
+    """Parameters of one transformer block.
+
+    gpt:   attention 4d^2 + 4d, MLP 2dF + F + d, two LayerNorms 4d.
+    llama: attention 4d^2, SwiGLU MLP 3dF, two RMSNorms 2d.
+    """
+    if style == "gpt":
+        return (4 * d**2 + 4 * d) + (2 * d * F + F + d) + 4 * d
+    return 4 * d**2 + 3 * d * F + 2 * d
+
+
+def param_count_expr(style: str = "gpt", n_positions: int = 0) -> sp.Expr:
+    """Whole-model parameter count: L blocks + embeddings + final norm.
+
+    gpt:   L(4d^2 + 2dF + F + 9d) + Vd (tied) + n_positions*d + 2d
+           = 12Ld^2 + 13Ld + Vd + ... at F = 4d.
+    llama: L(4d^2 + 3dF + 2d) + 2Vd (untied) + d.
+    """
+    if style == "gpt":
+        return L * block_params_expr("gpt") + V * d + n_positions * d + 2 * d
+    return L * block_params_expr("llama") + 2 * V * d + d
+
+
+PRESETS = {
+    "article-7b": Architecture(4096, 32, 32, 16384, 32000, "gpt", n_params=7 * 10**9,
+        description="the article's spec (d 4096, L 32, H 32, d_ff 4d), nominal 7x10^9 "
+                    "parameters; vocabulary not given there, LLaMA-2's 32000 assumed for the count"),
+    "llama2-7b": Architecture(4096, 32, 32, 11008, 32000, "llama",
+        description="LLaMA-2 7B (Touvron et al. 2023): SwiGLU, RMSNorm, untied embeddings"),
+    "llama2-13b": Architecture(5120, 40, 40, 13824, 32000, "llama",
+        description="LLaMA-2 13B (Touvron et al. 2023)"),
+    "gpt2": Architecture(768, 12, 12, 3072, 50257, "gpt", n_positions=1024,
+        description="GPT-2 small (Radford et al. 2019), 124M"),
+    "gpt3-175b": Architecture(12288, 96, 96, 49152, 50257, "gpt", n_positions=2048,
+        description="GPT-3 175B (Brown et al. 2020)"),
+    "megatron-22b": Architecture(6144, 48, 64, 24576, 51200, "gpt",
+        description="Korthikanti et al. 2022, Table 3, 22B"),
+    "mt-nlg-530b": Architecture(20480, 105, 128, 81920, 51200, "gpt",
+        description="Korthikanti et al. 2022, Table 3, 530B (MT-NLG)"),
+    "megatron-1t": Architecture(25600, 128, 160, 102400, 51200, "gpt",
+        description="Korthikanti et al. 2022, Table 3, 1T"),
+}
+
+
+def get_preset(name: str) -> Architecture:
+    """The preset called ``name``; ``ValueError`` listing the known ones otherwise."""
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise ValueError(f"unknown preset {name!r}; known: {', '.join(PRESETS)}") from None

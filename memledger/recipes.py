@@ -1,0 +1,98 @@
+"""Precision/optimizer recipes: what a training run keeps for every parameter.
+
+A recipe is a list of per-parameter components (BF16 weights, gradients, FP32
+master copy, Adam moments ...). Its bytes/param is the *sum* of its components,
+never a typed constant: the article's 16 bytes/param is
+2 (BF16 params) + 2 (BF16 grads) + 4 (FP32 master) + 4 (Adam m) + 4 (Adam v).
+
+Each component says how ZeRO treats it (Rajbhandari et al. 2020): ``"param"``
+(sharded from stage 3), ``"grad"`` (from stage 2) or ``"optimizer"`` (from
+stage 1; the FP32 master copy is optimizer state there, K = 12 for Adam).
+"""
+from dataclasses import dataclass
+
+import sympy as sp
+
+from .dtypes import nbytes
+
+ROLES = ("param", "grad", "optimizer")
+
+
+@dataclass(frozen=True)
+class Component:
+    """One per-parameter tensor: ``name``, storage ``dtype``, ZeRO ``role``."""
+    name: str
+    dtype: str
+    role: str
+    why: str
+
+    @property
+    def bytes_per_param(self) -> int:
+        return nbytes(self.dtype)
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A named precision/optimizer recipe and the source that books it this way."""
+    name: str
+    title: str
+    components: tuple
+    source: str
+
+    @property
+    def bytes_per_param(self) -> int:
+        """Sum of the components' bytes per parameter."""
+        return sum(c.bytes_per_param for c in self.components)
+
+    def bytes_per_param_sum(self) -> sp.Add:
+        """The sum unevaluated, e.g. ``2 + 2 + 4 + 4 + 4``, for display."""
+        return sp.Add(*(sp.Integer(c.bytes_per_param) for c in self.components), evaluate=False)
+
+    def role_bytes(self, role: str) -> int:
+        """Bytes per parameter of the components with ZeRO ``role``."""
+        return sum(c.bytes_per_param for c in self.components if c.role == role)
+
+
+_PARAMS = Component("BF16 parameters", "bf16", "param", "the working weights forward and backward read")
+_GRADS = Component("BF16 gradients", "bf16", "grad", "dLoss/dtheta, one per parameter, written by backward")
+_MASTER = Component("FP32 master weights", "fp32", "optimizer",
+                    "BF16 has 7 fraction bits: small updates round away without an FP32 copy")
+_ADAM_M = Component("Adam first moment m", "fp32", "optimizer", "running mean of gradients")
+_ADAM_V = Component("Adam second moment v", "fp32", "optimizer", "running mean of squared gradients")
+
+RECIPES = {r.name: r for r in [
+    Recipe("bf16-adamw", "BF16 mixed precision + AdamW (16 B/param)",
+           (_PARAMS, _GRADS, _MASTER, _ADAM_M, _ADAM_V),
+           "the article; ZeRO (Rajbhandari et al. 2020, K = 12); EleutherAI Transformer Math 101"),
+    Recipe("bf16-adamw-fp32-grads", "BF16 mixed precision + AdamW, FP32 gradients (18 B/param)",
+           (_PARAMS, Component("FP32 gradients", "fp32", "grad", "gradients kept/accumulated in FP32"),
+            _MASTER, _ADAM_M, _ADAM_V),
+           "HF 'model memory anatomy'; Bekman, ML Engineering; Megatron-LM without distributed optimizer"),
+    Recipe("bf16-adamw-fp32-accum", "BF16 mixed precision + AdamW + FP32 grad accumulation (20 B/param)",
+           (_PARAMS, _GRADS, Component("FP32 gradient accumulator", "fp32", "grad",
+                                       "sums micro-batch gradients in FP32"),
+            _MASTER, _ADAM_M, _ADAM_V),
+           "HF Ultra-Scale Playbook (FP32 gradient accumulation)"),
+    Recipe("fp32-adamw", "pure FP32 + AdamW (16 B/param, no master copy needed)",
+           (Component("FP32 parameters", "fp32", "param", "the weights are their own master copy"),
+            Component("FP32 gradients", "fp32", "grad", "dLoss/dtheta in FP32"),
+            _ADAM_M, _ADAM_V),
+           "EleutherAI Transformer Math 101"),
+    Recipe("bf16-sgd-momentum", "BF16 mixed precision + SGD with momentum (12 B/param)",
+           (_PARAMS, _GRADS, _MASTER, Component("SGD momentum", "fp32", "optimizer", "running gradient average")),
+           "EleutherAI Transformer Math 101 (8 B of optimizer state: master + momentum)"),
+    Recipe("bf16-adam-8bit", "BF16 mixed precision + 8-bit Adam (10 B/param)",
+           (_PARAMS, _GRADS, _MASTER,
+            Component("Adam m (8-bit)", "int8", "optimizer", "block-quantized first moment"),
+            Component("Adam v (8-bit)", "int8", "optimizer", "block-quantized second moment")),
+           "Dettmers et al. 2022, 8-bit optimizers; Transformer Math 101 (6 B of optimizer state)"),
+]}
+DEFAULT_RECIPE = "bf16-adamw"
+
+
+def get_recipe(name: str) -> Recipe:
+    """The recipe called ``name``; ``ValueError`` listing the known ones otherwise."""
+    try:
+        return RECIPES[name]
+    except KeyError:
+        raise ValueError(f"unknown recipe {name!r}; known: {', '.join(RECIPES)}") from None

@@ -1,0 +1,42 @@
+"""The notation, defined once: SymPy symbols with assumptions, and their meaning.
+
+Every formula in memledger is built from these symbols, and the book's notation
+page is rendered from :data:`NOTATION`, so the two cannot drift apart.
+Our letters map to Korthikanti et al. (2022) as B,S,d,H,L,V = b,s,h,a,L,v and to
+ZeRO (Rajbhandari et al. 2020) as P = Psi, N_d = N_d.
+"""
+import sympy as sp
+
+_INT = dict(positive=True, integer=True)
+
+B = sp.Symbol("B", **_INT)        # micro-batch size (sequences per GPU per step)
+S = sp.Symbol("S", **_INT)        # sequence length (tokens)
+d = sp.Symbol("d", **_INT)        # hidden size (d_model)
+H = sp.Symbol("H", **_INT)        # attention heads
+L = sp.Symbol("L", **_INT)        # transformer layers
+F = sp.Symbol("F", **_INT)        # MLP intermediate size (d_ff)
+V = sp.Symbol("V", **_INT)        # vocabulary size
+P = sp.Symbol("P", **_INT)        # parameter count
+N_d = sp.Symbol("N_d", **_INT)    # data-parallel degree (ZeRO shards over it)
+t = sp.Symbol("t", **_INT)        # tensor-parallel degree
+O = sp.Symbol("O", nonnegative=True, integer=True)  # runtime overhead, bytes
+
+#: (symbol, config field, meaning) -- the notation page of the book.
+NOTATION = [
+    (B, "batch_size", "micro-batch size: sequences per GPU per step"),
+    (S, "seq_len", "sequence length in tokens"),
+    (d, "d_model", "hidden size"),
+    (H, "n_heads", "attention heads; head size d/H"),
+    (L, "n_layers", "transformer blocks"),
+    (F, "d_ff", "MLP intermediate size (4d in GPT, 11008 in LLaMA-2 7B)"),
+    (V, "vocab_size", "vocabulary size"),
+    (P, "n_params", "parameter count"),
+    (N_d, "dp", "data-parallel degree: GPUs that ZeRO shards model states over"),
+    (t, "tp", "tensor-parallel degree (Megatron-LM)"),
+    (O, "overhead_bytes", "runtime overhead: CUDA context, cuBLAS/NCCL workspace"),
+]
+
+#: Every symbol a ledger expression may contain, in a fixed order (lambdify's
+#: arguments), and the config field that gives each its value.
+ARGS = tuple(symbol for symbol, _, _ in NOTATION)
+FIELDS = tuple(name for _, name, _ in NOTATION)

@@ -1,0 +1,74 @@
+"""Units of memory, decided in one place.
+
+Bytes are exact Python ints everywhere in memledger; this module is the only
+place they become "GB" or "MiB". Decimal units are powers of ten (GB = 10^9 B),
+binary units powers of two (GiB = 2^30 B), and every label says which.
+
+The source article mixes the two: its per-tensor sizes ("16 MB") are binary
+MiB (2^24 B = 16 MiB), its totals ("14 GB", "0.96 GB") decimal GB.
+"""
+from decimal import Decimal
+from fractions import Fraction
+import re
+
+UNITS = {
+    "B": 1,
+    "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+    "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40,
+}
+GB, GiB, MB, MiB = UNITS["GB"], UNITS["GiB"], UNITS["MB"], UNITS["MiB"]
+
+_QUANTITY = re.compile(r"^(?P<number>[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?)\s*(?P<unit>[A-Za-z]*)$")
+_UNIT_BY_LOWER = {u.lower(): u for u in UNITS}
+
+#: Largest count or size accepted from text (an exabyte): guards against "1e999999".
+LIMIT = 10**18
+
+#: How the article prints sizes: per-tensor "MB" are MiB, totals "GB" are GB.
+ARTICLE_TENSOR_UNIT = "MiB"
+ARTICLE_TOTAL_UNIT = "GB"
+
+
+def unit_size(unit: str) -> int:
+    """Bytes in one ``unit`` (``"GiB"`` -> 2**30); ``ValueError`` if unknown."""
+    try:
+        return UNITS[unit]
+    except KeyError:
+        raise ValueError(f"unknown unit {unit!r}; use one of {', '.join(UNITS)}") from None
+
+
+def in_unit(nbytes, unit: str) -> Fraction:
+    """``nbytes`` expressed exactly in ``unit``: in_unit(16 * 2**20, "MiB") == 16."""
+    return Fraction(nbytes) / unit_size(unit)
+
+
+def format_bytes(nbytes, unit: str = "GB", digits: int = 2) -> str:
+    """``format_bytes(30_601_641_984) == "30.60 GB"``; the unit is always printed."""
+    return f"{float(in_unit(nbytes, unit)):,.{digits}f} {unit}"
+
+
+def parse_bytes(text, name: str = "size") -> int:
+    """An exact byte count from ``"2000000000"``, ``"2e9"``, ``"2GB"`` or ``"1.5 GiB"``.
+
+    Raises ``ValueError`` naming ``name`` unless the text is a non-negative
+    whole number of bytes.
+    """
+    raw = str(text).strip()
+    match = _QUANTITY.match(raw)
+    unit = match and _UNIT_BY_LOWER.get(match["unit"].lower() or "b")
+    if not unit:
+        raise ValueError(f"{name} must be a number of bytes such as 2000000000, 2e9 or 2GB, got {raw!r}")
+    value = Decimal(match["number"]) * UNITS[unit]
+    if value != value.to_integral_value() or not 0 <= value <= LIMIT:
+        raise ValueError(f"{name} must be a non-negative whole number of bytes, got {raw!r}")
+    return int(value)
+
+
+def parse_count(text, name: str) -> int:
+    """A positive integer from ``"7000000000"`` or ``"7e9"``; ``ValueError`` otherwise."""
+    raw = str(text).strip()
+    match = _QUANTITY.match(raw)
+    value = Decimal(match["number"]) if match and not match["unit"] else None
+    if value is None or value != value.to_integral_value() or not 1 <= value <= LIMIT:
+        raise ValueError(f"{name} must be a positive integer, got {raw!r}")
+    return int(value)
