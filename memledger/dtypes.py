@@ -1,4 +1,6 @@
-"""Bytes per element of each storage type: the only place these sizes are written."""
+"""Bytes per element of each storage type (the only place these sizes are written),
+and BF16 rounding, which is why mixed precision keeps an FP32 master copy."""
+from fractions import Fraction
 
 BYTES_PER_ELEMENT = {
     "fp32": 4,
@@ -17,3 +19,29 @@ def nbytes(dtype: str) -> int:
     except KeyError:
         known = ", ".join(BYTES_PER_ELEMENT)
         raise ValueError(f"unknown dtype {dtype!r}; known: {known}") from None
+
+
+#: Explicit fraction (mantissa) bits of BF16: 1 sign, 8 exponent, 7 fraction bits.
+BF16_FRACTION_BITS = 7
+
+
+def bf16_spacing(x) -> Fraction:
+    """Gap between adjacent BF16 values around ``x`` != 0: 2^(e - 7) for 2^e <= |x| < 2^(e+1)."""
+    x = abs(Fraction(x))
+    exponent = x.numerator.bit_length() - x.denominator.bit_length()
+    if x < Fraction(2) ** exponent:
+        exponent -= 1
+    return Fraction(2) ** (exponent - BF16_FRACTION_BITS)
+
+
+def round_to_bf16(x) -> Fraction:
+    """``x`` rounded to the nearest BF16 value, ties to even (normal range).
+
+    ``round_to_bf16(Fraction(5, 4) - Fraction(1, 1000)) == Fraction(5, 4)``:
+    near 1.25 the spacing is 2^-7 = 0.0078125, so an update of -0.001 is lost.
+    """
+    x = Fraction(x)
+    if x == 0:
+        return x
+    spacing = bf16_spacing(x)
+    return round(x / spacing) * spacing       # round() of a Fraction ties to even

@@ -82,12 +82,12 @@ def _row_specs(s: _Structure):
 
 def _positive_int(name, value):
     try:
-        value = operator.index(value)
+        number = operator.index(value)
     except TypeError:
-        value = None
-    if value is None or isinstance(value, bool) or value < 1:
+        number = None
+    if number is None or isinstance(value, bool) or number < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return value
+    return number
 
 
 @dataclass(frozen=True)

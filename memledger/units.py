@@ -70,5 +70,5 @@ def parse_count(text, name: str) -> int:
     match = _QUANTITY.match(raw)
     value = Decimal(match["number"]) if match and not match["unit"] else None
     if value is None or value != value.to_integral_value() or not 1 <= value <= LIMIT:
-        raise ValueError(f"{name} must be a positive integer, got {raw!r}")
+        raise ValueError(f"{name} must be a positive integer, got {raw}")
     return int(value)

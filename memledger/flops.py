@@ -1,0 +1,29 @@
+"""Training FLOPs per iteration and what recomputation adds (Korthikanti et al. 2022, Sec. 5-6).
+
+Model FLOPs of a GPT-style model (forward 1x, backward 2x, matmuls only):
+    72*B*L*S*d^2 * (1 + S/(6d) + V/(12dL))
+Full recomputation re-runs every layer's forward (not the logits):
+    96*B*L*S*d^2 * (1 + S/(6d) + V/(16dL))
+Selective recomputation re-runs only QK^T, softmax, dropout and attn x V:
+    72*B*L*S*d^2 * (1 + S/(3d) + V/(12dL))
+"""
+import sympy as sp
+
+from .activations import RECOMPUTE
+from .symbols import B, L, S, V, d
+
+
+def training_flops(recompute: str = "none") -> sp.Expr:
+    """Hardware FLOPs of one training iteration under ``recompute`` (none = model FLOPs)."""
+    if recompute not in RECOMPUTE:
+        raise ValueError(f"recompute must be one of {', '.join(RECOMPUTE)}, got {recompute!r}")
+    base = B * L * S * d**2
+    if recompute == "full":
+        return 96 * base * (1 + S / (6 * d) + V / (16 * d * L))
+    quadratic = S / (3 * d) if recompute == "selective" else S / (6 * d)
+    return 72 * base * (1 + quadratic + V / (12 * d * L))
+
+
+def recompute_overhead(recompute: str) -> sp.Expr:
+    """Extra FLOPs relative to no recomputation: ~1/3 for full (one more forward), small for selective."""
+    return sp.simplify(training_flops(recompute) / training_flops("none") - 1)
