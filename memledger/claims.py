@@ -275,8 +275,8 @@ def _claims():
     add("offload.nvme_high", s, "NVMe bandwidth, high end", "7", "GB/s", lambda: _gb(LINKS["nvme-7"]))
 
     s = "Mixed precision"
-    add("bf16.bits", s, "BF16 has 7 fraction bits: spacing near 1.25 is 2^-7", "0.0078125", "",
-        lambda: bf16_spacing(Fraction(5, 4)))
+    add("bf16.bits", s, "BF16 has 7 fraction bits (spacing 2^-7 between 1 and 2)", "7", "bits",
+        lambda: bf16_spacing(Fraction(5, 4)).denominator.bit_length() - 1)
     add("bf16.lost_update", s, "w = 1.25 updated by -0.001 in BF16 stays 1.25", "1.25", "",
         lambda: round_to_bf16(Fraction(5, 4) - Fraction(1, 1000)))
     return c

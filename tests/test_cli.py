@@ -1,0 +1,143 @@
+import json
+from pathlib import Path
+import subprocess
+import sys
+
+import pytest
+
+from memledger.cli import main
+from memledger.ledger import Ledger
+from memledger.units import GB
+
+
+def run(capsys, *args):
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def ledger_json(capsys, *args):
+    code, out, err = run(capsys, "ledger", *args, "--json")
+    assert code == 0 and err == ""
+    return json.loads(out)
+
+
+def group_bytes(data, group, device=None):
+    return sum(r["bytes"] for r in data["rows"] if r["group"] == group and device in (None, r["device"]))
+
+
+def test_article_7b(capsys):
+    data = ledger_json(capsys, "--preset", "article-7b")
+    assert group_bytes(data, "model_states") == 112 * GB           # the article: 112 GB
+    assert round(group_bytes(data, "activations") / GB, 1) == 30.6   # the article: 30.6 GB
+    assert data["totals"]["gpu"] == sum(r["bytes"] for r in data["rows"])
+    assert data["fits"] is False
+    code, out, _ = run(capsys, "ledger", "--preset", "article-7b")
+    assert "30.60 GB" in out                                       # the article's 30.6 GB
+    assert "does NOT fit" in out
+
+
+def test_batch_and_sequence(capsys):
+    data = ledger_json(capsys, "--preset", "article-7b", "--batch", "4", "--seq", "4096")
+    assert round(group_bytes(data, "activations") / GB) == 417      # the article's table: 417 GB
+
+
+def test_full_recompute(capsys):
+    data = ledger_json(capsys, "--preset", "article-7b", "--recompute", "full")
+    assert round(group_bytes(data, "activations") / GB, 2) == 0.54  # L*B*S*d*2 (the article: ~0.5 GB)
+
+
+def test_offload_split(capsys):
+    data = ledger_json(capsys, "--preset", "article-7b", "--recompute", "full", "--offload-optimizer", "cpu")
+    assert data["totals"]["cpu"] == 84 * GB                         # the article: 84 GB on the CPU
+    assert round(data["totals"]["gpu"] / GB, 1) == 30.5             # the article: ~30.5 GB
+    assert data["traffic"]["gpu_to_cpu"] == data["traffic"]["cpu_to_gpu"] == 14 * GB
+    assert data["fits"] is True
+
+
+def test_json_matches_api(capsys):
+    data = ledger_json(capsys, "--preset", "llama2-7b", "--zero", "2", "--dp", "8", "--batch", "2")
+    api = Ledger("llama2-7b", zero_stage=2, dp=8, batch_size=2)
+    assert [r["bytes"] for r in data["rows"]] == [r.bytes for r in api.rows]
+    assert data["inputs"]["n_params"] == 6_738_415_616
+
+
+def test_params_only(capsys):
+    data = ledger_json(capsys, "--params", "7e9")
+    assert {r["group"] for r in data["rows"]} == {"model_states", "overhead"}
+
+
+def test_custom_architecture_and_units(capsys):
+    code, out, _ = run(capsys, "ledger", "--hidden", "1024", "--layers", "4", "--heads", "16", "--units", "GiB")
+    assert code == 0 and "GiB" in out and "GB " not in out
+
+
+def test_presets_recipes_claims(capsys):
+    code, out, _ = run(capsys, "presets", "--json")
+    assert code == 0 and json.loads(out)["llama2-7b"]["n_params"] == 6_738_415_616
+    code, out, _ = run(capsys, "recipes")
+    assert code == 0 and "16 B/param" in out
+    code, out, _ = run(capsys, "claims", "--json")
+    claims = json.loads(out)
+    assert code == 0 and len(claims) >= 60 and all(c["status"] for c in claims)
+
+
+BAD = [
+    (["ledger", "--preset", "article-7b", "--batch", "-1"], "batch_size must be a positive integer, got -1"),
+    (["ledger", "--preset", "article-7b", "--batch", "0"], "batch_size"),
+    (["ledger", "--preset", "article-7b", "--seq", "two"], "seq_len"),
+    (["ledger", "--preset", "article-7b", "--batch", "1.5"], "batch_size"),
+    (["ledger", "--preset", "unknown"], "unknown preset"),
+    (["ledger", "--preset", "article-7b", "--recipe", "lion"], "unknown recipe"),
+    (["ledger", "--preset", "article-7b", "--zero", "4"], "zero_stage must be 0, 1, 2 or 3"),
+    (["ledger", "--preset", "article-7b", "--zero", "x"], "zero_stage"),
+    (["ledger", "--preset", "article-7b", "--zero", "2", "--dp", "0"], "dp must be a positive integer"),
+    (["ledger", "--hidden", "4096", "--layers", "32", "--heads", "31"], "divisible by n_heads"),
+    (["ledger", "--hidden", "4096", "--layers", "32"], "missing --heads"),
+    (["ledger", "--hidden", "-8", "--layers", "32", "--heads", "4"], "d_model"),
+    (["ledger", "--params", "0"], "n_params"),
+    (["ledger", "--params", "abc"], "n_params"),
+    (["ledger", "--params", "7e9", "--batch", "4"], "need an architecture"),
+    (["ledger"], "give a model"),
+    (["ledger", "--preset", "article-7b", "--recompute", "some"], "recompute"),
+    (["ledger", "--preset", "article-7b", "--tp", "3"], "tp (3) must divide"),
+    (["ledger", "--preset", "article-7b", "--sp"], "sequence_parallel"),
+    (["ledger", "--preset", "article-7b", "--offload-optimizer", "disk"], "offload_optimizer"),
+    (["ledger", "--preset", "article-7b", "--offload-params", "cpu"], "needs zero_stage 3"),
+    (["ledger", "--preset", "article-7b", "--offload-placement", "x", "--offload-optimizer", "cpu"], "placement"),
+    (["ledger", "--preset", "article-7b", "--overhead", "-2GB"], "overhead"),
+    (["ledger", "--preset", "article-7b", "--units", "MB"], "units must be GB or GiB"),
+    (["ledger", "--preset", "article-7b", "--gpu-memory", "lots"], "gpu_memory"),
+    (["ledger", "--preset", "article-7b", "--link", "usb"], "unknown link"),
+    (["ledger", "--preset", "article-7b", "--style", "bert", "--layers", "2"], "style"),
+    (["ledger", "--nonsense"], "unrecognized arguments"),
+    (["frobnicate"], "invalid choice"),
+    ([], "choose a command"),
+]
+
+
+@pytest.mark.parametrize("args, message", BAD, ids=[" ".join(a) or "nothing" for a, _ in BAD])
+def test_bad_input_one_line_exit_2(capsys, args, message):
+    code, out, err = run(capsys, *args)
+    assert code == 2
+    assert out == ""
+    assert err.count("\n") == 1 and err.startswith("memledger: error: ")
+    assert message in err
+
+
+def test_api_raises_the_same_message(capsys):
+    _, _, err = run(capsys, "ledger", "--preset", "article-7b", "--tp", "3")
+    with pytest.raises(ValueError) as info:
+        Ledger("article-7b", tp=3)
+    assert err.strip() == f"memledger: error: {info.value}"
+
+
+def test_python_m_and_console_script_no_traceback():
+    script = str(Path(sys.executable).with_name("memledger"))       # the console script beside python
+    for cmd in ([sys.executable, "-m", "memledger"], [script]):
+        ok = subprocess.run(cmd + ["ledger", "--preset", "llama2-7b"], capture_output=True, text=True)
+        assert ok.returncode == 0 and "activations" in ok.stdout
+        bad = subprocess.run(cmd + ["ledger", "--preset", "llama2-7b", "--batch", "-3"],
+                             capture_output=True, text=True)
+        assert bad.returncode == 2 and bad.stdout == "" and "Traceback" not in bad.stderr
+        assert bad.stderr.strip() == "memledger: error: batch_size must be a positive integer, got -3"

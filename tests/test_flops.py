@@ -1,0 +1,21 @@
+import pytest
+import sympy as sp
+
+from memledger.flops import recompute_overhead, training_flops
+from memledger.symbols import L, S, V, d
+
+
+def test_full_recompute_costs_about_a_third():
+    # one extra forward pass: forward is 1/3 of forward + backward (backward = 2 x forward)
+    limit = sp.limit(sp.limit(recompute_overhead("full"), V, 0), S, 0)
+    assert limit == sp.Rational(1, 3)
+
+
+def test_selective_is_cheaper_than_full():
+    at = {S: 2048, d: 4096, V: 32000, L: 32}
+    assert 0 < recompute_overhead("selective").subs(at) < recompute_overhead("full").subs(at)
+
+
+def test_bad_recompute():
+    with pytest.raises(ValueError, match="recompute"):
+        training_flops("half")
