@@ -8,13 +8,15 @@
 Data flows one way: symbols -> recipes/architecture -> model states and
 activations -> ledger -> views (tables, CLI, claims).
 """
+from . import claims
 from .activations import (ARTICLE_INVENTORY, RELABELLED, Saved, activation_bytes, closed_form, inventory,
                           per_layer_bytes, quadratic_share)
 from .architecture import PRESETS, Architecture, get_preset, param_count_expr
 from .ledger import Ledger, Row, sweep
 from .model_states import state_rows, zero_formula
 from .recipes import RECIPES, Recipe, get_recipe
-from .transfer import LINKS, Traffic
+from .hardware import GPU_MEMORY, LINKS
+from .transfer import Traffic
 from .units import format_bytes, in_unit
 
 __version__ = "0.1.0"

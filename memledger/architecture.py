@@ -66,6 +66,11 @@ class Architecture:
         """The count the ledger uses: ``n_params`` if given, else the computed one."""
         return self.n_params if self.n_params is not None else self.computed_params
 
+    def parts(self) -> dict:
+        """Parameters by part (attention, MLP, norms, embeddings) as exact ints."""
+        values = {d: self.d_model, L: self.n_layers, F: self.d_ff, V: self.vocab_size}
+        return {name: int(expr.subs(values)) for name, expr in param_parts(self.style, self.n_positions).items()}
+
     @property
     def largest_layer_params(self) -> int:
         """Parameters of the largest single module (a block or the embedding)."""
@@ -86,27 +91,45 @@ def _check_positive(name, value, allow_zero=False):
         raise ValueError(f"{name} must be {kind} integer, got {value!r}")
 
 
-def block_params_expr(style: str = "gpt") -> sp.Expr:
-    """Parameters of one transformer block.
+def block_parts(style: str = "gpt") -> dict:
+    """Parameters of one block by part.
 
-    gpt:   attention 4d^2 + 4d, MLP 2dF + F + d, two LayerNorms 4d.
-    llama: attention 4d^2, SwiGLU MLP 3dF, two RMSNorms 2d.
+    gpt:   attention 4d^2 + 4d (Q, K, V, O with biases), MLP 2dF + F + d, two LayerNorms 4d.
+    llama: attention 4d^2, SwiGLU MLP 3dF (gate, up, down), two RMSNorms 2d.
     """
     if style == "gpt":
-        return (4 * d**2 + 4 * d) + (2 * d * F + F + d) + 4 * d
-    return 4 * d**2 + 3 * d * F + 2 * d
+        return {"attention": 4 * d**2 + 4 * d, "MLP": 2 * d * F + F + d, "norms": 4 * d}
+    return {"attention": 4 * d**2, "MLP": 3 * d * F, "norms": 2 * d}
+
+
+def block_params_expr(style: str = "gpt") -> sp.Expr:
+    """Parameters of one transformer block: 12d^2 + 13d for gpt at F = 4d."""
+    return sum(block_parts(style).values())
+
+
+def param_parts(style: str = "gpt", n_positions: int = 0) -> dict:
+    """Whole-model parameters by part: L blocks, the final norm, the embeddings.
+
+    gpt:   tied embedding Vd (+ learned positions), final LayerNorm 2d.
+    llama: untied input and output embeddings 2Vd, final RMSNorm d.
+    """
+    parts = {name: L * expr for name, expr in block_parts(style).items()}
+    if style == "gpt":
+        parts["norms"] += 2 * d
+        parts["embeddings"] = V * d + n_positions * d
+    else:
+        parts["norms"] += d
+        parts["embeddings"] = 2 * V * d
+    return parts
 
 
 def param_count_expr(style: str = "gpt", n_positions: int = 0) -> sp.Expr:
-    """Whole-model parameter count: L blocks + embeddings + final norm.
+    """Whole-model parameter count.
 
-    gpt:   L(4d^2 + 2dF + F + 9d) + Vd (tied) + n_positions*d + 2d
-           = 12Ld^2 + 13Ld + Vd + ... at F = 4d.
-    llama: L(4d^2 + 3dF + 2d) + 2Vd (untied) + d.
+    gpt:   L(4d^2 + 2dF + F + 9d) + Vd + n_positions*d + 2d = 12Ld^2 + 13Ld + Vd + ... at F = 4d.
+    llama: L(4d^2 + 3dF + 2d) + 2Vd + d (Touvron et al. 2023).
     """
-    if style == "gpt":
-        return L * block_params_expr("gpt") + V * d + n_positions * d + 2 * d
-    return L * block_params_expr("llama") + 2 * V * d + d
+    return sum(param_parts(style, n_positions).values())
 
 
 PRESETS = {

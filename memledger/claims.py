@@ -31,11 +31,11 @@ from .flops import recompute_overhead
 from .ledger import DEFAULT_OVERHEAD, Ledger
 from .recipes import get_recipe
 from .symbols import ARGS, B, F, H, S, d
-from .transfer import LINKS
+from .hardware import GPU_MEMORY, LINKS
 from .units import in_unit
 
 STATUSES = ("matches", "rounded", "approximate", "erratum")
-A100 = 80 * 10**9          # the article's GPU, 80 GB of HBM
+A100 = GPU_MEMORY["a100-80gb"]
 ARTICLE = "article-7b"
 
 

@@ -51,3 +51,65 @@ def html_table(ledger, unit: str = "GB") -> str:
     rows = "".join(f"<tr>{cells(r, 'td')}</tr>" for r in body)
     rows += "".join(f"<tr>{cells(r, 'th')}</tr>" for r in totals)
     return f'<table class="memledger"><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>'
+
+
+_GROUP_COLOURS = {"model_states": "#4C72B0", "activations": "#DD8452", "overhead": "#8C8C8C"}
+
+
+def html_verdict(ledger, gpu_bytes: int, unit: str = "GB") -> str:
+    """A stacked bar of the GPU rows against ``gpu_bytes``, and a fits / does-not-fit line (pure HTML)."""
+    used = ledger.totals["gpu"]
+    scale = max(used, gpu_bytes)
+    segments = "".join(
+        f'<div title="{escape(r.name)}: {format_bytes(r.bytes, unit)}" style="width:{100 * r.bytes / scale:.3f}%;'
+        f'background:{_GROUP_COLOURS[r.group]};border-right:1px solid white"></div>'
+        for r in ledger.rows if r.device == "gpu" and r.bytes)
+    line = f'<div style="position:absolute;left:{100 * gpu_bytes / scale:.3f}%;top:-4px;bottom:-4px;' \
+           f'border-left:3px dashed crimson"></div>'
+    fits = ledger.fits(gpu_bytes)
+    verdict = (f'<b style="color:{"green" if fits else "crimson"}">{"fits" if fits else "does not fit"}</b>: '
+               f"{format_bytes(used, unit)} per GPU against {format_bytes(gpu_bytes, unit)}")
+    legend = " ".join(f'<span style="color:{c}">&#9632;</span> {g.replace("_", " ")}' for g, c in _GROUP_COLOURS.items())
+    return (f'<div class="memledger-verdict"><p>{verdict}</p>'
+            f'<div style="position:relative;display:flex;height:22px;background:#eee;margin:6px 0">{segments}{line}</div>'
+            f'<p style="font-size:85%">{legend}; dashed line: GPU memory</p></div>')
+
+
+class Table:
+    """A small table that prints as aligned text (terminals, nbval) and renders as HTML (Jupyter, the book)."""
+
+    def __init__(self, header, rows):
+        self.header = tuple(header)
+        self.rows = [tuple(str(c) for c in r) for r in rows]
+
+    def __repr__(self):
+        rows = [self.header] + self.rows
+        widths = [max(len(r[i]) for r in rows) for i in range(len(self.header))]
+        return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+
+    def _repr_html_(self):
+        head = "".join(f"<th>{escape(h)}</th>" for h in self.header)
+        body = "".join("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in r) + "</tr>" for r in self.rows)
+        return f'<table class="memledger-table"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+
+
+def inventory_table(rows, values=None, unit: str = "MiB") -> Table:
+    """Saved tensors: name, why autograd keeps it, shape, dtype, bytes (symbolic, and at ``values``)."""
+    from .evaluate import exact_function
+    from .symbols import ARGS
+    sizes = exact_function(ARGS, tuple(r.bytes for r in rows))(*values) if values else None
+    header = ("tensor", "block", "kept because", "shape", "dtype", "bytes") + ((unit,) if values else ())
+    return Table(header, [
+        (r.name, r.block, r.why, " × ".join(str(s) for s in r.shape), r.dtype, str(r.bytes))
+        + ((format_bytes(sizes[i], unit, 0 if sizes[i] % (1 << 20) == 0 else 2),) if values else ())
+        for i, r in enumerate(rows)])
+
+
+def recipe_table(recipe, n_params: int = None, unit: str = "GB") -> Table:
+    """Components of a recipe: dtype, bytes/param, ZeRO role (and bytes for ``n_params``)."""
+    header = ("component", "dtype", "bytes/param", "ZeRO shards it as", "why it exists") + (
+        (f"for {n_params:,} params",) if n_params else ())
+    return Table(header, [
+        (c.name, c.dtype, c.bytes_per_param, c.role, c.why)
+        + ((format_bytes(c.bytes_per_param * n_params, unit, 0),) if n_params else ())
+        for c in recipe.components])

@@ -14,15 +14,7 @@ NVMe 3-7 GB/s).
 from dataclasses import dataclass
 from fractions import Fraction
 
-from .units import GB
-
-LINKS = {
-    "pcie3-x16": 16 * GB,
-    "pcie4-x16": 32 * GB,
-    "pcie5-x16": 64 * GB,
-    "nvme-3": 3 * GB,
-    "nvme-7": 7 * GB,
-}
+from .hardware import LINKS
 
 
 def link_bandwidth(name: str) -> int:

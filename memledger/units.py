@@ -72,3 +72,13 @@ def parse_count(text, name: str) -> int:
     if value is None or value != value.to_integral_value() or not 1 <= value <= LIMIT:
         raise ValueError(f"{name} must be a positive integer, got {raw}")
     return int(value)
+
+
+def format_quantity(value, unit: str = "", digits: int = 0) -> str:
+    """A number already in ``unit``, for prose: ``"30.6 GB"``, ``"70.2%"``, ``"3.40×"``, ``"4,096"``."""
+    number = f"{float(value):,.{digits}f}"
+    if unit == "%":
+        return number + "%"
+    if unit == "x":
+        return number + "×"
+    return f"{number} {unit}".strip()

@@ -1,0 +1,30 @@
+"""The machines: GPU memory sizes and link bandwidths, written once.
+
+Memory sizes as vendors state them, in decimal GB; link speeds nominal and
+per direction (the article: PCIe 4.0 x16 ~32 GB/s, NVMe 3-7 GB/s).
+"""
+from .units import GB
+
+GPU_MEMORY = {
+    "a100-80gb": 80 * GB,     # the article's GPU
+    "a100-40gb": 40 * GB,
+    "h100-80gb": 80 * GB,
+    "h200": 141 * GB,
+    "rtx-4090": 24 * GB,
+}
+
+LINKS = {
+    "pcie3-x16": 16 * GB,
+    "pcie4-x16": 32 * GB,
+    "pcie5-x16": 64 * GB,
+    "nvme-3": 3 * GB,
+    "nvme-7": 7 * GB,
+}
+
+
+def gpu_memory(name: str) -> int:
+    """Bytes of memory of a named GPU; ``ValueError`` if unknown."""
+    try:
+        return GPU_MEMORY[name]
+    except KeyError:
+        raise ValueError(f"unknown GPU {name!r}; known: {', '.join(GPU_MEMORY)}") from None
