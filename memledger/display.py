@@ -93,6 +93,11 @@ class Table:
         return f'<table class="memledger-table"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
 
 
+def _plain(expr) -> str:
+    """A SymPy expression for a table cell: 2·B·H·S^2 rather than 2*B*H*S**2."""
+    return str(expr).replace("**", "^").replace("*", "·")
+
+
 def inventory_table(rows, values=None, unit: str = "MiB") -> Table:
     """Saved tensors: name, why autograd keeps it, shape, dtype, bytes (symbolic, and at ``values``)."""
     from .evaluate import exact_function
@@ -100,7 +105,7 @@ def inventory_table(rows, values=None, unit: str = "MiB") -> Table:
     sizes = exact_function(ARGS, tuple(r.bytes for r in rows))(*values) if values else None
     header = ("tensor", "block", "kept because", "shape", "dtype", "bytes") + ((unit,) if values else ())
     return Table(header, [
-        (r.name, r.block, r.why, " × ".join(str(s) for s in r.shape), r.dtype, str(r.bytes))
+        (r.name, r.block, r.why, " × ".join(str(s) for s in r.shape), r.dtype, _plain(r.bytes))
         + ((format_bytes(sizes[i], unit, 0 if sizes[i] % (1 << 20) == 0 else 2),) if values else ())
         for i, r in enumerate(rows)])
 

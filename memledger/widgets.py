@@ -20,7 +20,7 @@ GPU_SIZES = {f"{name} ({format_bytes(n, digits=0)})": n for name, n in GPU_MEMOR
 
 def controls(preset: str = "article-7b") -> dict:
     """The explorer's input widgets, by Ledger field name."""
-    style = {"description_width": "9em"}
+    style = {"description_width": "8em"}
     drop = lambda label, options, value: w.Dropdown(description=label, options=options, value=value, style=style)
     return {
         "arch": drop("model", list(PRESETS), preset),
@@ -47,7 +47,7 @@ def render(values: dict) -> str:
 
 
 def explorer(preset: str = "article-7b") -> w.Widget:
-    """The widget: controls on the left, verdict, bar and table on the right."""
+    """The widget: controls in a grid, then the verdict, the bar and the ledger table."""
     inputs = controls(preset)
     output = w.HTML()
 
@@ -57,4 +57,5 @@ def explorer(preset: str = "article-7b") -> w.Widget:
     for c in inputs.values():
         c.observe(update, names="value")
     update()
-    return w.VBox([w.HTML(STATIC_NOTE), w.HBox([w.VBox(list(inputs.values())), output])])
+    grid = w.GridBox(list(inputs.values()), layout=w.Layout(grid_template_columns="repeat(2, minmax(0, 1fr))"))
+    return w.VBox([w.HTML(STATIC_NOTE), grid, output])

@@ -1,0 +1,64 @@
+"""Where memledger is used interactively, how fast is it? Prints a Markdown table for the README.
+
+    python benchmarks/bench.py
+
+1. CLI latency: ``memledger ledger --preset llama2-7b`` as a fresh process (median of 7).
+2. One ledger evaluation: lambdified exact path vs ``expr.subs`` on the same expressions.
+3. A sweep of 10^6 configurations through the vectorized (NumPy) path.
+4. One widget update (ledger + HTML), as the explorer does on every control change.
+"""
+from pathlib import Path
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+from memledger.ledger import Ledger, _row_specs, sweep
+from memledger.symbols import ARGS
+from memledger.widgets import controls, render
+
+
+def median_seconds(fn, repeat):
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def main():
+    script = str(Path(sys.executable).with_name("memledger"))
+    cli = median_seconds(lambda: subprocess.run([script, "ledger", "--preset", "llama2-7b"], check=True,
+                                                capture_output=True), 7)
+
+    template = Ledger("llama2-7b", zero_stage=2, dp=8, offload_optimizer="cpu")
+    exprs = [spec[3] for spec in _row_specs(template.structure)]
+    batches = iter(range(1, 10**9))
+    lambdified = median_seconds(lambda: Ledger("llama2-7b", batch_size=next(batches), zero_stage=2, dp=8,
+                                               offload_optimizer="cpu").totals, 2000)
+    values = dict(zip(ARGS, template.values()))
+    subs = median_seconds(lambda: [int(e.subs(values)) for e in exprs], 50)
+
+    rng = np.random.default_rng(0)
+    n = 10**6
+    arrays = dict(batch_size=rng.integers(1, 64, n), seq_len=rng.integers(128, 32768, n), dp=rng.integers(1, 512, n))
+    swept = median_seconds(lambda: sweep(template, **arrays), 5)
+
+    state = {k: c.value for k, c in controls().items()}
+    sizes = iter(range(1, 10**9))
+    widget = median_seconds(lambda: render({**state, "batch_size": next(sizes) % 4096 + 1}), 500)
+
+    print("| measurement | median |")
+    print("|---|---:|")
+    print(f"| `memledger ledger --preset llama2-7b`, fresh process | {cli * 1e3:.0f} ms |")
+    print(f"| one ledger, lambdified exact evaluation | {lambdified * 1e6:.0f} µs |")
+    print(f"| the same rows with `expr.subs` | {subs * 1e6:.0f} µs ({subs / lambdified:.0f}x slower) |")
+    print(f"| sweep of 10^6 configurations (NumPy) | {swept * 1e3:.0f} ms |")
+    print(f"| one widget update (ledger + HTML) | {widget * 1e6:.0f} µs |")
+
+
+if __name__ == "__main__":
+    main()
