@@ -1,6 +1,8 @@
 """Training FLOPs per iteration and what recomputation adds (Korthikanti et al. 2022, Sec. 5-6).
 
-Model FLOPs of a GPT-style model (forward 1x, backward 2x, matmuls only):
+The forward matmuls of one GPT block at F = 4d, itemized in :data:`FORWARD_MATMULS`,
+sum to 24*B*S*d^2*(1 + S/(6d)); backward costs twice the forward, and the
+logit layer adds 6*B*S*d*V. Model FLOPs of a GPT-style model (matmuls only):
     72*B*L*S*d^2 * (1 + S/(6d) + V/(12dL))
 Full recomputation re-runs every layer's forward (not the logits):
     96*B*L*S*d^2 * (1 + S/(6d) + V/(16dL))
@@ -10,7 +12,22 @@ Selective recomputation re-runs only QK^T, softmax, dropout and attn x V:
 import sympy as sp
 
 from .activations import RECOMPUTE
-from .symbols import B, L, S, V, d
+from .symbols import B, H, L, S, V, d
+
+#: (matmul, forward FLOPs) of one block: 2 FLOPs per multiply-add, F = 4d.
+FORWARD_MATMULS = [
+    ("Q, K, V projections", 2 * B * S * d * 3 * d),
+    ("scores Q K^T", 2 * B * H * S * S * (d / H)),
+    ("probabilities x V", 2 * B * H * S * S * (d / H)),
+    ("output projection", 2 * B * S * d * d),
+    ("MLP up-projection", 2 * B * S * d * 4 * d),
+    ("MLP down-projection", 2 * B * S * 4 * d * d),
+]
+
+
+def forward_flops_per_layer() -> sp.Expr:
+    """Sum of :data:`FORWARD_MATMULS`: 24*B*S*d^2 + 4*B*S^2*d."""
+    return sp.expand(sum(flops for _, flops in FORWARD_MATMULS))
 
 
 def training_flops(recompute: str = "none") -> sp.Expr:

@@ -1,4 +1,4 @@
-"""The machines: GPU memory sizes and link bandwidths, written once.
+"""The machines: GPU memory sizes, peak BF16 throughput and link bandwidths, written once.
 
 Memory sizes as vendors state them, in decimal GB; link speeds nominal and
 per direction (the article: PCIe 4.0 x16 ~32 GB/s, NVMe 3-7 GB/s).
@@ -11,6 +11,14 @@ GPU_MEMORY = {
     "h100-80gb": 80 * GB,
     "h200": 141 * GB,
     "rtx-4090": 24 * GB,
+}
+
+#: Dense BF16 tensor-core peak, FLOP/s, from the vendors' data sheets.
+PEAK_BF16_FLOPS = {
+    "a100-80gb": 312 * 10**12,
+    "a100-40gb": 312 * 10**12,
+    "h100-80gb": 989 * 10**12,     # SXM
+    "h200": 989 * 10**12,
 }
 
 LINKS = {

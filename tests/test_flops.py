@@ -19,3 +19,11 @@ def test_selective_is_cheaper_than_full():
 def test_bad_recompute():
     with pytest.raises(ValueError, match="recompute"):
         training_flops("half")
+
+
+def test_itemized_matmuls_give_the_model_flops():
+    from memledger.flops import forward_flops_per_layer
+    from memledger.symbols import B
+    logits = 2 * B * S * d * V                      # forward of the output layer
+    derived = 3 * (L * forward_flops_per_layer() + logits)   # backward = 2 x forward
+    assert sp.simplify(derived - training_flops("none")) == 0
