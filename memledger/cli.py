@@ -8,6 +8,7 @@ import json
 import sys
 
 from .architecture import PRESETS, Architecture, get_preset
+from .hardware import GPU_MEMORY
 from .ledger import Ledger
 from .recipes import DEFAULT_RECIPE, RECIPES
 from .transfer import LINKS, link_bandwidth
@@ -50,7 +51,8 @@ def _parser():
     run.add_argument("--overhead", default="2GB", help="runtime overhead, e.g. 2GB or 1500000000 (default 2GB)")
     out = led.add_argument_group("output")
     out.add_argument("--units", default="GB", help="GB (10^9 bytes) or GiB (2^30 bytes)")
-    out.add_argument("--gpu-memory", default="80GB", help="GPU memory for the fits verdict (default 80GB)")
+    out.add_argument("--gpu-memory", default="a100-80gb",
+                     help=f"GPU memory for the fits verdict: bytes (80GB) or one of {', '.join(GPU_MEMORY)}")
     out.add_argument("--link", default="pcie4-x16", help=f"host link for offload time: {', '.join(LINKS)}")
     out.add_argument("--json", action="store_true", help="one JSON object with exact integer bytes")
     for name, text in (("presets", "list the presets and their architecture"),
@@ -107,7 +109,7 @@ def build_ledger(a) -> Ledger:
 
 def _ledger(a):
     ledger = build_ledger(a)
-    gpu_memory = parse_bytes(a.gpu_memory, "gpu_memory")
+    gpu_memory = GPU_MEMORY.get(a.gpu_memory) or parse_bytes(a.gpu_memory, "gpu_memory")
     traffic = ledger.traffic
     if a.json:
         data = ledger.to_dict()

@@ -62,6 +62,11 @@ def test_json_matches_api(capsys):
     assert data["inputs"]["n_params"] == 6_738_415_616
 
 
+def test_gpu_by_name_or_size(capsys):
+    assert ledger_json(capsys, "--preset", "gpt2", "--gpu-memory", "rtx-4090")["gpu_memory"] == 24 * GB
+    assert ledger_json(capsys, "--preset", "gpt2", "--gpu-memory", "40GB")["gpu_memory"] == 40 * GB
+
+
 def test_params_only(capsys):
     data = ledger_json(capsys, "--params", "7e9")
     assert {r["group"] for r in data["rows"]} == {"model_states", "overhead"}
