@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 
 import sympy as sp
 
-from .symbols import F, H, L, V, d
+from .symbols import F, L, V, d
 
 STYLES = ("gpt", "llama")
 

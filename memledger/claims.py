@@ -25,7 +25,7 @@ import sympy as sp
 
 from .activations import ARTICLE_INVENTORY, closed_form, inventory, per_layer_bytes, quadratic_share
 from .architecture import get_preset
-from .dtypes import bf16_spacing, nbytes, round_to_bf16
+from .dtypes import bf16_spacing, round_to_bf16
 from .evaluate import exact_function
 from .flops import recompute_overhead
 from .ledger import DEFAULT_OVERHEAD, Ledger
@@ -119,8 +119,8 @@ def _total_activations_gb(batch, seq):
 
 
 def _bsd_bytes_count(predicate):
-    return sum(nbytes(r.dtype) * sp.Poly(sp.prod(r.shape), B, S).coeffs()[0] / d
-               for r in ARTICLE_INVENTORY if not r.quadratic and predicate(r))
+    """Bytes per element of B x S x d contributed by the article's rows that satisfy ``predicate``."""
+    return sum(r.bytes / (B * S * d) for r in ARTICLE_INVENTORY if not r.quadratic and predicate(r))
 
 
 _ACTIVATIONS = _ledger().group_total("activations")
@@ -194,8 +194,8 @@ def _claims():
     add("formula.34", s, "Coefficient of BSd in the per-layer formula", "34", "", lambda: _EXPANDED.coeff(B * S * d))
     add("formula.5", s, "Coefficient of BHS^2 in the per-layer formula", "5", "",
         lambda: _EXPANDED.coeff(B * H * S**2))
-    add("formula.80", s, "5HS/d at the spec", "80", "", lambda: Fraction(_at(5 * H * S * B * S) , _at(B * S * d)))
-    add("formula.114", s, "34 + 5HS/d at the spec", "114", "", lambda: Fraction(_at(closed_form()), _at(B * S * d)))
+    add("formula.80", s, "5HS/d at the spec", "80", "", lambda: _at(5 * H * S / d))
+    add("formula.114", s, "34 + 5HS/d at the spec", "114", "", lambda: _at(closed_form() / (B * S * d)))
     add("act.layer", s, "Saved activations per layer", "0.96", "GB", lambda: _layer_gb(1, 2048), "rounded")
     add("act.total", s, "32 layers: 32 x 0.96", "30.6", "GB", lambda: _gb(_ACTIVATIONS), "rounded",
         note="32 x 0.96 = 30.72; the printed 30.6 is 32 x 0.956 = 30.60, the unrounded per-layer value.")

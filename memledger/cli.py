@@ -12,7 +12,7 @@ from .hardware import GPU_MEMORY
 from .ledger import Ledger
 from .recipes import DEFAULT_RECIPE, RECIPES
 from .transfer import LINKS, link_bandwidth
-from .units import format_bytes, parse_bytes, parse_count, unit_size
+from .units import format_bytes, parse_bytes, parse_count
 
 
 class _Parser(argparse.ArgumentParser):
@@ -92,7 +92,6 @@ def build_ledger(a) -> Ledger:
     if arch is None and (a.batch != "1" or a.seq != "2048" or a.recompute != "none" or a.flash_attention):
         raise ValueError("--batch, --seq, --recompute and --flash-attention need an architecture; "
                          "--params alone gives model states only")
-    unit_size(a.units)
     if a.units not in ("GB", "GiB"):
         raise ValueError(f"units must be GB or GiB, got {a.units!r}")
     link_bandwidth(a.link)

@@ -40,6 +40,11 @@ def _blocks(arch):
     return int(expr.subs({d: arch.d_model, F: arch.d_ff}))
 
 
+def _per_layer(ledger):
+    """Saved activation bytes of one layer: the ledger's activations over its L layers."""
+    return Fraction(ledger.group_total("activations"), ledger.arch.n_layers)
+
+
 def _ledger(preset="article-7b", **kw):
     return Ledger(preset, **kw)
 
@@ -67,12 +72,9 @@ _FACTS = [
     Fact("states.gib", "the article's 112 GB of model states in GiB",
          lambda: in_unit(_ledger().group_total("model_states"), "GiB"), "GiB", 1),
     # chapter 4: activations
-    Fact("act.layer_bytes", "saved bytes per layer at the spec", lambda: _ledger().group_total("activations") // 32,
-         "bytes"),
-    Fact("act.layer_mib", "saved MiB per layer at the spec", lambda: in_unit(_ledger().group_total("activations")
-                                                                             // 32, "MiB"), "MiB"),
-    Fact("act.layer_gib", "saved GiB per layer at the spec", lambda: in_unit(_ledger().group_total("activations")
-                                                                             // 32, "GiB"), "GiB", 2),
+    Fact("act.layer_bytes", "saved bytes per layer at the spec", lambda: _per_layer(_ledger()), "bytes"),
+    Fact("act.layer_mib", "saved MiB per layer at the spec", lambda: in_unit(_per_layer(_ledger()), "MiB"), "MiB"),
+    Fact("act.layer_gib", "saved GiB per layer at the spec", lambda: in_unit(_per_layer(_ledger()), "GiB"), "GiB", 2),
     Fact("act.total_gib", "32 layers in GiB", lambda: in_unit(_ledger().group_total("activations"), "GiB"), "GiB", 1),
     Fact("act.flash_total", "activations with FlashAttention at the spec",
          lambda: _gb(_ledger(flash_attention=True).group_total("activations")), "GB", 1),
