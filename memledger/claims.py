@@ -155,14 +155,14 @@ def _claims():
         lambda: _gb(A100 - _WEIGHTS))
 
     s = "Model states"
-    for i, (key, text) in enumerate([("params", "BF16 parameters"), ("grads", "BF16 gradients"),
-                                     ("master", "FP32 master weights"), ("adam_m", "FP32 Adam first moment m"),
-                                     ("adam_v", "FP32 Adam second moment v")]):
-        per_param = _RECIPE.components[i].bytes_per_param
-        add(f"states.{key}.bpp", s, f"{text}: bytes per parameter", str(per_param // 1), "B/param",
+    # the article's model-state table: (key, component, bytes/param, GB for 7B), as printed
+    for i, (key, text, per_param, gb) in enumerate([
+            ("params", "BF16 parameters", "2", "14"), ("grads", "BF16 gradients", "2", "14"),
+            ("master", "FP32 master weights", "4", "28"), ("adam_m", "FP32 Adam first moment m", "4", "28"),
+            ("adam_v", "FP32 Adam second moment v", "4", "28")]):
+        add(f"states.{key}.bpp", s, f"{text}: bytes per parameter", per_param, "B/param",
             lambda i=i: _RECIPE.components[i].bytes_per_param)
-        add(f"states.{key}.gb", s, f"{text} for 7e9 parameters", str(per_param * 7), "GB",
-            lambda i=i: _component_gb(i))
+        add(f"states.{key}.gb", s, f"{text} for 7e9 parameters", gb, "GB", lambda i=i: _component_gb(i))
     add("states.bpp", s, "Model states per parameter, BF16 + AdamW", "16", "B/param",
         lambda: _RECIPE.bytes_per_param)
     add("states.total", s, "Model states of the 7B model", "112", "GB", lambda: _gb(_STATES))
@@ -172,10 +172,10 @@ def _claims():
         relation=">")
 
     s = "Activation inventory"
-    for i, r in enumerate(ARTICLE_INVENTORY):
-        mib = in_unit(_at(r.bytes), "MiB")
-        add(f"act.row{i + 1:02d}", s,
-            f"{r.block} block, '{r.name}' ({r.dtype}), per layer", str(mib), "MiB",
+    # the article's per-layer table at B=1, S=2048, as printed ("MB", meaning MiB), row by row
+    printed = ["16", "16", "16", "16", "256", "256", "128", "16", "16", "8", "16", "64", "64", "16", "8"]
+    for i, (r, mib) in enumerate(zip(ARTICLE_INVENTORY, printed)):
+        add(f"act.row{i + 1:02d}", s, f"{r.block} block, '{r.name}' ({r.dtype}), per layer", mib, "MiB",
             lambda r=r: in_unit(_at(r.bytes), "MiB"),
             note="The article writes MB for MiB (2^20 bytes)." + (
                 f" Size right, label not: {RELABEL_NOTE[r.name]}" if r.name in RELABEL_NOTE else ""))
