@@ -7,6 +7,8 @@ under its id (``"act.total"``) or, with other digits, ``"act.total@3"``.
 """
 from decimal import Decimal
 
+import sympy as sp
+
 from .claims import CLAIMS
 from .display import Table
 from .facts import FACTS
@@ -79,3 +81,43 @@ def audit(section: str) -> Table:
 def sections() -> list:
     """The article's sections, in the order the claims registry lists them."""
     return list(dict.fromkeys(c.section for c in CLAIMS))
+
+
+def _activation_equation():
+    """Eq. 1 of Korthikanti et al., *derived*: the inventory's sum with F = 4d, written per B*S*d."""
+    from .activations import inventory, per_layer_bytes
+    from .symbols import B, F, S, d
+    per_layer = per_layer_bytes(inventory()).subs(F, 4 * d)
+    return sp.Eq(sp.Symbol(r"M_\text{act/layer}"), sp.Mul(B * S * d, sp.expand(per_layer / (B * S * d)),
+                                                               evaluate=False), evaluate=False)
+
+
+def _states_equation():
+    """Model states of the article's recipe: the sum of its components, per parameter, times P."""
+    from .recipes import get_recipe
+    from .symbols import P
+    recipe = get_recipe("bf16-adamw")
+    return sp.Eq(sp.Symbol(r"M_\text{states}"), sp.Mul(recipe.bytes_per_param_sum(), P, evaluate=False),
+                 evaluate=False)
+
+
+def _checkpoint_equation():
+    """Full checkpointing: one BF16 layer input per layer."""
+    from .activations import activation_bytes, inventory
+    return sp.Eq(sp.Symbol(r"M_\text{act, ckpt}"), activation_bytes(inventory(), "full"), evaluate=False)
+
+
+#: Display equations the chapters show, each built from the library's derivation.
+EQUATIONS = {"eq.activations": _activation_equation, "eq.states": _states_equation,
+             "eq.checkpoint": _checkpoint_equation}
+
+
+def equation_latex(name: str) -> str:
+    return sp.latex(EQUATIONS[name](), order="none")
+
+
+def publish_equation(name: str) -> None:
+    """Glue a derived equation as math, for ``{glue:math}`` with a ``:label:``."""
+    from IPython.display import Math
+    from myst_nb import glue
+    glue(name, Math(equation_latex(name)), display=False)

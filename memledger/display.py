@@ -5,6 +5,8 @@ always printed next to them.
 """
 from html import escape
 
+import sympy as sp
+
 from .units import format_bytes
 
 _DEVICE_LABEL = {"gpu": "GPU", "cpu": "CPU", "nvme": "NVMe"}
@@ -80,7 +82,7 @@ class Table:
 
     def __init__(self, header, rows):
         self.header = tuple(header)
-        self.rows = [tuple(str(c) for c in r) for r in rows]
+        self.rows = [tuple(_plain(c) if isinstance(c, sp.Basic) else str(c) for c in r) for r in rows]
 
     def __repr__(self):
         rows = [self.header] + self.rows

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from memledger.book import CLAIM_BY_ID, article_text, split_key, text
+from memledger.book import CLAIM_BY_ID, EQUATIONS, article_text, equation_latex, split_key, text
 from memledger.claims import CLAIMS
 from memledger.facts import FACTS
 
@@ -71,12 +71,24 @@ def build():
     return out
 
 
-def glued(build):
-    values = {}
+def glue_outputs(build):
+    outputs = {}
     for path in (build / "jupyter_execute").rglob("*.glue.json"):
         for key, output in json.loads(path.read_text()).items():
-            values[(path.stem, key)] = output["data"]["text/plain"]
-    return values
+            outputs[(path.stem, key)] = output["data"]
+    return outputs
+
+
+def glued(build):
+    """Glued numbers (text) by (chapter, key); equations are checked separately."""
+    return {k: data["text/plain"] for k, data in glue_outputs(build).items() if k[1] not in EQUATIONS}
+
+
+def test_glued_equations_are_the_derived_ones(build):
+    equations = {k: data for k, data in glue_outputs(build).items() if k[1] in EQUATIONS}
+    assert {key for _, key in equations} == set(EQUATIONS)
+    for (chapter, key), data in equations.items():
+        assert equation_latex(key) in data["text/latex"], chapter
 
 
 def test_build_publishes_every_chapter(build):
