@@ -157,3 +157,8 @@ def test_math_and_widgets_use_the_vendored_copies(build):
     assert "application/vnd.jupyter.widget-state+json" in page      # the explorer's state is embedded
     assert "needs a running" in page or "running Jupyter kernel" in page
     assert "../vendor/mathjax/tex-mml-chtml.js" in (build / "html" / "book" / "04_activations.html").read_text()
+
+
+def test_static_calculator_is_in_the_page(build):
+    page = (build / "html" / "book" / "09_together.html").read_text()
+    assert 'id="memledger-calculator"' in page and "function memledgerLedger" in page
