@@ -32,7 +32,7 @@ from .ledger import DEFAULT_OVERHEAD, Ledger
 from .recipes import get_recipe
 from .symbols import ARGS, B, F, H, S, d
 from .hardware import GPU_MEMORY, LINKS
-from .units import in_unit
+from .units import ARTICLE_TENSOR_UNIT, ARTICLE_TOTAL_UNIT, in_unit
 
 STATUSES = ("matches", "rounded", "approximate", "erratum")
 A100 = GPU_MEMORY["a100-80gb"]
@@ -97,7 +97,7 @@ def _at(expr, batch=1, seq=2048) -> int:
 
 
 def _gb(nbytes) -> Fraction:
-    return in_unit(nbytes, "GB")
+    return in_unit(nbytes, ARTICLE_TOTAL_UNIT)
 
 
 _RECIPE = get_recipe("bf16-adamw")
@@ -129,8 +129,8 @@ _CKPT = _ledger(recompute="full").group_total("activations")
 _OFFLOAD = _ledger(recompute="full", offload_optimizer="cpu")
 _ZERO_OFFLOAD = _ledger(recompute="full", offload_optimizer="cpu", offload_placement="zero-offload")
 _WEIGHTS = _RECIPE.components[0].bytes_per_param * _P
-_QUAD_MIB = sum(in_unit(_at(r.bytes), "MiB") for r in ARTICLE_INVENTORY if r.quadratic)
-_LAYER_MIB = sum(in_unit(_at(r.bytes), "MiB") for r in ARTICLE_INVENTORY)
+_QUAD_MIB = sum(in_unit(_at(r.bytes), ARTICLE_TENSOR_UNIT) for r in ARTICLE_INVENTORY if r.quadratic)
+_LAYER_MIB = sum(in_unit(_at(r.bytes), ARTICLE_TENSOR_UNIT) for r in ARTICLE_INVENTORY)
 
 
 def _claims():
@@ -175,13 +175,13 @@ def _claims():
     # the article's per-layer table at B=1, S=2048, as printed ("MB", meaning MiB), row by row
     printed = ["16", "16", "16", "16", "256", "256", "128", "16", "16", "8", "16", "64", "64", "16", "8"]
     for i, (r, mib) in enumerate(zip(ARTICLE_INVENTORY, printed)):
-        add(f"act.row{i + 1:02d}", s, f"{r.block} block, '{r.name}' ({r.dtype}), per layer", mib, "MiB",
-            lambda r=r: in_unit(_at(r.bytes), "MiB"),
+        add(f"act.row{i + 1:02d}", s, f"{r.block} block, '{r.name}' ({r.dtype}), per layer", mib, ARTICLE_TENSOR_UNIT,
+            lambda r=r: in_unit(_at(r.bytes), ARTICLE_TENSOR_UNIT),
             note="The article writes MB for MiB (2^20 bytes)." + (
                 f" Size right, label not: {RELABEL_NOTE[r.name]}" if r.name in RELABEL_NOTE else ""))
     add("act.score_vs_bsd", s, "One S x S score tensor is this many times a B x S x d tensor", "16", "x",
         lambda: Fraction(_at(ARTICLE_INVENTORY[4].bytes), _at(ARTICLE_INVENTORY[1].bytes)))
-    add("act.three_quadratic", s, "The three S x S tensors together", "640", "MiB", lambda: _QUAD_MIB)
+    add("act.three_quadratic", s, "The three S x S tensors together", "640", ARTICLE_TENSOR_UNIT, lambda: _QUAD_MIB)
     add("act.quadratic_share", s, "...are more than 70% of the layer", "70", "%",
         lambda: 100 * _QUAD_MIB / _LAYER_MIB, relation=">")
     add("formula.bf16_bsd", s, "Eight BF16 B x S x d tensors contribute 8 x 2", "16", "B/(BSd)",

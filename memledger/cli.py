@@ -34,8 +34,8 @@ def _parser():
     arch.add_argument("--vocab", help="vocabulary size (default 32000)")
     arch.add_argument("--style", help="block style: gpt (default) or llama")
     run = led.add_argument_group("workload and strategy")
-    run.add_argument("--batch", default="1", help="micro-batch size B (default 1)")
-    run.add_argument("--seq", default="2048", help="sequence length S (default 2048)")
+    run.add_argument("--batch", help=f"micro-batch size B (default {Ledger.batch_size})")
+    run.add_argument("--seq", help=f"sequence length S (default {Ledger.seq_len})")
     run.add_argument("--recipe", default=DEFAULT_RECIPE, help=f"one of: {', '.join(RECIPES)}")
     run.add_argument("--recompute", default="none", help="none, selective or full")
     run.add_argument("--no-dropout", action="store_true", help="train without dropout")
@@ -48,7 +48,8 @@ def _parser():
     run.add_argument("--offload-params", default="none", help="none, cpu or nvme (needs --zero 3)")
     run.add_argument("--offload-placement", default="article",
                      help="article (grads stay on the GPU) or zero-offload (only BF16 params stay)")
-    run.add_argument("--overhead", default="2GB", help="runtime overhead, e.g. 2GB or 1500000000 (default 2GB)")
+    run.add_argument("--overhead", help="runtime overhead, e.g. 2GB or 1500000000 "
+                     f"(default {format_bytes(Ledger.overhead_bytes, digits=0)})")
     out = led.add_argument_group("output")
     out.add_argument("--units", default="GB", help="GB (10^9 bytes) or GiB (2^30 bytes)")
     out.add_argument("--gpu-memory", default="a100-80gb",
@@ -89,7 +90,7 @@ def build_ledger(a) -> Ledger:
     arch = _architecture(a)
     if arch is None and a.params is None:
         raise ValueError("give a model: --preset NAME, --params N, or --hidden D --layers L --heads H")
-    if arch is None and (a.batch != "1" or a.seq != "2048" or a.recompute != "none" or a.flash_attention):
+    if arch is None and (a.batch or a.seq or a.recompute != "none" or a.flash_attention):
         raise ValueError("--batch, --seq, --recompute and --flash-attention need an architecture; "
                          "--params alone gives model states only")
     if a.units not in ("GB", "GiB"):
@@ -98,11 +99,13 @@ def build_ledger(a) -> Ledger:
     return Ledger(
         arch=arch,
         n_params=None if a.params is None else parse_count(a.params, "n_params"),
-        batch_size=parse_count(a.batch, "batch_size"), seq_len=parse_count(a.seq, "seq_len"),
+        batch_size=Ledger.batch_size if a.batch is None else parse_count(a.batch, "batch_size"),
+        seq_len=Ledger.seq_len if a.seq is None else parse_count(a.seq, "seq_len"),
         recipe=a.recipe, recompute=a.recompute, tp=parse_count(a.tp, "tp"), sequence_parallel=a.sp,
         zero_stage=_zero_stage(a.zero), dp=parse_count(a.dp, "dp"),
         offload_optimizer=a.offload_optimizer, offload_params=a.offload_params,
-        offload_placement=a.offload_placement, overhead_bytes=parse_bytes(a.overhead, "overhead"),
+        offload_placement=a.offload_placement,
+        overhead_bytes=Ledger.overhead_bytes if a.overhead is None else parse_bytes(a.overhead, "overhead"),
         dropout=False if a.no_dropout else None, flash_attention=a.flash_attention)
 
 

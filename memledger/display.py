@@ -9,6 +9,9 @@ import sympy as sp
 
 from .units import format_bytes
 
+#: Sequence lengths the interactive views (widget, static calculator) offer.
+SEQUENCE_CHOICES = (512, 1024, 2048, 4096, 8192, 16384, 32768)
+
 _DEVICE_LABEL = {"gpu": "GPU", "cpu": "CPU", "nvme": "NVMe"}
 
 

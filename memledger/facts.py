@@ -45,6 +45,11 @@ def _per_layer(ledger):
     return Fraction(ledger.group_total("activations"), ledger.arch.n_layers)
 
 
+def _offloaded(device="cpu", **kw):
+    """The article's setting for offloading: full checkpointing, optimizer states on ``device``."""
+    return _ledger(recompute="full", offload_optimizer=device, **kw)
+
+
 def _ledger(preset="article-7b", **kw):
     return Ledger(preset, **kw)
 
@@ -89,27 +94,26 @@ _FACTS = [
                                                                  .group_total("activations"), "GiB"), "GiB", 1),
     # chapter 8: offloading
     Fact("offload.traffic", "bytes over PCIe per step, article placement",
-         lambda: _gb(_ledger(recompute="full", offload_optimizer="cpu").traffic.pcie_bytes), "GB"),
+         lambda: _gb(_offloaded().traffic.pcie_bytes), "GB"),
     Fact("offload.seconds", "PCIe 4.0 x16 time per step, one direction after the other",
-         lambda: _ledger(recompute="full", offload_optimizer="cpu").traffic.pcie_seconds("pcie4-x16"), "s", 3),
+         lambda: _offloaded().traffic.pcie_seconds("pcie4-x16"), "s", 3),
     Fact("offload.seconds_duplex", "PCIe 4.0 x16 time per step, both directions overlapped",
-         lambda: _ledger(recompute="full", offload_optimizer="cpu").traffic.pcie_seconds("pcie4-x16", True), "s", 2),
+         lambda: _offloaded().traffic.pcie_seconds("pcie4-x16", True), "s", 2),
     Fact("offload.article_seconds", "the article's 84 GB at PCIe 4.0 x16 speed",
-         lambda: Fraction(_ledger(recompute="full", offload_optimizer="cpu").totals["cpu"], LINKS["pcie4-x16"]),
+         lambda: Fraction(_offloaded().totals["cpu"], LINKS["pcie4-x16"]),
          "s", 1),
     Fact("offload.zero_gpu", "GPU total under ZeRO-Offload placement with checkpointing",
-         lambda: _gb(_ledger(recompute="full", offload_optimizer="cpu", offload_placement="zero-offload")
+         lambda: _gb(_offloaded(offload_placement="zero-offload")
                      .totals["gpu"]), "GB", 1),
     Fact("offload.zero_cpu", "CPU total under ZeRO-Offload placement",
-         lambda: _gb(_ledger(recompute="full", offload_optimizer="cpu", offload_placement="zero-offload")
+         lambda: _gb(_offloaded(offload_placement="zero-offload")
                      .totals["cpu"]), "GB"),
     Fact("offload.nvme_seconds_slow", "NVMe traffic time at 3 GB/s",
-         lambda: _ledger(recompute="full", offload_optimizer="nvme").traffic.nvme_seconds("nvme-3"), "s"),
+         lambda: _offloaded("nvme").traffic.nvme_seconds("nvme-3"), "s"),
     Fact("offload.nvme_seconds_fast", "NVMe traffic time at 7 GB/s",
-         lambda: _ledger(recompute="full", offload_optimizer="nvme").traffic.nvme_seconds("nvme-7"), "s"),
+         lambda: _offloaded("nvme").traffic.nvme_seconds("nvme-7"), "s"),
     Fact("offload.nvme_gb", "NVMe bytes read + written per step",
-         lambda: _gb(_ledger(recompute="full", offload_optimizer="nvme").traffic.nvme_read
-                     + _ledger(recompute="full", offload_optimizer="nvme").traffic.nvme_write), "GB"),
+         lambda: _gb(_offloaded("nvme").traffic.nvme_read + _offloaded("nvme").traffic.nvme_write), "GB"),
     Fact("offload.no_ckpt_gpu", "GPU total with offload but no checkpointing",
          lambda: _gb(_ledger(offload_optimizer="cpu").totals["gpu"]), "GB", 1),
 ]

@@ -27,7 +27,6 @@ from .symbols import ARGS, FIELDS, O, V, d, t
 from .transfer import Traffic, step_traffic
 from .units import GB
 
-GROUPS = ("model_states", "activations", "overhead")
 DEVICES = ("gpu", "cpu", "nvme")
 DEFAULT_OVERHEAD = 2 * GB
 

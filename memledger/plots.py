@@ -13,7 +13,6 @@ from .symbols import ARGS
 from .units import in_unit, unit_size
 
 A100_BYTES = GPU_MEMORY["a100-80gb"]
-_COLOURS = {"model_states": "#4C72B0", "activations": "#DD8452", "overhead": "#8C8C8C"}
 
 
 def ledger_bars(ledgers: dict, gpu_bytes: int = A100_BYTES, unit: str = "GB", ax=None):

@@ -14,8 +14,9 @@ import sympy as sp
 
 from .activations import RECOMPUTE, activation_bytes, inventory
 from .architecture import PRESETS
+from .display import SEQUENCE_CHOICES
 from .hardware import GPU_MEMORY
-from .ledger import DEFAULT_OVERHEAD
+from .ledger import DEFAULT_OVERHEAD, Ledger
 from .model_states import OFFLOAD_DEVICES, PLACEMENTS, ZERO_SHARDS, device_of, elements_per_device
 from .recipes import RECIPES, ROLES
 
@@ -138,8 +139,8 @@ def calculator_html(preset: str = "article-7b") -> str:
     """The calculator as one HTML fragment: a form, an output area and its script."""
     fields = [
         _select("preset", "model", list(PRESETS), preset),
-        _number("batch", "batch B", 1, 4096),
-        _select("seq", "sequence S", [512, 1024, 2048, 4096, 8192, 16384, 32768], 2048),
+        _number("batch", "batch B", Ledger.batch_size, 4096),
+        _select("seq", "sequence S", list(SEQUENCE_CHOICES), Ledger.seq_len),
         _select("recipe", "recipe", list(RECIPES), "bf16-adamw"),
         _select("recompute", "recompute", list(RECOMPUTE), "none"),
         _select("flash", "FlashAttention", ["no", "yes"], "no"),

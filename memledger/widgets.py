@@ -7,7 +7,7 @@ redraws an HTML table and bar: no ``subs``, no matplotlib, milliseconds.
 import ipywidgets as w
 
 from .architecture import PRESETS
-from .display import html_table, html_verdict
+from .display import SEQUENCE_CHOICES, html_table, html_verdict
 from .ledger import Ledger
 from .recipes import RECIPES
 from .hardware import GPU_MEMORY
@@ -24,8 +24,9 @@ def controls(preset: str = "article-7b") -> dict:
     drop = lambda label, options, value: w.Dropdown(description=label, options=options, value=value, style=style)
     return {
         "arch": drop("model", list(PRESETS), preset),
-        "batch_size": w.BoundedIntText(description="batch B", value=1, min=1, max=4096, style=style),
-        "seq_len": drop("sequence S", [512, 1024, 2048, 4096, 8192, 16384, 32768], 2048),
+        "batch_size": w.BoundedIntText(description="batch B", value=Ledger.batch_size, min=1, max=4096,
+                                       style=style),
+        "seq_len": drop("sequence S", list(SEQUENCE_CHOICES), Ledger.seq_len),
         "recipe": drop("recipe", list(RECIPES), "bf16-adamw"),
         "recompute": drop("recompute", ["none", "selective", "full"], "none"),
         "zero_stage": drop("ZeRO stage", [0, 1, 2, 3], 0),
