@@ -112,6 +112,11 @@ def _tracker_class():
         """MemTracker keeping only the global peak (its per-module peaks cost 2/3 of the run and are not
         used), and optionally a trace: (total, backward?, innermost modules) after every op."""
         trace = None
+        _func = None
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self._func = func
+            return super().__torch_dispatch__(func, types, args, kwargs)
 
         def _update_peak_stats(self, peak_state):
             for dev, snap in self._curr_mem_snap.items():
@@ -121,7 +126,7 @@ def _tracker_class():
             if self.trace is not None:
                 snap = self._curr_mem_snap.get(torch.device("cpu"), {"Total": 0})
                 self.trace.append((snap["Total"], self._mod_tracker.is_bw, self._in_opt,
-                                   tuple(sorted(self._mod_tracker.parents))))
+                                   tuple(sorted(self._mod_tracker.parents)), str(self._func)))
     return Tracker
 
 
@@ -133,7 +138,7 @@ def memtracker_step(c: RefConfig, loop: str, batch: int, seq: int, foreach: bool
     so the tracked step is a second step. Returns {"before forward": int, ...,
     "after step": int, "peak": int, "phase peaks": {"forward": int,
     "backward": int, "optimizer": int}} in CPU bytes, and with ``trace`` the
-    list of (total, in backward, in optimizer, modules) after every op. The
+    list of (total, in backward, in optimizer, modules, op) after every op. The
     phase peaks reset MemTracker's ``_peak_mem`` at each landmark.
     """
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -156,7 +161,7 @@ def memtracker_step(c: RefConfig, loop: str, batch: int, seq: int, foreach: bool
                 phase_peaks[phases[name]] = max(tracker._peak_mem[cpu], total)
             result[name] = tracker._peak_mem[cpu] = total
             if trace:
-                tracker.trace.append((total, None, None, name))
+                tracker.trace.append((total, None, None, name, ""))
 
         with tracker:
             trainer.step(ids, targets, landmark)
