@@ -128,8 +128,8 @@ class Ledger:
             raise ValueError(f"recompute must be one of {', '.join(RECOMPUTE)}, got {self.recompute!r}")
         if self.sequence_parallel and self.tp == 1:
             raise ValueError("sequence_parallel needs tensor parallelism: tp must be > 1")
-        if arch is not None and (arch.d_model % self.tp or arch.n_heads % self.tp):
-            raise ValueError(f"tp ({self.tp}) must divide d_model ({arch.d_model}) and n_heads ({arch.n_heads})")
+        if arch is not None:
+            arch.check_tp(self.tp)
         if self.dropout is None:
             object.__setattr__(self, "dropout", arch.dropout if arch is not None else False)
         _row_specs(self.structure)      # validates recipe, ZeRO stage and offload choices
