@@ -27,9 +27,9 @@ _EXPORTS = {
     "units": ("format_bytes", "in_unit"),
 }
 _HOME = {name: module for module, names in _EXPORTS.items() for name in names}
-_MODULES = ("activations", "architecture", "book", "choices", "claims", "display", "dtypes", "evaluate", "flops",
-            "formulas", "hardware", "ledger", "model_states", "plots", "recipes", "symbols", "transfer", "units",
-            "webcalc", "widgets")
+_MODULES = ("activations", "architecture", "book", "choices", "claims", "communication", "display", "dtypes",
+            "evaluate", "flops", "formulas", "hardware", "ledger", "model_states", "plots", "recipes", "symbols",
+            "transfer", "units", "webcalc", "widgets")
 __all__ = sorted(_HOME) + list(_MODULES)
 
 
