@@ -19,11 +19,10 @@ from math import prod
 
 import sympy as sp
 
+from .choices import RECOMPUTE, check_choice
 from .dtypes import nbytes
 from .parameters import Features, widths
 from .symbols import B, E, F, H, L, S, d, k, t
-
-RECOMPUTE = ("none", "selective", "full")
 
 
 @dataclass(frozen=True)
@@ -80,8 +79,7 @@ def inventory(mlp: str = "gelu", norm: str = "LayerNorm", dropout: bool = True,
     are H*d_h wide (Gemma-7B). ``moe``: :func:`moe_rows` replace the MLP rows
     after its input (needs ``mlp="swiglu"``).
     """
-    if mlp not in ("gelu", "swiglu"):
-        raise ValueError(f"mlp must be 'gelu' or 'swiglu', got {mlp!r}")
+    check_choice("mlp", mlp, ("gelu", "swiglu"))
     if moe and mlp != "swiglu":
         raise ValueError("moe needs the gated MLP: mlp='swiglu'")
     q, kv = widths(Features(gqa=gqa, head_dim=head_dim))
@@ -223,8 +221,7 @@ def per_layer_bytes(rows, recompute: str = "none", tp: bool = False, sequence_pa
     layer input, 2BSd. With ``tp`` the tensor-parallel rows are divided by t,
     and with ``sequence_parallel`` all rows are (Korthikanti Table 2).
     """
-    if recompute not in RECOMPUTE:
-        raise ValueError(f"recompute must be one of {', '.join(RECOMPUTE)}, got {recompute!r}")
+    check_choice("recompute", recompute, RECOMPUTE)
     if sequence_parallel and not tp:
         raise ValueError("sequence parallelism needs tensor parallelism (tp > 1)")
     if recompute == "full":

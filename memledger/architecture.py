@@ -1,7 +1,6 @@
-"""Transformer architectures: their shape, their parameter count, and the named presets.
+"""Transformer architectures: their parameter count, and the named presets.
 
-Two block styles, refined by the fields a real checkpoint's ``config.json``
-sets (:meth:`Architecture.from_hf_config`):
+Two block styles:
 
 * ``"gpt"``: LayerNorm (weight + bias), biased Q/K/V/O and MLP linears,
   GeLU MLP of width F (4d in GPT), dropout; per layer 4d^2 + 2dF + F + 9d
@@ -11,27 +10,20 @@ sets (:meth:`Architecture.from_hf_config`):
   matrices, untied embeddings, no dropout: L(4d^2 + 3dF + 2d) + 2Vd + d
   (Touvron et al. 2023).
 
-Refinements: grouped-query attention (``n_kv_heads``), a head size that is not
-d/H (``head_size``), tied or untied embeddings, Q/K/V biases (Qwen2), learned
-token types, BERT's pooler and embedding LayerNorm, encoder-only attention
-(``causal=False``), mixture of experts (``n_experts``, ``top_k``). The parts
-are derived in :mod:`memledger.parameters`.
+Refinements a real checkpoint's ``config.json`` sets
+(:meth:`Architecture.from_hf_config`): grouped-query attention
+(``n_kv_heads``), a head size that is not d/H (``head_size``), tied or untied
+embeddings, Q/K/V biases (Qwen2), learned token types, BERT's pooler and
+embedding LayerNorm, encoder-only attention (``causal=False``), mixture of
+experts (``n_experts``, ``top_k``). :attr:`Architecture.features` names the
+choices; :mod:`memledger.parameters` derives the parts from them.
 """
 from dataclasses import dataclass, field, replace
 
-import sympy as sp
-
-from .parameters import (
-    STYLES,
-    Features,
-    active_param_count_expr,
-    block_params_expr,
-    block_parts,  # noqa: F401  (re-exported: the old home of these helpers)
-    param_count_expr,
-    param_parts,
-    swiglu_width,
-)
-from .symbols import E, F, H, H_kv, L, V, d, d_h, k
+from .choices import check_choice, check_count, check_flag, lookup
+from .features import STYLES, Features, swiglu_width
+#: What each block style saves for backward: (MLP kind, norm) of :func:`memledger.activations.inventory`.
+BLOCKS = {"gpt": ("gelu", "LayerNorm"), "llama": ("swiglu", "RMSNorm")}
 
 
 @dataclass(frozen=True)
@@ -48,7 +40,7 @@ class Architecture:
     n_params: int = None
     description: str = field(default="", compare=False)
     n_kv_heads: int = None        # None: n_heads (multi-head); 1: multi-query
-    head_size: int = None         # config's head_dim where it is not d_model // n_heads (Gemma-7B)
+    head_size: int = None         # the config's head_dim where it is not d_model // n_heads (Gemma-7B)
     tied_embeddings: bool = None  # None: as the style says (gpt tied, llama untied)
     qkv_bias: bool = None         # None: as the style says (gpt yes, llama no)
     n_token_types: int = 0        # BERT's segment embeddings (2)
@@ -60,29 +52,26 @@ class Architecture:
     model_type: str = field(default="", compare=False)   # the config.json's model_type, where read from one
 
     def __post_init__(self):
-        if self.style not in STYLES:
-            raise ValueError(f"style must be one of {', '.join(STYLES)}, got {self.style!r}")
+        check_choice("style", self.style, STYLES)
+        counts = ("d_model", "n_layers", "n_heads") + (("d_ff",) if self.d_ff is not None else ()) + (
+            "vocab_size",) + (("n_params",) if self.n_params is not None else ())
+        for name in counts:
+            object.__setattr__(self, name, check_count(name, getattr(self, name)))
+        for name in ("n_positions", "n_token_types", "n_experts", "top_k"):
+            object.__setattr__(self, name, check_count(name, getattr(self, name), minimum=0))
         if self.d_ff is None:
             object.__setattr__(self, "d_ff", 4 * self.d_model)
-        for name in ("d_model", "n_layers", "n_heads", "d_ff", "vocab_size"):
-            _check_positive(name, getattr(self, name))
-        for name in ("n_positions", "n_token_types", "n_experts", "top_k"):
-            _check_positive(name, getattr(self, name), allow_zero=True)
         for name in ("tied_embeddings", "qkv_bias"):
-            if getattr(self, name) not in (None, True, False):
-                raise ValueError(f"{name} must be True, False or None, got {getattr(self, name)!r}")
+            check_flag(name, getattr(self, name), allow_none=True)
         for name in ("pooler", "embedding_norm", "causal"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
-        if self.n_params is not None:
-            _check_positive("n_params", self.n_params)
+            check_flag(name, getattr(self, name))
         if self.head_size is None:
             if self.d_model % self.n_heads:
                 raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
         else:
-            _check_positive("head_size", self.head_size)
+            object.__setattr__(self, "head_size", check_count("head_size", self.head_size))
         if self.n_kv_heads is not None:
-            _check_positive("n_kv_heads", self.n_kv_heads)
+            object.__setattr__(self, "n_kv_heads", check_count("n_kv_heads", self.n_kv_heads))
             if self.n_heads % self.n_kv_heads:
                 raise ValueError(f"n_heads ({self.n_heads}) must be divisible by n_kv_heads ({self.n_kv_heads})")
         if (self.n_experts == 0) != (self.top_k == 0) or self.top_k > self.n_experts:
@@ -97,9 +86,53 @@ class Architecture:
         return self.style == "gpt"
 
     @property
+    def mlp(self) -> str:
+        """The MLP kind the activation inventory saves tensors for: gelu or swiglu."""
+        return BLOCKS[self.style][0]
+
+    @property
+    def norm(self) -> str:
+        """The norm: LayerNorm (gpt) or RMSNorm (llama)."""
+        return BLOCKS[self.style][1]
+
+    def check_tensor_parallel(self, tp: int) -> None:
+        """Megatron-LM splits heads, key/value heads and the MLP width over tp ranks:
+        tp must divide d_model, n_heads, n_kv_heads (grouped-query attention) and d_ff."""
+        widths = {"d_model": self.d_model, "n_heads": self.n_heads, "d_ff": self.d_ff}
+        names = "d_model, n_heads and d_ff"
+        if self.kv_heads != self.n_heads:
+            widths = {"d_model": self.d_model, "n_heads": self.n_heads, "n_kv_heads": self.kv_heads,
+                      "d_ff": self.d_ff}
+            names = "d_model, n_heads, n_kv_heads (the key/value heads) and d_ff"
+        bad = [f"{name} ({value})" for name, value in widths.items() if value % tp]
+        if bad:
+            raise ValueError(f"tp ({tp}) must divide {names}; it does not divide {', '.join(bad)}")
+
+    check_tp = check_tensor_parallel
+
+    @property
     def kv_heads(self) -> int:
         """Key/value heads: ``n_kv_heads``, or ``n_heads`` for multi-head attention."""
         return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
+
+    @property
+    def features(self) -> Features:
+        """The discrete choices that decide the parameter and activation formulas."""
+        return Features(self.style, self.kv_heads != self.n_heads, self.head_dim * self.n_heads != self.d_model,
+                        self.tied_embeddings, self.qkv_bias, self.n_positions > 0, self.n_token_types > 0,
+                        self.pooler, self.embedding_norm, self.n_experts > 0)
+
+    @property
+    def values(self) -> dict:
+        """Symbol name -> value for every shape symbol a formula of this architecture may contain."""
+        return {"d": self.d_model, "L": self.n_layers, "H": self.n_heads, "F": self.d_ff, "V": self.vocab_size,
+                "H_kv": self.kv_heads, "d_h": self.head_dim, "E": max(self.n_experts, 1), "k": max(self.top_k, 1),
+                "n_positions": self.n_positions, "n_token_types": self.n_token_types}
+
+    def evaluate(self, expr) -> int:
+        """Any SymPy formula at this architecture's shape, as an exact int."""
+        from .formulas import evaluate_expr
+        return evaluate_expr(expr, self.values)
 
     @property
     def head_dim(self) -> int:
@@ -107,42 +140,17 @@ class Architecture:
         return self.d_model // self.n_heads if self.head_size is None else self.head_size
 
     @property
-    def features(self) -> Features:
-        """The discrete choices that decide the parameter and activation formulas."""
-        return Features(self.style, self.kv_heads != self.n_heads, self.head_dim * self.n_heads != self.d_model,
-                        self.tied_embeddings, self.qkv_bias, self.n_positions, self.n_token_types, self.pooler,
-                        self.embedding_norm, self.n_experts > 0)
-
-    @property
-    def mlp(self) -> str:
-        """The MLP kind for :func:`memledger.activations.inventory`: "gelu" or "swiglu" (gated)."""
-        return "gelu" if self.style == "gpt" else "swiglu"
-
-    @property
-    def norm(self) -> str:
-        return "LayerNorm" if self.style == "gpt" else "RMSNorm"
-
-    def bindings(self) -> dict:
-        """Symbol -> value for every shape symbol a formula of this architecture may contain."""
-        return {d: self.d_model, L: self.n_layers, H: self.n_heads, F: self.d_ff, V: self.vocab_size,
-                H_kv: self.kv_heads, d_h: self.head_dim, E: max(self.n_experts, 1), k: max(self.top_k, 1)}
-
-    def evaluate(self, expr) -> int:
-        """``expr`` at this architecture's shape, as an exact int."""
-        value = sp.sympify(expr).subs(self.bindings())
-        if not (value.is_Integer):
-            raise ValueError(f"{expr} does not evaluate to a whole number at this shape (got {value})")
-        return int(value)
-
-    @property
     def computed_params(self) -> int:
         """The parameter count from the architecture (ignores ``n_params``)."""
-        return self.evaluate(param_count_expr(self.features))
+        from .formulas import evaluate
+        return evaluate(("params",) + tuple(self.features), self.values)
 
     @property
     def active_params(self) -> int:
-        """Parameters one token passes through (= ``computed_params`` for a dense model)."""
-        return self.evaluate(active_param_count_expr(self.features)) if self.n_experts else self.computed_params
+        """Parameters one token passes through: k of the E experts (= ``computed_params`` if dense)."""
+        from .formulas import evaluate
+        return evaluate(("active params",) + tuple(self.features), self.values) if self.n_experts \
+            else self.computed_params
 
     @property
     def params(self) -> int:
@@ -151,22 +159,14 @@ class Architecture:
 
     def parts(self) -> dict:
         """Parameters by part (attention, MLP, norms, embeddings, ...) as exact ints."""
+        from .parameters import param_parts
         return {name: self.evaluate(expr) for name, expr in param_parts(self.features).items()}
 
     @property
     def largest_layer_params(self) -> int:
         """Parameters of the largest single module (a block or the embedding)."""
+        from .parameters import block_params_expr
         return max(self.evaluate(block_params_expr(self.features)), self.vocab_size * self.d_model)
-
-    def check_tp(self, tp: int) -> None:
-        """``ValueError`` unless tensor parallelism ``tp`` divides the hidden size, the heads,
-        the key/value heads and the MLP width (Megatron-LM splits each of them tp ways)."""
-        sizes = {"d_model": self.d_model, "n_heads": self.n_heads, "n_kv_heads": self.kv_heads, "d_ff": self.d_ff}
-        bad = [f"{name} ({n})" for name, n in sizes.items() if n % tp]
-        if bad:
-            raise ValueError(f"tp ({tp}) must divide d_model ({self.d_model}), n_heads ({self.n_heads}), "
-                             f"n_kv_heads ({self.kv_heads}) and d_ff ({self.d_ff}); it does not divide "
-                             + ", ".join(bad))
 
     def with_changes(self, **changes) -> "Architecture":
         """A copy with fields changed; a changed shape drops the nominal ``n_params``."""
@@ -178,17 +178,18 @@ class Architecture:
     def from_hf_config(cls, config, description: str = "") -> "Architecture":
         """The architecture a Hugging Face ``config.json`` describes (a path or a dict), read offline.
 
-        Supported ``model_type``: see :data:`memledger.hf_config.SUPPORTED`.
+        Supported ``model_type``: :data:`memledger.hf_config.SUPPORTED`.
         """
         from .hf_config import architecture_kwargs, load_config
         return cls(**architecture_kwargs(load_config(config)), description=description)
 
 
-def _check_positive(name, value, allow_zero=False):
-    ok = isinstance(value, int) and not isinstance(value, bool) and (value >= 0 if allow_zero else value > 0)
-    if not ok:
-        kind = "a non-negative" if allow_zero else "a positive"
-        raise ValueError(f"{name} must be {kind} integer, got {value!r}")
+def __getattr__(name):
+    # the symbolic helpers live in memledger.parameters (SymPy); this module stays importable without it
+    if name in ("block_parts", "block_params_expr", "param_parts", "param_count_expr"):
+        from . import parameters
+        return getattr(parameters, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 PRESETS = {
@@ -223,7 +224,4 @@ _add_config_presets()
 
 def get_preset(name: str) -> Architecture:
     """The preset called ``name``; ``ValueError`` listing the known ones otherwise."""
-    try:
-        return PRESETS[name]
-    except KeyError:
-        raise ValueError(f"unknown preset {name!r}; known: {', '.join(PRESETS)}") from None
+    return lookup(PRESETS, name, "preset")

@@ -23,53 +23,10 @@ LLaMA (Touvron et al. 2023), as before. Megatron-LM's
 ``compute_weight_and_optimizer_memory`` (``megatron/training/theoretical_memory_usage.py``)
 gives the same grouped-query and MoE attention/MLP terms but omits the router.
 """
-from typing import NamedTuple
-
 import sympy as sp
 
-from .symbols import E, F, H, H_kv, L, V, d, d_h, k
-
-STYLES = ("gpt", "llama")
-
-
-class Features(NamedTuple):
-    """The discrete choices that decide which parameter tensors exist.
-
-    ``style``: "gpt" (LayerNorm, biased linears, GeLU MLP, tied embeddings) or
-    "llama" (RMSNorm, no biases, gated MLP, untied); the other fields
-    override or extend it. ``None`` means "as the style says".
-    """
-    style: str = "gpt"
-    gqa: bool = False             # K/V at H_kv heads
-    head_dim: bool = False        # head size d_h given (not d/H)
-    tied: bool = None
-    qkv_bias: bool = None
-    n_positions: int = 0          # learned positions (a number: the table's rows)
-    n_token_types: int = 0
-    pooler: bool = False
-    embedding_norm: bool = False  # BERT: LayerNorm on the embeddings, none at the end
-    moe: bool = False
-
-    @classmethod
-    def of(cls, value) -> "Features":
-        """``Features`` from itself or a style name (the old ``style`` arguments)."""
-        if isinstance(value, cls):
-            return value
-        if value not in STYLES:
-            raise ValueError(f"style must be one of {', '.join(STYLES)}, got {value!r}")
-        return cls(style=value)
-
-    @property
-    def gpt(self) -> bool:
-        return self.style == "gpt"
-
-    @property
-    def is_tied(self) -> bool:
-        return self.gpt if self.tied is None else self.tied
-
-    @property
-    def has_qkv_bias(self) -> bool:
-        return self.gpt if self.qkv_bias is None else self.qkv_bias
+from .features import STYLES, Features, swiglu_width  # noqa: F401  (re-exported)
+from .symbols import E, F, H, H_kv, L, N_pos, N_tt, V, d, d_h, k
 
 
 def widths(features) -> tuple:
@@ -112,19 +69,19 @@ def block_params_expr(features="gpt") -> sp.Expr:
     return sum(block_parts(features).values())
 
 
-def param_parts(features="gpt", n_positions: int = None, experts=E) -> dict:
+def param_parts(features="gpt", n_positions=None, experts=E) -> dict:
     """Whole-model parameters by part: L blocks, the final norm, the embeddings (and BERT's pooler).
 
     gpt:   tied embedding Vd (+ learned positions), final LayerNorm 2d.
     llama: untied input and output embeddings 2Vd, final RMSNorm d.
-    ``n_positions`` (old signature) overrides ``features.n_positions``.
+    Learned positions are n_positions*d, token types n_token_types*d (symbols);
+    ``n_positions`` (the old signature: a number or symbol) gives the positions term directly.
     """
     f = Features.of(features)
-    if n_positions is not None:
-        f = f._replace(n_positions=n_positions)
+    positions = n_positions if n_positions is not None else (N_pos if f.positions else 0)
     parts = {name: L * expr for name, expr in block_parts(f, experts).items()}
     parts["norms"] += norm_params(f)                  # final norm, or BERT's embedding LayerNorm
-    parts["embeddings"] = (V * d * (1 if f.is_tied else 2) + f.n_positions * d + f.n_token_types * d)
+    parts["embeddings"] = V * d * (1 if f.is_tied else 2) + positions * d + (N_tt * d if f.token_types else 0)
     if f.pooler:
         parts["pooler"] = d**2 + d
     return parts
@@ -142,18 +99,3 @@ def param_count_expr(features="gpt", n_positions: int = None) -> sp.Expr:
 def active_param_count_expr(features) -> sp.Expr:
     """Parameters one token passes through: k of the E experts (the router stays whole)."""
     return sum(param_parts(features, experts=k).values())
-
-
-def swiglu_width(d_model: int, multiple_of: int = 256, ffn_dim_multiplier=None) -> int:
-    """LLaMA-1/2's SwiGLU width: 2/3 of 4d, optionally scaled, rounded up to a multiple.
-
-    Meta's ``llama/model.py`` (``FeedForward.__init__``): ``hidden_dim = int(2 * 4d / 3)``;
-    ``int(ffn_dim_multiplier * hidden_dim)`` if given; then rounded up to
-    ``multiple_of``. 4096 -> 11008 (7B), 5120 -> 13824 (13B), 8192 with 1.3 and
-    4096 -> 28672 (70B). Computed in exact rationals (no float rounding).
-    """
-    from fractions import Fraction
-    hidden = (2 * 4 * d_model) // 3
-    if ffn_dim_multiplier is not None:
-        hidden = int(Fraction(str(ffn_dim_multiplier)) * hidden)
-    return -(-hidden // multiple_of) * multiple_of

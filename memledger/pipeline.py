@@ -117,7 +117,7 @@ def stage_param_parts(arch, p, stage) -> dict:
     share = {name: arch.evaluate(expr) * (arch.n_layers // p) for name, expr in block_parts(f).items()}
     word = arch.vocab_size * arch.d_model
     if stage == 0:
-        share["embeddings"] = word + (f.n_positions + f.n_token_types) * arch.d_model
+        share["embeddings"] = word + (arch.n_positions + arch.n_token_types) * arch.d_model
         if f.embedding_norm:
             share["norms"] += arch.evaluate(norm_params(f))
     if stage == p - 1:

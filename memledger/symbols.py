@@ -51,6 +51,8 @@ k = sp.Symbol("k", **_INT)        # experts each token is routed to (top-k; Mixt
 p = sp.Symbol("p", **_INT)        # pipeline stages
 m = sp.Symbol("m", **_INT)        # micro-batches per step (per pipeline)
 v = sp.Symbol("v", **_INT)        # model chunks per device (interleaved schedule)
+N_pos = sp.Symbol("n_positions", nonnegative=True, integer=True)    # learned position embeddings
+N_tt = sp.Symbol("n_token_types", nonnegative=True, integer=True)   # token-type (segment) embeddings
 
 #: (symbol, field, meaning) for the symbols above, for the notation page.
 MODEL_NOTATION = [
@@ -61,4 +63,6 @@ MODEL_NOTATION = [
     (p, "pp", "pipeline-parallel stages"),
     (m, "microbatches", "micro-batches per step"),
     (v, "interleave", "model chunks per device in the interleaved pipeline schedule"),
+    (N_pos, "n_positions", "rows of a learned position embedding (GPT-2 1024, BERT 512)"),
+    (N_tt, "n_token_types", "rows of BERT's token-type embedding (2)"),
 ]
