@@ -162,3 +162,32 @@ def schedule_summary(p, m, v=1) -> dict:
             "bubble_fraction": float(bubble_fraction(p, m, v)),
             "bubble_fraction_exact": str(bubble_fraction(p, m, v))}
 
+
+
+def stage_ledgers(ledger, p, m, v=1) -> list:
+    """The first and last stage of ``ledger``'s setup split into ``p`` stages: for each,
+    {"stage", "n_params", "rows": [(name, group, device, bytes)], "totals"}.
+
+    Model states are the ledger's for the stage's parameters (same recipe,
+    ZeRO stage, dp, offload); activations are :func:`stage_activation_specs`
+    at the ledger's per-layer inventory (its recompute, tp and sequence-parallel choices).
+    """
+    from dataclasses import replace
+    from .symbols import L
+    if ledger.arch is None:
+        raise ValueError("pipeline parallelism needs an architecture (layers to split), not --params alone")
+    _check(p, m, v, ledger.arch.n_layers)
+    arch = ledger.arch
+    activations = next(r for r in ledger.rows if r.group == "activations")
+    per_layer = activations.expr / L
+    stages = []
+    for stage in sorted({0, p - 1}):
+        n_params = stage_params(arch, p, stage)
+        base = replace(ledger, n_params=n_params)
+        rows = [(r.name, r.group, r.device, r.bytes) for r in base.rows if r.group != "activations"]
+        specs = stage_activation_specs(per_layer, arch.n_layers, p, m, v, stage, arch.features, ledger.dropout,
+                                       ledger.tp)
+        rows += [(name, "activations", "gpu", ledger.evaluate(expr)) for name, expr in specs]
+        totals = {dev: sum(b for _, _, dv, b in rows if dv == dev) for dev in ("gpu", "cpu", "nvme")}
+        stages.append({"stage": stage, "n_params": n_params, "rows": rows, "totals": totals})
+    return stages
