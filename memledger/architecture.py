@@ -213,15 +213,21 @@ PRESETS = {
 }
 
 
-def _add_config_presets():
+#: Presets read from the Hugging Face config.json files shipped in ``memledger/configs/``
+#: (kept apart from the hand-entered :data:`PRESETS` the book's chapters tabulate).
+def _config_presets() -> dict:
     from .hf_config import shipped_presets
-    for name, arch in shipped_presets().items():
-        PRESETS.setdefault(name, arch)
+    return {name: arch for name, arch in shipped_presets().items() if name not in PRESETS}
 
 
-_add_config_presets()
+CONFIG_PRESETS = _config_presets()
+
+
+def all_presets() -> dict:
+    """Every preset: the hand-entered ones, then those from shipped configs."""
+    return {**PRESETS, **CONFIG_PRESETS}
 
 
 def get_preset(name: str) -> Architecture:
-    """The preset called ``name``; ``ValueError`` listing the known ones otherwise."""
-    return lookup(PRESETS, name, "preset")
+    """The preset called ``name`` (hand-entered or from a shipped config); ``ValueError`` listing the known ones."""
+    return lookup(all_presets(), name, "preset")

@@ -11,7 +11,7 @@ import argparse
 import os
 import sys
 
-from .architecture import PRESETS, Architecture, get_preset
+from .architecture import Architecture, all_presets, get_preset
 from .choices import RECOMPUTE, lookup
 from .hardware import GPU_MEMORY, HOST_LINKS, NVME_LINKS
 from .hf_config import SUPPORTED
@@ -82,7 +82,7 @@ def _parser():
 
 def _model_options(parser):
     arch = parser.add_argument_group("model (a preset, a parameter count, or a shape)")
-    arch.add_argument("--preset", help=f"one of: {_one_of(PRESETS)}")
+    arch.add_argument("--preset", help=f"one of: {_one_of(all_presets())}")
     arch.add_argument("--config", help="a Hugging Face config.json (or its folder), read offline; model types: "
                       + _one_of(SUPPORTED))
     arch.add_argument("--params", help="parameter count, e.g. 7e9 (alone: model states only)")
@@ -260,7 +260,7 @@ def _pipeline_text(pipe, units):
 
 
 def _fit(a):
-    from .fit import fit
+    from .fitting import fit
     result = fit(build_ledger(a), a.vary, gpu_bytes(a.gpu_memory))
     at = result.pop("ledger")
     if a.json:
@@ -301,13 +301,15 @@ def _infer(a):
 def _presets(a):
     data = {name: {"d_model": p.d_model, "n_layers": p.n_layers, "n_heads": p.n_heads, "d_ff": p.d_ff,
                    "vocab_size": p.vocab_size, "style": p.style, "n_params": p.params,
-                   "computed_params": p.computed_params, "description": p.description}
-            for name, p in PRESETS.items()}
+                   "computed_params": p.computed_params, "n_kv_heads": p.kv_heads, "head_dim": p.head_dim,
+                   "n_experts": p.n_experts, "top_k": p.top_k, "active_params": p.active_params,
+                   "description": p.description}
+            for name, p in all_presets().items()}
     if a.json:
         import json
         return json.dumps(data, indent=2)
-    head = f"{'preset':<13} {'style':<6} {'d':>6} {'L':>4} {'H':>4} {'d_ff':>7} {'vocab':>6} {'params':>17}"
-    rows = [f"{n:<13} {p['style']:<6} {p['d_model']:>6} {p['n_layers']:>4} {p['n_heads']:>4} {p['d_ff']:>7} "
+    head = f"{'preset':<17} {'style':<6} {'d':>6} {'L':>4} {'H':>4} {'d_ff':>7} {'vocab':>6} {'params':>17}"
+    rows = [f"{n:<17} {p['style']:<6} {p['d_model']:>6} {p['n_layers']:>4} {p['n_heads']:>4} {p['d_ff']:>7} "
             f"{p['vocab_size']:>6} {p['n_params']:>17,}  {p['description']}" for n, p in data.items()]
     return "\n".join([head] + rows)
 

@@ -63,9 +63,9 @@ def _active_params(*features):
 
 def _preset_features():
     """The feature tuples of the presets (shipped configs included), compiled ahead of time."""
-    from .architecture import PRESETS
+    from .architecture import all_presets
     seen = []
-    for arch in PRESETS.values():
+    for arch in all_presets().values():
         f = tuple(arch.features)
         if f not in seen:
             seen.append(f)
@@ -75,8 +75,8 @@ def _preset_features():
 def _activation_domain():
     base = [(mlp, norm, drop, flash, rec) + par for mlp, norm, drop, flash, rec, par in product(
         ("gelu", "swiglu"), ("LayerNorm", "RMSNorm"), _BOOLS, _BOOLS, RECOMPUTE, _PARALLEL)]
-    from .architecture import PRESETS
-    extra = sorted({(a.mlp, a.norm, a.features.gqa, a.features.head_dim, a.features.moe) for a in PRESETS.values()
+    from .architecture import all_presets
+    extra = sorted({(a.mlp, a.norm, a.features.gqa, a.features.head_dim, a.features.moe) for a in all_presets().values()
                     if a.features.gqa or a.features.head_dim or a.features.moe})
     return base + [(mlp, norm, drop, flash, rec) + par + (gqa, hd, moe)
                    for mlp, norm, gqa, hd, moe in extra for drop, flash, rec, par in product(

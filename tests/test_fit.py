@@ -1,7 +1,7 @@
 """The largest that fits: exact boundaries (fits at the answer, not one step beyond), and bad input."""
 import pytest
 
-from memledger.fit import fit
+from memledger.fitting import fit
 from memledger.ledger import Ledger
 from memledger.units import GB
 
