@@ -18,7 +18,7 @@ embedding LayerNorm, encoder-only attention (``causal=False``), mixture of
 experts (``n_experts``, ``top_k``). :attr:`Architecture.features` names the
 choices; :mod:`memledger.parameters` derives the parts from them.
 """
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 
 from .choices import check_choice, check_count, check_flag, lookup
 from .features import STYLES, Features, swiglu_width
@@ -79,6 +79,12 @@ class Architecture:
                              "or both 0 for a dense MLP")
         if self.n_experts and self.style != "llama":
             raise ValueError("mixture of experts (n_experts > 0) needs the gated llama-style MLP (style='llama')")
+
+    def __repr__(self):
+        # the refinements of real checkpoints are shown only where set, so the article's models print as before
+        shown = [f"{f.name}={getattr(self, f.name)!r}" for f in fields(self)
+                 if f.name not in _REFINEMENTS or getattr(self, f.name) != f.default]
+        return f"Architecture({', '.join(shown)})"
 
     @property
     def dropout(self) -> bool:
@@ -190,6 +196,10 @@ def __getattr__(name):
         from . import parameters
         return getattr(parameters, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+_REFINEMENTS = ("n_kv_heads", "head_size", "tied_embeddings", "qkv_bias", "n_token_types", "pooler",
+                "embedding_norm", "causal", "n_experts", "top_k", "model_type")
 
 
 PRESETS = {

@@ -177,3 +177,19 @@ def test_tp_must_divide_kv_heads():
     with pytest.raises(ValueError, match=r"n_kv_heads \(8\)"):
         get_preset("mistral-7b").check_tp(16)
     get_preset("mistral-7b").check_tp(8)
+
+
+def test_ledger_books_gqa_and_moe_activations():
+    from memledger.activations import activation_bytes, inventory
+    from memledger.ledger import Ledger
+    for name, kwargs in (("mistral-7b", dict(gqa=True)), ("mixtral-8x7b", dict(gqa=True, moe=True)),
+                         ("gemma-7b", dict(head_dim=True)), ("llama2-7b", {})):
+        ledger = Ledger(name, batch_size=2, seq_len=1024)
+        expected = ledger.evaluate(activation_bytes(inventory("swiglu", "RMSNorm", False, **kwargs)))
+        assert ledger.group_total("activations") == expected
+    mha = Ledger(get_preset("mistral-7b").with_changes(n_kv_heads=None))
+    assert mha.group_total("activations") > Ledger("mistral-7b").group_total("activations")
+
+
+def test_repr_of_the_article_models_is_unchanged():
+    assert "n_kv_heads" not in repr(get_preset("article-7b")) and "head_size=256" in repr(get_preset("gemma-7b"))
