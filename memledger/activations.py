@@ -77,7 +77,12 @@ def inventory(mlp: str = "gelu", norm: str = "LayerNorm", dropout: bool = True,
     an eager implementation expands to all H heads before QK^T (Hugging Face's
     ``repeat_kv``; V likewise). ``head_dim``: Q and the output-projection input
     are H*d_h wide (Gemma-7B). ``moe``: :func:`moe_rows` replace the MLP rows
-    after its input (needs ``mlp="swiglu"``).
+    after its input (needs ``mlp="swiglu"``). Encoder-only attention (BERT,
+    no causal mask) saves the same tensors: the causal mask and BERT's
+    padding mask are added to the scores without a gradient, so backward
+    keeps neither per layer; BERT's post-LN blocks keep two LayerNorm inputs
+    as pre-LN blocks do. Its extra rows (embedding LayerNorm, pooler) lie
+    outside the blocks (:mod:`memledger.pipeline`).
     """
     check_choice("mlp", mlp, ("gelu", "swiglu"))
     if moe and mlp != "swiglu":

@@ -193,3 +193,14 @@ def test_ledger_books_gqa_and_moe_activations():
 
 def test_repr_of_the_article_models_is_unchanged():
     assert "n_kv_heads" not in repr(get_preset("article-7b")) and "head_size=256" in repr(get_preset("gemma-7b"))
+
+
+def test_encoder_only_saves_the_gpt_block_inventory():
+    from memledger.activations import activation_bytes, inventory
+    from memledger.ledger import Ledger
+    from memledger.pipeline import embedding_rows, output_rows
+    bert = Ledger("bert-base-uncased", batch_size=8, seq_len=512)
+    assert bert.group_total("activations") == bert.evaluate(activation_bytes(inventory()))
+    names = [r.name for r in embedding_rows(get_preset("bert-base-uncased").features)]
+    assert "embedding LayerNorm input" in names
+    assert [r.name for r in output_rows(get_preset("bert-base-uncased").features)][0].startswith("pooler")
