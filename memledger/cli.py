@@ -197,7 +197,8 @@ def gpu_bytes(text: str) -> int:
 def _ledger(a):
     ledger = build_ledger(a)
     memory = gpu_bytes(a.gpu_memory)
-    pipe = _pipeline(a, ledger, memory)
+    from .cli_models import pipeline_section, pipeline_text
+    pipe = pipeline_section(a, ledger, memory)
     traffic = ledger.traffic
     if a.json:
         import json
@@ -220,81 +221,13 @@ def _ledger(a):
                      f"{float(traffic.pcie_seconds(a.link)):.2f} s one after the other, "
                      f"{float(traffic.pcie_seconds(a.link, duplex=True)):.2f} s overlapped.")
     if pipe is not None:
-        lines += ["", _pipeline_text(pipe, a.units)]
+        lines += ["", pipeline_text(pipe, a.units)]
     if traffic.nvme_read:
         slow, fast = NVME_LINKS
         lines.append(f"NVMe per step: read {format_bytes(traffic.nvme_read, a.units)}, write "
                      f"{format_bytes(traffic.nvme_write, a.units)}: {float(traffic.nvme_seconds(slow)):.1f} s "
                      f"at {format_bytes(NVME_LINKS[slow], digits=0)}/s, {float(traffic.nvme_seconds(fast)):.1f} s "
                      f"at {format_bytes(NVME_LINKS[fast], digits=0)}/s.")
-    return "\n".join(lines)
-
-
-def _pipeline(a, ledger, memory):
-    """The ledger split over --pp stages: rows of the first and last stage, the schedule's numbers."""
-    if a.pp is None:
-        if a.microbatches is not None or a.interleave is not None:
-            raise ValueError("--microbatches and --interleave need --pp")
-        return None
-    from .pipeline import schedule_summary, stage_ledgers
-    p = parse_count(a.pp, "pp")
-    m = parse_count(a.microbatches, "microbatches") if a.microbatches is not None else p
-    v = parse_count(a.interleave, "interleave") if a.interleave is not None else 1
-    stages = stage_ledgers(ledger, p, m, v)
-    for s in stages:
-        s["fits"] = s["totals"]["gpu"] <= memory
-    return {"schedule": schedule_summary(p, m, v), "stages": stages}
-
-
-def _pipeline_text(pipe, units):
-    sched = pipe["schedule"]
-    lines = [f"Pipeline: {sched['pp']} stages, {sched['microbatches']} micro-batches, "
-             f"{sched['interleave']} chunk(s) per device; bubble {sched['bubble_fraction_exact']} of the ideal step "
-             f"({100 * sched['bubble_fraction']:.1f}%)."]
-    for s in pipe["stages"]:
-        lines.append(f"stage {s['stage']} ({s['n_params']:,} parameters):")
-        lines += [f"  {name:<58} {device:<4} {format_bytes(b, units):>14}" for name, _, device, b in s["rows"]]
-        verdict = "fits" if s["fits"] else "does NOT fit"
-        lines.append(f"  {'total on the GPU':<58} {'gpu':<4} {format_bytes(s['totals']['gpu'], units):>14}  {verdict}")
-    return "\n".join(lines)
-
-
-def _fit(a):
-    from .fitting import fit
-    result = fit(build_ledger(a), a.vary, gpu_bytes(a.gpu_memory))
-    at = result.pop("ledger")
-    if a.json:
-        import json
-        result["ledger"] = None if at is None else at.to_dict()
-        return json.dumps(result, indent=2)
-    if result["answer"] is None:
-        return f"Nothing fits in {format_bytes(result['gpu_memory'], a.units)}: {result['binding']}."
-    kind = "smallest" if a.vary in ("dp", "zero") else "largest"
-    return (f"The {kind} {a.vary} that fits in {format_bytes(result['gpu_memory'], a.units)}: {result['answer']} "
-            f"({format_bytes(result['total_at_answer'], a.units)} per GPU).\nBinding: {result['binding']}.")
-
-
-def _infer(a):
-    from .inference import Inference
-    arch = _architecture(a)
-    if arch is None:
-        raise ValueError("infer needs an architecture: --preset NAME, --config FILE or --hidden/--layers/--heads")
-    if a.units not in UNITS:
-        raise ValueError(f"units must be one of {_one_of(UNITS)}, got {a.units!r}")
-    inference = Inference(arch, batch_size=1 if a.batch is None else parse_count(a.batch, "batch_size"),
-                          seq_len=2048 if a.seq is None else parse_count(a.seq, "seq_len"),
-                          weight_dtype=a.dtype, kv_dtype=a.kv_dtype, tp=parse_count(a.tp, "tp"),
-                          overhead_bytes=parse_bytes(a.overhead, "overhead"))
-    memory = gpu_bytes(a.gpu_memory)
-    if a.json:
-        import json
-        data = inference.to_dict()
-        data["gpu_memory"], data["fits"] = memory, inference.total <= memory
-        return json.dumps(data, indent=2)
-    lines = [f"{name:<40} {format_bytes(b, a.units):>14}" for name, b in inference.rows]
-    verdict = "fits" if inference.total <= memory else "does NOT fit"
-    lines.append(f"{'total per GPU':<40} {format_bytes(inference.total, a.units):>14}  {verdict} in "
-                 f"{format_bytes(memory, a.units)}")
     return "\n".join(lines)
 
 
@@ -344,8 +277,11 @@ def main(argv=None) -> int:
         a = _parser().parse_args(argv)
         if a.command is None:
             raise ValueError(f"choose a command: {_one_of(COMMANDS)} (see memledger --help)")
-        text = {"ledger": _ledger, "fit": _fit, "infer": _infer, "presets": _presets, "recipes": _recipes,
-                "claims": _claims}[a.command](a)
+        if a.command in ("fit", "infer"):
+            from . import cli_models
+            text = getattr(cli_models, a.command)(a)
+        else:
+            text = {"ledger": _ledger, "presets": _presets, "recipes": _recipes, "claims": _claims}[a.command](a)
     except (ValueError, TypeError) as e:
         print(f"memledger: error: {_one_line(e)}", file=sys.stderr)
         return 2
