@@ -19,10 +19,10 @@ from math import prod
 
 import sympy as sp
 
+from .choices import RECOMPUTE, check_choice
 from .dtypes import nbytes
-from .symbols import B, F, H, L, S, d, t
-
-RECOMPUTE = ("none", "selective", "full")
+from .parameters import Features, widths
+from .symbols import B, E, F, H, L, S, d, k, t
 
 
 @dataclass(frozen=True)
@@ -91,8 +91,10 @@ ATTENTION = ("eager", "flash", "math")
 
 
 def inventory(mlp: str = "gelu", norm: str = "LayerNorm", dropout: bool = True,
-              flash_attention: bool = False, *, dtype: str = "bf16", mask_dtype: str = "bool",
-              norm_stats: str = None, rmsnorm: str = "fused", attention: str = None) -> list:
+              flash_attention: bool = False, *, gqa: bool = False, head_dim: bool = False,
+              repeat_kv: bool = False, moe: bool = False, capacity_factor=None, dtype: str = "bf16",
+              mask_dtype: str = "bool", norm_stats: str = None, rmsnorm: str = "fused",
+              attention: str = None) -> list:
     """What autograd keeps in one block (Korthikanti et al. 2022, Sec. 4.1).
 
     gelu + dropout gives 11BSd + 5BHS^2 (attention), 19BSd at F = 4d (MLP) and
@@ -100,63 +102,69 @@ def inventory(mlp: str = "gelu", norm: str = "LayerNorm", dropout: bool = True,
     ``flash_attention`` keeps only fp32 log-sum-exp statistics instead of the
     S x S tensors (Dao et al. 2022).
 
-    Backend conventions (keyword-only; the defaults are the article's):
-    ``dtype`` of the activations (``"fp32"`` for an FP32 model); ``mask_dtype``
-    of dropout masks (``"bool"``: the fused CUDA kernel, ``native_dropout``;
-    the CPU ``F.dropout`` keeps its mask in the activation dtype);
-    ``norm_stats`` and ``rmsnorm`` (see :func:`_norm_rows`); ``attention``:
-    ``"eager"``, ``"flash"`` (``flash_attention=True``) or ``"math"``
-    (PyTorch's math SDPA on CPU, which upcasts a 16-bit q, k, v to FP32 and keeps
-    its S x S tensors in FP32: ``_scaled_dot_product_attention_math``).
-    Measured against PyTorch 2.13 in ``tests/test_torchref.py``.
+    Real checkpoints (keyword options; the defaults give the rows above):
+    ``gqa``: K and V are kept at the key/value width H_kv*d/H (grouped-query
+    attention with a kernel that reads K/V per group, as FlashAttention-2 and
+    PyTorch's SDPA with ``enable_gqa`` do); ``repeat_kv`` keeps the K that
+    an eager implementation expands to all H heads before QK^T (Hugging Face's
+    ``repeat_kv``; V likewise). ``head_dim``: Q and the output-projection input
+    are H*d_h wide (Gemma-7B). ``moe``: :func:`moe_rows` replace the MLP rows
+    after its input (needs ``mlp="swiglu"``). Encoder-only attention (BERT,
+    no causal mask) saves the same tensors: the causal mask and BERT's
+    padding mask are added to the scores without a gradient, so backward
+    keeps neither per layer; BERT's post-LN blocks keep two LayerNorm inputs
+    as pre-LN blocks do. Its extra rows (embedding LayerNorm, pooler) lie
+    outside the blocks (:mod:`memledger.pipeline`).
+
+    Backend conventions (keyword options; the defaults are the article's, see
+    :mod:`memledger.backends`): ``dtype`` of the activations (``"fp32"`` for
+    an FP32 model); ``mask_dtype`` of dropout masks (``"bool"``: the fused
+    CUDA kernel, ``native_dropout``; CPU ``F.dropout`` keeps the activation
+    dtype); ``norm_stats`` and ``rmsnorm`` (:func:`_norm_rows`); ``attention``:
+    ``"eager"``, ``"flash"`` (= ``flash_attention=True``) or ``"math"``
+    (PyTorch's math SDPA on CPU: a 16-bit q, k, v upcast to FP32, the S x S
+    tensors in FP32). Measured against PyTorch 2.13 in ``tests/test_torchref.py``.
     """
-    if mlp not in ("gelu", "swiglu"):
-        raise ValueError(f"mlp must be 'gelu' or 'swiglu', got {mlp!r}")
+    check_choice("mlp", mlp, ("gelu", "swiglu"))
+    if moe and mlp != "swiglu":
+        raise ValueError("moe needs the gated MLP: mlp='swiglu'")
     attention = attention or ("flash" if flash_attention else "eager")
-    if attention not in ATTENTION:
-        raise ValueError(f"attention must be one of {', '.join(ATTENTION)}, got {attention!r}")
-    if rmsnorm not in ("fused", "composite"):
-        raise ValueError(f"rmsnorm must be 'fused' or 'composite', got {rmsnorm!r}")
-    a, m = dtype, mask_dtype
+    check_choice("attention", attention, ATTENTION)
+    check_choice("rmsnorm", rmsnorm, ("fused", "composite"))
+    q, kv = widths(Features(gqa=gqa, head_dim=head_dim))
+    kv_saved = q if repeat_kv else kv
+    a, f = dtype, ("fp32" if attention == "math" else dtype)
+    up = "math SDPA: upcast to FP32 (and q scaled), " if attention == "math" else ""
     rows = _norm_rows(norm, 1, a, norm_stats, rmsnorm) + [
-        Saved("Q/K/V projection input", "the Q, K, V weight gradients need their shared input", BSd, a)]
-    if attention == "math":
-        f = "fp32"
-        rows += [Saved("Q", "math SDPA: q upcast to FP32 and scaled, for the gradient of K", BSd, f, tp_sharded=True),
-                 Saved("K", "math SDPA: k^T upcast to FP32, for the gradient of Q", BSd, f, tp_sharded=True),
-                 Saved("softmax output", "softmax backward needs its output (FP32)", BHSS, f, tp_sharded=True)]
-        if dropout:
-            rows += [Saved("attention dropout mask", "dropout backward needs the mask (FP32 here)", BHSS, f,
-                           tp_sharded=True, dropout=True),
-                     Saved("attention dropout output", "backward of (probabilities x V) needs the probabilities",
-                           BHSS, f, tp_sharded=True, dropout=True)]
-        rows.append(Saved("V", "math SDPA: v upcast to FP32, for the gradient of the probabilities", BSd, f,
-                          tp_sharded=True))
-    else:
-        rows += [Saved("Q", "backward of QK^T needs K, and vice versa", BSd, a, tp_sharded=True),
-                 Saved("K", "backward of QK^T needs Q, and vice versa", BSd, a, tp_sharded=True)]
+        Saved("Q/K/V projection input", "the Q, K, V weight gradients need their shared input", BSd, a),
+        Saved("Q", up + "backward of QK^T needs K, and vice versa", (B, S, q), f, tp_sharded=True),
+        Saved("K", up + "backward of QK^T needs Q, and vice versa", (B, S, kv_saved), f, tp_sharded=True),
+    ]
     if attention == "flash":
         rows.append(Saved("softmax log-sum-exp", "FlashAttention recomputes the S x S scores from Q, K and these",
                           (B, H, S), "fp32", tp_sharded=True))
-    elif attention == "eager":
-        rows.append(Saved("softmax output", "softmax backward needs its output", BHSS, a, tp_sharded=True))
+    else:
+        rows.append(Saved("softmax output", "softmax backward needs its output", BHSS, f, tp_sharded=True))
         if dropout:
             rows += [
-                Saved("attention dropout mask", "dropout backward needs the mask", BHSS, m,
-                      tp_sharded=True, dropout=True),
+                Saved("attention dropout mask", "dropout backward needs the mask", BHSS,
+                      "fp32" if attention == "math" else mask_dtype, tp_sharded=True, dropout=True),
                 Saved("attention dropout output", "backward of (probabilities x V) needs the probabilities",
-                      BHSS, a, tp_sharded=True, dropout=True),
+                      BHSS, f, tp_sharded=True, dropout=True),
             ]
-    if attention != "math":
-        rows.append(Saved("V", "backward of (probabilities x V) needs V", BSd, a, tp_sharded=True))
-    rows.append(Saved("output projection input", "the output projection's weight gradient needs its input",
-                      BSd, a, tp_sharded=True))
+    rows += [
+        Saved("V", up + "backward of (probabilities x V) needs V", (B, S, kv_saved), f, tp_sharded=True),
+        Saved("output projection input", "the output projection's weight gradient needs its input",
+              (B, S, q), a, tp_sharded=True),
+    ]
     if dropout:
-        rows.append(Saved("attention residual dropout mask", "dropout backward needs the mask", BSd, m,
+        rows.append(Saved("attention residual dropout mask", "dropout backward needs the mask", BSd, mask_dtype,
                           dropout=True))
     rows += _norm_rows(norm, 2, a, norm_stats, rmsnorm) + [
         Saved("MLP input", "the up-projection weight gradient needs its input", BSd, a, block="mlp")]
-    if mlp == "gelu":
+    if moe:
+        rows += moe_rows(capacity_factor)
+    elif mlp == "gelu":
         rows += [
             Saved("GeLU input", "GeLU backward needs its input", BSF, a, block="mlp", tp_sharded=True),
             Saved("down-projection input", "the down-projection weight gradient needs its input (GeLU output)",
@@ -173,9 +181,49 @@ def inventory(mlp: str = "gelu", norm: str = "LayerNorm", dropout: bool = True,
                   BSF, a, block="mlp", tp_sharded=True),
         ]
     if dropout:
-        rows.append(Saved("MLP residual dropout mask", "dropout backward needs the mask", BSd, m,
+        rows.append(Saved("MLP residual dropout mask", "dropout backward needs the mask", BSd, mask_dtype,
                           block="mlp", dropout=True))
     return rows
+
+
+def moe_rows(capacity_factor=None) -> list:
+    """The MLP rows of a top-k mixture-of-experts layer (Mixtral; Hugging Face's
+    ``MixtralSparseMoeBlock``), after the shared "MLP input" row.
+
+    Capacity assumption: dropless routing (``capacity_factor=None``, as in
+    Hugging Face and MegaBlocks) sends each token to exactly k experts, so the
+    experts see k*B*S token rows in all, however unevenly they are loaded.
+    With a capacity factor c (GShard, Switch, Megatron-LM's
+    ``--moe-expert-capacity-factor`` with padding) each of the E expert buffers
+    holds c*k*B*S/E rows, c*k*B*S in all. Router probabilities are kept in fp32
+    (``softmax(..., dtype=torch.float)``).
+    """
+    tokens = k * B * S
+    if capacity_factor is not None:
+        try:
+            c = sp.Rational(str(capacity_factor))
+        except (TypeError, ValueError, sp.SympifyError):
+            c = None
+        if c is None or not c > 0 or isinstance(capacity_factor, bool):
+            raise ValueError(f"capacity_factor must be a positive number, got {capacity_factor!r}")
+        tokens = c * tokens
+    routed_d, routed_F = (tokens, d), (tokens, F)
+    return [
+        Saved("router probabilities", "softmax backward needs its output (fp32)", (B, S, E), "fp32", block="mlp"),
+        Saved("top-k expert indices", "top-k backward scatters into the chosen experts", (B, S, k), "int64",
+              block="mlp"),
+        Saved("routed expert inputs", "each expert's up/gate weight gradients need the tokens it received",
+              routed_d, block="mlp"),
+        Saved("expert gate outputs", "SiLU backward needs its input", routed_F, block="mlp", tp_sharded=True),
+        Saved("expert SiLU outputs", "backward of SiLU(gate) x up needs both factors", routed_F, block="mlp",
+              tp_sharded=True),
+        Saved("expert up outputs", "backward of SiLU(gate) x up needs both factors", routed_F, block="mlp",
+              tp_sharded=True),
+        Saved("expert down-projection inputs", "the down-projection weight gradient needs its input", routed_F,
+              block="mlp", tp_sharded=True),
+        Saved("expert outputs", "the routing weight's gradient needs the expert's output", routed_d, block="mlp"),
+        Saved("routing weights", "the expert output's gradient needs its routing weight", (tokens,), block="mlp"),
+    ]
 
 
 _ART = "as the article lists it"
@@ -221,8 +269,7 @@ def per_layer_bytes(rows, recompute: str = "none", tp: bool = False, sequence_pa
     layer input, 2BSd. With ``tp`` the tensor-parallel rows are divided by t,
     and with ``sequence_parallel`` all rows are (Korthikanti Table 2).
     """
-    if recompute not in RECOMPUTE:
-        raise ValueError(f"recompute must be one of {', '.join(RECOMPUTE)}, got {recompute!r}")
+    check_choice("recompute", recompute, RECOMPUTE)
     if sequence_parallel and not tp:
         raise ValueError("sequence parallelism needs tensor parallelism (tp > 1)")
     if recompute == "full":
