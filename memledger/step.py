@@ -1,0 +1,115 @@
+"""One training step, phase by phase: the landmarks, the transients and the peak (docs/step.md).
+
+    step = Ledger("llama2-7b", recipe="bf16-pure-adamw", overhead_bytes=0).step(backend="cpu")
+    step.landmarks["after forward"]   # {"gpu": ..., "cpu": ..., "nvme": ...}
+    step.peak                          # Peak(bytes=..., phase="backward", layer=31, detail=...)
+
+A step has four landmarks (``before forward``, ``after forward``, ``after
+backward``, ``after step``) at which the live tensors are exact sums of named
+rows: the model states of :mod:`memledger.model_states` (gradients only after
+backward), Adam's per-tensor step counters, the saved activations of
+:func:`memledger.activations.inventory` (L blocks) and
+:func:`memledger.outside.outside_inventory`, the input and target ids, the
+runtime overhead. Between landmarks the programs of :mod:`memledger.stepops`
+and :mod:`memledger.stepouter` allocate and free transients op by op; the peak
+is the largest total after any op, with its phase and block.
+
+Scope of the op-by-op model: the reference decoder (GPT and LLaMA blocks,
+no GQA/MoE), no or full recomputation, one GPU rank. ZeRO shards the states
+as the ledger does (and the gradients as backward writes them); ZeRO-3
+gathers each block's parameters (and, in backward, its gradients) before
+running it, two blocks with prefetch (DeepSpeed's stage-3 prefetch bucket,
+FSDP's ``forward_prefetch``/``backward_prefetch``); the gathered unit is one
+block. Tensor parallelism divides the sharded tensors by t (Megatron-LM).
+"""
+from dataclasses import dataclass
+from functools import cached_property
+
+from .backends import Conventions, conventions
+from .stepbuild import StepStructure, build
+from .steptrace import Run
+
+DEVICES = ("gpu", "cpu", "nvme")
+LANDMARKS = ("before forward", "after forward", "after backward", "after step")
+
+
+@dataclass(frozen=True)
+class Peak:
+    """The largest total of the step on the GPU (the device the model runs on)."""
+    bytes: int
+    phase: str
+    layer: object
+    detail: str
+    live: tuple          # (name, bytes) of everything live at that moment, largest first
+
+
+class Step:
+    """The step timeline of a :class:`memledger.ledger.Ledger` under a backend's conventions."""
+
+    def __init__(self, ledger, backend="article", **changes):
+        self.ledger = ledger
+        self.conventions: Conventions = conventions(backend, **changes)
+        self.structure = StepStructure.of(ledger, self.conventions)
+        self.built = build(self.structure)
+        self.values = self.built.values(ledger)
+
+    @cached_property
+    def sizes(self) -> dict:
+        return self.built.sizes(self.values)
+
+    @cached_property
+    def run(self) -> Run:
+        return Run(self.built.ops, self.built.tensors, self.built.static, self.built.gpu_sizes(self.sizes),
+                   self.built.kinds)
+
+    @cached_property
+    def rows(self) -> list:
+        """Named rows: {"name", "kind", "phase", "device", "bytes", "formula"} (see docs/step.md)."""
+        return self.built.rows(self.values, self.sizes)
+
+    @property
+    def landmarks(self) -> dict:
+        """{landmark: {"gpu": int, "cpu": int, "nvme": int}}: exact sums of the rows live there."""
+        out = {}
+        for name in LANDMARKS:
+            totals = dict.fromkeys(DEVICES, 0)
+            for row in self.rows:
+                if name in row["live"]:
+                    totals[row["device"]] += row["bytes"]
+            out[name] = totals
+        return out
+
+    @cached_property
+    def peak(self) -> Peak:
+        total, index = self.run.peak()
+        op = self.built.ops[index]
+        layer = op.layer if isinstance(op.layer, int) else None
+        if layer is not None and self.structure.layers is None and layer >= 3:
+            layer = self.values["L"] - 5 + layer           # blocks 3, 4 of the program are L-2, L-1
+        block = f"block {layer}" if layer is not None else "outside the blocks"
+        return Peak(total, op.phase, layer, f"{op.phase}, {block}: {op.label}",
+                    self.built.live_at(index, self.sizes))
+
+    def fits(self, gpu_bytes: int) -> bool:
+        """Whether the peak fits in ``gpu_bytes`` (the GPU's real capacity, :mod:`memledger.hardware`)."""
+        return self.peak.bytes <= gpu_bytes
+
+    def to_dict(self) -> dict:
+        """The JSON object of ``memledger step`` (docs/step.md)."""
+        inputs = self.ledger.inputs()
+        inputs["n_params"] = self.values["P"]
+        inputs["backend"] = self.conventions.name
+        inputs["conventions"] = {k: v for k, v in vars(self.conventions).items() if k != "name"}
+        return {"inputs": inputs, "landmarks": self.landmarks,
+                "peak": {"gpu": self.peak.bytes, "phase": self.peak.phase, "layer": self.peak.layer,
+                         "detail": self.peak.detail,
+                         "live": [{"name": n, "bytes": b} for n, b in self.peak.live]},
+                "rows": [{k: r[k] for k in ("name", "kind", "phase", "device", "bytes", "formula")}
+                         for r in self.rows]}
+
+    def table(self, unit: str = "GB"):
+        from .steptable import step_table
+        return step_table(self, unit)
+
+    def __str__(self):
+        return self.table()

@@ -1,0 +1,270 @@
+"""Building a step's programs and rows from a ledger's choices (cached per structure).
+
+:class:`StepStructure` holds the discrete choices (block style, kernels,
+recipe, ZeRO, offload, recomputation, ...); :func:`build` turns one into the
+flat op list (:mod:`memledger.steptrace`), the table of named tensors with
+their SymPy sizes, and one compiled function that evaluates every size
+exactly (:func:`memledger.evaluate.exact_function`). A :class:`~memledger.step.Step`
+then only evaluates that function and adds integers.
+"""
+from dataclasses import dataclass
+from functools import lru_cache
+
+import sympy as sp
+
+from .activations import inventory
+from .evaluate import exact_function
+from .features import Features
+from .model_states import ZERO_SHARDS, device_of, state_specs
+from .outside import outside_inventory
+from .recipes import RECIPES
+from .stepops import BSd, GRAD_KIND, Program, Shape, Tensor, block_param_tensors, io_names, layer_backward, \
+    layer_forward
+from .steprecompute import checkpointed_forward, recompute_backward
+from . import stepouter
+from .steptrace import explicit_layers, flatten, qualified_tensors
+from .symbols import ARGS, L, N_d, P, S, d, t
+
+IDS = ("input ids", "target ids")
+
+
+@dataclass(frozen=True)
+class StepStructure:
+    shape: Shape
+    recipe: str
+    zero_stage: int
+    offload_optimizer: str
+    offload_params: str
+    offload_placement: str
+    recompute: str
+    tensor_parallel: bool
+    sequence_parallel: bool
+    conventions: object
+    layers: object          # L when L <= 4, else None (any larger L gives the same program)
+    prefetch: bool = True
+
+    @classmethod
+    def of(cls, ledger, conv):
+        arch = ledger.arch
+        if arch is None:
+            raise ValueError("the step timeline needs an architecture (a preset or --hidden/--layers/--heads)")
+        if arch.features != Features.of(arch.style):
+            raise ValueError("the step timeline models the reference decoder's GPT and LLaMA blocks; "
+                             "GQA, MoE, learned positions and encoder refinements are not modelled op by op")
+        if ledger.recompute == "selective":
+            raise ValueError("recompute must be none or full for the step timeline (selective is not modelled "
+                             "op by op)")
+        recipe = RECIPES[ledger.recipe]
+        act = next(c.dtype for c in recipe.components if c.role == "param")
+        grad = next(c.dtype for c in recipe.components if c.role == "grad")
+        kernel = conv.kernel(arch.style, ledger.dropout, ledger.flash_attention)
+        shape = Shape(arch.style, kernel, bool(ledger.dropout), conv.rmsnorm, act, conv.norm_stats is not None,
+                      ledger.batch_size == 1, grad)
+        return cls(shape, ledger.recipe, ledger.zero_stage, ledger.offload_optimizer, ledger.offload_params,
+                   ledger.offload_placement, ledger.recompute, ledger.tp > 1, ledger.sequence_parallel, conv,
+                   arch.n_layers if arch.n_layers <= 4 else None)
+
+
+def param_tensors(c: Shape, layers):
+    """(name, elements) of every parameter tensor in ``model.parameters()`` order; the middle blocks as one lump."""
+    block = block_param_tensors(c.style)
+    out = [("embedding.weight", stepouter.V * d)]
+    for i in layers:
+        out += [(f"block {i} {n}", e) for n, e in block]
+        if i == 0 and layers[-1] > 1 and layers != list(range(layers[-1] + 1)):
+            out.append(("@blocks 1..L-2", (L - 2) * sum(e for _, e in block)))
+            out += [(f"block L-1 {n}", e) for n, e in block]
+            break
+    return out + stepouter.head_params(c)
+
+
+class Built:
+    """The programs and rows of one :class:`StepStructure`, and the compiled sizes."""
+
+    def __init__(self, s: StepStructure):
+        self.s = c = s.shape
+        conv = s.conventions
+        recipe = RECIPES[s.recipe]
+        sharded = ZERO_SHARDS[s.zero_stage]
+        grad_sharded = "grad" in sharded
+
+        def share(n):
+            return sp.ceiling(n / (t * N_d)) if grad_sharded else (sp.ceiling(n / t) if s.tensor_parallel else n)
+        opts = conv.inventory_options(c.style, c.dtype, c.dropout) | {"attention": c.attention}
+        mlp, norm = ("gelu", "LayerNorm") if c.gpt else ("swiglu", "RMSNorm")
+        layer_rows = inventory(mlp, norm, c.dropout, **opts)
+        outside_rows = outside_inventory(c.style, **{k: opts[k] for k in ("dtype", "norm_stats", "rmsnorm",
+                                                                            "attention")})
+        tensors = {}
+
+        def tp_div(expr, sharded_row):
+            return expr / t if s.tensor_parallel and (sharded_row or s.sequence_parallel) else expr
+        for r in layer_rows + outside_rows:
+            tensors[r.name] = Tensor(r.name, tp_div(r.bytes, r.tp_sharded), "activation", r.why)
+        act = tensors
+        for name, why in [("dX_out", "the gradient flowing back into the block's output"),
+                          ("grad of the embedding output", "the first block's input gradient"),
+                          ("block input", "the block's input, held by the caller until the block returns"),
+                          ("attention residual sum", "x + attention, norm 2's input"),
+                          ("final norm input", "the last block's output, until the LM head has run")]:
+            act[name] = Tensor(name, BSd[0] * BSd[1] * BSd[2] * (4 if c.dtype == "fp32" else 2) /
+                               (t if s.sequence_parallel else 1), "transient", why)
+        p = Program(tensors)
+        stepouter.define_grads(p, c, share)
+        programs = {}
+        for key, fn in [("forward start", stepouter.forward_start), ("forward end", stepouter.forward_end),
+                        ("backward start", stepouter.backward_start), ("backward end", stepouter.backward_end)]:
+            q = Program(tensors)
+            fn(q, c)
+            programs[key] = q.ops
+        fwd, bwd = Program(tensors), Program(tensors)
+        if s.recompute == "full":
+            tensors["layer input"] = Tensor("layer input", tensors[io_names(c)[0]].expr if io_names(c)[0] in
+                                            tensors else 0, "activation", "the checkpoint")
+            checkpointed_forward(fwd, c)
+            recompute_backward(bwd, c, share)
+        else:
+            layer_forward(fwd, c)
+            layer_backward(bwd, c, share)
+        layers = explicit_layers(s.layers or 5)
+        opt = Program(tensors)
+        state_dtype = next((x.dtype for x in recipe.components if "second moment" in x.name), None)
+        master = any(x.name == "FP32 master weights" for x in recipe.components) and c.grad_dtype != "fp32"
+        params = param_tensors(c, layers) if not grad_sharded else [("flat partition", sp.ceiling(P / (t * N_d)))]
+        if state_dtype is not None:
+            stepouter.optimizer(opt, [(n, share(e)) if not grad_sharded else (n, e) for n, e in params],
+                                state_dtype, master, conv.foreach, c.grad_dtype)
+        programs["optimizer"] = opt.ops
+        saved = sum((tensors[r.name].expr for r in layer_rows), sp.Integer(0)) if s.recompute != "full" \
+            else tensors["layer input"].expr
+        grads = sum((tensors[f"grad {n}"].expr for n, _ in block_param_tensors(c.style)
+                     if f"grad {n}" in tensors), sp.Integer(0))
+        lumps = {"saved": "@saved tensors of blocks 2..L-3", "grads": "@gradients of blocks 2..L-3"}
+        tensors[lumps["saved"]] = Tensor(lumps["saved"], (L - 4) * saved, "activation", "blocks 2..L-3")
+        tensors[lumps["grads"]] = Tensor(lumps["grads"], (L - 4) * grads, GRAD_KIND, "blocks 2..L-3")
+        tensors["@gradients"] = Tensor("@gradients", sp.Integer(0), GRAD_KIND, "every gradient, collected")
+        self.ops = flatten(s.layers or 5, c, programs, fwd.ops, bwd.ops, lumps)
+        self.tensors, self.layer_rows, self.outside_rows, self.recipe = tensors, layer_rows, outside_rows, recipe
+        self.structure = s
+        self._static_rows(recipe, sharded)
+        names = sorted(qualified_tensors(self.ops, self.static), key=str)
+        self.kinds = {n: tensors[n[1]].kind for n in names}
+        self.names = names
+        self._size = exact_function(ARGS, tuple(tensors[n[1]].expr for n in names))
+
+    def _static_rows(self, recipe, sharded):
+        """Model states (no backward-written gradient), step counters, ids, overhead: live the whole step."""
+        s, c, conv = self.structure, self.s, self.structure.conventions
+        t_ = self.tensors
+        placement = (s.offload_optimizer, s.offload_params, s.offload_placement)
+        self.device = {}
+        self.static = []
+        first_grad = True
+        for spec in state_specs(recipe, s.zero_stage, *placement):
+            if spec.role == "grad" and first_grad:
+                first_grad = False
+                self.grad_device, self.grad_row = spec.device, spec
+                continue
+            t_[spec.name] = Tensor(spec.name, spec.expr(), spec.role, "a model state (the recipe's component)")
+            self.device[spec.name] = spec.device
+            self.static.append((None, spec.name))
+        opt_device = device_of("optimizer", *placement)
+        self.opt_device = opt_device
+        if conv.step_counters and any("moment" in x.name for x in recipe.components):
+            per_block = len([n for n, _ in block_param_tensors(c.style) if c.gpt or not n.endswith(".bias")])
+            count = per_block * L + len(stepouter.head_params(c)) + 1
+            t_["Adam step counters"] = Tensor("Adam step counters", 4 * count, "optimizer",
+                                              "one 0-d FP32 step tensor per parameter tensor (torch.optim.Adam)")
+            self.device["Adam step counters"] = "cpu" if conv.step_counters == "host" else opt_device
+            self.static.append((None, "Adam step counters"))
+        for name in IDS:
+            t_[name] = Tensor(name, t_[name].expr, "activation", t_[name].why)
+            self.static.append((None, name))
+        from .symbols import O
+        t_["CUDA context + workspace"] = Tensor("CUDA context + workspace", O, "overhead",
+                                                "the runtime's context and workspaces (the article's 1-2 GB)")
+        self.static.append((None, "CUDA context + workspace"))
+
+    def device_of(self, name) -> str:
+        n = name[1]
+        if n in self.device:
+            return self.device[n]
+        kind = self.tensors[n].kind
+        if kind == GRAD_KIND and (n.startswith("FP32 gradient") or n.startswith("BF16 gradients after")):
+            return self.opt_device
+        if kind == GRAD_KIND or n in ("@gradients", "LM head's contribution to the tied embedding gradient"):
+            return self.grad_device
+        if n.startswith(("sqrt(", "denom of", "_foreach")) or n == "torch.tensor(1.0)":
+            return self.opt_device
+        return "gpu"
+
+    def values(self, ledger) -> dict:
+        """Symbol name -> number; P is the architecture's counted parameters (the timeline books tensors)."""
+        values = dict(ledger.values)
+        values["P"] = ledger.arch.computed_params
+        return values
+
+    def sizes(self, values) -> dict:
+        numbers = self._size(*(values[a.name] for a in ARGS))
+        return dict(zip(self.names, numbers))
+
+    def gpu_sizes(self, sizes) -> dict:
+        return {n: (b if self.device_of(n) == "gpu" else 0) for n, b in sizes.items()}
+
+    def live_at(self, index, sizes):
+        """(name, bytes) of the GPU tensors live just after op ``index``, largest first."""
+        live = {n: sizes[n] for n in self.static if self.device_of(n) == "gpu"}
+        for op in self.ops[:index + 1]:
+            if op.label == "@collect gradients":
+                grads = [n for n in live if self.kinds.get(n) == GRAD_KIND]
+                live[(None, "@gradients")] = sum(live.pop(n) for n in grads)
+            for n in op.frees:
+                live.pop(n, None)
+            for n in op.allocs:
+                if self.device_of(n) == "gpu":
+                    live[n] = sizes[n]
+        named = {}
+        for (layer, name), b in live.items():
+            label = name if layer is None else f"block {layer}: {name}"
+            named[label] = named.get(label, 0) + b
+        return tuple(sorted(named.items(), key=lambda kv: -kv[1]))
+
+    def rows(self, values, sizes) -> list:
+        """The step's rows with the landmarks each is live at (see docs/step.md)."""
+        all_marks = {"before forward", "after forward", "after backward", "after step"}
+        ev = lambda e: exact_function(ARGS, (e,))(*(values[a.name] for a in ARGS))[0]  # noqa: E731
+        out = []
+
+        def row(name, kind, phase, device, expr, live):
+            out.append({"name": name, "kind": kind, "phase": phase, "device": device, "bytes": ev(expr),
+                        "formula": str(expr), "live": live})
+        for q in self.static:
+            tensor = self.tensors[q[1]]
+            kind = tensor.kind if tensor.kind in ("param", "grad", "optimizer", "overhead") else "activation"
+            row(q[1], kind, "whole step", self.device_of(q), tensor.expr, all_marks)
+        g = self.grad_row
+        row(g.name, "grad", "backward to optimizer step", self.grad_device, sp.ceiling(
+            P / (t * N_d) if g.sharded else P / t) * g.bytes_per_param, {"after backward"})
+        if self.structure.recompute == "full":
+            row("L x layer input (checkpoint)", "activation", "forward to backward", "gpu",
+                L * self.tensors["layer input"].expr, {"after forward"})
+        else:
+            for r in self.layer_rows:
+                row(f"L x {r.name}", "activation", "forward to backward", "gpu", L * self.tensors[r.name].expr,
+                    {"after forward"})
+        for r in self.outside_rows:
+            if r.name not in IDS:
+                row(r.name, "activation", "forward to backward", "gpu", self.tensors[r.name].expr, {"after forward"})
+        seen = set()
+        for op in self.ops:
+            for q in op.allocs:
+                tensor = self.tensors[q[1]]
+                if tensor.kind == "transient" and q[1] not in seen:
+                    seen.add(q[1])
+                    row(q[1], "transient", op.phase, self.device_of(q), tensor.expr, set())
+        return out
+
+
+@lru_cache(maxsize=128)
+def build(s: StepStructure) -> Built:
+    return Built(s)
