@@ -206,7 +206,8 @@ def norm_backward(p, c, k, g_out, g_in, grads, residual=None):
 def _dropout(p, c, where, mask, shape, alloc_out=True):
     """A dropout call: its mask (saved) and its output (a transient); returns the output's name."""
     out = p.new(f"{where} dropout output", shape, c.dtype, "the dropout's output, until the next op consumes it")
-    p.op(f"{where} dropout", alloc=[mask, out])
+    p.op(f"{where} dropout mask", alloc=[mask])
+    p.op(f"{where} dropout", alloc=[out])
     return out
 
 
@@ -237,7 +238,8 @@ def layer_forward(p, c: Shape):
         p.op("softmax", alloc=["softmax output"])
         p.op("softmax done", free=[masked])
         if drop:
-            p.op("attention dropout", alloc=["attention dropout mask", "attention dropout output"])
+            p.op("attention dropout mask", alloc=["attention dropout mask"])
+            p.op("attention dropout", alloc=["attention dropout output"])
         out4 = p.new("attention output (B, H, S, d/H)", BSd, a, "probabilities @ v, a Python local until the block "
                      "returns", tp=True)
         p.op("probabilities @ V", alloc=([] if c.single else ["V"]) + [out4])
@@ -274,7 +276,23 @@ def layer_forward(p, c: Shape):
     p.op("block returns", free=last + leftovers + ([xm, x] if c.upcast else []))
 
 
-def layer_backward(p, c: Shape, share):
+def _linear_backward(p, c, label, g_in, grads, saved_input, frees=(), recomputed=False):
+    """A linear layer's backward: the input gradient and the weight (and bias) gradients; then its saved
+    input and ``frees`` are released. nn.Linear with a bias runs addmm (input gradient first), without one
+    mm (weight gradient first). A recomputed input is released when unpacked, before the bias gradient."""
+    if not c.gpt:
+        p.op(label, alloc=grads + [g_in])
+    elif recomputed:
+        p.op(label, alloc=[g_in] + grads[:1])
+        p.op("released (unpacked)", free=[saved_input])
+        p.op("bias gradient", alloc=grads[1:])
+        saved_input = None
+    else:
+        p.op(label, alloc=[g_in] + grads)
+    p.op("released", free=list(frees) + [saved_input])
+
+
+def layer_backward(p, c: Shape, share, recomputed=False):
     """One block's backward pass: ``dX_out`` (live) -> ``prev: dX_out``; frees the block's saved tensors."""
     a, drop = c.dtype, c.dropout
     g = "dX_out"
@@ -284,14 +302,14 @@ def layer_backward(p, c: Shape, share):
         p.op("mask released", free=["MLP residual dropout mask"])
     gdi = p.new("gradient of the down-projection input", BSF, a, "dL/d(down input)", tp=True)
     if c.gpt:
-        p.op("down projection backward", alloc=[gdi] + _grads(p, ["down.weight", "down.bias"], c, share))
-        p.op("released", free=[g if drop else None, "down-projection input"])
+        _linear_backward(p, c, "down projection backward", gdi, _grads(p, ["down.weight", "down.bias"], c, share),
+                         "down-projection input", [g if drop else None], recomputed)
         gu = p.new("gradient of the GeLU input", BSF, a, "GeLU backward's output", tp=True)
         p.op("GeLU backward", alloc=[gu])
         p.op("released", free=[gdi, "GeLU input"])
         gh = p.new("gradient of the MLP input", BSd, a, "the up projection's input gradient")
-        p.op("up projection backward", alloc=[gh] + _grads(p, ["up.weight", "up.bias"], c, share))
-        p.op("released", free=[gu, "MLP input"])
+        _linear_backward(p, c, "up projection backward", gh, _grads(p, ["up.weight", "up.bias"], c, share),
+                         "MLP input", [gu], recomputed)
     else:
         p.op("down projection backward", alloc=_grads(p, ["down.weight"], c, share) + [gdi])
         p.op("released", free=[g if drop else None, "down-projection input"])
@@ -328,14 +346,15 @@ def layer_backward(p, c: Shape, share):
         p.op("mask released", free=["attention residual dropout mask"])
     gpi = p.new("gradient of the output projection input", BSd, a, "the output projection's input gradient", tp=True)
     proj = _grads(p, ["proj.weight", "proj.bias"], c, share)
-    p.op("output projection backward", alloc=([gpi] + proj) if c.gpt else (proj + [gpi]))
     gq, gk, gv = (p.new(f"gradient of {n}", BSd, a, f"dL/d{n}", tp=True) for n in ("q", "k", "v"))
     if c.attention == "flash":
+        _linear_backward(p, c, "output projection backward", gpi, proj, None, (), recomputed)
         p.op("flash attention backward", alloc=[gq, gk, gv])
         p.op("released", free=[g if drop else None, gpi, "Q", "K", "V", "softmax log-sum-exp",
                                "output projection input"])
     else:
-        p.op("released", free=[g if drop else None, "output projection input"])
+        _linear_backward(p, c, "output projection backward", gpi, proj, "output projection input",
+                         [g if drop else None], recomputed)
         g4 = gpi
         if not c.single:
             g4 = p.new("gradient of the attention output (B, H, S, d/H)", BSd, a, "heads split: a copy", tp=True)
@@ -367,9 +386,8 @@ def layer_backward(p, c: Shape, share):
     p.op("permuted back", alloc=[gqkv])
     p.op("released", free=[stack])
     gn1 = p.new("gradient of norm 1's output", BSd, a, "the QKV projection's input gradient")
-    qkv = _grads(p, ["qkv.weight", "qkv.bias"], c, share)
-    p.op("QKV projection backward", alloc=([gn1] + qkv) if c.gpt else (qkv + [gn1]))
-    p.op("released", free=[gqkv, "Q/K/V projection input"])
+    _linear_backward(p, c, "QKV projection backward", gn1, _grads(p, ["qkv.weight", "qkv.bias"], c, share),
+                     "Q/K/V projection input", [gqkv], recomputed)
     if fp32_composite:
         norm_backward(p, c, "1", gn1, "prev: dX_out", _grads(p, ["norm1.weight", "norm1.bias"], c, share),
                       residual=gxm)
