@@ -27,7 +27,6 @@ from functools import cached_property
 
 from .backends import Conventions, conventions
 from .stepbuild import StepStructure, build
-from .steptrace import Run
 
 DEVICES = ("gpu", "cpu", "nvme")
 LANDMARKS = ("before forward", "after forward", "after backward", "after step")
@@ -40,7 +39,7 @@ class Peak:
     phase: str
     layer: object
     detail: str
-    live: tuple          # (name, bytes) of everything live at that moment, largest first
+    sample: int          # which moment of :attr:`Step.totals`
 
 
 class Step:
@@ -54,41 +53,50 @@ class Step:
         self.values = self.built.values(ledger)
 
     @cached_property
-    def sizes(self) -> dict:
+    def sizes(self):
         return self.built.sizes(self.values)
 
     @cached_property
-    def run(self) -> Run:
-        return Run(self.built.ops, self.built.tensors, self.built.static, self.built.gpu_sizes(self.sizes),
-                   self.built.kinds)
+    def totals(self):
+        """The GPU total after every op of the step (int64 array; :attr:`built` has the ops)."""
+        return self.built.totals(self.sizes)
 
     @cached_property
     def rows(self) -> list:
-        """Named rows: {"name", "kind", "phase", "device", "bytes", "formula"} (see docs/step.md)."""
-        return self.built.rows(self.values, self.sizes)
+        """Named rows: {"name", "kind", "phase", "device", "bytes", "formula", "live"} (see docs/step.md);
+        "live" is the set of landmarks the row is live at."""
+        return self.built.rows(self.values)
 
-    @property
+    @cached_property
     def landmarks(self) -> dict:
-        """{landmark: {"gpu": int, "cpu": int, "nvme": int}}: exact sums of the rows live there."""
-        out = {}
-        for name in LANDMARKS:
-            totals = dict.fromkeys(DEVICES, 0)
-            for row in self.rows:
-                if name in row["live"]:
-                    totals[row["device"]] += row["bytes"]
-            out[name] = totals
-        return out
+        """{landmark: {"gpu": int, "cpu": int, "nvme": int}}: what the programs leave live there, which is
+        the sum of the :attr:`rows` live there (``tests/test_step.py``)."""
+        return {name: {dev: self.built.landmark(name, self.sizes, dev) for dev in DEVICES} for name in LANDMARKS}
 
     @cached_property
     def peak(self) -> Peak:
-        total, index = self.run.peak()
-        op = self.built.ops[index]
+        sample = int(self.totals.argmax())
+        total = int(self.totals[sample])
+        op = self.built.ops[self.built.compiled.ops[sample]]
         layer = op.layer if isinstance(op.layer, int) else None
         if layer is not None and self.structure.layers is None and layer >= 3:
             layer = self.values["L"] - 5 + layer           # blocks 3, 4 of the program are L-2, L-1
         block = f"block {layer}" if layer is not None else "outside the blocks"
-        return Peak(total, op.phase, layer, f"{op.phase}, {block}: {op.label}",
-                    self.built.live_at(index, self.sizes))
+        return Peak(total, op.phase, layer, f"{op.phase}, {block}: {op.label}", sample)
+
+    def live_at_peak(self) -> tuple:
+        """(name, bytes) of every GPU tensor live at the peak, largest first (blocks named by index)."""
+        return self.built.live_at(self.peak.sample, self.sizes)
+
+    def phase_peaks(self) -> dict:
+        """The largest GPU total between landmarks: {"forward": ..., "backward": ..., "optimizer": ...}
+        (forward includes the loss; backward starts after the "after forward" landmark)."""
+        marks = [i for i, op in enumerate(self.built.ops) if op.label.startswith("@landmark ")]
+        out = {}
+        for total, index in zip(self.totals, self.built.compiled.ops):
+            phase = "forward" if index < marks[0] else ("backward" if index < marks[1] else "optimizer")
+            out[phase] = max(out.get(phase, 0), int(total))
+        return out
 
     def fits(self, gpu_bytes: int) -> bool:
         """Whether the peak fits in ``gpu_bytes`` (the GPU's real capacity, :mod:`memledger.hardware`)."""
@@ -103,7 +111,7 @@ class Step:
         return {"inputs": inputs, "landmarks": self.landmarks,
                 "peak": {"gpu": self.peak.bytes, "phase": self.peak.phase, "layer": self.peak.layer,
                          "detail": self.peak.detail,
-                         "live": [{"name": n, "bytes": b} for n, b in self.peak.live]},
+                         "live": [{"name": n, "bytes": b} for n, b in self.live_at_peak()]},
                 "rows": [{k: r[k] for k in ("name", "kind", "phase", "device", "bytes", "formula")}
                          for r in self.rows]}
 

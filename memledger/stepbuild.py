@@ -10,6 +10,7 @@ then only evaluates that function and adds integers.
 from dataclasses import dataclass
 from functools import lru_cache
 
+import numpy as np
 import sympy as sp
 
 from .activations import inventory
@@ -22,7 +23,7 @@ from .stepops import BSd, GRAD_KIND, Program, Shape, Tensor, block_param_tensors
     layer_forward
 from .steprecompute import checkpointed_forward, recompute_backward
 from . import stepouter
-from .steptrace import explicit_layers, flatten, qualified_tensors
+from .steptrace import Compiled, explicit_layers, flatten, qualified_tensors
 from .symbols import ARGS, L, N_d, P, S, d, t
 
 IDS = ("input ids", "target ids")
@@ -126,6 +127,8 @@ class Built:
         else:
             layer_forward(fwd, c)
             layer_backward(bwd, c, share)
+        if s.zero_stage == 3:
+            _zero3_units(tensors, programs, fwd, bwd, c, recipe, s)
         layers = explicit_layers(s.layers or 5)
         opt = Program(tensors)
         state_dtype = next((x.dtype for x in recipe.components if "second moment" in x.name), None)
@@ -149,8 +152,16 @@ class Built:
         self._static_rows(recipe, sharded)
         names = sorted(qualified_tensors(self.ops, self.static), key=str)
         self.kinds = {n: tensors[n[1]].kind for n in names}
-        self.names = names
-        self._size = exact_function(ARGS, tuple(tensors[n[1]].expr for n in names))
+        self.compiled = Compiled(self.ops, self.static, self.kinds)
+        self.names = self.compiled.names
+        self.masks = {dev: np.array([self.device_of((None, n)) == dev for n in self.names], dtype=np.int64)
+                      for dev in ("gpu", "cpu", "nvme")}
+        self.gpu = self.masks["gpu"]
+        exprs = [sp.sympify(tensors[n].expr) for n in self.names]
+        whole = [i for i, e in enumerate(exprs) if _integral(e)]
+        other = [i for i in range(len(exprs)) if i not in set(whole)]
+        self._groups = [(whole, sp.lambdify(ARGS, [exprs[i] for i in whole], modules="math", cse=True)),
+                        (other, exact_function(ARGS, tuple(exprs[i] for i in other)))]
 
     def _static_rows(self, recipe, sharded):
         """Model states (no backward-written gradient), step counters, ids, overhead: live the whole step."""
@@ -201,35 +212,40 @@ class Built:
     def values(self, ledger) -> dict:
         """Symbol name -> number; P is the architecture's counted parameters (the timeline books tensors)."""
         values = dict(ledger.values)
-        values["P"] = ledger.arch.computed_params
+        values["P"] = _counted(ledger.arch)
         return values
 
-    def sizes(self, values) -> dict:
-        numbers = self._size(*(values[a.name] for a in ARGS))
-        return dict(zip(self.names, numbers))
+    def sizes(self, values):
+        """Every tensor's bytes at ``values``, in the order of ``self.names`` (exact ints, int64 array)."""
+        args = [values[a.name] for a in ARGS]
+        out = [0] * len(self.names)
+        for indices, fn in self._groups:
+            if indices:
+                for i, v in zip(indices, fn(*args)):
+                    out[i] = v
+        return np.array(out, dtype=np.int64)
 
-    def gpu_sizes(self, sizes) -> dict:
-        return {n: (b if self.device_of(n) == "gpu" else 0) for n, b in sizes.items()}
+    def totals(self, sizes):
+        """The GPU total after every op (an int64 array)."""
+        return self.compiled.counts @ (sizes * self.gpu)
 
-    def live_at(self, index, sizes):
-        """(name, bytes) of the GPU tensors live just after op ``index``, largest first."""
-        live = {n: sizes[n] for n in self.static if self.device_of(n) == "gpu"}
-        for op in self.ops[:index + 1]:
-            if op.label == "@collect gradients":
-                grads = [n for n in live if self.kinds.get(n) == GRAD_KIND]
-                live[(None, "@gradients")] = sum(live.pop(n) for n in grads)
-            for n in op.frees:
-                live.pop(n, None)
-            for n in op.allocs:
-                if self.device_of(n) == "gpu":
-                    live[n] = sizes[n]
-        named = {}
-        for (layer, name), b in live.items():
-            label = name if layer is None else f"block {layer}: {name}"
-            named[label] = named.get(label, 0) + b
-        return tuple(sorted(named.items(), key=lambda kv: -kv[1]))
+    def landmark(self, name, sizes, device="gpu") -> int:
+        """The total on ``device`` at landmark ``name``."""
+        return int(self.compiled.mark_counts[name] @ (sizes * self.masks[device]))
 
-    def rows(self, values, sizes) -> list:
+    def live_at(self, sample, sizes):
+        """(name, bytes) of the GPU tensors live just after sample ``sample``, largest first; a tensor live in
+        several blocks is one entry ("softmax output, 4 blocks"), the lumped middle blocks one more."""
+        size = dict(zip(self.names, (int(b) for b in sizes * self.gpu)))
+        named, blocks = {}, {}
+        for layer, name in self.compiled.live[sample]:
+            if size.get(name):
+                named[name] = named.get(name, 0) + size[name]
+                blocks[name] = blocks.get(name, 0) + (layer is not None)
+        label = {n: n.lstrip("@") + (f", {k} block{'s' if k > 1 else ''}" if k else "") for n, k in blocks.items()}
+        return tuple(sorted(((label[n], b) for n, b in named.items()), key=lambda kv: -kv[1]))
+
+    def rows(self, values) -> list:
         """The step's rows with the landmarks each is live at (see docs/step.md)."""
         all_marks = {"before forward", "after forward", "after backward", "after step"}
         ev = lambda e: exact_function(ARGS, (e,))(*(values[a.name] for a in ARGS))[0]  # noqa: E731
@@ -263,6 +279,50 @@ class Built:
                     seen.add(q[1])
                     row(q[1], "transient", op.phase, self.device_of(q), tensor.expr, set())
         return out
+
+
+def _zero3_units(tensors, programs, fwd, bwd, c, recipe, s):
+    """ZeRO-3: every module's parameters are all-gathered before it runs, forward and backward (DeepSpeed
+    stage 3, FSDP), and freed after; in backward its full gradients exist until reduce-scattered. The unit
+    is one block (or the embedding, or the LM head); with prefetch the next unit is gathered meanwhile
+    (DeepSpeed's ``stage3_prefetch_bucket_size``, FSDP's ``forward_prefetch``/``backward_prefetch``)."""
+    pb, gb = recipe.role_bytes("param"), recipe.grad_bytes
+    block = sum(e for _, e in block_param_tensors(c.style))
+    split = t if s.tensor_parallel else 1
+    copies = 2 if s.prefetch else 1
+    units = {"block": block, "embedding or LM head": stepouter.V * d}
+    for unit, n in units.items():
+        tensors[f"ZeRO-3 gathered {unit} parameters"] = Tensor(
+            f"ZeRO-3 gathered {unit} parameters", copies * sp.ceiling(n / split) * pb, "transient",
+            f"all-gathered before the {unit} runs{' (and the next unit, prefetched)' if copies == 2 else ''}")
+        tensors[f"ZeRO-3 {unit} gradients before reduce-scatter"] = Tensor(
+            f"ZeRO-3 {unit} gradients before reduce-scatter", sp.ceiling(n / split) * gb, "transient",
+            "the unit's full gradients until they are reduce-scattered to the shards")
+
+    def wrap(ops, unit, backward):
+        names = [f"ZeRO-3 gathered {unit} parameters"] + ([f"ZeRO-3 {unit} gradients before reduce-scatter"]
+                                                         if backward else [])
+        return [("ZeRO-3 all-gather", (), tuple(names))] + ops + [("ZeRO-3 release", tuple(names), ())]
+    fwd.ops[:] = wrap(fwd.ops, "block", False)
+    bwd.ops[:] = wrap(bwd.ops, "block", True)
+    for key in ("forward start", "forward end", "backward start", "backward end"):
+        programs[key] = wrap(programs[key], "embedding or LM head", key.startswith("backward"))
+
+
+@lru_cache(maxsize=256)
+def _counted(arch) -> int:
+    return arch.computed_params
+
+
+def _integral(expr) -> bool:
+    """True if ``expr`` is a polynomial with integer coefficients (exact in plain int arithmetic)."""
+    try:
+        poly = sp.Poly(expr, *expr.free_symbols) if expr.free_symbols else None
+    except sp.PolynomialError:
+        return False
+    if poly is None:
+        return expr.is_Integer
+    return all(c.is_Integer for c in poly.coeffs())
 
 
 @lru_cache(maxsize=128)

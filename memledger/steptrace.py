@@ -88,38 +88,61 @@ def flatten(n_layers: int, c, outside: dict, fwd, bwd, lumps: dict) -> list:
     return ops
 
 
-class Run:
-    """A flat op list evaluated at numbers: the total after every op, the landmarks and the peak."""
+class Compiled:
+    """The step's op list, run once without numbers: after every op, how many of each tensor are live.
 
-    def __init__(self, ops, tensors: dict, static: list, sizes: dict, kinds: dict):
-        self.samples = []                 # (total, op index)
-        live = {n: sizes[n] for n in static}
-        total = sum(live.values())
-        self.landmarks = {"before forward": total}
+    ``counts[k, j]``: copies of tensor ``names[j]`` (a name of the tensor table; several blocks' tensors
+    of the same name add up) live after sample k; ``ops[k]``: the op of sample k; ``marks``: the counts
+    at each landmark. The total after op k is ``counts[k] @ sizes`` for any numbers.
+    """
+
+    def __init__(self, ops, static, kinds):
+        import numpy as np
+        live = {n: True for n in static}
+        rows, self.ops, self.live, self.marks = [], [], [], {}
+        collected = ()
+
+        def snapshot():
+            counts = {}
+            for q in live:
+                counts[q[1]] = counts.get(q[1], 0) + 1
+            return counts
+        self.marks["before forward"] = snapshot()
         for index, op in enumerate(ops):
-            if op.label.startswith("@"):
-                if op.label.startswith("@landmark "):
-                    self.landmarks[op.label[10:]] = total
-                elif op.label == "@collect gradients":
-                    grads = [n for n in live if kinds.get(n) == "grad"]
-                    live[(None, "@gradients")] = sum(live.pop(n) for n in grads)
-                elif op.label == "@release gradients":
-                    for n in [n for n in live if n == (None, "@gradients") or kinds.get(n) == "grad"]:
-                        total -= live.pop(n)
+            if op.label.startswith("@landmark "):
+                self.marks[op.label[10:]] = snapshot()
                 continue
+            if op.label == "@collect gradients":
+                collected = tuple(n for n in live if kinds.get(n) == "grad")
+                continue
+            if op.label == "@release gradients":
+                for n in [n for n in live if kinds.get(n) == "grad"]:
+                    del live[n]
             for n in op.frees:
-                total -= live.pop(n)
+                if n == (None, "@gradients"):
+                    for g in collected:
+                        live.pop(g, None)
+                else:
+                    del live[n]
             for n in op.allocs:
                 if n in live:
                     raise ValueError(f"{n} allocated twice")
-                live[n] = sizes[n]
-                total += live[n]
-            self.samples.append((total, index))
-        self.live_after = live
-        self.total = total
-
-    def peak(self):
-        return max(self.samples, key=lambda s: s[0])
+                live[n] = True
+            rows.append(snapshot())
+            self.ops.append(index)
+            self.live.append(tuple(live))
+        self.names = sorted({n for r in rows + list(self.marks.values()) for n in r})
+        position = {n: j for j, n in enumerate(self.names)}
+        self.counts = np.zeros((len(rows), len(self.names)), dtype=np.int64)
+        for k, r in enumerate(rows):
+            for n, m in r.items():
+                self.counts[k, position[n]] = m
+        self.mark_counts = {}
+        for key, r in self.marks.items():
+            vector = np.zeros(len(self.names), dtype=np.int64)
+            for n, m in r.items():
+                vector[position[n]] = m
+            self.mark_counts[key] = vector
 
 
 def qualified_tensors(ops, static) -> set:
@@ -128,7 +151,3 @@ def qualified_tensors(ops, static) -> set:
         names.update(op.frees)
         names.update(op.allocs)
     return names
-
-
-def lookup(tensors: dict, name) -> Tensor:
-    return tensors[name[1]]

@@ -46,32 +46,38 @@ def _layer_tags(model):
 
 
 def saved_tensors(c: RefConfig, loop: str, batch: int, seq: int, seed: int = 0) -> dict:
-    """{block index or "outside": sorted [(bytes, dtype, shape), ...]} of one forward pass with real tensors."""
+    """{block index or "outside": sorted [(bytes, dtype, shape), ...]} of one forward pass with real tensors.
+
+    A storage saved by several blocks (the shared causal mask) counts as outside."""
     torch.manual_seed(seed)
     model = make_model(c, loop)
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    seen, found = set(), {}
+    first = {}          # data_ptr -> (tags that saved it, bytes, dtype, shape)
     ids, targets = _inputs(c, batch, seq)
     with _layer_tags(model) as where:
         def pack(t):
             st = t.untyped_storage()
-            if st.data_ptr() not in params and st.data_ptr() not in seen:
-                seen.add(st.data_ptr())
-                found.setdefault(where[0], []).append((st.nbytes(), str(t.dtype).replace("torch.", ""),
-                                                       tuple(t.shape)))
+            if st.data_ptr() not in params:
+                entry = first.setdefault(st.data_ptr(), (set(), st.nbytes(), str(t.dtype).replace("torch.", ""),
+                                                         tuple(t.shape)))
+                entry[0].add(where[0])
             return t
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             loss = model.loss(ids, targets)
     del loss
+    found = {}
+    for tags, nbytes, dtype, shape in first.values():
+        tag = next(iter(tags)) if len(tags) == 1 else OUTSIDE      # shared by blocks: the causal mask
+        found.setdefault(tag, []).append((nbytes, dtype, shape))
     return {k: sorted(v) for k, v in found.items()}
 
 
 class _Births(TorchDispatchMode):
     """Records a weak reference to every storage an op creates, with the block running."""
 
-    def __init__(self, where):
+    def __init__(self, where, skip):
         super().__init__()
-        self.where, self.born = where, {}
+        self.where, self.born, self.skip = where, {}, skip
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
@@ -79,7 +85,8 @@ class _Births(TorchDispatchMode):
         def note(t):
             st = t.untyped_storage()
             key = st.data_ptr()
-            if key not in self.born and st.nbytes():
+            known = self.born.get(key)
+            if (known is None or known[0]() is None) and key not in self.skip and st.nbytes():
                 self.born[key] = (weakref.ref(st), self.where[0], str(t.dtype).replace("torch.", ""),
                                   tuple(t.shape))
         tree_map_only(torch.Tensor, note, out)
@@ -91,9 +98,10 @@ def live_after_forward(c: RefConfig, loop: str, batch: int, seq: int, seed: int 
     (the loss included)."""
     torch.manual_seed(seed)
     model = make_model(c, loop)
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     ids, targets = _inputs(c, batch, seq)
     with _layer_tags(model) as where:
-        births = _Births(where)
+        births = _Births(where, params)
         with births:
             loss = model.loss(ids, targets)
     found = {}
