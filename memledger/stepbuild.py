@@ -275,7 +275,8 @@ class Built:
         for op in self.ops:
             for q in op.allocs:
                 tensor = self.tensors[q[1]]
-                if tensor.kind == "transient" and q[1] not in seen:
+                optimizer_grad = tensor.kind == GRAD_KIND and op.phase == "optimizer"
+                if (tensor.kind == "transient" or optimizer_grad) and q[1] not in seen:
                     seen.add(q[1])
                     row(q[1], "transient", op.phase, self.device_of(q), tensor.expr, set())
         return out
