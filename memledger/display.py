@@ -12,14 +12,15 @@ from .units import format_bytes
 #: Sequence lengths the interactive views (widget, static calculator) offer.
 SEQUENCE_CHOICES = (512, 1024, 2048, 4096, 8192, 16384, 32768)
 
-_DEVICE_LABEL = {"gpu": "GPU", "cpu": "CPU", "nvme": "NVMe"}
+#: How each device is printed.
+DEVICE_LABELS = {"gpu": "GPU", "cpu": "CPU", "nvme": "NVMe"}
 
 
 def _lines(ledger, unit):
     """(component, group, device, exact bytes, formatted) rows plus per-device totals."""
-    body = [(r.name, r.group, _DEVICE_LABEL[r.device], f"{r.bytes:,}", format_bytes(r.bytes, unit))
+    body = [(r.name, r.group, DEVICE_LABELS[r.device], f"{r.bytes:,}", format_bytes(r.bytes, unit))
             for r in ledger.rows]
-    totals = [(f"total on {_DEVICE_LABEL[dev]}", "", _DEVICE_LABEL[dev], f"{n:,}", format_bytes(n, unit))
+    totals = [(f"total on {DEVICE_LABELS[dev]}", "", DEVICE_LABELS[dev], f"{n:,}", format_bytes(n, unit))
               for dev, n in ledger.totals.items() if n or dev == "gpu"]
     return body, totals
 

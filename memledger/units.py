@@ -24,6 +24,9 @@ _UNIT_BY_LOWER = {u.lower(): u for u in UNITS}
 #: Largest count or size accepted from text (an exabyte): guards against "1e999999".
 LIMIT = 10**18
 
+#: :func:`parse_count`'s message (``name``: the field, ``raw``: the text); the static calculator shows the same.
+COUNT_ERROR = "{name} must be a positive integer, got {raw}"
+
 #: How the article prints sizes: per-tensor "MB" are MiB, totals "GB" are GB.
 ARTICLE_TENSOR_UNIT = "MiB"
 ARTICLE_TOTAL_UNIT = "GB"
@@ -70,7 +73,7 @@ def parse_count(text, name: str) -> int:
     match = _QUANTITY.match(raw)
     value = Decimal(match["number"]) if match and not match["unit"] else None
     if value is None or value != value.to_integral_value() or not 1 <= value <= LIMIT:
-        raise ValueError(f"{name} must be a positive integer, got {raw}")
+        raise ValueError(COUNT_ERROR.format(name=name, raw=raw))
     return int(value)
 
 
