@@ -1,15 +1,12 @@
 """The book as CI sees it: a clean strict build, its glued numbers, the audit page, offline assets.
 
-The build runs once per session (about half a minute): ``jupyter-book build . -W -n --keep-going``
-on an empty ``_build``, with every chapter executed (``execute_notebooks: force``).
+The build (fixture ``build`` in conftest.py, shared with test_browser.py) runs once per test run:
+``jupyter-book build . -W -n --keep-going`` on an empty ``_build``, every chapter executed.
 """
 from html.parser import HTMLParser
 import json
 from pathlib import Path
 import re
-import shutil
-import subprocess
-import sys
 
 import pytest
 
@@ -58,17 +55,6 @@ def test_chapter_shape(path):
     source = path.read_text()
     assert '"name": "fig-' in source, "each chapter has at least one named figure"
     assert "import memledger as ml" in source
-
-
-@pytest.fixture(scope="session")
-def build():
-    """A clean strict build; returns the _build folder."""
-    out = ROOT / "_build"
-    shutil.rmtree(out, ignore_errors=True)
-    done = subprocess.run([str(Path(sys.executable).with_name("jupyter-book")), "build", str(ROOT),
-                           "-W", "-n", "--keep-going"], capture_output=True, text=True, cwd=ROOT)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return out
 
 
 def glue_outputs(build):
@@ -161,4 +147,5 @@ def test_math_and_widgets_use_the_vendored_copies(build):
 
 def test_static_calculator_is_in_the_page(build):
     page = (build / "html" / "book" / "09_together.html").read_text()
-    assert 'id="memledger-calculator"' in page and "function memledgerLedger" in page
+    assert 'class="memledger-calculator"' in page and 'class="memledger-calculator-data"' in page
+    assert "_static/memledger-calculator.js" in page
