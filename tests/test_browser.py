@@ -100,7 +100,7 @@ class Watched:
 def pages(build):
     html = build / "html"
     return sorted(str(p.relative_to(html)) for p in html.rglob("*.html")
-                  if not p.relative_to(html).parts[0] in ("_static", "vendor", "_sources"))
+                  if p.relative_to(html).parts[0] not in ("_static", "vendor", "_sources"))
 
 
 _PROSE = """() => {
@@ -118,8 +118,8 @@ _LAYOUT = """() => ({
     const head = [...t.querySelectorAll("thead th")].map(th => th.textContent.trim()), i = head.indexOf("note");
     if (i < 0) return [];
     const cells = [...t.querySelectorAll("tbody tr")].map(tr => tr.cells[i]);
-    return cells.some(c => c && c.textContent.trim()) ? [Math.round(t.querySelector("thead th:nth-child(" + (i + 1) + ")")
-      .getBoundingClientRect().width)] : [];
+    const width = Math.round(t.querySelectorAll("thead th")[i].getBoundingClientRect().width);
+    return cells.some(c => c && c.textContent.trim()) ? [width] : [];
   }),
   favicon: !!document.querySelector('link[rel="icon"]'),
 })"""
