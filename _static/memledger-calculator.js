@@ -39,16 +39,43 @@
     return data.compiled;
   }
 
+  /* Python's repr() of a string: the quotes and escapes of the CLI's messages. */
+  var UNPRINTABLE = /[\p{Cc}\p{Cf}\p{Cs}\p{Co}\p{Cn}\p{Zl}\p{Zp}\p{Zs}]/u;
+
+  function pyRepr(text) {
+    var quote = text.indexOf("'") >= 0 && text.indexOf('"') < 0 ? '"' : "'", out = quote;
+    for (var ch of text) {
+      var code = ch.codePointAt(0);
+      if (ch === quote || ch === "\\") out += "\\" + ch;
+      else if (ch === "\t") out += "\\t";
+      else if (ch === "\n") out += "\\n";
+      else if (ch === "\r") out += "\\r";
+      else if (code < 0x20 || code === 0x7f) out += "\\x" + code.toString(16).padStart(2, "0");
+      else if (code < 0x7f || !UNPRINTABLE.test(ch)) out += ch;
+      else if (code <= 0xff) out += "\\x" + code.toString(16).padStart(2, "0");
+      else if (code <= 0xffff) out += "\\u" + code.toString(16).padStart(4, "0");
+      else out += "\\U" + code.toString(16).padStart(8, "0");
+    }
+    return out + quote;
+  }
+
+  /* str.format for the templates Python sends: {name} and {name!r}. */
   function fill(template, values) {
-    return template.replace(/\{(\w+)\}/g, function (whole, name) { return name in values ? values[name] : whole; });
+    return template.replace(/\{(\w+)(!r)?\}/g, function (whole, name, repr) {
+      if (!(name in values)) return whole;
+      return repr ? pyRepr(String(values[name])) : String(values[name]);
+    });
   }
 
   /* A positive integer from text, as memledger.units.parse_count reads it ("7", "7e9", "2.0"),
    * up to data.limit; otherwise an Error with parse_count's message naming the field. */
   var NUMBER = /^([+-]?)(?:([0-9]+)\.?([0-9]*)|\.([0-9]+))(?:[eE]([+-]?[0-9]+))?$/;
+  /* Python's str.strip(): the characters str.isspace() accepts (not quite JavaScript's trim()). */
+  var SPACE = "[\\t\\n\\x0b\\x0c\\r\\x1c-\\x1f \\x85\\xa0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000]";
+  var STRIP = new RegExp("^" + SPACE + "+|" + SPACE + "+$", "g");
 
   function parseCount(text, field, data) {
-    var raw = String(text).trim(), limit = BigInt(data.limit);
+    var raw = String(text).replace(STRIP, ""), limit = BigInt(data.limit);
     var refused = new Error(fill(data.count_error, {name: field, raw: raw}));
     var m = NUMBER.exec(raw);
     if (!m) throw refused;
@@ -71,7 +98,8 @@
     var formulas = compiled(data), v = {}, rows = [], totals = {};
     var preset = data.bindings[setup[data.bindings_field]];
     if (!preset) throw new Error("unknown " + data.bindings_field + " " + setup[data.bindings_field]);
-    data.symbols.forEach(function (s) { v[s[0]] = BigInt(s[1] in setup ? setup[s[1]] : preset[s[0]]); });
+    Object.keys(preset).forEach(function (name) { v[name] = BigInt(preset[name]); });
+    data.symbols.forEach(function (s) { if (s[1] in setup) v[s[0]] = BigInt(setup[s[1]]); });
     data.parts.forEach(function (part) {
       var key = part.fields.map(function (f) { return setup[f]; }).join("|");
       if (!(key in part.rows)) throw new Error("no rows for " + part.fields.join(", ") + " = " + key);
@@ -128,7 +156,7 @@
           value = parseCount(value, c.field, data).toString();
         } else if (!c.options.some(function (o) { return o[0] === value; })) {
           throw new Error(c.field + " must be one of " + c.options.map(function (o) { return o[0]; }).join(", ") +
-                          ", got '" + value + "'");
+                          ", got " + pyRepr(value));
         }
         setup[c.field] = value;
         input.removeAttribute("aria-invalid");
@@ -195,7 +223,8 @@
   }
 
   if (typeof module === "object" && module.exports) {
-    module.exports = {ml: ml, ledger: ledger, parseCount: parseCount, formatInt: formatInt, formatUnit: formatUnit};
+    module.exports = {ml: ml, ledger: ledger, parseCount: parseCount, formatInt: formatInt, formatUnit: formatUnit,
+                      pyRepr: pyRepr};
   } else {
     var begin = function () {
       Array.prototype.forEach.call(document.querySelectorAll(".memledger-calculator"), start);

@@ -16,14 +16,14 @@ one control that is not a ledger input (it sets the memory of the verdict).
 from dataclasses import dataclass
 import json
 
-from .activations import RECOMPUTE
-from .architecture import ARTICLE_PRESET, PRESETS
+from .architecture import ARTICLE_PRESET, preset_names
+from .choices import LIMIT, RECOMPUTE, check_choice
 from .display import SEQUENCE_CHOICES
 from .hardware import ARTICLE_GPU, GPU_MEMORY
 from .ledger import Ledger
 from .model_states import OFFLOAD_DEVICES, PLACEMENTS, ZERO_STAGES
 from .recipes import DEFAULT_RECIPE, RECIPES
-from .units import LIMIT, format_bytes, parse_count
+from .units import format_bytes, parse_count
 
 
 @dataclass(frozen=True)
@@ -55,10 +55,7 @@ class Control:
         """
         if self.is_count:
             return parse_count(value, self.field)
-        for option in self.options:
-            if value == option and type(value) is type(option):
-                return option
-        raise ValueError(f"{self.field} must be one of {', '.join(map(str, self.options))}, got {value!r}")
+        return check_choice(self.field, value, self.options)
 
 
 def option_text(value) -> str:
@@ -71,7 +68,7 @@ def _gpu_label(name: str) -> str:
 
 
 CONTROLS = (
-    Control("arch", "model", ARTICLE_PRESET, tuple(PRESETS)),
+    Control("arch", "model", ARTICLE_PRESET, tuple(preset_names())),
     Control("batch_size", "batch B", Ledger.batch_size),
     Control("seq_len", "sequence S", Ledger.seq_len, SEQUENCE_CHOICES),
     Control("recipe", "recipe", DEFAULT_RECIPE, tuple(RECIPES)),

@@ -21,9 +21,9 @@ from .architecture import ARTICLE_PRESET
 from .controls import BY_FIELD, CONTROLS, GPU_FIELD, defaults, ledger_settings, option_text
 from .display import DEVICE_LABELS, HEADER
 from .hardware import GPU_MEMORY
-from .ledger import Ledger
-from .symbols import NOTATION
-from .units import COUNT_ERROR, LIMIT, UNITS
+from .choices import LIMIT
+from .ledger import FIELD_OF, Ledger
+from .units import COUNT_ERROR, UNITS
 
 #: The class that marks a calculator in a page, and the script that drives it (in the book's ``_static``).
 CSS_CLASS = "memledger-calculator"
@@ -121,10 +121,11 @@ def calculator_data() -> dict:
                       "options": [[option_text(v), label] for label, v in c.choices()]} for c in CONTROLS],
         "count_error": COUNT_ERROR,
         "limit": str(LIMIT),
-        "symbols": [[s.name, field] for s, field, _ in NOTATION],
+        # each model's symbol values (Ledger.values at the defaults); controls replace the ones they set
         "bindings_field": "arch",
-        "bindings": {name: {s.name: str(v) for (s, _, _), v in zip(NOTATION, Ledger(**ledger_settings(
-            {**defaults(), "arch": name})).values())} for name in BY_FIELD["arch"].options},
+        "bindings": {name: {symbol: str(v) for symbol, v in Ledger(**ledger_settings(
+            {**defaults(), "arch": name})).values.items()} for name in BY_FIELD["arch"].options},
+        "symbols": [[symbol, field] for symbol, field in FIELD_OF.items() if field in BY_FIELD],
         "parts": parts,
         "rows": [list(row) for row in table],
         "devices": [[device, label] for device, label in DEVICE_LABELS.items()],

@@ -12,7 +12,7 @@ import ipywidgets as w
 
 from .architecture import ARTICLE_PRESET
 from .controls import CONTROLS, GPU_FIELD, defaults, ledger_settings
-from .display import html_table, html_verdict
+from .display import html_verdict
 from .hardware import gpu_memory
 from .ledger import Ledger
 
@@ -40,7 +40,7 @@ def render(values: dict) -> str:
         gpu_bytes = gpu_memory(values[GPU_FIELD])
     except (ValueError, TypeError) as error:
         return f'<p style="color:crimson">{escape(str(error))}</p>'
-    return html_verdict(ledger, gpu_bytes) + html_table(ledger)
+    return html_verdict(ledger, gpu_bytes) + ledger.table().html()
 
 
 def explorer(preset: str = ARTICLE_PRESET) -> w.Widget:

@@ -1,4 +1,4 @@
-"""Fixtures shared by the test files: one clean, strict build of the book per test run.
+"""Shared test configuration: one clean, strict build of the book per test run; slow markers.
 
 ``build`` runs ``jupyter-book build . -W -n --keep-going`` on an empty ``_build``
 (every chapter executed) once per run, about half a minute; test_book.py and
@@ -43,8 +43,9 @@ def build(request):
     return BUILD
 
 
+
 def pytest_collection_modifyitems(items):
-    """Whatever needs the build is slow."""
+    """nbval's notebook items (each runs a kernel) and whatever needs the build are slow."""
     for item in items:
-        if "build" in getattr(item, "fixturenames", ()):
+        if item.path.suffix == ".ipynb" or "build" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.slow)

@@ -20,7 +20,7 @@ import pytest
 
 from memledger.cli import main as cli
 from memledger.controls import BY_FIELD, CONTROLS, defaults, ledger_settings, option_text
-from memledger.display import html_table, html_verdict
+from memledger.display import html_verdict
 from memledger.hardware import GPU_MEMORY
 from memledger.ledger import Ledger
 from memledger.units import LIMIT
@@ -189,7 +189,7 @@ def python_view(values):
     """What the library's own HTML view of this setup shows: verdict line and table cells."""
     ledger = Ledger(**ledger_settings(values))
     verdict = _Cells(html_verdict(ledger, GPU_MEMORY[values["gpu"]])).paragraphs[0]
-    return verdict, _Cells(html_table(ledger)).rows
+    return verdict, _Cells(ledger.table().html()).rows
 
 
 _SHOWN = """root => ({

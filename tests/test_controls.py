@@ -2,7 +2,7 @@
 import pytest
 
 from memledger.activations import RECOMPUTE
-from memledger.architecture import PRESETS
+from memledger.architecture import preset_names
 from memledger.controls import BY_FIELD, CONTROLS, defaults, ledger_settings
 from memledger.hardware import GPU_MEMORY
 from memledger.ledger import Ledger
@@ -12,7 +12,7 @@ from memledger.units import LIMIT
 
 
 def test_options_are_the_library_tuples():
-    assert BY_FIELD["arch"].options == tuple(PRESETS)
+    assert BY_FIELD["arch"].options == tuple(preset_names())
     assert BY_FIELD["recipe"].options == tuple(RECIPES) and BY_FIELD["recipe"].default == DEFAULT_RECIPE
     assert BY_FIELD["recompute"].options == RECOMPUTE
     assert BY_FIELD["zero_stage"].options == ZERO_STAGES

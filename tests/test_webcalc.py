@@ -83,7 +83,9 @@ def test_every_row_agrees_with_the_python_ledger(tmp_path):
 #: Inputs of the count fields, ASCII: the calculator must accept and refuse exactly what the CLI does.
 COUNT_TEXTS = ["1", "7", " 64 ", "+3", "2.0", "7e9", "1E3", ".5e1", "10.", "1e18", "1000000000000000000",
                "1000000000000000001", "1e19", "1e30", "1e999999999", "0", "-1", "-0", "1.5", "1e-3", "0.0", "",
-               "abc", "1 2", "1,000", "0x10", "Infinity", "NaN", "1e", "e9", "4 GB", "1_000", "+-1", "0001", "5e-0"]
+               "abc", "1 2", "1,000", "0x10", "Infinity", "NaN", "1e", "e9", "4 GB", "1_000", "+-1", "0001", "5e-0",
+               "1e-50", "0e999", "2.0000000000000000000000000001", "\x1f5", "\x855", "\ufeff5", "\u200b3", "5\u3000",
+               "it's", "a\\b", "\"q\"", "\U0001f600"]
 
 
 @node
@@ -104,7 +106,8 @@ def test_counts_are_read_as_the_cli_reads_them(tmp_path):
 def test_non_ascii_digits_are_refused(tmp_path):
     counts = [("٣", "batch_size"), ("１２", "dp"), ("3\u200b", "batch_size")]
     result = run_node(tmp_path, {"data": calculator_data(), "setups": [], "counts": counts, "sizes": []})
-    assert result["counts"] == [["error", f"{field} must be a positive integer, got {text}"] for text, field in counts]
+    assert result["counts"] == [["error", f"{field} must be a positive integer up to 10^18, got {text!r}"]
+                                for text, field in counts]
 
 
 @node
