@@ -8,7 +8,7 @@
 Data flows one way: symbols -> recipes/architecture -> model states and
 activations -> ledger -> views (tables, CLI, claims).
 """
-from . import architecture, book, claims, dtypes, evaluate, facts, flops, hardware, symbols, units
+from . import architecture, book, claims, dtypes, evaluate, flops, hardware, symbols, units
 from .activations import (ARTICLE_INVENTORY, RELABELLED, Saved, activation_bytes, closed_form, inventory,
                           per_layer_bytes, quadratic_share)
 from .architecture import PRESETS, Architecture, get_preset, param_count_expr
@@ -24,6 +24,6 @@ __all__ = [
     "ARTICLE_INVENTORY", "RELABELLED", "Saved", "activation_bytes", "closed_form", "inventory", "per_layer_bytes",
     "quadratic_share", "PRESETS", "Architecture", "get_preset", "param_count_expr", "Ledger", "Row", "sweep",
     "state_rows", "zero_formula", "RECIPES", "Recipe", "get_recipe", "GPU_MEMORY", "LINKS", "Traffic",
-    "format_bytes", "in_unit", "architecture", "book", "claims", "dtypes", "evaluate", "facts", "flops",
+    "format_bytes", "in_unit", "architecture", "book", "claims", "dtypes", "evaluate", "flops",
     "hardware", "symbols", "units",
 ]
