@@ -19,10 +19,9 @@ from math import prod
 
 import sympy as sp
 
+from .choices import RECOMPUTE, check_choice
 from .dtypes import nbytes
 from .symbols import B, F, H, L, S, d, t
-
-RECOMPUTE = ("none", "selective", "full")
 
 
 @dataclass(frozen=True)
@@ -69,8 +68,7 @@ def inventory(mlp: str = "gelu", norm: str = "LayerNorm", dropout: bool = True,
     ``flash_attention`` keeps only fp32 log-sum-exp statistics instead of the
     S x S tensors (Dao et al. 2022).
     """
-    if mlp not in ("gelu", "swiglu"):
-        raise ValueError(f"mlp must be 'gelu' or 'swiglu', got {mlp!r}")
+    check_choice("mlp", mlp, ("gelu", "swiglu"))
     rows = [
         _norm_rows(norm, 1),
         Saved("Q/K/V projection input", "the Q, K, V weight gradients need their shared input", BSd),
@@ -166,8 +164,7 @@ def per_layer_bytes(rows, recompute: str = "none", tp: bool = False, sequence_pa
     layer input, 2BSd. With ``tp`` the tensor-parallel rows are divided by t,
     and with ``sequence_parallel`` all rows are (Korthikanti Table 2).
     """
-    if recompute not in RECOMPUTE:
-        raise ValueError(f"recompute must be one of {', '.join(RECOMPUTE)}, got {recompute!r}")
+    check_choice("recompute", recompute, RECOMPUTE)
     if sequence_parallel and not tp:
         raise ValueError("sequence parallelism needs tensor parallelism (tp > 1)")
     if recompute == "full":

@@ -12,11 +12,11 @@ Two block styles:
 """
 from dataclasses import dataclass, field, replace
 
-import sympy as sp
-
-from .symbols import F, L, V, d
+from .choices import check_choice, check_count, lookup
 
 STYLES = ("gpt", "llama")
+#: What each block style saves for backward: (MLP kind, norm) of :func:`memledger.activations.inventory`.
+BLOCKS = {"gpt": ("gelu", "LayerNorm"), "llama": ("swiglu", "RMSNorm")}
 
 
 @dataclass(frozen=True)
@@ -34,15 +34,14 @@ class Architecture:
     description: str = field(default="", compare=False)
 
     def __post_init__(self):
-        if self.style not in STYLES:
-            raise ValueError(f"style must be one of {', '.join(STYLES)}, got {self.style!r}")
+        check_choice("style", self.style, STYLES)
+        counts = ("d_model", "n_layers", "n_heads") + (("d_ff",) if self.d_ff is not None else ()) + (
+            "vocab_size",) + (("n_params",) if self.n_params is not None else ())
+        for name in counts:
+            object.__setattr__(self, name, check_count(name, getattr(self, name)))
+        object.__setattr__(self, "n_positions", check_count("n_positions", self.n_positions, minimum=0))
         if self.d_ff is None:
             object.__setattr__(self, "d_ff", 4 * self.d_model)
-        for name in ("d_model", "n_layers", "n_heads", "d_ff", "vocab_size"):
-            _check_positive(name, getattr(self, name))
-        _check_positive("n_positions", self.n_positions, allow_zero=True)
-        if self.n_params is not None:
-            _check_positive("n_params", self.n_params)
         if self.d_model % self.n_heads:
             raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
 
@@ -52,14 +51,32 @@ class Architecture:
         return self.style == "gpt"
 
     @property
+    def mlp(self) -> str:
+        """The MLP kind the activation inventory saves tensors for: gelu or swiglu."""
+        return BLOCKS[self.style][0]
+
+    @property
+    def norm(self) -> str:
+        """The norm: LayerNorm (gpt) or RMSNorm (llama)."""
+        return BLOCKS[self.style][1]
+
+    def check_tensor_parallel(self, tp: int) -> None:
+        """Megatron-LM splits heads and the MLP width over tp ranks: tp must divide d_model, n_heads and d_ff."""
+        widths = {"d_model": self.d_model, "n_heads": self.n_heads, "d_ff": self.d_ff}
+        bad = [f"{name} ({value})" for name, value in widths.items() if value % tp]
+        if bad:
+            raise ValueError(f"tp ({tp}) must divide d_model, n_heads and d_ff; it does not divide {', '.join(bad)}")
+
+    @property
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
 
     @property
     def computed_params(self) -> int:
         """The parameter count from the architecture (ignores ``n_params``)."""
-        expr = param_count_expr(self.style, self.n_positions)
-        return int(expr.subs({d: self.d_model, L: self.n_layers, F: self.d_ff, V: self.vocab_size}))
+        from .formulas import evaluate
+        return evaluate(("params", self.style), {"d": self.d_model, "L": self.n_layers, "F": self.d_ff,
+                                                 "V": self.vocab_size, "n_positions": self.n_positions})
 
     @property
     def params(self) -> int:
@@ -68,12 +85,14 @@ class Architecture:
 
     def parts(self) -> dict:
         """Parameters by part (attention, MLP, norms, embeddings) as exact ints."""
+        from .symbols import F, L, V, d
         values = {d: self.d_model, L: self.n_layers, F: self.d_ff, V: self.vocab_size}
         return {name: int(expr.subs(values)) for name, expr in param_parts(self.style, self.n_positions).items()}
 
     @property
     def largest_layer_params(self) -> int:
         """Parameters of the largest single module (a block or the embedding)."""
+        from .symbols import F, d
         block = int(block_params_expr(self.style).subs({d: self.d_model, F: self.d_ff}))
         return max(block, self.vocab_size * self.d_model)
 
@@ -84,25 +103,19 @@ class Architecture:
         return replace(self, **changes)
 
 
-def _check_positive(name, value, allow_zero=False):
-    ok = isinstance(value, int) and not isinstance(value, bool) and (value >= 0 if allow_zero else value > 0)
-    if not ok:
-        kind = "a non-negative" if allow_zero else "a positive"
-        raise ValueError(f"{name} must be {kind} integer, got {value!r}")
-
-
 def block_parts(style: str = "gpt") -> dict:
     """Parameters of one block by part.
 
     gpt:   attention 4d^2 + 4d (Q, K, V, O with biases), MLP 2dF + F + d, two LayerNorms 4d.
     llama: attention 4d^2, SwiGLU MLP 3dF (gate, up, down), two RMSNorms 2d.
     """
+    from .symbols import F, d
     if style == "gpt":
         return {"attention": 4 * d**2 + 4 * d, "MLP": 2 * d * F + F + d, "norms": 4 * d}
     return {"attention": 4 * d**2, "MLP": 3 * d * F, "norms": 2 * d}
 
 
-def block_params_expr(style: str = "gpt") -> sp.Expr:
+def block_params_expr(style: str = "gpt"):
     """Parameters of one transformer block: 12d^2 + 13d for gpt at F = 4d."""
     return sum(block_parts(style).values())
 
@@ -113,6 +126,7 @@ def param_parts(style: str = "gpt", n_positions: int = 0) -> dict:
     gpt:   tied embedding Vd (+ learned positions), final LayerNorm 2d.
     llama: untied input and output embeddings 2Vd, final RMSNorm d.
     """
+    from .symbols import L, V, d
     parts = {name: L * expr for name, expr in block_parts(style).items()}
     if style == "gpt":
         parts["norms"] += 2 * d
@@ -123,7 +137,7 @@ def param_parts(style: str = "gpt", n_positions: int = 0) -> dict:
     return parts
 
 
-def param_count_expr(style: str = "gpt", n_positions: int = 0) -> sp.Expr:
+def param_count_expr(style: str = "gpt", n_positions: int = 0):
     """Whole-model parameter count.
 
     gpt:   L(4d^2 + 2dF + F + 9d) + Vd + n_positions*d + 2d = 12Ld^2 + 13Ld + Vd + ... at F = 4d.
@@ -155,7 +169,4 @@ PRESETS = {
 
 def get_preset(name: str) -> Architecture:
     """The preset called ``name``; ``ValueError`` listing the known ones otherwise."""
-    try:
-        return PRESETS[name]
-    except KeyError:
-        raise ValueError(f"unknown preset {name!r}; known: {', '.join(PRESETS)}") from None
+    return lookup(PRESETS, name, "preset")

@@ -25,10 +25,9 @@ import math
 
 import sympy as sp
 
-from .evaluate import exact_function
+from .choices import lookup
 from .ledger import Ledger
 from .recipes import Component, get_recipe
-from .symbols import ARGS
 from .units import ARTICLE_TOTAL_UNIT, in_unit
 
 STATUSES = ("matches", "rounded", "approximate", "erratum")
@@ -45,7 +44,7 @@ def article_ledger(**kw) -> Ledger:
 
 def at_spec(expr, **kw) -> int:
     """``expr`` evaluated exactly at the article's spec (or at the setting ``kw`` changes)."""
-    return exact_function(ARGS, (expr,))(*article_ledger(**kw).values())[0]
+    return article_ledger(**kw).evaluate(expr)
 
 
 def ratio_at_spec(expr) -> Fraction:
@@ -60,10 +59,7 @@ def gb(nbytes) -> Fraction:
 
 def component(name: str) -> Component:
     """The article recipe's component called ``name``; ``ValueError`` listing the names otherwise."""
-    for c in RECIPE.components:
-        if c.name == name:
-            return c
-    raise ValueError(f"{RECIPE.name} has no component {name!r}; it has {', '.join(c.name for c in RECIPE.components)}")
+    return lookup({c.name: c for c in RECIPE.components}, name, f"component of {RECIPE.name}")
 
 
 @dataclass(frozen=True)

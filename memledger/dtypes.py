@@ -2,6 +2,8 @@
 and BF16 rounding, which is why mixed precision keeps an FP32 master copy."""
 from fractions import Fraction
 
+from .choices import lookup
+
 BYTES_PER_ELEMENT = {
     "fp32": 4,
     "bf16": 2,
@@ -14,11 +16,7 @@ BYTES_PER_ELEMENT = {
 
 def nbytes(dtype: str) -> int:
     """Bytes per element of ``dtype`` (``"bf16"`` -> 2); ``ValueError`` if unknown."""
-    try:
-        return BYTES_PER_ELEMENT[dtype]
-    except KeyError:
-        known = ", ".join(BYTES_PER_ELEMENT)
-        raise ValueError(f"unknown dtype {dtype!r}; known: {known}") from None
+    return lookup(BYTES_PER_ELEMENT, dtype, "dtype")
 
 
 #: Explicit fraction (mantissa) bits of BF16: 1 sign, 8 exponent, 7 fraction bits.

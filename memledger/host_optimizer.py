@@ -17,6 +17,7 @@ update that overlaps the CPU step with the next step's forward and backward (Ren
 """
 from fractions import Fraction
 
+from .choices import check_count, lookup
 from .hardware import HOST_MEMORY_BANDWIDTH
 
 
@@ -26,18 +27,14 @@ def step_bytes(recipe, n_elements: int) -> int:
     Gradient read once (the recipe's gradient components), optimizer states read and written
     (``role == "optimizer"``: FP32 master, m, v), the 16-bit parameters written once.
     """
-    if isinstance(n_elements, bool) or not isinstance(n_elements, int) or n_elements < 0:
-        raise ValueError(f"n_elements must be a non-negative integer, got {n_elements!r}")
+    n_elements = check_count("n_elements", n_elements, minimum=0)
     per_param = recipe.role_bytes("grad") + 2 * recipe.role_bytes("optimizer") + recipe.role_bytes("param")
     return per_param * n_elements
 
 
 def host_bandwidth(name: str) -> int:
     """Peak bytes/s of a named host memory configuration; ``ValueError`` listing the known ones."""
-    try:
-        return HOST_MEMORY_BANDWIDTH[name]
-    except KeyError:
-        raise ValueError(f"unknown host memory {name!r}; known: {', '.join(HOST_MEMORY_BANDWIDTH)}") from None
+    return lookup(HOST_MEMORY_BANDWIDTH, name, "host memory")
 
 
 def step_seconds(recipe, n_elements: int, memory: str = "ddr4-3200-8ch") -> Fraction:

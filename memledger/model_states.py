@@ -18,10 +18,8 @@ Offload placements:
 """
 from dataclasses import dataclass
 
-import sympy as sp
-
+from .choices import check_choice
 from .recipes import Recipe
-from .symbols import N_d, P, t
 
 ZERO_STAGES = (0, 1, 2, 3)
 #: Which component roles each ZeRO stage shards over the data-parallel ranks.
@@ -31,25 +29,33 @@ PLACEMENTS = ("article", "zero-offload")
 
 
 @dataclass(frozen=True)
-class StateRow:
-    """One component's bytes on one device, as a SymPy expression."""
+class StateSpec:
+    """One component on one device: ``bytes_per_param`` x the elements it holds
+    (:func:`elements_per_device` of ``sharded``)."""
     name: str
     role: str
     device: str
-    expr: sp.Expr
+    bytes_per_param: int
+    sharded: bool
+
+    def expr(self, exact: bool = True):
+        """Its bytes as a SymPy expression, e.g. 4*ceiling(P/(N_d*t))."""
+        return self.bytes_per_param * elements_per_device(self.sharded, exact)
 
 
-def check_zero_stage(stage) -> int:
-    if stage not in ZERO_STAGES or isinstance(stage, bool):
-        raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {stage!r}")
-    return stage
-
-
-def elements_per_device(sharded: bool, exact: bool = True) -> sp.Expr:
+def elements_per_device(sharded: bool, exact: bool = True):
     """Parameters a device holds of one component: ceil(P/(t*N_d)) if ZeRO shards it,
     else ceil(P/t). ``exact=False`` drops the rounding, as the ZeRO paper writes it."""
+    import sympy as sp
+    from .symbols import N_d, P, t
     share = P / (t * N_d) if sharded else P / t
     return sp.ceiling(share) if exact else share
+
+
+def check_state_options(zero_stage, offload_params) -> None:
+    """Parameters can be offloaded only when ZeRO-3 partitions them (ZeRO-Infinity)."""
+    if offload_params != "none" and zero_stage != 3:
+        raise ValueError(f"offload_params needs zero_stage 3 (ZeRO-Infinity), got zero_stage {zero_stage}")
 
 
 def device_of(role: str, offload_optimizer: str, offload_params: str, placement: str) -> str:
@@ -63,24 +69,22 @@ def device_of(role: str, offload_optimizer: str, offload_params: str, placement:
     return "gpu"
 
 
-def state_rows(recipe: Recipe, zero_stage: int = 0, offload_optimizer: str = "none",
-               offload_params: str = "none", placement: str = "article", exact: bool = True) -> list:
-    """One :class:`StateRow` per recipe component, per device (GPU rank)."""
-    check_zero_stage(zero_stage)
-    for name, value in (("offload_optimizer", offload_optimizer), ("offload_params", offload_params)):
-        if value not in OFFLOAD_DEVICES:
-            raise ValueError(f"{name} must be one of {', '.join(OFFLOAD_DEVICES)}, got {value!r}")
-    if placement not in PLACEMENTS:
-        raise ValueError(f"offload_placement must be one of {', '.join(PLACEMENTS)}, got {placement!r}")
-    if offload_params != "none" and zero_stage != 3:
-        raise ValueError(f"offload_params needs zero_stage 3 (ZeRO-Infinity), got zero_stage {zero_stage}")
-    return [StateRow(c.name, c.role, device_of(c.role, offload_optimizer, offload_params, placement),
-                     c.bytes_per_param * elements_per_device(c.role in ZERO_SHARDS[zero_stage], exact))
+def state_specs(recipe: Recipe, zero_stage: int = 0, offload_optimizer: str = "none",
+                offload_params: str = "none", placement: str = "article") -> list:
+    """One :class:`StateSpec` per recipe component, per device (GPU rank)."""
+    check_choice("zero_stage", zero_stage, ZERO_STAGES)
+    check_choice("offload_optimizer", offload_optimizer, OFFLOAD_DEVICES)
+    check_choice("offload_params", offload_params, OFFLOAD_DEVICES)
+    check_choice("offload_placement", placement, PLACEMENTS)
+    check_state_options(zero_stage, offload_params)
+    return [StateSpec(c.name, c.role, device_of(c.role, offload_optimizer, offload_params, placement),
+                      c.bytes_per_param, c.role in ZERO_SHARDS[zero_stage])
             for c in recipe.components]
 
 
-def zero_formula(recipe: Recipe, zero_stage: int) -> sp.Expr:
+def zero_formula(recipe: Recipe, zero_stage: int):
     """Per-device model-state bytes as the ZeRO paper writes them (no TP, no rounding):
     e.g. 2P + 2P + 12P/N_d for stage 1 of the 16 B/param recipe."""
-    rows = state_rows(recipe, zero_stage, exact=False)
-    return sp.expand(sum(r.expr for r in rows).subs(t, 1))
+    import sympy as sp
+    from .symbols import t
+    return sp.expand(sum(r.expr(exact=False) for r in state_specs(recipe, zero_stage)).subs(t, 1))

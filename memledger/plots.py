@@ -12,10 +12,9 @@ import sympy as sp
 
 from .activations import inventory
 from .architecture import get_preset
-from .evaluate import exact_function
 from .hardware import GPU_MEMORY
 from .ledger import Ledger
-from .symbols import ARGS, L, S
+from .symbols import L, S
 from .units import in_unit, unit_size
 
 A100_BYTES = GPU_MEMORY["a100-80gb"]
@@ -89,18 +88,13 @@ def ledger_bars(ledgers: dict, gpu_bytes: int = A100_BYTES, unit: str = "GB", ax
     return ax.figure
 
 
-def _bindings(ledger) -> dict:
-    """Symbol -> value of a ledger's setting."""
-    return dict(zip(ARGS, ledger.values()))
-
-
 def activations_vs_seq(preset: str = "article-7b", batch_size: int = 1, max_seq: int = 8192, unit: str = "GB",
                        ax=None):
     """Saved activations of all layers against S: the linear (B x S x d) and the quadratic (S x S) parts."""
     ax = ax or plt.subplots(figsize=(6.5, 3.8))[1]
     ledger = Ledger(preset, batch_size=batch_size)
-    rows = inventory("swiglu" if ledger.arch.style == "llama" else "gelu", dropout=ledger.dropout)
-    fixed = {k: v for k, v in _bindings(ledger).items() if k != S}
+    rows = inventory(ledger.arch.mlp, ledger.arch.norm, dropout=ledger.dropout)
+    fixed = {k: v for k, v in ledger.bindings.items() if k != S}
     linear = sp.lambdify(S, (L * sum(r.bytes for r in rows if not r.quadratic)).subs(fixed), "numpy")
     quadratic = sp.lambdify(S, (L * sum(r.bytes for r in rows if r.quadratic)).subs(fixed), "numpy")
     seq = np.linspace(256, max_seq, 200)
@@ -124,8 +118,8 @@ def layer_breakdown(batch_size: int = 1, seq_len: int = 2048, ax=None):
     """
     ax = ax or plt.subplots(figsize=(7, 4.2))[1]
     rows = inventory()
-    sizes = exact_function(ARGS, tuple(r.bytes for r in rows))(*Ledger("article-7b", batch_size=batch_size,
-                                                                         seq_len=seq_len).values())
+    ledger = Ledger("article-7b", batch_size=batch_size, seq_len=seq_len)
+    sizes = [ledger.evaluate(r.bytes) for r in rows]
     mib = [float(in_unit(n, "MiB")) for n in sizes]
     labels = [f"{r.name} ({r.block})" for r in rows]
     colours = [colour("quadratic in S" if r.quadratic else "linear in S") for r in rows]

@@ -11,8 +11,7 @@ stage 1; the FP32 master copy is optimizer state there, K = 12 for Adam).
 """
 from dataclasses import dataclass
 
-import sympy as sp
-
+from .choices import lookup
 from .dtypes import nbytes
 
 ROLES = ("param", "grad", "optimizer")
@@ -44,13 +43,20 @@ class Recipe:
         """Sum of the components' bytes per parameter."""
         return sum(c.bytes_per_param for c in self.components)
 
-    def bytes_per_param_sum(self) -> sp.Add:
+    def bytes_per_param_sum(self):
         """The sum unevaluated, e.g. ``2 + 2 + 4 + 4 + 4``, for display."""
+        import sympy as sp
         return sp.Add(*(sp.Integer(c.bytes_per_param) for c in self.components), evaluate=False)
 
     def role_bytes(self, role: str) -> int:
         """Bytes per parameter of the components with ZeRO ``role``."""
         return sum(c.bytes_per_param for c in self.components if c.role == role)
+
+    @property
+    def grad_bytes(self) -> int:
+        """Bytes per parameter of the gradient backward writes (the first gradient component):
+        what crosses PCIe to an offloaded optimizer, and what ZeRO-3 gathers with a unit."""
+        return next(c.bytes_per_param for c in self.components if c.role == "grad")
 
 
 _PARAMS = Component("BF16 parameters", "bf16", "param", "the working weights forward and backward read")
@@ -92,7 +98,4 @@ DEFAULT_RECIPE = "bf16-adamw"
 
 def get_recipe(name: str) -> Recipe:
     """The recipe called ``name``; ``ValueError`` listing the known ones otherwise."""
-    try:
-        return RECIPES[name]
-    except KeyError:
-        raise ValueError(f"unknown recipe {name!r}; known: {', '.join(RECIPES)}") from None
+    return lookup(RECIPES, name, "recipe")

@@ -14,15 +14,13 @@ NVMe 3-7 GB/s).
 from dataclasses import dataclass
 from fractions import Fraction
 
+from .choices import lookup
 from .hardware import LINKS
 
 
 def link_bandwidth(name: str) -> int:
     """Bytes per second of a named link (one direction); ``ValueError`` if unknown."""
-    try:
-        return LINKS[name]
-    except KeyError:
-        raise ValueError(f"unknown link {name!r}; known: {', '.join(LINKS)}") from None
+    return lookup(LINKS, name, "link")
 
 
 @dataclass(frozen=True)
@@ -56,7 +54,7 @@ def step_traffic(recipe, offload_optimizer: str, offload_params: str, shard_elem
     that crosses is the recipe's first gradient component (2 bytes for BF16).
     """
     params = recipe.role_bytes("param") * shard_elements
-    grads = next(c.bytes_per_param for c in recipe.components if c.role == "grad") * shard_elements
+    grads = recipe.grad_bytes * shard_elements
     states = recipe.role_bytes("optimizer") * shard_elements
     to_cpu = to_gpu = 0
     if offload_optimizer != "none":
