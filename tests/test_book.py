@@ -86,6 +86,9 @@ EXPECTED = {
     "offload.nvme_gb": (Fraction(2 * 12 * P, GB), "GB"),                    # FP32 states read and written
     "offload.nvme_seconds_slow": (Fraction(24 * P, 3 * GB), "s"),
     "offload.nvme_seconds_fast": (Fraction(24 * P, 7 * GB), "s"),
+    # chapter 9: the largest micro-batch of 2048-token sequences on 80 GB: (80 GB - resident) / per-sequence activations
+    "together.max_batch": ((80 * GB - 4 * P - OVERHEAD) // (2 * LAYERS * BSD), ""),   # 14 + 14 + 2 GB resident
+    "offload.max_batch": ((80 * GB - 4 * P - OVERHEAD) // ACT, ""),
     # AdamW on the host: read the 2-byte gradient, read and write 12 bytes of FP32 state, write the 2-byte weight,
     # at the 204.8 GB/s of 8 DDR4-3200 channels (Tom's Hardware, 2021-12-09)
     "host.bandwidth": (Fraction(2048, 10), "GB/s"),
