@@ -18,7 +18,9 @@ __version__ = "0.2.0"
 _EXPORTS = {
     "activations": ("ARTICLE_INVENTORY", "RELABELLED", "Saved", "activation_bytes", "closed_form", "inventory",
                     "per_layer_bytes", "quadratic_share"),
-    "architecture": ("PRESETS", "Architecture", "get_preset", "param_count_expr"),
+    "architecture": ("PRESETS", "CONFIG_PRESETS", "Architecture", "all_presets", "get_preset", "param_count_expr"),
+    "fitting": ("fit",),
+    "inference": ("Inference",),
     "ledger": ("Ledger", "Row", "sweep"),
     "model_states": ("state_specs", "zero_formula"),
     "recipes": ("RECIPES", "Recipe", "get_recipe"),
@@ -28,8 +30,9 @@ _EXPORTS = {
 }
 _HOME = {name: module for module, names in _EXPORTS.items() for name in names}
 _MODULES = ("activations", "architecture", "book", "choices", "claim", "claims", "communication", "display", "dtypes",
-            "evaluate", "flops", "formulas", "hardware", "host_optimizer", "ledger", "model_states", "plots", "recipes",
-            "symbols", "transfer", "units", "webcalc", "widgets")
+            "evaluate", "features", "fitting", "flops", "formulas", "hardware", "hf_config", "host_optimizer", "inference",
+            "ledger", "model_states", "parameters", "pipeline", "plots", "recipes", "symbols", "transfer", "units",
+            "webcalc", "widgets")
 __all__ = sorted(_HOME) + list(_MODULES)
 
 

@@ -1,4 +1,4 @@
-"""Command line: ``memledger ledger|presets|recipes|claims [--json]``.
+"""Command line: ``memledger ledger|fit|infer|presets|recipes|claims [--json]``.
 
 Bad input of any kind prints one line on stderr and exits with status 2 (the
 messages are the Python API's); output that cannot be written (a closed pipe,
@@ -11,15 +11,16 @@ import argparse
 import os
 import sys
 
-from .architecture import PRESETS, Architecture, get_preset
+from .architecture import Architecture, all_presets, get_preset
 from .choices import RECOMPUTE, lookup
 from .hardware import GPU_MEMORY, HOST_LINKS, NVME_LINKS
+from .hf_config import SUPPORTED
 from .ledger import Ledger
 from .model_states import OFFLOAD_DEVICES, PLACEMENTS, ZERO_STAGES
 from .recipes import RECIPES
 from .units import format_bytes, parse_bytes, parse_count
 
-COMMANDS = ("ledger", "presets", "recipes", "claims")
+COMMANDS = ("ledger", "fit", "infer", "presets", "recipes", "claims")
 UNITS = ("GB", "GiB")
 
 
@@ -48,8 +49,42 @@ def _parser():
     sub = top.add_subparsers(dest="command", metavar="{" + ",".join(COMMANDS) + "}", parser_class=_Parser)
     led = sub.add_parser("ledger", help="the memory ledger of one setup, per GPU",
                          formatter_class=_Help)
-    arch = led.add_argument_group("model (a preset, a parameter count, or a shape)")
-    arch.add_argument("--preset", help=f"one of: {_one_of(PRESETS)}")
+    _ledger_options(led)
+    pipe = led.add_argument_group("pipeline parallelism (Megatron-LM schedules)")
+    pipe.add_argument("--pp", help="pipeline stages P (rows per stage: first and last)")
+    pipe.add_argument("--microbatches", help="micro-batches per step M (needs --pp)")
+    pipe.add_argument("--interleave", help="model chunks per device V, the interleaved schedule (needs --pp)")
+    fit = sub.add_parser("fit", help="the largest batch, sequence or model that fits (or the smallest dp/ZeRO)",
+                         formatter_class=_Help)
+    fit.add_argument("--vary", required=True, help="batch, seq or layers (largest that fits); dp or zero "
+                     "(smallest that fits)")
+    _ledger_options(fit)
+    inf = sub.add_parser("infer", help="inference for contrast: weights + KV cache + working buffer",
+                         formatter_class=_Help)
+    _model_options(inf)
+    inf.add_argument("--batch", help="sequences served at once B (default: 1)")
+    inf.add_argument("--seq", help="tokens per sequence, prompt + generated (default: 2048)")
+    inf.add_argument("--dtype", default="bf16", help="weight dtype: bf16, fp16, fp8, int8, fp32")
+    inf.add_argument("--kv-dtype", default="bf16", help="KV-cache dtype")
+    inf.add_argument("--tp", default="1", help="tensor-parallel degree")
+    inf.add_argument("--overhead", default=format_bytes(Ledger.overhead_bytes, digits=0).replace(" ", ""),
+                     help="runtime overhead (CUDA context, workspace)")
+    inf.add_argument("--units", default=UNITS[0], help="GB (10^9 bytes) or GiB (2^30 bytes)")
+    inf.add_argument("--gpu-memory", default=next(iter(GPU_MEMORY)),
+                     help=f"GPU memory for the fits verdict: bytes (80GB) or one of {_one_of(GPU_MEMORY)}")
+    inf.add_argument("--json", action="store_true", help="one JSON object with exact integer bytes")
+    for name, text in (("presets", "list the presets and their architecture"),
+                       ("recipes", "list the precision/optimizer recipes"),
+                       ("claims", "the article audit: each claim, stated vs computed, status")):
+        sub.add_parser(name, help=text).add_argument("--json", action="store_true", help="print JSON")
+    return top
+
+
+def _model_options(parser):
+    arch = parser.add_argument_group("model (a preset, a parameter count, or a shape)")
+    arch.add_argument("--preset", help=f"one of: {_one_of(all_presets())}")
+    arch.add_argument("--config", help="a Hugging Face config.json (or its folder), read offline; model types: "
+                      + _one_of(SUPPORTED))
     arch.add_argument("--params", help="parameter count, e.g. 7e9 (alone: model states only)")
     arch.add_argument("--hidden", help="hidden size d")
     arch.add_argument("--layers", help="number of layers L")
@@ -57,7 +92,11 @@ def _parser():
     arch.add_argument("--ffn", help="MLP intermediate size (default: 4d)")
     arch.add_argument("--vocab", help=f"vocabulary size (default: {Architecture.vocab_size})")
     arch.add_argument("--style", help=f"block style: gpt or llama (default: {Architecture.style})")
-    run = led.add_argument_group("workload and strategy")
+
+
+def _ledger_options(parser):
+    _model_options(parser)
+    run = parser.add_argument_group("workload and strategy")
     run.add_argument("--batch", help=f"micro-batch size B (default: {Ledger.batch_size})")
     run.add_argument("--seq", help=f"sequence length S (default: {Ledger.seq_len})")
     run.add_argument("--recipe", default=Ledger.recipe, help=f"one of: {_one_of(RECIPES)}")
@@ -76,17 +115,12 @@ def _parser():
                           "(only BF16 params stay)")
     run.add_argument("--overhead", default=format_bytes(Ledger.overhead_bytes, digits=0).replace(" ", ""),
                      help="runtime overhead (CUDA context, workspace), e.g. 2GB or 1500000000")
-    out = led.add_argument_group("output")
+    out = parser.add_argument_group("output")
     out.add_argument("--units", default=UNITS[0], help="GB (10^9 bytes) or GiB (2^30 bytes)")
     out.add_argument("--gpu-memory", default=next(iter(GPU_MEMORY)),
                      help=f"GPU memory for the fits verdict: bytes (80GB) or one of {_one_of(GPU_MEMORY)}")
     out.add_argument("--link", default="pcie4-x16", help=f"host link for offload time: {_one_of(HOST_LINKS)}")
     out.add_argument("--json", action="store_true", help="one JSON object with exact integer bytes")
-    for name, text in (("presets", "list the presets and their architecture"),
-                       ("recipes", "list the precision/optimizer recipes"),
-                       ("claims", "the article audit: each claim, stated vs computed, status")):
-        sub.add_parser(name, help=text).add_argument("--json", action="store_true", help="print JSON")
-    return top
 
 
 def _architecture(a):
@@ -94,6 +128,11 @@ def _architecture(a):
     given = {k: parse_count(v, k) for k, v in shape.items() if v is not None}
     if a.style is not None:
         given["style"] = a.style
+    if a.preset is not None and a.config is not None:
+        raise ValueError("give --preset or --config, not both")
+    if a.config is not None:
+        base = Architecture.from_hf_config(a.config, description=f"from {a.config}")
+        return base.with_changes(**given) if given else base
     if a.preset is not None:
         return get_preset(a.preset).with_changes(**given) if given else get_preset(a.preset)
     if not given:
@@ -116,10 +155,10 @@ def build_ledger(a) -> Ledger:
     """The :class:`Ledger` that parsed ``ledger`` arguments describe; refuses options it would ignore."""
     arch = _architecture(a)
     if a.params is not None and arch is not None:
-        raise ValueError("--params is the whole model; it cannot be combined with --preset or a shape "
+        raise ValueError("--params is the whole model; it cannot be combined with --preset, --config or a shape "
                          "(--hidden/--layers/--heads/--ffn/--vocab/--style)")
     if arch is None and a.params is None:
-        raise ValueError("give a model: --preset NAME, --params N, or --hidden D --layers L --heads H")
+        raise ValueError("give a model: --preset NAME, --config FILE, --params N, or --hidden D --layers L --heads H")
     if arch is None:
         needs = [flag for flag, used in (("--batch", a.batch), ("--seq", a.seq), ("--recompute", a.recompute != "none"),
                                          ("--flash-attention", a.flash_attention), ("--no-dropout", a.no_dropout),
@@ -158,10 +197,14 @@ def gpu_bytes(text: str) -> int:
 def _ledger(a):
     ledger = build_ledger(a)
     memory = gpu_bytes(a.gpu_memory)
+    from .cli_models import pipeline_section, pipeline_text
+    pipe = pipeline_section(a, ledger, memory)
     traffic = ledger.traffic
     if a.json:
         import json
         data = ledger.to_dict()
+        if pipe is not None:
+            data["pipeline"] = pipe
         data["gpu_memory"] = memory
         data["fits"] = ledger.fits(memory)
         data["traffic"]["link"] = a.link
@@ -177,6 +220,8 @@ def _ledger(a):
                      f"CPU->GPU {format_bytes(traffic.cpu_to_gpu, a.units)}: "
                      f"{float(traffic.pcie_seconds(a.link)):.2f} s one after the other, "
                      f"{float(traffic.pcie_seconds(a.link, duplex=True)):.2f} s overlapped.")
+    if pipe is not None:
+        lines += ["", pipeline_text(pipe, a.units)]
     if traffic.nvme_read:
         slow, fast = NVME_LINKS
         lines.append(f"NVMe per step: read {format_bytes(traffic.nvme_read, a.units)}, write "
@@ -189,13 +234,15 @@ def _ledger(a):
 def _presets(a):
     data = {name: {"d_model": p.d_model, "n_layers": p.n_layers, "n_heads": p.n_heads, "d_ff": p.d_ff,
                    "vocab_size": p.vocab_size, "style": p.style, "n_params": p.params,
-                   "computed_params": p.computed_params, "description": p.description}
-            for name, p in PRESETS.items()}
+                   "computed_params": p.computed_params, "n_kv_heads": p.kv_heads, "head_dim": p.head_dim,
+                   "n_experts": p.n_experts, "top_k": p.top_k, "active_params": p.active_params,
+                   "description": p.description}
+            for name, p in all_presets().items()}
     if a.json:
         import json
         return json.dumps(data, indent=2)
-    head = f"{'preset':<13} {'style':<6} {'d':>6} {'L':>4} {'H':>4} {'d_ff':>7} {'vocab':>6} {'params':>17}"
-    rows = [f"{n:<13} {p['style']:<6} {p['d_model']:>6} {p['n_layers']:>4} {p['n_heads']:>4} {p['d_ff']:>7} "
+    head = f"{'preset':<17} {'style':<6} {'d':>6} {'L':>4} {'H':>4} {'d_ff':>7} {'vocab':>6} {'params':>17}"
+    rows = [f"{n:<17} {p['style']:<6} {p['d_model']:>6} {p['n_layers']:>4} {p['n_heads']:>4} {p['d_ff']:>7} "
             f"{p['vocab_size']:>6} {p['n_params']:>17,}  {p['description']}" for n, p in data.items()]
     return "\n".join([head] + rows)
 
@@ -230,7 +277,11 @@ def main(argv=None) -> int:
         a = _parser().parse_args(argv)
         if a.command is None:
             raise ValueError(f"choose a command: {_one_of(COMMANDS)} (see memledger --help)")
-        text = {"ledger": _ledger, "presets": _presets, "recipes": _recipes, "claims": _claims}[a.command](a)
+        if a.command in ("fit", "infer"):
+            from . import cli_models
+            text = getattr(cli_models, a.command)(a)
+        else:
+            text = {"ledger": _ledger, "presets": _presets, "recipes": _recipes, "claims": _claims}[a.command](a)
     except (ValueError, TypeError) as e:
         print(f"memledger: error: {_one_line(e)}", file=sys.stderr)
         return 2

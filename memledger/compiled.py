@@ -591,23 +591,539 @@ def _f145(B, L, S, d, t):
     return 2*B*L*S*d/t
 
 
-def _f146(F, V, d, t):
+def _f146(B, F, H, L, S, d, d_h):
+    return L*(8*B*F*S + 2*B*H*S**2 + 8*B*H*S*d_h + 8*B*S*d)
+
+
+def _f147(B, F, H, L, S, d, d_h, t):
+    return L*(8*B*F*S/t + 2*B*H*S**2/t + 8*B*H*S*d_h/t + 8*B*S*d)
+
+
+def _f148(B, F, H, L, S, d, d_h, t):
+    return L*(8*B*F*S/t + 2*B*H*S**2/t + 8*B*H*S*d_h/t + 8*B*S*d/t)
+
+
+def _f149(B, F, H, L, S, d, d_h):
+    return L*(8*B*F*S + 8*B*H*S*d_h + 8*B*S*d)
+
+
+def _f150(B, F, H, L, S, d, d_h, t):
+    return L*(8*B*F*S/t + 8*B*H*S*d_h/t + 8*B*S*d)
+
+
+def _f151(B, F, H, L, S, d, d_h, t):
+    return L*(8*B*F*S/t + 8*B*H*S*d_h/t + 8*B*S*d/t)
+
+
+def _f152(B, L, S, d):
+    return 2*B*L*S*d
+
+
+def _f153(B, L, S, d):
+    return 2*B*L*S*d
+
+
+def _f154(B, L, S, d, t):
+    return 2*B*L*S*d/t
+
+
+def _f155(B, F, H, L, S, d, d_h):
+    return L*(8*B*F*S + 8*B*H*S*d_h + 4*B*H*S + 8*B*S*d)
+
+
+def _f156(B, F, H, L, S, d, d_h, t):
+    return L*(8*B*F*S/t + 8*B*H*S*d_h/t + 4*B*H*S/t + 8*B*S*d)
+
+
+def _f157(B, F, H, L, S, d, d_h, t):
+    return L*(8*B*F*S/t + 8*B*H*S*d_h/t + 4*B*H*S/t + 8*B*S*d/t)
+
+
+def _f158(B, F, H, L, S, d, d_h):
+    return L*(8*B*F*S + 8*B*H*S*d_h + 4*B*H*S + 8*B*S*d)
+
+
+def _f159(B, F, H, L, S, d, d_h, t):
+    return L*(8*B*F*S/t + 8*B*H*S*d_h/t + 4*B*H*S/t + 8*B*S*d)
+
+
+def _f160(B, F, H, L, S, d, d_h, t):
+    return L*(8*B*F*S/t + 8*B*H*S*d_h/t + 4*B*H*S/t + 8*B*S*d/t)
+
+
+def _f161(B, L, S, d):
+    return 2*B*L*S*d
+
+
+def _f162(B, L, S, d):
+    return 2*B*L*S*d
+
+
+def _f163(B, L, S, d, t):
+    return 2*B*L*S*d/t
+
+
+def _f164(B, F, H, L, S, d, d_h):
+    return L*(8*B*F*S + 5*B*H*S**2 + 8*B*H*S*d_h + 10*B*S*d)
+
+
+def _f165(B, F, H, L, S, d, d_h, t):
+    return L*(8*B*F*S/t + 5*B*H*S**2/t + 8*B*H*S*d_h/t + 10*B*S*d)
+
+
+def _f166(B, F, H, L, S, d, d_h, t):
+    return L*(8*B*F*S/t + 5*B*H*S**2/t + 8*B*H*S*d_h/t + 10*B*S*d/t)
+
+
+def _f167(B, F, H, L, S, d, d_h):
+    return L*(8*B*F*S + 8*B*H*S*d_h + 10*B*S*d)
+
+
+def _f168(B, F, H, L, S, d, d_h, t):
+    return L*(8*B*F*S/t + 8*B*H*S*d_h/t + 10*B*S*d)
+
+
+def _f169(B, F, H, L, S, d, d_h, t):
+    return L*(8*B*F*S/t + 8*B*H*S*d_h/t + 10*B*S*d/t)
+
+
+def _f170(B, L, S, d):
+    return 2*B*L*S*d
+
+
+def _f171(B, L, S, d):
+    return 2*B*L*S*d
+
+
+def _f172(B, L, S, d, t):
+    return 2*B*L*S*d/t
+
+
+def _f173(B, F, H, L, S, d, d_h):
+    return L*(8*B*F*S + 8*B*H*S*d_h + 4*B*H*S + 10*B*S*d)
+
+
+def _f174(B, F, H, L, S, d, d_h, t):
+    return L*(8*B*F*S/t + 8*B*H*S*d_h/t + 4*B*H*S/t + 10*B*S*d)
+
+
+def _f175(B, F, H, L, S, d, d_h, t):
+    return L*(8*B*F*S/t + 8*B*H*S*d_h/t + 4*B*H*S/t + 10*B*S*d/t)
+
+
+def _f176(B, F, H, L, S, d, d_h):
+    return L*(8*B*F*S + 8*B*H*S*d_h + 4*B*H*S + 10*B*S*d)
+
+
+def _f177(B, F, H, L, S, d, d_h, t):
+    return L*(8*B*F*S/t + 8*B*H*S*d_h/t + 4*B*H*S/t + 10*B*S*d)
+
+
+def _f178(B, F, H, L, S, d, d_h, t):
+    return L*(8*B*F*S/t + 8*B*H*S*d_h/t + 4*B*H*S/t + 10*B*S*d/t)
+
+
+def _f179(B, L, S, d):
+    return 2*B*L*S*d
+
+
+def _f180(B, L, S, d):
+    return 2*B*L*S*d
+
+
+def _f181(B, L, S, d, t):
+    return 2*B*L*S*d/t
+
+
+def _f182(B, F, H, H_kv, L, S, d):
+    return L*(8*B*F*S + 2*B*H*S**2 + 12*B*S*d + 4*B*H_kv*S*d/H)
+
+
+def _f183(B, F, H, H_kv, L, S, d, t):
+    return L*(8*B*F*S/t + 2*B*H*S**2/t + 8*B*S*d + 4*B*S*d/t + 4*B*H_kv*S*d/(H*t))
+
+
+def _f184(B, F, H, H_kv, L, S, d, t):
+    return L*(8*B*F*S/t + 2*B*H*S**2/t + 12*B*S*d/t + 4*B*H_kv*S*d/(H*t))
+
+
+def _f185(B, F, H, H_kv, L, S, d):
+    return L*(8*B*F*S + 12*B*S*d + 4*B*H_kv*S*d/H)
+
+
+def _f186(B, F, H, H_kv, L, S, d, t):
+    return L*(8*B*F*S/t + 8*B*S*d + 4*B*S*d/t + 4*B*H_kv*S*d/(H*t))
+
+
+def _f187(B, F, H, H_kv, L, S, d, t):
+    return L*(8*B*F*S/t + 12*B*S*d/t + 4*B*H_kv*S*d/(H*t))
+
+
+def _f188(B, L, S, d):
+    return 2*B*L*S*d
+
+
+def _f189(B, L, S, d):
+    return 2*B*L*S*d
+
+
+def _f190(B, L, S, d, t):
+    return 2*B*L*S*d/t
+
+
+def _f191(B, F, H, H_kv, L, S, d):
+    return L*(8*B*F*S + 4*B*H*S + 12*B*S*d + 4*B*H_kv*S*d/H)
+
+
+def _f192(B, F, H, H_kv, L, S, d, t):
+    return L*(8*B*F*S/t + 4*B*H*S/t + 8*B*S*d + 4*B*S*d/t + 4*B*H_kv*S*d/(H*t))
+
+
+def _f193(B, F, H, H_kv, L, S, d, t):
+    return L*(8*B*F*S/t + 4*B*H*S/t + 12*B*S*d/t + 4*B*H_kv*S*d/(H*t))
+
+
+def _f194(B, F, H, H_kv, L, S, d):
+    return L*(8*B*F*S + 4*B*H*S + 12*B*S*d + 4*B*H_kv*S*d/H)
+
+
+def _f195(B, F, H, H_kv, L, S, d, t):
+    return L*(8*B*F*S/t + 4*B*H*S/t + 8*B*S*d + 4*B*S*d/t + 4*B*H_kv*S*d/(H*t))
+
+
+def _f196(B, F, H, H_kv, L, S, d, t):
+    return L*(8*B*F*S/t + 4*B*H*S/t + 12*B*S*d/t + 4*B*H_kv*S*d/(H*t))
+
+
+def _f197(B, L, S, d):
+    return 2*B*L*S*d
+
+
+def _f198(B, L, S, d):
+    return 2*B*L*S*d
+
+
+def _f199(B, L, S, d, t):
+    return 2*B*L*S*d/t
+
+
+def _f200(B, F, H, H_kv, L, S, d):
+    return L*(8*B*F*S + 5*B*H*S**2 + 14*B*S*d + 4*B*H_kv*S*d/H)
+
+
+def _f201(B, F, H, H_kv, L, S, d, t):
+    return L*(8*B*F*S/t + 5*B*H*S**2/t + 10*B*S*d + 4*B*S*d/t + 4*B*H_kv*S*d/(H*t))
+
+
+def _f202(B, F, H, H_kv, L, S, d, t):
+    return L*(8*B*F*S/t + 5*B*H*S**2/t + 14*B*S*d/t + 4*B*H_kv*S*d/(H*t))
+
+
+def _f203(B, F, H, H_kv, L, S, d):
+    return L*(8*B*F*S + 14*B*S*d + 4*B*H_kv*S*d/H)
+
+
+def _f204(B, F, H, H_kv, L, S, d, t):
+    return L*(8*B*F*S/t + 10*B*S*d + 4*B*S*d/t + 4*B*H_kv*S*d/(H*t))
+
+
+def _f205(B, F, H, H_kv, L, S, d, t):
+    return L*(8*B*F*S/t + 14*B*S*d/t + 4*B*H_kv*S*d/(H*t))
+
+
+def _f206(B, L, S, d):
+    return 2*B*L*S*d
+
+
+def _f207(B, L, S, d):
+    return 2*B*L*S*d
+
+
+def _f208(B, L, S, d, t):
+    return 2*B*L*S*d/t
+
+
+def _f209(B, F, H, H_kv, L, S, d):
+    return L*(8*B*F*S + 4*B*H*S + 14*B*S*d + 4*B*H_kv*S*d/H)
+
+
+def _f210(B, F, H, H_kv, L, S, d, t):
+    return L*(8*B*F*S/t + 4*B*H*S/t + 10*B*S*d + 4*B*S*d/t + 4*B*H_kv*S*d/(H*t))
+
+
+def _f211(B, F, H, H_kv, L, S, d, t):
+    return L*(8*B*F*S/t + 4*B*H*S/t + 14*B*S*d/t + 4*B*H_kv*S*d/(H*t))
+
+
+def _f212(B, F, H, H_kv, L, S, d):
+    return L*(8*B*F*S + 4*B*H*S + 14*B*S*d + 4*B*H_kv*S*d/H)
+
+
+def _f213(B, F, H, H_kv, L, S, d, t):
+    return L*(8*B*F*S/t + 4*B*H*S/t + 10*B*S*d + 4*B*S*d/t + 4*B*H_kv*S*d/(H*t))
+
+
+def _f214(B, F, H, H_kv, L, S, d, t):
+    return L*(8*B*F*S/t + 4*B*H*S/t + 14*B*S*d/t + 4*B*H_kv*S*d/(H*t))
+
+
+def _f215(B, L, S, d):
+    return 2*B*L*S*d
+
+
+def _f216(B, L, S, d):
+    return 2*B*L*S*d
+
+
+def _f217(B, L, S, d, t):
+    return 2*B*L*S*d/t
+
+
+def _f218(B, E, F, H, H_kv, L, S, d, k):
+    return L*(4*B*E*S + 8*B*F*S*k + 2*B*H*S**2 + 4*B*S*d*k + 12*B*S*d + 10*B*S*k + 4*B*H_kv*S*d/H)
+
+
+def _f219(B, E, F, H, H_kv, L, S, d, k, t):
+    return L*(4*B*E*S + 8*B*F*S*k/t + 2*B*H*S**2/t + 4*B*S*d*k + 8*B*S*d + 4*B*S*d/t + 10*B*S*k + 4*B*H_kv*S*d/(H*t))
+
+
+def _f220(B, E, F, H, H_kv, L, S, d, k, t):
+    return L*(4*B*E*S/t + 8*B*F*S*k/t + 2*B*H*S**2/t + 4*B*S*d*k/t + 12*B*S*d/t + 10*B*S*k/t + 4*B*H_kv*S*d/(H*t))
+
+
+def _f221(B, E, F, H, H_kv, L, S, d, k):
+    return L*(4*B*E*S + 8*B*F*S*k + 4*B*S*d*k + 12*B*S*d + 10*B*S*k + 4*B*H_kv*S*d/H)
+
+
+def _f222(B, E, F, H, H_kv, L, S, d, k, t):
+    return L*(4*B*E*S + 8*B*F*S*k/t + 4*B*S*d*k + 8*B*S*d + 4*B*S*d/t + 10*B*S*k + 4*B*H_kv*S*d/(H*t))
+
+
+def _f223(B, E, F, H, H_kv, L, S, d, k, t):
+    return L*(4*B*E*S/t + 8*B*F*S*k/t + 4*B*S*d*k/t + 12*B*S*d/t + 10*B*S*k/t + 4*B*H_kv*S*d/(H*t))
+
+
+def _f224(B, L, S, d):
+    return 2*B*L*S*d
+
+
+def _f225(B, L, S, d):
+    return 2*B*L*S*d
+
+
+def _f226(B, L, S, d, t):
+    return 2*B*L*S*d/t
+
+
+def _f227(B, E, F, H, H_kv, L, S, d, k):
+    return L*(4*B*E*S + 8*B*F*S*k + 4*B*H*S + 4*B*S*d*k + 12*B*S*d + 10*B*S*k + 4*B*H_kv*S*d/H)
+
+
+def _f228(B, E, F, H, H_kv, L, S, d, k, t):
+    return L*(4*B*E*S + 8*B*F*S*k/t + 4*B*H*S/t + 4*B*S*d*k + 8*B*S*d + 4*B*S*d/t + 10*B*S*k + 4*B*H_kv*S*d/(H*t))
+
+
+def _f229(B, E, F, H, H_kv, L, S, d, k, t):
+    return L*(4*B*E*S/t + 8*B*F*S*k/t + 4*B*H*S/t + 4*B*S*d*k/t + 12*B*S*d/t + 10*B*S*k/t + 4*B*H_kv*S*d/(H*t))
+
+
+def _f230(B, E, F, H, H_kv, L, S, d, k):
+    return L*(4*B*E*S + 8*B*F*S*k + 4*B*H*S + 4*B*S*d*k + 12*B*S*d + 10*B*S*k + 4*B*H_kv*S*d/H)
+
+
+def _f231(B, E, F, H, H_kv, L, S, d, k, t):
+    return L*(4*B*E*S + 8*B*F*S*k/t + 4*B*H*S/t + 4*B*S*d*k + 8*B*S*d + 4*B*S*d/t + 10*B*S*k + 4*B*H_kv*S*d/(H*t))
+
+
+def _f232(B, E, F, H, H_kv, L, S, d, k, t):
+    return L*(4*B*E*S/t + 8*B*F*S*k/t + 4*B*H*S/t + 4*B*S*d*k/t + 12*B*S*d/t + 10*B*S*k/t + 4*B*H_kv*S*d/(H*t))
+
+
+def _f233(B, L, S, d):
+    return 2*B*L*S*d
+
+
+def _f234(B, L, S, d):
+    return 2*B*L*S*d
+
+
+def _f235(B, L, S, d, t):
+    return 2*B*L*S*d/t
+
+
+def _f236(B, E, F, H, H_kv, L, S, d, k):
+    return L*(4*B*E*S + 8*B*F*S*k + 5*B*H*S**2 + 4*B*S*d*k + 14*B*S*d + 10*B*S*k + 4*B*H_kv*S*d/H)
+
+
+def _f237(B, E, F, H, H_kv, L, S, d, k, t):
+    return L*(4*B*E*S + 8*B*F*S*k/t + 5*B*H*S**2/t + 4*B*S*d*k + 10*B*S*d + 4*B*S*d/t + 10*B*S*k + 4*B*H_kv*S*d/(H*t))
+
+
+def _f238(B, E, F, H, H_kv, L, S, d, k, t):
+    return L*(4*B*E*S/t + 8*B*F*S*k/t + 5*B*H*S**2/t + 4*B*S*d*k/t + 14*B*S*d/t + 10*B*S*k/t + 4*B*H_kv*S*d/(H*t))
+
+
+def _f239(B, E, F, H, H_kv, L, S, d, k):
+    return L*(4*B*E*S + 8*B*F*S*k + 4*B*S*d*k + 14*B*S*d + 10*B*S*k + 4*B*H_kv*S*d/H)
+
+
+def _f240(B, E, F, H, H_kv, L, S, d, k, t):
+    return L*(4*B*E*S + 8*B*F*S*k/t + 4*B*S*d*k + 10*B*S*d + 4*B*S*d/t + 10*B*S*k + 4*B*H_kv*S*d/(H*t))
+
+
+def _f241(B, E, F, H, H_kv, L, S, d, k, t):
+    return L*(4*B*E*S/t + 8*B*F*S*k/t + 4*B*S*d*k/t + 14*B*S*d/t + 10*B*S*k/t + 4*B*H_kv*S*d/(H*t))
+
+
+def _f242(B, L, S, d):
+    return 2*B*L*S*d
+
+
+def _f243(B, L, S, d):
+    return 2*B*L*S*d
+
+
+def _f244(B, L, S, d, t):
+    return 2*B*L*S*d/t
+
+
+def _f245(B, E, F, H, H_kv, L, S, d, k):
+    return L*(4*B*E*S + 8*B*F*S*k + 4*B*H*S + 4*B*S*d*k + 14*B*S*d + 10*B*S*k + 4*B*H_kv*S*d/H)
+
+
+def _f246(B, E, F, H, H_kv, L, S, d, k, t):
+    return L*(4*B*E*S + 8*B*F*S*k/t + 4*B*H*S/t + 4*B*S*d*k + 10*B*S*d + 4*B*S*d/t + 10*B*S*k + 4*B*H_kv*S*d/(H*t))
+
+
+def _f247(B, E, F, H, H_kv, L, S, d, k, t):
+    return L*(4*B*E*S/t + 8*B*F*S*k/t + 4*B*H*S/t + 4*B*S*d*k/t + 14*B*S*d/t + 10*B*S*k/t + 4*B*H_kv*S*d/(H*t))
+
+
+def _f248(B, E, F, H, H_kv, L, S, d, k):
+    return L*(4*B*E*S + 8*B*F*S*k + 4*B*H*S + 4*B*S*d*k + 14*B*S*d + 10*B*S*k + 4*B*H_kv*S*d/H)
+
+
+def _f249(B, E, F, H, H_kv, L, S, d, k, t):
+    return L*(4*B*E*S + 8*B*F*S*k/t + 4*B*H*S/t + 4*B*S*d*k + 10*B*S*d + 4*B*S*d/t + 10*B*S*k + 4*B*H_kv*S*d/(H*t))
+
+
+def _f250(B, E, F, H, H_kv, L, S, d, k, t):
+    return L*(4*B*E*S/t + 8*B*F*S*k/t + 4*B*H*S/t + 4*B*S*d*k/t + 14*B*S*d/t + 10*B*S*k/t + 4*B*H_kv*S*d/(H*t))
+
+
+def _f251(B, L, S, d):
+    return 2*B*L*S*d
+
+
+def _f252(B, L, S, d):
+    return 2*B*L*S*d
+
+
+def _f253(B, L, S, d, t):
+    return 2*B*L*S*d/t
+
+
+def _f254(F, V, d, t):
     return math.ceil(max(V*d, 2*F*d + F + 4*d**2 + 9*d)/t)
 
 
-def _f147(F, V, d, t):
+def _f255(F, V, d, t):
     return math.ceil(max(V*d, 3*F*d + 4*d**2 + 2*d)/t)
 
 
-def _f148(F, L, V, d, n_positions):
-    return 4*L*d + L*(4*d**2 + 4*d) + L*(2*F*d + F + d) + V*d + d*n_positions + 2*d
+def _f256(F, V, d, t):
+    return math.ceil(max(V*d, 2*F*d + F + 4*d**2 + 9*d)/t)
 
 
-def _f149(F, L, V, d):
+def _f257(F, V, d, t):
+    return math.ceil(max(V*d, 3*F*d + 4*d**2 + 2*d)/t)
+
+
+def _f258(F, V, d, t):
+    return math.ceil(max(V*d, 2*F*d + F + 4*d**2 + 9*d)/t)
+
+
+def _f259(F, H, H_kv, V, d, t):
+    return math.ceil(max(V*d, 3*F*d + 2*d**2 + 2*d + 2*H_kv*d**2/H)/t)
+
+
+def _f260(E, F, H, H_kv, V, d, t):
+    return math.ceil(max(V*d, 3*E*F*d + E*d + 2*d**2 + 2*d + 2*H_kv*d**2/H)/t)
+
+
+def _f261(F, H, H_kv, V, d, t):
+    return math.ceil(max(V*d, 3*F*d + 2*d**2 + 3*d + 2*H_kv*d**2/H + 2*H_kv*d/H)/t)
+
+
+def _f262(F, H, H_kv, V, d, t):
+    return math.ceil(max(V*d, 3*F*d + 2*d**2 + 3*d + 2*H_kv*d**2/H + 2*H_kv*d/H)/t)
+
+
+def _f263(F, H, H_kv, V, d, t):
+    return math.ceil(max(V*d, 3*F*d + 2*d**2 + 2*d + 2*H_kv*d**2/H)/t)
+
+
+def _f264(F, H, V, d, d_h, t):
+    return math.ceil(max(V*d, 3*F*d + 4*H*d*d_h + 2*d)/t)
+
+
+def _f265(F, V, d, t):
+    return math.ceil(max(V*d, 2*F*d + F + 4*d**2 + 9*d)/t)
+
+
+def _f266(F, L, V, d):
+    return 4*L*d + L*(4*d**2 + 4*d) + L*(2*F*d + F + d) + V*d + 2*d
+
+
+def _f267(F, L, V, d):
     return 3*F*L*d + 4*L*d**2 + 2*L*d + 2*V*d + d
 
 
-def _f150(O):
+def _f268(F, L, V, d):
+    return 4*L*d + L*(4*d**2 + 4*d) + L*(2*F*d + F + d) + V*d + 2*d
+
+
+def _f269(F, L, V, d):
+    return 3*F*L*d + 4*L*d**2 + 2*L*d + 2*V*d + d
+
+
+def _f270(F, L, V, d, n_positions):
+    return 4*L*d + L*(4*d**2 + 4*d) + L*(2*F*d + F + d) + V*d + d*n_positions + 2*d
+
+
+def _f271(F, H, H_kv, L, V, d):
+    return 3*F*L*d + 2*L*d + L*(2*d**2 + 2*H_kv*d**2/H) + 2*V*d + d
+
+
+def _f272(E, F, H, H_kv, L, V, d):
+    return 3*E*F*L*d + E*L*d + 2*L*d + L*(2*d**2 + 2*H_kv*d**2/H) + 2*V*d + d
+
+
+def _f273(F, H, H_kv, L, V, d):
+    return 3*F*L*d + 2*L*d + L*(2*d**2 + d + 2*H_kv*d**2/H + 2*H_kv*d/H) + 2*V*d + d
+
+
+def _f274(F, H, H_kv, L, V, d):
+    return 3*F*L*d + 2*L*d + L*(2*d**2 + d + 2*H_kv*d**2/H + 2*H_kv*d/H) + V*d + d
+
+
+def _f275(F, H, H_kv, L, V, d):
+    return 3*F*L*d + 2*L*d + L*(2*d**2 + 2*H_kv*d**2/H) + V*d + d
+
+
+def _f276(F, H, L, V, d, d_h):
+    return 3*F*L*d + 4*H*L*d*d_h + 2*L*d + V*d + d
+
+
+def _f277(F, L, V, d, n_positions, n_token_types):
+    return 4*L*d + L*(4*d**2 + 4*d) + L*(2*F*d + F + d) + V*d + d**2 + d*n_positions + d*n_token_types + 3*d
+
+
+def _f278(E, F, H, H_kv, L, V, d, k):
+    return E*L*d + 3*F*L*d*k + 2*L*d + L*(2*d**2 + 2*H_kv*d**2/H) + 2*V*d + d
+
+
+def _f279(O):
     return O
 
 
@@ -758,9 +1274,138 @@ FUNCTIONS = {
     ('activations', 'swiglu', 'RMSNorm', True, True, 'full', False, False): (_f143, ('B', 'L', 'S', 'd'), '2*B*L*S*d'),
     ('activations', 'swiglu', 'RMSNorm', True, True, 'full', True, False): (_f144, ('B', 'L', 'S', 'd'), '2*B*L*S*d'),
     ('activations', 'swiglu', 'RMSNorm', True, True, 'full', True, True): (_f145, ('B', 'L', 'S', 'd', 't'), '2*B*L*S*d/t'),
-    ('largest unit', 'gpt'): (_f146, ('F', 'V', 'd', 't'), 'ceiling(Max(V*d, 2*F*d + F + 4*d**2 + 9*d)/t)'),
-    ('largest unit', 'llama'): (_f147, ('F', 'V', 'd', 't'), 'ceiling(Max(V*d, 3*F*d + 4*d**2 + 2*d)/t)'),
-    ('params', 'gpt'): (_f148, ('F', 'L', 'V', 'd', 'n_positions'), '4*L*d + L*(4*d**2 + 4*d) + L*(2*F*d + F + d) + V*d + d*n_positions + 2*d'),
-    ('params', 'llama'): (_f149, ('F', 'L', 'V', 'd'), '3*F*L*d + 4*L*d**2 + 2*L*d + 2*V*d + d'),
-    ('symbol', 'O'): (_f150, ('O',), 'O'),
+    ('activations', 'swiglu', 'RMSNorm', False, False, 'none', False, False, False, True, False): (_f146, ('B', 'F', 'H', 'L', 'S', 'd', 'd_h'), 'L*(8*B*F*S + 2*B*H*S**2 + 8*B*H*S*d_h + 8*B*S*d)'),
+    ('activations', 'swiglu', 'RMSNorm', False, False, 'none', True, False, False, True, False): (_f147, ('B', 'F', 'H', 'L', 'S', 'd', 'd_h', 't'), 'L*(8*B*F*S/t + 2*B*H*S**2/t + 8*B*H*S*d_h/t + 8*B*S*d)'),
+    ('activations', 'swiglu', 'RMSNorm', False, False, 'none', True, True, False, True, False): (_f148, ('B', 'F', 'H', 'L', 'S', 'd', 'd_h', 't'), 'L*(8*B*F*S/t + 2*B*H*S**2/t + 8*B*H*S*d_h/t + 8*B*S*d/t)'),
+    ('activations', 'swiglu', 'RMSNorm', False, False, 'selective', False, False, False, True, False): (_f149, ('B', 'F', 'H', 'L', 'S', 'd', 'd_h'), 'L*(8*B*F*S + 8*B*H*S*d_h + 8*B*S*d)'),
+    ('activations', 'swiglu', 'RMSNorm', False, False, 'selective', True, False, False, True, False): (_f150, ('B', 'F', 'H', 'L', 'S', 'd', 'd_h', 't'), 'L*(8*B*F*S/t + 8*B*H*S*d_h/t + 8*B*S*d)'),
+    ('activations', 'swiglu', 'RMSNorm', False, False, 'selective', True, True, False, True, False): (_f151, ('B', 'F', 'H', 'L', 'S', 'd', 'd_h', 't'), 'L*(8*B*F*S/t + 8*B*H*S*d_h/t + 8*B*S*d/t)'),
+    ('activations', 'swiglu', 'RMSNorm', False, False, 'full', False, False, False, True, False): (_f152, ('B', 'L', 'S', 'd'), '2*B*L*S*d'),
+    ('activations', 'swiglu', 'RMSNorm', False, False, 'full', True, False, False, True, False): (_f153, ('B', 'L', 'S', 'd'), '2*B*L*S*d'),
+    ('activations', 'swiglu', 'RMSNorm', False, False, 'full', True, True, False, True, False): (_f154, ('B', 'L', 'S', 'd', 't'), '2*B*L*S*d/t'),
+    ('activations', 'swiglu', 'RMSNorm', False, True, 'none', False, False, False, True, False): (_f155, ('B', 'F', 'H', 'L', 'S', 'd', 'd_h'), 'L*(8*B*F*S + 8*B*H*S*d_h + 4*B*H*S + 8*B*S*d)'),
+    ('activations', 'swiglu', 'RMSNorm', False, True, 'none', True, False, False, True, False): (_f156, ('B', 'F', 'H', 'L', 'S', 'd', 'd_h', 't'), 'L*(8*B*F*S/t + 8*B*H*S*d_h/t + 4*B*H*S/t + 8*B*S*d)'),
+    ('activations', 'swiglu', 'RMSNorm', False, True, 'none', True, True, False, True, False): (_f157, ('B', 'F', 'H', 'L', 'S', 'd', 'd_h', 't'), 'L*(8*B*F*S/t + 8*B*H*S*d_h/t + 4*B*H*S/t + 8*B*S*d/t)'),
+    ('activations', 'swiglu', 'RMSNorm', False, True, 'selective', False, False, False, True, False): (_f158, ('B', 'F', 'H', 'L', 'S', 'd', 'd_h'), 'L*(8*B*F*S + 8*B*H*S*d_h + 4*B*H*S + 8*B*S*d)'),
+    ('activations', 'swiglu', 'RMSNorm', False, True, 'selective', True, False, False, True, False): (_f159, ('B', 'F', 'H', 'L', 'S', 'd', 'd_h', 't'), 'L*(8*B*F*S/t + 8*B*H*S*d_h/t + 4*B*H*S/t + 8*B*S*d)'),
+    ('activations', 'swiglu', 'RMSNorm', False, True, 'selective', True, True, False, True, False): (_f160, ('B', 'F', 'H', 'L', 'S', 'd', 'd_h', 't'), 'L*(8*B*F*S/t + 8*B*H*S*d_h/t + 4*B*H*S/t + 8*B*S*d/t)'),
+    ('activations', 'swiglu', 'RMSNorm', False, True, 'full', False, False, False, True, False): (_f161, ('B', 'L', 'S', 'd'), '2*B*L*S*d'),
+    ('activations', 'swiglu', 'RMSNorm', False, True, 'full', True, False, False, True, False): (_f162, ('B', 'L', 'S', 'd'), '2*B*L*S*d'),
+    ('activations', 'swiglu', 'RMSNorm', False, True, 'full', True, True, False, True, False): (_f163, ('B', 'L', 'S', 'd', 't'), '2*B*L*S*d/t'),
+    ('activations', 'swiglu', 'RMSNorm', True, False, 'none', False, False, False, True, False): (_f164, ('B', 'F', 'H', 'L', 'S', 'd', 'd_h'), 'L*(8*B*F*S + 5*B*H*S**2 + 8*B*H*S*d_h + 10*B*S*d)'),
+    ('activations', 'swiglu', 'RMSNorm', True, False, 'none', True, False, False, True, False): (_f165, ('B', 'F', 'H', 'L', 'S', 'd', 'd_h', 't'), 'L*(8*B*F*S/t + 5*B*H*S**2/t + 8*B*H*S*d_h/t + 10*B*S*d)'),
+    ('activations', 'swiglu', 'RMSNorm', True, False, 'none', True, True, False, True, False): (_f166, ('B', 'F', 'H', 'L', 'S', 'd', 'd_h', 't'), 'L*(8*B*F*S/t + 5*B*H*S**2/t + 8*B*H*S*d_h/t + 10*B*S*d/t)'),
+    ('activations', 'swiglu', 'RMSNorm', True, False, 'selective', False, False, False, True, False): (_f167, ('B', 'F', 'H', 'L', 'S', 'd', 'd_h'), 'L*(8*B*F*S + 8*B*H*S*d_h + 10*B*S*d)'),
+    ('activations', 'swiglu', 'RMSNorm', True, False, 'selective', True, False, False, True, False): (_f168, ('B', 'F', 'H', 'L', 'S', 'd', 'd_h', 't'), 'L*(8*B*F*S/t + 8*B*H*S*d_h/t + 10*B*S*d)'),
+    ('activations', 'swiglu', 'RMSNorm', True, False, 'selective', True, True, False, True, False): (_f169, ('B', 'F', 'H', 'L', 'S', 'd', 'd_h', 't'), 'L*(8*B*F*S/t + 8*B*H*S*d_h/t + 10*B*S*d/t)'),
+    ('activations', 'swiglu', 'RMSNorm', True, False, 'full', False, False, False, True, False): (_f170, ('B', 'L', 'S', 'd'), '2*B*L*S*d'),
+    ('activations', 'swiglu', 'RMSNorm', True, False, 'full', True, False, False, True, False): (_f171, ('B', 'L', 'S', 'd'), '2*B*L*S*d'),
+    ('activations', 'swiglu', 'RMSNorm', True, False, 'full', True, True, False, True, False): (_f172, ('B', 'L', 'S', 'd', 't'), '2*B*L*S*d/t'),
+    ('activations', 'swiglu', 'RMSNorm', True, True, 'none', False, False, False, True, False): (_f173, ('B', 'F', 'H', 'L', 'S', 'd', 'd_h'), 'L*(8*B*F*S + 8*B*H*S*d_h + 4*B*H*S + 10*B*S*d)'),
+    ('activations', 'swiglu', 'RMSNorm', True, True, 'none', True, False, False, True, False): (_f174, ('B', 'F', 'H', 'L', 'S', 'd', 'd_h', 't'), 'L*(8*B*F*S/t + 8*B*H*S*d_h/t + 4*B*H*S/t + 10*B*S*d)'),
+    ('activations', 'swiglu', 'RMSNorm', True, True, 'none', True, True, False, True, False): (_f175, ('B', 'F', 'H', 'L', 'S', 'd', 'd_h', 't'), 'L*(8*B*F*S/t + 8*B*H*S*d_h/t + 4*B*H*S/t + 10*B*S*d/t)'),
+    ('activations', 'swiglu', 'RMSNorm', True, True, 'selective', False, False, False, True, False): (_f176, ('B', 'F', 'H', 'L', 'S', 'd', 'd_h'), 'L*(8*B*F*S + 8*B*H*S*d_h + 4*B*H*S + 10*B*S*d)'),
+    ('activations', 'swiglu', 'RMSNorm', True, True, 'selective', True, False, False, True, False): (_f177, ('B', 'F', 'H', 'L', 'S', 'd', 'd_h', 't'), 'L*(8*B*F*S/t + 8*B*H*S*d_h/t + 4*B*H*S/t + 10*B*S*d)'),
+    ('activations', 'swiglu', 'RMSNorm', True, True, 'selective', True, True, False, True, False): (_f178, ('B', 'F', 'H', 'L', 'S', 'd', 'd_h', 't'), 'L*(8*B*F*S/t + 8*B*H*S*d_h/t + 4*B*H*S/t + 10*B*S*d/t)'),
+    ('activations', 'swiglu', 'RMSNorm', True, True, 'full', False, False, False, True, False): (_f179, ('B', 'L', 'S', 'd'), '2*B*L*S*d'),
+    ('activations', 'swiglu', 'RMSNorm', True, True, 'full', True, False, False, True, False): (_f180, ('B', 'L', 'S', 'd'), '2*B*L*S*d'),
+    ('activations', 'swiglu', 'RMSNorm', True, True, 'full', True, True, False, True, False): (_f181, ('B', 'L', 'S', 'd', 't'), '2*B*L*S*d/t'),
+    ('activations', 'swiglu', 'RMSNorm', False, False, 'none', False, False, True, False, False): (_f182, ('B', 'F', 'H', 'H_kv', 'L', 'S', 'd'), 'L*(8*B*F*S + 2*B*H*S**2 + 12*B*S*d + 4*B*H_kv*S*d/H)'),
+    ('activations', 'swiglu', 'RMSNorm', False, False, 'none', True, False, True, False, False): (_f183, ('B', 'F', 'H', 'H_kv', 'L', 'S', 'd', 't'), 'L*(8*B*F*S/t + 2*B*H*S**2/t + 8*B*S*d + 4*B*S*d/t + 4*B*H_kv*S*d/(H*t))'),
+    ('activations', 'swiglu', 'RMSNorm', False, False, 'none', True, True, True, False, False): (_f184, ('B', 'F', 'H', 'H_kv', 'L', 'S', 'd', 't'), 'L*(8*B*F*S/t + 2*B*H*S**2/t + 12*B*S*d/t + 4*B*H_kv*S*d/(H*t))'),
+    ('activations', 'swiglu', 'RMSNorm', False, False, 'selective', False, False, True, False, False): (_f185, ('B', 'F', 'H', 'H_kv', 'L', 'S', 'd'), 'L*(8*B*F*S + 12*B*S*d + 4*B*H_kv*S*d/H)'),
+    ('activations', 'swiglu', 'RMSNorm', False, False, 'selective', True, False, True, False, False): (_f186, ('B', 'F', 'H', 'H_kv', 'L', 'S', 'd', 't'), 'L*(8*B*F*S/t + 8*B*S*d + 4*B*S*d/t + 4*B*H_kv*S*d/(H*t))'),
+    ('activations', 'swiglu', 'RMSNorm', False, False, 'selective', True, True, True, False, False): (_f187, ('B', 'F', 'H', 'H_kv', 'L', 'S', 'd', 't'), 'L*(8*B*F*S/t + 12*B*S*d/t + 4*B*H_kv*S*d/(H*t))'),
+    ('activations', 'swiglu', 'RMSNorm', False, False, 'full', False, False, True, False, False): (_f188, ('B', 'L', 'S', 'd'), '2*B*L*S*d'),
+    ('activations', 'swiglu', 'RMSNorm', False, False, 'full', True, False, True, False, False): (_f189, ('B', 'L', 'S', 'd'), '2*B*L*S*d'),
+    ('activations', 'swiglu', 'RMSNorm', False, False, 'full', True, True, True, False, False): (_f190, ('B', 'L', 'S', 'd', 't'), '2*B*L*S*d/t'),
+    ('activations', 'swiglu', 'RMSNorm', False, True, 'none', False, False, True, False, False): (_f191, ('B', 'F', 'H', 'H_kv', 'L', 'S', 'd'), 'L*(8*B*F*S + 4*B*H*S + 12*B*S*d + 4*B*H_kv*S*d/H)'),
+    ('activations', 'swiglu', 'RMSNorm', False, True, 'none', True, False, True, False, False): (_f192, ('B', 'F', 'H', 'H_kv', 'L', 'S', 'd', 't'), 'L*(8*B*F*S/t + 4*B*H*S/t + 8*B*S*d + 4*B*S*d/t + 4*B*H_kv*S*d/(H*t))'),
+    ('activations', 'swiglu', 'RMSNorm', False, True, 'none', True, True, True, False, False): (_f193, ('B', 'F', 'H', 'H_kv', 'L', 'S', 'd', 't'), 'L*(8*B*F*S/t + 4*B*H*S/t + 12*B*S*d/t + 4*B*H_kv*S*d/(H*t))'),
+    ('activations', 'swiglu', 'RMSNorm', False, True, 'selective', False, False, True, False, False): (_f194, ('B', 'F', 'H', 'H_kv', 'L', 'S', 'd'), 'L*(8*B*F*S + 4*B*H*S + 12*B*S*d + 4*B*H_kv*S*d/H)'),
+    ('activations', 'swiglu', 'RMSNorm', False, True, 'selective', True, False, True, False, False): (_f195, ('B', 'F', 'H', 'H_kv', 'L', 'S', 'd', 't'), 'L*(8*B*F*S/t + 4*B*H*S/t + 8*B*S*d + 4*B*S*d/t + 4*B*H_kv*S*d/(H*t))'),
+    ('activations', 'swiglu', 'RMSNorm', False, True, 'selective', True, True, True, False, False): (_f196, ('B', 'F', 'H', 'H_kv', 'L', 'S', 'd', 't'), 'L*(8*B*F*S/t + 4*B*H*S/t + 12*B*S*d/t + 4*B*H_kv*S*d/(H*t))'),
+    ('activations', 'swiglu', 'RMSNorm', False, True, 'full', False, False, True, False, False): (_f197, ('B', 'L', 'S', 'd'), '2*B*L*S*d'),
+    ('activations', 'swiglu', 'RMSNorm', False, True, 'full', True, False, True, False, False): (_f198, ('B', 'L', 'S', 'd'), '2*B*L*S*d'),
+    ('activations', 'swiglu', 'RMSNorm', False, True, 'full', True, True, True, False, False): (_f199, ('B', 'L', 'S', 'd', 't'), '2*B*L*S*d/t'),
+    ('activations', 'swiglu', 'RMSNorm', True, False, 'none', False, False, True, False, False): (_f200, ('B', 'F', 'H', 'H_kv', 'L', 'S', 'd'), 'L*(8*B*F*S + 5*B*H*S**2 + 14*B*S*d + 4*B*H_kv*S*d/H)'),
+    ('activations', 'swiglu', 'RMSNorm', True, False, 'none', True, False, True, False, False): (_f201, ('B', 'F', 'H', 'H_kv', 'L', 'S', 'd', 't'), 'L*(8*B*F*S/t + 5*B*H*S**2/t + 10*B*S*d + 4*B*S*d/t + 4*B*H_kv*S*d/(H*t))'),
+    ('activations', 'swiglu', 'RMSNorm', True, False, 'none', True, True, True, False, False): (_f202, ('B', 'F', 'H', 'H_kv', 'L', 'S', 'd', 't'), 'L*(8*B*F*S/t + 5*B*H*S**2/t + 14*B*S*d/t + 4*B*H_kv*S*d/(H*t))'),
+    ('activations', 'swiglu', 'RMSNorm', True, False, 'selective', False, False, True, False, False): (_f203, ('B', 'F', 'H', 'H_kv', 'L', 'S', 'd'), 'L*(8*B*F*S + 14*B*S*d + 4*B*H_kv*S*d/H)'),
+    ('activations', 'swiglu', 'RMSNorm', True, False, 'selective', True, False, True, False, False): (_f204, ('B', 'F', 'H', 'H_kv', 'L', 'S', 'd', 't'), 'L*(8*B*F*S/t + 10*B*S*d + 4*B*S*d/t + 4*B*H_kv*S*d/(H*t))'),
+    ('activations', 'swiglu', 'RMSNorm', True, False, 'selective', True, True, True, False, False): (_f205, ('B', 'F', 'H', 'H_kv', 'L', 'S', 'd', 't'), 'L*(8*B*F*S/t + 14*B*S*d/t + 4*B*H_kv*S*d/(H*t))'),
+    ('activations', 'swiglu', 'RMSNorm', True, False, 'full', False, False, True, False, False): (_f206, ('B', 'L', 'S', 'd'), '2*B*L*S*d'),
+    ('activations', 'swiglu', 'RMSNorm', True, False, 'full', True, False, True, False, False): (_f207, ('B', 'L', 'S', 'd'), '2*B*L*S*d'),
+    ('activations', 'swiglu', 'RMSNorm', True, False, 'full', True, True, True, False, False): (_f208, ('B', 'L', 'S', 'd', 't'), '2*B*L*S*d/t'),
+    ('activations', 'swiglu', 'RMSNorm', True, True, 'none', False, False, True, False, False): (_f209, ('B', 'F', 'H', 'H_kv', 'L', 'S', 'd'), 'L*(8*B*F*S + 4*B*H*S + 14*B*S*d + 4*B*H_kv*S*d/H)'),
+    ('activations', 'swiglu', 'RMSNorm', True, True, 'none', True, False, True, False, False): (_f210, ('B', 'F', 'H', 'H_kv', 'L', 'S', 'd', 't'), 'L*(8*B*F*S/t + 4*B*H*S/t + 10*B*S*d + 4*B*S*d/t + 4*B*H_kv*S*d/(H*t))'),
+    ('activations', 'swiglu', 'RMSNorm', True, True, 'none', True, True, True, False, False): (_f211, ('B', 'F', 'H', 'H_kv', 'L', 'S', 'd', 't'), 'L*(8*B*F*S/t + 4*B*H*S/t + 14*B*S*d/t + 4*B*H_kv*S*d/(H*t))'),
+    ('activations', 'swiglu', 'RMSNorm', True, True, 'selective', False, False, True, False, False): (_f212, ('B', 'F', 'H', 'H_kv', 'L', 'S', 'd'), 'L*(8*B*F*S + 4*B*H*S + 14*B*S*d + 4*B*H_kv*S*d/H)'),
+    ('activations', 'swiglu', 'RMSNorm', True, True, 'selective', True, False, True, False, False): (_f213, ('B', 'F', 'H', 'H_kv', 'L', 'S', 'd', 't'), 'L*(8*B*F*S/t + 4*B*H*S/t + 10*B*S*d + 4*B*S*d/t + 4*B*H_kv*S*d/(H*t))'),
+    ('activations', 'swiglu', 'RMSNorm', True, True, 'selective', True, True, True, False, False): (_f214, ('B', 'F', 'H', 'H_kv', 'L', 'S', 'd', 't'), 'L*(8*B*F*S/t + 4*B*H*S/t + 14*B*S*d/t + 4*B*H_kv*S*d/(H*t))'),
+    ('activations', 'swiglu', 'RMSNorm', True, True, 'full', False, False, True, False, False): (_f215, ('B', 'L', 'S', 'd'), '2*B*L*S*d'),
+    ('activations', 'swiglu', 'RMSNorm', True, True, 'full', True, False, True, False, False): (_f216, ('B', 'L', 'S', 'd'), '2*B*L*S*d'),
+    ('activations', 'swiglu', 'RMSNorm', True, True, 'full', True, True, True, False, False): (_f217, ('B', 'L', 'S', 'd', 't'), '2*B*L*S*d/t'),
+    ('activations', 'swiglu', 'RMSNorm', False, False, 'none', False, False, True, False, True): (_f218, ('B', 'E', 'F', 'H', 'H_kv', 'L', 'S', 'd', 'k'), 'L*(4*B*E*S + 8*B*F*S*k + 2*B*H*S**2 + 4*B*S*d*k + 12*B*S*d + 10*B*S*k + 4*B*H_kv*S*d/H)'),
+    ('activations', 'swiglu', 'RMSNorm', False, False, 'none', True, False, True, False, True): (_f219, ('B', 'E', 'F', 'H', 'H_kv', 'L', 'S', 'd', 'k', 't'), 'L*(4*B*E*S + 8*B*F*S*k/t + 2*B*H*S**2/t + 4*B*S*d*k + 8*B*S*d + 4*B*S*d/t + 10*B*S*k + 4*B*H_kv*S*d/(H*t))'),
+    ('activations', 'swiglu', 'RMSNorm', False, False, 'none', True, True, True, False, True): (_f220, ('B', 'E', 'F', 'H', 'H_kv', 'L', 'S', 'd', 'k', 't'), 'L*(4*B*E*S/t + 8*B*F*S*k/t + 2*B*H*S**2/t + 4*B*S*d*k/t + 12*B*S*d/t + 10*B*S*k/t + 4*B*H_kv*S*d/(H*t))'),
+    ('activations', 'swiglu', 'RMSNorm', False, False, 'selective', False, False, True, False, True): (_f221, ('B', 'E', 'F', 'H', 'H_kv', 'L', 'S', 'd', 'k'), 'L*(4*B*E*S + 8*B*F*S*k + 4*B*S*d*k + 12*B*S*d + 10*B*S*k + 4*B*H_kv*S*d/H)'),
+    ('activations', 'swiglu', 'RMSNorm', False, False, 'selective', True, False, True, False, True): (_f222, ('B', 'E', 'F', 'H', 'H_kv', 'L', 'S', 'd', 'k', 't'), 'L*(4*B*E*S + 8*B*F*S*k/t + 4*B*S*d*k + 8*B*S*d + 4*B*S*d/t + 10*B*S*k + 4*B*H_kv*S*d/(H*t))'),
+    ('activations', 'swiglu', 'RMSNorm', False, False, 'selective', True, True, True, False, True): (_f223, ('B', 'E', 'F', 'H', 'H_kv', 'L', 'S', 'd', 'k', 't'), 'L*(4*B*E*S/t + 8*B*F*S*k/t + 4*B*S*d*k/t + 12*B*S*d/t + 10*B*S*k/t + 4*B*H_kv*S*d/(H*t))'),
+    ('activations', 'swiglu', 'RMSNorm', False, False, 'full', False, False, True, False, True): (_f224, ('B', 'L', 'S', 'd'), '2*B*L*S*d'),
+    ('activations', 'swiglu', 'RMSNorm', False, False, 'full', True, False, True, False, True): (_f225, ('B', 'L', 'S', 'd'), '2*B*L*S*d'),
+    ('activations', 'swiglu', 'RMSNorm', False, False, 'full', True, True, True, False, True): (_f226, ('B', 'L', 'S', 'd', 't'), '2*B*L*S*d/t'),
+    ('activations', 'swiglu', 'RMSNorm', False, True, 'none', False, False, True, False, True): (_f227, ('B', 'E', 'F', 'H', 'H_kv', 'L', 'S', 'd', 'k'), 'L*(4*B*E*S + 8*B*F*S*k + 4*B*H*S + 4*B*S*d*k + 12*B*S*d + 10*B*S*k + 4*B*H_kv*S*d/H)'),
+    ('activations', 'swiglu', 'RMSNorm', False, True, 'none', True, False, True, False, True): (_f228, ('B', 'E', 'F', 'H', 'H_kv', 'L', 'S', 'd', 'k', 't'), 'L*(4*B*E*S + 8*B*F*S*k/t + 4*B*H*S/t + 4*B*S*d*k + 8*B*S*d + 4*B*S*d/t + 10*B*S*k + 4*B*H_kv*S*d/(H*t))'),
+    ('activations', 'swiglu', 'RMSNorm', False, True, 'none', True, True, True, False, True): (_f229, ('B', 'E', 'F', 'H', 'H_kv', 'L', 'S', 'd', 'k', 't'), 'L*(4*B*E*S/t + 8*B*F*S*k/t + 4*B*H*S/t + 4*B*S*d*k/t + 12*B*S*d/t + 10*B*S*k/t + 4*B*H_kv*S*d/(H*t))'),
+    ('activations', 'swiglu', 'RMSNorm', False, True, 'selective', False, False, True, False, True): (_f230, ('B', 'E', 'F', 'H', 'H_kv', 'L', 'S', 'd', 'k'), 'L*(4*B*E*S + 8*B*F*S*k + 4*B*H*S + 4*B*S*d*k + 12*B*S*d + 10*B*S*k + 4*B*H_kv*S*d/H)'),
+    ('activations', 'swiglu', 'RMSNorm', False, True, 'selective', True, False, True, False, True): (_f231, ('B', 'E', 'F', 'H', 'H_kv', 'L', 'S', 'd', 'k', 't'), 'L*(4*B*E*S + 8*B*F*S*k/t + 4*B*H*S/t + 4*B*S*d*k + 8*B*S*d + 4*B*S*d/t + 10*B*S*k + 4*B*H_kv*S*d/(H*t))'),
+    ('activations', 'swiglu', 'RMSNorm', False, True, 'selective', True, True, True, False, True): (_f232, ('B', 'E', 'F', 'H', 'H_kv', 'L', 'S', 'd', 'k', 't'), 'L*(4*B*E*S/t + 8*B*F*S*k/t + 4*B*H*S/t + 4*B*S*d*k/t + 12*B*S*d/t + 10*B*S*k/t + 4*B*H_kv*S*d/(H*t))'),
+    ('activations', 'swiglu', 'RMSNorm', False, True, 'full', False, False, True, False, True): (_f233, ('B', 'L', 'S', 'd'), '2*B*L*S*d'),
+    ('activations', 'swiglu', 'RMSNorm', False, True, 'full', True, False, True, False, True): (_f234, ('B', 'L', 'S', 'd'), '2*B*L*S*d'),
+    ('activations', 'swiglu', 'RMSNorm', False, True, 'full', True, True, True, False, True): (_f235, ('B', 'L', 'S', 'd', 't'), '2*B*L*S*d/t'),
+    ('activations', 'swiglu', 'RMSNorm', True, False, 'none', False, False, True, False, True): (_f236, ('B', 'E', 'F', 'H', 'H_kv', 'L', 'S', 'd', 'k'), 'L*(4*B*E*S + 8*B*F*S*k + 5*B*H*S**2 + 4*B*S*d*k + 14*B*S*d + 10*B*S*k + 4*B*H_kv*S*d/H)'),
+    ('activations', 'swiglu', 'RMSNorm', True, False, 'none', True, False, True, False, True): (_f237, ('B', 'E', 'F', 'H', 'H_kv', 'L', 'S', 'd', 'k', 't'), 'L*(4*B*E*S + 8*B*F*S*k/t + 5*B*H*S**2/t + 4*B*S*d*k + 10*B*S*d + 4*B*S*d/t + 10*B*S*k + 4*B*H_kv*S*d/(H*t))'),
+    ('activations', 'swiglu', 'RMSNorm', True, False, 'none', True, True, True, False, True): (_f238, ('B', 'E', 'F', 'H', 'H_kv', 'L', 'S', 'd', 'k', 't'), 'L*(4*B*E*S/t + 8*B*F*S*k/t + 5*B*H*S**2/t + 4*B*S*d*k/t + 14*B*S*d/t + 10*B*S*k/t + 4*B*H_kv*S*d/(H*t))'),
+    ('activations', 'swiglu', 'RMSNorm', True, False, 'selective', False, False, True, False, True): (_f239, ('B', 'E', 'F', 'H', 'H_kv', 'L', 'S', 'd', 'k'), 'L*(4*B*E*S + 8*B*F*S*k + 4*B*S*d*k + 14*B*S*d + 10*B*S*k + 4*B*H_kv*S*d/H)'),
+    ('activations', 'swiglu', 'RMSNorm', True, False, 'selective', True, False, True, False, True): (_f240, ('B', 'E', 'F', 'H', 'H_kv', 'L', 'S', 'd', 'k', 't'), 'L*(4*B*E*S + 8*B*F*S*k/t + 4*B*S*d*k + 10*B*S*d + 4*B*S*d/t + 10*B*S*k + 4*B*H_kv*S*d/(H*t))'),
+    ('activations', 'swiglu', 'RMSNorm', True, False, 'selective', True, True, True, False, True): (_f241, ('B', 'E', 'F', 'H', 'H_kv', 'L', 'S', 'd', 'k', 't'), 'L*(4*B*E*S/t + 8*B*F*S*k/t + 4*B*S*d*k/t + 14*B*S*d/t + 10*B*S*k/t + 4*B*H_kv*S*d/(H*t))'),
+    ('activations', 'swiglu', 'RMSNorm', True, False, 'full', False, False, True, False, True): (_f242, ('B', 'L', 'S', 'd'), '2*B*L*S*d'),
+    ('activations', 'swiglu', 'RMSNorm', True, False, 'full', True, False, True, False, True): (_f243, ('B', 'L', 'S', 'd'), '2*B*L*S*d'),
+    ('activations', 'swiglu', 'RMSNorm', True, False, 'full', True, True, True, False, True): (_f244, ('B', 'L', 'S', 'd', 't'), '2*B*L*S*d/t'),
+    ('activations', 'swiglu', 'RMSNorm', True, True, 'none', False, False, True, False, True): (_f245, ('B', 'E', 'F', 'H', 'H_kv', 'L', 'S', 'd', 'k'), 'L*(4*B*E*S + 8*B*F*S*k + 4*B*H*S + 4*B*S*d*k + 14*B*S*d + 10*B*S*k + 4*B*H_kv*S*d/H)'),
+    ('activations', 'swiglu', 'RMSNorm', True, True, 'none', True, False, True, False, True): (_f246, ('B', 'E', 'F', 'H', 'H_kv', 'L', 'S', 'd', 'k', 't'), 'L*(4*B*E*S + 8*B*F*S*k/t + 4*B*H*S/t + 4*B*S*d*k + 10*B*S*d + 4*B*S*d/t + 10*B*S*k + 4*B*H_kv*S*d/(H*t))'),
+    ('activations', 'swiglu', 'RMSNorm', True, True, 'none', True, True, True, False, True): (_f247, ('B', 'E', 'F', 'H', 'H_kv', 'L', 'S', 'd', 'k', 't'), 'L*(4*B*E*S/t + 8*B*F*S*k/t + 4*B*H*S/t + 4*B*S*d*k/t + 14*B*S*d/t + 10*B*S*k/t + 4*B*H_kv*S*d/(H*t))'),
+    ('activations', 'swiglu', 'RMSNorm', True, True, 'selective', False, False, True, False, True): (_f248, ('B', 'E', 'F', 'H', 'H_kv', 'L', 'S', 'd', 'k'), 'L*(4*B*E*S + 8*B*F*S*k + 4*B*H*S + 4*B*S*d*k + 14*B*S*d + 10*B*S*k + 4*B*H_kv*S*d/H)'),
+    ('activations', 'swiglu', 'RMSNorm', True, True, 'selective', True, False, True, False, True): (_f249, ('B', 'E', 'F', 'H', 'H_kv', 'L', 'S', 'd', 'k', 't'), 'L*(4*B*E*S + 8*B*F*S*k/t + 4*B*H*S/t + 4*B*S*d*k + 10*B*S*d + 4*B*S*d/t + 10*B*S*k + 4*B*H_kv*S*d/(H*t))'),
+    ('activations', 'swiglu', 'RMSNorm', True, True, 'selective', True, True, True, False, True): (_f250, ('B', 'E', 'F', 'H', 'H_kv', 'L', 'S', 'd', 'k', 't'), 'L*(4*B*E*S/t + 8*B*F*S*k/t + 4*B*H*S/t + 4*B*S*d*k/t + 14*B*S*d/t + 10*B*S*k/t + 4*B*H_kv*S*d/(H*t))'),
+    ('activations', 'swiglu', 'RMSNorm', True, True, 'full', False, False, True, False, True): (_f251, ('B', 'L', 'S', 'd'), '2*B*L*S*d'),
+    ('activations', 'swiglu', 'RMSNorm', True, True, 'full', True, False, True, False, True): (_f252, ('B', 'L', 'S', 'd'), '2*B*L*S*d'),
+    ('activations', 'swiglu', 'RMSNorm', True, True, 'full', True, True, True, False, True): (_f253, ('B', 'L', 'S', 'd', 't'), '2*B*L*S*d/t'),
+    ('largest unit', 'gpt'): (_f254, ('F', 'V', 'd', 't'), 'ceiling(Max(V*d, 2*F*d + F + 4*d**2 + 9*d)/t)'),
+    ('largest unit', 'llama'): (_f255, ('F', 'V', 'd', 't'), 'ceiling(Max(V*d, 3*F*d + 4*d**2 + 2*d)/t)'),
+    ('largest unit', 'gpt', False, False, None, None, False, False, False, False, False): (_f256, ('F', 'V', 'd', 't'), 'ceiling(Max(V*d, 2*F*d + F + 4*d**2 + 9*d)/t)'),
+    ('largest unit', 'llama', False, False, None, None, False, False, False, False, False): (_f257, ('F', 'V', 'd', 't'), 'ceiling(Max(V*d, 3*F*d + 4*d**2 + 2*d)/t)'),
+    ('largest unit', 'gpt', False, False, None, None, True, False, False, False, False): (_f258, ('F', 'V', 'd', 't'), 'ceiling(Max(V*d, 2*F*d + F + 4*d**2 + 9*d)/t)'),
+    ('largest unit', 'llama', True, False, None, None, False, False, False, False, False): (_f259, ('F', 'H', 'H_kv', 'V', 'd', 't'), 'ceiling(Max(V*d, 3*F*d + 2*d**2 + 2*d + 2*H_kv*d**2/H)/t)'),
+    ('largest unit', 'llama', True, False, None, None, False, False, False, False, True): (_f260, ('E', 'F', 'H', 'H_kv', 'V', 'd', 't'), 'ceiling(Max(V*d, 3*E*F*d + E*d + 2*d**2 + 2*d + 2*H_kv*d**2/H)/t)'),
+    ('largest unit', 'llama', True, False, None, True, False, False, False, False, False): (_f261, ('F', 'H', 'H_kv', 'V', 'd', 't'), 'ceiling(Max(V*d, 3*F*d + 2*d**2 + 3*d + 2*H_kv*d**2/H + 2*H_kv*d/H)/t)'),
+    ('largest unit', 'llama', True, False, True, True, False, False, False, False, False): (_f262, ('F', 'H', 'H_kv', 'V', 'd', 't'), 'ceiling(Max(V*d, 3*F*d + 2*d**2 + 3*d + 2*H_kv*d**2/H + 2*H_kv*d/H)/t)'),
+    ('largest unit', 'llama', True, False, True, None, False, False, False, False, False): (_f263, ('F', 'H', 'H_kv', 'V', 'd', 't'), 'ceiling(Max(V*d, 3*F*d + 2*d**2 + 2*d + 2*H_kv*d**2/H)/t)'),
+    ('largest unit', 'llama', False, True, True, None, False, False, False, False, False): (_f264, ('F', 'H', 'V', 'd', 'd_h', 't'), 'ceiling(Max(V*d, 3*F*d + 4*H*d*d_h + 2*d)/t)'),
+    ('largest unit', 'gpt', False, False, None, None, True, True, True, True, False): (_f265, ('F', 'V', 'd', 't'), 'ceiling(Max(V*d, 2*F*d + F + 4*d**2 + 9*d)/t)'),
+    ('params', 'gpt'): (_f266, ('F', 'L', 'V', 'd'), '4*L*d + L*(4*d**2 + 4*d) + L*(2*F*d + F + d) + V*d + 2*d'),
+    ('params', 'llama'): (_f267, ('F', 'L', 'V', 'd'), '3*F*L*d + 4*L*d**2 + 2*L*d + 2*V*d + d'),
+    ('params', 'gpt', False, False, None, None, False, False, False, False, False): (_f268, ('F', 'L', 'V', 'd'), '4*L*d + L*(4*d**2 + 4*d) + L*(2*F*d + F + d) + V*d + 2*d'),
+    ('params', 'llama', False, False, None, None, False, False, False, False, False): (_f269, ('F', 'L', 'V', 'd'), '3*F*L*d + 4*L*d**2 + 2*L*d + 2*V*d + d'),
+    ('params', 'gpt', False, False, None, None, True, False, False, False, False): (_f270, ('F', 'L', 'V', 'd', 'n_positions'), '4*L*d + L*(4*d**2 + 4*d) + L*(2*F*d + F + d) + V*d + d*n_positions + 2*d'),
+    ('params', 'llama', True, False, None, None, False, False, False, False, False): (_f271, ('F', 'H', 'H_kv', 'L', 'V', 'd'), '3*F*L*d + 2*L*d + L*(2*d**2 + 2*H_kv*d**2/H) + 2*V*d + d'),
+    ('params', 'llama', True, False, None, None, False, False, False, False, True): (_f272, ('E', 'F', 'H', 'H_kv', 'L', 'V', 'd'), '3*E*F*L*d + E*L*d + 2*L*d + L*(2*d**2 + 2*H_kv*d**2/H) + 2*V*d + d'),
+    ('params', 'llama', True, False, None, True, False, False, False, False, False): (_f273, ('F', 'H', 'H_kv', 'L', 'V', 'd'), '3*F*L*d + 2*L*d + L*(2*d**2 + d + 2*H_kv*d**2/H + 2*H_kv*d/H) + 2*V*d + d'),
+    ('params', 'llama', True, False, True, True, False, False, False, False, False): (_f274, ('F', 'H', 'H_kv', 'L', 'V', 'd'), '3*F*L*d + 2*L*d + L*(2*d**2 + d + 2*H_kv*d**2/H + 2*H_kv*d/H) + V*d + d'),
+    ('params', 'llama', True, False, True, None, False, False, False, False, False): (_f275, ('F', 'H', 'H_kv', 'L', 'V', 'd'), '3*F*L*d + 2*L*d + L*(2*d**2 + 2*H_kv*d**2/H) + V*d + d'),
+    ('params', 'llama', False, True, True, None, False, False, False, False, False): (_f276, ('F', 'H', 'L', 'V', 'd', 'd_h'), '3*F*L*d + 4*H*L*d*d_h + 2*L*d + V*d + d'),
+    ('params', 'gpt', False, False, None, None, True, True, True, True, False): (_f277, ('F', 'L', 'V', 'd', 'n_positions', 'n_token_types'), '4*L*d + L*(4*d**2 + 4*d) + L*(2*F*d + F + d) + V*d + d**2 + d*n_positions + d*n_token_types + 3*d'),
+    ('active params', 'llama', True, False, None, None, False, False, False, False, True): (_f278, ('E', 'F', 'H', 'H_kv', 'L', 'V', 'd', 'k'), 'E*L*d + 3*F*L*d*k + 2*L*d + L*(2*d**2 + 2*H_kv*d**2/H) + 2*V*d + d'),
+    ('symbol', 'O'): (_f279, ('O',), 'O'),
 }

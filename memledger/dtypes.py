@@ -11,6 +11,7 @@ BYTES_PER_ELEMENT = {
     "fp8": 1,
     "int8": 1,
     "bool": 1,   # PyTorch stores a bool (e.g. a dropout mask on CUDA) in one byte
+    "int64": 8,  # token ids and top-k expert indices (torch.long)
 }
 
 

@@ -27,24 +27,60 @@ def _elements(sharded):
     return elements_per_device(sharded)
 
 
-def _activations(mlp, norm, dropout, flash, recompute, tp, sequence_parallel):
+def _activations(mlp, norm, dropout, flash, recompute, tp, sequence_parallel, gqa=False, head_dim=False, moe=False):
+    """L layers' saved activations; the last three (grouped-query K/V, explicit head size, MoE)
+    appear in a key only when one is set, so the keys of the article's models stay as they were."""
     from .activations import activation_bytes, inventory
-    return activation_bytes(inventory(mlp, norm, dropout, flash), recompute, tp, sequence_parallel)
+    rows = inventory(mlp, norm, dropout, flash, gqa=gqa, head_dim=head_dim, moe=moe)
+    return activation_bytes(rows, recompute, tp, sequence_parallel)
 
 
-def _largest_unit(style):
+def _features(args):
+    from .features import Features
+    return Features(*args) if len(args) > 1 else Features.of(args[0])
+
+
+def _largest_unit(*features):
     """Parameters of the largest module ZeRO-3 gathers at once, split over t: ceil(max(block, Vd)/t)."""
     import sympy as sp
-    from .architecture import block_params_expr
+    from .parameters import block_params_expr
     from .symbols import V, d, t
-    return sp.ceiling(sp.Max(block_params_expr(style), V * d) / t)
+    return sp.ceiling(sp.Max(block_params_expr(_features(features)), V * d) / t)
 
 
-def _params(style):
-    """The architecture's parameter count, learned positions counted as n_positions*d."""
-    import sympy as sp
-    from .architecture import param_count_expr
-    return param_count_expr(style, sp.Symbol("n_positions", nonnegative=True, integer=True))
+def _params(*features):
+    """The architecture's parameter count (``features``: a style, or a :class:`Features` tuple);
+    learned positions are n_positions*d."""
+    from .parameters import param_count_expr
+    return param_count_expr(_features(features))
+
+
+def _active_params(*features):
+    """Parameters one token passes through (k of E experts)."""
+    from .parameters import active_param_count_expr
+    return active_param_count_expr(_features(features))
+
+
+def _preset_features():
+    """The feature tuples of the presets (shipped configs included), compiled ahead of time."""
+    from .architecture import all_presets
+    seen = []
+    for arch in all_presets().values():
+        f = tuple(arch.features)
+        if f not in seen:
+            seen.append(f)
+    return seen
+
+
+def _activation_domain():
+    base = [(mlp, norm, drop, flash, rec) + par for mlp, norm, drop, flash, rec, par in product(
+        ("gelu", "swiglu"), ("LayerNorm", "RMSNorm"), _BOOLS, _BOOLS, RECOMPUTE, _PARALLEL)]
+    from .architecture import all_presets
+    extra = sorted({(a.mlp, a.norm, a.features.gqa, a.features.head_dim, a.features.moe) for a in all_presets().values()
+                    if a.features.gqa or a.features.head_dim or a.features.moe})
+    return base + [(mlp, norm, drop, flash, rec) + par + (gqa, hd, moe)
+                   for mlp, norm, gqa, hd, moe in extra for drop, flash, rec, par in product(
+                       _BOOLS, _BOOLS, RECOMPUTE, _PARALLEL)]
 
 
 def _symbol(name):
@@ -55,17 +91,18 @@ def _symbol(name):
 #: name -> (builder, the tuples of arguments it is compiled for)
 BUILDERS = {
     "elements": (_elements, [(s,) for s in _BOOLS]),
-    "activations": (_activations, [(mlp, norm, drop, flash, rec) + par for mlp, norm, drop, flash, rec, par in product(
-        ("gelu", "swiglu"), ("LayerNorm", "RMSNorm"), _BOOLS, _BOOLS, RECOMPUTE, _PARALLEL)]),
-    "largest unit": (_largest_unit, [(s,) for s in STYLES]),
-    "params": (_params, [(s,) for s in STYLES]),
+    "activations": (_activations, _activation_domain),
+    "largest unit": (_largest_unit, lambda: [(s,) for s in STYLES] + _preset_features()),
+    "params": (_params, lambda: [(s,) for s in STYLES] + _preset_features()),
+    "active params": (_active_params, lambda: [f for f in _preset_features() if f[-1]]),
     "symbol": (_symbol, [("O",)]),
 }
 
 
 def keys():
-    """Every compiled key, in a fixed order."""
-    return [(name,) + args for name, (_, domain) in BUILDERS.items() for args in domain]
+    """Every compiled key, in a fixed order (a domain may be a function: the presets' features)."""
+    return [(name,) + args for name, (_, domain) in BUILDERS.items()
+            for args in (domain() if callable(domain) else domain)]
 
 
 def expr(key):

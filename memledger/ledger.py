@@ -19,6 +19,7 @@ from typing import Any, NamedTuple, Optional, Union
 from . import formulas
 from .architecture import Architecture, get_preset
 from .choices import RECOMPUTE, check_choice, check_count, check_flag, lookup
+from .features import Features
 from .model_states import OFFLOAD_DEVICES, PLACEMENTS, ZERO_STAGES, check_state_options, state_specs
 from .recipes import DEFAULT_RECIPE, RECIPES
 from .transfer import Traffic, step_traffic
@@ -97,11 +98,15 @@ def row_specs(s: Structure) -> tuple:
         if s.offload_params != "none":
             # ZeRO-3 gathers one module's parameters (and gradients) at a time:
             # DeepSpeed's estimate_zero3_model_states_mem_needs books 4 x largest layer.
+            plain = s.arch.features == Features.of(s.arch.style)
+            unit = ("largest unit", s.arch.style) if plain else ("largest unit",) + tuple(s.arch.features)
             specs.append(RowSpec("gathered parameters + gradients (largest layer)", "model_states", "gpu",
-                                 ("largest unit", s.arch.style), recipe.role_bytes("param") + recipe.grad_bytes))
+                                 unit, recipe.role_bytes("param") + recipe.grad_bytes))
+        f = s.arch.features
+        refinements = (f.gqa, f.head_dim, f.moe) if (f.gqa or f.head_dim or f.moe) else ()
         specs.append(RowSpec("activations", "activations", "gpu",
                              ("activations", s.arch.mlp, s.arch.norm, s.dropout, s.flash_attention, s.recompute,
-                              s.tensor_parallel, s.sequence_parallel)))
+                              s.tensor_parallel, s.sequence_parallel) + refinements))
     specs.append(RowSpec("CUDA context + workspace", "overhead", "gpu", ("symbol", "O")))
     return tuple(specs)
 
@@ -176,14 +181,16 @@ class Ledger:
         Without an architecture the shape symbols are 1 (no row uses them)."""
         a = self.arch
         shape = (a.d_model, a.n_heads, a.n_layers, a.d_ff, a.vocab_size) if a else (1, 1, 1, 1, 1)
-        return dict(zip(FIELD_OF, (self.batch_size, self.seq_len, *shape, self.params, self.dp, self.tp,
-                                   self.overhead_bytes)))
+        values = dict(zip(FIELD_OF, (self.batch_size, self.seq_len, *shape, self.params, self.dp, self.tp,
+                                     self.overhead_bytes)))
+        return {**a.values, **values} if a else values     # + H_kv, d_h, E, k, n_positions, n_token_types
 
     @property
     def bindings(self) -> dict:
         """SymPy symbol -> value, for ``expr.subs`` and :meth:`evaluate`."""
         from . import symbols
-        return {getattr(symbols, name): value for name, value in self.values.items()}
+        by_name = {s.name: s for s in vars(symbols).values() if isinstance(s, symbols.sp.Symbol)}
+        return {by_name[name]: value for name, value in self.values.items()}
 
     def evaluate(self, expr) -> int:
         """Any memledger formula at this ledger's values, as an exact int (e.g. ``ledger.evaluate(closed_form())``)."""
