@@ -18,7 +18,8 @@ __version__ = "0.2.0"
 _EXPORTS = {
     "activations": ("ARTICLE_INVENTORY", "RELABELLED", "Saved", "activation_bytes", "closed_form", "inventory",
                     "per_layer_bytes", "quadratic_share"),
-    "architecture": ("PRESETS", "CONFIG_PRESETS", "Architecture", "all_presets", "get_preset", "param_count_expr"),
+    "architecture": ("PRESETS", "Architecture", "all_presets", "config_presets", "preset_names", "get_preset",
+                     "param_count_expr"),
     "fitting": ("fit",),
     "inference": ("Inference",),
     "ledger": ("Ledger", "Row", "sweep"),
