@@ -30,10 +30,10 @@ _EXPORTS = {
     "units": ("format_bytes", "in_unit"),
 }
 _HOME = {name: module for module, names in _EXPORTS.items() for name in names}
-_MODULES = ("activations", "architecture", "book", "choices", "claims", "communication", "display", "dtypes",
-            "evaluate", "features", "fitting", "flops", "formulas", "hardware", "hf_config", "inference", "ledger",
-            "model_states", "parameters", "pipeline", "plots", "recipes", "symbols", "transfer", "units", "webcalc",
-            "widgets")
+_MODULES = ("activations", "architecture", "book", "choices", "claim", "claims", "communication", "display", "dtypes",
+            "evaluate", "features", "fitting", "flops", "formulas", "hardware", "hf_config", "host_optimizer", "inference",
+            "ledger", "model_states", "parameters", "pipeline", "plots", "recipes", "symbols", "transfer", "units",
+            "webcalc", "widgets")
 __all__ = sorted(_HOME) + list(_MODULES)
 
 
