@@ -149,15 +149,26 @@ def _presets(a):
     return "\n".join([head] + rows)
 
 
+def _number(value):
+    """An int stays an int; an exact fraction (block constants) becomes a float for JSON."""
+    return value if isinstance(value, int) else float(value)
+
+
 def _recipes(a):
-    data = {name: {"title": r.title, "bytes_per_param": r.bytes_per_param, "source": r.source,
+    data = {name: {"title": r.title, "bytes_per_param": _number(r.bytes_per_param), "source": r.source,
+                   "exact_bytes_per_param": str(r.bytes_per_param),
                    "components": [{"name": c.name, "dtype": c.dtype, "role": c.role,
-                                   "bytes_per_param": c.bytes_per_param} for c in r.components]}
+                                   "bytes_per_param": _number(c.bytes_per_param),
+                                   "exact_bytes_per_param": str(c.bytes_per_param),
+                                   **({"factored": True} if c.factored else {}),
+                                   **({"block_constants": [list(b) for b in c.constants]} if c.constants else {})}
+                                  for c in r.components]}
             for name, r in RECIPES.items()}
     if a.json:
         return json.dumps(data, indent=2)
-    return "\n".join(f"{n:<22} {r['bytes_per_param']:>2} B/param = "
-                     + " + ".join(f"{c['bytes_per_param']} ({c['name']})" for c in r["components"])
+    return "\n".join(f"{n:<26} {r['exact_bytes_per_param']:>11} B/param = "
+                     + " + ".join(f"{c['exact_bytes_per_param'] if not c.get('factored') else 'rows+cols'} "
+                                  f"({c['name']})" for c in r["components"])
                      for n, r in data.items())
 
 

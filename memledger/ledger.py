@@ -61,16 +61,17 @@ def _row_specs(s: _Structure):
     """(name, group, device, expr) for every row of a structure."""
     recipe = get_recipe(s.recipe)
     specs = [(r.name, "model_states", r.device, r.expr)
-             for r in state_rows(recipe, s.zero_stage, s.offload_optimizer, s.offload_params, s.offload_placement)]
+             for r in state_rows(recipe, s.zero_stage, s.offload_optimizer, s.offload_params, s.offload_placement,
+                                 style=s.style)]
     if s.style is not None:
         if s.offload_params != "none":
             # ZeRO-3 gathers one module's parameters (and gradients) at a time:
             # DeepSpeed's estimate_zero3_model_states_mem_needs books 4 x largest layer.
             largest = sp.Max(block_params_expr(s.style), V * d)
-            per_param = recipe.role_bytes("param") + next(c.bytes_per_param for c in recipe.components
-                                                          if c.role == "grad")
+            gathered = sp.ceiling(largest / t)
+            grad = next(c for c in recipe.components if c.role == "grad")
             specs.append(("gathered parameters + gradients (largest layer)", "model_states", "gpu",
-                          per_param * sp.ceiling(largest / t)))
+                          recipe.role_bytes_for("param", gathered) + grad.bytes_for(gathered)))
         rows = inventory("swiglu" if s.style == "llama" else "gelu",
                          "RMSNorm" if s.style == "llama" else "LayerNorm", s.dropout, s.flash_attention)
         specs.append(("activations", "activations", "gpu",

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import sympy as sp
 
+from .dtypes import nbytes
 from .recipes import Recipe
 from .symbols import N_d, P, t
 
@@ -63,9 +64,23 @@ def device_of(role: str, offload_optimizer: str, offload_params: str, placement:
     return "gpu"
 
 
+def component_bytes(component, sharded: bool, exact: bool = True, style=None) -> sp.Expr:
+    """Bytes one device holds of ``component``: :meth:`Component.bytes_for` its share of P.
+    A factored (Adafactor) state is rows + columns of each matrix of the ``style``'s
+    architecture (:func:`memledger.tensors.factored_elements_expr`), shared the same way."""
+    if component.factored:
+        if style is None:
+            raise ValueError(f"{component.name} needs the matrix shapes: give an architecture")
+        from .tensors import factored_elements_expr
+        share = factored_elements_expr(style) / (t * N_d if sharded else t)
+        return nbytes(component.dtype) * (sp.ceiling(share) if exact else share)
+    return component.bytes_for(elements_per_device(sharded, exact))
+
+
 def state_rows(recipe: Recipe, zero_stage: int = 0, offload_optimizer: str = "none",
-               offload_params: str = "none", placement: str = "article", exact: bool = True) -> list:
-    """One :class:`StateRow` per recipe component, per device (GPU rank)."""
+               offload_params: str = "none", placement: str = "article", exact: bool = True, style=None) -> list:
+    """One :class:`StateRow` per recipe component, per device (GPU rank); ``style``
+    (an architecture style) is needed only by factored components."""
     check_zero_stage(zero_stage)
     for name, value in (("offload_optimizer", offload_optimizer), ("offload_params", offload_params)):
         if value not in OFFLOAD_DEVICES:
@@ -75,7 +90,7 @@ def state_rows(recipe: Recipe, zero_stage: int = 0, offload_optimizer: str = "no
     if offload_params != "none" and zero_stage != 3:
         raise ValueError(f"offload_params needs zero_stage 3 (ZeRO-Infinity), got zero_stage {zero_stage}")
     return [StateRow(c.name, c.role, device_of(c.role, offload_optimizer, offload_params, placement),
-                     c.bytes_per_param * elements_per_device(c.role in ZERO_SHARDS[zero_stage], exact))
+                     component_bytes(c, c.role in ZERO_SHARDS[zero_stage], exact, style))
             for c in recipe.components]
 
 

@@ -10,25 +10,57 @@ Each component says how ZeRO treats it (Rajbhandari et al. 2020): ``"param"``
 stage 1; the FP32 master copy is optimizer state there, K = 12 for Adam).
 """
 from dataclasses import dataclass
+from fractions import Fraction
 
 import sympy as sp
 
-from .dtypes import nbytes
+from .dtypes import nbits, nbytes
 
 ROLES = ("param", "grad", "optimizer")
 
 
 @dataclass(frozen=True)
 class Component:
-    """One per-parameter tensor: ``name``, storage ``dtype``, ZeRO ``role``."""
+    """One per-parameter tensor: ``name``, storage ``dtype``, ZeRO ``role``.
+
+    Quantized storage adds per-block constants: ``constants`` is a tuple of
+    (elements per constant, constant dtype), e.g. ``((64, "int8"), (16384, "fp32"))``
+    for QLoRA's NF4 with double quantization. ``factored`` (Adafactor) keeps a
+    matrix's second moment as rows + columns, so its size depends on the shapes.
+    """
     name: str
     dtype: str
     role: str
     why: str
+    constants: tuple = ()
+    factored: bool = False
 
     @property
-    def bytes_per_param(self) -> int:
-        return nbytes(self.dtype)
+    def bytes_per_param(self):
+        """Bytes per parameter: an int for plain storage, else an exact Fraction
+        (bits/8 + constant bytes per block). Factored states count 0 here: their
+        rows + columns vanish per parameter for large matrices; see :meth:`bytes_for`."""
+        if self.factored:
+            return 0
+        value = Fraction(nbits(self.dtype), 8) + sum(Fraction(nbytes(c), block) for block, c in self.constants)
+        return int(value) if value.denominator == 1 else value
+
+    @property
+    def plain(self) -> bool:
+        """Whole bytes per parameter, no block constants, not factored."""
+        return not (self.constants or self.factored) and nbits(self.dtype) % 8 == 0
+
+    def bytes_for(self, elements) -> sp.Expr:
+        """Exact bytes for ``elements`` parameters stored as one tensor (a SymPy
+        expression if ``elements`` is one): packed elements rounded up to whole
+        bytes, plus one constant per started block. Factored components need
+        the shapes: ``ValueError`` (use :func:`memledger.tensors.factored_elements_expr`)."""
+        if self.factored:
+            raise ValueError(f"{self.name} is factored (rows + columns): its size needs the architecture's "
+                             "matrix shapes, give an architecture")
+        bits = nbits(self.dtype)
+        data = bits // 8 * elements if bits % 8 == 0 else sp.ceiling(sp.Integer(bits) * elements / 8)
+        return data + sum(nbytes(c) * sp.ceiling(sp.sympify(elements) / block) for block, c in self.constants)
 
 
 @dataclass(frozen=True)
@@ -46,11 +78,20 @@ class Recipe:
 
     def bytes_per_param_sum(self) -> sp.Add:
         """The sum unevaluated, e.g. ``2 + 2 + 4 + 4 + 4``, for display."""
-        return sp.Add(*(sp.Integer(c.bytes_per_param) for c in self.components), evaluate=False)
+        return sp.Add(*(sp.Rational(c.bytes_per_param) for c in self.components), evaluate=False)
 
-    def role_bytes(self, role: str) -> int:
+    def role_bytes(self, role: str):
         """Bytes per parameter of the components with ZeRO ``role``."""
         return sum(c.bytes_per_param for c in self.components if c.role == role)
+
+    def role_bytes_for(self, role: str, elements) -> sp.Expr:
+        """Exact bytes of the components with ``role`` for ``elements`` parameters."""
+        return sum((c.bytes_for(elements) for c in self.components if c.role == role), sp.Integer(0))
+
+    @property
+    def plain(self) -> bool:
+        """Every component a whole number of bytes per parameter (no blocks, not factored)."""
+        return all(c.plain for c in self.components)
 
 
 _PARAMS = Component("BF16 parameters", "bf16", "param", "the working weights forward and backward read")
@@ -88,6 +129,10 @@ RECIPES = {r.name: r for r in [
            "Dettmers et al. 2022, 8-bit optimizers; Transformer Math 101 (6 B of optimizer state)"),
 ]}
 DEFAULT_RECIPE = "bf16-adamw"
+
+from .recipes_extra import EXTRA_RECIPES
+
+RECIPES.update((r.name, r) for r in EXTRA_RECIPES)
 
 
 def get_recipe(name: str) -> Recipe:
