@@ -34,6 +34,7 @@ class Component:
     why: str
     constants: tuple = ()
     factored: bool = False
+    fp32_below: int = 0     # tensors with fewer elements are kept in fp32 (bitsandbytes' min_8bit_size)
 
     @property
     def bytes_per_param(self):
@@ -58,6 +59,8 @@ class Component:
         if self.factored:
             raise ValueError(f"{self.name} is factored (rows + columns): its size needs the architecture's "
                              "matrix shapes, give an architecture")
+        if isinstance(elements, int) and elements < self.fp32_below:
+            return 4 * elements
         bits = nbits(self.dtype)
         data = bits // 8 * elements if bits % 8 == 0 else sp.ceiling(sp.Integer(bits) * elements / 8)
         return data + sum(nbytes(c) * sp.ceiling(sp.sympify(elements) / block) for block, c in self.constants)

@@ -28,9 +28,9 @@ _FP32_G = Component("FP32 gradients", "fp32", "grad", "dLoss/dtheta in FP32")
 _MASTER = Component("FP32 master weights", "fp32", "optimizer",
                     "BF16 has 7 fraction bits: small updates round away without an FP32 copy")
 _M8 = Component("Adam m (8-bit, block-wise)", "int8", "optimizer", "signed dynamic-map codes; " + _BNB,
-                constants=((256, "fp32"),))
+                constants=((256, "fp32"),), fp32_below=4096)
 _V8 = Component("Adam v (8-bit, block-wise)", "int8", "optimizer", "unsigned dynamic-map codes; " + _BNB,
-                constants=((256, "fp32"),))
+                constants=((256, "fp32"),), fp32_below=4096)
 _FACTORED_V = Component("Adafactor second moment (rows + columns)", "fp32", "optimizer",
                         "a matrix keeps the row and column means of g^2, a vector all of g^2", factored=True)
 _PLAYBOOK = "Ultra-Scale Playbook, FP8 table (index.html lines 2573-2648)"
