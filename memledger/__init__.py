@@ -6,24 +6,43 @@
     ml.per_layer_bytes(ml.inventory())      # B*S*d*(34 + 5HS/d) at F = 4d
 
 Data flows one way: symbols -> recipes/architecture -> model states and
-activations -> ledger -> views (tables, CLI, claims).
+activations -> ledger -> views (tables, CLI, claims). Names are imported on
+first use (PEP 562), so that ``import memledger`` and the command line stay
+fast: SymPy is loaded only when a formula is asked for.
 """
-from . import architecture, book, claims, dtypes, evaluate, facts, flops, hardware, symbols, units
-from .activations import (ARTICLE_INVENTORY, RELABELLED, Saved, activation_bytes, closed_form, inventory,
-                          per_layer_bytes, quadratic_share)
-from .architecture import PRESETS, Architecture, get_preset, param_count_expr
-from .ledger import Ledger, Row, sweep
-from .model_states import state_rows, zero_formula
-from .recipes import RECIPES, Recipe, get_recipe
-from .hardware import GPU_MEMORY, LINKS
-from .transfer import Traffic
-from .units import format_bytes, in_unit
+from importlib import import_module
 
-__version__ = "0.1.0"
-__all__ = [
-    "ARTICLE_INVENTORY", "RELABELLED", "Saved", "activation_bytes", "closed_form", "inventory", "per_layer_bytes",
-    "quadratic_share", "PRESETS", "Architecture", "get_preset", "param_count_expr", "Ledger", "Row", "sweep",
-    "state_rows", "zero_formula", "RECIPES", "Recipe", "get_recipe", "GPU_MEMORY", "LINKS", "Traffic",
-    "format_bytes", "in_unit", "architecture", "book", "claims", "dtypes", "evaluate", "facts", "flops",
-    "hardware", "symbols", "units",
-]
+__version__ = "0.2.0"
+
+#: public name -> the module that defines it
+_EXPORTS = {
+    "activations": ("ARTICLE_INVENTORY", "RELABELLED", "Saved", "activation_bytes", "closed_form", "inventory",
+                    "per_layer_bytes", "quadratic_share"),
+    "architecture": ("PRESETS", "CONFIG_PRESETS", "Architecture", "all_presets", "get_preset", "param_count_expr"),
+    "fitting": ("fit",),
+    "inference": ("Inference",),
+    "ledger": ("Ledger", "Row", "sweep"),
+    "model_states": ("state_specs", "zero_formula"),
+    "recipes": ("RECIPES", "Recipe", "get_recipe"),
+    "hardware": ("GPU_MEMORY", "LINKS"),
+    "transfer": ("Traffic",),
+    "units": ("format_bytes", "in_unit"),
+}
+_HOME = {name: module for module, names in _EXPORTS.items() for name in names}
+_MODULES = ("activations", "architecture", "book", "choices", "claims", "communication", "display", "dtypes",
+            "evaluate", "features", "fitting", "flops", "formulas", "hardware", "hf_config", "inference", "ledger",
+            "model_states", "parameters", "pipeline", "plots", "recipes", "symbols", "transfer", "units", "webcalc",
+            "widgets")
+__all__ = sorted(_HOME) + list(_MODULES)
+
+
+def __getattr__(name):
+    if name in _HOME:
+        return getattr(import_module(f".{_HOME[name]}", __name__), name)
+    if name in _MODULES:
+        return import_module(f".{name}", __name__)
+    raise AttributeError(f"module 'memledger' has no attribute {name!r}")
+
+
+def __dir__():
+    return __all__

@@ -19,10 +19,10 @@ from math import prod
 
 import sympy as sp
 
+from .choices import RECOMPUTE, check_choice
 from .dtypes import nbytes
-from .symbols import B, F, H, L, S, d, t
-
-RECOMPUTE = ("none", "selective", "full")
+from .parameters import Features, widths
+from .symbols import B, E, F, H, L, S, d, k, t
 
 
 @dataclass(frozen=True)
@@ -64,22 +64,40 @@ def _norm_rows(norm, position):
 
 
 def inventory(mlp: str = "gelu", norm: str = "LayerNorm", dropout: bool = True,
-              flash_attention: bool = False) -> list:
+              flash_attention: bool = False, *, gqa: bool = False, head_dim: bool = False,
+              repeat_kv: bool = False, moe: bool = False, capacity_factor=None) -> list:
     """What autograd keeps in one block (Korthikanti et al. 2022, Sec. 4.1).
 
     gelu + dropout gives 11BSd + 5BHS^2 (attention), 19BSd at F = 4d (MLP) and
     4BSd (two norms): B*S*d*(34 + 5*H*S/d). ``mlp="swiglu"`` is LLaMA's gated MLP;
     ``flash_attention`` keeps only fp32 log-sum-exp statistics instead of the
     S x S tensors (Dao et al. 2022).
+
+    Real checkpoints (keyword options; the defaults give the rows above):
+    ``gqa``: K and V are kept at the key/value width H_kv*d/H (grouped-query
+    attention with a kernel that reads K/V per group, as FlashAttention-2 and
+    PyTorch's SDPA with ``enable_gqa`` do); ``repeat_kv`` keeps the K that
+    an eager implementation expands to all H heads before QK^T (Hugging Face's
+    ``repeat_kv``; V likewise). ``head_dim``: Q and the output-projection input
+    are H*d_h wide (Gemma-7B). ``moe``: :func:`moe_rows` replace the MLP rows
+    after its input (needs ``mlp="swiglu"``). Encoder-only attention (BERT,
+    no causal mask) saves the same tensors: the causal mask and BERT's
+    padding mask are added to the scores without a gradient, so backward
+    keeps neither per layer; BERT's post-LN blocks keep two LayerNorm inputs
+    as pre-LN blocks do. Its extra rows (embedding LayerNorm, pooler) lie
+    outside the blocks (:mod:`memledger.pipeline`).
     """
-    if mlp not in ("gelu", "swiglu"):
-        raise ValueError(f"mlp must be 'gelu' or 'swiglu', got {mlp!r}")
+    check_choice("mlp", mlp, ("gelu", "swiglu"))
+    if moe and mlp != "swiglu":
+        raise ValueError("moe needs the gated MLP: mlp='swiglu'")
+    q, kv = widths(Features(gqa=gqa, head_dim=head_dim))
+    kv_saved = q if repeat_kv else kv
     rows = [
         _norm_rows(norm, 1),
         Saved("Q/K/V projection input", "the Q, K, V weight gradients need their shared input", BSd,
               weight_grad_of=("q_proj", "k_proj", "v_proj")),
-        Saved("Q", "backward of QK^T needs K, and vice versa", BSd, tp_sharded=True),
-        Saved("K", "backward of QK^T needs Q, and vice versa", BSd, tp_sharded=True),
+        Saved("Q", "backward of QK^T needs K, and vice versa", (B, S, q), tp_sharded=True),
+        Saved("K", "backward of QK^T needs Q, and vice versa", (B, S, kv_saved), tp_sharded=True),
     ]
     if flash_attention:
         rows.append(Saved("softmax log-sum-exp", "FlashAttention recomputes the S x S scores from Q, K and these",
@@ -94,9 +112,9 @@ def inventory(mlp: str = "gelu", norm: str = "LayerNorm", dropout: bool = True,
                       BHSS, tp_sharded=True, dropout=True),
             ]
     rows += [
-        Saved("V", "backward of (probabilities x V) needs V", BSd, tp_sharded=True),
+        Saved("V", "backward of (probabilities x V) needs V", (B, S, kv_saved), tp_sharded=True),
         Saved("output projection input", "the output projection's weight gradient needs its input",
-              BSd, tp_sharded=True, weight_grad_of=("o_proj",)),
+              (B, S, q), tp_sharded=True, weight_grad_of=("o_proj",)),
     ]
     if dropout:
         rows.append(Saved("attention residual dropout mask", "dropout backward needs the mask", BSd, "bool",
@@ -106,7 +124,9 @@ def inventory(mlp: str = "gelu", norm: str = "LayerNorm", dropout: bool = True,
         Saved("MLP input", "the up-projection weight gradient needs its input", BSd, block="mlp",
               weight_grad_of=("up_proj",) if mlp == "gelu" else ("gate_proj", "up_proj")),
     ]
-    if mlp == "gelu":
+    if moe:
+        rows += moe_rows(capacity_factor)
+    elif mlp == "gelu":
         rows += [
             Saved("GeLU input", "GeLU backward needs its input", BSF, block="mlp", tp_sharded=True),
             Saved("down-projection input", "the down-projection weight gradient needs its input (GeLU output)",
@@ -126,6 +146,46 @@ def inventory(mlp: str = "gelu", norm: str = "LayerNorm", dropout: bool = True,
         rows.append(Saved("MLP residual dropout mask", "dropout backward needs the mask", BSd, "bool",
                           block="mlp", dropout=True))
     return rows
+
+
+def moe_rows(capacity_factor=None) -> list:
+    """The MLP rows of a top-k mixture-of-experts layer (Mixtral; Hugging Face's
+    ``MixtralSparseMoeBlock``), after the shared "MLP input" row.
+
+    Capacity assumption: dropless routing (``capacity_factor=None``, as in
+    Hugging Face and MegaBlocks) sends each token to exactly k experts, so the
+    experts see k*B*S token rows in all, however unevenly they are loaded.
+    With a capacity factor c (GShard, Switch, Megatron-LM's
+    ``--moe-expert-capacity-factor`` with padding) each of the E expert buffers
+    holds c*k*B*S/E rows, c*k*B*S in all. Router probabilities are kept in fp32
+    (``softmax(..., dtype=torch.float)``).
+    """
+    tokens = k * B * S
+    if capacity_factor is not None:
+        try:
+            c = sp.Rational(str(capacity_factor))
+        except (TypeError, ValueError, sp.SympifyError):
+            c = None
+        if c is None or not c > 0 or isinstance(capacity_factor, bool):
+            raise ValueError(f"capacity_factor must be a positive number, got {capacity_factor!r}")
+        tokens = c * tokens
+    routed_d, routed_F = (tokens, d), (tokens, F)
+    return [
+        Saved("router probabilities", "softmax backward needs its output (fp32)", (B, S, E), "fp32", block="mlp"),
+        Saved("top-k expert indices", "top-k backward scatters into the chosen experts", (B, S, k), "int64",
+              block="mlp"),
+        Saved("routed expert inputs", "each expert's up/gate weight gradients need the tokens it received",
+              routed_d, block="mlp"),
+        Saved("expert gate outputs", "SiLU backward needs its input", routed_F, block="mlp", tp_sharded=True),
+        Saved("expert SiLU outputs", "backward of SiLU(gate) x up needs both factors", routed_F, block="mlp",
+              tp_sharded=True),
+        Saved("expert up outputs", "backward of SiLU(gate) x up needs both factors", routed_F, block="mlp",
+              tp_sharded=True),
+        Saved("expert down-projection inputs", "the down-projection weight gradient needs its input", routed_F,
+              block="mlp", tp_sharded=True),
+        Saved("expert outputs", "the routing weight's gradient needs the expert's output", routed_d, block="mlp"),
+        Saved("routing weights", "the expert output's gradient needs its routing weight", (tokens,), block="mlp"),
+    ]
 
 
 _ART = "as the article lists it"
@@ -171,8 +231,7 @@ def per_layer_bytes(rows, recompute: str = "none", tp: bool = False, sequence_pa
     layer input, 2BSd. With ``tp`` the tensor-parallel rows are divided by t,
     and with ``sequence_parallel`` all rows are (Korthikanti Table 2).
     """
-    if recompute not in RECOMPUTE:
-        raise ValueError(f"recompute must be one of {', '.join(RECOMPUTE)}, got {recompute!r}")
+    check_choice("recompute", recompute, RECOMPUTE)
     if sequence_parallel and not tp:
         raise ValueError("sequence parallelism needs tensor parallelism (tp > 1)")
     if recompute == "full":

@@ -26,11 +26,10 @@ import sympy as sp
 from .activations import ARTICLE_INVENTORY, closed_form, inventory, per_layer_bytes, quadratic_share
 from .architecture import get_preset
 from .dtypes import bf16_spacing, round_to_bf16
-from .evaluate import exact_function
 from .flops import recompute_overhead
 from .ledger import DEFAULT_OVERHEAD, Ledger
 from .recipes import get_recipe
-from .symbols import ARGS, B, F, H, S, d
+from .symbols import B, F, H, S, d
 from .hardware import GPU_MEMORY, LINKS
 from .units import ARTICLE_TENSOR_UNIT, ARTICLE_TOTAL_UNIT, in_unit
 
@@ -93,7 +92,7 @@ def _ledger(**kw) -> Ledger:
 
 def _at(expr, batch=1, seq=2048) -> int:
     """Exact bytes of ``expr`` at the article's spec (F = 4d)."""
-    return exact_function(ARGS, (expr,))(*_ledger(batch_size=batch, seq_len=seq).values())[0]
+    return _ledger(batch_size=batch, seq_len=seq).evaluate(expr)
 
 
 def _gb(nbytes) -> Fraction:

@@ -5,57 +5,22 @@ always printed next to them.
 """
 from html import escape
 
-import sympy as sp
-
-from .units import format_bytes
+from .units import format_bytes, unit_size
 
 #: Sequence lengths the interactive views (widget, static calculator) offer.
 SEQUENCE_CHOICES = (512, 1024, 2048, 4096, 8192, 16384, 32768)
 
 _DEVICE_LABEL = {"gpu": "GPU", "cpu": "CPU", "nvme": "NVMe"}
+HEADER = ("component", "group", "device", "bytes", "size")
 
 
-def _lines(ledger, unit):
-    """(component, group, device, exact bytes, formatted) rows plus per-device totals."""
+def ledger_table(ledger, unit: str = "GB") -> "Table":
+    """The ledger's rows, then one total per device in use (the GPU's always)."""
     body = [(r.name, r.group, _DEVICE_LABEL[r.device], f"{r.bytes:,}", format_bytes(r.bytes, unit))
             for r in ledger.rows]
     totals = [(f"total on {_DEVICE_LABEL[dev]}", "", _DEVICE_LABEL[dev], f"{n:,}", format_bytes(n, unit))
               for dev, n in ledger.totals.items() if n or dev == "gpu"]
-    return body, totals
-
-
-HEADER = ("component", "group", "device", "bytes", "size")
-
-
-def text_table(ledger, unit: str = "GB") -> str:
-    """Aligned columns for a terminal, totals under a rule."""
-    body, totals = _lines(ledger, unit)
-    widths = [max(len(str(row[i])) for row in [HEADER] + body + totals) for i in range(len(HEADER))]
-
-    def fmt(row):
-        cells = [str(c).ljust(w) if i < 3 else str(c).rjust(w) for i, (c, w) in enumerate(zip(row, widths))]
-        return "  ".join(cells).rstrip()
-    rule = "-" * len(fmt(HEADER))
-    return "\n".join([fmt(HEADER), rule] + [fmt(r) for r in body] + [rule] + [fmt(r) for r in totals])
-
-
-def markdown_table(ledger, unit: str = "GB") -> str:
-    body, totals = _lines(ledger, unit)
-    lines = ["| " + " | ".join(HEADER) + " |", "|---|---|---|---:|---:|"]
-    lines += ["| " + " | ".join(row) + " |" for row in body]
-    lines += ["| **" + row[0] + "** | | " + row[2] + " | **" + row[3] + "** | **" + row[4] + "** |" for row in totals]
-    return "\n".join(lines)
-
-
-def html_table(ledger, unit: str = "GB") -> str:
-    body, totals = _lines(ledger, unit)
-    head = "".join(f"<th>{h}</th>" for h in HEADER)
-    cells = lambda row, tag: "".join(
-        f'<{tag} style="text-align:{"right" if i > 2 else "left"}">{escape(str(c))}</{tag}>'
-        for i, c in enumerate(row))
-    rows = "".join(f"<tr>{cells(r, 'td')}</tr>" for r in body)
-    rows += "".join(f"<tr>{cells(r, 'th')}</tr>" for r in totals)
-    return f'<table class="memledger"><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>'
+    return Table(HEADER, body, totals=totals, numeric=(3, 4), css="memledger")
 
 
 _GROUP_COLOURS = {"model_states": "#4C72B0", "activations": "#DD8452", "overhead": "#8C8C8C"}
@@ -81,21 +46,53 @@ def html_verdict(ledger, gpu_bytes: int, unit: str = "GB") -> str:
 
 
 class Table:
-    """A small table that prints as aligned text (terminals, nbval) and renders as HTML (Jupyter, the book)."""
+    """A table rendered in one place for every output: aligned text (terminals, nbval),
+    Markdown, and HTML (Jupyter, the book). ``totals`` are rows set apart under a rule
+    (bold in Markdown and HTML); ``numeric`` columns are right-aligned."""
 
-    def __init__(self, header, rows):
+    def __init__(self, header, rows, totals=(), numeric=(), css="memledger-table"):
         self.header = tuple(header)
-        self.rows = [tuple(_plain(c) if isinstance(c, sp.Basic) else str(c) for c in r) for r in rows]
+        self.rows = [tuple(_cell(c) for c in r) for r in rows]
+        self.totals = [tuple(_cell(c) for c in r) for r in totals]
+        self.numeric = frozenset(numeric)
+        self.css = css
 
-    def __repr__(self):
-        rows = [self.header] + self.rows
+    def text(self) -> str:
+        rows = [self.header] + self.rows + self.totals
         widths = [max(len(r[i]) for r in rows) for i in range(len(self.header))]
-        return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
 
-    def _repr_html_(self):
-        head = "".join(f"<th>{escape(h)}</th>" for h in self.header)
-        body = "".join("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in r) + "</tr>" for r in self.rows)
-        return f'<table class="memledger-table"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+        def line(row):
+            return "  ".join(c.rjust(w) if i in self.numeric else c.ljust(w)
+                             for i, (c, w) in enumerate(zip(row, widths))).rstrip()
+        out = [line(self.header)]
+        if self.totals:
+            rule = "-" * len(line(self.header))
+            return "\n".join(out + [rule] + [line(r) for r in self.rows] + [rule] + [line(r) for r in self.totals])
+        return "\n".join(out + [line(r) for r in self.rows])
+
+    def markdown(self) -> str:
+        align = "|".join("---:" if i in self.numeric else "---" for i in range(len(self.header)))
+        lines = ["| " + " | ".join(self.header) + " |", f"|{align}|"]
+        lines += ["| " + " | ".join(r) + " |" for r in self.rows]
+        lines += ["| " + " | ".join(f"**{c}**" if c else "" for c in r) + " |" for r in self.totals]
+        return "\n".join(lines)
+
+    def html(self) -> str:
+        def cells(row, tag):
+            return "".join(f'<{tag} style="text-align:{"right" if i in self.numeric else "left"}">{escape(c)}</{tag}>'
+                           for i, c in enumerate(row))
+        head = cells(self.header, "th")
+        body = "".join(f"<tr>{cells(r, 'td')}</tr>" for r in self.rows)
+        body += "".join(f"<tr>{cells(r, 'th')}</tr>" for r in self.totals)
+        return f'<table class="{self.css}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+
+    __repr__ = __str__ = text
+    _repr_html_ = html
+
+
+def _cell(value) -> str:
+    """A table cell as text; SymPy expressions plainly (2·B·H·S^2)."""
+    return value if isinstance(value, str) else _plain(value) if hasattr(value, "free_symbols") else str(value)
 
 
 def _plain(expr) -> str:
@@ -104,14 +101,14 @@ def _plain(expr) -> str:
 
 
 def inventory_table(rows, values=None, unit: str = "MiB") -> Table:
-    """Saved tensors: name, why autograd keeps it, shape, dtype, bytes (symbolic, and at ``values``)."""
-    from .evaluate import exact_function
-    from .symbols import ARGS
-    sizes = exact_function(ARGS, tuple(r.bytes for r in rows))(*values) if values else None
+    """Saved tensors: name, why autograd keeps it, shape, dtype, bytes (symbolic, and at ``values``:
+    symbol name -> number, e.g. ``Ledger(...).values``)."""
+    from .formulas import evaluate_expr
+    sizes = [evaluate_expr(r.bytes, values) for r in rows] if values else None
     header = ("tensor", "block", "kept because", "shape", "dtype", "bytes") + ((unit,) if values else ())
     return Table(header, [
         (r.name, r.block, r.why, " × ".join(str(s) for s in r.shape), r.dtype, _plain(r.bytes))
-        + ((format_bytes(sizes[i], unit, 0 if sizes[i] % (1 << 20) == 0 else 2),) if values else ())
+        + ((format_bytes(sizes[i], unit, 0 if sizes[i] % unit_size(unit) == 0 else 2),) if values else ())
         for i, r in enumerate(rows)])
 
 

@@ -2,6 +2,8 @@
 and BF16 rounding, which is why mixed precision keeps an FP32 master copy."""
 from fractions import Fraction
 
+from .choices import lookup
+
 BYTES_PER_ELEMENT = {
     "fp32": 4,
     "bf16": 2,
@@ -9,6 +11,7 @@ BYTES_PER_ELEMENT = {
     "fp8": 1,
     "int8": 1,
     "bool": 1,   # PyTorch stores a bool (e.g. a dropout mask on CUDA) in one byte
+    "int64": 8,  # token ids and top-k expert indices (torch.long)
 }
 
 
@@ -29,13 +32,9 @@ def nbits(dtype: str) -> int:
 
 def nbytes(dtype: str) -> int:
     """Bytes per element of ``dtype`` (``"bf16"`` -> 2); ``ValueError`` if unknown."""
-    try:
-        return BYTES_PER_ELEMENT[dtype]
-    except KeyError:
-        known = ", ".join(BYTES_PER_ELEMENT)
-        if dtype in SUB_BYTE_BITS:
-            raise ValueError(f"{dtype} packs two elements per byte: use nbits({dtype!r}) / 8") from None
-        raise ValueError(f"unknown dtype {dtype!r}; known: {known}") from None
+    if dtype in SUB_BYTE_BITS:
+        raise ValueError(f"{dtype} packs two elements per byte: use nbits({dtype!r}) / 8")
+    return lookup(BYTES_PER_ELEMENT, dtype, "dtype")
 
 
 #: Explicit fraction (mantissa) bits of BF16: 1 sign, 8 exponent, 7 fraction bits.

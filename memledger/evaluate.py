@@ -17,8 +17,11 @@ import math
 import sympy as sp
 from sympy.printing.pycode import PythonCodePrinter
 
+from .formulas import as_int
 
-class _ExactPrinter(PythonCodePrinter):
+
+class ExactPrinter(PythonCodePrinter):
+    """Python code in which rationals are ``Fraction``s, so that evaluation stays exact."""
     def _print_Rational(self, expr):
         return f"Fraction({expr.p}, {expr.q})"
 
@@ -26,17 +29,10 @@ class _ExactPrinter(PythonCodePrinter):
         return self._print_Rational(expr)
 
 
-def _as_int(value):
-    value = Fraction(value)
-    if value.denominator != 1:
-        raise ArithmeticError(f"expected a whole number of bytes, got {value}")
-    return value.numerator
-
-
 @lru_cache(maxsize=512)
 def _exact(args, exprs):
     return sp.lambdify(args, list(exprs), modules=[{"Fraction": Fraction, "math": math}, "math"],
-                       printer=_ExactPrinter, cse=True)
+                       printer=ExactPrinter, cse=True)
 
 
 def exact_function(args, exprs):
@@ -44,7 +40,7 @@ def exact_function(args, exprs):
     fn = _exact(tuple(args), tuple(exprs))
 
     def evaluate(*values):
-        return [_as_int(v) for v in fn(*(Fraction(x) for x in values))]
+        return [as_int(v) for v in fn(*(Fraction(x) for x in values))]
     return evaluate
 
 

@@ -11,7 +11,7 @@ Selective recomputation re-runs only QK^T, softmax, dropout and attn x V:
 """
 import sympy as sp
 
-from .activations import RECOMPUTE
+from .choices import RECOMPUTE, check_choice
 from .symbols import B, H, L, S, V, d
 
 #: (matmul, forward FLOPs) of one block: 2 FLOPs per multiply-add, F = 4d.
@@ -32,8 +32,7 @@ def forward_flops_per_layer() -> sp.Expr:
 
 def training_flops(recompute: str = "none") -> sp.Expr:
     """Hardware FLOPs of one training iteration under ``recompute`` (none = model FLOPs)."""
-    if recompute not in RECOMPUTE:
-        raise ValueError(f"recompute must be one of {', '.join(RECOMPUTE)}, got {recompute!r}")
+    check_choice("recompute", recompute, RECOMPUTE)
     base = B * L * S * d**2
     if recompute == "full":
         return 96 * base * (1 + S / (6 * d) + V / (16 * d * L))

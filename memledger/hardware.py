@@ -3,6 +3,7 @@
 Memory sizes as vendors state them, in decimal GB; link speeds nominal and
 per direction (the article: PCIe 4.0 x16 ~32 GB/s, NVMe 3-7 GB/s).
 """
+from .choices import lookup
 from .units import GB
 
 GPU_MEMORY = {
@@ -21,18 +22,14 @@ PEAK_BF16_FLOPS = {
     "h200": 989 * 10**12,
 }
 
-LINKS = {
-    "pcie3-x16": 16 * GB,
-    "pcie4-x16": 32 * GB,
-    "pcie5-x16": 64 * GB,
-    "nvme-3": 3 * GB,
-    "nvme-7": 7 * GB,
-}
+#: Host links (GPU <-> CPU memory), one direction.
+HOST_LINKS = {"pcie3-x16": 16 * GB, "pcie4-x16": 32 * GB, "pcie5-x16": 64 * GB}
+#: NVMe drives (the article's 3-7 GB/s).
+NVME_LINKS = {"nvme-3": 3 * GB, "nvme-7": 7 * GB}
+#: Every link, host and NVMe.
+LINKS = {**HOST_LINKS, **NVME_LINKS}
 
 
 def gpu_memory(name: str) -> int:
     """Bytes of memory of a named GPU; ``ValueError`` if unknown."""
-    try:
-        return GPU_MEMORY[name]
-    except KeyError:
-        raise ValueError(f"unknown GPU {name!r}; known: {', '.join(GPU_MEMORY)}") from None
+    return lookup(GPU_MEMORY, name, "GPU")

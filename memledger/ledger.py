@@ -6,29 +6,31 @@
 Rows come from three groups: model states (:mod:`memledger.model_states`),
 saved activations (:mod:`memledger.activations`, L layers) and a runtime
 overhead (the article's 1-2 GB of CUDA context and workspace; 2 GB by
-default, as in its sums). Every row is a SymPy expression evaluated exactly by
-a lambdified function compiled once per structure (:mod:`memledger.evaluate`).
+default, as in its sums). Each row is a formula of :mod:`memledger.formulas`
+(times a whole factor, e.g. a recipe component's bytes per parameter),
+evaluated exactly, without SymPy, by its generated plain-Python form.
+``ledger.values`` maps symbol names to numbers, ``ledger.bindings`` SymPy
+symbols to numbers, and ``ledger.evaluate(expr)`` computes any formula exactly.
 """
 from dataclasses import asdict, dataclass, field
 from functools import cached_property, lru_cache
-import operator
-from typing import NamedTuple, Optional, Union
+from typing import Any, NamedTuple, Optional, Union
 
-import numpy as np
-import sympy as sp
-
-from . import display
-from .activations import RECOMPUTE, activation_bytes, inventory
-from .architecture import Architecture, block_params_expr, get_preset
-from .evaluate import exact_function, vectorized_function
-from .model_states import elements_per_device, state_rows
-from .recipes import DEFAULT_RECIPE, get_recipe
-from .symbols import ARGS, FIELDS, O, V, d, t
+from . import formulas
+from .architecture import Architecture, get_preset
+from .choices import RECOMPUTE, check_choice, check_count, check_flag, lookup
+from .features import Features
+from .model_states import (OFFLOAD_DEVICES, PLACEMENTS, ZERO_STAGES, check_state_options, component_key,
+                           state_specs)
+from .recipes import DEFAULT_RECIPE, RECIPES
 from .transfer import Traffic, step_traffic
 from .units import GB
 
 DEVICES = ("gpu", "cpu", "nvme")
 DEFAULT_OVERHEAD = 2 * GB
+#: Symbol names of :mod:`memledger.symbols`, and the Ledger field that gives each its value.
+FIELD_OF = {"B": "batch_size", "S": "seq_len", "d": "d_model", "H": "n_heads", "L": "n_layers", "F": "d_ff",
+            "V": "vocab_size", "P": "n_params", "N_d": "dp", "t": "tp", "O": "overhead_bytes"}
 
 
 @dataclass(frozen=True)
@@ -38,17 +40,48 @@ class Row:
     group: str
     device: str
     bytes: int
-    expr: sp.Expr = field(compare=False, repr=False)
+    spec: Any = field(compare=False, repr=False)
+
+    @property
+    def expr(self):
+        """The row's SymPy formula."""
+        return self.spec.expr
+
+    @property
+    def formula(self) -> str:
+        return self.spec.formula
 
 
-class _Structure(NamedTuple):
+class RowSpec(NamedTuple):
+    """A row before numbers: its name, group, device, and formula ``factor`` x formulas.expr(``key``)."""
+    name: str
+    group: str
+    device: str
+    key: tuple
+    factor: int = 1
+
+    @property
+    def expr(self):
+        return self.factor * formulas.expr(self.key)
+
+    @property
+    def formula(self) -> str:
+        """The formula as text, without SymPy: ``4*(ceiling(P/(N_d*t)))``."""
+        text = formulas.text(self.key)
+        return text if self.factor == 1 else f"{self.factor}*({text})"
+
+    def evaluate(self, values: dict) -> int:
+        return self.factor * formulas.evaluate(self.key, values)
+
+
+class Structure(NamedTuple):
     """The discrete choices that decide a ledger's formulas (not its numbers)."""
     recipe: str
     zero_stage: int
     offload_optimizer: str
     offload_params: str
     offload_placement: str
-    style: Optional[str]          # None: no architecture, model states only
+    arch: Optional[Architecture]  # None: no architecture, model states only
     dropout: bool
     flash_attention: bool
     recompute: str
@@ -57,37 +90,32 @@ class _Structure(NamedTuple):
 
 
 @lru_cache(maxsize=256)
-def _row_specs(s: _Structure):
-    """(name, group, device, expr) for every row of a structure."""
-    recipe = get_recipe(s.recipe)
-    specs = [(r.name, "model_states", r.device, r.expr)
-             for r in state_rows(recipe, s.zero_stage, s.offload_optimizer, s.offload_params, s.offload_placement,
-                                 style=s.style)]
-    if s.style is not None:
+def row_specs(s: Structure) -> tuple:
+    """Every :class:`RowSpec` of a structure: model states, activations, overhead."""
+    recipe = RECIPES[s.recipe]
+    features = s.arch.features if s.arch is not None else None
+    specs = [RowSpec(r.name, "model_states", r.device, r.key(features), r.factor)
+             for r in state_specs(recipe, s.zero_stage, s.offload_optimizer, s.offload_params, s.offload_placement)]
+    if s.arch is not None:
         if s.offload_params != "none":
             # ZeRO-3 gathers one module's parameters (and gradients) at a time:
             # DeepSpeed's estimate_zero3_model_states_mem_needs books 4 x largest layer.
-            largest = sp.Max(block_params_expr(s.style), V * d)
-            gathered = sp.ceiling(largest / t)
-            grad = next(c for c in recipe.components if c.role == "grad")
-            specs.append(("gathered parameters + gradients (largest layer)", "model_states", "gpu",
-                          recipe.role_bytes_for("param", gathered) + grad.bytes_for(gathered)))
-        rows = inventory("swiglu" if s.style == "llama" else "gelu",
-                         "RMSNorm" if s.style == "llama" else "LayerNorm", s.dropout, s.flash_attention)
-        specs.append(("activations", "activations", "gpu",
-                      activation_bytes(rows, s.recompute, s.tensor_parallel, s.sequence_parallel)))
-    specs.append(("CUDA context + workspace", "overhead", "gpu", O))
+            plain = s.arch.features == Features.of(s.arch.style)
+            unit = ("largest unit", s.arch.style) if plain else ("largest unit",) + tuple(s.arch.features)
+            gathered = [c for c in recipe.components if c.role == "param"] + [recipe.grad_component]
+            if all(c.plain for c in gathered):
+                specs.append(RowSpec("gathered parameters + gradients (largest layer)", "model_states", "gpu",
+                                     unit, recipe.role_bytes("param") + recipe.grad_bytes))
+            else:
+                specs.append(RowSpec("gathered parameters + gradients (largest layer)", "model_states", "gpu",
+                                     component_key(gathered, unit)))
+        f = s.arch.features
+        refinements = (f.gqa, f.head_dim, f.moe) if (f.gqa or f.head_dim or f.moe) else ()
+        specs.append(RowSpec("activations", "activations", "gpu",
+                             ("activations", s.arch.mlp, s.arch.norm, s.dropout, s.flash_attention, s.recompute,
+                              s.tensor_parallel, s.sequence_parallel) + refinements))
+    specs.append(RowSpec("CUDA context + workspace", "overhead", "gpu", ("symbol", "O")))
     return tuple(specs)
-
-
-def _positive_int(name, value):
-    try:
-        number = operator.index(value)
-    except TypeError:
-        number = None
-    if number is None or isinstance(value, bool) or number < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return number
 
 
 @dataclass(frozen=True)
@@ -118,22 +146,33 @@ class Ledger:
 
     def __post_init__(self):
         arch = get_preset(self.arch) if isinstance(self.arch, str) else self.arch
+        if arch is not None and not isinstance(arch, Architecture):
+            raise TypeError(f"arch must be an Architecture, a preset name or None, got {self.arch!r}")
         object.__setattr__(self, "arch", arch)
         if arch is None and self.n_params is None:
             raise ValueError("give an architecture (a preset or d_model/n_layers/n_heads) or n_params")
         for name in ("batch_size", "seq_len", "tp", "dp") + (("n_params",) if self.n_params is not None else ()):
-            object.__setattr__(self, name, _positive_int(name, getattr(self, name)))
-        if not (isinstance(self.overhead_bytes, int) and self.overhead_bytes >= 0):
-            raise ValueError(f"overhead_bytes must be a non-negative integer, got {self.overhead_bytes!r}")
-        if self.recompute not in RECOMPUTE:
-            raise ValueError(f"recompute must be one of {', '.join(RECOMPUTE)}, got {self.recompute!r}")
+            object.__setattr__(self, name, check_count(name, getattr(self, name)))
+        object.__setattr__(self, "overhead_bytes", check_count("overhead_bytes", self.overhead_bytes, minimum=0))
+        recipe = lookup(RECIPES, self.recipe, "recipe")
+        factored = [c.name for c in recipe.components if c.factored]
+        if factored and arch is None:
+            raise ValueError(f"{factored[0]} needs the matrix shapes: give an architecture")
+        check_choice("recompute", self.recompute, RECOMPUTE)
+        check_choice("zero_stage", self.zero_stage, ZERO_STAGES)
+        check_choice("offload_optimizer", self.offload_optimizer, OFFLOAD_DEVICES)
+        check_choice("offload_params", self.offload_params, OFFLOAD_DEVICES)
+        check_choice("offload_placement", self.offload_placement, PLACEMENTS)
+        check_state_options(self.zero_stage, self.offload_params)
+        for name in ("sequence_parallel", "flash_attention"):
+            check_flag(name, getattr(self, name))
+        check_flag("dropout", self.dropout, allow_none=True)
         if self.sequence_parallel and self.tp == 1:
             raise ValueError("sequence_parallel needs tensor parallelism: tp must be > 1")
-        if arch is not None and (arch.d_model % self.tp or arch.n_heads % self.tp):
-            raise ValueError(f"tp ({self.tp}) must divide d_model ({arch.d_model}) and n_heads ({arch.n_heads})")
+        if arch is not None:
+            arch.check_tensor_parallel(self.tp)
         if self.dropout is None:
             object.__setattr__(self, "dropout", arch.dropout if arch is not None else False)
-        _row_specs(self.structure)      # validates recipe, ZeRO stage and offload choices
 
     @property
     def params(self) -> int:
@@ -141,23 +180,36 @@ class Ledger:
         return self.n_params if self.n_params is not None else self.arch.params
 
     @property
-    def structure(self) -> _Structure:
-        return _Structure(self.recipe, self.zero_stage, self.offload_optimizer, self.offload_params,
-                          self.offload_placement, self.arch.style if self.arch else None, bool(self.dropout),
-                          bool(self.flash_attention), self.recompute, self.tp > 1, bool(self.sequence_parallel))
+    def structure(self) -> Structure:
+        return Structure(self.recipe, self.zero_stage, self.offload_optimizer, self.offload_params,
+                         self.offload_placement, self.arch, self.dropout, self.flash_attention, self.recompute,
+                         self.tp > 1, self.sequence_parallel)
 
-    def values(self) -> tuple:
-        """Numbers for :data:`memledger.symbols.ARGS` (B, S, d, H, L, F, V, P, N_d, t, O)."""
+    @cached_property
+    def values(self) -> dict:
+        """Symbol name -> value: {"B": batch_size, "S": seq_len, "d": d_model, ..., "O": overhead_bytes}.
+        Without an architecture the shape symbols are 1 (no row uses them)."""
         a = self.arch
         shape = (a.d_model, a.n_heads, a.n_layers, a.d_ff, a.vocab_size) if a else (1, 1, 1, 1, 1)
-        return (self.batch_size, self.seq_len, shape[0], shape[1], shape[2], shape[3], shape[4],
-                self.params, self.dp, self.tp, self.overhead_bytes)
+        values = dict(zip(FIELD_OF, (self.batch_size, self.seq_len, *shape, self.params, self.dp, self.tp,
+                                     self.overhead_bytes)))
+        return {**a.values, **values} if a else values     # + H_kv, d_h, E, k, n_positions, n_token_types
+
+    @property
+    def bindings(self) -> dict:
+        """SymPy symbol -> value, for ``expr.subs`` and :meth:`evaluate`."""
+        from . import symbols
+        by_name = {s.name: s for s in vars(symbols).values() if isinstance(s, symbols.sp.Symbol)}
+        return {by_name[name]: value for name, value in self.values.items()}
+
+    def evaluate(self, expr) -> int:
+        """Any memledger formula at this ledger's values, as an exact int (e.g. ``ledger.evaluate(closed_form())``)."""
+        return formulas.evaluate_expr(expr, self.values)
 
     @cached_property
     def rows(self) -> list:
-        specs = _row_specs(self.structure)
-        numbers = exact_function(ARGS, tuple(s[3] for s in specs))(*self.values())
-        return [Row(name, group, device, n, expr) for (name, group, device, expr), n in zip(specs, numbers)]
+        return [Row(spec.name, spec.group, spec.device, spec.evaluate(self.values), spec)
+                for spec in row_specs(self.structure)]
 
     @property
     def totals(self) -> dict:
@@ -175,8 +227,8 @@ class Ledger:
     @property
     def traffic(self) -> Traffic:
         """Host<->device bytes per optimizer step for this rank (see :mod:`memledger.transfer`)."""
-        shard, = exact_function(ARGS, (elements_per_device(self.zero_stage >= 1),))(*self.values())
-        return step_traffic(get_recipe(self.recipe), self.offload_optimizer, self.offload_params, shard)
+        shard = formulas.evaluate(("elements", self.zero_stage >= 1), self.values)
+        return step_traffic(RECIPES[self.recipe], self.offload_optimizer, self.offload_params, shard)
 
     def inputs(self) -> dict:
         fields = asdict(self)
@@ -186,27 +238,29 @@ class Ledger:
         return fields
 
     def to_dict(self) -> dict:
-        """The CLI's JSON object: inputs, rows (exact integer bytes), totals, traffic."""
+        """The CLI's JSON object: inputs, rows (exact integer bytes, formula), totals, traffic."""
         return {
             "inputs": self.inputs(),
             "rows": [{"name": r.name, "group": r.group, "device": r.device, "bytes": r.bytes,
-                      "formula": str(r.expr)} for r in self.rows],
+                      "formula": r.formula} for r in self.rows],
             "totals": self.totals,
             "traffic": asdict(self.traffic),
         }
 
-    def table(self, unit: str = "GB") -> str:
-        """A plain-text table for terminals."""
-        return display.text_table(self, unit)
+    def table(self, unit: str = "GB"):
+        """The rows and per-device totals as a :class:`~memledger.display.Table`
+        (prints as text; renders as HTML in Jupyter; ``.markdown()`` for Markdown)."""
+        from .display import ledger_table
+        return ledger_table(self, unit)
 
     def __str__(self):
-        return self.table()
+        return self.table().text()
 
     def _repr_html_(self):
-        return display.html_table(self)
+        return self.table().html()
 
     def _repr_markdown_(self):
-        return display.markdown_table(self)
+        return self.table().markdown()
 
 
 def sweep(template: Ledger, **arrays) -> dict:
@@ -214,16 +268,27 @@ def sweep(template: Ledger, **arrays) -> dict:
 
     Keyword names are :data:`memledger.symbols.NOTATION` fields
     (``batch_size``, ``seq_len``, ``dp`` ...); the rest is taken from
-    ``template``. Returns {"gpu": array, "cpu": array, "nvme": array} in float64.
+    ``template``. Values must be whole numbers >= 1 (``overhead_bytes`` >= 0).
+    Returns {"gpu": array, "cpu": array, "nvme": array} in float64.
     """
-    unknown = set(arrays) - set(FIELDS)
+    import numpy as np
+    from .evaluate import vectorized_function
+    from . import symbols
+    fields = {field: name for name, field in FIELD_OF.items()}
+    unknown = set(arrays) - set(fields)
     if unknown:
-        raise ValueError(f"cannot sweep over {', '.join(sorted(unknown))}; choose from {', '.join(FIELDS)}")
-    values = [np.asarray(arrays.get(f, v), dtype=np.float64) for f, v in zip(FIELDS, template.values())]
-    specs = _row_specs(template.structure)
-    results = vectorized_function(ARGS, tuple(s[3] for s in specs))(*values)
+        raise ValueError(f"cannot sweep over {', '.join(sorted(unknown))}; choose from {', '.join(fields)}")
+    for name, array in arrays.items():
+        values = np.asarray(array, dtype=np.float64)
+        low = 0 if name == "overhead_bytes" else 1
+        if not (np.all(np.isfinite(values)) and np.all(values == np.round(values)) and np.all(values >= low)):
+            raise ValueError(f"{name} must hold whole numbers >= {low}")
+    names = tuple(FIELD_OF)
+    values = [np.asarray(arrays.get(FIELD_OF[n], template.values[n]), dtype=np.float64) for n in names]
+    specs = row_specs(template.structure)
+    results = vectorized_function(tuple(getattr(symbols, n) for n in names), tuple(s.expr for s in specs))(*values)
     shape = np.broadcast_shapes(*(np.shape(v) for v in values))
     out = {dev: np.zeros(shape) for dev in DEVICES}
-    for (_, _, device, _), value in zip(specs, results):
-        out[device] = out[device] + value
+    for spec, value in zip(specs, results):
+        out[spec.device] = out[spec.device] + value
     return out

@@ -35,8 +35,8 @@ import sympy as sp
 from .activations import RECOMPUTE, Saved, inventory, per_layer_bytes
 from .dtypes import nbytes
 from .recipes import Component, get_recipe
-from .symbols import B, H, L, S
-from .tensors import PROJECTIONS, parameter_tensors
+from .symbols import B, L, S
+from .tensors import PROJECTIONS, parameter_tensors, projections
 
 BASE_DTYPES = ("bf16", "fp16", "fp32", "nf4")
 NF4_DOUBLE_QUANT = Component("NF4 base projections (double-quantized absmax)", "nf4", "param",
@@ -83,29 +83,32 @@ def qlora(rank: int = 64, targets=None, style: str = "llama", **changes) -> Lora
                       paged=changes.pop("paged", True), **changes)
 
 
-def adapter_shapes(style: str, config: LoraConfig) -> list:
+def adapter_shapes(features, config: LoraConfig) -> list:
     """(name, shape) of each layer's adapter matrices: A is r x in, B is out x r."""
-    config.check(style)
+    from .features import Features
+    f = Features.of(features)
+    config.check(f.style)
+    if f.moe:
+        raise ValueError("LoRA on mixture-of-experts blocks is not modelled; choose a dense architecture")
     shapes = []
     for target in config.targets:
-        out, inp = PROJECTIONS[style][target]
+        out, inp = projections(f)[target]
         shapes += [(f"{target}.lora_A", (r_sym, inp)), (f"{target}.lora_B", (out, r_sym))]
     return shapes
 
 
-def _numbers(arch, config) -> dict:
-    from .symbols import F, V, d
-    return {d: arch.d_model, F: arch.d_ff, V: arch.vocab_size, L: arch.n_layers, r_sym: config.rank}
+def _size(arch, config, expr) -> int:
+    """An expression of the architecture's symbols and the rank r, as an int."""
+    return arch.evaluate(sp.sympify(expr).subs(r_sym, config.rank))
 
 
 def state_rows(arch, config: LoraConfig) -> list:
     """(name, role, device, bytes) of the model states, exact per tensor."""
     config.check(arch.style)
-    values = _numbers(arch, config)
-    size = lambda shape: int(sp.prod(shape).subs(values))
+    size = lambda shape: _size(arch, config, sp.prod(shape))
     quantized = NF4_DOUBLE_QUANT if config.double_quant else NF4
     dense, packed = 0, 0
-    for t in parameter_tensors(arch.style, arch.n_positions):
+    for t in parameter_tensors(arch.features):
         count = arch.n_layers if t.per_layer else 1
         if config.base == "nf4" and t.module in PROJECTIONS[arch.style] and t.name == "weight":
             packed += count * int(quantized.bytes_for(size(t.shape)))
@@ -116,7 +119,7 @@ def state_rows(arch, config: LoraConfig) -> list:
     if config.base == "nf4":
         rows.append((f"frozen {quantized.name}", "param", "gpu", packed))
     recipe = get_recipe(config.adapter_recipe)
-    shapes = [size(shape) for _, shape in adapter_shapes(arch.style, config)]
+    shapes = [size(shape) for _, shape in adapter_shapes(arch.features, config)]
     for c in recipe.components:
         paged = " (paged)" if config.paged and c.role == "optimizer" else ""
         total = arch.n_layers * sum(int(c.bytes_for(n)) for n in shapes)
@@ -126,19 +129,20 @@ def state_rows(arch, config: LoraConfig) -> list:
 
 def adapter_params(arch, config: LoraConfig) -> int:
     """Trainable parameters: L x sum over targets of r (in + out)."""
-    values = _numbers(arch, config)
-    return arch.n_layers * sum(int(sp.prod(s).subs(values)) for _, s in adapter_shapes(arch.style, config))
+    return arch.n_layers * sum(_size(arch, config, sp.prod(s)) for _, s in adapter_shapes(arch.features, config))
 
 
-def activation_rows(style: str, config: LoraConfig, dropout: bool = False, flash_attention: bool = False) -> list:
-    """One block's saved tensors under LoRA, derived from the full-training inventory."""
+def activation_rows(style: str, config: LoraConfig, dropout: bool = False, flash_attention: bool = False,
+                    **refinements) -> list:
+    """One block's saved tensors under LoRA, derived from the full-training inventory
+    (``refinements``: :func:`memledger.activations.inventory`'s ``gqa``, ``head_dim``)."""
     config.check(style)
     rows = inventory("swiglu" if style == "llama" else "gelu", "RMSNorm" if style == "llama" else "LayerNorm",
-                     dropout, flash_attention)
+                     dropout, flash_attention, **refinements)
     adapted = set(config.targets)
     kept = [r for r in rows if not r.weight_grad_of or (not config.dropout and adapted & set(r.weight_grad_of))]
     for target in config.targets:
-        inp = PROJECTIONS[style][target][1]
+        inp = projections(style)[target][1]
         if config.dropout:
             kept += [Saved(f"LoRA {target} dropout mask", "LoRA dropout backward needs the mask", (B, S, inp),
                            "bool"),
@@ -175,13 +179,14 @@ class LoraLedger:
     @property
     def rows(self) -> list:
         from .ledger import Row
-        rows = [Row(n, "model_states", dev, b, sp.Integer(b)) for n, _, dev, b in state_rows(self.arch, self.config)]
+        rows = [Row(n, "model_states", dev, b, None) for n, _, dev, b in state_rows(self.arch, self.config)]
+        f = self.arch.features
         act = L * per_layer_bytes(activation_rows(self.arch.style, self.config, self.arch.dropout,
-                                                  self.flash_attention), self.recompute)
-        values = {**_numbers(self.arch, self.config), B: self.batch_size, S: self.seq_len, H: self.arch.n_heads}
-        rows.append(Row("activations", "activations", "gpu", int(act.subs(values)), act))
-        rows.append(Row("CUDA context + workspace", "overhead", "gpu", self.overhead_bytes,
-                        sp.Integer(self.overhead_bytes)))
+                                                  self.flash_attention, gqa=f.gqa, head_dim=f.head_dim),
+                                  self.recompute)
+        act = act.subs({r_sym: self.config.rank, B: self.batch_size, S: self.seq_len})
+        rows.append(Row("activations", "activations", "gpu", self.arch.evaluate(act), None))
+        rows.append(Row("CUDA context + workspace", "overhead", "gpu", self.overhead_bytes, None))
         return rows
 
     @property
@@ -190,7 +195,7 @@ class LoraLedger:
 
     def by_role(self) -> dict:
         roles = {"param": 0, "grad": 0, "optimizer": 0}
-        for name, role, _, b in state_rows(self.arch, self.config):
+        for _, role, _, b in state_rows(self.arch, self.config):
             roles[role] += b
         return roles
 

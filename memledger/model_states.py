@@ -16,13 +16,11 @@ Offload placements:
 * ``"zero-offload"``: gradients stream to the CPU too and the optimizer step
   runs there; only the BF16 parameters stay, 2P (Ren et al. 2021).
 """
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-import sympy as sp
-
-from .dtypes import nbytes
+from .choices import check_choice
+from .dtypes import nbits, nbytes
 from .recipes import Recipe
-from .symbols import N_d, P, t
 
 ZERO_STAGES = (0, 1, 2, 3)
 #: Which component roles each ZeRO stage shards over the data-parallel ranks.
@@ -32,25 +30,85 @@ PLACEMENTS = ("article", "zero-offload")
 
 
 @dataclass(frozen=True)
-class StateRow:
-    """One component's bytes on one device, as a SymPy expression."""
+class StateSpec:
+    """One component on one device: ``bytes_per_param`` x the elements it holds
+    (:func:`elements_per_device` of ``sharded``). A quantized component (block
+    constants, sub-byte storage) or a factored one (Adafactor) has its own
+    formula key; ``component`` is the recipe's component."""
     name: str
     role: str
     device: str
-    expr: sp.Expr
+    bytes_per_param: int
+    sharded: bool
+    component: object = field(default=None, compare=False, repr=False)
+
+    @property
+    def plain(self) -> bool:
+        return self.component is None or self.component.plain
+
+    def key(self, features=None) -> tuple:
+        """The :mod:`memledger.formulas` key of its bytes; :attr:`factor` multiplies it."""
+        if self.plain:
+            return ("elements", self.sharded)
+        return component_key((self.component,), ("elements", self.sharded), features)
+
+    @property
+    def factor(self) -> int:
+        return self.bytes_per_param if self.plain else 1
+
+    def expr(self, exact: bool = True, features=None):
+        """Its bytes as a SymPy expression, e.g. 4*ceiling(P/(N_d*t))."""
+        if self.plain:
+            return self.bytes_per_param * elements_per_device(self.sharded, exact)
+        return components_bytes(component_parts((self.component,)), elements_per_device(self.sharded, exact),
+                                self.sharded, features, exact)
 
 
-def check_zero_stage(stage) -> int:
-    if stage not in ZERO_STAGES or isinstance(stage, bool):
-        raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {stage!r}")
-    return stage
+def component_parts(components) -> tuple:
+    """What decides a component's bytes, hashable: (bits, block constants, factored: bytes per element or 0)."""
+    return tuple((nbits(c.dtype), c.constants, nbytes(c.dtype) if c.factored else 0) for c in components)
 
 
-def elements_per_device(sharded: bool, exact: bool = True) -> sp.Expr:
+def component_key(components, count_key, features=None) -> tuple:
+    """Formula key of the summed bytes of ``components`` for the element count of ``count_key``."""
+    if any(c.factored for c in components) and features is None:
+        name = next(c.name for c in components if c.factored)
+        raise ValueError(f"{name} needs the matrix shapes: give an architecture")
+    parts = component_parts(components)
+    return ("components", parts, count_key) + (tuple(features) if any(p[2] for p in parts) else ())
+
+
+def components_bytes(parts, elements, sharded=False, features=None, exact=True):
+    """Bytes of quantized/factored components for ``elements`` parameters: packed data rounded up to
+    whole bytes plus one constant per started block; a factored state is rows + columns of each matrix
+    (:func:`memledger.tensors.factored_elements_expr`), shared like the component."""
+    import sympy as sp
+    from .symbols import N_d, t
+    total = 0
+    for bits, constants, factored in parts:
+        if factored:
+            from .tensors import factored_elements_expr
+            share = factored_elements_expr(features) / (t * N_d if sharded else t)
+            total += factored * (sp.ceiling(share) if exact else share)
+            continue
+        total += bits // 8 * elements if bits % 8 == 0 else sp.ceiling(sp.Integer(bits) * elements / 8)
+        total += sum(nbytes(c) * sp.ceiling(elements / block) for block, c in constants)
+    return total
+
+
+def elements_per_device(sharded: bool, exact: bool = True):
     """Parameters a device holds of one component: ceil(P/(t*N_d)) if ZeRO shards it,
     else ceil(P/t). ``exact=False`` drops the rounding, as the ZeRO paper writes it."""
+    import sympy as sp
+    from .symbols import N_d, P, t
     share = P / (t * N_d) if sharded else P / t
     return sp.ceiling(share) if exact else share
+
+
+def check_state_options(zero_stage, offload_params) -> None:
+    """Parameters can be offloaded only when ZeRO-3 partitions them (ZeRO-Infinity)."""
+    if offload_params != "none" and zero_stage != 3:
+        raise ValueError(f"offload_params needs zero_stage 3 (ZeRO-Infinity), got zero_stage {zero_stage}")
 
 
 def device_of(role: str, offload_optimizer: str, offload_params: str, placement: str) -> str:
@@ -64,38 +122,22 @@ def device_of(role: str, offload_optimizer: str, offload_params: str, placement:
     return "gpu"
 
 
-def component_bytes(component, sharded: bool, exact: bool = True, style=None) -> sp.Expr:
-    """Bytes one device holds of ``component``: :meth:`Component.bytes_for` its share of P.
-    A factored (Adafactor) state is rows + columns of each matrix of the ``style``'s
-    architecture (:func:`memledger.tensors.factored_elements_expr`), shared the same way."""
-    if component.factored:
-        if style is None:
-            raise ValueError(f"{component.name} needs the matrix shapes: give an architecture")
-        from .tensors import factored_elements_expr
-        share = factored_elements_expr(style) / (t * N_d if sharded else t)
-        return nbytes(component.dtype) * (sp.ceiling(share) if exact else share)
-    return component.bytes_for(elements_per_device(sharded, exact))
-
-
-def state_rows(recipe: Recipe, zero_stage: int = 0, offload_optimizer: str = "none",
-               offload_params: str = "none", placement: str = "article", exact: bool = True, style=None) -> list:
-    """One :class:`StateRow` per recipe component, per device (GPU rank); ``style``
-    (an architecture style) is needed only by factored components."""
-    check_zero_stage(zero_stage)
-    for name, value in (("offload_optimizer", offload_optimizer), ("offload_params", offload_params)):
-        if value not in OFFLOAD_DEVICES:
-            raise ValueError(f"{name} must be one of {', '.join(OFFLOAD_DEVICES)}, got {value!r}")
-    if placement not in PLACEMENTS:
-        raise ValueError(f"offload_placement must be one of {', '.join(PLACEMENTS)}, got {placement!r}")
-    if offload_params != "none" and zero_stage != 3:
-        raise ValueError(f"offload_params needs zero_stage 3 (ZeRO-Infinity), got zero_stage {zero_stage}")
-    return [StateRow(c.name, c.role, device_of(c.role, offload_optimizer, offload_params, placement),
-                     component_bytes(c, c.role in ZERO_SHARDS[zero_stage], exact, style))
+def state_specs(recipe: Recipe, zero_stage: int = 0, offload_optimizer: str = "none",
+                offload_params: str = "none", placement: str = "article") -> list:
+    """One :class:`StateSpec` per recipe component, per device (GPU rank)."""
+    check_choice("zero_stage", zero_stage, ZERO_STAGES)
+    check_choice("offload_optimizer", offload_optimizer, OFFLOAD_DEVICES)
+    check_choice("offload_params", offload_params, OFFLOAD_DEVICES)
+    check_choice("offload_placement", placement, PLACEMENTS)
+    check_state_options(zero_stage, offload_params)
+    return [StateSpec(c.name, c.role, device_of(c.role, offload_optimizer, offload_params, placement),
+                      c.bytes_per_param, c.role in ZERO_SHARDS[zero_stage], c)
             for c in recipe.components]
 
 
-def zero_formula(recipe: Recipe, zero_stage: int) -> sp.Expr:
+def zero_formula(recipe: Recipe, zero_stage: int):
     """Per-device model-state bytes as the ZeRO paper writes them (no TP, no rounding):
     e.g. 2P + 2P + 12P/N_d for stage 1 of the 16 B/param recipe."""
-    rows = state_rows(recipe, zero_stage, exact=False)
-    return sp.expand(sum(r.expr for r in rows).subs(t, 1))
+    import sympy as sp
+    from .symbols import t
+    return sp.expand(sum(r.expr(exact=False) for r in state_specs(recipe, zero_stage)).subs(t, 1))

@@ -9,7 +9,7 @@ from .activations import ARTICLE_INVENTORY, inventory
 from .evaluate import vectorized_function
 from .hardware import GPU_MEMORY
 from .ledger import Ledger
-from .symbols import ARGS
+from .symbols import L, S
 from .units import in_unit, unit_size
 
 A100_BYTES = GPU_MEMORY["a100-80gb"]
@@ -44,14 +44,14 @@ def activations_vs_seq(preset: str = "article-7b", batch_size: int = 1, max_seq:
     ax = ax or plt.subplots(figsize=(6.5, 3.8))[1]
     ledger = Ledger(preset, batch_size=batch_size)
     arch = ledger.arch
-    rows = inventory("swiglu" if arch.style == "llama" else "gelu", dropout=ledger.dropout)
-    linear = sum(r.bytes for r in rows if not r.quadratic)
-    quadratic = sum(r.bytes for r in rows if r.quadratic)
-    f = vectorized_function(ARGS, (ARGS[4] * linear, ARGS[4] * quadratic))
+    rows = inventory(arch.mlp, arch.norm, dropout=ledger.dropout)
+    linear = L * sum(r.bytes for r in rows if not r.quadratic)
+    quadratic = L * sum(r.bytes for r in rows if r.quadratic)
+    bindings = ledger.bindings
     seq = np.linspace(256, max_seq, 200)
-    values = list(ledger.values())
-    values[1] = seq
-    lin, quad = (np.broadcast_to(v, seq.shape) / unit_size(unit) for v in f(*values))
+    f = vectorized_function((S,), tuple(e.subs({k: v for k, v in bindings.items() if k != S})
+                                        for e in (linear, quadratic)))
+    lin, quad = (np.broadcast_to(v, seq.shape) / unit_size(unit) for v in f(seq))
     ax.plot(seq, lin, label="B×S×d tensors (linear in S)")
     ax.plot(seq, quad, label="B×H×S×S tensors (quadratic in S)")
     ax.plot(seq, lin + quad, color="black", label="total")
@@ -64,10 +64,9 @@ def activations_vs_seq(preset: str = "article-7b", batch_size: int = 1, max_seq:
 
 def layer_breakdown(batch_size: int = 1, seq_len: int = 2048, ax=None):
     """The article's per-layer inventory in MiB, the three S x S tensors highlighted."""
-    from .evaluate import exact_function
     ax = ax or plt.subplots(figsize=(7, 4.2))[1]
-    values = Ledger("article-7b", batch_size=batch_size, seq_len=seq_len).values()
-    sizes = exact_function(ARGS, tuple(r.bytes for r in ARTICLE_INVENTORY))(*values)
+    ledger = Ledger("article-7b", batch_size=batch_size, seq_len=seq_len)
+    sizes = [ledger.evaluate(r.bytes) for r in ARTICLE_INVENTORY]
     mib = [float(in_unit(n, "MiB")) for n in sizes]
     labels = [f"{r.name} ({r.block})" for r in ARTICLE_INVENTORY]
     colours = ["#C44E52" if r.quadratic else "#4C72B0" for r in ARTICLE_INVENTORY]

@@ -12,8 +12,7 @@ stage 1; the FP32 master copy is optimizer state there, K = 12 for Adam).
 from dataclasses import dataclass
 from fractions import Fraction
 
-import sympy as sp
-
+from .choices import lookup
 from .dtypes import nbits, nbytes
 
 ROLES = ("param", "grad", "optimizer")
@@ -51,7 +50,7 @@ class Component:
         """Whole bytes per parameter, no block constants, not factored."""
         return not (self.constants or self.factored) and nbits(self.dtype) % 8 == 0
 
-    def bytes_for(self, elements) -> sp.Expr:
+    def bytes_for(self, elements):
         """Exact bytes for ``elements`` parameters stored as one tensor (a SymPy
         expression if ``elements`` is one): packed elements rounded up to whole
         bytes, plus one constant per started block. Factored components need
@@ -59,9 +58,12 @@ class Component:
         if self.factored:
             raise ValueError(f"{self.name} is factored (rows + columns): its size needs the architecture's "
                              "matrix shapes, give an architecture")
-        if isinstance(elements, int) and elements < self.fp32_below:
-            return 4 * elements
         bits = nbits(self.dtype)
+        if isinstance(elements, int):                     # plain Python: the command line has no SymPy
+            if elements < self.fp32_below:
+                return 4 * elements
+            return -(-bits * elements // 8) + sum(nbytes(c) * -(-elements // block) for block, c in self.constants)
+        import sympy as sp
         data = bits // 8 * elements if bits % 8 == 0 else sp.ceiling(sp.Integer(bits) * elements / 8)
         return data + sum(nbytes(c) * sp.ceiling(sp.sympify(elements) / block) for block, c in self.constants)
 
@@ -79,17 +81,28 @@ class Recipe:
         """Sum of the components' bytes per parameter."""
         return sum(c.bytes_per_param for c in self.components)
 
-    def bytes_per_param_sum(self) -> sp.Add:
+    def bytes_per_param_sum(self):
         """The sum unevaluated, e.g. ``2 + 2 + 4 + 4 + 4``, for display."""
+        import sympy as sp
         return sp.Add(*(sp.Rational(c.bytes_per_param) for c in self.components), evaluate=False)
 
     def role_bytes(self, role: str):
         """Bytes per parameter of the components with ZeRO ``role``."""
         return sum(c.bytes_per_param for c in self.components if c.role == role)
 
-    def role_bytes_for(self, role: str, elements) -> sp.Expr:
+    def role_bytes_for(self, role: str, elements):
         """Exact bytes of the components with ``role`` for ``elements`` parameters."""
-        return sum((c.bytes_for(elements) for c in self.components if c.role == role), sp.Integer(0))
+        return sum((c.bytes_for(elements) for c in self.components if c.role == role), 0)
+
+    @property
+    def grad_bytes(self):
+        """Bytes per parameter of the gradient backward writes (the first gradient component):
+        what crosses PCIe to an offloaded optimizer, and what ZeRO-3 gathers with a unit."""
+        return self.grad_component.bytes_per_param
+
+    @property
+    def grad_component(self) -> Component:
+        return next(c for c in self.components if c.role == "grad")
 
     @property
     def plain(self) -> bool:
@@ -133,14 +146,11 @@ RECIPES = {r.name: r for r in [
 ]}
 DEFAULT_RECIPE = "bf16-adamw"
 
-from .recipes_extra import EXTRA_RECIPES
+from .recipes_extra import EXTRA_RECIPES  # noqa: E402  (they are built from Component and Recipe above)
 
 RECIPES.update((r.name, r) for r in EXTRA_RECIPES)
 
 
 def get_recipe(name: str) -> Recipe:
     """The recipe called ``name``; ``ValueError`` listing the known ones otherwise."""
-    try:
-        return RECIPES[name]
-    except KeyError:
-        raise ValueError(f"unknown recipe {name!r}; known: {', '.join(RECIPES)}") from None
+    return lookup(RECIPES, name, "recipe")

@@ -40,3 +40,29 @@ NOTATION = [
 #: arguments), and the config field that gives each its value.
 ARGS = tuple(symbol for symbol, _, _ in NOTATION)
 FIELDS = tuple(name for _, name, _ in NOTATION)
+
+# Shapes of real checkpoints (memledger.architecture, from their config.json) and
+# pipeline schedules (memledger.pipeline). Kept out of ARGS: the ledger binds them
+# only where a structure uses them.
+H_kv = sp.Symbol("H_kv", **_INT)  # key/value heads (grouped-query attention; = H for multi-head)
+d_h = sp.Symbol("d_h", **_INT)    # head size where a config gives it (Gemma-7B: 256 != d/H)
+E = sp.Symbol("E", **_INT)        # experts per MoE layer (Mixtral: 8)
+k = sp.Symbol("k", **_INT)        # experts each token is routed to (top-k; Mixtral: 2)
+p = sp.Symbol("p", **_INT)        # pipeline stages
+m = sp.Symbol("m", **_INT)        # micro-batches per step (per pipeline)
+v = sp.Symbol("v", **_INT)        # model chunks per device (interleaved schedule)
+N_pos = sp.Symbol("n_positions", nonnegative=True, integer=True)    # learned position embeddings
+N_tt = sp.Symbol("n_token_types", nonnegative=True, integer=True)   # token-type (segment) embeddings
+
+#: (symbol, field, meaning) for the symbols above, for the notation page.
+MODEL_NOTATION = [
+    (H_kv, "n_kv_heads", "key/value heads (grouped-query attention); H for multi-head, 1 for multi-query"),
+    (d_h, "head_dim", "head size, where it is not d/H (Gemma-7B)"),
+    (E, "n_experts", "experts per mixture-of-experts layer"),
+    (k, "top_k", "experts each token is routed to"),
+    (p, "pp", "pipeline-parallel stages"),
+    (m, "microbatches", "micro-batches per step"),
+    (v, "interleave", "model chunks per device in the interleaved pipeline schedule"),
+    (N_pos, "n_positions", "rows of a learned position embedding (GPT-2 1024, BERT 512)"),
+    (N_tt, "n_token_types", "rows of BERT's token-type embedding (2)"),
+]

@@ -14,15 +14,13 @@ NVMe 3-7 GB/s).
 from dataclasses import dataclass
 from fractions import Fraction
 
+from .choices import lookup
 from .hardware import LINKS
 
 
 def link_bandwidth(name: str) -> int:
     """Bytes per second of a named link (one direction); ``ValueError`` if unknown."""
-    try:
-        return LINKS[name]
-    except KeyError:
-        raise ValueError(f"unknown link {name!r}; known: {', '.join(LINKS)}") from None
+    return lookup(LINKS, name, "link")
 
 
 @dataclass(frozen=True)
@@ -56,7 +54,7 @@ def step_traffic(recipe, offload_optimizer: str, offload_params: str, shard_elem
     that crosses is the recipe's first gradient component (2 bytes for BF16).
     """
     params = int(recipe.role_bytes_for("param", shard_elements))
-    grads = int(next(c for c in recipe.components if c.role == "grad").bytes_for(shard_elements))
+    grads = int(recipe.grad_component.bytes_for(shard_elements))
     if offload_optimizer == "nvme" and any(c.factored for c in recipe.components):
         raise ValueError("NVMe traffic of a factored (Adafactor) state depends on the matrix shapes; "
                          "offload it to the CPU instead")

@@ -11,6 +11,8 @@ from decimal import Decimal
 from fractions import Fraction
 import re
 
+from .choices import LIMIT, lookup
+
 UNITS = {
     "B": 1,
     "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
@@ -18,11 +20,10 @@ UNITS = {
 }
 GB, GiB, MB, MiB = UNITS["GB"], UNITS["GiB"], UNITS["MB"], UNITS["MiB"]
 
-_QUANTITY = re.compile(r"^(?P<number>[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?)\s*(?P<unit>[A-Za-z]*)$")
+_QUANTITY = re.compile(r"(?P<number>[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?)\s*(?P<unit>[A-Za-z]*)",
+                       re.ASCII)
 _UNIT_BY_LOWER = {u.lower(): u for u in UNITS}
 
-#: Largest count or size accepted from text (an exabyte): guards against "1e999999".
-LIMIT = 10**18
 
 #: How the article prints sizes: per-tensor "MB" are MiB, totals "GB" are GB.
 ARTICLE_TENSOR_UNIT = "MiB"
@@ -31,10 +32,7 @@ ARTICLE_TOTAL_UNIT = "GB"
 
 def unit_size(unit: str) -> int:
     """Bytes in one ``unit`` (``"GiB"`` -> 2**30); ``ValueError`` if unknown."""
-    try:
-        return UNITS[unit]
-    except KeyError:
-        raise ValueError(f"unknown unit {unit!r}; use one of {', '.join(UNITS)}") from None
+    return lookup(UNITS, unit, "unit")
 
 
 def in_unit(nbytes, unit: str) -> Fraction:
@@ -47,31 +45,45 @@ def format_bytes(nbytes, unit: str = "GB", digits: int = 2) -> str:
     return f"{float(in_unit(nbytes, unit)):,.{digits}f} {unit}"
 
 
+def _exact_number(text: str):
+    """(exact Fraction, unit text) of an ASCII number with an optional unit, or None.
+
+    The decimal is read exactly (no 28-digit rounding: "2.0000000000000000000000000001"
+    is not 2), and exponents far outside a byte count are refused before any
+    arithmetic (so "1e999999999" neither overflows nor hangs)."""
+    match = _QUANTITY.fullmatch(text)
+    if not match:
+        return None
+    number = Decimal(match["number"])
+    if number and not -40 <= number.adjusted() <= 40:
+        return None
+    return Fraction(number), match["unit"]
+
+
 def parse_bytes(text, name: str = "size") -> int:
     """An exact byte count from ``"2000000000"``, ``"2e9"``, ``"2GB"`` or ``"1.5 GiB"``.
 
     Raises ``ValueError`` naming ``name`` unless the text is a non-negative
-    whole number of bytes.
+    whole number of bytes up to :data:`LIMIT`.
     """
     raw = str(text).strip()
-    match = _QUANTITY.match(raw)
-    unit = match and _UNIT_BY_LOWER.get(match["unit"].lower() or "b")
+    parsed = _exact_number(raw)
+    unit = parsed and _UNIT_BY_LOWER.get(parsed[1].lower() or "b")
     if not unit:
         raise ValueError(f"{name} must be a number of bytes such as 2000000000, 2e9 or 2GB, got {raw!r}")
-    value = Decimal(match["number"]) * UNITS[unit]
-    if value != value.to_integral_value() or not 0 <= value <= LIMIT:
-        raise ValueError(f"{name} must be a non-negative whole number of bytes, got {raw!r}")
+    value = parsed[0] * UNITS[unit]
+    if value.denominator != 1 or not 0 <= value <= LIMIT:
+        raise ValueError(f"{name} must be a whole number of bytes from 0 to 10^18, got {raw!r}")
     return int(value)
 
 
 def parse_count(text, name: str) -> int:
-    """A positive integer from ``"7000000000"`` or ``"7e9"``; ``ValueError`` otherwise."""
+    """A positive integer up to :data:`LIMIT` from ``"7000000000"`` or ``"7e9"``; ``ValueError`` otherwise."""
     raw = str(text).strip()
-    match = _QUANTITY.match(raw)
-    value = Decimal(match["number"]) if match and not match["unit"] else None
-    if value is None or value != value.to_integral_value() or not 1 <= value <= LIMIT:
-        raise ValueError(f"{name} must be a positive integer, got {raw}")
-    return int(value)
+    parsed = _exact_number(raw)
+    if parsed is None or parsed[1] or parsed[0].denominator != 1 or not 1 <= parsed[0] <= LIMIT:
+        raise ValueError(f"{name} must be a positive integer up to 10^18, got {raw!r}")
+    return int(parsed[0])
 
 
 def format_quantity(value, unit: str = "", digits: int = 0) -> str:

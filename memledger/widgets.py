@@ -7,7 +7,7 @@ redraws an HTML table and bar: no ``subs``, no matplotlib, milliseconds.
 import ipywidgets as w
 
 from .architecture import PRESETS
-from .display import SEQUENCE_CHOICES, html_table, html_verdict
+from .display import SEQUENCE_CHOICES, html_verdict
 from .ledger import Ledger
 from .recipes import RECIPES
 from .hardware import GPU_MEMORY
@@ -44,7 +44,7 @@ def render(values: dict) -> str:
         ledger = Ledger(**settings)
     except ValueError as error:
         return f'<p style="color:crimson">{error}</p>'
-    return html_verdict(ledger, GPU_SIZES[values["gpu"]]) + html_table(ledger)
+    return html_verdict(ledger, GPU_SIZES[values["gpu"]]) + ledger.table().html()
 
 
 def explorer(preset: str = "article-7b") -> w.Widget:

@@ -90,3 +90,59 @@ def test_bad_options(kwargs, message):
 def test_bad_mlp():
     with pytest.raises(ValueError, match="mlp"):
         inventory("relu")
+
+
+# --- real checkpoints: GQA, head size, MoE (keyword options; defaults leave the rows above unchanged) ---
+
+def test_defaults_unchanged_by_new_options():
+    assert sp.expand(per_layer_bytes(inventory(gqa=False, head_dim=False, moe=False))
+                     - per_layer_bytes(inventory())) == 0
+
+
+def test_megatron_selective_closed_form_at_any_ffn_width():
+    # Megatron-LM theoretical_memory_usage.compute_activation_memory: sbh(18 + 4 ffn/h) per layer
+    # (selective recompute; Korthikanti Table 2's 34 at ffn = 4h)
+    assert sp.expand(per_layer_bytes(inventory(), "selective") - S * B * d * (18 + 4 * F / d)) == 0
+
+
+def test_gqa_keeps_k_and_v_at_kv_width():
+    from memledger.symbols import H_kv
+    rows = {r.name: r for r in inventory("swiglu", "RMSNorm", dropout=False, gqa=True)}
+    assert sp.simplify(rows["K"].bytes - 2 * B * S * d * H_kv / H) == 0
+    assert sp.simplify(rows["V"].bytes - 2 * B * S * d * H_kv / H) == 0
+    assert rows["Q"].bytes == 2 * B * S * d
+    gqa = per_layer_bytes(inventory("swiglu", "RMSNorm", dropout=False, gqa=True))
+    mha = per_layer_bytes(inventory("swiglu", "RMSNorm", dropout=False))
+    assert sp.simplify(mha - gqa - 4 * B * S * d * (1 - H_kv / H)) == 0
+    assert sp.simplify(gqa.subs(H_kv, H) - mha) == 0          # H_kv = H is multi-head attention
+    # an eager implementation that repeats K/V to all heads keeps them at full width
+    assert sp.expand(per_layer_bytes(inventory("swiglu", "RMSNorm", dropout=False, gqa=True, repeat_kv=True))
+                     - mha) == 0
+
+
+def test_head_dim_widens_q_and_output_projection_input():
+    from memledger.symbols import d_h
+    rows = {r.name: r for r in inventory("swiglu", "RMSNorm", dropout=False, head_dim=True)}
+    assert rows["Q"].bytes == 2 * B * S * H * d_h and rows["output projection input"].bytes == 2 * B * S * H * d_h
+
+
+def test_moe_rows_top_k_dropless_and_capacity():
+    from memledger.symbols import E, k
+    dense = per_layer_bytes(inventory("swiglu", "RMSNorm", dropout=False))
+    moe = per_layer_bytes(inventory("swiglu", "RMSNorm", dropout=False, moe=True))
+    # the four B x S x F tensors become k x B x S x F (each token visits k experts, dropless),
+    # plus routed inputs and outputs (2 x 2kBSd), routing weights 2kBS, fp32 router probabilities 4BSE,
+    # int64 top-k indices 8kBS
+    expected = dense + 8 * B * S * F * (k - 1) + 4 * k * B * S * d + 2 * k * B * S + 4 * B * S * E + 8 * k * B * S
+    assert sp.expand(moe - expected) == 0
+    assert sp.expand(moe.subs(k, 1) - dense - 4 * B * S * d - 10 * B * S - 4 * B * S * E) == 0
+    padded = per_layer_bytes(inventory("swiglu", "RMSNorm", dropout=False, moe=True, capacity_factor="1.25"))
+    assert sp.expand(padded - moe - sp.Rational(1, 4) * (8 * k * B * S * F + 4 * k * B * S * d + 2 * k * B * S)) == 0
+
+
+@pytest.mark.parametrize("kwargs, message", [(dict(moe=True), "gated MLP"),
+                                             (dict(mlp="swiglu", moe=True, capacity_factor=0), "capacity_factor"),
+                                             (dict(mlp="swiglu", moe=True, capacity_factor="x"), "capacity_factor")])
+def test_bad_moe_options(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        inventory(**kwargs)

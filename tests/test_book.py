@@ -17,6 +17,7 @@ from memledger.book import CLAIM_BY_ID, EQUATIONS, article_text, equation_latex,
 from memledger.claims import CLAIMS
 from memledger.facts import FACTS
 
+pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
 BOOK = ROOT / "book"
 CHAPTERS = sorted(BOOK.glob("*.ipynb"))

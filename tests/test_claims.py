@@ -29,7 +29,7 @@ def test_no_claim_unexplained():
     assert sum(c.status == "erratum" for c in CLAIMS) >= 2
 
 
-@pytest.mark.skipif(not ARTICLE.exists(), reason="the source article is in ../shared/source")
+@pytest.mark.skipif(not ARTICLE.exists(), reason="needs a local copy of the article (../shared/source)")
 def test_stated_values_are_quoted_from_the_article():
     text = ARTICLE.read_text(encoding="utf-8")
     missing = [(c.id, c.stated) for c in CLAIMS if c.stated not in text]

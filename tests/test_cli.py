@@ -88,13 +88,13 @@ def test_presets_recipes_claims(capsys):
 
 
 BAD = [
-    (["ledger", "--preset", "article-7b", "--batch", "-1"], "batch_size must be a positive integer, got -1"),
+    (["ledger", "--preset", "article-7b", "--batch", "-1"], "batch_size must be a positive integer up to 10^18, got '-1'"),
     (["ledger", "--preset", "article-7b", "--batch", "0"], "batch_size"),
     (["ledger", "--preset", "article-7b", "--seq", "two"], "seq_len"),
     (["ledger", "--preset", "article-7b", "--batch", "1.5"], "batch_size"),
     (["ledger", "--preset", "unknown"], "unknown preset"),
     (["ledger", "--preset", "article-7b", "--recipe", "lion"], "unknown recipe"),
-    (["ledger", "--preset", "article-7b", "--zero", "4"], "zero_stage must be 0, 1, 2 or 3"),
+    (["ledger", "--preset", "article-7b", "--zero", "4"], "zero_stage must be one of 0, 1, 2, 3, got '4'"),
     (["ledger", "--preset", "article-7b", "--zero", "x"], "zero_stage"),
     (["ledger", "--preset", "article-7b", "--zero", "2", "--dp", "0"], "dp must be a positive integer"),
     (["ledger", "--hidden", "4096", "--layers", "32", "--heads", "31"], "divisible by n_heads"),
@@ -111,7 +111,7 @@ BAD = [
     (["ledger", "--preset", "article-7b", "--offload-params", "cpu"], "needs zero_stage 3"),
     (["ledger", "--preset", "article-7b", "--offload-placement", "x", "--offload-optimizer", "cpu"], "placement"),
     (["ledger", "--preset", "article-7b", "--overhead", "-2GB"], "overhead"),
-    (["ledger", "--preset", "article-7b", "--units", "MB"], "units must be GB or GiB"),
+    (["ledger", "--preset", "article-7b", "--units", "MB"], "units must be one of GB, GiB"),
     (["ledger", "--preset", "article-7b", "--gpu-memory", "lots"], "gpu_memory"),
     (["ledger", "--preset", "article-7b", "--link", "usb"], "unknown link"),
     (["ledger", "--preset", "article-7b", "--style", "bert", "--layers", "2"], "style"),
@@ -145,4 +145,4 @@ def test_python_m_and_console_script_no_traceback():
         bad = subprocess.run(cmd + ["ledger", "--preset", "llama2-7b", "--batch", "-3"],
                              capture_output=True, text=True)
         assert bad.returncode == 2 and bad.stdout == "" and "Traceback" not in bad.stderr
-        assert bad.stderr.strip() == "memledger: error: batch_size must be a positive integer, got -3"
+        assert bad.stderr.strip() == "memledger: error: batch_size must be a positive integer up to 10^18, got '-3'"

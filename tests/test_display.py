@@ -1,4 +1,4 @@
-from memledger.display import Table, html_table, html_verdict, inventory_table, markdown_table, recipe_table, text_table
+from memledger.display import Table, html_verdict, inventory_table, recipe_table
 from memledger.activations import inventory
 from memledger.ledger import Ledger
 from memledger.recipes import get_recipe
@@ -7,21 +7,22 @@ from memledger.units import GB
 
 def test_text_table_shows_rows_and_totals():
     ledger = Ledger("article-7b", recompute="full", offload_optimizer="cpu")
-    text = text_table(ledger)
+    text = ledger.table().text()
     assert "FP32 master weights" in text and "total on GPU" in text and "total on CPU" in text
     assert "28,000,000,000" in text and "84.00 GB" in text
 
 
 def test_units_label_every_number():
-    text = text_table(Ledger("gpt2"), "GiB")
+    text = Ledger("gpt2").table("GiB").text()
     assert "GiB" in text and " GB" not in text
 
 
 def test_markdown_and_html():
     ledger = Ledger("gpt2")
-    assert markdown_table(ledger).startswith("| component |")
-    assert ledger._repr_markdown_() == markdown_table(ledger)
-    assert html_table(ledger).startswith('<table class="memledger">') and "<th>" in ledger._repr_html_()
+    assert ledger.table().markdown().startswith("| component |")
+    assert ledger._repr_markdown_() == ledger.table().markdown()
+    assert "| **total on GPU** |" in ledger.table().markdown()
+    assert ledger.table().html().startswith('<table class="memledger">') and "<th" in ledger._repr_html_()
 
 
 def test_verdict():
@@ -37,7 +38,13 @@ def test_table_repr_and_html_escape():
 
 
 def test_inventory_and_recipe_tables():
-    values = Ledger("article-7b").values()
+    values = Ledger("article-7b").values
     text = repr(inventory_table(inventory(), values))
     assert "256 MiB" in text and "2·B·H·S^2" in text
+
+
+def test_inventory_table_decimals_follow_the_unit():
+    # 16 MiB is a whole number of MiB but not of GiB: it must not print as "0 GiB"
+    text = repr(inventory_table(inventory(), Ledger("article-7b").values, "GiB"))
+    assert " 0 GiB" not in text and "0.02 GiB" in text
     assert "14 GB" in repr(recipe_table(get_recipe("bf16-adamw"), 7 * 10**9))

@@ -48,7 +48,7 @@ def test_parameter_offload_adds_working_set():
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(arch="article-7b", batch_size=0), "batch_size must be a positive integer, got 0"),
+    (dict(arch="article-7b", batch_size=0), "batch_size must be a positive integer up to 10\\^18, got 0"),
     (dict(arch="article-7b", seq_len=-5), "seq_len must be a positive integer"),
     (dict(arch="article-7b", batch_size=1.5), "batch_size"),
     (dict(arch="article-7b", dp=0), "dp must be a positive integer"),

@@ -2,9 +2,9 @@
 
 A small block in plain PyTorch (no peft): separate q/k/v/o projections, non-causal attention, GeLU or SwiGLU
 MLP, dropout for the GPT style. Norms are one autograd Function that saves its input and fp32 statistics, as
-fused norm kernels do; dropout is ``torch.native_dropout`` (a bool mask, as on CUDA). The inventory leaves the statistics out, so the test adds them (B*S fp32 values per
-statistic). A frozen NF4 projection is a Function that saves only the packed weight, as bitsandbytes'
-MatMul4Bit does.
+fused norm kernels do; dropout is ``torch.native_dropout`` (a bool mask, as on CUDA). The inventory leaves
+the statistics out, so the test adds them (B*S fp32 values per statistic). A frozen NF4 projection is a
+Function that saves only the packed weight, as bitsandbytes' MatMul4Bit does.
 """
 import math
 
@@ -265,7 +265,7 @@ def test_lora_state_bytes_match_pytorch(style):
     opt.step()
     arch = Architecture(DIMS["d"], 1, DIMS["H"], DIMS["F"], 1, style)
     ours = {role: 0 for role in ("param", "grad", "optimizer")}
-    for name, role, _, n in state_rows(arch, LoraConfig(DIMS["r"], targets, base="fp32")):
+    for _, role, _, n in state_rows(arch, LoraConfig(DIMS["r"], targets, base="fp32")):
         ours[role] += n
     frozen = [p for p in block.parameters() if not p.requires_grad]
     assert all(p.grad is None for p in frozen)

@@ -1,7 +1,7 @@
 import pytest
 import sympy as sp
 
-from memledger.model_states import device_of, elements_per_device, state_rows
+from memledger.model_states import device_of, elements_per_device, state_specs
 from memledger.recipes import get_recipe
 from memledger.symbols import N_d, P, t
 
@@ -9,8 +9,8 @@ ADAMW = get_recipe("bf16-adamw")
 
 
 def test_baseline_rows_sum_to_16p():
-    rows = state_rows(ADAMW)
-    assert sp.expand(sum(r.expr for r in rows).subs(t, 1) - 16 * P) == 0
+    rows = state_specs(ADAMW)
+    assert sp.expand(sum(r.expr() for r in rows).subs(t, 1) - 16 * P) == 0
     assert {r.device for r in rows} == {"gpu"}
 
 
@@ -20,13 +20,13 @@ def test_shards_are_rounded_up():
 
 
 def test_article_placement_keeps_grads_on_gpu():
-    rows = state_rows(ADAMW, offload_optimizer="cpu")
+    rows = state_specs(ADAMW, offload_optimizer="cpu")
     assert [r.device for r in rows] == ["gpu", "gpu", "cpu", "cpu", "cpu"]
 
 
 def test_zero_offload_placement_keeps_only_params():
-    rows = state_rows(ADAMW, offload_optimizer="cpu", placement="zero-offload")
-    gpu = sum(r.expr for r in rows if r.device == "gpu").subs(t, 1)
+    rows = state_specs(ADAMW, offload_optimizer="cpu", placement="zero-offload")
+    gpu = sum(r.expr() for r in rows if r.device == "gpu").subs(t, 1)
     assert gpu == 2 * P     # Ren et al. 2021: 16P -> 2P on the GPU
 
 
@@ -36,7 +36,7 @@ def test_nvme_optimizer_grads_to_host_memory():
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(zero_stage=4), "zero_stage must be 0, 1, 2 or 3"),
+    (dict(zero_stage=4), "zero_stage must be one of 0, 1, 2, 3"),
     (dict(zero_stage=True), "zero_stage"),
     (dict(offload_optimizer="gpu"), "offload_optimizer must be one of none, cpu, nvme"),
     (dict(offload_params="cpu", zero_stage=2), "offload_params needs zero_stage 3"),
@@ -44,4 +44,4 @@ def test_nvme_optimizer_grads_to_host_memory():
 ])
 def test_bad_input(kwargs, message):
     with pytest.raises(ValueError, match=message):
-        state_rows(ADAMW, **kwargs)
+        state_specs(ADAMW, **kwargs)

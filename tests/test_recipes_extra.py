@@ -8,7 +8,7 @@ from memledger.architecture import Architecture, get_preset, param_count_expr
 from memledger.conventions.papers import PLAYBOOK_FP8
 from memledger.dtypes import nbits
 from memledger.ledger import Ledger
-from memledger.model_states import state_rows
+from memledger.model_states import state_specs
 from memledger.recipes import RECIPES, Component, get_recipe
 from memledger.symbols import F, L, N_d, P, V, d, t
 from memledger.tensors import (
@@ -129,6 +129,6 @@ def test_optimizer_states_match_torch(recipe, make):
     opt = make(params)
     opt.step()
     n = sum(p.numel() for p in params)
-    rows = state_rows(get_recipe(recipe))
-    ours = sp.sympify(sum(r.expr for r in rows if r.role == "optimizer")).subs({P: n, t: 1, N_d: 1})
+    rows = state_specs(get_recipe(recipe))
+    ours = sp.sympify(sum(r.expr() for r in rows if r.role == "optimizer")).subs({P: n, t: 1, N_d: 1})
     assert _state_bytes(opt) == ours

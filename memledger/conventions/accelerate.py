@@ -71,7 +71,7 @@ def _accelerate_dtype(setup) -> str:
 def model_bytes(setup) -> sp.Expr:
     """S: 4 bytes x the parameters ``AutoModel`` builds (the untied output head is not among them)."""
     from ..symbols import V, d
-    untied = setup.arch is not None and setup.arch.style == "llama"
+    untied = setup.arch is not None and not setup.arch.features.is_tied
     return 4 * (P - V * d) if untied else 4 * P
 
 

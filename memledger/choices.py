@@ -1,0 +1,67 @@
+"""Checking what a caller passes: names looked up in tables, choices, counts and flags.
+
+One helper per kind of input, so that every field of every API (Ledger, the
+CLI, the widgets, the static calculator's data) refuses bad input with the
+same kind of message, naming the field and what is allowed:
+
+    lookup(RECIPES, "bf16-adam", "recipe")  -> ValueError: unknown recipe 'bf16-adam'; known: ...
+    check_choice("zero_stage", True, (0, 1, 2, 3))  -> ValueError (a bool is not a stage)
+    check_count("batch_size", 7e9)  -> 7000000000 (a whole-number float is a count)
+
+Plain Python only: the command line imports this without SymPy.
+"""
+import operator
+
+#: The largest count or size accepted (an exabyte): the same limit everywhere (CLI, API, calculator).
+LIMIT = 10**18
+
+#: Recomputation modes of the activation inventory (Korthikanti et al. 2022).
+RECOMPUTE = ("none", "selective", "full")
+
+
+def lookup(table, name, field: str):
+    """``table[name]``, or ``ValueError`` naming ``field`` and listing the known names."""
+    if not isinstance(name, str):
+        raise TypeError(f"{field} must be a name (a string), got {name!r}")
+    try:
+        return table[name]
+    except KeyError:
+        raise ValueError(f"unknown {field} {name!r}; known: {', '.join(table)}") from None
+
+
+def check_choice(field: str, value, options):
+    """``value`` if it is one of ``options`` (and of the same type: ``True`` is not ``1``)."""
+    if not any(type(value) is type(option) and value == option for option in options):
+        raise ValueError(f"{field} must be one of {', '.join(map(str, options))}, got {value!r}")
+    return value
+
+
+def check_flag(field: str, value, allow_none: bool = False):
+    """A bool (``None`` too if ``allow_none``); strings such as ``"no"`` are refused."""
+    if isinstance(value, bool) or (allow_none and value is None):
+        return value
+    raise TypeError(f"{field} must be True or False{' or None' if allow_none else ''}, got {value!r}")
+
+
+def check_count(field: str, value, minimum: int = 1, limit: int = LIMIT) -> int:
+    """An int in [minimum, limit]: ints, and floats that are whole numbers (``7e9``); never bools."""
+    if isinstance(value, bool):
+        raise TypeError(f"{field} must be an integer, got {value!r}")
+    if isinstance(value, float):
+        if not value.is_integer():
+            raise ValueError(f"{field} must be a whole number, got {value!r}")
+        value = int(value)
+    try:
+        number = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{field} must be an integer, got {value!r}") from None
+    if not minimum <= number <= limit:
+        kind = "a positive" if minimum == 1 else "a non-negative" if minimum == 0 else f"an integer >= {minimum},"
+        raise ValueError(f"{field} must be {kind} integer up to {_readable(limit)}, got {number!r}")
+    return number
+
+
+def _readable(n: int) -> str:
+    """10**18 -> "10^18"; other numbers with thousands separators."""
+    exponent = len(str(n)) - 1
+    return f"10^{exponent}" if n == 10**exponent and exponent > 3 else f"{n:,}"

@@ -1,0 +1,73 @@
+"""The command line for real models: --config, --pp, infer, fit (JSON, and one-line errors)."""
+import json
+
+import pytest
+
+from memledger.cli import main
+from memledger.hf_config import shipped_configs
+from memledger.ledger import Ledger
+from memledger.units import GB
+
+
+def run(capsys, *args):
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize("name", list(shipped_configs()))
+def test_ledger_from_every_shipped_config(capsys, name, tmp_path):
+    path, _, _ = shipped_configs()[name]
+    copy = tmp_path / "config.json"                      # any local file, read offline
+    copy.write_text(path.read_text())
+    code, out, err = run(capsys, "ledger", "--config", str(copy), "--json")
+    assert code == 0 and err == ""
+    data = json.loads(out)
+    assert data["inputs"]["n_params"] == Ledger(name).params
+    assert data["totals"]["gpu"] == Ledger(name).totals["gpu"]
+
+
+def test_pipeline_rows(capsys):
+    code, out, _ = run(capsys, "ledger", "--preset", "llama2-7b", "--pp", "4", "--microbatches", "8", "--json")
+    pipe = json.loads(out)["pipeline"]
+    assert pipe["schedule"]["bubble_fraction_exact"] == "3/8"
+    first, last = pipe["stages"]
+    assert (first["stage"], last["stage"]) == (0, 3)
+    assert first["totals"]["gpu"] == sum(r[3] for r in first["rows"] if r[2] == "gpu")
+    assert any("32 layers" in r[0] for r in first["rows"]) and any("8 layers" in r[0] for r in last["rows"])
+    code, out, _ = run(capsys, "ledger", "--preset", "llama2-7b", "--pp", "4", "--microbatches", "8",
+                       "--interleave", "2")
+    assert code == 0 and "bubble 3/16" in out
+
+
+def test_infer(capsys):
+    code, out, err = run(capsys, "infer", "--preset", "llama3-8b", "--batch", "8", "--seq", "8192", "--json")
+    data = json.loads(out)
+    kv = next(r["bytes"] for r in data["rows"] if r["name"].startswith("KV cache"))
+    assert kv == 2 * 32 * 8 * 8192 * 8 * 128 * 2 and data["fits"] is True
+
+
+def test_fit_json_fits_at_answer_not_beyond(capsys):
+    code, out, err = run(capsys, "fit", "--preset", "llama2-7b", "--zero", "3", "--dp", "8", "--flash-attention",
+                         "--vary", "seq", "--json")
+    data = json.loads(out)
+    n = data["answer"]
+    assert data["ledger"]["totals"]["gpu"] == data["total_at_answer"] <= 80 * GB < data["next"]["total"]
+    assert Ledger("llama2-7b", zero_stage=3, dp=8, flash_attention=True, seq_len=n).fits(80 * GB)
+    assert not Ledger("llama2-7b", zero_stage=3, dp=8, flash_attention=True, seq_len=n + 1).fits(80 * GB)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["ledger", "--config", "/nonexistent/config.json"], "cannot read"),
+    (["ledger", "--config", "x.json", "--preset", "gpt2"], "not both"),
+    (["ledger", "--preset", "gpt2", "--microbatches", "4"], "need --pp"),
+    (["ledger", "--preset", "gpt2", "--pp", "5"], "must divide the number of layers"),
+    (["ledger", "--preset", "mistral-7b", "--tp", "16"], "n_kv_heads"),
+    (["fit", "--preset", "gpt2", "--vary", "width"], "vary must be one of"),
+    (["fit", "--preset", "gpt2"], "--vary"),
+    (["infer", "--params", "7e9"], "infer needs an architecture"),
+    (["infer", "--preset", "gpt2", "--dtype", "int3"], "dtype"),
+])
+def test_bad_input_one_line_exit_2(capsys, args, message):
+    code, out, err = run(capsys, *args)
+    assert code == 2 and out == "" and message in err and err.count("\n") == 1

@@ -1,0 +1,52 @@
+"""The generated plain-Python formulas are the SymPy ones: fresh, and equal at random points."""
+from pathlib import Path
+import subprocess
+import sys
+
+from hypothesis import given, settings, strategies as st
+
+import memledger
+from memledger import formulas
+from memledger.evaluate import exact_function
+
+
+def test_compiled_module_is_a_fresh_generation():
+    committed = Path(memledger.__file__).with_name("compiled.py").read_text()
+    assert committed == formulas.generate(), "run `python -m memledger.formulas` and commit memledger/compiled.py"
+
+
+def test_every_key_is_compiled():
+    from memledger.compiled import FUNCTIONS
+    assert list(FUNCTIONS) == formulas.keys()
+
+
+VALUES = st.fixed_dictionaries({name: st.integers(1, 10**6) for name in
+                                ("B", "S", "d", "H", "L", "F", "V", "P", "N_d", "t", "O", "n_positions",
+                                 "H_kv", "d_h", "E", "k", "n_token_types")})
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from(formulas.keys()), VALUES)
+def test_compiled_equals_symbolic(key, values):
+    expression = formulas.expr(key)
+    symbols = sorted(expression.free_symbols, key=lambda s: s.name)
+    values = dict(values, t=1) if key[0] == "activations" else values   # activations divide B*S*d by t exactly
+    try:
+        expected = exact_function(symbols, (expression,))(*(values[s.name] for s in symbols))[0]
+    except ArithmeticError:
+        return                                  # not a whole number of bytes at these values: nothing to compare
+    assert formulas.evaluate(key, values) == expected
+
+
+def test_uncompiled_key_falls_back_to_sympy(monkeypatch):
+    from memledger import compiled
+    key = ("elements", True)
+    monkeypatch.setattr(compiled, "FUNCTIONS", {})
+    assert formulas.evaluate(key, {"P": 7, "N_d": 2, "t": 1}) == 4
+
+
+def test_command_line_imports_no_sympy_or_numpy():
+    code = ("import sys; from memledger.cli import main; main(['ledger', '--preset', 'llama2-7b', '--json']); "
+            "assert 'sympy' not in sys.modules and 'numpy' not in sys.modules, 'heavy import'")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr

@@ -1,0 +1,101 @@
+"""Pipeline parallelism against Korthikanti et al. 2022 (Sec. 4.2.3, 4.3), Megatron-LM's
+schedules and theoretical_memory_usage.py, and Narayanan et al. 2021 (the bubble)."""
+import pytest
+import sympy as sp
+
+from memledger.activations import inventory, per_layer_bytes
+from memledger.architecture import get_preset
+from memledger.pipeline import (bubble_fraction, in_flight_chunks, layers_in_flight, output_rows,
+                                schedule_summary, stage_activation_specs, stage_param_parts, stage_params)
+from memledger.symbols import B, F, H, L, S, V, d, m, p, v
+
+EQ1 = S * B * d * (34 + 5 * H * S / d)          # Korthikanti Eq. 1, per layer
+
+
+def first_stage_layers(specs):
+    return specs[0][1]
+
+
+def test_1f1b_first_stage_holds_L_layers_whatever_p():
+    # Korthikanti Sec. 4.2.3: the first stage stores p micro-batches of L/p layers = L layers' worth
+    specs = stage_activation_specs(EQ1, L, p, m, 1, 0)
+    assert sp.simplify(first_stage_layers(specs) - L * EQ1) == 0
+
+
+def test_interleaved_first_stage_factor():
+    # Korthikanti Sec. 4.2.3: interleaving with v chunks multiplies it by 1 + (p - 1)/(p v)
+    specs = stage_activation_specs(EQ1, L, p, m, v, 0)
+    assert sp.simplify(first_stage_layers(specs) - L * EQ1 * (1 + (p - 1) / (p * v))) == 0
+
+
+def test_embedding_dropout_is_sbhp():
+    # Korthikanti Sec. 4.3: embedding dropout sbhp (1-byte mask, p micro-batches in flight)
+    specs = dict(stage_activation_specs(EQ1, L, p, m, 1, 0))
+    mask = next(expr for name, expr in specs.items() if name.startswith("embedding dropout mask"))
+    assert sp.simplify(mask - S * B * d * p) == 0
+    ids = next(expr for name, expr in specs.items() if name.startswith("input token ids"))
+    assert sp.simplify(ids - 8 * S * B * p) == 0       # Megatron-LM: 8 * seq * micro_batch * pp
+
+
+def test_output_layer_terms():
+    # Korthikanti Sec. 4.3 / Megatron-LM: final norm, output-layer input and fp32 logits = 4sbh(1 + v/h)
+    total = sum(r.bytes for r in output_rows("llama"))
+    assert sp.simplify(total - 4 * S * B * d * (1 + V / d)) == 0
+
+
+def test_megatron_discount_when_fewer_microbatches_than_stages():
+    # theoretical_memory_usage.py: activation_memory *= min(1, num_microbatches / pp)
+    for p_, m_ in ((4, 2), (4, 4), (4, 9), (8, 3)):
+        assert layers_in_flight(32, p_, m_) == 32 * min(1, sp.Rational(m_, p_))
+
+
+def test_interleaved_numbers_match_the_penalty():
+    # Megatron-LM: interleaved_schedule_memory_penalty = 1 + (pp - 1)/(pp * vpp)
+    for p_, m_, v_ in ((4, 8, 2), (8, 16, 4), (2, 4, 3)):
+        assert layers_in_flight(48, p_, m_, v_) == 48 * (1 + sp.Rational(p_ - 1, p_ * v_))
+    assert in_flight_chunks(4, 4, 2) == 8          # m == p: every chunk-forward runs before a backward
+
+
+def test_last_stage_holds_one_microbatch():
+    assert in_flight_chunks(4, 8, 1, rank=3) == 1
+    assert layers_in_flight(32, 4, 8, 1, rank=3) == 8
+
+
+def test_bubble():
+    # Narayanan et al. 2021, Sec. 2.2.1 and 2.2.2
+    assert bubble_fraction(4, 8) == sp.Rational(3, 8)
+    assert bubble_fraction(4, 8, 2) == sp.Rational(3, 16)
+    assert sp.simplify(bubble_fraction(p, m, v) - (p - 1) / (v * m)) == 0
+    assert schedule_summary(1, 1)["bubble_fraction"] == 0
+
+
+def test_stage_params_add_up():
+    llama = get_preset("llama2-7b")                 # untied: the stages partition the model
+    for p_ in (1, 2, 4, 8):
+        assert sum(stage_params(llama, p_, s) for s in range(p_)) == llama.computed_params
+    gpt2 = get_preset("gpt2")                       # tied: the last stage keeps its own copy of V x d
+    assert sum(stage_params(gpt2, 4, s) for s in range(4)) == gpt2.computed_params + 50257 * 768
+    assert stage_params(gpt2, 1, 0) == gpt2.computed_params
+    first, last = stage_param_parts(llama, 4, 0), stage_param_parts(llama, 4, 3)
+    assert first["embeddings"] == last["embeddings"] == 32000 * 4096
+
+
+def test_concrete_first_stage_equals_article_layers():
+    # article-7b, 1F1B over 4 stages, 8 micro-batches: the first stage holds all 32 layers' worth
+    rows = inventory()
+    layer = per_layer_bytes(rows).subs({F: 4 * d})
+    specs = stage_activation_specs(layer, 32, 4, 8, 1, 0)
+    assert specs[0][1] == 32 * layer
+
+
+@pytest.mark.parametrize("args, message", [
+    ((EQ1, 32, 0, 8), "pp must be a positive integer"),
+    ((EQ1, 32, 3, 8), r"pp x interleave \(3 x 1\) must divide"),
+    ((EQ1, 32, 4, 2, 2), "microbatches >= pp"),
+    ((EQ1, 32, 1, 2, 2), "needs pipeline parallelism"),
+])
+def test_bad_input(args, message):
+    with pytest.raises(ValueError, match=message):
+        stage_activation_specs(*args)
+    with pytest.raises(ValueError, match="stage must be"):
+        stage_param_parts(get_preset("gpt2"), 4, 4)
