@@ -20,8 +20,9 @@ from .model_states import OFFLOAD_DEVICES, PLACEMENTS, ZERO_STAGES
 from .recipes import RECIPES
 from .units import format_bytes, parse_bytes, parse_count
 
-COMMANDS = ("ledger", "fit", "infer", "presets", "recipes", "claims")
-UNITS = ("GB", "GiB")
+COMMANDS = ("ledger", "compare", "fit", "infer", "presets", "recipes", "claims")
+UNITS = ("GB", "GiB", "MiB", "TiB")
+UNITS_HELP = "GB (10^9 bytes), GiB (2^30), MiB (2^20) or TiB (2^40)"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -50,6 +51,12 @@ def _parser():
     led = sub.add_parser("ledger", help="the memory ledger of one setup, per GPU",
                          formatter_class=_Help)
     _ledger_options(led)
+    from .cli_conventions import add_options
+    add_options(led)
+    cmp = sub.add_parser("compare", help="one model under every published convention, with memledger's ledger",
+                         formatter_class=_Help)
+    _ledger_options(cmp)
+    add_options(cmp, compare=True)
     pipe = led.add_argument_group("pipeline parallelism (Megatron-LM schedules)")
     pipe.add_argument("--pp", help="pipeline stages P (rows per stage: first and last)")
     pipe.add_argument("--microbatches", help="micro-batches per step M (needs --pp)")
@@ -69,7 +76,7 @@ def _parser():
     inf.add_argument("--tp", default="1", help="tensor-parallel degree")
     inf.add_argument("--overhead", default=format_bytes(Ledger.overhead_bytes, digits=0).replace(" ", ""),
                      help="runtime overhead (CUDA context, workspace)")
-    inf.add_argument("--units", default=UNITS[0], help="GB (10^9 bytes) or GiB (2^30 bytes)")
+    inf.add_argument("--units", default=UNITS[0], help=UNITS_HELP)
     inf.add_argument("--gpu-memory", default=next(iter(GPU_MEMORY)),
                      help=f"GPU memory for the fits verdict: bytes (80GB) or one of {_one_of(GPU_MEMORY)}")
     inf.add_argument("--json", action="store_true", help="one JSON object with exact integer bytes")
@@ -116,7 +123,7 @@ def _ledger_options(parser):
     run.add_argument("--overhead", default=format_bytes(Ledger.overhead_bytes, digits=0).replace(" ", ""),
                      help="runtime overhead (CUDA context, workspace), e.g. 2GB or 1500000000")
     out = parser.add_argument_group("output")
-    out.add_argument("--units", default=UNITS[0], help="GB (10^9 bytes) or GiB (2^30 bytes)")
+    out.add_argument("--units", default=UNITS[0], help=UNITS_HELP)
     out.add_argument("--gpu-memory", default=next(iter(GPU_MEMORY)),
                      help=f"GPU memory for the fits verdict: bytes (80GB) or one of {_one_of(GPU_MEMORY)}")
     out.add_argument("--link", default="pcie4-x16", help=f"host link for offload time: {_one_of(HOST_LINKS)}")
@@ -195,7 +202,11 @@ def gpu_bytes(text: str) -> int:
 
 
 def _ledger(a):
+    from . import cli_conventions
+    path = cli_conventions.wants(a)
     ledger = build_ledger(a)
+    if path:
+        return getattr(cli_conventions, path)(a, ledger)
     memory = gpu_bytes(a.gpu_memory)
     from .cli_models import pipeline_section, pipeline_text
     pipe = pipeline_section(a, ledger, memory)
@@ -291,6 +302,9 @@ def main(argv=None) -> int:
         if a.command in ("fit", "infer"):
             from . import cli_models
             text = getattr(cli_models, a.command)(a)
+        elif a.command == "compare":
+            from .cli_conventions import compare
+            text = compare(a)
         else:
             text = {"ledger": _ledger, "presets": _presets, "recipes": _recipes, "claims": _claims}[a.command](a)
     except (ValueError, TypeError) as e:

@@ -59,6 +59,7 @@ class RowSpec(NamedTuple):
     device: str
     key: tuple
     factor: int = 1
+    role: str = ""          # model states: param / grad / optimizer (ZeRO's roles), or "gathered"
 
     @property
     def expr(self):
@@ -94,7 +95,7 @@ def row_specs(s: Structure) -> tuple:
     """Every :class:`RowSpec` of a structure: model states, activations, overhead."""
     recipe = RECIPES[s.recipe]
     features = s.arch.features if s.arch is not None else None
-    specs = [RowSpec(r.name, "model_states", r.device, r.key(features), r.factor)
+    specs = [RowSpec(r.name, "model_states", r.device, r.key(features), r.factor, r.role)
              for r in state_specs(recipe, s.zero_stage, s.offload_optimizer, s.offload_params, s.offload_placement)]
     if s.arch is not None:
         if s.offload_params != "none":
@@ -105,10 +106,10 @@ def row_specs(s: Structure) -> tuple:
             gathered = [c for c in recipe.components if c.role == "param"] + [recipe.grad_component]
             if all(c.plain for c in gathered):
                 specs.append(RowSpec("gathered parameters + gradients (largest layer)", "model_states", "gpu",
-                                     unit, recipe.role_bytes("param") + recipe.grad_bytes))
+                                     unit, recipe.role_bytes("param") + recipe.grad_bytes, "gathered"))
             else:
                 specs.append(RowSpec("gathered parameters + gradients (largest layer)", "model_states", "gpu",
-                                     component_key(gathered, unit)))
+                                     component_key(gathered, unit), 1, "gathered"))
         f = s.arch.features
         refinements = (f.gqa, f.head_dim, f.moe) if (f.gqa or f.head_dim or f.moe) else ()
         specs.append(RowSpec("activations", "activations", "gpu",
@@ -238,14 +239,25 @@ class Ledger:
         return fields
 
     def to_dict(self) -> dict:
-        """The CLI's JSON object: inputs, rows (exact integer bytes, formula), totals, traffic."""
+        """The CLI's JSON object: inputs, rows (exact integer bytes, formula; model states with their
+        role), totals, model states by role, traffic."""
         return {
             "inputs": self.inputs(),
             "rows": [{"name": r.name, "group": r.group, "device": r.device, "bytes": r.bytes,
-                      "formula": r.formula} for r in self.rows],
+                      "formula": r.formula, **({"role": r.spec.role} if r.spec.role else {})} for r in self.rows],
             "totals": self.totals,
+            "model_states_by_role": self.by_role(),
             "traffic": asdict(self.traffic),
         }
+
+    def by_role(self, device: Optional[str] = None) -> dict:
+        """Model-state bytes by ZeRO role: {"param": ..., "grad": ..., "optimizer": ...} (all devices, or one);
+        "gathered" too under ZeRO-3 parameter offload (a unit's parameters and gradients on the GPU)."""
+        roles = {"param": 0, "grad": 0, "optimizer": 0}
+        for r in self.rows:
+            if r.group == "model_states" and device in (None, r.device):
+                roles[r.spec.role] = roles.get(r.spec.role, 0) + r.bytes
+        return roles
 
     def table(self, unit: str = "GB"):
         """The rows and per-device totals as a :class:`~memledger.display.Table`

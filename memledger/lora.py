@@ -209,10 +209,7 @@ class LoraLedger:
                 "rows": [{"name": r.name, "group": r.group, "device": r.device, "bytes": r.bytes} for r in self.rows],
                 "model_states_by_role": self.by_role(), "totals": self.totals}
 
-    def table(self, unit: str = "GB") -> str:
-        from .units import format_bytes
-        width = max(len(r.name) for r in self.rows)
-        lines = [f"{r.name:<{width}}  {r.group:<12}  {r.bytes:>16,}  {format_bytes(r.bytes, unit):>11}"
-                 for r in self.rows]
-        total = self.totals["gpu"]
-        return "\n".join(lines + [f"{'total on GPU':<{width}}  {'':<12}  {total:>16,}  {format_bytes(total, unit):>11}"])
+    def table(self, unit: str = "GB"):
+        """Rows and totals as a :class:`memledger.display.Table` (text, Markdown, HTML)."""
+        from .display import ledger_table
+        return ledger_table(self, unit)

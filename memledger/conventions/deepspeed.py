@@ -39,6 +39,11 @@ _ZERO3_SHARDED = (("16-bit parameters", "param", 2), ("32-bit master parameters"
                   ("32-bit gradients", "grad", 4), _ADAM)
 
 
+def _parts(parts) -> str:
+    """'2 + 4 + 4 + 8 bytes/param (16-bit gradients, ...)'."""
+    return " + ".join(str(b) for _, _, b in parts) + " bytes/param (" + ", ".join(n for n, _, _ in parts) + ")"
+
+
 def _sharded(parts, count=P) -> sp.Expr:
     """floor(sum(bytes) * count / N): DeepSpeed truncates the sharded sum with ``int()``."""
     return sp.floor(sum(b for _, _, b in parts) * count / N)
@@ -56,7 +61,7 @@ def zero2_items(setup, docs: bool = False) -> list:
                     sp.floor(16 * P / N), "optimizer")]
     else:
         gpu = [Item("16-bit parameters (replicated)", "model_states", "gpu", 2 * P, "param"),
-               Item("sharded: " + " + ".join(f"{b} {n}" for n, _, b in _ZERO2_SHARDED), "model_states", "gpu",
+               Item("sharded: " + _parts(_ZERO2_SHARDED), "model_states", "gpu",
                     _sharded(_ZERO2_SHARDED), "optimizer")]
     return gpu + [Item("CPU: fp32 model while loading (x buffer)", "model_states", "cpu",
                        sp.floor(P * 4 * G * beta), "param")]
@@ -71,7 +76,7 @@ def zero3_items(setup) -> list:
         gpu, per = [gather, Item("16-bit parameters (sharded)", "model_states", "gpu",
                                  sp.floor(2 * P / N), "param")], 16
     else:
-        gpu = [gather, Item("sharded: " + " + ".join(f"{b} {n}" for n, _, b in _ZERO3_SHARDED), "model_states",
+        gpu = [gather, Item("sharded: " + _parts(_ZERO3_SHARDED), "model_states",
                             "gpu", _sharded(_ZERO3_SHARDED), "optimizer")]
         cpu = (P_max if setup.zero_init else P) * 4 * G * beta
         return gpu + [Item("CPU: fp32 model while loading (x buffer)", "model_states", "cpu", sp.floor(cpu), "param")]
