@@ -19,7 +19,9 @@ _EXPORTS = {
     "activations": ("ARTICLE_INVENTORY", "RELABELLED", "Saved", "activation_bytes", "closed_form", "inventory",
                     "per_layer_bytes", "quadratic_share"),
     "architecture": ("PRESETS", "CONFIG_PRESETS", "Architecture", "all_presets", "get_preset", "param_count_expr"),
+    "conventions": ("CONVENTIONS", "ERRATA", "Setup", "get_convention"),
     "fitting": ("fit",),
+    "lora": ("LoraConfig", "LoraLedger", "qlora"),
     "inference": ("Inference",),
     "ledger": ("Ledger", "Row", "sweep"),
     "model_states": ("state_specs", "zero_formula"),
@@ -29,7 +31,8 @@ _EXPORTS = {
     "units": ("format_bytes", "in_unit"),
 }
 _HOME = {name: module for module, names in _EXPORTS.items() for name in names}
-_MODULES = ("activations", "architecture", "book", "choices", "claims", "communication", "display", "dtypes",
+_MODULES = ("activations", "architecture", "book", "choices", "claims", "communication", "conventions", "display",
+            "dtypes", "lora", "tensors",
             "evaluate", "features", "fitting", "flops", "formulas", "hardware", "hf_config", "inference", "ledger",
             "model_states", "parameters", "pipeline", "plots", "recipes", "symbols", "transfer", "units", "webcalc",
             "widgets")

@@ -75,7 +75,8 @@ def setup(a, ledger):
                  buffer_factor=factor, zero_stage=ledger.zero_stage,
                  offload_optimizer=ledger.offload_optimizer != "none", offload_params=ledger.offload_params != "none",
                  zero_init=not a.no_zero_init, recompute=ledger.recompute, tp=ledger.tp,
-                 dtype="fp32" if ledger.recipe.startswith("fp32") else "bf16")
+                 dtype="fp32" if ledger.recipe.startswith("fp32") else "bf16", flash_attention=ledger.flash_attention,
+                 dropout=ledger.dropout)
 
 
 def convention(a, ledger) -> str:

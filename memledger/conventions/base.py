@@ -54,6 +54,8 @@ class Setup:
     recompute: str = "none"
     tp: int = 1
     dtype: str = "bf16"
+    flash_attention: bool = False    # memledger's reference ledger only: no convention models these two
+    dropout: bool = None             # None: as the architecture says
 
     def __post_init__(self):
         for name in ("n_params", "batch_size", "seq_len", "gpus_per_node", "nodes", "tp"):

@@ -49,7 +49,8 @@ def reference_ledger(setup: Setup, recipe: str = "bf16-adamw") -> Ledger:
     return Ledger(setup.arch, n_params=setup.n_params if setup.arch is None else None,
                   batch_size=setup.batch_size, seq_len=setup.seq_len, recipe=recipe, recompute=setup.recompute,
                   tp=setup.tp, zero_stage=setup.zero_stage, dp=setup.gpus, offload_optimizer=offload,
-                  offload_params=params, overhead_bytes=0)
+                  offload_params=params, overhead_bytes=0, flash_attention=setup.flash_attention,
+                  dropout=setup.dropout)
 
 
 def compare(setup: Setup, names=None) -> list:
