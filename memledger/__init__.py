@@ -25,7 +25,7 @@ _EXPORTS = {
     "inference": ("Inference",),
     "ledger": ("Ledger", "Row", "sweep"),
     "model_states": ("state_specs", "zero_formula"),
-    "recipes": ("RECIPES", "Recipe", "get_recipe"),
+    "recipes": ("RECIPES", "ALL_RECIPES", "FINETUNE_RECIPES", "Recipe", "get_recipe"),
     "hardware": ("GPU_MEMORY", "LINKS"),
     "transfer": ("Traffic",),
     "units": ("format_bytes", "in_unit"),

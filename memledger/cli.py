@@ -17,7 +17,7 @@ from .hardware import GPU_MEMORY, HOST_LINKS, NVME_LINKS
 from .hf_config import SUPPORTED
 from .ledger import Ledger
 from .model_states import OFFLOAD_DEVICES, PLACEMENTS, ZERO_STAGES
-from .recipes import RECIPES
+from .recipes import ALL_RECIPES
 from .units import format_bytes, parse_bytes, parse_count
 
 COMMANDS = ("ledger", "compare", "fit", "infer", "presets", "recipes", "claims")
@@ -106,7 +106,7 @@ def _ledger_options(parser):
     run = parser.add_argument_group("workload and strategy")
     run.add_argument("--batch", help=f"micro-batch size B (default: {Ledger.batch_size})")
     run.add_argument("--seq", help=f"sequence length S (default: {Ledger.seq_len})")
-    run.add_argument("--recipe", default=Ledger.recipe, help=f"one of: {_one_of(RECIPES)}")
+    run.add_argument("--recipe", default=Ledger.recipe, help=f"one of: {_one_of(ALL_RECIPES)}")
     run.add_argument("--recompute", default=Ledger.recompute, help=_one_of(RECOMPUTE))
     run.add_argument("--no-dropout", action="store_true", help="train without dropout")
     run.add_argument("--flash-attention", action="store_true", help="no S x S tensors saved")
@@ -272,7 +272,7 @@ def _recipes(a):
                                    **({"factored": True} if c.factored else {}),
                                    **({"block_constants": [list(b) for b in c.constants]} if c.constants else {})}
                                   for c in r.components]}
-            for name, r in RECIPES.items()}
+            for name, r in ALL_RECIPES.items()}
     if a.json:
         import json
         return json.dumps(data, indent=2)

@@ -22,7 +22,7 @@ from .choices import RECOMPUTE, check_choice, check_count, check_flag, lookup
 from .features import Features
 from .model_states import (OFFLOAD_DEVICES, PLACEMENTS, ZERO_STAGES, check_state_options, component_key,
                            state_specs)
-from .recipes import DEFAULT_RECIPE, RECIPES
+from .recipes import ALL_RECIPES, DEFAULT_RECIPE
 from .transfer import Traffic, step_traffic
 from .units import GB
 
@@ -93,7 +93,7 @@ class Structure(NamedTuple):
 @lru_cache(maxsize=256)
 def row_specs(s: Structure) -> tuple:
     """Every :class:`RowSpec` of a structure: model states, activations, overhead."""
-    recipe = RECIPES[s.recipe]
+    recipe = ALL_RECIPES[s.recipe]
     features = s.arch.features if s.arch is not None else None
     specs = [RowSpec(r.name, "model_states", r.device, r.key(features), r.factor, r.role)
              for r in state_specs(recipe, s.zero_stage, s.offload_optimizer, s.offload_params, s.offload_placement)]
@@ -155,7 +155,7 @@ class Ledger:
         for name in ("batch_size", "seq_len", "tp", "dp") + (("n_params",) if self.n_params is not None else ()):
             object.__setattr__(self, name, check_count(name, getattr(self, name)))
         object.__setattr__(self, "overhead_bytes", check_count("overhead_bytes", self.overhead_bytes, minimum=0))
-        recipe = lookup(RECIPES, self.recipe, "recipe")
+        recipe = lookup(ALL_RECIPES, self.recipe, "recipe")
         factored = [c.name for c in recipe.components if c.factored]
         if factored and arch is None:
             raise ValueError(f"{factored[0]} needs the matrix shapes: give an architecture")
@@ -229,7 +229,7 @@ class Ledger:
     def traffic(self) -> Traffic:
         """Host<->device bytes per optimizer step for this rank (see :mod:`memledger.transfer`)."""
         shard = formulas.evaluate(("elements", self.zero_stage >= 1), self.values)
-        return step_traffic(RECIPES[self.recipe], self.offload_optimizer, self.offload_params, shard)
+        return step_traffic(ALL_RECIPES[self.recipe], self.offload_optimizer, self.offload_params, shard)
 
     def inputs(self) -> dict:
         fields = asdict(self)

@@ -148,9 +148,13 @@ DEFAULT_RECIPE = "bf16-adamw"
 
 from .recipes_extra import EXTRA_RECIPES  # noqa: E402  (they are built from Component and Recipe above)
 
-RECIPES.update((r.name, r) for r in EXTRA_RECIPES)
+#: The recipes people fine-tune and train with beyond the article's (:mod:`memledger.recipes_extra`):
+#: kept apart so that :data:`RECIPES` stays the article's table the chapters print.
+FINETUNE_RECIPES = {r.name: r for r in EXTRA_RECIPES}
+#: Every recipe a ledger, the CLI and :func:`get_recipe` accept.
+ALL_RECIPES = {**RECIPES, **FINETUNE_RECIPES}
 
 
 def get_recipe(name: str) -> Recipe:
     """The recipe called ``name``; ``ValueError`` listing the known ones otherwise."""
-    return lookup(RECIPES, name, "recipe")
+    return lookup(ALL_RECIPES, name, "recipe")

@@ -1,7 +1,7 @@
 """Recipes people fine-tune and train with beyond the article's: 8-bit Adam, Adafactor, SGD, FP8.
 
 Each is a tuple of :class:`memledger.recipes.Component` with dtype, ZeRO role
-and source, registered in :data:`memledger.recipes.RECIPES`.
+and source, registered in :data:`memledger.recipes.FINETUNE_RECIPES` (and ``ALL_RECIPES``).
 
 * bitsandbytes 8-bit Adam (Dettmers et al. 2022, "8-bit Optimizers via
   Block-wise Quantization"): m and v as uint8 codes with one fp32 absmax per

@@ -36,8 +36,7 @@ def calculator_data() -> dict:
     return {
         "presets": {n: {"d": p.d_model, "L": p.n_layers, "H": p.n_heads, "F": p.d_ff, "style": p.style,
                         "P": p.params, "dropout": p.dropout} for n, p in PRESETS.items()},
-        "recipes": {n: [[c.name, c.role, c.bytes_per_param] for c in r.components] for n, r in RECIPES.items()
-                    if r.plain},      # whole bytes per parameter: what the page's formula multiplies
+        "recipes": {n: [[c.name, c.role, c.bytes_per_param] for c in r.components] for n, r in RECIPES.items()},
         "shards": {str(k): list(v) for k, v in ZERO_SHARDS.items()},
         "devices": {f"{role}|{opt}|{placement}": device_of(role, opt, "none", placement)
                     for role, opt, placement in product(ROLES, OFFLOAD_DEVICES, PLACEMENTS)},

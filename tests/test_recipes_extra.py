@@ -9,7 +9,7 @@ from memledger.conventions.papers import PLAYBOOK_FP8
 from memledger.dtypes import nbits
 from memledger.ledger import Ledger
 from memledger.model_states import state_specs
-from memledger.recipes import RECIPES, Component, get_recipe
+from memledger.recipes import ALL_RECIPES, RECIPES, Component, get_recipe
 from memledger.symbols import F, L, N_d, P, V, d, t
 from memledger.tensors import (
     factored_elements_expr,
@@ -39,6 +39,11 @@ def test_bnb_8bit_adam_bytes():
     n = 4096 * 11008 + 7                                        # a tensor that does not fill its last block
     assert m.bytes_for(n) == n + 4 * (n // 256 + bool(n % 256))
     assert get_recipe("bf16-adam8bit-bnb-nomaster").bytes_per_param == 2 + 2 + Fraction(65, 32)
+
+
+def test_the_articles_table_stays_apart():
+    # the chapters iterate over RECIPES; the fine-tuning recipes are in ALL_RECIPES only
+    assert "adafactor" not in RECIPES and set(RECIPES) < set(ALL_RECIPES)
 
 
 def test_transformer_math_8bit_convention_is_unchanged():
@@ -81,7 +86,7 @@ def test_sub_byte_component_rounds_to_whole_bytes():
 
 def test_every_recipe_row_is_whole_bytes():
     arch = get_preset("gpt2")
-    for name in RECIPES:
+    for name in ALL_RECIPES:
         ledger = Ledger(arch, recipe=name, zero_stage=3, dp=3)
         assert all(isinstance(r.bytes, int) for r in ledger.rows), name
 
