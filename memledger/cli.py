@@ -11,7 +11,7 @@ import argparse
 import os
 import sys
 
-from .architecture import Architecture, all_presets, get_preset
+from .architecture import Architecture, all_presets, get_preset, preset_names
 from .choices import RECOMPUTE, lookup
 from .hardware import GPU_MEMORY, HOST_LINKS, NVME_LINKS
 from .hf_config import SUPPORTED
@@ -89,7 +89,7 @@ def _parser():
 
 def _model_options(parser):
     arch = parser.add_argument_group("model (a preset, a parameter count, or a shape)")
-    arch.add_argument("--preset", help=f"one of: {_one_of(all_presets())}")
+    arch.add_argument("--preset", help=f"one of: {_one_of(preset_names())}")
     arch.add_argument("--config", help="a Hugging Face config.json (or its folder), read offline; model types: "
                       + _one_of(SUPPORTED))
     arch.add_argument("--params", help="parameter count, e.g. 7e9 (alone: model states only)")

@@ -239,12 +239,12 @@ class Ledger:
         return fields
 
     def to_dict(self) -> dict:
-        """The CLI's JSON object: inputs, rows (exact integer bytes, formula; model states with their
-        role), totals, model states by role, traffic."""
+        """The CLI's JSON object: inputs, rows (exact integer bytes, formula), totals, model states by
+        ZeRO role (:meth:`by_role`), traffic."""
         return {
             "inputs": self.inputs(),
             "rows": [{"name": r.name, "group": r.group, "device": r.device, "bytes": r.bytes,
-                      "formula": r.formula, **({"role": r.spec.role} if r.spec.role else {})} for r in self.rows],
+                      "formula": r.formula} for r in self.rows],
             "totals": self.totals,
             "model_states_by_role": self.by_role(),
             "traffic": asdict(self.traffic),
