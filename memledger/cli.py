@@ -51,12 +51,8 @@ def _parser():
     led = sub.add_parser("ledger", help="the memory ledger of one setup, per GPU",
                          formatter_class=_Help)
     _ledger_options(led)
-    from .cli_conventions import add_options
-    add_options(led)
-    cmp = sub.add_parser("compare", help="one model under every published convention, with memledger's ledger",
-                         formatter_class=_Help)
-    _ledger_options(cmp)
-    add_options(cmp, compare=True)
+    from .cli_conventions import add_parsers
+    add_parsers(sub, led, _ledger_options, _Help)
     pipe = led.add_argument_group("pipeline parallelism (Megatron-LM schedules)")
     pipe.add_argument("--pp", help="pipeline stages P (rows per stage: first and last)")
     pipe.add_argument("--microbatches", help="micro-batches per step M (needs --pp)")

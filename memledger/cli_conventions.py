@@ -15,6 +15,15 @@ CONVENTION_INPUTS = ("largest_layer", "gpus_per_node", "nodes", "buffer_factor",
 LORA_INPUTS = ("lora_rank", "lora_targets", "qlora", "lora_dropout", "adapter_recipe", "no_double_quant")
 
 
+def add_parsers(sub, ledger_parser, ledger_options, formatter):
+    """``ledger``'s extra options, and the ``compare`` command with the ledger's options."""
+    add_options(ledger_parser)
+    compare = sub.add_parser("compare", help="one model under every published convention, with memledger's ledger",
+                             formatter_class=formatter)
+    ledger_options(compare)
+    add_options(compare, compare=True)
+
+
 def add_options(parser, compare: bool = False):
     """The options of other calculators' inputs (and, for ``ledger``, --convention and LoRA)."""
     conv = parser.add_argument_group("other calculators' inputs (--convention, compare)")

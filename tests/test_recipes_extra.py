@@ -137,3 +137,9 @@ def test_optimizer_states_match_torch(recipe, make):
     rows = state_specs(get_recipe(recipe))
     ours = sp.sympify(sum(r.expr() for r in rows if r.role == "optimizer")).subs({P: n, t: 1, N_d: 1})
     assert _state_bytes(opt) == ours
+
+
+def test_tensors_add_up_for_every_preset():
+    from memledger.architecture import all_presets
+    for name, arch in all_presets().items():
+        assert arch.evaluate(total_params_expr(arch.features)) == arch.computed_params, name
