@@ -181,9 +181,10 @@ def test_megatron_sp_selective_layer_is_korthikanti_table_2():
 
 def test_megatron_counts_llama_parameters_like_memledger():
     arch = get_preset("llama2-7b")
-    values = {d: arch.d_model, F: arch.d_ff, V: arch.vocab_size, L: arch.n_layers, t: 1,
-              megatron.p_pp: 1}
-    assert megatron.shard_params("llama").subs(values) == arch.params
+    assert arch.evaluate(megatron.shard_params(arch.features).subs({t: 1, megatron.p_pp: 1})) == arch.params
+    mixtral = get_preset("mixtral-8x7b")     # GQA + 8 experts: Megatron counts the router too, as memledger does
+    assert mixtral.evaluate(megatron.shard_params(mixtral.features).subs({t: 1, megatron.p_pp: 1})) \
+        == mixtral.params
 
 
 def test_eleuther_activations_are_korthikanti():

@@ -32,13 +32,22 @@ DIST_OPTIMIZER_TABLE = {("fp16", "fp16"): (20, (4, 16)), ("bf16", "fp32"): (18, 
                         ("fp32", "fp32"): (16, (8, 8))}
 
 
-def shard_params(style: str) -> sp.Expr:
-    """Parameters on the most-loaded shard (p = 1): lines 82-103, 139-178, 247-267 for a dense model."""
-    swiglu, norm = (True, 1) if style == "llama" else (False, 2)
-    attention = 4 * d**2                                   # 2 d^2 (1 + groups/heads), MHA
+def shard_params(features) -> sp.Expr:
+    """Parameters on the most-loaded shard (p = 1, no expert parallelism): lines 82-103, 139-178,
+    247-267. Attention 2 d q + 2 d kv (grouped-query as ``num_query_groups``), MLP 2 d F (x 3/2 gated,
+    x E experts + a d x E router), norms 2 d per layer (x 2 for LayerNorm), no biases."""
+    from ..features import Features
+    from ..parameters import widths
+    from ..symbols import E
+    f = Features.of(features)
+    q, kv = widths(f)
+    swiglu, norm = (not f.gpt), (1 if not f.gpt else 2)
+    attention = 2 * d * q + 2 * d * kv
     mlp = 2 * d * F * (sp.Rational(3, 2) if swiglu else 1)
+    if f.moe:
+        mlp = E * mlp + d * E
     tp_sharded = ((attention + mlp) * L / p_pp + V * d) / t
-    if style == "llama":                                   # untied output layer on the same stage
+    if not f.is_tied:                                      # untied output layer on the same stage
         tp_sharded += V * d / t
     replicated = 2 * d * norm * L / p_pp + norm * d
     return tp_sharded + replicated
@@ -62,7 +71,7 @@ def activations(sequence_parallel_selective: bool) -> sp.Expr:
 def _items(setup, distributed: bool = False) -> list:
     if setup.arch is None:
         raise ValueError("the Megatron-LM convention counts parameters from the shape: give an architecture")
-    shard = shard_params(setup.arch.style)
+    shard = shard_params(setup.arch.features)
     dp = G * M / t
     param, grad, opt = bytes_per_param(distributed, dp)
     sp_selective = setup.recompute == "selective" and setup.tp > 1
