@@ -19,6 +19,7 @@ experts (``n_experts``, ``top_k``). :attr:`Architecture.features` names the
 choices; :mod:`memledger.parameters` derives the parts from them.
 """
 from dataclasses import dataclass, field, fields, replace
+from functools import cache
 
 from .choices import check_choice, check_count, check_flag, lookup
 from .features import STYLES, Features, swiglu_width
@@ -221,23 +222,31 @@ PRESETS = {
     "megatron-1t": Architecture(25600, 128, 160, 102400, 51200, "gpt",
         description="Korthikanti et al. 2022, Table 3, 1T"),
 }
+#: The article's own model: the default of every interactive view.
+ARTICLE_PRESET = "article-7b"
 
 
-#: Presets read from the Hugging Face config.json files shipped in ``memledger/configs/``
-#: (kept apart from the hand-entered :data:`PRESETS` the book's chapters tabulate).
-def _config_presets() -> dict:
+def preset_names() -> list:
+    """Every preset's name: the hand-entered ones, then the shipped configs' (read from their index only)."""
+    from .hf_config import shipped_configs
+    return list(PRESETS) + [name for name in shipped_configs() if name not in PRESETS]
+
+
+@cache
+def config_presets() -> dict:
+    """Presets read from the Hugging Face config.json files shipped in ``memledger/configs/``
+    (kept apart from the hand-entered :data:`PRESETS` the book's chapters tabulate); read on first use."""
     from .hf_config import shipped_presets
     return {name: arch for name, arch in shipped_presets().items() if name not in PRESETS}
 
 
-CONFIG_PRESETS = _config_presets()
-
-
 def all_presets() -> dict:
     """Every preset: the hand-entered ones, then those from shipped configs."""
-    return {**PRESETS, **CONFIG_PRESETS}
+    return {**PRESETS, **config_presets()}
 
 
 def get_preset(name: str) -> Architecture:
     """The preset called ``name`` (hand-entered or from a shipped config); ``ValueError`` listing the known ones."""
+    if isinstance(name, str) and name in PRESETS:
+        return PRESETS[name]
     return lookup(all_presets(), name, "preset")

@@ -13,6 +13,8 @@ GPU_MEMORY = {
     "h200": 141 * GB,
     "rtx-4090": 24 * GB,
 }
+#: The article's GPU: the default of every fits verdict.
+ARTICLE_GPU = "a100-80gb"
 
 #: Dense BF16 tensor-core peak, FLOP/s, from the vendors' data sheets.
 PEAK_BF16_FLOPS = {
@@ -33,3 +35,12 @@ LINKS = {**HOST_LINKS, **NVME_LINKS}
 def gpu_memory(name: str) -> int:
     """Bytes of memory of a named GPU; ``ValueError`` if unknown."""
     return lookup(GPU_MEMORY, name, "GPU")
+
+
+#: Peak host memory bandwidth of one CPU socket, bytes/s: channels x transfers/s x 8 bytes per 64-bit channel.
+#: DDR4-3200 on 8 channels is AMD EPYC 7002/7003 (the host CPU of NVIDIA's DGX A100); DDR5-4800 on 12
+#: channels is EPYC 9004. Both are quoted per socket by Tom's Hardware (2021-12-09): 204.8 and 460.8 GB/s.
+HOST_MEMORY_BANDWIDTH = {
+    "ddr4-3200-8ch": 8 * 3200 * 10**6 * 8,
+    "ddr5-4800-12ch": 12 * 4800 * 10**6 * 8,
+}

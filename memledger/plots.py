@@ -1,12 +1,17 @@
 """Figures for the book (matplotlib): each one draws library numbers, none typed.
 
-Captions live in the chapters (cell metadata), so these functions set no titles.
+One palette for every chapter: a component (a ledger row, a parameter part, a
+kind of saved tensor) has the same colour in every figure. Captions live in
+the chapters (cell metadata), so these functions set no titles.
 """
+import re
+
 import matplotlib.pyplot as plt
 import numpy as np
+import sympy as sp
 
-from .activations import ARTICLE_INVENTORY, inventory
-from .evaluate import vectorized_function
+from .activations import inventory
+from .architecture import get_preset
 from .hardware import GPU_MEMORY
 from .ledger import Ledger
 from .symbols import L, S
@@ -14,26 +19,71 @@ from .units import in_unit, unit_size
 
 A100_BYTES = GPU_MEMORY["a100-80gb"]
 
+#: The colour of each component, the same in every chapter: weights and gradients in blues,
+#: optimizer states in greens, activations orange, overhead grey.
+PALETTE = {
+    "BF16 parameters": "#08306b", "FP32 parameters": "#2171b5",
+    "BF16 gradients": "#6baed6", "FP32 gradients": "#9ecae1", "FP32 gradient accumulator": "#c6dbef",
+    "FP32 master weights": "#00441b",
+    "Adam first moment m": "#238b45", "Adam second moment v": "#74c476",
+    "SGD momentum": "#41ab5d", "Adam m (8-bit)": "#a1d99b", "Adam v (8-bit)": "#c7e9c0",
+    "gathered parameters + gradients (largest layer)": "#6a51a3",
+    "activations": "#f16913",
+    "CUDA context + workspace": "#969696",
+    # parameter parts (chapter 2)
+    "attention": "#2171b5", "MLP": "#f16913", "norms": "#fec44f", "embeddings": "#6a51a3",
+    # saved tensors (chapters 4 and 5): the B x S x d kind and the B x H x S x S kind
+    "linear in S": "#2171b5", "quadratic in S": "#cb181d", "total": "#000000",
+}
+GPU_LINE = "#cb181d"
+
+
+def colour(name: str) -> str:
+    """The palette's colour for ``name``; ``ValueError`` for a component the palette does not know."""
+    try:
+        return PALETTE[name]
+    except KeyError:
+        raise ValueError(f"no colour for {name!r}: add it to memledger.plots.PALETTE") from None
+
+
+def _wrap(label: str, width: int) -> str:
+    """``label`` on lines of at most ``width`` characters, broken after spaces and hyphens only."""
+    lines = [""]
+    for piece in re.findall(r"[^\s-]*-|\S+", label):
+        if lines[-1] and len(lines[-1]) + len(piece) + (not lines[-1].endswith("-")) > width:
+            lines.append("")
+        lines[-1] += ("" if not lines[-1] or lines[-1].endswith("-") else " ") + piece
+    return "\n".join(lines)
+
+
+def _bar_labels(ax, labels, fontsize=8):
+    """Category labels under bars, wrapped (at spaces and hyphens) to the width of one bar's slot."""
+    slot_points = ax.get_position().width * ax.figure.get_figwidth() * 72 / len(labels)
+    width = max(6, int(slot_points / (0.7 * fontsize)) - 1)
+    ax.set_xticks(range(len(labels)), [_wrap(label, width) for label in labels],
+                  fontsize=fontsize)
+
 
 def ledger_bars(ledgers: dict, gpu_bytes: int = A100_BYTES, unit: str = "GB", ax=None):
-    """Stacked bars of what each ledger keeps on one GPU, with the GPU's capacity as a line."""
-    ax = ax or plt.subplots(figsize=(7, 3.8))[1]
+    """Stacked bars of what each ledger keeps on one GPU, with the GPU's capacity as a dashed line."""
+    ax = ax or plt.subplots(figsize=(7.5, 4))[1]
     labels = list(ledgers)
     names = []
     for ledger in ledgers.values():
         names += [r.name for r in ledger.rows if r.device == "gpu" and r.name not in names]
-    cmap = plt.get_cmap("tab20")
     bottom = np.zeros(len(labels))
-    for i, name in enumerate(names):
-        heights = np.array([float(in_unit(sum(r.bytes for r in l.rows if r.name == name and r.device == "gpu"), unit))
-                            for l in ledgers.values()])
-        ax.bar(labels, heights, bottom=bottom, label=name, color=cmap(i % 20), edgecolor="white", linewidth=0.5)
+    for name in names:
+        heights = np.array([float(in_unit(sum(r.bytes for r in led.rows if r.name == name and r.device == "gpu"), unit))
+                            for led in ledgers.values()])
+        ax.bar(range(len(labels)), heights, bottom=bottom, label=name, color=colour(name), edgecolor="white",
+               linewidth=0.5)
         bottom += heights
-    ax.axhline(float(in_unit(gpu_bytes, unit)), color="crimson", linestyle="--", linewidth=1.5)
-    ax.annotate(f"{float(in_unit(gpu_bytes, unit)):g} {unit} GPU", (-0.4, float(in_unit(gpu_bytes, unit))),
-                xytext=(0, 4), textcoords="offset points", ha="left", color="crimson", fontsize=9)
+    capacity = float(in_unit(gpu_bytes, unit))
+    ax.axhline(capacity, color=GPU_LINE, linestyle="--", linewidth=1.5, label=f"GPU memory ({capacity:g} {unit})")
     ax.set_ylabel(f"memory per GPU ({unit})")
     ax.legend(fontsize=8, frameon=False, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.figure.tight_layout()
+    _bar_labels(ax, labels)
     ax.figure.tight_layout()
     return ax.figure
 
@@ -43,33 +93,36 @@ def activations_vs_seq(preset: str = "article-7b", batch_size: int = 1, max_seq:
     """Saved activations of all layers against S: the linear (B x S x d) and the quadratic (S x S) parts."""
     ax = ax or plt.subplots(figsize=(6.5, 3.8))[1]
     ledger = Ledger(preset, batch_size=batch_size)
-    arch = ledger.arch
-    rows = inventory(arch.mlp, arch.norm, dropout=ledger.dropout)
-    linear = L * sum(r.bytes for r in rows if not r.quadratic)
-    quadratic = L * sum(r.bytes for r in rows if r.quadratic)
-    bindings = ledger.bindings
+    rows = inventory(ledger.arch.mlp, ledger.arch.norm, dropout=ledger.dropout)
+    fixed = {k: v for k, v in ledger.bindings.items() if k != S}
+    linear = sp.lambdify(S, (L * sum(r.bytes for r in rows if not r.quadratic)).subs(fixed), "numpy")
+    quadratic = sp.lambdify(S, (L * sum(r.bytes for r in rows if r.quadratic)).subs(fixed), "numpy")
     seq = np.linspace(256, max_seq, 200)
-    f = vectorized_function((S,), tuple(e.subs({k: v for k, v in bindings.items() if k != S})
-                                        for e in (linear, quadratic)))
-    lin, quad = (np.broadcast_to(v, seq.shape) / unit_size(unit) for v in f(seq))
-    ax.plot(seq, lin, label="B×S×d tensors (linear in S)")
-    ax.plot(seq, quad, label="B×H×S×S tensors (quadratic in S)")
-    ax.plot(seq, lin + quad, color="black", label="total")
+    lin = np.broadcast_to(linear(seq), seq.shape) / unit_size(unit)
+    quad = np.broadcast_to(quadratic(seq), seq.shape) / unit_size(unit)
+    ax.plot(seq, lin, color=colour("linear in S"), label="B×S×d tensors (linear in S)")
+    ax.plot(seq, quad, color=colour("quadratic in S"), label="B×H×S×S tensors (quadratic in S)")
+    ax.plot(seq, lin + quad, color=colour("total"), label="total")
     ax.set_xlabel("sequence length S (tokens)")
-    ax.set_ylabel(f"saved activations, {arch.n_layers} layers ({unit})")
+    ax.set_ylabel(f"saved activations, {ledger.arch.n_layers} layers ({unit})")
     ax.legend(frameon=False, fontsize=9)
     ax.figure.tight_layout()
     return ax.figure
 
 
 def layer_breakdown(batch_size: int = 1, seq_len: int = 2048, ax=None):
-    """The article's per-layer inventory in MiB, the three S x S tensors highlighted."""
+    """What autograd keeps in one GPT block, in MiB, by tensor (Korthikanti et al. 2022, Sec. 4.1).
+
+    The rows are the tensors autograd keeps, with their names, not the article's labels (three of
+    which name tensors autograd frees); the B x H x S x S tensors are highlighted.
+    """
     ax = ax or plt.subplots(figsize=(7, 4.2))[1]
+    rows = inventory()
     ledger = Ledger("article-7b", batch_size=batch_size, seq_len=seq_len)
-    sizes = [ledger.evaluate(r.bytes) for r in ARTICLE_INVENTORY]
+    sizes = [ledger.evaluate(r.bytes) for r in rows]
     mib = [float(in_unit(n, "MiB")) for n in sizes]
-    labels = [f"{r.name} ({r.block})" for r in ARTICLE_INVENTORY]
-    colours = ["#C44E52" if r.quadratic else "#4C72B0" for r in ARTICLE_INVENTORY]
+    labels = [f"{r.name} ({r.block})" for r in rows]
+    colours = [colour("quadratic in S" if r.quadratic else "linear in S") for r in rows]
     ax.barh(labels[::-1], mib[::-1], color=colours[::-1])
     ax.set_xlabel("saved per layer (MiB)")
     ax.figure.tight_layout()
@@ -78,15 +131,16 @@ def layer_breakdown(batch_size: int = 1, seq_len: int = 2048, ax=None):
 
 def parameter_breakdown(presets, ax=None):
     """Stacked bars of where each preset's parameters live: attention, MLP, norms, embeddings (billions)."""
-    from .architecture import get_preset
     ax = ax or plt.subplots(figsize=(6.5, 3.6))[1]
     parts = [get_preset(name).parts() for name in presets]
     bottom = np.zeros(len(presets))
     for name in parts[0]:
         heights = np.array([p[name] for p in parts]) / 1e9
-        ax.bar(list(presets), heights, bottom=bottom, label=name)
+        ax.bar(range(len(presets)), heights, bottom=bottom, label=name, color=colour(name))
         bottom += heights
     ax.set_ylabel("parameters (billions)")
     ax.legend(frameon=False, fontsize=9, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.figure.tight_layout()
+    _bar_labels(ax, list(presets))
     ax.figure.tight_layout()
     return ax.figure

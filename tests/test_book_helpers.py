@@ -1,25 +1,34 @@
+import json
+
 import pytest
+import sympy as sp
+from IPython.core.formatters import DisplayFormatter
 
-from memledger.book import article_text, audit, compare, glue_key, sections, split_key, text
+from memledger.book import Equation, audit, claim_text, compare, glue_claims, sections
 from memledger.claims import CLAIMS
+from memledger.symbols import B, S, d
 
 
-def test_glue_keys_round_trip():
-    assert split_key(glue_key("act.total", 3)) == ("act.total", 3)
-    assert split_key(glue_key("act.total")) == ("act.total", None)
+def test_claims_print_at_the_articles_precision():
+    assert claim_text("act.total") == "30.6 GB"          # the article: 30.6 GB
+    assert claim_text("act.layer") == "0.96 GB"          # the article: 0.96 GB
+    assert claim_text("act.at_least", 1) == "142.6 GB"   # 112 + 30.6, the article's "at least 142"
 
 
-def test_text_uses_the_articles_precision():
-    assert text("act.total") == article_text("act.total") == "30.6 GB"
-    assert text("act.total", 3) == f"{32 * 2048 * 4096 * 114 / 1e9:.3f} GB"     # the article's L x BSd x 114
-    assert text("offload.traffic") == "28 GB"
+def test_unknown_claims_are_refused():
+    with pytest.raises(ValueError, match="act.totall"):
+        glue_claims("act.total", "act.totall")
 
 
-def test_unknown_names_are_refused():
-    with pytest.raises(ValueError, match="neither a claim"):
-        text("act.totall")
+def test_an_equation_shows_latex_and_gives_back_its_expression():
+    rhs = sp.Mul(B * S * d, 34 + 5 * sp.Symbol("H", positive=True, integer=True) * S / d, evaluate=False)
+    data, _ = DisplayFormatter().format(Equation(r"M_\text{act/layer}", rhs))
+    assert data["text/latex"].startswith("$\\displaystyle M_\\text{act/layer} = ")
+    names = {n: symbol for n, symbol in zip("BSdH", (B, S, d, sp.Symbol("H", positive=True, integer=True)))}
+    assert sp.expand(sp.sympify(data["text/plain"], locals=names) - sp.sympify("B*S*d*(34 + 5*H*S/d)", locals=names)) == 0
+    json.dumps(data)
 
 
 def test_compare_and_audit_tables():
-    assert "erratum" in repr(compare(section="Offloading"))
-    assert len(sum((audit(s).rows for s in sections()), [])) == len(CLAIMS)
+    assert [row[-1] for row in compare("act.total", "offload.moved").rows] == ["rounded", "erratum"]
+    assert sum(len(audit(s).rows) for s in sections()) == len(CLAIMS)

@@ -1,18 +1,52 @@
 import matplotlib
+import pytest
 
 matplotlib.use("Agg")
 
-from memledger.ledger import Ledger
-from memledger.plots import activations_vs_seq, layer_breakdown, ledger_bars, parameter_breakdown
+from memledger.architecture import get_preset  # noqa: E402
+from memledger.claims import RELABEL_NOTE  # noqa: E402
+from memledger.ledger import Ledger  # noqa: E402
+from memledger.plots import PALETTE, activations_vs_seq, colour, layer_breakdown, ledger_bars, parameter_breakdown  # noqa: E402
+from memledger.recipes import RECIPES  # noqa: E402
 
 
 def test_ledger_bars_stack_to_the_gpu_total():
     ledger = Ledger("article-7b")
-    fig = ledger_bars({"a": ledger})
-    ax = fig.axes[0]
+    ax = ledger_bars({"a": ledger}).axes[0]
     top = max(p.get_y() + p.get_height() for p in ax.patches)
-    assert abs(top - ledger.totals["gpu"] / 1e9) < 1e-6
-    assert ax.lines[0].get_ydata()[0] == 80.0       # the A100 line
+    assert abs(top - 144.601641984) < 1e-9            # 112 + 30.601641984 + 2 GB (article: ~144)
+    assert ax.lines[0].get_ydata()[0] == 80.0        # the A100 line
+
+
+def test_one_colour_per_component_in_every_figure():
+    def colours(fig):
+        return {c.get_label(): c.patches[0].get_facecolor() for c in fig.axes[0].containers}
+    a = colours(ledger_bars({"plain": Ledger("article-7b")}))
+    b = colours(ledger_bars({r: Ledger(n_params=7 * 10**9, recipe=r, overhead_bytes=0) for r in RECIPES}))
+    assert a["BF16 parameters"] == b["BF16 parameters"] and a["Adam first moment m"] == b["Adam first moment m"]
+    assert len({a[k] for k in a}) == len(a)          # distinct components, distinct colours
+    with pytest.raises(ValueError, match="PALETTE"):
+        colour("a row nobody coloured")
+
+
+def _boxes(fig, texts):
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    return [t.get_window_extent(renderer) for t in texts if t.get_text()]
+
+
+def test_gpu_label_is_in_the_legend_not_over_the_bars():
+    fig = ledger_bars({"nothing": Ledger("article-7b"), "full": Ledger("article-7b", recompute="full")})
+    ax = fig.axes[0]
+    assert len(ax.texts) == 0                          # no annotation inside the axes
+    assert any("80 GB" in t.get_text() for t in ax.get_legend().get_texts())
+
+
+def test_recipe_labels_do_not_collide():
+    fig = ledger_bars({r: Ledger(n_params=7 * 10**9, recipe=r, overhead_bytes=0) for r in RECIPES})
+    boxes = _boxes(fig, fig.axes[0].get_xticklabels())
+    assert len(boxes) == len(RECIPES)
+    assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
 
 
 def test_activation_curves_add_up():
@@ -20,13 +54,20 @@ def test_activation_curves_add_up():
     linear, quadratic, total = (line.get_ydata() for line in ax.lines)
     assert abs((linear + quadratic - total).max()) < 1e-9
     assert quadratic[-1] > linear[-1]              # at S = 8192 the S^2 tensors dominate
+    # at S = 2048 (article): 32 x 2048 x 4096 x 34 B linear, 32 x 5 x 32 x 2048^2 B quadratic
+    s = ax.lines[0].get_xdata()
+    assert abs(float(__import__("numpy").interp(2048, s, total)) - 32 * 2048 * 4096 * 114 / 1e9) < 0.05
 
 
-def test_layer_breakdown_has_fifteen_rows():
-    assert len(layer_breakdown().axes[0].patches) == 15
+def test_layer_breakdown_uses_the_tensors_autograd_keeps():
+    ax = layer_breakdown().axes[0]
+    labels = [t.get_text() for t in ax.get_yticklabels()]
+    assert len(ax.patches) == 15 and not any(name in label for name in RELABEL_NOTE for label in labels)
+    assert abs(sum(p.get_width() for p in ax.patches) - 2048 * 4096 * 114 / 2**20) < 1e-9   # 912 MiB
+    assert PALETTE["quadratic in S"] in {matplotlib.colors.to_hex(p.get_facecolor()) for p in ax.patches}
 
 
 def test_parameter_breakdown_sums_to_count():
-    from memledger.architecture import get_preset
     ax = parameter_breakdown(["llama2-7b"]).axes[0]
-    assert abs(sum(p.get_height() for p in ax.patches) - get_preset("llama2-7b").computed_params / 1e9) < 1e-9
+    assert abs(sum(p.get_height() for p in ax.patches) - 6_738_415_616 / 1e9) < 1e-9   # released checkpoint
+    assert get_preset("llama2-7b").computed_params == 6_738_415_616
