@@ -98,6 +98,18 @@ class Step:
             out[phase] = max(out.get(phase, 0), int(total))
         return out
 
+    def series(self):
+        """For a figure: (x, {kind: GPU bytes after every op}, marks). x runs over the step in block units
+        (forward blocks 0..L-1, the loss, backward blocks L-1..0, the optimizer), the lumped middle blocks
+        spanning their width; kinds are param, grad, optimizer, activation, transient, overhead; marks
+        maps each landmark to its x."""
+        import numpy as np
+        built, L = self.built, self.values["L"]
+        by_kind = {k: built.compiled.counts @ (self.sizes * built.gpu * mask) for k, mask in built.kind_masks().items()}
+        marks = {"before forward": 0.0, "after forward": L + 1.0, "after backward": 2 * L + 2.0,
+                 "after step": 2 * L + 3.0}
+        return np.array(built.positions(L)), by_kind, marks
+
     def fits(self, gpu_bytes: int) -> bool:
         """Whether the peak fits in ``gpu_bytes`` (the GPU's real capacity, :mod:`memledger.hardware`)."""
         return self.peak.bytes <= gpu_bytes

@@ -24,7 +24,7 @@ from .stepops import BSd, GRAD_KIND, Program, Shape, Tensor, block_param_tensors
 from .steprecompute import checkpointed_forward, recompute_backward
 from . import stepouter
 from .steptrace import Compiled, explicit_layers, flatten, qualified_tensors
-from .symbols import ARGS, L, N_d, P, S, d, t
+from .symbols import ARGS, L, N_d, P, d, t
 
 IDS = ("input ids", "target ids")
 
@@ -232,6 +232,43 @@ class Built:
     def landmark(self, name, sizes, device="gpu") -> int:
         """The total on ``device`` at landmark ``name``."""
         return int(self.compiled.mark_counts[name] @ (sizes * self.masks[device]))
+
+    def kind_masks(self) -> dict:
+        """{kind: 0/1 vector over self.names}: param, grad, optimizer, activation, transient, overhead."""
+        def kind(n):
+            k = self.tensors[n].kind
+            if k == GRAD_KIND:
+                return "grad"
+            return k if k in ("param", "optimizer", "activation", "overhead") else "transient"
+        kinds = [kind(n) for n in self.names]
+        return {k: np.array([x == k for x in kinds], dtype=np.int64)
+                for k in ("param", "optimizer", "grad", "activation", "transient", "overhead")}
+
+    def positions(self, n_layers) -> list:
+        """An x for every sample, in block units: forward 0..L+1 (embedding, blocks, the loss), backward
+        L+1..2L+2, optimizer 2L+2..2L+3; a block's ops spread over its unit, the lumped blocks 2..L-3
+        at the end of their span (a figure draws a straight line across them)."""
+        L, lumped = n_layers, self.structure.layers is None
+        groups = {}
+        for k, index in enumerate(self.compiled.ops):
+            op = self.ops[index]
+            groups.setdefault((op.phase, op.layer), []).append(k)
+        x = [0.0] * len(self.compiled.ops)
+        for (phase, layer), members in groups.items():
+            if isinstance(layer, str):                              # the lump
+                end = 0.5 + (L - 2) if phase == "forward" else L + 1.5 + (L - 2)
+                for m in members:
+                    x[m] = end
+                continue
+            if layer is None:
+                start, width = {"forward": (0.0, 0.5), "loss": (L + 0.5, 1.0), "backward": (2 * L + 1.5, 0.5),
+                                "optimizer": (2 * L + 2.0, 1.0)}[phase]
+            else:
+                i = L - 5 + layer if lumped and layer >= 3 else layer
+                start, width = (0.5 + i, 1.0) if phase == "forward" else (L + 1.5 + (L - 1 - i), 1.0)
+            for j, m in enumerate(members):
+                x[m] = start + width * (j + 1) / len(members)
+        return x
 
     def live_at(self, sample, sizes):
         """(name, bytes) of the GPU tensors live just after sample ``sample``, largest first; a tensor live in

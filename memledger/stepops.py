@@ -19,7 +19,7 @@ are checked against it by ``tests/test_step.py``.
 from dataclasses import dataclass
 
 from .dtypes import nbytes
-from .symbols import B, F, H, S, V, d
+from .symbols import B, F, H, S, d
 
 GRAD_KIND = "grad"
 TRANSIENT = "transient"

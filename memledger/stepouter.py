@@ -115,18 +115,17 @@ def optimizer(p, params, state_dtype: str, master: bool, foreach: bool, grad_dty
     p.op("@collect gradients")
     if master:
         total = sum(n for _, n in params)
-        done = 0
+        done, before = 0, "@gradients"
         for name, n in params:
             fp32 = p.new(f"FP32 gradient of {name}", (n,), "fp32", "master.grad = p.grad.float()", kind=GRAD_KIND)
             rest = p.new(f"BF16 gradients after {name}", (total - done - n,), grad_dtype, "not yet converted",
                          kind=GRAD_KIND)
-            before = "@gradients" if done == 0 else f"BF16 gradients after {prev}"
             if name.startswith("@"):
                 p.op(f"gradients to FP32: {name}", free=[before], alloc=[rest, fp32])
             else:
                 p.op(f"gradient to FP32: {name}", alloc=[fp32])
                 p.op("BF16 gradient released", free=[before], alloc=[rest])
-            done, prev = done + n, name
+            done, before = done + n, rest
     if foreach:
         one = p.new("torch.tensor(1.0)", (), "fp32", "foreach step-count increment on the CPU")
         p.op("step counters += 1", alloc=[one])

@@ -14,7 +14,7 @@ program the same length for any L and the peak exact.
 """
 from dataclasses import dataclass
 
-from .stepops import Tensor, io_names
+from .stepops import io_names
 from .stepouter import final_input
 
 FORWARD, LOSS, BACKWARD, OPTIMIZER = "forward", "loss", "backward", "optimizer"

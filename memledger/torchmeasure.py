@@ -20,7 +20,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map_only
 
-from .torchref import LANDMARKS, RefConfig, Trainer, make_model
+from .torchref import RefConfig, Trainer, make_model
 
 OUTSIDE = "outside"
 

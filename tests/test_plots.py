@@ -11,11 +11,11 @@ from memledger.recipes import RECIPES  # noqa: E402
 
 
 def test_ledger_bars_stack_to_the_gpu_total():
-    ledger = Ledger("article-7b")
+    ledger = Ledger("article-7b", scope="layers")
     ax = ledger_bars({"a": ledger}).axes[0]
     top = max(p.get_y() + p.get_height() for p in ax.patches)
     assert abs(top - 144.601641984) < 1e-9            # 112 + 30.601641984 + 2 GB (article: ~144)
-    assert ax.lines[0].get_ydata()[0] == 80.0        # the A100 line
+    assert ax.lines[0].get_ydata()[0] == 81920 * 2**20 / 1e9     # the A100 line: 81,920 MiB (nvidia-smi)
 
 
 def test_one_colour_per_component_in_every_figure():
@@ -39,7 +39,7 @@ def test_gpu_label_is_in_the_legend_not_over_the_bars():
     fig = ledger_bars({"nothing": Ledger("article-7b"), "full": Ledger("article-7b", recompute="full")})
     ax = fig.axes[0]
     assert len(ax.texts) == 0                          # no annotation inside the axes
-    assert any("80 GB" in t.get_text() for t in ax.get_legend().get_texts())
+    assert any("85.8993 GB" in t.get_text() for t in ax.get_legend().get_texts())    # 80 GiB
 
 
 def test_recipe_labels_do_not_collide():
@@ -71,3 +71,15 @@ def test_parameter_breakdown_sums_to_count():
     ax = parameter_breakdown(["llama2-7b"]).axes[0]
     assert abs(sum(p.get_height() for p in ax.patches) - 6_738_415_616 / 1e9) < 1e-9   # released checkpoint
     assert get_preset("llama2-7b").computed_params == 6_738_415_616
+
+
+def test_step_timeline_stacks_to_the_step_totals():
+    from memledger.plots import step_timeline
+    step = Ledger("llama2-7b", batch_size=2).step("cuda")
+    fig = step_timeline(step)
+    ax = fig.axes[0]
+    x, by_kind, marks = step.series()
+    assert (sum(by_kind.values()) == step.totals).all()             # the kinds partition every moment
+    assert max(sum(by_kind.values())) == step.peak.bytes
+    assert ax.lines[0].get_ydata()[0] == 81920 * 2**20 / 1e9        # the A100's 80 GiB
+    assert len(marks) == 4 and sorted(marks.values()) == list(marks.values())
