@@ -59,6 +59,9 @@ class StepStructure:
         act = next(c.dtype for c in recipe.components if c.role == "param")
         grad = next(c.dtype for c in recipe.components if c.role == "grad")
         kernel = conv.kernel(arch.style, ledger.dropout, ledger.flash_attention)
+        if kernel == "math":
+            raise ValueError("the math SDPA kernel (CPU, LLaMA blocks with dropout) is not modelled op by op; "
+                             "use flash_attention or no dropout")
         shape = Shape(arch.style, kernel, bool(ledger.dropout), conv.rmsnorm, act, conv.norm_stats is not None,
                       ledger.batch_size == 1, grad)
         return cls(shape, ledger.recipe, ledger.zero_stage, ledger.offload_optimizer, ledger.offload_params,

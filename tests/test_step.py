@@ -112,6 +112,12 @@ def test_logits_with_full_checkpointing_rival_the_checkpoints():
 def test_bad_input(kwargs, message):
     with pytest.raises(ValueError, match=message):
         Step(Ledger(**kwargs))
+    assert Ledger(**kwargs).peak is None                      # the ledger falls back to its sum
+
+
+def test_math_kernel_is_refused():
+    with pytest.raises(ValueError, match="math SDPA"):
+        Step(Ledger(LLAMA7B, dropout=True), "cpu")
 
 
 def test_bad_backend():
