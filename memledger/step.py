@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from .backends import Conventions, conventions
-from .stepbuild import StepStructure, build
+from .stepbuild import build
+from .stepstructure import StepStructure
 
 DEVICES = ("gpu", "cpu", "nvme")
 LANDMARKS = ("before forward", "after forward", "after backward", "after step")

@@ -7,7 +7,6 @@ their SymPy sizes, and one compiled function that evaluates every size
 exactly (:func:`memledger.evaluate.exact_function`). A :class:`~memledger.step.Step`
 then only evaluates that function and adds integers.
 """
-from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
@@ -15,71 +14,18 @@ import sympy as sp
 
 from .activations import inventory
 from .evaluate import exact_function
-from .features import Features
 from .model_states import ZERO_SHARDS, device_of, state_specs
 from .outside import outside_inventory
 from .recipes import RECIPES
-from .stepops import BSd, GRAD_KIND, Program, Shape, Tensor, block_param_tensors, io_names, layer_backward, \
-    layer_forward
+from .steplayer import layer_backward, layer_forward
+from .stepops import BSd, GRAD_KIND, Program, Tensor, block_param_tensors, io_names
 from .steprecompute import checkpointed_forward, recompute_backward
+from .stepstructure import StepStructure, _zero3_units, param_tensors
 from . import stepouter
 from .steptrace import Compiled, explicit_layers, flatten, qualified_tensors
-from .symbols import ARGS, L, N_d, P, d, t
+from .symbols import ARGS, L, N_d, P, t
 
 IDS = ("input ids", "target ids")
-
-
-@dataclass(frozen=True)
-class StepStructure:
-    shape: Shape
-    recipe: str
-    zero_stage: int
-    offload_optimizer: str
-    offload_params: str
-    offload_placement: str
-    recompute: str
-    tensor_parallel: bool
-    sequence_parallel: bool
-    conventions: object
-    layers: object          # L when L <= 4, else None (any larger L gives the same program)
-    prefetch: bool = True
-
-    @classmethod
-    def of(cls, ledger, conv):
-        arch = ledger.arch
-        if arch is None:
-            raise ValueError("the step timeline needs an architecture (a preset or --hidden/--layers/--heads)")
-        if arch.features != Features.of(arch.style):
-            raise ValueError("the step timeline models the reference decoder's GPT and LLaMA blocks; "
-                             "GQA, MoE, learned positions and encoder refinements are not modelled op by op")
-        if ledger.recompute == "selective":
-            raise ValueError("recompute must be none or full for the step timeline (selective is not modelled "
-                             "op by op)")
-        recipe = RECIPES[ledger.recipe]
-        act = next(c.dtype for c in recipe.components if c.role == "param")
-        grad = next(c.dtype for c in recipe.components if c.role == "grad")
-        kernel = conv.kernel(arch.style, ledger.dropout, ledger.flash_attention)
-        if kernel == "math":
-            raise ValueError("the math SDPA kernel (CPU, LLaMA blocks with dropout) is not modelled op by op; "
-                             "use flash_attention or no dropout")
-        shape = Shape(arch.style, kernel, bool(ledger.dropout), conv.rmsnorm, act, conv.norm_stats is not None,
-                      ledger.batch_size == 1, grad)
-        return cls(shape, ledger.recipe, ledger.zero_stage, ledger.offload_optimizer, ledger.offload_params,
-                   ledger.offload_placement, ledger.recompute, ledger.tp > 1, ledger.sequence_parallel, conv,
-                   arch.n_layers if arch.n_layers <= 4 else None)
-
-
-def param_tensors(c: Shape, layers):
-    """(name, elements) of every parameter tensor in ``model.parameters()`` order; the middle blocks as one lump."""
-    block = block_param_tensors(c.style)
-    out = [("embedding.weight", stepouter.V * d)]
-    for i in layers:
-        out += [(f"block {i} {n}", e) for n, e in block]
-        if i == 0 and layers[-1] > 1 and layers != list(range(layers[-1] + 1)):
-            out.append(("@blocks 1..L-2", (L - 2) * sum(e for _, e in block)))
-            out += [(f"block L-1 {n}", e) for n, e in block]
-            break
-    return out + stepouter.head_params(c)
 
 
 class Built:
@@ -320,34 +266,6 @@ class Built:
                     seen.add(q[1])
                     row(q[1], "transient", op.phase, self.device_of(q), tensor.expr, set())
         return out
-
-
-def _zero3_units(tensors, programs, fwd, bwd, c, recipe, s):
-    """ZeRO-3: every module's parameters are all-gathered before it runs, forward and backward (DeepSpeed
-    stage 3, FSDP), and freed after; in backward its full gradients exist until reduce-scattered. The unit
-    is one block (or the embedding, or the LM head); with prefetch the next unit is gathered meanwhile
-    (DeepSpeed's ``stage3_prefetch_bucket_size``, FSDP's ``forward_prefetch``/``backward_prefetch``)."""
-    pb, gb = recipe.role_bytes("param"), recipe.grad_bytes
-    block = sum(e for _, e in block_param_tensors(c.style))
-    split = t if s.tensor_parallel else 1
-    copies = 2 if s.prefetch else 1
-    units = {"block": block, "embedding or LM head": stepouter.V * d}
-    for unit, n in units.items():
-        tensors[f"ZeRO-3 gathered {unit} parameters"] = Tensor(
-            f"ZeRO-3 gathered {unit} parameters", copies * sp.ceiling(n / split) * pb, "transient",
-            f"all-gathered before the {unit} runs{' (and the next unit, prefetched)' if copies == 2 else ''}")
-        tensors[f"ZeRO-3 {unit} gradients before reduce-scatter"] = Tensor(
-            f"ZeRO-3 {unit} gradients before reduce-scatter", sp.ceiling(n / split) * gb, "transient",
-            "the unit's full gradients until they are reduce-scattered to the shards")
-
-    def wrap(ops, unit, backward):
-        names = [f"ZeRO-3 gathered {unit} parameters"] + ([f"ZeRO-3 {unit} gradients before reduce-scatter"]
-                                                         if backward else [])
-        return [("ZeRO-3 all-gather", (), tuple(names))] + ops + [("ZeRO-3 release", tuple(names), ())]
-    fwd.ops[:] = wrap(fwd.ops, "block", False)
-    bwd.ops[:] = wrap(bwd.ops, "block", True)
-    for key in ("forward start", "forward end", "backward start", "backward end"):
-        programs[key] = wrap(programs[key], "embedding or LM head", key.startswith("backward"))
 
 
 @lru_cache(maxsize=256)

@@ -10,7 +10,8 @@ backward holds two more B*S*V FP32 tensors; the optimizer step of
 (``foreach=True``); with FP32 master weights the loop of ``docs/step.md``
 first converts each gradient to FP32, one parameter at a time.
 """
-from .stepops import GRAD_KIND, TRANSIENT, BSd, Shape, Tensor, io_names, norm_backward, norm_forward
+from .stepnorms import norm_backward, norm_forward
+from .stepops import GRAD_KIND, TRANSIENT, BSd, Shape, Tensor, io_names
 from .dtypes import nbytes
 from .symbols import B, S, V, d
 

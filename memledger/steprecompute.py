@@ -13,7 +13,8 @@ which can be a few ops before its node is released; the programs free it at
 the release, so a peak inside a recomputed block can be overestimated by a
 tensor or two (``tests/test_step.py`` bounds it).
 """
-from .stepops import BS, BSd, BSF, BHSS, io_names, layer_backward, layer_forward
+from .steplayer import layer_backward, layer_forward
+from .stepops import BS, BSd, BSF, BHSS, io_names
 from .symbols import B, S, d
 
 
