@@ -183,3 +183,20 @@ def test_7b_steps_match_memtracker(style, F_, loop, B, S, recompute, dropout):
     step, measured = _against_memtracker(style, F_, loop, B, S, 32, dropout, recompute, d_=4096, H=32, V_=32000)
     assert abs(step.peak.bytes - measured["peak"]) <= measured["peak"] // 100       # the issue's bound
     assert step.phase_peaks() == measured["phase peaks"]                            # in fact exact
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("style, ffn", [("gpt", "16384"), ("llama", "11008")])
+def test_command_line_reports_memtrackers_landmarks(style, ffn, capsys):
+    """The issue's command: the article's shape with its parameters counted (and LLaMA-2 7B's), --json."""
+    import json
+    from memledger.cli import main
+    from memledger.torchmeasure import memtracker_step
+    from memledger.torchref import RefConfig
+    assert main(["step", "--hidden", "4096", "--layers", "32", "--heads", "32", "--ffn", ffn, "--vocab", "32000",
+                 "--style", style, "--overhead", "0", "--backend", "cpu", "--no-dropout", "--recipe",
+                 "bf16-pure-adamw", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    measured = memtracker_step(RefConfig(4096, 32, 32, int(ffn), 32000, style), "bf16-pure-adamw", 1, 2048)
+    assert {k: v["gpu"] for k, v in data["landmarks"].items()} == {k: measured[k] for k in LANDMARKS}
+    assert data["peak"]["gpu"] == measured["peak"]
