@@ -143,6 +143,7 @@ def test_json_contract():
 # -- against PyTorch -------------------------------------------------------------------------------
 
 def _against_memtracker(style, F_, loop, B, S, L, dropout, recompute, foreach=False, d_=None, H=None, V_=None):
+    pytest.importorskip("torch")
     from memledger.torchmeasure import memtracker_step
     from memledger.torchref import RefConfig
     d_, H, V_ = d_ or 64, H or 4, V_ or 1000
@@ -190,6 +191,7 @@ def test_7b_steps_match_memtracker(style, F_, loop, B, S, recompute, dropout):
 def test_command_line_reports_memtrackers_landmarks(style, ffn, capsys):
     """The issue's command: the article's shape with its parameters counted (and LLaMA-2 7B's), --json."""
     import json
+    pytest.importorskip("torch")
     from memledger.cli import main
     from memledger.torchmeasure import memtracker_step
     from memledger.torchref import RefConfig
