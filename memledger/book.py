@@ -46,6 +46,13 @@ def glue_value(key: str, value, unit: str = "", digits: int = 0) -> None:
     _glue(key, format_quantity(value, unit, digits))
 
 
+def glue_text(key: str, text: str) -> None:
+    """Glue a phrase the library decides (e.g. the measure ``memledger.fit`` judges by), for ``{glue:text}``."""
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError(f"glue_text needs a non-empty string for {key!r}, got {text!r}")
+    _glue(key, text)
+
+
 def glue_bytes(key: str, nbytes, unit: str = "GB", digits: int = 2) -> None:
     """Glue a byte count in ``unit`` (GB = 10^9 B, GiB = 2^30 B) as text, e.g. ``"30.60 GB"``."""
     _glue(key, format_bytes(nbytes, unit, digits))
