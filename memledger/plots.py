@@ -165,7 +165,7 @@ def zero_states_vs_dp(n_params: int = 7 * 10**9, recipe: str = "bf16-adamw", max
     ax.axhline(capacity, color=GPU_LINE, linestyle="--", linewidth=1.5, label=f"GPU memory ({capacity:g} {unit})")
     ax.set_xscale("log", base=2)
     ax.set_xticks([2**i for i in range(int(np.log2(max_dp)) + 1)], [str(2**i) for i in range(int(np.log2(max_dp)) + 1)])
-    ax.set_xlabel("data-parallel GPUs N_d")
+    ax.set_xlabel("data-parallel GPUs $N_d$")
     ax.set_ylabel(f"model states per GPU ({unit})")
     ax.set_ylim(bottom=0)
     ax.legend(frameon=False, fontsize=9, loc="upper left", bbox_to_anchor=(1.0, 1.0))

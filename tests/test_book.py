@@ -7,6 +7,7 @@ fresh run) and, in the slow build test, from the glue files of a clean strict bu
 """
 from fractions import Fraction
 from html.parser import HTMLParser
+from itertools import count
 import json
 from pathlib import Path
 import re
@@ -38,8 +39,12 @@ OVERHEAD = 2 * 10**9                  # the upper end of the article's 1-2 GB, u
 GB, GiB, MiB = 10**9, 2**30, 2**20
 MODEL_FLOPS_TERMS = 1 + Fraction(2048, 6 * 4096) + Fraction(32000, 12 * 4096 * LAYERS)   # 1 + S/6d + V/12dL
 MODEL_FLOPS_S2 = Fraction(2048, 6 * 4096)                                                 # the S^2 matmuls: S/6d
+BLOCK = 12 * 4096**2 + 13 * 4096      # parameters of one GPT block at F = 4d (Korthikanti et al. 2022)
+TP_LAYER = BSD * (10 + Fraction(24, 8) + Fraction(5 * 32 * 2048, 4096 * 8))   # Korthikanti Table 2 at t = 8
 
-#: glue key -> (exact value, unit as printed). Sources: the article's arithmetic, vendors' data sheets,
+#: glue key -> (exact value, unit as printed), or a check: a function of the glued text that returns what is
+#: wrong with it (None if nothing), for values no source prints (the largest batch that fits: it must fit, and
+#: one more must not, by arithmetic written here). Sources: the article's arithmetic, vendors' data sheets,
 #: the papers cited in the chapters.
 EXPECTED = {
     "gpu.a100": (80, "GB"),                                                  # NVIDIA A100 80GB data sheet
@@ -94,6 +99,37 @@ EXPECTED = {
     "host.bandwidth": (Fraction(2048, 10), "GB/s"),
     "cpu_adam.bytes": (Fraction(28 * P, GB), "GB"),
     "cpu_adam.seconds": (Fraction(28 * P, 204_800_000_000), "s"),
+    # chapter 10: eight GPUs. Ring collectives send (N-1)/N of a tensor per GPU (Patarasuk & Yuan 2009); ZeRO's
+    # per-GPU states 4P + 12P/N_d, 2P + 14P/N_d, 16P/N_d and traffic 2P, 3P (Rajbhandari et al. 2020, Sec. 5, 7);
+    # Korthikanti et al. 2022, Table 2 and Sec. 4.2.3; the bubble (p - 1)/(vm) (Narayanan et al. 2021)
+    "dp.sent": (Fraction(2 * P * 7 // 8 * 2, GB), "GB"),                     # BF16 gradients, all-reduced
+    "zero1.states": (Fraction(4 * P + 12 * P // 8, GB), "GB"),
+    "zero2.states": (Fraction(2 * P + 14 * P // 8, GB), "GB"),
+    "zero3.states": (Fraction(16 * P // 8, GB), "GB"),
+    "zero1.total": (Fraction(4 * P + 12 * P // 8 + ACT + OVERHEAD, GB), "GB"),
+    "zero1.floor": (Fraction(4 * P, GB), "GB"),
+    "zero2.floor": (Fraction(2 * P, GB), "GB"),
+    "zero3.gather": (Fraction(4 * BLOCK, GB), "GB"),                        # DeepSpeed: 4 x largest_layer_params
+    "zero3.sent": (Fraction(3 * P * 7 // 8 * 2, GB), "GB"),
+    "zero3.ratio": (Fraction(3, 2), "x"),
+    "tp.layer_mib": (Fraction(TP_LAYER, MiB), "MiB"),
+    "tpsp.layer_mib": (Fraction(BSD * 114, 8 * MiB), "MiB"),                 # sbh(34 + 5as/h)/t
+    "tp.total": (Fraction(16 * P // 8 + LAYERS * TP_LAYER + OVERHEAD, GB), "GB"),
+    "tpsp.total": (Fraction(16 * P // 8 + ACT // 8 + OVERHEAD, GB), "GB"),
+    "tp.sent": (Fraction(LAYERS * 4 * 2 * BSD * 7 // 8 * 2, GB), "GB"),      # 4 all-reduces of BSd per layer, BF16
+    "pp.bubble": (Fraction(100 * 7, 32), "%"),
+    "pp.bubble_interleaved": (Fraction(100 * 7, 2 * 32), "%"),
+    "pp.first_act_interleaved": (Fraction(ACT, GB) * (1 + Fraction(7, 8 * 2)), "GB"),
+    # p = 8: 4 blocks + the 32000 x d embedding; 8 micro-batches in flight of 4 layers, their int64 token ids and
+    # 1-byte embedding dropout masks (Korthikanti Sec. 4.3)
+    "pp.first": (Fraction(16 * (4 * BLOCK + 32000 * 4096) + ACT + 8 * (8 * 2048) + 8 * BSD + OVERHEAD, GB), "GB"),
+    "ex.zero3_full_dp": (next(n for n in count(1) if 16 * -(-P // n) + 2 * LAYERS * BSD + OVERHEAD <= 24 * GB), ""),
+    "ckpt.per_gpu": (Fraction(2 * LAYERS * BSD, GB), "GB"),
+    "ex.tp_batch": ((80 * GB - 16 * P // 8 - OVERHEAD) // (LAYERS * TP_LAYER), ""),
+    "ex.tpsp_batch": ((80 * GB - 16 * P // 8 - OVERHEAD) // (ACT // 8), ""),
+    "ex.bubble_m": (7 * 20, ""),                                             # 7/m <= 1/20
+    "ex.bubble_m_interleaved": (7 * 20 // 4, ""),                            # 7/(4m) <= 1/20
+    "ex.interleaved_first": (Fraction(ACT, GB) * (1 + Fraction(7, 8 * 4)), "GB"),
 }
 
 #: equation key -> the right-hand side as the article (and its source paper) writes it
@@ -101,8 +137,17 @@ EQUATIONS = {
     "eq.activations": "B*S*d*(34 + 5*H*S/d)",         # Korthikanti et al. 2022, Eq. 1
     "eq.states": "(2 + 2 + 4 + 4 + 4)*P",              # the article; ZeRO: (2 + 2 + K) Psi, K = 12
     "eq.checkpoint": "L*B*S*d*2",                      # the article's full checkpointing
+    # chapter 10
+    "eq.dp_traffic": "2*(N_d - 1)*P/N_d",              # ring all-reduce (Patarasuk & Yuan 2009); ZeRO Sec. 7.1: 2 Psi
+    "eq.zero1": "(2 + 2)*P + 12*P/N_d",                # ZeRO Sec. 5, Fig. 1: P_os, K = 12
+    "eq.zero2": "2*P + (2 + 12)*P/N_d",                # P_os+g
+    "eq.zero3": "(2 + 2 + 12)*P/N_d",                  # P_os+g+p
+    "eq.tp_layer": "S*B*d*(10 + 24/t + 5*H*S/(d*t))",  # Korthikanti et al. 2022, Table 2 (s, b, h, a = S, B, d, H)
+    "eq.tpsp_layer": "S*B*d*(34/t + 5*H*S/(d*t))",     # Table 2, tensor + sequence parallel
+    "eq.pp_interleaved": "L*(1 + (p - 1)/(p*v))",      # Korthikanti Sec. 4.2.3: the interleaved first stage
+    "eq.bubble": "(p - 1)/(v*m)",                      # Narayanan et al. 2021, Sec. 2.2
 }
-_SYMBOLS = {name: sp.Symbol(name) for name in ("B", "S", "d", "H", "L", "P", "V", "F")}
+_SYMBOLS = {name: sp.Symbol(name) for name in ("B", "S", "d", "H", "L", "P", "V", "F", "N_d", "t", "p", "m", "v")}
 
 _NUMBER = re.compile(r"^(?P<number>-?[\d,]*\.?\d+)\s*(?P<unit>.*)$")
 
@@ -140,6 +185,11 @@ def problems(glued: dict) -> list:
             rhs = sp.sympify(data["text/plain"], locals=_SYMBOLS)
             if sp.expand(rhs - sp.sympify(EQUATIONS[key], locals=_SYMBOLS)) != 0:
                 found.append(f"{where}: {data['text/plain']} is not {EQUATIONS[key]}")
+            continue
+        if callable(EXPECTED.get(key)):
+            problem = EXPECTED[key](data["text/plain"].strip("'\""))
+            if problem:
+                found.append(f"{where}: {problem}")
             continue
         shown, unit, decimals = parse(data["text/plain"])
         if key in CLAIM_BY_ID:
