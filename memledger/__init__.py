@@ -20,20 +20,22 @@ _EXPORTS = {
                     "per_layer_bytes", "quadratic_share"),
     "architecture": ("PRESETS", "Architecture", "all_presets", "config_presets", "preset_names", "get_preset",
                      "param_count_expr"),
+    "conventions": ("CONVENTIONS", "ERRATA", "Setup", "get_convention"),
     "fitting": ("fit",),
+    "lora": ("LoraConfig", "LoraLedger", "qlora"),
     "inference": ("Inference",),
     "ledger": ("Ledger", "Row", "sweep"),
     "model_states": ("state_specs", "zero_formula"),
-    "recipes": ("RECIPES", "Recipe", "get_recipe"),
+    "recipes": ("RECIPES", "ALL_RECIPES", "FINETUNE_RECIPES", "Recipe", "get_recipe"),
     "hardware": ("GPU_MEMORY", "LINKS"),
     "transfer": ("Traffic",),
     "units": ("format_bytes", "in_unit"),
 }
 _HOME = {name: module for module, names in _EXPORTS.items() for name in names}
-_MODULES = ("activations", "architecture", "book", "choices", "claim", "claims", "communication", "display", "dtypes",
-            "evaluate", "features", "fitting", "flops", "formulas", "hardware", "hf_config", "host_optimizer", "inference",
-            "ledger", "model_states", "parameters", "pipeline", "plots", "recipes", "symbols", "transfer", "units",
-            "webcalc", "widgets")
+_MODULES = ("activations", "architecture", "book", "choices", "claim", "claims", "communication", "conventions",
+            "display", "dtypes", "evaluate", "features", "fitting", "flops", "formulas", "hardware", "hf_config",
+            "host_optimizer", "inference", "ledger", "lora", "model_states", "parameters", "pipeline", "plots",
+            "recipes", "symbols", "tensors", "transfer", "units", "webcalc", "widgets")
 __all__ = sorted(_HOME) + list(_MODULES)
 
 

@@ -30,7 +30,9 @@ class Saved:
     """One tensor saved for backward.
 
     ``tp_sharded``: split across tensor-parallel ranks (Megatron-LM);
-    ``dropout``: exists only because the block trains with dropout.
+    ``dropout``: exists only because the block trains with dropout;
+    ``weight_grad_of``: the projections whose weight gradient is the only reason
+    it is kept (a frozen projection needs no saved input: see :mod:`memledger.lora`).
     """
     name: str
     why: str
@@ -40,6 +42,7 @@ class Saved:
     tp_sharded: bool = False
     dropout: bool = False
     same_as: str = ""       # article rows: the autograd tensor this row stands for
+    weight_grad_of: tuple = ()
 
     @property
     def bytes(self) -> sp.Expr:
@@ -91,7 +94,8 @@ def inventory(mlp: str = "gelu", norm: str = "LayerNorm", dropout: bool = True,
     kv_saved = q if repeat_kv else kv
     rows = [
         _norm_rows(norm, 1),
-        Saved("Q/K/V projection input", "the Q, K, V weight gradients need their shared input", BSd),
+        Saved("Q/K/V projection input", "the Q, K, V weight gradients need their shared input", BSd,
+              weight_grad_of=("q_proj", "k_proj", "v_proj")),
         Saved("Q", "backward of QK^T needs K, and vice versa", (B, S, q), tp_sharded=True),
         Saved("K", "backward of QK^T needs Q, and vice versa", (B, S, kv_saved), tp_sharded=True),
     ]
@@ -110,14 +114,15 @@ def inventory(mlp: str = "gelu", norm: str = "LayerNorm", dropout: bool = True,
     rows += [
         Saved("V", "backward of (probabilities x V) needs V", (B, S, kv_saved), tp_sharded=True),
         Saved("output projection input", "the output projection's weight gradient needs its input",
-              (B, S, q), tp_sharded=True),
+              (B, S, q), tp_sharded=True, weight_grad_of=("o_proj",)),
     ]
     if dropout:
         rows.append(Saved("attention residual dropout mask", "dropout backward needs the mask", BSd, "bool",
                           dropout=True))
     rows += [
         _norm_rows(norm, 2),
-        Saved("MLP input", "the up-projection weight gradient needs its input", BSd, block="mlp"),
+        Saved("MLP input", "the up-projection weight gradient needs its input", BSd, block="mlp",
+              weight_grad_of=("up_proj",) if mlp == "gelu" else ("gate_proj", "up_proj")),
     ]
     if moe:
         rows += moe_rows(capacity_factor)
@@ -125,7 +130,7 @@ def inventory(mlp: str = "gelu", norm: str = "LayerNorm", dropout: bool = True,
         rows += [
             Saved("GeLU input", "GeLU backward needs its input", BSF, block="mlp", tp_sharded=True),
             Saved("down-projection input", "the down-projection weight gradient needs its input (GeLU output)",
-                  BSF, block="mlp", tp_sharded=True),
+                  BSF, block="mlp", tp_sharded=True, weight_grad_of=("down_proj",)),
         ]
     else:
         rows += [
@@ -135,7 +140,7 @@ def inventory(mlp: str = "gelu", norm: str = "LayerNorm", dropout: bool = True,
             Saved("up-projection output", "backward of SiLU(gate) x up needs both factors", BSF, block="mlp",
                   tp_sharded=True),
             Saved("down-projection input", "the down-projection weight gradient needs its input",
-                  BSF, block="mlp", tp_sharded=True),
+                  BSF, block="mlp", tp_sharded=True, weight_grad_of=("down_proj",)),
         ]
     if dropout:
         rows.append(Saved("MLP residual dropout mask", "dropout backward needs the mask", BSd, "bool",

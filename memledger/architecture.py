@@ -222,6 +222,8 @@ PRESETS = {
     "megatron-1t": Architecture(25600, 128, 160, 102400, 51200, "gpt",
         description="Korthikanti et al. 2022, Table 3, 1T"),
 }
+#: The article's own model: the default of every interactive view.
+ARTICLE_PRESET = "article-7b"
 
 
 def preset_names() -> list:

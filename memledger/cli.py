@@ -17,11 +17,12 @@ from .hardware import GPU_MEMORY, HOST_LINKS, NVME_LINKS
 from .hf_config import SUPPORTED
 from .ledger import Ledger
 from .model_states import OFFLOAD_DEVICES, PLACEMENTS, ZERO_STAGES
-from .recipes import RECIPES
+from .recipes import ALL_RECIPES
 from .units import format_bytes, parse_bytes, parse_count
 
-COMMANDS = ("ledger", "fit", "infer", "presets", "recipes", "claims")
-UNITS = ("GB", "GiB")
+COMMANDS = ("ledger", "compare", "fit", "infer", "presets", "recipes", "claims")
+UNITS = ("GB", "GiB", "MiB", "TiB")
+UNITS_HELP = "GB (10^9 bytes), GiB (2^30), MiB (2^20) or TiB (2^40)"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -50,6 +51,8 @@ def _parser():
     led = sub.add_parser("ledger", help="the memory ledger of one setup, per GPU",
                          formatter_class=_Help)
     _ledger_options(led)
+    from .cli_conventions import add_parsers
+    add_parsers(sub, led, _ledger_options, _Help)
     pipe = led.add_argument_group("pipeline parallelism (Megatron-LM schedules)")
     pipe.add_argument("--pp", help="pipeline stages P (rows per stage: first and last)")
     pipe.add_argument("--microbatches", help="micro-batches per step M (needs --pp)")
@@ -69,7 +72,7 @@ def _parser():
     inf.add_argument("--tp", default="1", help="tensor-parallel degree")
     inf.add_argument("--overhead", default=format_bytes(Ledger.overhead_bytes, digits=0).replace(" ", ""),
                      help="runtime overhead (CUDA context, workspace)")
-    inf.add_argument("--units", default=UNITS[0], help="GB (10^9 bytes) or GiB (2^30 bytes)")
+    inf.add_argument("--units", default=UNITS[0], help=UNITS_HELP)
     inf.add_argument("--gpu-memory", default=next(iter(GPU_MEMORY)),
                      help=f"GPU memory for the fits verdict: bytes (80GB) or one of {_one_of(GPU_MEMORY)}")
     inf.add_argument("--json", action="store_true", help="one JSON object with exact integer bytes")
@@ -99,7 +102,7 @@ def _ledger_options(parser):
     run = parser.add_argument_group("workload and strategy")
     run.add_argument("--batch", help=f"micro-batch size B (default: {Ledger.batch_size})")
     run.add_argument("--seq", help=f"sequence length S (default: {Ledger.seq_len})")
-    run.add_argument("--recipe", default=Ledger.recipe, help=f"one of: {_one_of(RECIPES)}")
+    run.add_argument("--recipe", default=Ledger.recipe, help=f"one of: {_one_of(ALL_RECIPES)}")
     run.add_argument("--recompute", default=Ledger.recompute, help=_one_of(RECOMPUTE))
     run.add_argument("--no-dropout", action="store_true", help="train without dropout")
     run.add_argument("--flash-attention", action="store_true", help="no S x S tensors saved")
@@ -116,7 +119,7 @@ def _ledger_options(parser):
     run.add_argument("--overhead", default=format_bytes(Ledger.overhead_bytes, digits=0).replace(" ", ""),
                      help="runtime overhead (CUDA context, workspace), e.g. 2GB or 1500000000")
     out = parser.add_argument_group("output")
-    out.add_argument("--units", default=UNITS[0], help="GB (10^9 bytes) or GiB (2^30 bytes)")
+    out.add_argument("--units", default=UNITS[0], help=UNITS_HELP)
     out.add_argument("--gpu-memory", default=next(iter(GPU_MEMORY)),
                      help=f"GPU memory for the fits verdict: bytes (80GB) or one of {_one_of(GPU_MEMORY)}")
     out.add_argument("--link", default="pcie4-x16", help=f"host link for offload time: {_one_of(HOST_LINKS)}")
@@ -195,7 +198,11 @@ def gpu_bytes(text: str) -> int:
 
 
 def _ledger(a):
+    from . import cli_conventions
+    path = cli_conventions.wants(a)
     ledger = build_ledger(a)
+    if path:
+        return getattr(cli_conventions, path)(a, ledger)
     memory = gpu_bytes(a.gpu_memory)
     from .cli_models import pipeline_section, pipeline_text
     pipe = pipeline_section(a, ledger, memory)
@@ -247,16 +254,27 @@ def _presets(a):
     return "\n".join([head] + rows)
 
 
+def _number(value):
+    """An int stays an int; an exact fraction (block constants) becomes a float for JSON."""
+    return value if isinstance(value, int) else float(value)
+
+
 def _recipes(a):
-    data = {name: {"title": r.title, "bytes_per_param": r.bytes_per_param, "source": r.source,
+    data = {name: {"title": r.title, "bytes_per_param": _number(r.bytes_per_param), "source": r.source,
+                   "exact_bytes_per_param": str(r.bytes_per_param),
                    "components": [{"name": c.name, "dtype": c.dtype, "role": c.role,
-                                   "bytes_per_param": c.bytes_per_param} for c in r.components]}
-            for name, r in RECIPES.items()}
+                                   "bytes_per_param": _number(c.bytes_per_param),
+                                   "exact_bytes_per_param": str(c.bytes_per_param),
+                                   **({"factored": True} if c.factored else {}),
+                                   **({"block_constants": [list(b) for b in c.constants]} if c.constants else {})}
+                                  for c in r.components]}
+            for name, r in ALL_RECIPES.items()}
     if a.json:
         import json
         return json.dumps(data, indent=2)
-    return "\n".join(f"{n:<22} {r['bytes_per_param']:>2} B/param = "
-                     + " + ".join(f"{c['bytes_per_param']} ({c['name']})" for c in r["components"])
+    return "\n".join(f"{n:<26} {r['exact_bytes_per_param']:>11} B/param = "
+                     + " + ".join(f"{c['exact_bytes_per_param'] if not c.get('factored') else 'rows+cols'} "
+                                  f"({c['name']})" for c in r["components"])
                      for n, r in data.items())
 
 
@@ -280,6 +298,9 @@ def main(argv=None) -> int:
         if a.command in ("fit", "infer"):
             from . import cli_models
             text = getattr(cli_models, a.command)(a)
+        elif a.command == "compare":
+            from .cli_conventions import compare
+            text = compare(a)
         else:
             text = {"ledger": _ledger, "presets": _presets, "recipes": _recipes, "claims": _claims}[a.command](a)
     except (ValueError, TypeError) as e:

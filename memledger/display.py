@@ -10,15 +10,16 @@ from .units import format_bytes, unit_size
 #: Sequence lengths the interactive views (widget, static calculator) offer.
 SEQUENCE_CHOICES = (512, 1024, 2048, 4096, 8192, 16384, 32768)
 
-_DEVICE_LABEL = {"gpu": "GPU", "cpu": "CPU", "nvme": "NVMe"}
+#: How each device is printed.
+DEVICE_LABELS = {"gpu": "GPU", "cpu": "CPU", "nvme": "NVMe"}
 HEADER = ("component", "group", "device", "bytes", "size")
 
 
 def ledger_table(ledger, unit: str = "GB") -> "Table":
     """The ledger's rows, then one total per device in use (the GPU's always)."""
-    body = [(r.name, r.group, _DEVICE_LABEL[r.device], f"{r.bytes:,}", format_bytes(r.bytes, unit))
+    body = [(r.name, r.group, DEVICE_LABELS[r.device], f"{r.bytes:,}", format_bytes(r.bytes, unit))
             for r in ledger.rows]
-    totals = [(f"total on {_DEVICE_LABEL[dev]}", "", _DEVICE_LABEL[dev], f"{n:,}", format_bytes(n, unit))
+    totals = [(f"total on {DEVICE_LABELS[dev]}", "", DEVICE_LABELS[dev], f"{n:,}", format_bytes(n, unit))
               for dev, n in ledger.totals.items() if n or dev == "gpu"]
     return Table(HEADER, body, totals=totals, numeric=(3, 4), css="memledger")
 

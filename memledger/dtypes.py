@@ -1,4 +1,4 @@
-"""Bytes per element of each storage type (the only place these sizes are written),
+"""Bytes (or, below a byte, bits) per element of each storage type (the only place these sizes are written),
 and BF16 rounding, which is why mixed precision keeps an FP32 master copy."""
 from fractions import Fraction
 
@@ -15,8 +15,25 @@ BYTES_PER_ELEMENT = {
 }
 
 
+#: Storage types narrower than a byte, in bits per element (packed two to a byte).
+SUB_BYTE_BITS = {
+    "nf4": 4,    # 4-bit NormalFloat (Dettmers et al. 2023, QLoRA)
+    "int4": 4,
+    "fp4": 4,
+}
+
+
+def nbits(dtype: str) -> int:
+    """Bits per element: 8 x :func:`nbytes`, or 4 for ``"nf4"``, ``"int4"``, ``"fp4"``."""
+    if dtype in SUB_BYTE_BITS:
+        return SUB_BYTE_BITS[dtype]
+    return 8 * nbytes(dtype)
+
+
 def nbytes(dtype: str) -> int:
     """Bytes per element of ``dtype`` (``"bf16"`` -> 2); ``ValueError`` if unknown."""
+    if dtype in SUB_BYTE_BITS:
+        raise ValueError(f"{dtype} packs two elements per byte: use nbits({dtype!r}) / 8")
     return lookup(BYTES_PER_ELEMENT, dtype, "dtype")
 
 

@@ -85,6 +85,14 @@ def _activation_domain():
                        _BOOLS, _BOOLS, RECOMPUTE, _PARALLEL)]
 
 
+def _components(parts, count_key, *features):
+    """Quantized or factored recipe components (:func:`memledger.model_states.components_bytes`) for the
+    element count of ``count_key``; not compiled ahead (evaluated by lambdify)."""
+    from .model_states import components_bytes
+    sharded = count_key == ("elements", True)
+    return components_bytes(parts, expr(count_key), sharded, _features(features) if features else None)
+
+
 def _symbol(name):
     from . import symbols
     return getattr(symbols, name)
@@ -98,6 +106,7 @@ BUILDERS = {
     "params": (_params, lambda: [(s,) for s in STYLES] + _preset_features()),
     "active params": (_active_params, lambda: [f for f in _preset_features() if f[-1]]),
     "symbol": (_symbol, [("O",)]),
+    "components": (_components, []),
 }
 
 

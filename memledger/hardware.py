@@ -14,6 +14,8 @@ GPU_MEMORY = {
     "h200": 141 * GB,
     "rtx-4090": 24 * GB,
 }
+#: The article's GPU: the default of every fits verdict.
+ARTICLE_GPU = "a100-80gb"
 
 #: Dense BF16 tensor-core peak, FLOP/s, from the vendors' data sheets.
 PEAK_BF16_FLOPS = {

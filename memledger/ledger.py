@@ -20,8 +20,9 @@ from . import formulas
 from .architecture import Architecture, get_preset
 from .choices import RECOMPUTE, check_choice, check_count, check_flag, lookup
 from .features import Features
-from .model_states import OFFLOAD_DEVICES, PLACEMENTS, ZERO_STAGES, check_state_options, state_specs
-from .recipes import DEFAULT_RECIPE, RECIPES
+from .model_states import (OFFLOAD_DEVICES, PLACEMENTS, ZERO_STAGES, check_state_options, component_key,
+                           state_specs)
+from .recipes import ALL_RECIPES, DEFAULT_RECIPE
 from .transfer import Traffic, step_traffic
 from .units import GB
 
@@ -58,6 +59,7 @@ class RowSpec(NamedTuple):
     device: str
     key: tuple
     factor: int = 1
+    role: str = ""          # model states: param / grad / optimizer (ZeRO's roles), or "gathered"
 
     @property
     def expr(self):
@@ -91,8 +93,9 @@ class Structure(NamedTuple):
 @lru_cache(maxsize=256)
 def row_specs(s: Structure) -> tuple:
     """Every :class:`RowSpec` of a structure: model states, activations, overhead."""
-    recipe = RECIPES[s.recipe]
-    specs = [RowSpec(r.name, "model_states", r.device, ("elements", r.sharded), r.bytes_per_param)
+    recipe = ALL_RECIPES[s.recipe]
+    features = s.arch.features if s.arch is not None else None
+    specs = [RowSpec(r.name, "model_states", r.device, r.key(features), r.factor, r.role)
              for r in state_specs(recipe, s.zero_stage, s.offload_optimizer, s.offload_params, s.offload_placement)]
     if s.arch is not None:
         if s.offload_params != "none":
@@ -100,8 +103,13 @@ def row_specs(s: Structure) -> tuple:
             # DeepSpeed's estimate_zero3_model_states_mem_needs books 4 x largest layer.
             plain = s.arch.features == Features.of(s.arch.style)
             unit = ("largest unit", s.arch.style) if plain else ("largest unit",) + tuple(s.arch.features)
-            specs.append(RowSpec("gathered parameters + gradients (largest layer)", "model_states", "gpu",
-                                 unit, recipe.role_bytes("param") + recipe.grad_bytes))
+            gathered = [c for c in recipe.components if c.role == "param"] + [recipe.grad_component]
+            if all(c.plain for c in gathered):
+                specs.append(RowSpec("gathered parameters + gradients (largest layer)", "model_states", "gpu",
+                                     unit, recipe.role_bytes("param") + recipe.grad_bytes, "gathered"))
+            else:
+                specs.append(RowSpec("gathered parameters + gradients (largest layer)", "model_states", "gpu",
+                                     component_key(gathered, unit), 1, "gathered"))
         f = s.arch.features
         refinements = (f.gqa, f.head_dim, f.moe) if (f.gqa or f.head_dim or f.moe) else ()
         specs.append(RowSpec("activations", "activations", "gpu",
@@ -147,7 +155,10 @@ class Ledger:
         for name in ("batch_size", "seq_len", "tp", "dp") + (("n_params",) if self.n_params is not None else ()):
             object.__setattr__(self, name, check_count(name, getattr(self, name)))
         object.__setattr__(self, "overhead_bytes", check_count("overhead_bytes", self.overhead_bytes, minimum=0))
-        lookup(RECIPES, self.recipe, "recipe")
+        recipe = lookup(ALL_RECIPES, self.recipe, "recipe")
+        factored = [c.name for c in recipe.components if c.factored]
+        if factored and arch is None:
+            raise ValueError(f"{factored[0]} needs the matrix shapes: give an architecture")
         check_choice("recompute", self.recompute, RECOMPUTE)
         check_choice("zero_stage", self.zero_stage, ZERO_STAGES)
         check_choice("offload_optimizer", self.offload_optimizer, OFFLOAD_DEVICES)
@@ -218,7 +229,7 @@ class Ledger:
     def traffic(self) -> Traffic:
         """Host<->device bytes per optimizer step for this rank (see :mod:`memledger.transfer`)."""
         shard = formulas.evaluate(("elements", self.zero_stage >= 1), self.values)
-        return step_traffic(RECIPES[self.recipe], self.offload_optimizer, self.offload_params, shard)
+        return step_traffic(ALL_RECIPES[self.recipe], self.offload_optimizer, self.offload_params, shard)
 
     def inputs(self) -> dict:
         fields = asdict(self)
@@ -228,14 +239,25 @@ class Ledger:
         return fields
 
     def to_dict(self) -> dict:
-        """The CLI's JSON object: inputs, rows (exact integer bytes, formula), totals, traffic."""
+        """The CLI's JSON object: inputs, rows (exact integer bytes, formula), totals, model states by
+        ZeRO role (:meth:`by_role`), traffic."""
         return {
             "inputs": self.inputs(),
             "rows": [{"name": r.name, "group": r.group, "device": r.device, "bytes": r.bytes,
                       "formula": r.formula} for r in self.rows],
             "totals": self.totals,
+            "model_states_by_role": self.by_role(),
             "traffic": asdict(self.traffic),
         }
+
+    def by_role(self, device: Optional[str] = None) -> dict:
+        """Model-state bytes by ZeRO role: {"param": ..., "grad": ..., "optimizer": ...} (all devices, or one);
+        "gathered" too under ZeRO-3 parameter offload (a unit's parameters and gradients on the GPU)."""
+        roles = {"param": 0, "grad": 0, "optimizer": 0}
+        for r in self.rows:
+            if r.group == "model_states" and device in (None, r.device):
+                roles[r.spec.role] = roles.get(r.spec.role, 0) + r.bytes
+        return roles
 
     def table(self, unit: str = "GB"):
         """The rows and per-device totals as a :class:`~memledger.display.Table`

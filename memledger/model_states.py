@@ -16,9 +16,10 @@ Offload placements:
 * ``"zero-offload"``: gradients stream to the CPU too and the optimizer step
   runs there; only the BF16 parameters stay, 2P (Ren et al. 2021).
 """
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .choices import check_choice
+from .dtypes import nbits, nbytes
 from .recipes import Recipe
 
 ZERO_STAGES = (0, 1, 2, 3)
@@ -31,16 +32,68 @@ PLACEMENTS = ("article", "zero-offload")
 @dataclass(frozen=True)
 class StateSpec:
     """One component on one device: ``bytes_per_param`` x the elements it holds
-    (:func:`elements_per_device` of ``sharded``)."""
+    (:func:`elements_per_device` of ``sharded``). A quantized component (block
+    constants, sub-byte storage) or a factored one (Adafactor) has its own
+    formula key; ``component`` is the recipe's component."""
     name: str
     role: str
     device: str
     bytes_per_param: int
     sharded: bool
+    component: object = field(default=None, compare=False, repr=False)
 
-    def expr(self, exact: bool = True):
+    @property
+    def plain(self) -> bool:
+        return self.component is None or self.component.plain
+
+    def key(self, features=None) -> tuple:
+        """The :mod:`memledger.formulas` key of its bytes; :attr:`factor` multiplies it."""
+        if self.plain:
+            return ("elements", self.sharded)
+        return component_key((self.component,), ("elements", self.sharded), features)
+
+    @property
+    def factor(self) -> int:
+        return self.bytes_per_param if self.plain else 1
+
+    def expr(self, exact: bool = True, features=None):
         """Its bytes as a SymPy expression, e.g. 4*ceiling(P/(N_d*t))."""
-        return self.bytes_per_param * elements_per_device(self.sharded, exact)
+        if self.plain:
+            return self.bytes_per_param * elements_per_device(self.sharded, exact)
+        return components_bytes(component_parts((self.component,)), elements_per_device(self.sharded, exact),
+                                self.sharded, features, exact)
+
+
+def component_parts(components) -> tuple:
+    """What decides a component's bytes, hashable: (bits, block constants, factored: bytes per element or 0)."""
+    return tuple((nbits(c.dtype), c.constants, nbytes(c.dtype) if c.factored else 0) for c in components)
+
+
+def component_key(components, count_key, features=None) -> tuple:
+    """Formula key of the summed bytes of ``components`` for the element count of ``count_key``."""
+    if any(c.factored for c in components) and features is None:
+        name = next(c.name for c in components if c.factored)
+        raise ValueError(f"{name} needs the matrix shapes: give an architecture")
+    parts = component_parts(components)
+    return ("components", parts, count_key) + (tuple(features) if any(p[2] for p in parts) else ())
+
+
+def components_bytes(parts, elements, sharded=False, features=None, exact=True):
+    """Bytes of quantized/factored components for ``elements`` parameters: packed data rounded up to
+    whole bytes plus one constant per started block; a factored state is rows + columns of each matrix
+    (:func:`memledger.tensors.factored_elements_expr`), shared like the component."""
+    import sympy as sp
+    from .symbols import N_d, t
+    total = 0
+    for bits, constants, factored in parts:
+        if factored:
+            from .tensors import factored_elements_expr
+            share = factored_elements_expr(features) / (t * N_d if sharded else t)
+            total += factored * (sp.ceiling(share) if exact else share)
+            continue
+        total += bits // 8 * elements if bits % 8 == 0 else sp.ceiling(sp.Integer(bits) * elements / 8)
+        total += sum(nbytes(c) * sp.ceiling(elements / block) for block, c in constants)
+    return total
 
 
 def elements_per_device(sharded: bool, exact: bool = True):
@@ -78,7 +131,7 @@ def state_specs(recipe: Recipe, zero_stage: int = 0, offload_optimizer: str = "n
     check_choice("offload_placement", placement, PLACEMENTS)
     check_state_options(zero_stage, offload_params)
     return [StateSpec(c.name, c.role, device_of(c.role, offload_optimizer, offload_params, placement),
-                      c.bytes_per_param, c.role in ZERO_SHARDS[zero_stage])
+                      c.bytes_per_param, c.role in ZERO_SHARDS[zero_stage], c)
             for c in recipe.components]
 
 

@@ -53,9 +53,12 @@ def step_traffic(recipe, offload_optimizer: str, offload_params: str, shard_elem
     computes: ceil(P/(t*N_d)) under ZeRO >= 1, else ceil(P/t). The gradient
     that crosses is the recipe's first gradient component (2 bytes for BF16).
     """
-    params = recipe.role_bytes("param") * shard_elements
-    grads = recipe.grad_bytes * shard_elements
-    states = recipe.role_bytes("optimizer") * shard_elements
+    params = int(recipe.role_bytes_for("param", shard_elements))
+    grads = int(recipe.grad_component.bytes_for(shard_elements))
+    if offload_optimizer == "nvme" and any(c.factored for c in recipe.components):
+        raise ValueError("NVMe traffic of a factored (Adafactor) state depends on the matrix shapes; "
+                         "offload it to the CPU instead")
+    states = 0 if offload_optimizer != "nvme" else int(recipe.role_bytes_for("optimizer", shard_elements))
     to_cpu = to_gpu = 0
     if offload_optimizer != "none":
         to_cpu += grads                                   # gradients to the CPU optimizer

@@ -25,6 +25,10 @@ _QUANTITY = re.compile(r"(?P<number>[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-
 _UNIT_BY_LOWER = {u.lower(): u for u in UNITS}
 
 
+#: :func:`parse_count`'s message (``name``: the field, ``raw``: the text as given); the static calculator
+#: (``_static/memledger-calculator.js``) fills in the same template.
+COUNT_ERROR = "{name} must be a positive integer up to 10^18, got {raw!r}"
+
 #: How the article prints sizes: per-tensor "MB" are MiB, totals "GB" are GB.
 ARTICLE_TENSOR_UNIT = "MiB"
 ARTICLE_TOTAL_UNIT = "GB"
@@ -82,7 +86,7 @@ def parse_count(text, name: str) -> int:
     raw = str(text).strip()
     parsed = _exact_number(raw)
     if parsed is None or parsed[1] or parsed[0].denominator != 1 or not 1 <= parsed[0] <= LIMIT:
-        raise ValueError(f"{name} must be a positive integer up to 10^18, got {raw!r}")
+        raise ValueError(COUNT_ERROR.format(name=name, raw=raw))
     return int(parsed[0])
 
 

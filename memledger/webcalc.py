@@ -1,166 +1,173 @@
-"""A calculator for the static book: JavaScript generated from the library, no kernel needed.
+"""The static book's calculator: data printed from the library, driven by one static script.
 
-The page's script is data and code printed from memledger itself: presets,
-recipes, the device of each component under each offload setting
-(:func:`memledger.model_states.device_of`), and the per-layer activation
-formulas and ZeRO shard sizes printed from their SymPy expressions with
-``sympy.jscode``. Nothing is re-implemented by hand except summing rows.
-Numbers are JavaScript doubles, exact for byte counts below 2^53.
+Python emits data only: the controls (:mod:`memledger.controls`), each preset's
+symbol values, and the ledger's rows part by part -- for every choice of the
+controls that decide a part's rows, each row's name, group, device and formula,
+taken from :class:`~memledger.ledger.Ledger` itself and printed from its SymPy
+expression by SymPy's JavaScript printer (over BigInt, so bytes stay exact at
+any size the CLI accepts). The hand-written script,
+``_static/memledger-calculator.js``, only looks rows up, evaluates formulas,
+reads inputs with the CLI's rules and renders; it decides nothing about which
+rows exist.
 """
+from html import escape
 from itertools import product
 import json
 
 import sympy as sp
+from sympy.printing.jscode import JavascriptCodePrinter
 
-from .activations import RECOMPUTE, activation_bytes, inventory
-from .architecture import PRESETS
-from .display import SEQUENCE_CHOICES
+from .architecture import ARTICLE_PRESET
+from .controls import BY_FIELD, CONTROLS, GPU_FIELD, defaults, ledger_settings, option_text
+from .display import DEVICE_LABELS, HEADER
 from .hardware import GPU_MEMORY
-from .ledger import DEFAULT_OVERHEAD, Ledger
-from .model_states import OFFLOAD_DEVICES, PLACEMENTS, ZERO_SHARDS, device_of, elements_per_device
-from .recipes import RECIPES, ROLES
+from .choices import LIMIT
+from .ledger import FIELD_OF, Ledger
+from .units import COUNT_ERROR, UNITS
 
-_ACT_ARGS = ("B", "S", "d", "H", "L", "F")
+#: The class that marks a calculator in a page, and the script that drives it (in the book's ``_static``).
+CSS_CLASS = "memledger-calculator"
+SCRIPT = "memledger-calculator.js"
+
+#: The ledger's rows part by part (Ledger's order), and the controls that decide which rows a part
+#: has; every other control only changes numbers. tests/test_webcalc.py checks the split against
+#: Ledger over many setups.
+PARTS = (
+    ("model_states", ("recipe", "zero_stage", "offload_optimizer", "offload_placement")),
+    ("activations", ("arch", "flash_attention", "recompute")),
+    ("overhead", ()),
+)
+#: The device of the fits verdict, whose total is always shown.
+VERDICT_DEVICE = "gpu"
+UNIT = "GB"
 
 
-def _js_function(args, expr) -> str:
-    return f"function({', '.join(args)}) {{ return {sp.jscode(expr)}; }}"
+class BigIntPrinter(JavascriptCodePrinter):
+    """SymPy's JavaScript printer over BigInt: ``2n*ml.ceilDiv(v.P, v.N_d*v.t)``.
+
+    Symbols are read from ``v``; integer literals get the ``n`` suffix; a
+    quotient is exact (``ml.exactDiv``, which throws on a remainder, like
+    :func:`memledger.evaluate.exact_function`) or rounded by
+    ``ceiling``/``floor`` (``ml.ceilDiv``/``ml.floorDiv``).
+    """
+
+    def _print_Symbol(self, expr):
+        return f"v.{expr.name}"
+
+    def _print_Integer(self, expr):
+        return f"{expr.p}n"
+
+    def _print_Rational(self, expr):
+        raise ValueError(f"a rational outside a quotient cannot be printed over BigInt: {expr}")
+
+    def _print_Float(self, expr):
+        raise ValueError(f"a float in a byte formula: {expr}")
+
+    def _print_Pow(self, expr):
+        if not (expr.exp.is_Integer and expr.exp > 0):
+            raise ValueError(f"only positive integer powers print over BigInt: {expr}")
+        return f"{self.parenthesize(expr.base, 100)} ** {expr.exp.p}n"
+
+    def _quotient(self, expr, function):
+        numerator, denominator = sp.fraction(sp.together(expr))
+        if denominator == 1:
+            return self._print(numerator)
+        return f"ml.{function}({self._print(numerator)}, {self._print(denominator)})"
+
+    def _print_ceiling(self, expr):
+        return self._quotient(expr.args[0], "ceilDiv")
+
+    def _print_floor(self, expr):
+        return self._quotient(expr.args[0], "floorDiv")
+
+    def _print_Max(self, expr):
+        return f"ml.max({', '.join(self._print(a) for a in expr.args)})"
+
+    def _print_Min(self, expr):
+        return f"ml.min({', '.join(self._print(a) for a in expr.args)})"
+
+    def formula(self, expr) -> str:
+        """``expr`` as one JavaScript BigInt expression."""
+        return self._quotient(expr, "exactDiv")
 
 
-def activation_key(style, dropout, flash, recompute) -> str:
-    return f"{style}|{int(dropout)}|{int(flash)}|{recompute}"
+def _rows_by_part():
+    """For each part: its fields and, by key, the rows ``(name, group, device, formula)``."""
+    printer = BigIntPrinter()
+    parts = []
+    for group, fields in PARTS:
+        rows = {}
+        for combo in product(*(BY_FIELD[f].options for f in fields)):
+            ledger = Ledger(**ledger_settings({**defaults(), **dict(zip(fields, combo))}))
+            rows["|".join(map(option_text, combo))] = [
+                (r.name, r.group, r.device, printer.formula(r.expr)) for r in ledger.rows if r.group == group]
+        parts.append((fields, rows))
+    return parts
 
 
 def calculator_data() -> dict:
-    """Everything the page needs, from the library (JSON-able, except the formula strings)."""
+    """Everything the page's script needs (JSON-able; big integers as decimal strings)."""
+    table, index = [], {}
+
+    def number(row):            # each distinct row is sent once; parts list row numbers
+        if row not in index:
+            index[row] = len(table)
+            table.append(row)
+        return index[row]
+    parts = [{"fields": list(fields), "rows": {key: [number(r) for r in rows] for key, rows in keyed.items()}}
+             for fields, keyed in _rows_by_part()]
     return {
-        "presets": {n: {"d": p.d_model, "L": p.n_layers, "H": p.n_heads, "F": p.d_ff, "style": p.style,
-                        "P": p.params, "dropout": p.dropout} for n, p in PRESETS.items()},
-        "recipes": {n: [[c.name, c.role, c.bytes_per_param] for c in r.components] for n, r in RECIPES.items()},
-        "shards": {str(k): list(v) for k, v in ZERO_SHARDS.items()},
-        "devices": {f"{role}|{opt}|{placement}": device_of(role, opt, "none", placement)
-                    for role, opt, placement in product(ROLES, OFFLOAD_DEVICES, PLACEMENTS)},
-        "gpus": GPU_MEMORY,
-        "overhead": DEFAULT_OVERHEAD,
+        "controls": [{"field": c.field, "label": c.label, "count": c.is_count, "default": option_text(c.default),
+                      "options": [[option_text(v), label] for label, v in c.choices()]} for c in CONTROLS],
+        "count_error": COUNT_ERROR,
+        "limit": str(LIMIT),
+        # each model's symbol values (Ledger.values at the defaults); controls replace the ones they set
+        "bindings_field": "arch",
+        "bindings": {name: {symbol: str(v) for symbol, v in Ledger(**ledger_settings(
+            {**defaults(), "arch": name})).values.items()} for name in BY_FIELD["arch"].options},
+        "symbols": [[symbol, field] for symbol, field in FIELD_OF.items() if field in BY_FIELD],
+        "parts": parts,
+        "rows": [list(row) for row in table],
+        "devices": [[device, label] for device, label in DEVICE_LABELS.items()],
+        "verdict_device": VERDICT_DEVICE,
+        "header": list(HEADER),
+        "gpu_field": GPU_FIELD,
+        "gpus": {name: str(n) for name, n in GPU_MEMORY.items()},
+        "unit": [UNIT, str(UNITS[UNIT])],
+        "digits": 2,
     }
 
 
-def script() -> str:
-    """The calculator's JavaScript: ``memledgerLedger(setup)`` returns rows and totals."""
-    formulas = []
-    for style, dropout, flash, recompute in product(("gpt", "llama"), (True, False), (True, False), RECOMPUTE):
-        rows = inventory("swiglu" if style == "llama" else "gelu", "RMSNorm" if style == "llama" else "LayerNorm",
-                         dropout, flash)
-        formulas.append(f'"{activation_key(style, dropout, flash, recompute)}": '
-                        f"{_js_function(_ACT_ARGS, activation_bytes(rows, recompute))}")
-    shard = {str(s): _js_function(("P", "N_d", "t"), elements_per_device(s)) for s in (True, False)}
-    return f"""
-var MEMLEDGER = {json.dumps(calculator_data())};
-MEMLEDGER.activations = {{{", ".join(formulas)}}};
-MEMLEDGER.elements = {{"true": {shard["True"]}, "false": {shard["False"]}}};
-function memledgerLedger(setup) {{
-  var a = MEMLEDGER.presets[setup.preset], rows = [];
-  var stage = String(setup.zero), t = 1;
-  MEMLEDGER.recipes[setup.recipe].forEach(function (c) {{
-    var sharded = MEMLEDGER.shards[stage].indexOf(c[1]) >= 0;
-    var device = MEMLEDGER.devices[c[1] + "|" + setup.offload + "|" + setup.placement];
-    rows.push([c[0], "model_states", device, c[2] * MEMLEDGER.elements[String(sharded)](a.P, setup.dp, t)]);
-  }});
-  var dropout = a.dropout ? 1 : 0, key = [a.style, dropout, setup.flash ? 1 : 0, setup.recompute].join("|");
-  rows.push(["activations", "activations", "gpu",
-             MEMLEDGER.activations[key](setup.batch, setup.seq, a.d, a.H, a.L, a.F)]);
-  rows.push(["CUDA context + workspace", "overhead", "gpu", MEMLEDGER.overhead]);
-  var totals = {{gpu: 0, cpu: 0, nvme: 0}};
-  rows.forEach(function (r) {{ totals[r[2]] += r[3]; }});
-  return {{rows: rows, totals: totals}};
-}}
-"""
+def _field(control, value) -> str:
+    label = escape(control.label)
+    if control.is_count:
+        return (f'<label>{label} <input name="{control.field}" type="text" inputmode="numeric" '
+                f'autocomplete="off" spellcheck="false" value="{escape(option_text(value))}"></label>')
+    options = "".join(f'<option value="{escape(option_text(v))}"{" selected" if v == value else ""}>'
+                      f"{escape(text)}</option>" for text, v in control.choices())
+    return f'<label>{label} <select name="{control.field}">{options}</select></label>'
 
 
-_FORM = """
-<div class="memledger-calculator" id="memledger-calculator">
-<p><b>Calculator</b> (runs in your browser; no kernel needed)</p>
-<form onsubmit="return false" style="display:grid;grid-template-columns:repeat(2,minmax(0,1fr));gap:4px 12px">
-{fields}
-</form>
-<div class="memledger-calculator-out"></div>
-</div>
-"""
-
-
-def _select(name, label, options, value):
-    opts = "".join(f'<option value="{o}"{" selected" if str(o) == str(value) else ""}>{o}</option>' for o in options)
-    return f'<label>{label} <select name="{name}">{opts}</select></label>'
-
-
-def _number(name, label, value, maximum):
-    return f'<label>{label} <input name="{name}" type="number" min="1" max="{maximum}" step="1" value="{value}"></label>'
-
-
-_DRIVER = """
-(function () {
-  var root = document.getElementById("memledger-calculator"), form = root.querySelector("form");
-  var out = root.querySelector(".memledger-calculator-out");
-  function gb(n) { return (n / 1e9).toFixed(2) + " GB"; }
-  function update() {
-    var f = form.elements;
-    var setup = {preset: f.preset.value, batch: +f.batch.value, seq: +f.seq.value, recipe: f.recipe.value,
-                 recompute: f.recompute.value, flash: f.flash.value === "yes", zero: +f.zero.value, dp: +f.dp.value,
-                 offload: f.offload.value, placement: f.placement.value};
-    if (!(setup.batch >= 1 && setup.seq >= 1 && setup.dp >= 1) || [setup.batch, setup.seq, setup.dp].some(
-        function (v) { return v !== Math.floor(v); })) {
-      out.innerHTML = "<p style='color:crimson'>batch, sequence and data parallel must be positive integers</p>";
-      return;
-    }
-    var ledger = memledgerLedger(setup), gpu = MEMLEDGER.gpus[f.gpu.value], used = ledger.totals.gpu;
-    var html = "<p><b style='color:" + (used <= gpu ? "green'>fits" : "crimson'>does not fit") + "</b>: " +
-               gb(used) + " per GPU against " + gb(gpu) + "</p><table class='memledger'><tr><th>component</th>" +
-               "<th>device</th><th>size</th></tr>";
-    ledger.rows.forEach(function (r) {
-      html += "<tr><td>" + r[0] + "</td><td>" + r[2].toUpperCase() + "</td><td style='text-align:right'>" +
-              gb(r[3]) + "</td></tr>";
-    });
-    ["gpu", "cpu", "nvme"].forEach(function (d) {
-      if (ledger.totals[d] || d === "gpu") {
-        html += "<tr><th>total on " + d.toUpperCase() + "</th><th></th><th style='text-align:right'>" +
-                gb(ledger.totals[d]) + "</th></tr>";
-      }
-    });
-    out.innerHTML = html + "</table>";
-  }
-  form.addEventListener("input", update);
-  form.addEventListener("change", update);
-  update();
-})();
-"""
-
-
-def calculator_html(preset: str = "article-7b") -> str:
-    """The calculator as one HTML fragment: a form, an output area and its script."""
-    fields = [
-        _select("preset", "model", list(PRESETS), preset),
-        _number("batch", "batch B", Ledger.batch_size, 4096),
-        _select("seq", "sequence S", list(SEQUENCE_CHOICES), Ledger.seq_len),
-        _select("recipe", "recipe", list(RECIPES), "bf16-adamw"),
-        _select("recompute", "recompute", list(RECOMPUTE), "none"),
-        _select("flash", "FlashAttention", ["no", "yes"], "no"),
-        _select("zero", "ZeRO stage", [0, 1, 2, 3], 0),
-        _number("dp", "data parallel", 1, 65536),
-        _select("offload", "offload optimizer", list(OFFLOAD_DEVICES), "none"),
-        _select("placement", "placement", list(PLACEMENTS), "article"),
-        _select("gpu", "GPU", list(GPU_MEMORY), "a100-80gb"),
-    ]
-    return _FORM.format(fields="\n".join(fields)) + f"<script>{script()}{_DRIVER}</script>"
+def calculator_html(preset: str = ARTICLE_PRESET) -> str:
+    """The calculator as one HTML fragment: a form, an output area and its data (no code)."""
+    values = defaults(preset)
+    fields = "\n".join(_field(c, values[c.field]) for c in CONTROLS)
+    data = json.dumps(calculator_data(), separators=(",", ":")).replace("<", "\\u003c")
+    return (f'<div class="{CSS_CLASS}">\n<p><b>Calculator</b> (runs in your browser; no kernel needed)</p>\n'
+            f'<form class="{CSS_CLASS}-form">\n{fields}\n</form>\n'
+            f'<div class="{CSS_CLASS}-out" aria-live="polite"><p><i>This calculator runs in the built book, '
+            f"whose script <code>_static/{SCRIPT}</code> drives it; in Jupyter, use the explorer.</i></p></div>\n"
+            f'<script type="application/json" class="{CSS_CLASS}-data">{data}</script>\n</div>')
 
 
 class Calculator:
-    """Displays as the calculator in Jupyter and in the built book."""
+    """Displays as the calculator in the built book (and as its form in Jupyter)."""
 
-    def __init__(self, preset: str = "article-7b"):
-        self.preset = preset
+    def __init__(self, preset: str = ARTICLE_PRESET):
+        self.preset = BY_FIELD["arch"].parse(preset)
 
     def _repr_html_(self):
         return calculator_html(self.preset)
 
     def __repr__(self):
-        return f"Calculator({self.preset!r}): an HTML form; open the book or Jupyter to use it"
+        return f"Calculator({self.preset!r}): an HTML form; open the book to use it"

@@ -11,9 +11,6 @@ from itertools import count
 import json
 from pathlib import Path
 import re
-import shutil
-import subprocess
-import sys
 
 import pytest
 import sympy as sp
@@ -395,17 +392,7 @@ def test_the_article_figures_are_all_still_printed():
         assert claim_id in keys
 
 
-# --- the build (slow) ----------------------------------------------------------------------------
-
-@pytest.fixture(scope="session")
-def build():
-    """A clean strict build; returns the _build folder."""
-    out = ROOT / "_build"
-    shutil.rmtree(out, ignore_errors=True)
-    done = subprocess.run([str(Path(sys.executable).with_name("jupyter-book")), "build", str(ROOT),
-                           "-W", "-n", "--keep-going"], capture_output=True, text=True, cwd=ROOT)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return out
+# --- the build (slow; fixture ``build`` in conftest.py, one clean strict build shared with test_browser.py) ---
 
 
 def build_glue(build) -> dict:
@@ -481,4 +468,5 @@ def test_math_and_widgets_use_the_vendored_copies(build):
 @pytest.mark.slow
 def test_static_calculator_is_in_the_page(build):
     page = (build / "html" / "book" / "09_together.html").read_text()
-    assert 'id="memledger-calculator"' in page
+    assert 'class="memledger-calculator"' in page and 'class="memledger-calculator-data"' in page
+    assert "_static/memledger-calculator.js" in page

@@ -1,5 +1,6 @@
 import ipywidgets as w
 
+from memledger.controls import CONTROLS, defaults
 from memledger.widgets import STATIC_NOTE, controls, explorer, render
 
 
@@ -13,17 +14,33 @@ def test_explorer_updates_on_change():
     assert ">fits<" in output.value and "CPU" in output.value
 
 
-def test_controls_cover_the_setup():
-    names = set(controls())
-    assert {"arch", "batch_size", "seq_len", "recipe", "recompute", "zero_stage", "dp", "offload_optimizer",
-            "gpu"} <= names
+def test_controls_are_the_shared_description():
+    widgets = controls()
+    assert list(widgets) == [c.field for c in CONTROLS]
+    for c in CONTROLS:
+        widget = widgets[c.field]
+        assert widget.description == c.label and widget.value == c.default
+        if c.is_count:
+            assert (widget.min, widget.max) == (1, c.maximum)
+        else:
+            assert list(widget.options) == c.choices()
 
 
 def test_invalid_setting_shows_the_error():
-    values = {k: c.value for k, c in controls().items()}
+    values = defaults()
     values["offload_placement"] = "elsewhere"
     values["offload_optimizer"] = "cpu"
     assert "offload_placement must be one of" in render(values)
+
+
+def test_error_messages_are_escaped():
+    values = {**defaults(), "recipe": "<img src=x onerror=alert(1)>"}
+    html = render(values)
+    assert "unknown recipe" in html and "<img" not in html and "&lt;img" in html
+
+
+def test_unknown_gpu_is_an_error_not_a_crash():
+    assert "unknown GPU" in render({**defaults(), "gpu": "h100"})
 
 
 def test_static_note_says_a_kernel_is_needed():
