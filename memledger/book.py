@@ -71,6 +71,20 @@ class Equation:
         return sp.sstr(self.rhs, order="none")
 
 
+def negatives_last(expr: sp.Expr) -> sp.Expr:
+    """``expr`` with the negative numbers of every sum written last, ``p - 1`` rather than ``-1 + p``,
+    for display with ``order="none"``; the value is unchanged."""
+    if not isinstance(expr, sp.Basic) or expr.is_Atom:
+        return expr
+    args = [negatives_last(a) for a in expr.args]
+    if expr.is_Add:
+        return sp.Add(*sorted(args, key=lambda a: bool(a.is_Number and a.is_negative)), evaluate=False)
+    try:
+        return expr.func(*args, evaluate=False)
+    except TypeError:
+        return expr.func(*args)
+
+
 def glue_equation(key: str, lhs: str, rhs: sp.Expr) -> None:
     """Glue ``lhs = rhs`` (``rhs`` as the library derived it) for ``{glue:math}`key``` with a label."""
     _glue(key, Equation(lhs, rhs))

@@ -117,6 +117,6 @@ def layout_table(rows, unit: str = "GB"):
 
     def size(n):
         return format_bytes(n, unit, 2 if in_unit(n, unit) >= 1 else 3)
-    return Table(("layout", "splits", "per GPU", "+ gathered block", "sent per GPU", "per", "how"),
+    return Table(("layout", "splits", "per GPU", "ZeRO-3 gathered block", "sent per GPU", "how"),
                  [(r.name, r.splits, format_bytes(r.gpu_bytes, unit, 1), size(r.transient_bytes) if r.transient_bytes
-                   else "", size(r.sent_bytes), r.per, r.how) for r in rows], numeric=(2, 3, 4))
+                   else "", f"{size(r.sent_bytes)} per {r.per}", r.how) for r in rows], numeric=(2, 3, 4))

@@ -123,3 +123,53 @@ def fit_table(grid: dict, label: str):
     rows = [(name, *("none" if r["answer"] is None else f"{r['answer']:,}" for r in per_gpu.values()))
             for name, per_gpu in grid.items()]
     return Table((label,) + tuple(gpus), rows, numeric=tuple(range(1, len(gpus) + 1)))
+
+
+def logits_table(names, seq_len: int):
+    """Per sequence of ``seq_len`` tokens: one layer's saved activations beside the FP32 logits."""
+    from .display import Table
+    from .units import format_bytes
+    rows = []
+    for name in names:
+        arch = get_preset(name)
+        layer, logits = layer_activation_bytes(arch, 1, seq_len), logits_bytes(arch, 1, seq_len)
+        rows.append((name, f"{arch.vocab_size:,}", format_bytes(layer), format_bytes(logits),
+                     f"{logits / layer:.1f}" if logits else "no output layer"))
+    return Table(("model", "vocabulary", "one layer", "FP32 logits", "logits / layer"), rows, numeric=(1, 2, 3, 4))
+
+
+def headroom_table(grid: dict, gpu: str):
+    """For each model's answer on ``gpu`` (a :func:`fit_grid` batch grid): the room it leaves, and two
+    tensors that are not ledger rows, ZeRO-3's gathered block and the FP32 logits of the micro-batch."""
+    from .display import Table
+    from .parallelism import gather_buffer_bytes
+    from .units import format_bytes
+    rows = []
+    for name, per_gpu in grid.items():
+        result = per_gpu[gpu]
+        if result["answer"] is None:
+            rows.append((name, "none", "", "", ""))
+            continue
+        ledger = result["ledger"]
+        rows.append((name, f"{result['answer']:,}", format_bytes(result["gpu_memory"] - result["total_at_answer"]),
+                     format_bytes(gather_buffer_bytes(ledger)),
+                     format_bytes(logits_bytes(ledger.arch, result["answer"], ledger.seq_len))))
+    return Table(("model", "micro-batch", "room left", "ZeRO-3 gathered block", "FP32 logits of the micro-batch"),
+                 rows, numeric=(1, 2, 3, 4))
+
+
+def serving_table(names, seq_len: int):
+    """Serving one sequence of ``seq_len`` tokens (:class:`memledger.inference.Inference`) beside the
+    model states that training keeps (the 16 B/param recipe, one GPU)."""
+    from .display import Table
+    from .inference import Inference
+    from .units import format_bytes
+    rows = []
+    for name in names:
+        serving = Inference(name, seq_len=seq_len)
+        parts = dict(serving.rows)
+        rows.append((name, format_bytes(parts[f"weights ({serving.weight_dtype})"]),
+                     format_bytes(parts[f"KV cache ({serving.kv_dtype})"]), format_bytes(serving.total),
+                     format_bytes(Ledger(name).group_total("model_states"))))
+    return Table(("model", "weights", "KV cache", "serving total", "training model states"), rows,
+                 numeric=(1, 2, 3, 4))

@@ -48,7 +48,7 @@ def test_layouts_on_eight_gpus():
     assert rows["tensor + sequence parallel"].gpu_bytes == 16 * P // 8 + ACT // 8 + 2 * GB
     assert rows["pipeline (1F1B, 32 micro-batches)"].per == "micro-batch"
     text = layout_table(list(rows.values())).text()
-    assert "ZeRO-3" in text and "0.806 GB" in text
+    assert "ZeRO-3" in text and "0.806 GB" in text and "36.75 GB per step" in text
 
 
 def test_layouts_need_a_one_gpu_template():

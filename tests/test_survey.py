@@ -60,3 +60,19 @@ def test_fit_grid_answers_fit_and_one_more_does_not():
             assert not replace(model, batch_size=n + 1).fits(gpus[gpu])
     table = fit_table(grid, "largest micro-batch")
     assert table.header == ("largest micro-batch", "24", "80") and table.rows[0][1] == "none"
+
+
+def test_side_by_side_tables():
+    from memledger.survey import headroom_table, logits_table, serving_table
+    logits = {row[0]: row for row in logits_table(["gemma-7b", "bert-base-uncased"], 4096).rows}
+    assert logits["gemma-7b"][3] == "4.19 GB"                              # 4 x 4096 x 256000 bytes
+    assert logits["bert-base-uncased"][4] == "no output layer"
+    grid = fit_grid(Ledger("llama3-8b", seq_len=4096, zero_stage=3, dp=8, flash_attention=True),
+                    ["llama3-8b", "mixtral-8x7b"], {"80": 80 * GB}, "batch")
+    room = {row[0]: row for row in headroom_table(grid, "80").rows}
+    assert room["mixtral-8x7b"][1] == "none"
+    n = grid["llama3-8b"]["80"]["answer"]
+    assert room["llama3-8b"][4] == f"{4 * n * 4096 * 128256 / 1e9:.2f} GB"
+    assert room["llama3-8b"][3] == f"{4 * 128256 * 4096 / 1e9:.2f} GB"     # the embedding is its largest module
+    serving = serving_table(["llama3-8b"], 8192).rows[0]
+    assert serving[1] == "16.06 GB" and serving[2] == f"{2 * 32 * 8192 * 8 * 128 * 2 / 1e9:.2f} GB"
