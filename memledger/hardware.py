@@ -6,7 +6,7 @@
 workspaces come out of it (the ledger's separate overhead row). Totals as
 reported in public ``nvidia-smi`` output:
 
-* A100 80 GB 81,920 MiB, A100 40 GB 40,960 MiB, H100 80 GB 81,559 MiB:
+* A100 80 GB 81,920 MiB, A100 40 GB 40,960 MiB, L40S 46,068 MiB, H100 80 GB 81,559 MiB:
   modal-labs/modal-client pull request #2797 (docs: "nvidia quotes GB on their
   GPUs not GiB"); H100 80 GB HBM3 81,559 MiB also in NVIDIA/nccl issue #1264.
 * RTX 4090: 24,564 MiB, RLinf/RLinf issue #255.
@@ -23,13 +23,14 @@ from .units import GB, MiB
 GPU_MEMORY = {
     "a100-80gb": 81920 * MiB,     # the article's GPU
     "a100-40gb": 40960 * MiB,
+    "l40s": 46068 * MiB,          # the data sheet's "48 GB GDDR6"
     "h100-80gb": 81559 * MiB,
     "h200": 141 * GB,             # vendor figure (no nvidia-smi total cited)
     "rtx-4090": 24564 * MiB,
 }
 #: The vendors' decimal figures ("80 GB"), as the article uses them.
-NOMINAL_MEMORY = {"a100-80gb": 80 * GB, "a100-40gb": 40 * GB, "h100-80gb": 80 * GB, "h200": 141 * GB,
-                  "rtx-4090": 24 * GB}
+NOMINAL_MEMORY = {"a100-80gb": 80 * GB, "a100-40gb": 40 * GB, "l40s": 48 * GB, "h100-80gb": 80 * GB,
+                  "h200": 141 * GB, "rtx-4090": 24 * GB}
 #: The article's GPU: the default of every fits verdict.
 ARTICLE_GPU = "a100-80gb"
 
