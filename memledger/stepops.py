@@ -65,6 +65,8 @@ class Shape:
     stats: bool             # norm statistics booked (inventory rows exist)
     single: bool            # B == 1: q, k, v stay views of the fused projection (no copies)
     grad_dtype: str = "bf16"
+    mask_dtype: str = None  # a dropout mask's dtype ("bool": the fused CUDA kernel); None: the activation dtype
+    stats_dtype: str = None  # LayerNorm statistics' dtype where booked; None: the activation dtype
 
     @property
     def gpt(self):

@@ -52,7 +52,7 @@ def _norm(p, c, k, x_is_input=True):
 
 
 def _stat_dtype(c):
-    return c.dtype
+    return c.stats_dtype or c.dtype
 
 
 def checkpointed_forward(p, c):
@@ -86,7 +86,7 @@ def checkpointed_forward(p, c):
         p.op("softmax", alloc=[probs])
         p.op("released", free=[masked])
         if drop:
-            dm = p.new("attention dropout mask (dropped)", BHSS, a if c.dtype else a, "not kept", tp=True)
+            dm = p.new("attention dropout mask (dropped)", BHSS, c.mask_dtype or a, "not kept", tp=True)
             do = p.new("attention dropout output (checkpointed)", BHSS, a, "@ v's input", tp=True)
             p.op("attention dropout", alloc=[dm, do])
             p.op("released", free=[dm, probs])
@@ -100,7 +100,7 @@ def checkpointed_forward(p, c):
     xm = p.new("attention residual sum (checkpointed)", BSd, a, "x + attention")
     p.op("output projection", alloc=[po])
     if drop:
-        rm = p.new("residual dropout mask (dropped)", BSd, a, "not kept")
+        rm = p.new("residual dropout mask (dropped)", BSd, c.mask_dtype or a, "not kept")
         rd = p.new("residual dropout output (checkpointed)", BSd, a, "before the add")
         p.op("released", free=[pin])
         p.op("residual dropout", alloc=[rm, rd])
@@ -132,7 +132,7 @@ def checkpointed_forward(p, c):
     dn = p.new("down-projection output (checkpointed)", BSd, a, "before the residual add")
     p.op("down projection", alloc=[dn])
     if drop:
-        mm = p.new("MLP residual dropout mask (dropped)", BSd, a, "not kept")
+        mm = p.new("MLP residual dropout mask (dropped)", BSd, c.mask_dtype or a, "not kept")
         md = p.new("MLP residual dropout output (checkpointed)", BSd, a, "before the add")
         p.op("released", free=[last])
         p.op("residual dropout", alloc=[mm, md])

@@ -49,8 +49,9 @@ class StepStructure:
         if kernel == "math":
             raise ValueError("the math SDPA kernel (CPU, LLaMA blocks with dropout) is not modelled op by op; "
                              "use flash_attention or no dropout")
+        opts = conv.inventory_options(arch.style, act, ledger.dropout, ledger.flash_attention)
         shape = Shape(arch.style, kernel, bool(ledger.dropout), conv.rmsnorm, act, conv.norm_stats is not None,
-                      ledger.batch_size == 1, grad)
+                      ledger.batch_size == 1, grad, opts["mask_dtype"], opts["norm_stats"])
         return cls(shape, ledger.recipe, ledger.zero_stage, ledger.offload_optimizer, ledger.offload_params,
                    ledger.offload_placement, ledger.recompute, ledger.tp > 1, ledger.sequence_parallel, conv,
                    arch.n_layers if arch.n_layers <= 4 else None)

@@ -202,3 +202,19 @@ def test_command_line_reports_memtrackers_landmarks(style, ffn, capsys):
     measured = memtracker_step(RefConfig(4096, 32, 32, int(ffn), 32000, style), "bf16-pure-adamw", 1, 2048)
     assert {k: v["gpu"] for k, v in data["landmarks"].items()} == {k: measured[k] for k in LANDMARKS}
     assert data["peak"]["gpu"] == measured["peak"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("B, loop", [(3, "bf16-pure-adamw"), (1, "fp32-adamw")])
+def test_checkpointed_forward_drops_one_byte_masks_with_the_fused_kernel(B, loop):
+    """``torch.native_dropout`` (what ``F.dropout`` runs on CUDA while training, with or without grad:
+    ATen ``Dropout.cpp``, ``dropout``) makes a 1-byte mask even in a checkpointed block's no-grad forward."""
+    pytest.importorskip("torch")
+    from memledger.torchmeasure import memtracker_step
+    from memledger.torchref import RefConfig
+    measured = memtracker_step(RefConfig(64, 3, 4, 320, 1000, "gpt", dropout=0.1, native_dropout=True,
+                                         recompute="full"), loop, B, 256)
+    step = Step(Ledger(Architecture(64, 3, 4, 320, 1000, "gpt"), batch_size=B, seq_len=256, recipe=loop,
+                       overhead_bytes=0, dropout=True, recompute="full"), "cpu", dropout_mask="bool")
+    assert {k: step.landmarks[k]["gpu"] for k in LANDMARKS} == {k: measured[k] for k in LANDMARKS}
+    assert step.phase_peaks() == measured["phase peaks"]
