@@ -74,6 +74,21 @@ class Conventions:
                     norm_stats=stats, rmsnorm=self.rmsnorm, attention=self.kernel(style, dropout, flash_attention))
 
 
+#: What each switch models and where it is read from (one line each, for tables; details above).
+SWITCHES = {
+    "dropout_mask": "a dropout mask's dtype: 1-byte bool (native_dropout, CUDA's fused kernel) or the "
+                    "activation dtype (CPU F.dropout, measured)",
+    "norm_stats": "LayerNorm's per-token mean and rstd: not booked, the activation dtype (CPU, measured) or "
+                  "FP32 (CUDA, ATen layer_norm_kernel.cu)",
+    "rmsnorm": "RMSNorm: fused (input + FP32 rstd, _fused_rms_norm) or composite (FP32 input copy, FP32 x*rstd, "
+               "CPU, measured)",
+    "attention": "the attention kernel: eager (S x S scores kept) or the reference's SDPA for LLaMA blocks "
+                 "(a flash kernel: q, k, v, output, FP32 log-sum-exp)",
+    "step_counters": "Adam's per-tensor step: not booked, on the parameters' device (CPU runs) or on the host "
+                     "(CUDA, torch/optim/adam.py)",
+    "foreach": "AdamW(foreach=...): temporaries of one parameter at a time, or of the whole group",
+}
+
 BACKENDS = {
     "article": Conventions(),
     "cuda": Conventions("cuda", "bool", "fp32", "fused", "reference", "host"),
@@ -89,3 +104,14 @@ def conventions(backend="article", **changes) -> Conventions:
         check_choice("backend", backend, tuple(BACKENDS))
         base = BACKENDS[backend]
     return replace(base, **changes) if changes else base
+
+
+def conventions_table(names=("article", "cuda", "cpu")):
+    """Every switch, its value under each named backend, and what it models (a
+    :class:`memledger.display.Table`)."""
+    from .display import Table
+    chosen = [conventions(n) for n in names]
+    show = lambda v: "not booked" if v is None else str(v)            # noqa: E731
+    return Table(("switch",) + tuple(names) + ("what it models",),
+                 [(field,) + tuple(show(getattr(c, field)) for c in chosen) + (SWITCHES[field],)
+                  for field in SWITCHES])

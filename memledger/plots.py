@@ -216,7 +216,7 @@ def step_timeline(step, gpu_bytes: int = A100_BYTES, unit: str = "GB", ax=None):
     ax.stackplot(x[order], *layers, labels=[label for label, _ in STEP_KINDS.values()],
                  colors=[c for _, c in STEP_KINDS.values()], linewidth=0)
     capacity = float(in_unit(gpu_bytes, unit))
-    ax.axhline(capacity, color=GPU_LINE, linestyle="--", linewidth=1.5, label=f"GPU memory ({capacity:g} {unit})")
+    ax.axhline(capacity, color=GPU_LINE, linestyle="--", linewidth=1.5, label=f"GPU memory ({capacity:.1f} {unit})")
     for position in marks.values():
         ax.axvline(position, color="black", linestyle=":", linewidth=0.8)
     peak = step.peak

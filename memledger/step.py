@@ -133,4 +133,4 @@ class Step:
         return step_table(self, unit)
 
     def __str__(self):
-        return self.table()
+        return self.table().text()

@@ -1,0 +1,31 @@
+"""Several step timelines in one figure, one panel per setup, on a shared memory axis.
+
+Each panel is :func:`memledger.plots.step_timeline` (memory on the GPU
+through one training step, stacked by kind, the landmarks dotted, the peak
+marked, the GPU's capacity dashed); the legend is drawn once. Captions live
+in the chapters.
+"""
+import matplotlib.pyplot as plt
+
+from .plots import step_timeline
+
+
+def step_timelines(steps: dict, gpu_bytes: int, unit: str = "GB", height: float = 2.6):
+    """One panel per ``{label: Step}``, top to bottom, sharing the y axis; returns the figure."""
+    fig, axes = plt.subplots(len(steps), 1, figsize=(8.5, height * len(steps)), sharey=True, squeeze=False)
+    for i, (ax, (label, step)) in enumerate(zip(axes[:, 0], steps.items())):
+        step_timeline(step, gpu_bytes, unit, ax=ax)
+        ax.text(0.01, 0.96, label, transform=ax.transAxes, va="top", fontsize=9,
+                bbox=dict(facecolor="white", edgecolor="none", alpha=0.8))
+        handles, labels = ax.get_legend_handles_labels()
+        ax.get_legend().remove()
+        peak = next(h for h, lab in zip(handles, labels) if lab.startswith("peak"))
+        ax.legend([peak], [labels[handles.index(peak)]], fontsize=8, frameon=False, loc="upper right")
+        if i == 0:
+            common = [(h, lab) for h, lab in zip(handles, labels) if not lab.startswith("peak")]
+            fig.legend(*zip(*common), fontsize=8, frameon=False, loc="upper center", ncol=4,
+                       bbox_to_anchor=(0.5, 1.0))
+        if i < len(steps) - 1:
+            ax.set_xticklabels([])
+    fig.tight_layout(rect=(0, 0, 1, 0.93))
+    return fig

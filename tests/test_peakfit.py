@@ -1,0 +1,131 @@
+"""The largest batch and sequence by the ledger's sum and by the step's peak (memledger/peakfit.py),
+and the step's tables (memledger/steptable.py).
+
+The independent values are arithmetic written here from the reference loop of docs/step.md, op by op,
+for the article's shape with its parameters counted (GPT blocks of 12d^2 + 13d, a tied 32000 x d
+embedding, a final LayerNorm; Korthikanti et al. 2022), with offloading (article placement: BF16
+weights and gradients stay on the GPU) and full recomputation, on an A100 of 81,920 MiB (nvidia-smi).
+"""
+from fractions import Fraction
+
+import pytest
+
+from memledger.architecture import get_preset
+from memledger.hardware import GPU_MEMORY
+from memledger.ledger import Ledger
+from memledger.peakfit import MEASURES, answers, judge, largest
+from memledger.steptable import (backends_table, live_table, states_per_param_at_peak, step_table,
+                                 sum_and_peak_table)
+
+d, V, L, H, O = 4096, 32000, 32, 32, 2 * 10**9
+BLOCK = 12 * d * d + 13 * d
+P = L * BLOCK + V * d + 2 * d
+A100 = 81920 * 2**20
+ARTICLE = get_preset("article-7b").with_changes(n_params=None)
+OFFLOAD_FULL = Ledger(ARTICLE, recompute="full", offload_optimizer="cpu")
+
+
+def outside(B, S):
+    """Ids (int64), the (S, S) bool mask, final LayerNorm input, LM head input, FP32 log-softmax, 2 scalars."""
+    return 16 * B * S + S * S + 2 * 2 * B * S * d + 4 * B * S * V + 8
+
+
+def offload_full_sum(B, S):
+    """BF16 weights and gradients, L block inputs (the checkpoints), what lies outside the blocks."""
+    return 4 * P + L * 2 * B * S * d + outside(B, S) + O
+
+
+def offload_full_peak_seq(S):
+    """B = 1, long S: block 0's backward recomputes it; at ``probabilities @ V`` backward live are the weights,
+    the gradients so far (blocks 1..31, block 0's projection, MLP and second norm, the final norm, the LM
+    head's share of the tied embedding), softmax output, dropout output, its 1-byte mask and the gradient of
+    the probabilities (7HS^2), eight B x S x d tensors, the mask, the ids, the loss and its gradient."""
+    grads = 2 * (31 * BLOCK + 2 * d + (d * d + d) + (4 * d * d + 4 * d) + (4 * d * d + d) + 2 * d) + 2 * V * d
+    return 2 * P + grads + O + S * S + 16 * S + 7 * H * S * S + 8 * 2 * S * d + 8
+
+
+def offload_full_peak_batch(B, S=2048):
+    """Large B at S = 2048: block 31's recomputation at ``probabilities @ V``: the weights, 32 checkpoints,
+    the scaled scores, softmax and dropout outputs and the mask (7BHS^2), the fused QKV output and the q, k, v
+    copies (12BSd), dX, the norm output and the attention output (6BSd), the LM head's gradient, the final
+    norm's gradients, the causal mask, the ids, two scalars."""
+    return 2 * P + O + 2 * V * d + 4 * d + S * S + 8 + B * (16 * S + 82 * S * d + 7 * H * S * S)
+
+
+def boundary(total, n):
+    return total(n) <= A100 < total(n + 1)
+
+
+def test_counted_parameters():
+    assert Ledger(ARTICLE).step().values["P"] == P
+
+
+def test_longest_sequence_with_offload_and_full_checkpointing():
+    got = answers(OFFLOAD_FULL, "seq", A100)
+    assert boundary(lambda s: offload_full_sum(1, s), got["sum"])
+    assert boundary(lambda s: max(offload_full_sum(1, s), offload_full_peak_seq(s)), got["peak"])
+    assert got["peak only"] == got["peak"] < got["sum"] // 7               # several times too optimistic
+
+
+def test_largest_batch_with_offload_and_full_checkpointing():
+    got = answers(OFFLOAD_FULL, "batch", A100)
+    assert boundary(lambda b: offload_full_sum(b, 2048), got["sum"])
+    assert boundary(lambda b: max(offload_full_sum(b, 2048), offload_full_peak_batch(b)), got["peak"])
+
+
+def test_peak_only_can_allow_more_than_the_sum():
+    """Offloading alone: the sum books the BF16 gradients beside every activation, which one step never holds."""
+    got = answers(Ledger(ARTICLE, offload_optimizer="cpu"), "seq", A100)
+    assert got["peak"] == got["sum"] < got["peak only"]
+
+
+def test_measures_agree_with_the_ledger():
+    ledger = Ledger(ARTICLE, recompute="full")
+    peak = ledger.step().peak.bytes
+    assert judge(ledger, peak, "peak only") and not judge(ledger, peak - 1, "peak only")
+    assert judge(ledger, peak, "peak") == ledger.fits(peak, peak=True)
+    assert judge(ledger, ledger.totals["gpu"], "sum")
+
+
+def test_nothing_fits():
+    assert largest(Ledger(ARTICLE), "batch", A100, "sum") == 0
+
+
+@pytest.mark.parametrize("kwargs, error", [
+    (dict(vary="layers"), "vary must be one of"),
+    (dict(measure="max"), "measure must be one of"),
+    (dict(gpu_bytes=0), "gpu_bytes must be a positive integer"),
+    (dict(gpu_bytes="80 GB"), "gpu_bytes must be an integer"),
+])
+def test_bad_input(kwargs, error):
+    args = dict(template=OFFLOAD_FULL, vary="batch", gpu_bytes=A100, measure="peak") | kwargs
+    with pytest.raises((ValueError, TypeError), match=error):
+        largest(**args)
+
+
+def test_unmodelled_setups_are_refused():
+    with pytest.raises(ValueError, match="needs an architecture"):
+        largest(Ledger(n_params=7 * 10**9), "batch", A100)
+    with pytest.raises(ValueError, match="selective"):
+        largest(Ledger(ARTICLE, recompute="selective"), "batch", A100, "peak")
+    assert set(MEASURES) == {"sum", "peak", "peak only"}
+
+
+def test_eighteen_bytes_per_parameter_in_the_optimizer_step():
+    """bf16-adamw: BF16 weights, FP32 masters and two moments, and the FP32 gradient copies (HF's 18)."""
+    step = Ledger(ARTICLE, recompute="full").step()
+    assert step.peak.phase == "optimizer"
+    assert states_per_param_at_peak(step) == 18
+    # 18P + the two FP32 temporaries of AdamW(foreach=False) on the largest tensor (the embedding) + ids
+    assert step.peak.bytes == 18 * P + 2 * 4 * V * d + O + 2 * 8 * 2048
+
+
+def test_tables():
+    step = Ledger(ARTICLE).step()
+    text = step_table(step).text()
+    assert "after backward" in text and "peak: loss" in text and text == str(step)
+    assert live_table(step, top=3).text().count("\n") == 7     # header, rule, 3 rows, the rest, rule, total
+    table = sum_and_peak_table({"plain": Ledger(ARTICLE)}, A100).text()
+    assert "does not fit" in table and "80 GiB" in table
+    assert "host" in backends_table(Ledger(get_preset("llama2-7b"))).text()
+    assert Fraction(GPU_MEMORY["a100-80gb"], 2**30) == 80
