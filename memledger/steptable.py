@@ -26,7 +26,8 @@ def step_table(step, unit: str = "GB") -> Table:
 def live_table(step, top: int = 8, unit: str = "GB") -> Table:
     """The GPU tensors live at the peak, largest first; the rest in one row; the total."""
     live = step.live_at_peak()
-    rows = [(name, format_bytes(b, unit), f"{100 * b / step.peak.bytes:.1f} %") for name, b in live[:top]]
+    rows = [(name.replace("@", ""), format_bytes(b, unit), f"{100 * b / step.peak.bytes:.1f} %")
+            for name, b in live[:top]]
     rest = live[top:]
     if rest:
         small = sum(b for _, b in rest)
@@ -50,7 +51,8 @@ def states_per_param_at_peak(step) -> Fraction:
 
 
 def sum_and_peak_table(ledgers: dict, gpu_bytes: int, unit: str = "GB") -> Table:
-    """One row per setup: the ledger's GPU sum, the step's peak and its phase, and each verdict."""
+    """One row per setup: the ledger's GPU sum, the step's peak and its phase, and each verdict against
+    ``gpu_bytes``."""
     def verdict(ok):
         return "fits" if ok else "does not fit"
     rows = []
@@ -58,8 +60,7 @@ def sum_and_peak_table(ledgers: dict, gpu_bytes: int, unit: str = "GB") -> Table
         step = ledger.step()
         rows.append((name, format_bytes(ledger.totals["gpu"], unit), format_bytes(step.peak.bytes, unit),
                      step.peak.phase, verdict(ledger.fits(gpu_bytes)), verdict(step.fits(gpu_bytes))))
-    return Table(("setup", "ledger sum", "step peak", "peak in", f"sum vs {format_bytes(gpu_bytes, 'GiB', 0)}",
-                  "peak vs the same"), rows, numeric=(1, 2))
+    return Table(("setup", "ledger sum", "step peak", "peak in", "by the sum", "by the peak"), rows, numeric=(1, 2))
 
 
 def backends_table(ledger, backends=("cpu", "cuda"), unit: str = "GB") -> Table:

@@ -95,6 +95,69 @@ def measure_check(text):
 GEMMA_B80 = largest(lambda n: zero3_total(GEMMA, B=n) <= 80 * GB)
 H200_CKPT = largest(lambda n: 16 * LLAMA3["P"] + LLAMA3["L"] * 2 * n * 4096 * 4096 + OVERHEAD <= 141 * GB)
 
+# --- chapters 11 and 12: one training step of the reference loop (docs/step.md), written out op by op for the
+# article's shape with its parameters counted: GPT blocks of 12d^2 + 13d, a tied 32000 x d embedding, a final
+# LayerNorm; the A100's 81,920 MiB as nvidia-smi reports it ---------------------------------------------------
+D, VOC, HEADS = 4096, 32000, 32
+P_COUNTED = LAYERS * BLOCK + VOC * D + 2 * D
+A100_REAL = 81920 * MiB
+
+
+def outside(B, S):
+    """Outside the blocks: int64 input and target ids, the (S, S) bool mask, the final LayerNorm's input and the
+    LM head's input (BF16), cross-entropy's FP32 log-softmax, the loss and nll_loss's total weight."""
+    return 16 * B * S + S * S + 2 * 2 * B * S * D + 4 * B * S * VOC + 8
+
+
+def act(B, S):
+    """L x BSd(34 + 5HS/d): Korthikanti et al.'s Eq. 1, the article's activations."""
+    return LAYERS * B * S * D * 34 + LAYERS * 5 * B * HEADS * S * S
+
+
+#: BF16 gradients written in backward before block 0's attention: blocks 1..31, block 0's output projection, MLP
+#: and second LayerNorm, the final LayerNorm, and the LM head's share of the tied embedding
+GRADS_AT_BLOCK0 = 2 * (31 * BLOCK + 2 * D + (D * D + D) + (4 * D * D + 4 * D) + (4 * D * D + D) + 2 * D) + 2 * VOC * D
+
+
+def recomputed_block0(S):
+    """Block 0 recomputed, at its ``probabilities @ V`` backward (B = 1): softmax output, dropout output, 1-byte
+    mask and the probabilities' gradient (7HS^2), eight S x d tensors, the causal mask, the ids, two scalars."""
+    return 7 * HEADS * S * S + 8 * 2 * S * D + S * S + 16 * S + 8
+
+
+def offload_full_sum(B, S):                       # weights and gradients on the GPU, L block inputs
+    return 4 * P_COUNTED + LAYERS * 2 * B * S * D + outside(B, S) + OVERHEAD
+
+
+def offload_full_peak(B, S):
+    """The peak with offloading and full checkpointing: block 0's backward at B = 1 (long S), block 31's
+    recomputation at S = 2048 (large B): 32 checkpoints, 7BHS^2, the fused QKV output and q, k, v copies
+    (12BSd), dX, norm and attention outputs (6BSd), the LM head's and final norm's gradients."""
+    if B == 1:
+        return 2 * P_COUNTED + GRADS_AT_BLOCK0 + OVERHEAD + recomputed_block0(S)
+    assert S == 2048
+    return 2 * P_COUNTED + OVERHEAD + 2 * VOC * D + 4 * D + S * S + 8 + B * (16 * S + 82 * S * D + 7 * HEADS * S * S)
+
+
+def offload_sum(S):                               # offloading alone: weights, gradients, all activations
+    return 4 * P_COUNTED + act(1, S) + outside(1, S) + OVERHEAD
+
+
+def offload_peak(S):                              # at the loss: no gradients yet, two more FP32 B x S x V tensors
+    return 2 * P_COUNTED + act(1, S) + outside(1, S) + 2 * 4 * S * VOC + OVERHEAD
+
+
+def by_peak(total_sum, total_peak):
+    """The library's verdict: the sum and the peak must both fit."""
+    return lambda n: max(total_sum(n), total_peak(n))
+
+
+SEQ_SUM = largest(lambda s: offload_full_sum(1, s) <= A100_REAL)
+SEQ_PEAK = largest(lambda s: by_peak(lambda n: offload_full_sum(1, n), lambda n: offload_full_peak(1, n))(s)
+                   <= A100_REAL)
+SEQ_ALONE = largest(lambda s: offload_peak(s) <= A100_REAL)
+
+
 #: glue key -> (exact value, unit as printed), or a check: a function of the glued text that returns what is
 #: wrong with it (None if nothing), for values no source prints (the largest batch that fits: it must fit, and
 #: one more must not, by arithmetic written here). Sources: the article's arithmetic, vendors' data sheets,
@@ -229,6 +292,37 @@ EXPECTED = {
     "ex.h200_room": (Fraction(141 * GB - 16 * LLAMA3["P"] - 32 * 2 * H200_CKPT * 4096 * 4096 - OVERHEAD, GB), "GB"),
     "ex.h200_logits": (Fraction(H200_CKPT * 4 * 4096 * LLAMA3["V"], GB), "GB"),
     "ex.llama3_ckpt_seq": (Fraction(32 * 2 * 4096 * 4096, GB), "GB"),
+    # chapter 11: the step of the article's run (B = 1, S = 2048, bf16-adamw, the article's conventions)
+    "peak.a100": (80, "GiB"),                                                # nvidia-smi: 81,920 MiB
+    "peak.params": (P_COUNTED, ""),
+    "peak.plain_sum": (Fraction(16 * P_COUNTED + act(1, 2048) + outside(1, 2048) + OVERHEAD, GB), "GB"),
+    # at log_softmax's backward: weights, masters, moments (14 B/param), every activation, two FP32 B x S x V
+    "peak.plain": (Fraction(14 * P_COUNTED + act(1, 2048) + outside(1, 2048) + 2 * 4 * 2048 * VOC + OVERHEAD, GB),
+                   "GB"),
+    "peak.grads_booked": (Fraction(2 * P_COUNTED, GB), "GB"),
+    "peak.logits_fp32": (Fraction(4 * 2048 * VOC, GB), "GB"),
+    "peak.per_param": (2 + 4 + 4 + 4 + 4, "B/param"),                     # HF "model memory anatomy": 18
+    "peak.adam_temps": (Fraction(2 * 4 * VOC * D, GB), "GB"),               # two FP32 temporaries of the embedding
+    "peak.full_sum": (Fraction(16 * P_COUNTED + LAYERS * 2 * 2048 * D + outside(1, 2048) + OVERHEAD, GB), "GB"),
+    "peak.full": (Fraction(18 * P_COUNTED + 2 * 4 * VOC * D + OVERHEAD + 16 * 2048, GB), "GB"),
+    "peak.seq_sum": fits_at_answer_not_beyond(lambda s: offload_full_sum(1, s), A100_REAL),
+    "peak.seq": fits_at_answer_not_beyond(by_peak(lambda s: offload_full_sum(1, s), lambda s: offload_full_peak(1, s)),
+                                          A100_REAL),
+    "peak.seq_ratio": (Fraction(SEQ_SUM, SEQ_PEAK), "x"),
+    "peak.seq_scores": (Fraction(7 * HEADS * SEQ_PEAK**2, GB), "GB"),
+    "peak.batch_sum": fits_at_answer_not_beyond(lambda b: offload_full_sum(b, 2048), A100_REAL),
+    "peak.batch": fits_at_answer_not_beyond(by_peak(lambda b: offload_full_sum(b, 2048),
+                                                    lambda b: offload_full_peak(b, 2048)), A100_REAL),
+    "ex.peak_alone_seq": fits_at_answer_not_beyond(offload_peak, A100_REAL),
+    "ex.peak_sum_seq": fits_at_answer_not_beyond(offload_sum, A100_REAL),
+    "ex.peak_alone_peak": (Fraction(offload_peak(SEQ_ALONE), GB), "GB"),
+    "ex.peak_alone_sum": (Fraction(offload_sum(SEQ_ALONE), GB), "GB"),
+    # pure BF16 AdamW (2 + 2 + 2 + 2 B/param), full checkpointing: block 0's backward; the step: + two BF16
+    # temporaries of the embedding
+    "ex.pure_peak": (Fraction(6 * P_COUNTED + GRADS_AT_BLOCK0 + OVERHEAD + recomputed_block0(2048), GB), "GB"),
+    "ex.pure_optimizer": (Fraction(8 * P_COUNTED + 2 * 2 * VOC * D + OVERHEAD + 16 * 2048, GB), "GB"),
+    "ex.vocab_logits": (Fraction(4 * 8192 * 128256, GB), "GB"),             # 4BSV
+    "ex.vocab_checkpoints": (Fraction(32 * 2 * 8192 * 4096, GB), "GB"),     # 2BSdL
 }
 
 #: equation key -> the right-hand side as the article (and its source paper) writes it
