@@ -6,6 +6,7 @@ Each glued value is read back from the chapters' committed outputs (which nbval 
 fresh run) and, in the slow build test, from the glue files of a clean strict build.
 """
 from fractions import Fraction
+from functools import cache
 from html.parser import HTMLParser
 from itertools import count
 import json
@@ -156,6 +157,48 @@ SEQ_SUM = largest(lambda s: offload_full_sum(1, s) <= A100_REAL)
 SEQ_PEAK = largest(lambda s: by_peak(lambda n: offload_full_sum(1, n), lambda n: offload_full_peak(1, n))(s)
                    <= A100_REAL)
 SEQ_ALONE = largest(lambda s: offload_peak(s) <= A100_REAL)
+
+
+class Measured:
+    """A value only PyTorch can give: ``measure()`` returns (value, unit) from a PyTorch run in the test.
+    Checked by the slow ``test_values_only_pytorch_gives``; the fast check skips it."""
+
+    def __init__(self, measure):
+        self.measure = measure
+
+
+SMALL_GPT = dict(d=64, L=2, H=4, F=256, V=1000, dropout=0.1)       # chapter 12's small block, BF16, B = 2, S = 32
+
+
+@cache
+def saved_storages(batch: int) -> dict:
+    """What autograd saves in one forward pass of the small GPT decoder (saved-tensor hooks, PyTorch)."""
+    from memledger.torchmeasure import saved_tensors
+    from memledger.torchref import RefConfig
+    return saved_tensors(RefConfig(**SMALL_GPT), "bf16-pure-adamw", batch, 32)
+
+
+@cache
+def memtracker_llama(seq: int) -> dict:
+    """MemTracker's totals of one LLaMA-2 7B step (pure BF16 AdamW, B = 1) under FakeTensorMode, PyTorch."""
+    from memledger.torchmeasure import memtracker_step
+    from memledger.torchref import RefConfig
+    return memtracker_step(RefConfig(4096, 32, 32, 11008, 32000, "llama"), "bf16-pure-adamw", 1, seq)
+
+
+def memtracker_difference():
+    """The largest difference between MemTracker and the timeline (CPU conventions) over landmarks and peaks."""
+    from memledger.architecture import get_preset
+    from memledger.ledger import Ledger
+    from memledger.step import LANDMARKS
+    m = memtracker_llama(2048)
+    step = Ledger(get_preset("llama2-7b"), recipe="bf16-pure-adamw", overhead_bytes=0).step("cpu")
+    gaps = [m[k] - step.landmarks[k]["gpu"] for k in LANDMARKS] + [m["peak"] - step.peak.bytes]
+    gaps += [m["phase peaks"][k] - v for k, v in step.phase_peaks().items()]
+    return max(abs(g) for g in gaps), "bytes"
+
+
+LLAMA2_TENSORS = 32 * 7 + 3                       # parameter tensors: 7 per block, embedding, final norm, head
 
 
 #: glue key -> (exact value, unit as printed), or a check: a function of the glued text that returns what is
@@ -323,6 +366,25 @@ EXPECTED = {
     "ex.pure_optimizer": (Fraction(8 * P_COUNTED + 2 * 2 * VOC * D + OVERHEAD + 16 * 2048, GB), "GB"),
     "ex.vocab_logits": (Fraction(4 * 8192 * 128256, GB), "GB"),             # 4BSV
     "ex.vocab_checkpoints": (Fraction(32 * 2 * 8192 * 4096, GB), "GB"),     # 2BSdL
+    # chapter 12: PyTorch's own measurements, and arithmetic on the small block (B = 2, S = 32, d = 64, H = 4)
+    "saved.rows": Measured(lambda: (len(saved_storages(2)[1]), "")),
+    "saved.measured": Measured(lambda: (sum(b for b, _, _ in saved_storages(2)[1]), "bytes")),
+    "saved.outside": Measured(lambda: (sum(b for b, _, _ in saved_storages(2)["outside"]), "bytes")),
+    "saved.article": (2 * 32 * 64 * (34 + Fraction(5 * 4 * 32, 64)), "bytes"),    # Eq. 1
+    "ladder.gpt_masks": ((2 - 1) * (2 * 4 * 32 * 32 + 2 * 2 * 32 * 64), "bytes"),   # 3 masks, 1 byte more each
+    "ladder.gpt_stats": (2 * 2 * 2 * (2 * 32), "bytes"),                       # 2 norms x mean, rstd x BF16 x BS
+    "ladder.llama_flash": (2 * 2 * 4 * 32 * 32 - 4 * 2 * 4 * 32, "bytes"),      # - BF16 softmax + FP32 log-sum-exp
+    "ladder.llama_composite": (2 * (8 - 2) * 2 * 32 * 64, "bytes"),            # FP32 copy + FP32 x*rstd vs BF16 input
+    "mt.before": (Fraction(6 * 6_738_415_616 + 4 * LLAMA2_TENSORS + 16 * 2048, GB), "GB"),   # BF16 w, m, v; counters
+    "mt.after_forward": Measured(lambda: (Fraction(memtracker_llama(2048)["after forward"], GB), "GB")),
+    "mt.peak": Measured(lambda: (Fraction(memtracker_llama(2048)["peak"], GB), "GB")),
+    "mt.diff": Measured(memtracker_difference),
+    "cuda.rmsnorm": (Fraction(65 * (8 - 2) * 2048 * 4096, GB), "GB"),          # 2L + 1 norms, composite vs fused
+    "cuda.counters": (4 * LLAMA2_TENSORS, "B"),                               # FP32 step per tensor on the host
+    "alloc.round": (512, "B"),                                                # PyTorch docs, CUDA semantics
+    "ex12.b1_storages": Measured(lambda: (len(saved_storages(1)[1]), "")),
+    "ex12.masks": (Fraction(LAYERS * (32 * 2048 * 2048 + 2 * 2048 * 4096), GB), "GB"),
+    "ex12.peak_4096": Measured(lambda: (Fraction(memtracker_llama(4096)["peak"], GB), "GB")),
 }
 
 #: equation key -> the right-hand side as the article (and its source paper) writes it
@@ -369,11 +431,17 @@ def _article_agrees(claim, shown: Fraction, decimals: int) -> bool:
     return abs(shown - want) <= slack + Fraction(1, 2 * 10**decimals)
 
 
-def problems(glued: dict) -> list:
-    """Every glued value that disagrees with its independent source, or has none."""
+def problems(glued: dict, measure: bool = False) -> list:
+    """Every glued value that disagrees with its independent source, or has none; values only PyTorch can
+    give (:class:`Measured`) are checked only with ``measure``."""
     found = []
     for (chapter, key), data in sorted(glued.items()):
         where = f"{chapter}: {key}"
+        expected = EXPECTED.get(key)
+        if isinstance(expected, Measured):
+            if not measure:
+                continue
+            expected = expected.measure()
         if key in EQUATIONS:
             rhs = sp.sympify(data["text/plain"], locals=_SYMBOLS)
             if sp.expand(rhs - sp.sympify(EQUATIONS[key], locals=_SYMBOLS)) != 0:
@@ -395,7 +463,7 @@ def problems(glued: dict) -> list:
             elif not _article_agrees(claim, shown, decimals):
                 found.append(f"{where}: {data['text/plain']} disagrees with the article's {claim.stated} {claim.unit}")
         elif key in EXPECTED:
-            value, expected_unit = EXPECTED[key]
+            value, expected_unit = expected
             if unit != expected_unit or abs(shown - Fraction(value)) > Fraction(1, 2 * 10**decimals):
                 found.append(f"{where}: {data['text/plain']}, expected {float(value):.6g} {expected_unit}")
         else:
@@ -477,6 +545,15 @@ def test_every_glued_value_agrees_with_an_independent_source():
     glued = committed_glue()
     assert len(glued) > 80
     assert problems(glued) == []
+
+
+@pytest.mark.slow
+def test_values_only_pytorch_gives():
+    """The glued values that PyTorch measures (saved tensors, MemTracker), measured again here."""
+    pytest.importorskip("torch")
+    glued = {k: v for k, v in committed_glue().items() if isinstance(EXPECTED.get(k[1]), Measured)}
+    assert len(glued) >= 8
+    assert problems(glued, measure=True) == []
 
 
 def test_the_article_figures_are_all_still_printed():
