@@ -1,0 +1,53 @@
+"""What each convention books, in the shapes a chapter shows: bytes per parameter, the activation rule
+as a formula, and one comparison as a table.
+
+:func:`memledger.conventions.compare.compare` gives one row per convention;
+this module turns an estimate into the two numbers that explain most of the
+spread (model-state bytes per parameter, and the activation rule's formula)
+and lays the comparison out for the book.
+"""
+from fractions import Fraction
+
+import sympy as sp
+
+from ..display import Table
+from ..symbols import t
+from ..units import format_bytes
+from . import CONVENTIONS
+from .base import Setup, p_pp
+from .compare import compare
+
+
+def bytes_per_param(estimate, n_params: int, device: str = "gpu") -> Fraction:
+    """Model-state bytes on ``device`` per parameter of the model, exactly (``n_params``: P as given)."""
+    return Fraction(estimate.total(device, "model_states"), n_params)
+
+
+def activation_rule(name: str, setup: Setup) -> sp.Expr:
+    """The convention's activation bytes as one formula of its symbols (B, S, d, L, H, F, V, t ...), with the
+    ceilings that make its rows whole bytes removed, at the setup's tensor-parallel degree t and one pipeline
+    stage; 0 for a convention that books no activations."""
+    items = [i for i in CONVENTIONS[name].items(setup) if i.group == "activations"]
+    expr = sum((i.expr.replace(sp.ceiling, lambda x: x) for i in items), sp.Integer(0))
+    return sp.factor(expr.subs({t: setup.tp, p_pp: 1}))
+
+
+def comparison_table(setup: Setup, unit: str = "GB", names=None) -> Table:
+    """memledger's exact ledger, then every convention (or ``names``): model states, their bytes per
+    parameter, activations, GPU total in ``unit``, and the text the tool itself prints."""
+    rows = []
+    for r in compare(setup, names):
+        if r.error:
+            rows.append((r.name, "n/a", "", "", "", r.error))
+            continue
+        per = Fraction(r.states, setup.n_params)
+        rows.append((r.name, format_bytes(r.states, unit), f"{float(per):.2f}", format_bytes(r.activations, unit),
+                     format_bytes(r.gpu, unit), r.printed))
+    return Table(("convention", "model states", "B/param", "activations", "GPU total", "the tool prints"), rows,
+                 numeric=(1, 2, 3, 4))
+
+
+def spread(setup: Setup, names=None) -> tuple:
+    """(smallest, largest) GPU total among the conventions that can estimate ``setup``, as (name, bytes)."""
+    rows = [(r.name, r.gpu) for r in compare(setup, names)[1:] if not r.error]
+    return min(rows, key=lambda r: r[1]), max(rows, key=lambda r: r[1])

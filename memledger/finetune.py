@@ -1,0 +1,98 @@
+"""Fine-tuning one model on one GPU: the usual methods side by side, and serving it for contrast.
+
+A *method* is one way to train the same model with less memory: full
+training with the article's recipe, cheaper optimizer states (bitsandbytes'
+8-bit Adam with and without an FP32 master, Adafactor, pure BF16 AdamW where
+the recipe exists), LoRA (Hu et al. 2021) and QLoRA (Dettmers et al. 2023).
+:func:`methods` builds each as a ledger of memledger's own
+(:class:`~memledger.ledger.Ledger`, :class:`~memledger.lora.LoraLedger`)
+for one workload, :func:`serving` the same model's
+:class:`~memledger.inference.Inference`; :func:`parts_table` and
+:func:`fits_table` lay them out by part (:mod:`memledger.parts`) and against
+the GPUs people fine-tune on.
+
+GPU sizes: 24 GB (GeForce RTX 4090) and 80 GB (A100) from
+:data:`memledger.hardware.GPU_MEMORY`; 48 GB is the NVIDIA L40S (data sheet:
+48 GB GDDR6), the single "48GB GPU" class of the QLoRA paper's abstract.
+"""
+from .display import Table
+from .hardware import GPU_MEMORY
+from .inference import Inference
+from .ledger import Ledger
+from .lora import LoraConfig, LoraLedger, adapter_params, qlora
+from .parts import PARTS, gpu_parts
+from .recipes import ALL_RECIPES
+from .tensors import PROJECTIONS
+from .units import GB, format_bytes
+
+#: The GPUs of the chapter's question, smallest first: label -> bytes.
+ONE_GPU = {"24 GB": GPU_MEMORY["rtx-4090"], "48 GB": 48 * GB, "80 GB": GPU_MEMORY["a100-80gb"]}
+#: Full training with a cheaper optimizer: label -> recipe name (those that exist in this library).
+OPTIMIZER_METHODS = {"full, BF16 + AdamW": "bf16-adamw", "full, 8-bit Adam": "bf16-adam8bit-bnb",
+                     "full, pure BF16 AdamW": "bf16-pure-adamw",
+                     "full, 8-bit Adam, no master": "bf16-adam8bit-bnb-nomaster",
+                     "full, BF16 Adafactor": "bf16-adafactor"}
+LORA_RANK = 16
+
+
+def methods(preset="llama2-7b", batch_size: int = 1, seq_len: int = 2048, recompute: str = "none") -> dict:
+    """label -> ledger of each method for one workload (same model, batch, sequence, recomputation).
+
+    LoRA: rank 16 on Q and V (the LoRA paper's choice of projections), then on every projection;
+    QLoRA as its paper trains (NF4 base, rank 64 on every projection, paged 8-bit AdamW)."""
+    work = dict(batch_size=batch_size, seq_len=seq_len, recompute=recompute)
+    views = {label: Ledger(preset, recipe=recipe, **work) for label, recipe in OPTIMIZER_METHODS.items()
+             if recipe in ALL_RECIPES}
+    arch = views["full, BF16 + AdamW"].arch
+    views["LoRA r=16, Q and V"] = LoraLedger(arch, LoraConfig(rank=LORA_RANK), **work)
+    views["LoRA r=16, every projection"] = LoraLedger(
+        arch, LoraConfig(rank=LORA_RANK, targets=tuple(PROJECTIONS[arch.style])), **work)
+    views["QLoRA r=64, every projection"] = LoraLedger(arch, qlora(style=arch.style), **work)
+    return views
+
+
+def serving(preset="llama2-7b", batch_size: int = 1, seq_len: int = 2048) -> Inference:
+    """The same model served (BF16 weights and KV cache) to ``batch_size`` sequences of ``seq_len`` tokens."""
+    return Inference(preset, batch_size=batch_size, seq_len=seq_len)
+
+
+def trainable_params(view) -> int:
+    """Parameters the method updates: all of them, the adapters only, or none (serving)."""
+    if isinstance(view, LoraLedger):
+        return adapter_params(view.arch, view.config)
+    if isinstance(view, Inference):
+        return 0
+    return view.params
+
+
+def parts_table(views: dict, unit: str = "GB") -> Table:
+    """One row per part (those any view has), one column per view, and the GPU totals."""
+    parts = {label: gpu_parts(v) for label, v in views.items()}
+    used = [p for p in PARTS if any(parts[label][p] for label in views)]
+    rows = [(p,) + tuple(format_bytes(parts[label][p], unit) for label in views) for p in used]
+    totals = [("GPU total",) + tuple(format_bytes(sum(parts[label].values()), unit) for label in views)]
+    return Table(("part",) + tuple(views), rows, totals=totals, numeric=range(1, len(views) + 1))
+
+
+def fits_on(total: int, gpus: dict = None) -> str:
+    """The labels of ``gpus`` (default :data:`ONE_GPU`) whose memory holds ``total`` bytes, or "none"."""
+    fitting = [label for label, size in (gpus or ONE_GPU).items() if total <= size]
+    return ", ".join(fitting) or "none"
+
+
+def fits_table(by_recompute: dict, unit: str = "GB", gpus: dict = None) -> Table:
+    """``by_recompute``: recomputation mode -> {label: view} (same labels). One row per method: trainable
+    parameters, then per mode the GPU total and the GPUs it fits on."""
+    modes = list(by_recompute)
+    labels = list(by_recompute[modes[0]])
+    header = ("method", "trainable parameters")
+    for mode in modes:
+        header += (f"GPU total ({mode})", f"fits on ({mode})")
+    rows = []
+    for label in labels:
+        row = (label, f"{trainable_params(by_recompute[modes[0]][label]):,}")
+        for mode in modes:
+            total = sum(gpu_parts(by_recompute[mode][label]).values())
+            row += (format_bytes(total, unit), fits_on(total, gpus))
+        rows.append(row)
+    return Table(header, rows, numeric=(1,) + tuple(2 + 2 * i for i in range(len(modes))))

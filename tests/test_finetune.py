@@ -1,0 +1,66 @@
+"""Fine-tuning methods on one GPU, against the LoRA and QLoRA papers' own numbers."""
+from fractions import Fraction
+
+from memledger.architecture import Architecture
+from memledger.finetune import ONE_GPU, fits_on, fits_table, methods, parts_table, serving, trainable_params
+from memledger.ledger import Ledger
+from memledger.lora import LoraConfig, LoraLedger, qlora
+from memledger.parts import gpu_parts, gpu_total
+from memledger.units import GB
+
+LLAMA = 6_738_415_616                  # the released Llama-2-7b checkpoint
+
+
+def test_methods_share_one_workload():
+    views = methods(seq_len=1024, recompute="full")
+    full = views["full, BF16 + AdamW"]
+    assert full.totals == Ledger("llama2-7b", seq_len=1024, recompute="full").totals
+    assert all(v.seq_len == 1024 and v.recompute == "full" for v in views.values())
+    assert trainable_params(full) == LLAMA
+    assert trainable_params(views["LoRA r=16, Q and V"]) == 32 * 2 * 16 * (4096 + 4096)
+    assert trainable_params(serving()) == 0
+
+
+def test_cheaper_optimizers_keep_weights_gradients_and_activations():
+    views = methods()
+    full = gpu_parts(views["full, BF16 + AdamW"])
+    for label in ("full, 8-bit Adam", "full, 8-bit Adam, no master", "full, BF16 Adafactor"):
+        parts = gpu_parts(views[label])
+        assert parts["optimizer states"] < full["optimizer states"]
+        for kept in ("weights", "gradients", "activations"):
+            assert parts[kept] == full[kept], (label, kept)
+    # bitsandbytes 8-bit Adam: one byte per m and v plus an fp32 absmax per 256 (2 x (1 + 4/256)),
+    # beside the FP32 master copy; tensors under 4096 elements (the RMSNorm weights) keep fp32 states
+    eight = gpu_parts(views["full, 8-bit Adam"])["optimizer states"]
+    assert abs(Fraction(eight, LLAMA) - (4 + 2 * (1 + Fraction(4, 256)))) < Fraction(1, 1000)
+
+
+def test_lora_paper_gpt3():
+    # Hu et al. 2021, Sec. 7.1: rank 4 on Wq and Wv of GPT-3 175B is an "18M" parameter budget;
+    # Sec. 4.2: the frozen model is "350GB" (BF16/FP16 weights)
+    gpt3 = LoraLedger("gpt3-175b", LoraConfig(rank=4))
+    assert trainable_params(gpt3) // 10**6 == 18
+    params = 96 * (12 * 12288**2 + 13 * 12288) + 50257 * 12288 + 2048 * 12288 + 2 * 12288
+    frozen = gpu_parts(gpt3)["weights"] - 4 * trainable_params(gpt3)
+    assert frozen == 2 * params and round(frozen / 10**9, -1) == 350
+
+
+def test_qlora_paper_65b_on_one_48gb_gpu():
+    # Dettmers et al. 2023, abstract: LLaMA 65B finetuned on a single 48GB GPU (with gradient checkpointing)
+    llama65 = Architecture(8192, 80, 64, 22016, 32000, "llama")
+    total = gpu_total(LoraLedger(llama65, qlora(), seq_len=512, recompute="full"))
+    assert total <= ONE_GPU["48 GB"] < gpu_total(LoraLedger(llama65, qlora(), seq_len=512))
+
+
+def test_fits_on_and_tables():
+    assert fits_on(24 * GB) == "24 GB, 48 GB, 80 GB" and fits_on(24 * GB + 1) == "48 GB, 80 GB"
+    assert fits_on(81 * GB) == "none"
+    by_mode = {m: methods(recompute=m) for m in ("none", "full")}
+    table = fits_table(by_mode)
+    assert table.header[:3] == ("method", "trainable parameters", "GPU total (none)")
+    assert [r[0] for r in table.rows] == list(by_mode["none"])
+    qlora_row = next(r for r in table.rows if r[0].startswith("QLoRA"))
+    assert qlora_row[-1] == "24 GB, 48 GB, 80 GB"
+    parts = parts_table({"QLoRA": by_mode["none"]["QLoRA r=64, every projection"], "serving": serving()})
+    assert [r[0] for r in parts.rows] == ["weights", "gradients", "optimizer states", "activations", "KV cache",
+                                          "working buffer", "overhead"]
