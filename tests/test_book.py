@@ -91,6 +91,45 @@ EXPECTED = {
     "host.bandwidth": (Fraction(2048, 10), "GB/s"),
     "cpu_adam.bytes": (Fraction(28 * P, GB), "GB"),
     "cpu_adam.seconds": (Fraction(28 * P, 204_800_000_000), "s"),
+    # chapter 13: every convention's own arithmetic for the article's 7B (B = 1, S = 2048, one GPU)
+    "calc.memledger": (Fraction(STATES + ACT, GB), "GB"),
+    "calc.low": (Fraction(2 * 4 * P, GB), "GB"),                            # accelerate: optimizer phase, 2 x fp32 size
+    "calc.high": (Fraction(20 * P + ACT, GB), "GB"),                        # Playbook with FP32 grad accumulation
+    "calc.ratio": (Fraction(20 * P + ACT, 8 * P), "x"),
+    "calc.bpp.hf": (6 + 8 + 4, "B/param"),                                  # HF model_memory_anatomy.md: 18 bytes
+    "calc.bpp.zero2": (2 + 2 + 4 + 4 + 8, "B/param"),                       # DeepSpeed stage_1_and_2.py l. 2445
+    "calc.bpp.zero3": (18 + Fraction(4 * 32000 * 4096, P), "B/param"),     # stage3.py: 4 x largest layer + 18P/N
+    "calc.bpp.accelerate": (8, "B/param"),
+    "calc.largest": (32000 * 4096, ""),                                     # the embedding, V x d
+    "calc.ds.printed": (Fraction(20 * P, GiB), "GiB"),                      # DeepSpeed prints x / 2^30 as "GB"
+    "calc.ds.gb": (Fraction(20 * P, GB), "GB"),
+    "calc.ds.cpu": (Fraction(4 * P * 3, 2 * GB), "GB"),                     # P x 4 x GPUs per node x 1.5
+    "calc.ds.buffer": (Fraction(3, 2), ""),                                 # additional_buffer_factor=1.5
+    "calc.acc.sum": (4 * (1 + Fraction(3, 2) + 2 + 2), "B/param"),          # model S, grads 1.5S, optimizer 2S, step 2S
+    "calc.acc.printed": (Fraction(8 * P, GiB), "GiB"),
+    # Megatron counts L(4d^2 + 2dF + 4d) + Vd + 2d: no biases, tied embedding (theoretical_memory_usage.py)
+    "calc.megatron.params": (Fraction(32 * (4 * 4096**2 + 2 * 4096 * 16384 + 4 * 4096) + 32000 * 4096 + 2 * 4096,
+                                      10**9), "billion"),
+    "calc.act.ours": (Fraction(ACT, GB), "GB"),
+    "calc.act.zero": (Fraction(24 * LAYERS * BSD, GB), "GB"),               # ZeRO Sec. 3.2: ~12 x hidden 2-byte values
+    "calc.act.bekman": (Fraction(LAYERS * 28 * 2 * BSD + 4 * 2048 * 32000, GB), "GB"),   # 28 copies + fp32 logits
+    "calc.act.copies": (28, ""),                                            # Bekman: Llama-3.1-8B, 28 copies
+    # Megatron without SP: 1.05 x [SBd(10 + 24) L + 8SB + SBd + 2(SBV + SBd)]
+    "calc.act.megatron": (Fraction(105, 100) * (34 * LAYERS * BSD + 8 * 2048 + BSD + 2 * (2048 * 32000 + BSD))
+                          / GB, "GB"),
+    "calc.act.meg_per": (10 + 24, ""), "calc.act.kept_per": (34 + 5 * 32 * 2048 // 4096, ""),
+    # DeepSpeed memory.rst line 30 prints 15.93GB for t5-3b (2,851,598,336 parameters) on 8 GPUs
+    "calc.ds.docs": (Fraction(4 * 2_851_598_336 + 16 * 2_851_598_336 // 8, GiB), "GiB"),
+    "calc.ds.code": (Fraction(2 * 2_851_598_336 + 18 * 2_851_598_336 // 8, GiB), "GiB"),
+    "calc.ex1.base": (Fraction(6_738_415_616 - 32000 * 4096, 10**9), "billion"),
+    "calc.ex1.gb": (Fraction(8 * (6_738_415_616 - 32000 * 4096), GB), "GB"),
+    "calc.ex1.gib": (Fraction(8 * (6_738_415_616 - 32000 * 4096), GiB), "GiB"),
+    "calc.ex1.head": (32000 * 4096, ""),
+    "calc.ex2.gpus": (-(-18 * P // (24 * GB - 4 * 32000 * 4096)), ""),
+    "calc.ex2.at": (Fraction(4 * 32000 * 4096 + 18 * P // 6, GB), "GB"),
+    "calc.ex2.before": (Fraction(4 * 32000 * 4096 + 18 * P // 5, GB), "GB"),
+    "calc.ex3.cookbook": (Fraction(34 * LAYERS * BSD, GB), "GB"),
+    "calc.ex3.full": (Fraction(2 * LAYERS * BSD, GB), "GB"),
 }
 
 #: equation key -> the right-hand side as the article (and its source paper) writes it
@@ -98,6 +137,7 @@ EQUATIONS = {
     "eq.activations": "B*S*d*(34 + 5*H*S/d)",         # Korthikanti et al. 2022, Eq. 1
     "eq.states": "(2 + 2 + 4 + 4 + 4)*P",              # the article; ZeRO: (2 + 2 + K) Psi, K = 12
     "eq.checkpoint": "L*B*S*d*2",                      # the article's full checkpointing
+    "eq.distopt": "6 + 12/N_d",                        # Megatron-LM dist_optimizer.md lines 16-20
 }
 _SYMBOLS = {name: sp.Symbol(name) for name in ("B", "S", "d", "H", "L", "P", "V", "F")}
 

@@ -51,3 +51,35 @@ def spread(setup: Setup, names=None) -> tuple:
     """(smallest, largest) GPU total among the conventions that can estimate ``setup``, as (name, bytes)."""
     rows = [(r.name, r.gpu) for r in compare(setup, names)[1:] if not r.error]
     return min(rows, key=lambda r: r[1]), max(rows, key=lambda r: r[1])
+
+
+def states_table(setup: Setup, names) -> Table:
+    """Each named convention's model-state rows on the GPU: the row, its formula (P parameters, N = G x M
+    GPUs, P_max the largest layer) and its bytes per parameter at ``setup``."""
+    rows = []
+    for name in names:
+        for r in CONVENTIONS[name].estimate(setup).rows:
+            if r.device == "gpu" and r.group == "model_states":
+                rows.append((name, r.name, sp.sympify(r.formula), f"{float(Fraction(r.bytes, setup.n_params)):.2f}"))
+    return Table(("convention", "row", "formula", "B/param"), rows, numeric=(3,))
+
+
+SHARDING = ("deepspeed-zero2", "deepspeed-zero3", "eleuther", "playbook", "megatron", "megatron-distopt")
+
+
+def sharded_table(arch, gpus=(1, 8, 64), names=SHARDING, unit: str = "GB") -> Table:
+    """Model states per GPU on N GPUs of one node: memledger's ledger at ZeRO stage 1, and each convention
+    as it shards (stage 1 where it reads a stage; DeepSpeed's estimators are stages 2 and 3 by name)."""
+    rows = []
+    for n in gpus:
+        setup = Setup(arch.params, arch=arch, gpus_per_node=n, zero_stage=1)
+        ours = compare(setup, names)
+        rows.append((str(n),) + tuple(format_bytes(r.states, unit) for r in ours))
+    return Table(("GPUs", "memledger (ZeRO-1)") + tuple(names), rows, numeric=range(len(names) + 2))
+
+
+def megatron_params(arch, tp: int = 1) -> int:
+    """The parameters Megatron-LM's ``theoretical_memory_usage.py`` counts for ``arch`` on one tensor-parallel
+    shard of the first pipeline stage (:func:`memledger.conventions.megatron.shard_params`: no biases)."""
+    from .megatron import shard_params
+    return arch.evaluate(sp.ceiling(shard_params(arch.features).subs({t: tp, p_pp: 1})))
