@@ -53,3 +53,26 @@ def test_comparison_table_and_spread():
     (low, low_bytes), (high, high_bytes) = spread(SETUP)
     assert (low, low_bytes) == ("accelerate", 8 * P)
     assert (high, high_bytes) == ("playbook-fp32-accum", 20 * P + ACT)
+
+
+def test_megatron_counts_the_article_shape_without_biases():
+    from memledger.conventions.explain import megatron_params
+    # L(4d^2 + 2dF + 4d) + Vd + 2d: four d x d and two d x F matrices, two LayerNorms' weights and biases
+    # per layer, a tied embedding and the final LayerNorm (theoretical_memory_usage.py lines 82-103)
+    assert megatron_params(ARTICLE) == 32 * (4 * 4096**2 + 2 * 4096 * 16384 + 4 * 4096) + 32000 * 4096 + 2 * 4096
+
+
+def test_states_table_rows_and_per_parameter_bytes():
+    from memledger.conventions.explain import states_table
+    table = states_table(SETUP, ("hf-anatomy", "deepspeed-zero2"))
+    assert [(r[0], r[3]) for r in table.rows] == [("hf-anatomy", "6.00"), ("hf-anatomy", "8.00"),
+                                                    ("hf-anatomy", "4.00"), ("deepspeed-zero2", "2.00"),
+                                                    ("deepspeed-zero2", "18.00")]
+    assert table.rows[-1][2] == "floor(18·P/(G·M))"
+
+
+def test_sharded_table_on_eight_gpus():
+    from memledger.conventions.explain import sharded_table
+    table = sharded_table(ARTICLE, gpus=(8,), names=("playbook", "deepspeed-zero2"))
+    # ZeRO-1 (Playbook line 878): 2P + 2P + 12P/8; DeepSpeed ZeRO-2: 2P + 18P/8
+    assert table.rows == [("8", "38.50 GB", "38.50 GB", "29.75 GB")]
