@@ -46,6 +46,13 @@ def glue_value(key: str, value, unit: str = "", digits: int = 0) -> None:
     _glue(key, format_quantity(value, unit, digits))
 
 
+def glue_text(key: str, text: str) -> None:
+    """Glue a phrase the library decides (e.g. the measure ``memledger.fit`` judges by), for ``{glue:text}``."""
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError(f"glue_text needs a non-empty string for {key!r}, got {text!r}")
+    _glue(key, text)
+
+
 def glue_bytes(key: str, nbytes, unit: str = "GB", digits: int = 2) -> None:
     """Glue a byte count in ``unit`` (GB = 10^9 B, GiB = 2^30 B) as text, e.g. ``"30.60 GB"``."""
     _glue(key, format_bytes(nbytes, unit, digits))
@@ -62,6 +69,20 @@ class Equation:
 
     def __repr__(self):
         return sp.sstr(self.rhs, order="none")
+
+
+def negatives_last(expr: sp.Expr) -> sp.Expr:
+    """``expr`` with the negative numbers of every sum written last, ``p - 1`` rather than ``-1 + p``,
+    for display with ``order="none"``; the value is unchanged."""
+    if not isinstance(expr, sp.Basic) or expr.is_Atom:
+        return expr
+    args = [negatives_last(a) for a in expr.args]
+    if expr.is_Add:
+        return sp.Add(*sorted(args, key=lambda a: bool(a.is_Number and a.is_negative)), evaluate=False)
+    try:
+        return expr.func(*args, evaluate=False)
+    except TypeError:
+        return expr.func(*args)
 
 
 def glue_equation(key: str, lhs: str, rhs: sp.Expr) -> None:

@@ -15,6 +15,13 @@ Tensor parallelism (Shoeybi et al. 2019; Korthikanti et al. 2022, Sec. 4.2.2):
 every layer all-reduces its B*S*d activations twice in forward and twice in
 backward (after attention and after the MLP). Sequence parallelism replaces
 each all-reduce by a reduce-scatter and an all-gather of the same volume.
+
+Pipeline parallelism: point-to-point sends between neighbouring stages, one
+activation per micro-batch forward and its gradient backward, each of the
+shape Megatron-LM allocates for them (``megatron/core/pipeline_parallel/
+schedules.py``, ``get_tensor_shapes``: seq_length x micro_batch_size x
+hidden_size, seq_length divided by the tensor-parallel size under sequence
+parallelism).
 """
 from .choices import check_choice
 from .model_states import ZERO_STAGES
@@ -53,3 +60,14 @@ def tensor_parallel_elements(sequence_parallel: bool = False):
     else:
         per_layer = 4 * ring_elements("all-reduce", size, t)
     return L * per_layer
+
+
+def pipeline_elements(sequence_parallel: bool = False):
+    """Activation elements an inner pipeline stage sends per step: for each of m micro-batches one
+    B*S*d activation forward (to the next stage) and one B*S*d gradient backward (to the previous
+    one), 2*m*B*S*d; with sequence parallelism each tensor-parallel rank sends its S/t slice,
+    2*m*B*S*d/t. The first and the last stage send half of it."""
+    from .symbols import B, S, d, m, t
+    check_choice("sequence_parallel", sequence_parallel, (False, True))
+    shape = B * S * d / t if sequence_parallel else B * S * d
+    return m * (shape + shape)

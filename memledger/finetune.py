@@ -11,22 +11,24 @@ for one workload, :func:`serving` the same model's
 :func:`fits_table` lay them out by part (:mod:`memledger.parts`) and against
 the GPUs people fine-tune on.
 
-GPU sizes: 24 GB (GeForce RTX 4090) and 80 GB (A100) from
-:data:`memledger.hardware.GPU_MEMORY`; 48 GB is the NVIDIA L40S (data sheet:
-48 GB GDDR6), the single "48GB GPU" class of the QLoRA paper's abstract.
+GPU sizes from :data:`memledger.hardware.GPU_MEMORY`: 24 GB (GeForce RTX
+4090), 48 GB (L40S, the "single 48GB GPU" class of the QLoRA paper's
+abstract) and 80 GB (A100).
 """
+from .activations import inventory
+from .architecture import BLOCKS
 from .display import Table
 from .hardware import GPU_MEMORY
 from .inference import Inference
 from .ledger import Ledger
-from .lora import LoraConfig, LoraLedger, adapter_params, qlora
+from .lora import LoraConfig, LoraLedger, activation_rows, adapter_params, qlora
 from .parts import PARTS, gpu_parts
 from .recipes import ALL_RECIPES
 from .tensors import PROJECTIONS
-from .units import GB, format_bytes
+from .units import format_bytes
 
 #: The GPUs of the chapter's question, smallest first: label -> bytes.
-ONE_GPU = {"24 GB": GPU_MEMORY["rtx-4090"], "48 GB": 48 * GB, "80 GB": GPU_MEMORY["a100-80gb"]}
+ONE_GPU = {"24 GB": GPU_MEMORY["rtx-4090"], "48 GB": GPU_MEMORY["l40s"], "80 GB": GPU_MEMORY["a100-80gb"]}
 #: Full training with a cheaper optimizer: label -> recipe name (those that exist in this library).
 OPTIMIZER_METHODS = {"full, BF16 + AdamW": "bf16-adamw", "full, 8-bit Adam": "bf16-adam8bit-bnb",
                      "full, pure BF16 AdamW": "bf16-pure-adamw",
@@ -96,3 +98,13 @@ def fits_table(by_recompute: dict, unit: str = "GB", gpus: dict = None) -> Table
             row += (format_bytes(total, unit), fits_on(total, gpus))
         rows.append(row)
     return Table(header, rows, numeric=(1,) + tuple(2 + 2 * i for i in range(len(modes))))
+
+
+def activation_changes(style: str, config: LoraConfig, dropout: bool = False) -> tuple:
+    """(saved tensors full training keeps and LoRA does not, saved tensors LoRA adds) for one block of
+    ``style``: the first are inputs kept only for frozen projections' weight gradients, the second the
+    adapters' rank-r intermediates (and LoRA-dropout tensors)."""
+    full = inventory(*BLOCKS[style], dropout)
+    lora = activation_rows(style, config, dropout)
+    full_names, lora_names = {r.name for r in full}, {r.name for r in lora}
+    return [r for r in full if r.name not in lora_names], [r for r in lora if r.name not in full_names]

@@ -14,14 +14,18 @@
 
 Fitting is judged on the ledger's GPU total (what is resident at the end of
 the forward pass plus model states and overhead), since this library has no
-step timeline yet. The answer explains its binding constraint: the rows at
-the first value that does not fit, and the largest of them.
+step timeline yet; :data:`MEASURE` names the measure, and every answer
+carries it (``result["measure"]``), so that prose and tools can say which one
+they used without assuming it. The answer explains its binding constraint:
+the rows at the first value that does not fit, and the largest of them.
 """
 from dataclasses import replace
 
 from .choices import LIMIT, check_choice, check_count
 from .ledger import Ledger
 
+#: What a candidate is judged by (the value of ``result["measure"]``).
+MEASURE = "the ledger's GPU total"
 VARY = ("batch", "seq", "layers", "dp", "zero")
 _FIELD = {"batch": "batch_size", "seq": "seq_len", "dp": "dp"}
 _UPPER = 2**40            # no search goes past this (a trillion sequences or tokens)
@@ -60,8 +64,8 @@ def _smallest(fits, values):
 def fit(template: Ledger, vary: str, gpu_bytes: int) -> dict:
     """The boundary of ``vary`` for ``template`` on a GPU of ``gpu_bytes``; see the module docstring.
 
-    Returns {"vary", "answer" (None: nothing fits), "gpu_memory", "total_at_answer",
-    "next" (the first value that does not fit, its total), "binding", "ledger"}.
+    Returns {"vary", "answer" (None: nothing fits), "measure" (:data:`MEASURE`), "gpu_memory",
+    "total_at_answer", "next" (the first value that does not fit, its total), "binding", "ledger"}.
     """
     check_choice("vary", vary, VARY)
     gpu_bytes = check_count("gpu_bytes", gpu_bytes, limit=LIMIT)
@@ -100,7 +104,7 @@ def fit(template: Ledger, vary: str, gpu_bytes: int) -> dict:
             beyond = 3
     at = _at(template, vary, answer) if answer is not None else None
     over = _at(template, vary, beyond) if beyond is not None else None
-    return {"vary": vary, "answer": answer, "gpu_memory": gpu_bytes,
+    return {"vary": vary, "answer": answer, "measure": MEASURE, "gpu_memory": gpu_bytes,
             "total_at_answer": at.totals["gpu"] if at else None,
             "next": None if over is None else {"value": beyond, "total": over.totals["gpu"]},
             "binding": _binding(vary, answer, over, gpu_bytes),

@@ -9,6 +9,7 @@ from .units import GB
 GPU_MEMORY = {
     "a100-80gb": 80 * GB,     # the article's GPU
     "a100-40gb": 40 * GB,
+    "l40s": 48 * GB,          # NVIDIA L40S data sheet: 48 GB GDDR6
     "h100-80gb": 80 * GB,
     "h200": 141 * GB,
     "rtx-4090": 24 * GB,

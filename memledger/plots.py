@@ -13,7 +13,7 @@ import sympy as sp
 from .activations import inventory
 from .architecture import get_preset
 from .hardware import GPU_MEMORY
-from .ledger import Ledger
+from .ledger import Ledger, sweep
 from .symbols import L, S
 from .units import in_unit, unit_size
 
@@ -39,6 +39,11 @@ PALETTE = {
     "weights": "#08306b", "gradients": "#6baed6", "optimizer states": "#238b45",
     "model states, roles not split": "#807dba", "KV cache": "#e7298a", "working buffer": "#fdae6b",
     "overhead": "#969696",
+    # ZeRO stages (chapter 10), each in the colour of what it adds to the shards
+    "no ZeRO": "#000000", "ZeRO-1": "#238b45", "ZeRO-2": "#6baed6", "ZeRO-3": "#08306b",
+    # real checkpoints (chapter 14)
+    "llama3-8b": "#2171b5", "mistral-7b": "#f16913", "qwen2.5-7b": "#6a51a3", "gemma-7b": "#238b45",
+    "mixtral-8x7b": "#cb181d", "bert-base-uncased": "#969696",
 }
 GPU_LINE = "#cb181d"
 
@@ -173,5 +178,47 @@ def parts_bars(views: dict, capacities: dict = None, unit: str = "GB", ax=None):
     ax.set_yticks(y, labels, fontsize=8)
     ax.set_xlabel(f"memory per GPU ({unit})")
     ax.legend(fontsize=8, frameon=False, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.figure.tight_layout()
+    return ax.figure
+
+
+def zero_states_vs_dp(n_params: int = 7 * 10**9, recipe: str = "bf16-adamw", max_dp: int = 64,
+                      gpu_bytes: int = A100_BYTES, unit: str = "GB", ax=None):
+    """Model states per GPU against the data-parallel degree N_d, one line per ZeRO stage
+    (Rajbhandari et al. 2020, Sec. 5: 16P, 4P + 12P/N_d, 2P + 14P/N_d, 16P/N_d for 16 B/param)."""
+    ax = ax or plt.subplots(figsize=(6.5, 3.8))[1]
+    dps = np.arange(1, max_dp + 1)
+    for stage, label in enumerate(("no ZeRO", "ZeRO-1", "ZeRO-2", "ZeRO-3")):
+        template = Ledger(n_params=n_params, recipe=recipe, zero_stage=stage, overhead_bytes=0)
+        states = sweep(template, dp=dps)["gpu"] / unit_size(unit)
+        ax.plot(dps, states, color=colour(label), label=label, marker="o" if stage else None, markersize=2.5)
+    capacity = float(in_unit(gpu_bytes, unit))
+    ax.axhline(capacity, color=GPU_LINE, linestyle="--", linewidth=1.5, label=f"GPU memory ({capacity:g} {unit})")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks([2**i for i in range(int(np.log2(max_dp)) + 1)], [str(2**i) for i in range(int(np.log2(max_dp)) + 1)])
+    ax.set_xlabel("data-parallel GPUs $N_d$")
+    ax.set_ylabel(f"model states per GPU ({unit})")
+    ax.set_ylim(bottom=0)
+    ax.legend(frameon=False, fontsize=9, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.figure.tight_layout()
+    return ax.figure
+
+
+def largest_fit_chart(answers: dict, ylabel: str, unit: str = "GB", ax=None):
+    """The largest value that fits against GPU memory, one line per model.
+
+    ``answers``: model -> {GPU bytes: the answer, or None where nothing fits (left out)}; log scale.
+    """
+    ax = ax or plt.subplots(figsize=(6.5, 3.8))[1]
+    sizes = sorted({gpu for per_gpu in answers.values() for gpu in per_gpu})
+    for name, per_gpu in answers.items():
+        points = [(float(in_unit(gpu, unit)), n) for gpu, n in sorted(per_gpu.items()) if n is not None]
+        if points:
+            ax.plot(*zip(*points), color=colour(name), marker="o", label=name)
+    ax.set_yscale("log")
+    ax.set_xticks([float(in_unit(g, unit)) for g in sizes], [f"{float(in_unit(g, unit)):g}" for g in sizes])
+    ax.set_xlabel(f"GPU memory ({unit})")
+    ax.set_ylabel(ylabel)
+    ax.legend(frameon=False, fontsize=9, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     ax.figure.tight_layout()
     return ax.figure

@@ -7,6 +7,7 @@ fresh run) and, in the slow build test, from the glue files of a clean strict bu
 """
 from fractions import Fraction
 from html.parser import HTMLParser
+from itertools import count
 import json
 from pathlib import Path
 import re
@@ -35,8 +36,68 @@ OVERHEAD = 2 * 10**9                  # the upper end of the article's 1-2 GB, u
 GB, GiB, MiB = 10**9, 2**30, 2**20
 MODEL_FLOPS_TERMS = 1 + Fraction(2048, 6 * 4096) + Fraction(32000, 12 * 4096 * LAYERS)   # 1 + S/6d + V/12dL
 MODEL_FLOPS_S2 = Fraction(2048, 6 * 4096)                                                 # the S^2 matmuls: S/6d
+BLOCK = 12 * 4096**2 + 13 * 4096      # parameters of one GPT block at F = 4d (Korthikanti et al. 2022)
+TP_LAYER = BSD * (10 + Fraction(24, 8) + Fraction(5 * 32 * 2048, 4096 * 8))   # Korthikanti Table 2 at t = 8
 
-#: glue key -> (exact value, unit as printed). Sources: the article's arithmetic, vendors' data sheets,
+
+# --- chapter 14: real checkpoints, their config.json shapes written out, their counts as published ---------
+# (Meta-Llama-3-8B, Mistral-7B-v0.1, Mixtral-8x7B-v0.1: safetensors total_size / 2 bytes; Qwen2.5-7B: Hub count;
+# Gemma-7B: Gemma Team 2024, Table 2 non-embedding count + its tied 256000 x 3072 embedding)
+LLAMA3 = dict(P=16_060_522_496 // 2, L=32, d=4096, H=32, q=4096, kv=8 * 128, F=14336, V=128256)
+MISTRAL = dict(P=14_483_464_192 // 2, L=32, d=4096, H=32, q=4096, kv=8 * 128, F=14336, V=32000)
+MIXTRAL = dict(MISTRAL, P=93_405_585_408 // 2, E=8, k=2)
+QWEN = dict(P=7_615_616_512, L=28, d=3584, H=28, q=3584, kv=4 * 128, F=18944, V=152064)
+GEMMA = dict(P=7_751_248_896 + 256000 * 3072, L=28, d=3072, H=16, q=16 * 256, kv=16 * 256, F=24576, V=256000)
+
+
+def layer(m, B=1, S=4096, repeat_kv=False):
+    """Saved bytes of one LLaMA-style block with FlashAttention (Korthikanti's inventory, Dao et al. 2022):
+    BF16 norm inputs, Q/K/V input, Q, K, V, output-projection input, MLP input, four B x S x F gated-MLP
+    tensors, and the FP32 log-sum-exp (B x H x S); a top-k MoE replaces the four by the router's FP32
+    probabilities, int64 indices, the k routed copies of the input, four k x B x S x F expert tensors, the
+    expert outputs and the routing weights."""
+    kv = m["q"] if repeat_kv else m["kv"]
+    attention = 2 * B * S * (4 * m["d"] + 2 * m["q"] + 2 * kv) + 4 * B * m["H"] * S
+    if "E" not in m:
+        return attention + 2 * B * S * 4 * m["F"]
+    k = m["k"]
+    return attention + 4 * B * S * m["E"] + 8 * B * S * k + 2 * 2 * k * B * S * m["d"] + 4 * 2 * k * B * S * m["F"] \
+        + 2 * k * B * S
+
+
+def zero3_total(m, B=1, S=4096, dp=8):
+    """16 bytes per parameter sharded over dp (whole elements per rank), L layers, the 2 GB overhead."""
+    return 16 * -(-m["P"] // dp) + m["L"] * layer(m, B, S) + OVERHEAD
+
+
+def largest(fits):
+    n = 0
+    while fits(n + 1):
+        n += 1
+    return n
+
+
+def fits_at_answer_not_beyond(total, capacity):
+    """A check of a glued integer: total(n) fits in capacity, total(n + 1) does not."""
+    def check(text):
+        n = int(text.replace(",", ""))
+        if not total(n) <= capacity < total(n + 1):
+            return f"{n} is not the largest that fits: totals {total(n):,} and {total(n + 1):,} against {capacity:,}"
+    return check
+
+
+def measure_check(text):
+    """The fit checks below recompute the ledger's total; a new measure (the step peak) needs new checks."""
+    if text != "the ledger's GPU total":
+        return f"fit now judges by {text!r}: update the fit checks of chapter 14 to that measure"
+
+
+GEMMA_B80 = largest(lambda n: zero3_total(GEMMA, B=n) <= 80 * GB)
+H200_CKPT = largest(lambda n: 16 * LLAMA3["P"] + LLAMA3["L"] * 2 * n * 4096 * 4096 + OVERHEAD <= 141 * GB)
+
+#: glue key -> (exact value, unit as printed), or a check: a function of the glued text that returns what is
+#: wrong with it (None if nothing), for values no source prints (the largest batch that fits: it must fit, and
+#: one more must not, by arithmetic written here). Sources: the article's arithmetic, vendors' data sheets,
 #: the papers cited in the chapters.
 EXPECTED = {
     "gpu.a100": (80, "GB"),                                                  # NVIDIA A100 80GB data sheet
@@ -130,6 +191,83 @@ EXPECTED = {
     "calc.ex2.before": (Fraction(4 * 32000 * 4096 + 18 * P // 5, GB), "GB"),
     "calc.ex3.cookbook": (Fraction(34 * LAYERS * BSD, GB), "GB"),
     "calc.ex3.full": (Fraction(2 * LAYERS * BSD, GB), "GB"),
+    # chapter 10: eight GPUs. Ring collectives send (N-1)/N of a tensor per GPU (Patarasuk & Yuan 2009); ZeRO's
+    # per-GPU states 4P + 12P/N_d, 2P + 14P/N_d, 16P/N_d and traffic 2P, 3P (Rajbhandari et al. 2020, Sec. 5, 7);
+    # Korthikanti et al. 2022, Table 2 and Sec. 4.2.3; the bubble (p - 1)/(vm) (Narayanan et al. 2021)
+    "dp.sent": (Fraction(2 * P * 7 // 8 * 2, GB), "GB"),                     # BF16 gradients, all-reduced
+    "zero1.states": (Fraction(4 * P + 12 * P // 8, GB), "GB"),
+    "zero2.states": (Fraction(2 * P + 14 * P // 8, GB), "GB"),
+    "zero3.states": (Fraction(16 * P // 8, GB), "GB"),
+    "zero1.total": (Fraction(4 * P + 12 * P // 8 + ACT + OVERHEAD, GB), "GB"),
+    "zero1.floor": (Fraction(4 * P, GB), "GB"),
+    "zero2.floor": (Fraction(2 * P, GB), "GB"),
+    "zero3.gather": (Fraction(4 * BLOCK, GB), "GB"),                        # DeepSpeed: 4 x largest_layer_params
+    "zero3.sent": (Fraction(3 * P * 7 // 8 * 2, GB), "GB"),
+    "zero3.ratio": (Fraction(3, 2), "x"),
+    "tp.layer_mib": (Fraction(TP_LAYER, MiB), "MiB"),
+    "tpsp.layer_mib": (Fraction(BSD * 114, 8 * MiB), "MiB"),                 # sbh(34 + 5as/h)/t
+    "tp.total": (Fraction(16 * P // 8 + LAYERS * TP_LAYER + OVERHEAD, GB), "GB"),
+    "tpsp.total": (Fraction(16 * P // 8 + ACT // 8 + OVERHEAD, GB), "GB"),
+    "tp.sent": (Fraction(LAYERS * 4 * 2 * BSD * 7 // 8 * 2, GB), "GB"),      # 4 all-reduces of BSd per layer, BF16
+    "pp.bubble": (Fraction(100 * 7, 32), "%"),
+    "pp.bubble_interleaved": (Fraction(100 * 7, 2 * 32), "%"),
+    "pp.first_act_interleaved": (Fraction(ACT, GB) * (1 + Fraction(7, 8 * 2)), "GB"),
+    # p = 8: 4 blocks + the 32000 x d embedding; 8 micro-batches in flight of 4 layers, their int64 token ids and
+    # 1-byte embedding dropout masks (Korthikanti Sec. 4.3)
+    "pp.first": (Fraction(16 * (4 * BLOCK + 32000 * 4096) + ACT + 8 * (8 * 2048) + 8 * BSD + OVERHEAD, GB), "GB"),
+    "ex.zero3_full_dp": (next(n for n in count(1) if 16 * -(-P // n) + 2 * LAYERS * BSD + OVERHEAD <= 24 * GB), ""),
+    "ckpt.per_gpu": (Fraction(2 * LAYERS * BSD, GB), "GB"),
+    "ex.tp_batch": ((80 * GB - 16 * P // 8 - OVERHEAD) // (LAYERS * TP_LAYER), ""),
+    "ex.tpsp_batch": ((80 * GB - 16 * P // 8 - OVERHEAD) // (ACT // 8), ""),
+    "ex.bubble_m": (7 * 20, ""),                                             # 7/m <= 1/20
+    "ex.bubble_m_interleaved": (7 * 20 // 4, ""),                            # 7/(4m) <= 1/20
+    "ex.interleaved_first": (Fraction(ACT, GB) * (1 + Fraction(7, 8 * 4)), "GB"),
+    # chapter 14: counts as published, shapes from the configs, arithmetic above
+    "gpu.l40s": (48, "GB"), "gpu.h100": (80, "GB"), "gpu.h200": (141, "GB"),  # NVIDIA L40S, H100, H200 data sheets
+    "bert.positions": (512, ""),                                             # BERT's max_position_embeddings
+    "real.llama3_params": (LLAMA3["P"], ""),
+    "real.mixtral_b": (Fraction(MIXTRAL["P"], 10**9), "billion"),
+    # active: six of the eight experts' 3dF per layer are idle for a token
+    "real.mixtral_active_b": (Fraction(MIXTRAL["P"] - 32 * 6 * 3 * 4096 * 14336, 10**9), "billion"),
+    "gqa.kv_mib": (Fraction(2 * 4096 * 8 * 128 * 2, MiB), "MiB"),
+    "gqa.kv_repeat_mib": (Fraction(2 * 4096 * 32 * 128 * 2, MiB), "MiB"),
+    "layer.llama3": (Fraction(layer(LLAMA3), GB), "GB"),
+    "layer.llama3_repeat": (Fraction(layer(LLAMA3, repeat_kv=True), GB), "GB"),
+    "kv.llama3": (Fraction(2 * 32 * 8192 * 8 * 128 * 2, GB), "GB"),         # 2 L B S H_kv d_h x 2 bytes
+    "kv.llama3_mha": (Fraction(2 * 32 * 8192 * 32 * 128 * 2, GB), "GB"),
+    "logits.llama3": (Fraction(4 * 4096 * LLAMA3["V"], GB), "GB"),         # 4BSV (Korthikanti Sec. 4.3)
+    "logits.gemma": (Fraction(4 * 4096 * GEMMA["V"], GB), "GB"),
+    "logits.gemma_layers": (Fraction(4 * 4096 * GEMMA["V"], layer(GEMMA)), "x"),
+    "tied.gemma_params": (256000 * 3072, ""),
+    "tied.gemma_extra": (Fraction(16 * 256000 * 3072, GB), "GB"),
+    "embed.qwen_share": (Fraction(100 * 2 * 152064 * 3584, QWEN["P"]), "%"),
+    "moe.states_ratio": (Fraction(MIXTRAL["P"], MISTRAL["P"]), "x"),
+    "moe.states_mixtral": (Fraction(16 * MIXTRAL["P"], GB), "GB"),
+    "moe.act_ratio": (Fraction(layer(MIXTRAL), layer(MISTRAL)), "x"),
+    "fit.measure": measure_check,
+    "fit.llama3_80": fits_at_answer_not_beyond(lambda n: zero3_total(LLAMA3, B=n), 80 * GB),
+    "fit.llama3_seq_24": fits_at_answer_not_beyond(lambda n: zero3_total(LLAMA3, S=n), 24 * GB),
+    "fit.gemma_80": fits_at_answer_not_beyond(lambda n: zero3_total(GEMMA, B=n), 80 * GB),
+    "fit.gemma_room": (Fraction(80 * GB - zero3_total(GEMMA, B=GEMMA_B80), GB), "GB"),
+    "logits.gemma_batch": (Fraction(GEMMA_B80 * 4 * 4096 * GEMMA["V"], GB), "GB"),
+    "fit.mixtral_states_gpu": (Fraction(16 * -(-MIXTRAL["P"] // 8), GB), "GB"),
+    "act.llama3_seq": (Fraction(32 * layer(LLAMA3), GB), "GB"),
+    # serving (memledger.inference's stated convention): 2P weights, the KV cache, one layer's prefill buffer
+    # 2(2Sd + S(2q + 2kv) + 3SF) + 4V, the overhead
+    "infer.llama3_total": (Fraction(2 * LLAMA3["P"] + 2 * 32 * 8192 * 1024 * 2 + 2 * (2 * 8192 * 4096 + 8192 * (
+        2 * 4096 + 2 * 1024) + 3 * 8192 * 14336) + 4 * LLAMA3["V"] + OVERHEAD, GB), "GB"),
+    "states.llama3": (Fraction(16 * LLAMA3["P"], GB), "GB"),
+    "ex.llama3_tied_params": (128256 * 4096, ""),
+    "ex.llama3_tied_saving": (Fraction(16 * 128256 * 4096, GB), "GB"),
+    "ex.qwen_group": (28 // 4, ""),
+    "ex.qwen_repeat_mib": (Fraction(layer(QWEN, repeat_kv=True) - layer(QWEN), MiB), "MiB"),
+    "ex.qwen_cache": (Fraction(2 * 28 * 32768 * 4 * 128 * 2, GB), "GB"),
+    "ex.qwen_cache_mha": (Fraction(2 * 28 * 32768 * 28 * 128 * 2, GB), "GB"),
+    "ex.h200_batch": fits_at_answer_not_beyond(
+        lambda n: 16 * LLAMA3["P"] + LLAMA3["L"] * 2 * n * 4096 * 4096 + OVERHEAD, 141 * GB),
+    "ex.h200_room": (Fraction(141 * GB - 16 * LLAMA3["P"] - 32 * 2 * H200_CKPT * 4096 * 4096 - OVERHEAD, GB), "GB"),
+    "ex.h200_logits": (Fraction(H200_CKPT * 4 * 4096 * LLAMA3["V"], GB), "GB"),
+    "ex.llama3_ckpt_seq": (Fraction(32 * 2 * 4096 * 4096, GB), "GB"),
 }
 
 #: equation key -> the right-hand side as the article (and its source paper) writes it
@@ -138,8 +276,17 @@ EQUATIONS = {
     "eq.states": "(2 + 2 + 4 + 4 + 4)*P",              # the article; ZeRO: (2 + 2 + K) Psi, K = 12
     "eq.checkpoint": "L*B*S*d*2",                      # the article's full checkpointing
     "eq.distopt": "6 + 12/N_d",                        # Megatron-LM dist_optimizer.md lines 16-20
+    # chapter 10
+    "eq.dp_traffic": "2*(N_d - 1)*P/N_d",              # ring all-reduce (Patarasuk & Yuan 2009); ZeRO Sec. 7.1: 2 Psi
+    "eq.zero1": "(2 + 2)*P + 12*P/N_d",                # ZeRO Sec. 5, Fig. 1: P_os, K = 12
+    "eq.zero2": "2*P + (2 + 12)*P/N_d",                # P_os+g
+    "eq.zero3": "(2 + 2 + 12)*P/N_d",                  # P_os+g+p
+    "eq.tp_layer": "S*B*d*(10 + 24/t + 5*H*S/(d*t))",  # Korthikanti et al. 2022, Table 2 (s, b, h, a = S, B, d, H)
+    "eq.tpsp_layer": "S*B*d*(34/t + 5*H*S/(d*t))",     # Table 2, tensor + sequence parallel
+    "eq.pp_interleaved": "L*(1 + (p - 1)/(p*v))",      # Korthikanti Sec. 4.2.3: the interleaved first stage
+    "eq.bubble": "(p - 1)/(v*m)",                      # Narayanan et al. 2021, Sec. 2.2
 }
-_SYMBOLS = {name: sp.Symbol(name) for name in ("B", "S", "d", "H", "L", "P", "V", "F")}
+_SYMBOLS = {name: sp.Symbol(name) for name in ("B", "S", "d", "H", "L", "P", "V", "F", "N_d", "t", "p", "m", "v")}
 
 _NUMBER = re.compile(r"^(?P<number>-?[\d,]*\.?\d+)\s*(?P<unit>.*)$")
 
@@ -177,6 +324,11 @@ def problems(glued: dict) -> list:
             rhs = sp.sympify(data["text/plain"], locals=_SYMBOLS)
             if sp.expand(rhs - sp.sympify(EQUATIONS[key], locals=_SYMBOLS)) != 0:
                 found.append(f"{where}: {data['text/plain']} is not {EQUATIONS[key]}")
+            continue
+        if callable(EXPECTED.get(key)):
+            problem = EXPECTED[key](data["text/plain"].strip("'\""))
+            if problem:
+                found.append(f"{where}: {problem}")
             continue
         shown, unit, decimals = parse(data["text/plain"])
         if key in CLAIM_BY_ID:

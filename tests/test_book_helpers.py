@@ -4,7 +4,7 @@ import pytest
 import sympy as sp
 from IPython.core.formatters import DisplayFormatter
 
-from memledger.book import Equation, audit, claim_text, compare, glue_claims, sections
+from memledger.book import Equation, audit, claim_text, compare, glue_claims, negatives_last, sections
 from memledger.claims import CLAIMS
 from memledger.symbols import B, S, d
 
@@ -32,3 +32,12 @@ def test_an_equation_shows_latex_and_gives_back_its_expression():
 def test_compare_and_audit_tables():
     assert [row[-1] for row in compare("act.total", "offload.moved").rows] == ["rounded", "erratum"]
     assert sum(len(audit(s).rows) for s in sections()) == len(CLAIMS)
+
+
+def test_negatives_last_reorders_for_display_only():
+    p, m, v = sp.symbols("p m v", positive=True, integer=True)
+    bubble = (p - 1) / (m * v)
+    shown = negatives_last(bubble)
+    assert Equation("b", shown)._repr_latex_().endswith("\\frac{p - 1}{m v}$")
+    assert sp.simplify(shown - bubble) == 0
+    assert Equation("a", negatives_last(34 + 5 * p))._repr_latex_().endswith("= 34 + 5 p$")

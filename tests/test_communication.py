@@ -2,8 +2,9 @@
 import pytest
 import sympy as sp
 
-from memledger.communication import data_parallel_elements, ring_elements, tensor_parallel_elements
-from memledger.symbols import B, L, N_d, P, S, d, t
+from memledger.communication import (data_parallel_elements, pipeline_elements, ring_elements,
+                                    tensor_parallel_elements)
+from memledger.symbols import B, L, N_d, P, S, d, m, t
 
 
 @pytest.mark.parametrize("stage, paper", [(0, 2), (1, 2), (2, 2), (3, 3)])
@@ -34,3 +35,11 @@ def test_tensor_parallel_four_all_reduces_per_layer():
 def test_unknown_collective():
     with pytest.raises(ValueError, match="collective"):
         ring_elements("broadcast", 1, 2)
+
+
+def test_pipeline_sends_one_activation_and_one_gradient_per_microbatch():
+    # Megatron-LM get_tensor_shapes: (seq_length, micro_batch_size, hidden_size) per send, seq_length / t with SP
+    assert sp.expand(pipeline_elements() - 2 * m * S * B * d) == 0
+    assert sp.expand(pipeline_elements(sequence_parallel=True) - 2 * m * (S / t) * B * d) == 0
+    with pytest.raises(ValueError, match="sequence_parallel"):
+        pipeline_elements("yes")

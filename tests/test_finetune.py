@@ -64,3 +64,18 @@ def test_fits_on_and_tables():
     parts = parts_table({"QLoRA": by_mode["none"]["QLoRA r=64, every projection"], "serving": serving()})
     assert [r[0] for r in parts.rows] == ["weights", "gradients", "optimizer states", "activations", "KV cache",
                                           "working buffer", "overhead"]
+
+
+def test_lora_on_q_and_v_drops_the_inputs_of_frozen_projections_only():
+    from memledger.finetune import activation_changes
+    from memledger.symbols import B, S, d
+    from memledger.lora import r_sym
+    removed, added = activation_changes("llama", LoraConfig(rank=16))
+    # PyTorch's linear backward saves its input only for the weight gradient: the output projection's,
+    # the MLP's (gate and up share one) and the down projection's inputs go; Q/K/V's input stays (Q and V
+    # carry adapters); each adapter adds its B x S x r intermediate A x
+    assert [r.name for r in removed] == ["output projection input", "MLP input", "down-projection input"]
+    assert [r.name for r in added] == ["LoRA q_proj A output", "LoRA v_proj A output"]
+    assert all(r.bytes == 2 * B * S * r_sym for r in added)
+    assert removed[0].bytes == 2 * B * S * d
+    assert activation_changes("llama", qlora())[0] == []          # every projection adapted: nothing goes

@@ -1,7 +1,7 @@
 """The largest that fits: exact boundaries (fits at the answer, not one step beyond), and bad input."""
 import pytest
 
-from memledger.fitting import fit
+from memledger.fitting import MEASURE, fit
 from memledger.ledger import Ledger
 from memledger.units import GB
 
@@ -17,6 +17,13 @@ def test_largest_batch_and_sequence_are_exact(vary, field):
     assert not Ledger("llama2-7b", zero_stage=3, dp=8, flash_attention=True, **{field: n + 1}).fits(A100)
     assert result["next"]["value"] == n + 1 and result["next"]["total"] > A100 >= result["total_at_answer"]
     assert "activations" in result["binding"]
+
+
+def test_every_answer_names_its_measure():
+    result = fit(Ledger("llama2-7b", zero_stage=3, dp=8, flash_attention=True), "batch", A100)
+    assert result["measure"] == MEASURE
+    if MEASURE == "the ledger's GPU total":
+        assert result["total_at_answer"] == result["ledger"].totals["gpu"]
 
 
 def test_largest_model_of_a_shape_family():

@@ -6,7 +6,8 @@ matplotlib.use("Agg")
 from memledger.architecture import get_preset  # noqa: E402
 from memledger.claims import RELABEL_NOTE  # noqa: E402
 from memledger.ledger import Ledger  # noqa: E402
-from memledger.plots import PALETTE, activations_vs_seq, colour, layer_breakdown, ledger_bars, parameter_breakdown  # noqa: E402
+from memledger.plots import (PALETTE, activations_vs_seq, colour, largest_fit_chart, layer_breakdown,  # noqa: E402
+                             ledger_bars, parameter_breakdown, zero_states_vs_dp)
 from memledger.recipes import RECIPES  # noqa: E402
 
 
@@ -95,3 +96,22 @@ def test_parts_bars_stack_to_each_views_total_in_one_palette():
     assert len(set(colours.values())) == len(colours)
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
     assert "A100 (80 GB)" in labels and "24 GB" in labels
+
+
+def test_zero_lines_follow_the_papers_formulas():
+    # ZeRO Sec. 5 with K = 12: 16P, 4P + 12P/N_d, 2P + 14P/N_d, 16P/N_d (P = 7e9 -> GB)
+    ax = zero_states_vs_dp(max_dp=64).axes[0]
+    lines = {line.get_label(): line for line in ax.lines}
+    at8 = {k: lines[k].get_ydata()[list(lines[k].get_xdata()).index(8)] for k in ("no ZeRO", "ZeRO-1", "ZeRO-2", "ZeRO-3")}
+    assert at8 == pytest.approx({"no ZeRO": 112, "ZeRO-1": 28 + 84 / 8, "ZeRO-2": 14 + 98 / 8, "ZeRO-3": 112 / 8})
+    assert lines["ZeRO-3"].get_color() == PALETTE["ZeRO-3"]
+    assert ax.get_xscale() == "log"
+
+
+def test_fit_chart_leaves_out_what_does_not_fit():
+    gb = 10**9
+    ax = largest_fit_chart({"llama3-8b": {24 * gb: None, 80 * gb: 2, 141 * gb: 5},
+                            "mixtral-8x7b": {24 * gb: None, 80 * gb: None}}, "largest micro-batch").axes[0]
+    assert [line.get_label() for line in ax.lines] == ["llama3-8b"]
+    assert list(ax.lines[0].get_xdata()) == [80.0, 141.0] and list(ax.lines[0].get_ydata()) == [2, 5]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["24", "80", "141"]
