@@ -108,3 +108,32 @@ def activation_changes(style: str, config: LoraConfig, dropout: bool = False) ->
     lora = activation_rows(style, config, dropout)
     full_names, lora_names = {r.name for r in full}, {r.name for r in lora}
     return [r for r in full if r.name not in lora_names], [r for r in lora if r.name not in full_names]
+
+
+def frozen_base_bytes(view: LoraLedger) -> int:
+    """Bytes of the frozen base model of a LoRA/QLoRA ledger (BF16 rows and NF4 blocks), without the adapters."""
+    from .lora import state_rows
+    return sum(b for name, _, _, b in state_rows(view.arch, view.config) if name.startswith("frozen"))
+
+
+def _layer_bytes(rows, preset, config) -> list:
+    values = dict(Ledger(preset).values, r=config.rank)
+    from .formulas import evaluate_expr
+    return [evaluate_expr(r.bytes, values) for r in rows]
+
+
+def dropped_bytes_per_layer(preset, config: LoraConfig) -> int:
+    """Bytes per layer of the saved tensors LoRA drops, at ``preset``'s spec (B = 1, S = 2048)."""
+    arch = Ledger(preset).arch
+    return sum(_layer_bytes(activation_changes(arch.style, config, arch.dropout)[0], preset, config))
+
+
+def activation_changes_table(preset, config: LoraConfig, unit: str = "MiB") -> Table:
+    """The saved tensors LoRA drops and adds in one block of ``preset`` at its spec, with their sizes."""
+    arch = Ledger(preset).arch
+    removed, added = activation_changes(arch.style, config, arch.dropout)
+    rows = []
+    for change, saved in (("dropped", removed), ("added", added)):
+        rows += [(change, r.name, " × ".join(map(str, r.shape)), format_bytes(n, unit))
+                 for r, n in zip(saved, _layer_bytes(saved, preset, config))]
+    return Table(("change", "saved tensor", "shape", f"{unit} per layer"), rows, numeric=(3,))

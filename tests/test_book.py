@@ -95,6 +95,29 @@ def measure_check(text):
 GEMMA_B80 = largest(lambda n: zero3_total(GEMMA, B=n) <= 80 * GB)
 H200_CKPT = largest(lambda n: 16 * LLAMA3["P"] + LLAMA3["L"] * 2 * n * 4096 * 4096 + OVERHEAD <= 141 * GB)
 
+# chapter 15's models: LLaMA-2 7B, GPT-3 175B (Brown et al. 2020) and LLaMA 65B (Touvron et al. 2023: d 8192,
+# L 80, H 64, F 22016), with their projections (the 4d^2 + 3dF per layer QLoRA quantizes)
+LLAMA = 6_738_415_616
+LLAMA_ACT = 32 * 2 * 2048 * (4 * 11008 + 32 * 2048 + 8 * 4096)               # 2BS(4F + HS + 8d) per layer
+GPT3 = 96 * (12 * 12288**2 + 13 * 12288) + 50257 * 12288 + 2048 * 12288 + 2 * 12288
+PROJ7 = 32 * (4 * 4096**2 + 3 * 4096 * 11008)
+PROJ65 = 80 * (4 * 8192**2 + 3 * 8192 * 22016)
+P65 = PROJ65 + 80 * 2 * 8192 + 2 * 32000 * 8192 + 8192
+A7 = 32 * 64 * (4 * (4096 + 4096) + 3 * (4096 + 11008))                     # rank 64 on every projection
+A65 = 80 * 64 * (4 * (8192 + 8192) + 3 * (8192 + 22016))
+ADAPT_8BIT = 2 + 2 + 2 * (1 + Fraction(4, 256))                                # BF16 adapters, 8-bit AdamW
+ADAM8 = LLAMA * (4 + 2 * (1 + Fraction(4, 256)))                               # FP32 master + 8-bit m, v
+# Adafactor: a row and a column of FP32 per matrix, every element of a vector
+ADAFACTOR = 4 * (32 * (4 * (4096 + 4096) + 3 * (11008 + 4096) + 2 * 4096) + 2 * (32000 + 4096) + 4096)
+KV7 = 2 * 32 * 2048 * 4096 * 2                                                  # K and V, L x S x d, BF16
+WORK7 = (2 * 2048 * 4096 + 2048 * 4 * 4096 + 3 * 2048 * 11008) * 2 + 4 * 32000   # memledger.inference's buffer
+
+
+def nf4(n):
+    """NF4 with double quantization: 4 bits, an int8 absmax per 64, an fp32 constant per 64 x 256."""
+    return n // 2 + n // 64 + 4 * n // (64 * 256)
+
+
 #: glue key -> (exact value, unit as printed), or a check: a function of the glued text that returns what is
 #: wrong with it (None if nothing), for values no source prints (the largest batch that fits: it must fit, and
 #: one more must not, by arithmetic written here). Sources: the article's arithmetic, vendors' data sheets,
@@ -191,6 +214,49 @@ EXPECTED = {
     "calc.ex2.before": (Fraction(4 * 32000 * 4096 + 18 * P // 5, GB), "GB"),
     "calc.ex3.cookbook": (Fraction(34 * LAYERS * BSD, GB), "GB"),
     "calc.ex3.full": (Fraction(2 * LAYERS * BSD, GB), "GB"),
+    # chapter 15: LLaMA-2 7B (6,738,415,616 parameters, d 4096, F 11008, H 32, L 32, V 32000) at B = 1, S = 2048
+    "ft.full": (Fraction(16 * LLAMA + LLAMA_ACT + OVERHEAD, GB), "GB"),
+    "ft.adam8.bpp": (2 + 2 + 4 + 2 * (1 + Fraction(4, 256)), "B/param"),  # bitsandbytes: uint8 + fp32 absmax / 256
+    "ft.adam8.total": (Fraction(4 * LLAMA + ADAM8 + LLAMA_ACT + OVERHEAD, GB), "GB"),
+    "ft.nomaster.total": (Fraction(4 * LLAMA + ADAM8 - 4 * LLAMA + LLAMA_ACT + OVERHEAD, GB), "GB"),
+    "ft.adafactor.states": (Fraction(ADAFACTOR, 10**6), "MB"),
+    "ft.adafactor.total": (Fraction(4 * LLAMA + ADAFACTOR + LLAMA_ACT + OVERHEAD, GB), "GB"),
+    # LoRA (Hu et al. 2021, Sec. 7.1): |Theta| = 2 x (adapted matrices) x d x r
+    "ft.lora.trainable": (2 * (2 * 32) * 4096 * 16, ""),
+    "ft.lora.share": (Fraction(100 * 2 * 64 * 4096 * 16, LLAMA), "%"),
+    "ft.lora.states": (Fraction(2 * LLAMA + 16 * 2 * 64 * 4096 * 16, GB), "GB"),
+    "ft.gpt3.trainable": (2 * (2 * 96) * 12288 * 4, ""),                     # the paper's "18M"
+    "ft.gpt3.frozen": (Fraction(2 * GPT3, GB), "GB"),                        # the paper's "350GB"
+    "ft.gpt3.adapter_mb": (Fraction(2 * 2 * 192 * 12288 * 4, 10**6), "MB"),  # the paper's "35MB"
+    # saved per layer: full 16BSd + 8BSF + 2BHS^2; LoRA on Q, V drops 2BSd + 2BSd + 2BSF, adds 2 x 2BSr
+    "ft.lora.act": (Fraction(32 * 2048 * (12 * 4096 + 6 * 11008 + 2 * 32 * 2048 + 2 * 2 * 16), GB), "GB"),
+    "ft.qlora.act": (Fraction(LLAMA_ACT + 32 * 2048 * 7 * 2 * 64, GB), "GB"),
+    # QLoRA (Dettmers et al. 2023, Sec. 3): 32/64 = 0.5 bits of constants, 8/64 + 32/(64 x 256) = 0.127
+    "ft.nf4.bits": (4 + Fraction(8, 64) + Fraction(32, 64 * 256), "bits"),
+    "ft.nf4.single": (Fraction(32, 64), "bits"),
+    "ft.nf4.double": (Fraction(8, 64) + Fraction(32, 64 * 256), "bits"),
+    "ft.qlora.base": (Fraction(nf4(PROJ7) + 2 * (LLAMA - PROJ7), GB), "GB"),
+    "ft.lora.base": (Fraction(2 * LLAMA, GB), "GB"),
+    "ft.q65.base": (Fraction(nf4(PROJ65) + 2 * (P65 - PROJ65), GB), "GB"),
+    "ft.q65.total": (Fraction(nf4(PROJ65) + 2 * (P65 - PROJ65) + ADAPT_8BIT * A65 + 2 * 512 * 8192 * 80 + OVERHEAD,
+                              GB), "GB"),
+    "ft.qlora.none": (Fraction(nf4(PROJ7) + 2 * (LLAMA - PROJ7) + ADAPT_8BIT * A7 + LLAMA_ACT + 32 * 2048 * 7 * 2 * 64
+                               + OVERHEAD, GB), "GB"),
+    "ft.qlora.full": (Fraction(nf4(PROJ7) + 2 * (LLAMA - PROJ7) + ADAPT_8BIT * A7 + 2 * 2048 * 4096 * 32 + OVERHEAD,
+                               GB), "GB"),
+    "ft.one_layer": (Fraction(LLAMA_ACT, 32 * GB), "GB"),
+    "ft.serve.total": (Fraction(2 * LLAMA + KV7 + WORK7 + OVERHEAD, GB), "GB"),
+    "ft.serve.kv": (Fraction(KV7, GB), "GB"),
+    "ft.train_vs_serve": (Fraction(16 * LLAMA + LLAMA_ACT + OVERHEAD, 2 * LLAMA + KV7 + WORK7 + OVERHEAD), "x"),
+    "ft.kv_ratio": (Fraction(16 * 4096 + 8 * 11008 + 2 * 32 * 2048, 4 * 4096), "x"),
+    "ft.ex1.total": (Fraction(2 * LLAMA + 16 * A7 + 2 * 2048 * 4096 * 32 + OVERHEAD, GB), "GB"),
+    "ft.ex1.trainable": (A7, ""),
+    "ft.ex1.adapters": (Fraction(16 * A7, GB), "GB"),
+    "ft.ex2.per_sequence": (Fraction(KV7 + WORK7, GB), "GB"),
+    "ft.ex2.fixed": (Fraction(2 * LLAMA + OVERHEAD, GB), "GB"),
+    "ft.ex2.batch": ((24 * GB - 2 * LLAMA - OVERHEAD) // (KV7 + WORK7), ""),
+    "ft.ex3.gone": (Fraction(2 * 2 * 2048 * 4096, MiB), "MiB"),
+    "ft.ex3.act": (Fraction(32 * 2048 * (16 * 4096 + 8 * 11008 + 2 * 32 * 2048 - 2 * 2 * 4096 + 3 * 2 * 16), GB), "GB"),
     # chapter 10: eight GPUs. Ring collectives send (N-1)/N of a tensor per GPU (Patarasuk & Yuan 2009); ZeRO's
     # per-GPU states 4P + 12P/N_d, 2P + 14P/N_d, 16P/N_d and traffic 2P, 3P (Rajbhandari et al. 2020, Sec. 5, 7);
     # Korthikanti et al. 2022, Table 2 and Sec. 4.2.3; the bubble (p - 1)/(vm) (Narayanan et al. 2021)
@@ -276,6 +342,9 @@ EQUATIONS = {
     "eq.states": "(2 + 2 + 4 + 4 + 4)*P",              # the article; ZeRO: (2 + 2 + K) Psi, K = 12
     "eq.checkpoint": "L*B*S*d*2",                      # the article's full checkpointing
     "eq.distopt": "6 + 12/N_d",                        # Megatron-LM dist_optimizer.md lines 16-20
+    "eq.lora": "4*L*d*r",                              # LoRA on Q and V: 2 x 2 x d x r per layer (Hu et al. 2021)
+    "eq.kv": "4*B*H_kv*L*S*d_h",                       # K and V of every layer and token, BF16
+    "eq.act_per_kv": "4 + 2*F/d + H*S/(2*d)",          # (16d + 8F + 2HS) / 4d: a LLaMA block's saved bytes per token
     # chapter 10
     "eq.dp_traffic": "2*(N_d - 1)*P/N_d",              # ring all-reduce (Patarasuk & Yuan 2009); ZeRO Sec. 7.1: 2 Psi
     "eq.zero1": "(2 + 2)*P + 12*P/N_d",                # ZeRO Sec. 5, Fig. 1: P_os, K = 12

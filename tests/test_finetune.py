@@ -79,3 +79,22 @@ def test_lora_on_q_and_v_drops_the_inputs_of_frozen_projections_only():
     assert all(r.bytes == 2 * B * S * r_sym for r in added)
     assert removed[0].bytes == 2 * B * S * d
     assert activation_changes("llama", qlora())[0] == []          # every projection adapted: nothing goes
+
+
+def test_frozen_base_of_qlora_7b():
+    from memledger.finetune import frozen_base_bytes
+    # NF4 projections: 4 bits + an int8 absmax per 64 + an fp32 constant per 64 x 256 (QLoRA Sec. 3),
+    # every projection of Llama-2-7b divisible into whole blocks; embeddings, head and norms in BF16
+    proj = 32 * (4 * 4096**2 + 3 * 4096 * 11008)
+    nf4 = proj // 2 + proj // 64 + 4 * proj // (64 * 256)
+    assert frozen_base_bytes(LoraLedger("llama2-7b", qlora())) == nf4 + 2 * (LLAMA - proj)
+    assert frozen_base_bytes(LoraLedger("llama2-7b", LoraConfig())) == 2 * LLAMA
+
+
+def test_dropped_bytes_and_table_at_the_spec():
+    from memledger.finetune import activation_changes_table, dropped_bytes_per_layer
+    # output projection input and MLP input (B x S x d) and the down projection's input (B x S x F), BF16
+    assert dropped_bytes_per_layer("llama2-7b", LoraConfig()) == 2 * 2048 * (4096 + 4096 + 11008)
+    table = activation_changes_table("llama2-7b", LoraConfig())
+    assert [r[0] for r in table.rows] == ["dropped"] * 3 + ["added"] * 2
+    assert table.rows[-1][3] == f"{2 * 2048 * 16 / 2**20:.2f} MiB"
