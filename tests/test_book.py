@@ -214,6 +214,12 @@ EXPECTED = {
     "calc.ex2.before": (Fraction(4 * 32000 * 4096 + 18 * P // 5, GB), "GB"),
     "calc.ex3.cookbook": (Fraction(34 * LAYERS * BSD, GB), "GB"),
     "calc.ex3.full": (Fraction(2 * LAYERS * BSD, GB), "GB"),
+    # errata appendix: accelerate's docs print 413.18 MB for bert-base-cased in float32 (model_size_estimator.md
+    # line 127); ZeRO Sec. 3.2's GPT-2 1.5B (48 layers, hidden 1600, seq 1024, batch 32): one 2-byte checkpoint per
+    # layer, plus one layer of its own ~12 x hidden 2-byte values recomputed
+    "errata.acc.fp32": (Fraction("413.18"), "MiB"),
+    "errata.zero.checkpoints": (Fraction(2 * 32 * 1024 * 1600 * 48, GB), "GB"),
+    "errata.zero.with": (Fraction(2 * 32 * 1024 * 1600 * 48 + 2 * 12 * 1600 * 32 * 1024, GB), "GB"),
     # chapter 15: LLaMA-2 7B (6,738,415,616 parameters, d 4096, F 11008, H 32, L 32, V 32000) at B = 1, S = 2048
     "ft.full": (Fraction(16 * LLAMA + LLAMA_ACT + OVERHEAD, GB), "GB"),
     "ft.adam8.bpp": (2 + 2 + 4 + 2 * (1 + Fraction(4, 256)), "B/param"),  # bitsandbytes: uint8 + fp32 absmax / 256

@@ -93,3 +93,11 @@ def test_shows_is_built_from_the_figures():
 def test_unknown_recheck():
     with pytest.raises(ValueError, match="erratum"):
         get_recheck("nothing")
+
+
+def test_recheck_table_renders_the_record_and_the_recomputation():
+    from memledger.conventions.recheck import recheck_table
+    r = get_recheck("zero-paper-8gb")
+    rows = dict(recheck_table(r).rows)
+    assert rows["the source says"] == "about 8 GB with activation checkpointing"
+    assert rows["memledger recomputes"] == r.shows and rows["kind"] == "unstated"

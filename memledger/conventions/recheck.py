@@ -185,4 +185,14 @@ def get_recheck(key: str) -> Recheck:
     return lookup({r.key: r for r in rechecks()}, key, "erratum")
 
 
-__all__ = ["Figure", "Recheck", "get_recheck", "rechecks"]
+__all__ = ["Figure", "Recheck", "get_recheck", "recheck_table", "rechecks"]
+
+
+def recheck_table(recheck: Recheck):
+    """One source erratum as a two-column table: where, what the source says, what its own code or formula
+    gives (as recorded), what memledger recomputes, the arithmetic, and the kind of error."""
+    from ..display import Table
+    e = recheck.erratum
+    return Table(("", e.source), [("where", e.where), ("the source says", e.stated), ("its own formula or code", e.computed),
+                                  ("memledger recomputes", recheck.shows), ("arithmetic", e.arithmetic),
+                                  ("kind", e.kind)])
