@@ -29,13 +29,16 @@ _EXPORTS = {
     "recipes": ("RECIPES", "ALL_RECIPES", "FINETUNE_RECIPES", "Recipe", "get_recipe"),
     "hardware": ("GPU_MEMORY", "LINKS"),
     "transfer": ("Traffic",),
+    "step": ("Step",),
+    "outside": ("outside_inventory",),
+    "backends": ("BACKENDS", "conventions"),
     "units": ("format_bytes", "in_unit"),
 }
 _HOME = {name: module for module, names in _EXPORTS.items() for name in names}
-_MODULES = ("activations", "architecture", "book", "choices", "claim", "claims", "communication", "conventions",
+_MODULES = ("activations", "architecture", "backends", "book", "choices", "claim", "claims", "communication", "conventions",
             "display", "dtypes", "evaluate", "features", "fitting", "flops", "formulas", "hardware", "hf_config",
-            "host_optimizer", "inference", "ledger", "lora", "model_states", "parameters", "pipeline", "plots",
-            "recipes", "symbols", "tensors", "transfer", "units", "webcalc", "widgets")
+            "host_optimizer", "inference", "ledger", "lora", "model_states", "outside", "parameters", "pipeline",
+            "plots", "recipes", "step", "symbols", "tensors", "transfer", "units", "webcalc", "widgets")
 __all__ = sorted(_HOME) + list(_MODULES)
 
 

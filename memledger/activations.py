@@ -58,14 +58,46 @@ class Saved:
 BSd, BSF, BHSS = (B, S, d), (B, S, F), (B, H, S, S)
 
 
-def _norm_rows(norm, position):
-    return Saved(f"{norm} {position} input", f"{norm} backward needs its input (its statistics are ignored here)",
-                 BSd, block="attention" if position == 1 else "mlp")
+def _norm_rows(norm, position, dtype="bf16", norm_stats=None, rmsnorm="fused", prefix=None, block=None):
+    """What a norm keeps: its input, and optionally its per-token statistics.
+
+    LayerNorm (ATen ``native_layer_norm``) keeps input, mean and rstd; RMSNorm
+    (``_fused_rms_norm``) keeps input and an FP32 rstd. ``norm_stats``: None
+    (not booked, as the article and Korthikanti), or the statistics' dtype
+    (LayerNorm: the activation dtype on CPU, FP32 on CUDA). ``rmsnorm=
+    "composite"`` (``nn.RMSNorm`` where no fused kernel runs, e.g. on CPU):
+    an FP32 copy of the input (the input itself when it is FP32), the FP32
+    rstd and the FP32 product x*rstd.
+    """
+    block = block or ("attention" if position == 1 else "mlp")
+    prefix = prefix or f"{norm} {position}"
+    tokens = (B, S)
+    if norm == "RMSNorm" and rmsnorm == "composite":
+        return [Saved(f"{prefix} input", "composite RMSNorm: an FP32 copy of its input (pow, mul need it)",
+                      BSd, "fp32", block=block),
+                Saved(f"{prefix} rstd", "composite RMSNorm: 1/sqrt(mean(x^2) + eps), FP32, per token",
+                      tokens, "fp32", block=block),
+                Saved(f"{prefix} x*rstd", "composite RMSNorm: the FP32 normalized input, for the weight "
+                      "gradient", BSd, "fp32", block=block)]
+    rows = [Saved(f"{prefix} input", f"{norm} backward needs its input" +
+                  ("" if norm_stats else " (its statistics are ignored here)"), BSd, dtype, block=block)]
+    if norm_stats and norm == "LayerNorm":
+        rows += [Saved(f"{prefix} {stat}", f"LayerNorm backward reuses the per-token {stat}", tokens,
+                       norm_stats, block=block) for stat in ("mean", "rstd")]
+    elif norm_stats:
+        rows.append(Saved(f"{prefix} rstd", "RMSNorm backward reuses the per-token rstd (FP32)", tokens,
+                          "fp32", block=block))
+    return rows
+
+
+ATTENTION = ("eager", "flash", "math")
 
 
 def inventory(mlp: str = "gelu", norm: str = "LayerNorm", dropout: bool = True,
               flash_attention: bool = False, *, gqa: bool = False, head_dim: bool = False,
-              repeat_kv: bool = False, moe: bool = False, capacity_factor=None) -> list:
+              repeat_kv: bool = False, moe: bool = False, capacity_factor=None, dtype: str = "bf16",
+              mask_dtype: str = "bool", norm_stats: str = None, rmsnorm: str = "fused",
+              attention: str = None) -> list:
     """What autograd keeps in one block (Korthikanti et al. 2022, Sec. 4.1).
 
     gelu + dropout gives 11BSd + 5BHS^2 (attention), 19BSd at F = 4d (MLP) and
@@ -86,64 +118,75 @@ def inventory(mlp: str = "gelu", norm: str = "LayerNorm", dropout: bool = True,
     keeps neither per layer; BERT's post-LN blocks keep two LayerNorm inputs
     as pre-LN blocks do. Its extra rows (embedding LayerNorm, pooler) lie
     outside the blocks (:mod:`memledger.pipeline`).
+
+    Backend conventions (keyword options; the defaults are the article's, see
+    :mod:`memledger.backends`): ``dtype`` of the activations (``"fp32"`` for
+    an FP32 model); ``mask_dtype`` of dropout masks (``"bool"``: the fused
+    CUDA kernel, ``native_dropout``; CPU ``F.dropout`` keeps the activation
+    dtype); ``norm_stats`` and ``rmsnorm`` (:func:`_norm_rows`); ``attention``:
+    ``"eager"``, ``"flash"`` (= ``flash_attention=True``) or ``"math"``
+    (PyTorch's math SDPA on CPU: a 16-bit q, k, v upcast to FP32, the S x S
+    tensors in FP32). Measured against PyTorch 2.13 in ``tests/test_torchref.py``.
     """
     check_choice("mlp", mlp, ("gelu", "swiglu"))
     if moe and mlp != "swiglu":
         raise ValueError("moe needs the gated MLP: mlp='swiglu'")
+    attention = attention or ("flash" if flash_attention else "eager")
+    check_choice("attention", attention, ATTENTION)
+    check_choice("rmsnorm", rmsnorm, ("fused", "composite"))
     q, kv = widths(Features(gqa=gqa, head_dim=head_dim))
     kv_saved = q if repeat_kv else kv
-    rows = [
-        _norm_rows(norm, 1),
-        Saved("Q/K/V projection input", "the Q, K, V weight gradients need their shared input", BSd,
+    a, f = dtype, ("fp32" if attention == "math" else dtype)
+    up = "math SDPA: upcast to FP32 (and q scaled), " if attention == "math" else ""
+    rows = _norm_rows(norm, 1, a, norm_stats, rmsnorm) + [
+        Saved("Q/K/V projection input", "the Q, K, V weight gradients need their shared input", BSd, a,
               weight_grad_of=("q_proj", "k_proj", "v_proj")),
-        Saved("Q", "backward of QK^T needs K, and vice versa", (B, S, q), tp_sharded=True),
-        Saved("K", "backward of QK^T needs Q, and vice versa", (B, S, kv_saved), tp_sharded=True),
+        Saved("Q", up + "backward of QK^T needs K, and vice versa", (B, S, q), f, tp_sharded=True),
+        Saved("K", up + "backward of QK^T needs Q, and vice versa", (B, S, kv_saved), f, tp_sharded=True),
     ]
-    if flash_attention:
+    if attention == "flash":
         rows.append(Saved("softmax log-sum-exp", "FlashAttention recomputes the S x S scores from Q, K and these",
                           (B, H, S), "fp32", tp_sharded=True))
     else:
-        rows.append(Saved("softmax output", "softmax backward needs its output", BHSS, tp_sharded=True))
+        rows.append(Saved("softmax output", "softmax backward needs its output", BHSS, f, tp_sharded=True))
         if dropout:
             rows += [
-                Saved("attention dropout mask", "dropout backward needs the mask", BHSS, "bool",
-                      tp_sharded=True, dropout=True),
+                Saved("attention dropout mask", "dropout backward needs the mask", BHSS,
+                      "fp32" if attention == "math" else mask_dtype, tp_sharded=True, dropout=True),
                 Saved("attention dropout output", "backward of (probabilities x V) needs the probabilities",
-                      BHSS, tp_sharded=True, dropout=True),
+                      BHSS, f, tp_sharded=True, dropout=True),
             ]
     rows += [
-        Saved("V", "backward of (probabilities x V) needs V", (B, S, kv_saved), tp_sharded=True),
+        Saved("V", up + "backward of (probabilities x V) needs V", (B, S, kv_saved), f, tp_sharded=True),
         Saved("output projection input", "the output projection's weight gradient needs its input",
-              (B, S, q), tp_sharded=True, weight_grad_of=("o_proj",)),
+              (B, S, q), a, tp_sharded=True, weight_grad_of=("o_proj",)),
     ]
     if dropout:
-        rows.append(Saved("attention residual dropout mask", "dropout backward needs the mask", BSd, "bool",
+        rows.append(Saved("attention residual dropout mask", "dropout backward needs the mask", BSd, mask_dtype,
                           dropout=True))
-    rows += [
-        _norm_rows(norm, 2),
-        Saved("MLP input", "the up-projection weight gradient needs its input", BSd, block="mlp",
-              weight_grad_of=("up_proj",) if mlp == "gelu" else ("gate_proj", "up_proj")),
-    ]
+    rows += _norm_rows(norm, 2, a, norm_stats, rmsnorm) + [
+        Saved("MLP input", "the up-projection weight gradient needs its input", BSd, a, block="mlp",
+              weight_grad_of=("up_proj",) if mlp == "gelu" else ("gate_proj", "up_proj"))]
     if moe:
         rows += moe_rows(capacity_factor)
     elif mlp == "gelu":
         rows += [
-            Saved("GeLU input", "GeLU backward needs its input", BSF, block="mlp", tp_sharded=True),
+            Saved("GeLU input", "GeLU backward needs its input", BSF, a, block="mlp", tp_sharded=True),
             Saved("down-projection input", "the down-projection weight gradient needs its input (GeLU output)",
-                  BSF, block="mlp", tp_sharded=True, weight_grad_of=("down_proj",)),
+                  BSF, a, block="mlp", tp_sharded=True, weight_grad_of=("down_proj",)),
         ]
     else:
         rows += [
-            Saved("gate output", "SiLU backward needs its input", BSF, block="mlp", tp_sharded=True),
-            Saved("SiLU output", "backward of SiLU(gate) x up needs both factors", BSF, block="mlp",
+            Saved("gate output", "SiLU backward needs its input", BSF, a, block="mlp", tp_sharded=True),
+            Saved("SiLU output", "backward of SiLU(gate) x up needs both factors", BSF, a, block="mlp",
                   tp_sharded=True),
-            Saved("up-projection output", "backward of SiLU(gate) x up needs both factors", BSF, block="mlp",
+            Saved("up-projection output", "backward of SiLU(gate) x up needs both factors", BSF, a, block="mlp",
                   tp_sharded=True),
             Saved("down-projection input", "the down-projection weight gradient needs its input",
-                  BSF, block="mlp", tp_sharded=True, weight_grad_of=("down_proj",)),
+                  BSF, a, block="mlp", tp_sharded=True, weight_grad_of=("down_proj",)),
         ]
     if dropout:
-        rows.append(Saved("MLP residual dropout mask", "dropout backward needs the mask", BSd, "bool",
+        rows.append(Saved("MLP residual dropout mask", "dropout backward needs the mask", BSd, mask_dtype,
                           block="mlp", dropout=True))
     return rows
 

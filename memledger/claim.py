@@ -38,8 +38,9 @@ RECIPE = get_recipe("bf16-adamw")
 
 @lru_cache(maxsize=None)
 def article_ledger(**kw) -> Ledger:
-    """The article's ledger (``article-7b``, B = 1, S = 2048), with any setting changed by ``kw``."""
-    return Ledger(ARTICLE, **kw)
+    """The article's ledger (``article-7b``, B = 1, S = 2048, the blocks only as the article books them:
+    ``scope="layers"``), with any setting changed by ``kw``."""
+    return Ledger(ARTICLE, **{"scope": "layers", **kw})
 
 
 def at_spec(expr, **kw) -> int:

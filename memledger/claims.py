@@ -17,14 +17,14 @@ from .claim import ARTICLE, RECIPE, STATUSES, Claim, article_ledger, at_spec, co
 from .architecture import get_preset
 from .dtypes import bf16_spacing, round_to_bf16
 from .flops import recompute_overhead
-from .hardware import GPU_MEMORY, LINKS
+from .hardware import LINKS, NOMINAL_MEMORY
 from .ledger import DEFAULT_OVERHEAD
 from .symbols import B, F, H, S, d
 from .units import ARTICLE_TENSOR_UNIT, in_unit
 
 __all__ = ["CLAIMS", "STATUSES", "Claim", "RELABEL_NOTE", "claims_table"]
 
-A100 = GPU_MEMORY["a100-80gb"]
+A100 = NOMINAL_MEMORY["a100-80gb"]      # the article's "80 GB" (decimal), as it computes with it
 
 
 # --- helpers: every number below comes from the library -----------------------------

@@ -1,4 +1,4 @@
-"""Command line: ``memledger ledger|fit|infer|presets|recipes|claims [--json]``.
+"""Command line: ``memledger ledger|step|fit|infer|presets|recipes|claims [--json]``.
 
 Bad input of any kind prints one line on stderr and exits with status 2 (the
 messages are the Python API's); output that cannot be written (a closed pipe,
@@ -20,7 +20,7 @@ from .model_states import OFFLOAD_DEVICES, PLACEMENTS, ZERO_STAGES
 from .recipes import ALL_RECIPES
 from .units import format_bytes, parse_bytes, parse_count
 
-COMMANDS = ("ledger", "compare", "fit", "infer", "presets", "recipes", "claims")
+COMMANDS = ("ledger", "step", "compare", "fit", "infer", "presets", "recipes", "claims")
 UNITS = ("GB", "GiB", "MiB", "TiB")
 UNITS_HELP = "GB (10^9 bytes), GiB (2^30), MiB (2^20) or TiB (2^40)"
 
@@ -53,6 +53,8 @@ def _parser():
     _ledger_options(led)
     from .cli_conventions import add_parsers
     add_parsers(sub, led, _ledger_options, _Help)
+    from .cli_step import add_parser
+    add_parser(sub, _ledger_options, _Help)
     pipe = led.add_argument_group("pipeline parallelism (Megatron-LM schedules)")
     pipe.add_argument("--pp", help="pipeline stages P (rows per stage: first and last)")
     pipe.add_argument("--microbatches", help="micro-batches per step M (needs --pp)")
@@ -118,6 +120,8 @@ def _ledger_options(parser):
                           "(only BF16 params stay)")
     run.add_argument("--overhead", default=format_bytes(Ledger.overhead_bytes, digits=0).replace(" ", ""),
                      help="runtime overhead (CUDA context, workspace), e.g. 2GB or 1500000000")
+    run.add_argument("--scope", default=Ledger.scope, help="model (the blocks and what lies outside them) or "
+                     "layers (the blocks only, as the article books them)")
     out = parser.add_argument_group("output")
     out.add_argument("--units", default=UNITS[0], help=UNITS_HELP)
     out.add_argument("--gpu-memory", default=next(iter(GPU_MEMORY)),
@@ -183,7 +187,7 @@ def build_ledger(a) -> Ledger:
         zero_stage=_zero_stage(a.zero), dp=parse_count(a.dp, "dp"),
         offload_optimizer=a.offload_optimizer, offload_params=a.offload_params,
         offload_placement=a.offload_placement, overhead_bytes=parse_bytes(a.overhead, "overhead"),
-        dropout=False if a.no_dropout else None, flash_attention=a.flash_attention)
+        dropout=False if a.no_dropout else None, flash_attention=a.flash_attention, scope=a.scope)
 
 
 def gpu_bytes(text: str) -> int:
@@ -298,6 +302,9 @@ def main(argv=None) -> int:
         if a.command in ("fit", "infer"):
             from . import cli_models
             text = getattr(cli_models, a.command)(a)
+        elif a.command == "step":
+            from .cli_step import step
+            text = step(a, build_ledger, gpu_bytes)
         elif a.command == "compare":
             from .cli_conventions import compare
             text = compare(a)

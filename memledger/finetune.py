@@ -11,9 +11,14 @@ for one workload, :func:`serving` the same model's
 :func:`fits_table` lay them out by part (:mod:`memledger.parts`) and against
 the GPUs people fine-tune on.
 
-GPU sizes from :data:`memledger.hardware.GPU_MEMORY`: 24 GB (GeForce RTX
-4090), 48 GB (L40S, the "single 48GB GPU" class of the QLoRA paper's
-abstract) and 80 GB (A100).
+GPUs: the GeForce RTX 4090 (sold as 24 GB), the L40S (48 GB, the "single
+48GB GPU" class of the QLoRA paper's abstract) and the A100 (80 GB), each with
+the capacity ``nvidia-smi`` reports (:data:`memledger.hardware.GPU_MEMORY`).
+
+The full-training ledgers book the transformer blocks only (``scope="layers"``,
+as the article and :class:`~memledger.lora.LoraLedger` do), so that every
+method is compared on the same activations; the tensors outside the blocks
+(above all the FP32 log-softmax of the logits) come on top of each alike.
 """
 from .activations import inventory
 from .architecture import BLOCKS
@@ -28,7 +33,7 @@ from .tensors import PROJECTIONS
 from .units import format_bytes
 
 #: The GPUs of the chapter's question, smallest first: label -> bytes.
-ONE_GPU = {"24 GB": GPU_MEMORY["rtx-4090"], "48 GB": GPU_MEMORY["l40s"], "80 GB": GPU_MEMORY["a100-80gb"]}
+ONE_GPU = {"RTX 4090": GPU_MEMORY["rtx-4090"], "L40S": GPU_MEMORY["l40s"], "A100 80GB": GPU_MEMORY["a100-80gb"]}
 #: Full training with a cheaper optimizer: label -> recipe name (those that exist in this library).
 OPTIMIZER_METHODS = {"full, BF16 + AdamW": "bf16-adamw", "full, 8-bit Adam": "bf16-adam8bit-bnb",
                      "full, pure BF16 AdamW": "bf16-pure-adamw",
@@ -43,8 +48,8 @@ def methods(preset="llama2-7b", batch_size: int = 1, seq_len: int = 2048, recomp
     LoRA: rank 16 on Q and V (the LoRA paper's choice of projections), then on every projection;
     QLoRA as its paper trains (NF4 base, rank 64 on every projection, paged 8-bit AdamW)."""
     work = dict(batch_size=batch_size, seq_len=seq_len, recompute=recompute)
-    views = {label: Ledger(preset, recipe=recipe, **work) for label, recipe in OPTIMIZER_METHODS.items()
-             if recipe in ALL_RECIPES}
+    views = {label: Ledger(preset, recipe=recipe, scope="layers", **work)
+             for label, recipe in OPTIMIZER_METHODS.items() if recipe in ALL_RECIPES}
     arch = views["full, BF16 + AdamW"].arch
     views["LoRA r=16, Q and V"] = LoraLedger(arch, LoraConfig(rank=LORA_RANK), **work)
     views["LoRA r=16, every projection"] = LoraLedger(

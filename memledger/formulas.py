@@ -93,6 +93,25 @@ def _components(parts, count_key, *features):
     return components_bytes(parts, expr(count_key), sharded, _features(features) if features else None)
 
 
+def _outside(style, attention, name):
+    """One tensor kept outside the blocks at the end of forward (:func:`memledger.outside.outside_inventory`)."""
+    import sympy as sp
+    from .outside import outside_inventory
+    return sp.sympify(next(r.bytes for r in outside_inventory(style, attention=attention) if r.name == name))
+
+
+def outside_names(style, attention) -> tuple:
+    """The names of the rows outside the blocks (the article's conventions), without importing SymPy."""
+    norm = "LayerNorm" if style == "gpt" else "RMSNorm"
+    return (("input ids", "target ids") + (("causal mask",) if attention == "eager" else ()) +
+            (f"final {norm} input", "LM head input", "log-softmax output (FP32)", "loss", "nll_loss total weight"))
+
+
+def _outside_domain():
+    return [(style, attention, name) for style in STYLES for attention in ("eager", "flash")
+            for name in outside_names(style, attention)]
+
+
 def _symbol(name):
     from . import symbols
     return getattr(symbols, name)
@@ -106,6 +125,7 @@ BUILDERS = {
     "params": (_params, lambda: [(s,) for s in STYLES] + _preset_features()),
     "active params": (_active_params, lambda: [f for f in _preset_features() if f[-1]]),
     "symbol": (_symbol, [("O",)]),
+    "outside": (_outside, _outside_domain),
     "components": (_components, []),
 }
 

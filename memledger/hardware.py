@@ -1,19 +1,36 @@
 """The machines: GPU memory sizes, peak BF16 throughput and link bandwidths, written once.
 
-Memory sizes as vendors state them, in decimal GB; link speeds nominal and
-per direction (the article: PCIe 4.0 x16 ~32 GB/s, NVMe 3-7 GB/s).
+:data:`GPU_MEMORY` is what a GPU really offers, in bytes: the total that
+``nvidia-smi`` reports (in MiB). An "80 GB" A100 has 81,920 MiB = 80 GiB,
+85.9x10^9 bytes, not 80x10^9; an "80 GB" H100 81,559 MiB. The CUDA context and
+workspaces come out of it (the ledger's separate overhead row). Totals as
+reported in public ``nvidia-smi`` output:
+
+* A100 80 GB 81,920 MiB, A100 40 GB 40,960 MiB, L40S 46,068 MiB, H100 80 GB 81,559 MiB:
+  modal-labs/modal-client pull request #2797 (docs: "nvidia quotes GB on their
+  GPUs not GiB"); H100 80 GB HBM3 81,559 MiB also in NVIDIA/nccl issue #1264.
+* RTX 4090: 24,564 MiB, RLinf/RLinf issue #255.
+* H200: no public nvidia-smi total found to cite; NVIDIA's 141 GB (decimal) is used.
+
+:data:`NOMINAL_MEMORY` keeps the vendors' decimal figures, as the article
+writes them ("an 80 GB A100"); the article's claims use it. Link speeds are
+nominal and per direction (the article: PCIe 4.0 x16 ~32 GB/s, NVMe 3-7 GB/s).
 """
 from .choices import lookup
-from .units import GB
+from .units import GB, MiB
 
+#: Capacity per GPU, bytes, as nvidia-smi reports it (sources in the module docstring).
 GPU_MEMORY = {
-    "a100-80gb": 80 * GB,     # the article's GPU
-    "a100-40gb": 40 * GB,
-    "l40s": 48 * GB,          # NVIDIA L40S data sheet: 48 GB GDDR6
-    "h100-80gb": 80 * GB,
-    "h200": 141 * GB,
-    "rtx-4090": 24 * GB,
+    "a100-80gb": 81920 * MiB,     # the article's GPU
+    "a100-40gb": 40960 * MiB,
+    "l40s": 46068 * MiB,          # the data sheet's "48 GB GDDR6"
+    "h100-80gb": 81559 * MiB,
+    "h200": 141 * GB,             # vendor figure (no nvidia-smi total cited)
+    "rtx-4090": 24564 * MiB,
 }
+#: The vendors' decimal figures ("80 GB"), as the article uses them.
+NOMINAL_MEMORY = {"a100-80gb": 80 * GB, "a100-40gb": 40 * GB, "l40s": 48 * GB, "h100-80gb": 80 * GB,
+                  "h200": 141 * GB, "rtx-4090": 24 * GB}
 #: The article's GPU: the default of every fits verdict.
 ARTICLE_GPU = "a100-80gb"
 

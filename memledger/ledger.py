@@ -88,6 +88,11 @@ class Structure(NamedTuple):
     recompute: str
     tensor_parallel: bool
     sequence_parallel: bool
+    scope: str = "layers"
+
+
+#: "model": the blocks and the tensors outside them; "layers": the blocks only, as the article books them.
+SCOPES = ("model", "layers")
 
 
 @lru_cache(maxsize=256)
@@ -115,6 +120,10 @@ def row_specs(s: Structure) -> tuple:
         specs.append(RowSpec("activations", "activations", "gpu",
                              ("activations", s.arch.mlp, s.arch.norm, s.dropout, s.flash_attention, s.recompute,
                               s.tensor_parallel, s.sequence_parallel) + refinements))
+        if s.scope == "model" and s.arch.causal:
+            attention = "flash" if s.flash_attention else "eager"
+            specs += [RowSpec(name, "activations", "gpu", ("outside", s.arch.style, attention, name))
+                      for name in formulas.outside_names(s.arch.style, attention)]
     specs.append(RowSpec("CUDA context + workspace", "overhead", "gpu", ("symbol", "O")))
     return tuple(specs)
 
@@ -144,6 +153,7 @@ class Ledger:
     overhead_bytes: int = DEFAULT_OVERHEAD
     dropout: Optional[bool] = None
     flash_attention: bool = False
+    scope: str = "model"
 
     def __post_init__(self):
         arch = get_preset(self.arch) if isinstance(self.arch, str) else self.arch
@@ -160,6 +170,7 @@ class Ledger:
         if factored and arch is None:
             raise ValueError(f"{factored[0]} needs the matrix shapes: give an architecture")
         check_choice("recompute", self.recompute, RECOMPUTE)
+        check_choice("scope", self.scope, SCOPES)
         check_choice("zero_stage", self.zero_stage, ZERO_STAGES)
         check_choice("offload_optimizer", self.offload_optimizer, OFFLOAD_DEVICES)
         check_choice("offload_params", self.offload_params, OFFLOAD_DEVICES)
@@ -184,7 +195,7 @@ class Ledger:
     def structure(self) -> Structure:
         return Structure(self.recipe, self.zero_stage, self.offload_optimizer, self.offload_params,
                          self.offload_placement, self.arch, self.dropout, self.flash_attention, self.recompute,
-                         self.tp > 1, self.sequence_parallel)
+                         self.tp > 1, self.sequence_parallel, self.scope)
 
     @cached_property
     def values(self) -> dict:
@@ -221,9 +232,25 @@ class Ledger:
         """Bytes of one group (on one device, or on all)."""
         return sum(r.bytes for r in self.rows if r.group == group and device in (None, r.device))
 
-    def fits(self, gpu_bytes: int) -> bool:
-        """Whether the GPU total fits in ``gpu_bytes``."""
-        return self.totals["gpu"] <= gpu_bytes
+    def step(self, backend="article", **conventions):
+        """The step timeline of this setup (:class:`memledger.step.Step`): landmarks, transients, peak."""
+        from .step import Step
+        return Step(self, backend, **conventions)
+
+    @cached_property
+    def peak(self) -> Optional[int]:
+        """The GPU peak of a training step (:meth:`step`, the article's conventions), or None where the
+        timeline does not model the setup (no architecture, GQA/MoE/encoder blocks, selective recomputation)."""
+        try:
+            return self.step().peak.bytes
+        except ValueError:
+            return None
+
+    def fits(self, gpu_bytes: int, peak: bool = False) -> bool:
+        """Whether the GPU total fits in ``gpu_bytes``; with ``peak``, whether the step fits: its peak
+        (:attr:`peak`, where modelled) and the GPU total (which books a nominal ``n_params`` where the
+        timeline counts tensors) both at most ``gpu_bytes``."""
+        return max(self.totals["gpu"], (self.peak or 0) if peak else 0) <= gpu_bytes
 
     @property
     def traffic(self) -> Traffic:

@@ -26,10 +26,15 @@ PALETTE = {
     "BF16 gradients": "#6baed6", "FP32 gradients": "#9ecae1", "FP32 gradient accumulator": "#c6dbef",
     "FP32 master weights": "#00441b",
     "Adam first moment m": "#238b45", "Adam second moment v": "#74c476",
+    "Adam first moment m (BF16)": "#006d2c", "Adam second moment v (BF16)": "#99d8c9",
     "SGD momentum": "#41ab5d", "Adam m (8-bit)": "#a1d99b", "Adam v (8-bit)": "#c7e9c0",
     "gathered parameters + gradients (largest layer)": "#6a51a3",
     "activations": "#f16913",
     "CUDA context + workspace": "#969696",
+    # outside the blocks (scope "model"): ids, mask, final norm, LM head input, the loss's FP32 tensors
+    "input ids": "#fdd0a2", "target ids": "#fdae6b", "causal mask": "#e6550d",
+    "final LayerNorm input": "#a63603", "final RMSNorm input": "#a63603", "LM head input": "#7f2704",
+    "log-softmax output (FP32)": "#cb181d", "loss": "#67000d", "nll_loss total weight": "#a50f15",
     # parameter parts (chapter 2)
     "attention": "#2171b5", "MLP": "#f16913", "norms": "#fec44f", "embeddings": "#6a51a3",
     # saved tensors (chapters 4 and 5): the B x S x d kind and the B x H x S x S kind
@@ -172,7 +177,7 @@ def parts_bars(views: dict, capacities: dict = None, unit: str = "GB", ax=None):
             ax.barh(y, widths, left=left, label=part, color=colour(part), edgecolor="white", linewidth=0.5)
             left += widths
     for (name, nbytes), style in zip((capacities or {}).items(), ("--", "-.", ":", (0, (5, 1)))):
-        size = f"{float(in_unit(nbytes, unit)):g} {unit}"
+        size = f"{float(in_unit(nbytes, unit)):.4g} {unit}"
         ax.axvline(float(in_unit(nbytes, unit)), color=GPU_LINE, linestyle=style, linewidth=1.2,
                    label=name if name == size else f"{name} ({size})")
     ax.set_yticks(y, labels, fontsize=8)
@@ -220,5 +225,39 @@ def largest_fit_chart(answers: dict, ylabel: str, unit: str = "GB", ax=None):
     ax.set_xlabel(f"GPU memory ({unit})")
     ax.set_ylabel(ylabel)
     ax.legend(frameon=False, fontsize=9, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.figure.tight_layout()
+    return ax.figure
+
+
+#: The kinds of a step's rows (memledger.step), in stacking order, with their colours.
+STEP_KINDS = {"param": ("parameters", "#08306b"), "optimizer": ("optimizer states", "#238b45"),
+              "grad": ("gradients", "#6baed6"), "activation": ("saved activations and ids", "#f16913"),
+              "transient": ("transients", "#cb181d"), "overhead": ("CUDA context + workspace", "#969696")}
+
+
+def step_timeline(step, gpu_bytes: int = A100_BYTES, unit: str = "GB", ax=None):
+    """Memory on the GPU through one training step (:class:`memledger.step.Step`), stacked by kind:
+    forward through the blocks, the loss, backward, the optimizer step; the landmarks as dotted lines,
+    the peak marked, the GPU's capacity dashed. The picture PyTorch's memory snapshot would give."""
+    ax = ax or plt.subplots(figsize=(8, 4))[1]
+    x, by_kind, marks = step.series()
+    order = np.argsort(x, kind="stable")
+    scale = float(in_unit(1, unit))
+    layers = [by_kind[k][order] * scale for k in STEP_KINDS]
+    ax.stackplot(x[order], *layers, labels=[label for label, _ in STEP_KINDS.values()],
+                 colors=[c for _, c in STEP_KINDS.values()], linewidth=0)
+    capacity = float(in_unit(gpu_bytes, unit))
+    ax.axhline(capacity, color=GPU_LINE, linestyle="--", linewidth=1.5, label=f"GPU memory ({capacity:g} {unit})")
+    for position in marks.values():
+        ax.axvline(position, color="black", linestyle=":", linewidth=0.8)
+    peak = step.peak
+    ax.plot([x[peak.sample]], [float(in_unit(peak.bytes, unit))], marker="v", color="black",
+            label=f"peak {float(in_unit(peak.bytes, unit)):.1f} {unit}: {peak.phase}")
+    L = step.values["L"]
+    ax.set_xticks([(L + 1) / 2, L + 1.5, (3 * L + 4) / 2, 2 * L + 2.5],
+                  ["forward\n(blocks 0 to L-1)", "loss", "backward\n(blocks L-1 to 0)", "optimizer"], fontsize=8)
+    ax.set_xlim(0, 2 * L + 3)
+    ax.set_ylabel(f"memory on the GPU ({unit})")
+    ax.legend(fontsize=8, frameon=False, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     ax.figure.tight_layout()
     return ax.figure

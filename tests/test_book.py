@@ -113,6 +113,14 @@ KV7 = 2 * 32 * 2048 * 4096 * 2                                                  
 WORK7 = (2 * 2048 * 4096 + 2048 * 4 * 4096 + 3 * 2048 * 11008) * 2 + 4 * 32000   # memledger.inference's buffer
 
 
+# what a whole model keeps outside its blocks (docs/step.md's reference decoder): int64 token and target ids, the
+# (S, S) bool causal mask, the final norm's and the LM head's BF16 inputs, the FP32 log-softmax (4BSV), two FP32
+# scalars -- the same for the article's spec and LLaMA-2 7B (d 4096, V 32000, S 2048)
+OUTSIDE = 2 * 8 * 2048 + 2048**2 + 2 * 2 * BSD + 4 * 2048 * 32000 + 8
+RTX_SMI = 24564 * MiB                                                           # the RTX 4090 as nvidia-smi reports it
+ZERO3_GPUS = -(-18 * P // (RTX_SMI - 4 * 32000 * 4096))                        # 4 P_max + 18P/N <= C
+
+
 def nf4(n):
     """NF4 with double quantization: 4 bits, an int8 absmax per 64, an fp32 constant per 64 x 256."""
     return n // 2 + n // 64 + 4 * n // (64 * 256)
@@ -176,7 +184,8 @@ EXPECTED = {
     "cpu_adam.bytes": (Fraction(28 * P, GB), "GB"),
     "cpu_adam.seconds": (Fraction(28 * P, 204_800_000_000), "s"),
     # chapter 13: every convention's own arithmetic for the article's 7B (B = 1, S = 2048, one GPU)
-    "calc.memledger": (Fraction(STATES + ACT, GB), "GB"),
+    "calc.memledger": (Fraction(STATES + ACT + OUTSIDE, GB), "GB"),
+    "calc.act.outside": (Fraction(OUTSIDE, GB), "GB"),
     "calc.low": (Fraction(2 * 4 * P, GB), "GB"),                            # accelerate: optimizer phase, 2 x fp32 size
     "calc.high": (Fraction(20 * P + ACT, GB), "GB"),                        # Playbook with FP32 grad accumulation
     "calc.ratio": (Fraction(20 * P + ACT, 8 * P), "x"),
@@ -209,9 +218,10 @@ EXPECTED = {
     "calc.ex1.gb": (Fraction(8 * (6_738_415_616 - 32000 * 4096), GB), "GB"),
     "calc.ex1.gib": (Fraction(8 * (6_738_415_616 - 32000 * 4096), GiB), "GiB"),
     "calc.ex1.head": (32000 * 4096, ""),
-    "calc.ex2.gpus": (-(-18 * P // (24 * GB - 4 * 32000 * 4096)), ""),
-    "calc.ex2.at": (Fraction(4 * 32000 * 4096 + 18 * P // 6, GB), "GB"),
-    "calc.ex2.before": (Fraction(4 * 32000 * 4096 + 18 * P // 5, GB), "GB"),
+    "gpu.rtx4090.smi": (24564, "MiB"),                                       # nvidia-smi (RLinf/RLinf issue #255)
+    "calc.ex2.gpus": (ZERO3_GPUS, ""),
+    "calc.ex2.at": (Fraction(4 * 32000 * 4096 + 18 * P // ZERO3_GPUS, GB), "GB"),
+    "calc.ex2.before": (Fraction(4 * 32000 * 4096 + 18 * P // (ZERO3_GPUS - 1), GB), "GB"),
     "calc.ex3.cookbook": (Fraction(34 * LAYERS * BSD, GB), "GB"),
     "calc.ex3.full": (Fraction(2 * LAYERS * BSD, GB), "GB"),
     # errata appendix: accelerate's docs print 413.18 MB for bert-base-cased in float32 (model_size_estimator.md
@@ -222,6 +232,8 @@ EXPECTED = {
     "errata.zero.with": (Fraction(2 * 32 * 1024 * 1600 * 48 + 2 * 12 * 1600 * 32 * 1024, GB), "GB"),
     # chapter 15: LLaMA-2 7B (6,738,415,616 parameters, d 4096, F 11008, H 32, L 32, V 32000) at B = 1, S = 2048
     "ft.full": (Fraction(16 * LLAMA + LLAMA_ACT + OVERHEAD, GB), "GB"),
+    "ft.outside": (Fraction(OUTSIDE, GB), "GB"),
+    "ft.pure.total": (Fraction(8 * LLAMA + LLAMA_ACT + OVERHEAD, GB), "GB"),     # 2 + 2 + 2 + 2, BF16 moments
     "ft.adam8.bpp": (2 + 2 + 4 + 2 * (1 + Fraction(4, 256)), "B/param"),  # bitsandbytes: uint8 + fp32 absmax / 256
     "ft.adam8.total": (Fraction(4 * LLAMA + ADAM8 + LLAMA_ACT + OVERHEAD, GB), "GB"),
     "ft.nomaster.total": (Fraction(4 * LLAMA + ADAM8 - 4 * LLAMA + LLAMA_ACT + OVERHEAD, GB), "GB"),
@@ -250,6 +262,8 @@ EXPECTED = {
                                + OVERHEAD, GB), "GB"),
     "ft.qlora.full": (Fraction(nf4(PROJ7) + 2 * (LLAMA - PROJ7) + ADAPT_8BIT * A7 + 2 * 2048 * 4096 * 32 + OVERHEAD,
                                GB), "GB"),
+    "ft.qlora.margin": (Fraction(RTX_SMI - (nf4(PROJ7) + 2 * (LLAMA - PROJ7) + ADAPT_8BIT * A7 + LLAMA_ACT
+                                            + 32 * 2048 * 7 * 2 * 64 + OVERHEAD), GB), "GB"),
     "ft.one_layer": (Fraction(LLAMA_ACT, 32 * GB), "GB"),
     "ft.serve.total": (Fraction(2 * LLAMA + KV7 + WORK7 + OVERHEAD, GB), "GB"),
     "ft.serve.kv": (Fraction(KV7, GB), "GB"),
@@ -260,7 +274,7 @@ EXPECTED = {
     "ft.ex1.adapters": (Fraction(16 * A7, GB), "GB"),
     "ft.ex2.per_sequence": (Fraction(KV7 + WORK7, GB), "GB"),
     "ft.ex2.fixed": (Fraction(2 * LLAMA + OVERHEAD, GB), "GB"),
-    "ft.ex2.batch": ((24 * GB - 2 * LLAMA - OVERHEAD) // (KV7 + WORK7), ""),
+    "ft.ex2.batch": ((RTX_SMI - 2 * LLAMA - OVERHEAD) // (KV7 + WORK7), ""),
     "ft.ex3.gone": (Fraction(2 * 2 * 2048 * 4096, MiB), "MiB"),
     "ft.ex3.act": (Fraction(32 * 2048 * (16 * 4096 + 8 * 11008 + 2 * 32 * 2048 - 2 * 2 * 4096 + 3 * 2 * 16), GB), "GB"),
     # chapter 10: eight GPUs. Ring collectives send (N-1)/N of a tensor per GPU (Patarasuk & Yuan 2009); ZeRO's

@@ -27,28 +27,29 @@ def group_bytes(data, group, device=None):
 
 
 def test_article_7b(capsys):
-    data = ledger_json(capsys, "--preset", "article-7b")
+    data = ledger_json(capsys, "--preset", "article-7b", "--scope", "layers")     # the blocks, as the article books them
     assert group_bytes(data, "model_states") == 112 * GB           # the article: 112 GB
     assert round(group_bytes(data, "activations") / GB, 1) == 30.6   # the article: 30.6 GB
     assert data["totals"]["gpu"] == sum(r["bytes"] for r in data["rows"])
     assert data["fits"] is False
-    code, out, _ = run(capsys, "ledger", "--preset", "article-7b")
+    code, out, _ = run(capsys, "ledger", "--preset", "article-7b", "--scope", "layers")
     assert "30.60 GB" in out                                       # the article's 30.6 GB
     assert "does NOT fit" in out
 
 
 def test_batch_and_sequence(capsys):
-    data = ledger_json(capsys, "--preset", "article-7b", "--batch", "4", "--seq", "4096")
+    data = ledger_json(capsys, "--preset", "article-7b", "--batch", "4", "--seq", "4096", "--scope", "layers")
     assert round(group_bytes(data, "activations") / GB) == 417      # the article's table: 417 GB
 
 
 def test_full_recompute(capsys):
-    data = ledger_json(capsys, "--preset", "article-7b", "--recompute", "full")
+    data = ledger_json(capsys, "--preset", "article-7b", "--recompute", "full", "--scope", "layers")
     assert round(group_bytes(data, "activations") / GB, 2) == 0.54  # L*B*S*d*2 (the article: ~0.5 GB)
 
 
 def test_offload_split(capsys):
-    data = ledger_json(capsys, "--preset", "article-7b", "--recompute", "full", "--offload-optimizer", "cpu")
+    data = ledger_json(capsys, "--preset", "article-7b", "--recompute", "full", "--offload-optimizer", "cpu",
+                       "--scope", "layers")
     assert data["totals"]["cpu"] == 84 * GB                         # the article: 84 GB on the CPU
     assert round(data["totals"]["gpu"] / GB, 1) == 30.5             # the article: ~30.5 GB
     assert data["traffic"]["gpu_to_cpu"] == data["traffic"]["cpu_to_gpu"] == 14 * GB
@@ -63,8 +64,33 @@ def test_json_matches_api(capsys):
 
 
 def test_gpu_by_name_or_size(capsys):
-    assert ledger_json(capsys, "--preset", "gpt2", "--gpu-memory", "rtx-4090")["gpu_memory"] == 24 * GB
+    assert ledger_json(capsys, "--preset", "gpt2", "--gpu-memory", "rtx-4090")["gpu_memory"] == 24564 * 2**20
     assert ledger_json(capsys, "--preset", "gpt2", "--gpu-memory", "40GB")["gpu_memory"] == 40 * GB
+
+
+def test_scope_model_adds_the_tensors_outside_the_blocks(capsys):
+    layers = ledger_json(capsys, "--preset", "article-7b", "--scope", "layers")
+    model = ledger_json(capsys, "--preset", "article-7b")
+    extra = {r["name"]: r["bytes"] for r in model["rows"]} .keys() - {r["name"] for r in layers["rows"]}
+    assert {"input ids", "target ids", "log-softmax output (FP32)", "LM head input"} <= extra
+    logsoftmax = next(r["bytes"] for r in model["rows"] if r["name"] == "log-softmax output (FP32)")
+    assert logsoftmax == 1 * 2048 * 32000 * 4                        # B*S*V in FP32
+    assert model["totals"]["gpu"] - layers["totals"]["gpu"] == sum(r["bytes"] for r in model["rows"]
+                                                                   if r["name"] in extra)
+
+
+def test_step_command(capsys):
+    args = ("step", "--hidden", "4096", "--layers", "32", "--heads", "32", "--ffn", "16384", "--vocab", "32000",
+            "--overhead", "0", "--backend", "cpu", "--no-dropout", "--recipe", "bf16-pure-adamw")
+    code, out, _ = run(capsys, *args, "--json")
+    data = json.loads(out)
+    assert code == 0 and set(data["landmarks"]) == {"before forward", "after forward", "after backward", "after step"}
+    assert data["peak"]["phase"] in ("forward", "loss", "backward", "optimizer")
+    assert data["peak"]["gpu"] >= max(v["gpu"] for v in data["landmarks"].values())
+    code, out, _ = run(capsys, *args)
+    assert "peak" in out and "live at the peak" in out
+    code, _, err = run(capsys, "step", "--preset", "llama2-7b", "--backend", "tpu")
+    assert code == 2 and err.count("\n") == 1 and "backend" in err
 
 
 def test_params_only(capsys):

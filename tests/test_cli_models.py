@@ -4,9 +4,9 @@ import json
 import pytest
 
 from memledger.cli import main
+from memledger.hardware import GPU_MEMORY
 from memledger.hf_config import shipped_configs
 from memledger.ledger import Ledger
-from memledger.units import GB
 
 
 def run(capsys, *args):
@@ -52,9 +52,10 @@ def test_fit_json_fits_at_answer_not_beyond(capsys):
                          "--vary", "seq", "--json")
     data = json.loads(out)
     n = data["answer"]
-    assert data["ledger"]["totals"]["gpu"] == data["total_at_answer"] <= 80 * GB < data["next"]["total"]
-    assert Ledger("llama2-7b", zero_stage=3, dp=8, flash_attention=True, seq_len=n).fits(80 * GB)
-    assert not Ledger("llama2-7b", zero_stage=3, dp=8, flash_attention=True, seq_len=n + 1).fits(80 * GB)
+    assert data["ledger"]["totals"]["gpu"] == data["total_at_answer"] <= GPU_MEMORY["a100-80gb"] < data["next"]["total"]
+    assert Ledger("llama2-7b", zero_stage=3, dp=8, flash_attention=True, seq_len=n).fits(GPU_MEMORY["a100-80gb"])
+    assert not Ledger("llama2-7b", zero_stage=3, dp=8, flash_attention=True, seq_len=n + 1).fits(
+        GPU_MEMORY["a100-80gb"])
 
 
 @pytest.mark.parametrize("args, message", [

@@ -184,7 +184,7 @@ def test_ledger_books_gqa_and_moe_activations():
     from memledger.ledger import Ledger
     for name, kwargs in (("mistral-7b", dict(gqa=True)), ("mixtral-8x7b", dict(gqa=True, moe=True)),
                          ("gemma-7b", dict(head_dim=True)), ("llama2-7b", {})):
-        ledger = Ledger(name, batch_size=2, seq_len=1024)
+        ledger = Ledger(name, batch_size=2, seq_len=1024, scope="layers")
         expected = ledger.evaluate(activation_bytes(inventory("swiglu", "RMSNorm", False, **kwargs)))
         assert ledger.group_total("activations") == expected
     mha = Ledger(get_preset("mistral-7b").with_changes(n_kv_heads=None))

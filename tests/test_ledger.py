@@ -15,7 +15,7 @@ RECIPES = st.sampled_from(["bf16-adamw", "bf16-adamw-fp32-grads", "fp32-adamw", 
 
 
 def test_article_ledger():
-    ledger = Ledger("article-7b")
+    ledger = Ledger("article-7b", scope="layers")             # the blocks only, as the article books them
     # the article: 112 GB of model states, 30.6 GB of activations, "~144 GB" with 1-2 GB overhead
     assert ledger.group_total("model_states") == 112 * GB
     assert round(ledger.group_total("activations") / GB, 1) == 30.6
@@ -24,7 +24,7 @@ def test_article_ledger():
 
 
 def test_article_offload_split():
-    ledger = Ledger("article-7b", recompute="full", offload_optimizer="cpu")
+    ledger = Ledger("article-7b", recompute="full", offload_optimizer="cpu", scope="layers")
     assert ledger.totals["cpu"] == 84 * GB                    # the article: 84 GB on the CPU
     assert round(ledger.totals["gpu"] / GB, 1) == 30.5        # ~30.5 GB left on the GPU
     assert ledger.fits(80 * GB)
@@ -70,8 +70,8 @@ def test_bad_input(kwargs, message):
 @settings(max_examples=60, deadline=None)
 @given(PRESETS, st.integers(1, 64), st.integers(1, 8192))
 def test_activations_linear_in_batch(preset, batch, seq):
-    one = Ledger(preset, batch_size=batch, seq_len=seq).group_total("activations")
-    three = Ledger(preset, batch_size=3 * batch, seq_len=seq).group_total("activations")
+    one = Ledger(preset, batch_size=batch, seq_len=seq, scope="layers").group_total("activations")
+    three = Ledger(preset, batch_size=3 * batch, seq_len=seq, scope="layers").group_total("activations")
     assert three == 3 * one
 
 
@@ -136,6 +136,6 @@ def test_sweep_rejects_unknown_field():
 
 
 def test_tensor_parallel_divides():
-    one, four = Ledger("article-7b", tp=4), Ledger("article-7b", tp=4, sequence_parallel=True)
-    assert four.group_total("activations") * 4 == Ledger("article-7b").group_total("activations")
+    one, four = Ledger("article-7b", tp=4), Ledger("article-7b", tp=4, sequence_parallel=True, scope="layers")
+    assert four.group_total("activations") * 4 == Ledger("article-7b", scope="layers").group_total("activations")
     assert one.group_total("model_states") * 4 == Ledger("article-7b").group_total("model_states")

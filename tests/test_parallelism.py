@@ -37,7 +37,7 @@ def test_tensor_and_pipeline_traffic():
 
 
 def test_layouts_on_eight_gpus():
-    rows = {r.name: r for r in layouts(Ledger("article-7b"), 8, 32)}
+    rows = {r.name: r for r in layouts(Ledger("article-7b", scope="layers"), 8, 32)}     # the blocks only
     assert rows["data parallel"].gpu_bytes == 16 * P + ACT + 2 * GB             # nothing of the ledger shrinks
     assert rows["ZeRO-1"].gpu_bytes == 4 * P + 12 * P // 8 + ACT + 2 * GB       # ZeRO: 4 Psi + K Psi / N_d
     assert rows["ZeRO-2"].gpu_bytes == 2 * P + 14 * P // 8 + ACT + 2 * GB       # 2 Psi + (2 + K) Psi / N_d

@@ -14,7 +14,7 @@ LLAMA = 6_738_415_616                  # the released Llama-2-7b checkpoint
 
 
 def test_article_ledger_by_part():
-    ledger = Ledger("article-7b")
+    ledger = Ledger("article-7b", scope="layers")
     parts = gpu_parts(ledger)
     assert set(parts) == set(PARTS)
     assert (parts["weights"], parts["gradients"], parts["optimizer states"]) == (2 * P, 2 * P, 12 * P)

@@ -12,11 +12,11 @@ from memledger.recipes import RECIPES  # noqa: E402
 
 
 def test_ledger_bars_stack_to_the_gpu_total():
-    ledger = Ledger("article-7b")
+    ledger = Ledger("article-7b", scope="layers")
     ax = ledger_bars({"a": ledger}).axes[0]
     top = max(p.get_y() + p.get_height() for p in ax.patches)
     assert abs(top - 144.601641984) < 1e-9            # 112 + 30.601641984 + 2 GB (article: ~144)
-    assert ax.lines[0].get_ydata()[0] == 80.0        # the A100 line
+    assert ax.lines[0].get_ydata()[0] == 81920 * 2**20 / 1e9     # the A100 line: 81,920 MiB (nvidia-smi)
 
 
 def test_one_colour_per_component_in_every_figure():
@@ -40,7 +40,7 @@ def test_gpu_label_is_in_the_legend_not_over_the_bars():
     fig = ledger_bars({"nothing": Ledger("article-7b"), "full": Ledger("article-7b", recompute="full")})
     ax = fig.axes[0]
     assert len(ax.texts) == 0                          # no annotation inside the axes
-    assert any("80 GB" in t.get_text() for t in ax.get_legend().get_texts())
+    assert any("85.8993 GB" in t.get_text() for t in ax.get_legend().get_texts())    # 80 GiB
 
 
 def test_recipe_labels_do_not_collide():
@@ -79,7 +79,7 @@ def test_parts_bars_stack_to_each_views_total_in_one_palette():
     from memledger.inference import Inference
     from memledger.plots import parts_bars
     setup = Setup(7 * 10**9, largest_layer=1)
-    views = {"ledger": Ledger("article-7b"), "ds": get_convention("deepspeed-zero2").estimate(setup),
+    views = {"ledger": Ledger("article-7b", scope="layers"), "ds": get_convention("deepspeed-zero2").estimate(setup),
              "serving": Inference("llama2-7b")}
     fig = parts_bars(views, {"A100": 80 * 10**9, "24 GB": 24 * 10**9})
     ax = fig.axes[0]
@@ -96,6 +96,18 @@ def test_parts_bars_stack_to_each_views_total_in_one_palette():
     assert len(set(colours.values())) == len(colours)
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
     assert "A100 (80 GB)" in labels and "24 GB" in labels
+
+
+def test_step_timeline_stacks_to_the_step_totals():
+    from memledger.plots import step_timeline
+    step = Ledger("llama2-7b", batch_size=2).step("cuda")
+    fig = step_timeline(step)
+    ax = fig.axes[0]
+    x, by_kind, marks = step.series()
+    assert (sum(by_kind.values()) == step.totals).all()             # the kinds partition every moment
+    assert max(sum(by_kind.values())) == step.peak.bytes
+    assert ax.lines[0].get_ydata()[0] == 81920 * 2**20 / 1e9        # the A100's 80 GiB
+    assert len(marks) == 4 and sorted(marks.values()) == list(marks.values())
 
 
 def test_zero_lines_follow_the_papers_formulas():

@@ -36,7 +36,7 @@ def test_llama3_layer_with_grouped_and_repeated_kv():
     d, kv, F, H, S = 4096, 8 * 128, 14336, 32, 4096
     assert layer_activation_bytes("llama3-8b", 1, S) == 2 * S * (6 * d + 2 * kv + 4 * F) + 4 * H * S
     assert layer_activation_bytes("llama3-8b", 1, S, repeat_kv=True) == 2 * S * (8 * d + 4 * F) + 4 * H * S
-    ledger = Ledger("llama3-8b", seq_len=S, flash_attention=True)
+    ledger = Ledger("llama3-8b", seq_len=S, flash_attention=True, scope="layers")   # the blocks only
     assert ledger.group_total("activations") == 32 * layer_activation_bytes("llama3-8b", 1, S)
 
 

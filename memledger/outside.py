@@ -1,0 +1,44 @@
+"""Tensors a training step keeps outside the transformer blocks, at the end of the forward pass.
+
+The article's ledger books the L blocks only. A whole model also keeps, until
+backward (reference decoder of ``docs/step.md``, checked in
+``tests/test_torchref.py``):
+
+* the input ids (the embedding's backward needs them) and the target ids, int64;
+* the (S, S) causal mask of eager attention, built once and shared by all layers;
+* the final norm's input (and statistics), and its output, the LM head's input;
+* the FP32 log-softmax of the logits, B*S*V*4 bytes: ``F.cross_entropy`` on
+  ``logits.float()`` keeps it for its backward (the BF16 logits and their FP32
+  copy are freed by then: they are transients of the loss, :mod:`memledger.stepops`);
+* the loss and ``nll_loss``'s total weight, one FP32 scalar each.
+"""
+import sympy as sp
+
+from .activations import Saved, _norm_rows
+from .symbols import B, S, V, d
+
+
+def outside_inventory(style: str = "gpt", *, dtype: str = "bf16", norm_stats: str = None,
+                      rmsnorm: str = "fused", attention: str = "eager") -> list:
+    """Saved tensors outside the blocks at the end of the forward pass (one copy, not per layer)."""
+    norm = "LayerNorm" if style == "gpt" else "RMSNorm"
+    rows = [Saved("input ids", "the batch's token ids; the embedding's backward needs them", (B, S), "int64",
+                  block="outside"),
+            Saved("target ids", "the next-token labels the loss reads", (B, S), "int64", block="outside")]
+    if attention == "eager":
+        rows.append(Saved("causal mask", "one (S, S) bool mask, built once per forward and shared by all layers",
+                          (S, S), "bool", block="outside"))
+    rows += _norm_rows(norm, 0, dtype, norm_stats, rmsnorm, prefix=f"final {norm}", block="outside")
+    rows += [Saved("LM head input", "the LM head's weight gradient needs the final norm's output", (B, S, d), dtype,
+                   block="outside"),
+             Saved("log-softmax output (FP32)", "cross-entropy on FP32 logits keeps log_softmax's output",
+                   (B, S, V), "fp32", block="outside"),
+             Saved("loss", "the scalar loss (FP32)", (), "fp32", block="outside"),
+             Saved("nll_loss total weight", "nll_loss keeps its total weight (FP32 scalar) for backward", (), "fp32",
+                   block="outside")]
+    return rows
+
+
+def outside_bytes(rows) -> sp.Expr:
+    """Sum of the rows' bytes."""
+    return sp.expand(sum(r.bytes for r in rows))

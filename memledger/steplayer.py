@@ -1,0 +1,208 @@
+"""One block's programs for the step timeline: its forward and its backward, op by op.
+
+The GPT block (LayerNorm, fused QKV, eager attention or a flash kernel,
+GeLU MLP, dropout) and the LLaMA block (RMSNorm, SwiGLU) of ``docs/step.md``.
+Python locals set the lifetimes: q, k, v and the attention output live until
+the block returns; autograd releases a node's saved tensors after the node
+ran, and nn.Linear's backward writes the input gradient first (addmm, with a
+bias) or the weight gradient first (mm, without). Read off MemTracker's
+allocation log of the reference decoder; checked by ``tests/test_step.py``.
+"""
+from .stepnorms import norm_backward, norm_forward
+from .stepops import BHSS, BSd, BSF, Shape, _grads, io_names
+from .symbols import B, S, d
+
+
+def _dropout(p, c, where, mask, shape, alloc_out=True):
+    """A dropout call: its mask (saved) and its output (a transient); returns the output's name."""
+    out = p.new(f"{where} dropout output", shape, c.dtype, "the dropout's output, until the next op consumes it")
+    p.op(f"{where} dropout mask", alloc=[mask])
+    p.op(f"{where} dropout", alloc=[out])
+    return out
+
+
+def layer_forward(p, c: Shape):
+    """One block's forward pass (no recomputation). Its input is live; its output is ``next: <input>``."""
+    a, drop = c.dtype, c.dropout
+    x, xm = io_names(c)
+    norm_forward(p, c, "1", "Q/K/V projection input")
+    leftovers = []
+    if c.attention == "flash":
+        p.op("QKV projection (q, k, v stay views of it)", alloc=["Q", "K", "V"])
+        p.op("flash attention", alloc=["output projection input", "softmax log-sum-exp"])
+    else:
+        if c.single:
+            p.op("QKV projection (B = 1: q, k, v stay views of it)", alloc=["Q", "K", "V"])
+        else:
+            qkv = p.new("QKV projection output", (B, S, 3 * d), a,
+                        "the fused projection's output, alive while the block's q, k, v views are", tp=True)
+            p.op("QKV projection", alloc=[qkv])
+            p.op("q, k copied for the batched matmul", alloc=["Q", "K"])
+            leftovers.append(qkv)
+        raw = p.new("scores QK^T", BHSS, a, "q @ k^T, before scaling", tp=True)
+        scaled = p.new("scaled scores", BHSS, a, "scores * 1/sqrt(d/H), a Python local until the core returns", tp=True)
+        masked = p.new("masked scores", BHSS, a, "masked_fill's output, softmax's input", tp=True)
+        p.op("QK^T", alloc=[raw])
+        p.op("scale", alloc=[scaled])
+        p.op("causal masked_fill", free=[raw], alloc=[masked])
+        p.op("softmax", alloc=["softmax output"])
+        p.op("softmax done", free=[masked])
+        if drop:
+            p.op("attention dropout mask", alloc=["attention dropout mask"])
+            p.op("attention dropout", alloc=["attention dropout output"])
+        out4 = p.new("attention output (B, H, S, d/H)", BSd, a, "probabilities @ v, a Python local until the block "
+                     "returns", tp=True)
+        p.op("probabilities @ V", alloc=([] if c.single else ["V"]) + [out4])
+        p.op("attention core done", free=[scaled])
+        p.op("heads merged (a copy)", alloc=["output projection input"])
+        leftovers.append(out4)
+    po = p.new("output projection output", BSd, a, "the attention branch before the residual add")
+    p.op("output projection", alloc=[po])
+    if drop:
+        dout = _dropout(p, c, "attention residual", "attention residual dropout mask", BSd)
+        p.op("residual add", free=[po], alloc=[xm])
+        p.op("residual done", free=[dout])
+    else:
+        p.op("residual add", alloc=[xm])
+        p.op("residual done", free=[po])
+    norm_forward(p, c, "2", "MLP input")
+    if c.gpt:
+        p.op("up projection", alloc=["GeLU input"])
+        p.op("GeLU", alloc=["down-projection input"])
+    else:
+        p.op("gate projection", alloc=["gate output"])
+        p.op("SiLU", alloc=["SiLU output"])
+        p.op("up projection", alloc=["up-projection output"])
+        p.op("SiLU(gate) * up", alloc=["down-projection input"])
+    dn = p.new("down-projection output", BSd, a, "the MLP branch before the residual add")
+    p.op("down projection", alloc=[dn])
+    if drop:
+        mdo = _dropout(p, c, "MLP residual", "MLP residual dropout mask", BSd)
+        p.op("residual add", free=[dn], alloc=["next: " + x])
+        last = [mdo]
+    else:
+        p.op("residual add", alloc=["next: " + x])
+        last = [dn]
+    p.op("block returns", free=last + leftovers + ([xm, x] if c.upcast else []))
+
+
+def _linear_backward(p, c, label, g_in, grads, saved_input, frees=(), recomputed=False):
+    """A linear layer's backward: the input gradient and the weight (and bias) gradients; then its saved
+    input and ``frees`` are released. nn.Linear with a bias runs addmm (input gradient first), without one
+    mm (weight gradient first). A recomputed input is released when unpacked, before the bias gradient."""
+    if not c.gpt:
+        p.op(label, alloc=grads + [g_in])
+    elif recomputed:
+        p.op(label, alloc=[g_in] + grads[:1])
+        p.op("released (unpacked)", free=[saved_input])
+        p.op("bias gradient", alloc=grads[1:])
+        saved_input = None
+    else:
+        p.op(label, alloc=[g_in] + grads)
+    p.op("released", free=list(frees) + [saved_input])
+
+
+def layer_backward(p, c: Shape, share, recomputed=False):
+    """One block's backward pass: ``dX_out`` (live) -> ``prev: dX_out``; frees the block's saved tensors."""
+    a, drop = c.dtype, c.dropout
+    g = "dX_out"
+    if drop:
+        g = p.new("gradient through the MLP dropout", BSd, a, "dX times the mask")
+        p.op("MLP residual dropout backward", alloc=[g])
+        p.op("mask released", free=["MLP residual dropout mask"])
+    gdi = p.new("gradient of the down-projection input", BSF, a, "dL/d(down input)", tp=True)
+    if c.gpt:
+        _linear_backward(p, c, "down projection backward", gdi, _grads(p, ["down.weight", "down.bias"], c, share),
+                         "down-projection input", [g if drop else None], recomputed)
+        gu = p.new("gradient of the GeLU input", BSF, a, "GeLU backward's output", tp=True)
+        p.op("GeLU backward", alloc=[gu])
+        p.op("released", free=[gdi, "GeLU input"])
+        gh = p.new("gradient of the MLP input", BSd, a, "the up projection's input gradient")
+        _linear_backward(p, c, "up projection backward", gh, _grads(p, ["up.weight", "up.bias"], c, share),
+                         "MLP input", [gu], recomputed)
+    else:
+        p.op("down projection backward", alloc=_grads(p, ["down.weight"], c, share) + [gdi])
+        p.op("released", free=[g if drop else None, "down-projection input"])
+        gs = p.new("gradient of the SiLU output", BSF, a, "dL/d(SiLU(gate)) = g * up", tp=True)
+        gup = p.new("gradient of the up-projection output", BSF, a, "dL/d(up) = g * SiLU(gate)", tp=True)
+        p.op("SiLU(gate) * up backward", alloc=[gs, gup])
+        p.op("released", free=[gdi, "up-projection output", "SiLU output"])
+        gh_up = p.new("gradient of the MLP input via up", BSd, a, "the up projection's input gradient")
+        p.op("up projection backward", alloc=_grads(p, ["up.weight"], c, share) + [gh_up])
+        p.op("released", free=[gup])
+        gg = p.new("gradient of the gate output", BSF, a, "SiLU backward's output", tp=True)
+        p.op("SiLU backward", alloc=[gg])
+        p.op("released", free=[gs, "gate output"])
+        gh_gate = p.new("gradient of the MLP input via gate", BSd, a, "the gate projection's input gradient")
+        p.op("gate projection backward", alloc=_grads(p, ["gate.weight"], c, share) + [gh_gate])
+        p.op("released", free=[gg, "MLP input"])
+        gh = p.new("gradient of the MLP input", BSd, a, "the two input gradients summed")
+        p.op("MLP input gradients summed", alloc=[gh])
+        p.op("released", free=[gh_up, gh_gate])
+    fp32_composite = c.composite and not c.upcast
+    gn2 = p.new("gradient of norm 2's input", BSd, a, "norm 2 backward's output")
+    norm_backward(p, c, "2", gh, gn2, _grads(p, ["norm2.weight", "norm2.bias"], c, share),
+                  residual="dX_out" if fp32_composite else None)
+    if fp32_composite:
+        gxm = gn2
+    else:
+        gxm = p.new("gradient of the attention residual sum", BSd, a, "skip and norm gradients summed")
+        p.op("residual gradients summed", alloc=[gxm])
+        p.op("released", free=[gn2, "dX_out"])
+    g = gxm
+    if drop:
+        g = p.new("gradient through the attention residual dropout", BSd, a, "times the mask")
+        p.op("attention residual dropout backward", alloc=[g])
+        p.op("mask released", free=["attention residual dropout mask"])
+    gpi = p.new("gradient of the output projection input", BSd, a, "the output projection's input gradient", tp=True)
+    proj = _grads(p, ["proj.weight", "proj.bias"], c, share)
+    gq, gk, gv = (p.new(f"gradient of {n}", BSd, a, f"dL/d{n}", tp=True) for n in ("q", "k", "v"))
+    if c.attention == "flash":
+        _linear_backward(p, c, "output projection backward", gpi, proj, None, (), recomputed)
+        p.op("flash attention backward", alloc=[gq, gk, gv])
+        p.op("released", free=[g if drop else None, gpi, "Q", "K", "V", "softmax log-sum-exp",
+                               "output projection input"])
+    else:
+        _linear_backward(p, c, "output projection backward", gpi, proj, "output projection input",
+                         [g if drop else None], recomputed)
+        g4 = gpi
+        if not c.single:
+            g4 = p.new("gradient of the attention output (B, H, S, d/H)", BSd, a, "heads split: a copy", tp=True)
+            p.op("heads split", alloc=[g4])
+            p.op("released", free=[gpi])
+        gp = p.new("gradient of the probabilities", BHSS, a, "g @ v^T", tp=True)
+        p.op("probabilities @ V backward", alloc=[gv, gp])
+        p.op("released", free=[g4, None if c.single else "V", "attention dropout output" if drop else None])
+        if drop:
+            gp2 = p.new("gradient through the attention dropout", BHSS, a, "times the mask", tp=True)
+            p.op("attention dropout backward", alloc=[gp2])
+            p.op("released", free=[gp, "attention dropout mask"])
+            gp = gp2
+        gm = p.new("gradient of the masked scores", BHSS, a, "softmax backward's output", tp=True)
+        p.op("softmax backward", alloc=[gm])
+        p.op("released", free=[gp, "softmax output"])
+        gsc = p.new("gradient of the scaled scores", BHSS, a, "masked_fill backward's output", tp=True)
+        p.op("masked_fill backward", alloc=[gsc])
+        p.op("released", free=[gm, "@causal mask"])
+        gr = p.new("gradient of QK^T", BHSS, a, "times the scale", tp=True)
+        p.op("scale backward", alloc=[gr])
+        p.op("released", free=[gsc])
+        p.op("QK^T backward", alloc=[gq, gk])
+        p.op("released", free=[gr, "K", "Q", "V" if c.single else None])
+    stack = p.new("stacked q, k, v gradients", (B, S, 3 * d), a, "torch.stack of the three gradients", tp=True)
+    gqkv = p.new("gradient of the QKV projection output", (B, S, 3 * d), a, "permuted back: a copy", tp=True)
+    p.op("q, k, v gradients stacked", alloc=[stack])
+    p.op("released", free=[gq, gk, gv])
+    p.op("permuted back", alloc=[gqkv])
+    p.op("released", free=[stack])
+    gn1 = p.new("gradient of norm 1's output", BSd, a, "the QKV projection's input gradient")
+    _linear_backward(p, c, "QKV projection backward", gn1, _grads(p, ["qkv.weight", "qkv.bias"], c, share),
+                     "Q/K/V projection input", [gqkv], recomputed)
+    if fp32_composite:
+        norm_backward(p, c, "1", gn1, "prev: dX_out", _grads(p, ["norm1.weight", "norm1.bias"], c, share),
+                      residual=gxm)
+    else:
+        gx1 = p.new("gradient of norm 1's input", BSd, a, "norm 1 backward's output")
+        norm_backward(p, c, "1", gn1, gx1, _grads(p, ["norm1.weight", "norm1.bias"], c, share))
+        p.op("residual gradients summed", alloc=["prev: dX_out"])
+        p.op("released", free=[gx1, gxm])

@@ -1,0 +1,115 @@
+"""What one training step allocates and frees, op by op: the programs' building blocks.
+
+A program is a list of ops ``(label, frees, allocs)``: the named tensors an
+op's inputs release just before it runs (Python references dropped, autograd
+nodes released after they ran) and the tensors it creates. The total after
+each op is a moment of the step; :mod:`memledger.step` evaluates every moment
+and takes the largest, the peak (PyTorch's ``MemTracker`` samples the same
+moments: after every op).
+
+The programs follow the reference decoder of ``docs/step.md``
+(:mod:`memledger.torchref`): :mod:`memledger.steplayer` (one block),
+:mod:`memledger.stepnorms` (the norms), :mod:`memledger.stepouter` (embedding,
+loss, optimizer), :mod:`memledger.steprecompute` (full recomputation). Saved
+tensors are the rows of :func:`memledger.activations.inventory` and
+:func:`memledger.outside.outside_inventory`, by name; every other tensor is a
+transient defined with its shape and reason. The sequences were read off
+MemTracker's allocation log of the reference (PyTorch 2.13, CPU) and are
+checked against it by ``tests/test_step.py``.
+"""
+from dataclasses import dataclass
+
+from .dtypes import nbytes
+from .symbols import B, F, H, S, d
+
+GRAD_KIND = "grad"
+TRANSIENT = "transient"
+
+
+@dataclass(frozen=True)
+class Tensor:
+    """One tensor of a program: ``expr`` bytes; ``kind`` activation/transient/grad; ``why`` it exists."""
+    name: str
+    expr: object
+    kind: str
+    why: str
+    tp_sharded: bool = False
+
+
+class Program:
+    """A growing list of ops over a table of named tensors."""
+
+    def __init__(self, tensors: dict):
+        self.tensors, self.ops = tensors, []
+
+    def new(self, name, shape, dtype, why, tp=False, kind=TRANSIENT):
+        """Define a transient (bytes = product of ``shape`` x bytes of ``dtype``) and return its name."""
+        size = nbytes(dtype)
+        for n in shape:
+            size = size * n
+        self.tensors[name] = Tensor(name, size, kind, why, tp)
+        return name
+
+    def op(self, label, alloc=(), free=()):
+        self.ops.append((label, tuple(n for n in free if n), tuple(n for n in alloc if n)))
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The discrete choices a layer's program depends on (see :mod:`memledger.backends`)."""
+    style: str              # "gpt" (LayerNorm, GeLU, biases) or "llama" (RMSNorm, SwiGLU)
+    attention: str          # "eager", "flash" or "math"
+    dropout: bool
+    rmsnorm: str            # "fused" or "composite"
+    dtype: str              # activation dtype, "bf16" or "fp32"
+    stats: bool             # norm statistics booked (inventory rows exist)
+    single: bool            # B == 1: q, k, v stay views of the fused projection (no copies)
+    grad_dtype: str = "bf16"
+
+    @property
+    def gpt(self):
+        return self.style == "gpt"
+
+    @property
+    def composite(self):
+        return not self.gpt and self.rmsnorm == "composite"
+
+    @property
+    def upcast(self):
+        """Composite RMSNorm copies a 16-bit input to FP32 (an FP32 input is used as is)."""
+        return self.composite and self.dtype != "fp32"
+
+
+BSd, BSF, BHSS, BS = (B, S, d), (B, S, F), (B, H, S, S), (B, S)
+
+
+def block_param_tensors(style: str) -> list:
+    """(name, elements) of one block's parameter tensors in ``model.parameters()`` order."""
+    if style == "gpt":
+        return [("norm1.weight", d), ("norm1.bias", d), ("norm2.weight", d), ("norm2.bias", d),
+                ("qkv.weight", 3 * d * d), ("qkv.bias", 3 * d), ("proj.weight", d * d), ("proj.bias", d),
+                ("up.weight", d * F), ("up.bias", F), ("down.weight", d * F), ("down.bias", d)]
+    return [("norm1.weight", d), ("norm2.weight", d), ("qkv.weight", 3 * d * d), ("proj.weight", d * d),
+            ("gate.weight", d * F), ("up.weight", d * F), ("down.weight", d * F)]
+
+
+def _grads(p, names, c, share):
+    """Define the gradients of ``names`` (block parameters) and return their tensor names."""
+    sizes = dict(block_param_tensors(c.style))
+    out = []
+    for n in names:
+        if n.endswith(".bias") and not c.gpt:
+            continue
+        t = f"grad {n}"
+        p.tensors[t] = Tensor(t, share(sizes[n]) * nbytes(c.grad_dtype), GRAD_KIND,
+                              f"the gradient of {n}, written by backward and kept for the optimizer")
+        out.append(t)
+    return out
+
+
+def io_names(c: Shape):
+    """(block input, attention residual sum) names: saved norm inputs, or transients under composite RMSNorm."""
+    norm = "LayerNorm" if c.gpt else "RMSNorm"
+    if c.upcast:
+        return "block input", "attention residual sum"
+    return f"{norm} 1 input", f"{norm} 2 input"

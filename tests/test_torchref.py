@@ -1,0 +1,120 @@
+"""The inventory against PyTorch's own saved tensors, row by row (docs/step.md, check 1).
+
+For small configurations of the reference decoder (memledger/torchref.py) every
+storage autograd saves (saved_tensors_hooks, each storage once, parameters
+skipped) must be one inventory row of the same size, and every row one storage:
+per block with :func:`memledger.activations.inventory`, outside the blocks with
+:func:`memledger.outside.outside_inventory`. Rows that are views of one storage
+(q, k and v of the fused projection when no copy is made) count as one storage.
+"""
+from collections import Counter
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from memledger.activations import inventory  # noqa: E402
+from memledger.architecture import Architecture  # noqa: E402
+from memledger.evaluate import exact_function  # noqa: E402
+from memledger.outside import outside_inventory  # noqa: E402
+from memledger.symbols import ARGS  # noqa: E402
+from memledger.torchmeasure import live_after_forward, saved_tensors  # noqa: E402
+from memledger.torchref import RefConfig, make_model  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+SHAPES = [dict(d=64, H=4, F=320, V=1000), dict(d=96, H=6, F=256, V=501), dict(d=48, H=2, F=200, V=777)]
+
+
+def _kernel(c: RefConfig):
+    if c.style == "gpt" and c.attention == "eager":
+        return "eager"
+    return "math" if c.dropout else "flash"
+
+
+def expected(c: RefConfig, loop, B, S):
+    """(per-block sizes, outside sizes) that the inventory predicts, as sorted lists of bytes."""
+    dtype = "fp32" if loop == "fp32-adamw" else "bf16"
+    opts = dict(dtype=dtype, mask_dtype="bool" if c.native_dropout else dtype, norm_stats=dtype,
+                rmsnorm=c.rmsnorm, attention=_kernel(c))
+    mlp, norm = ("gelu", "LayerNorm") if c.style == "gpt" else ("swiglu", "RMSNorm")
+    rows = inventory(mlp, norm, bool(c.dropout), **opts)
+    values = dict(B=B, S=S, d=c.d, H=c.H, L=c.L, F=c.F, V=c.V, P=1, N_d=1, t=1, O=0)
+
+    def n(expr):
+        return exact_function(ARGS, (expr,))(*(values[a.name] for a in ARGS))[0]
+    sizes = {r.name: n(r.bytes) for r in rows}
+    if c.recompute == "selective":      # the attention core is recomputed: its S x S tensors (and a flash
+        # kernel's log-sum-exp, which the checkpointed SDPA call recomputes too) are not kept
+        sizes = {name: b for name, b in sizes.items()
+                 if name in {r.name for r in rows if not r.quadratic} and name != "softmax log-sum-exp"}
+    views = c.recompute == "selective" or opts["attention"] == "flash" or (B == 1 and opts["attention"] == "eager")
+    if views:           # q, k, v stay views of the fused projection's output: one storage
+        sizes["Q"] += sizes.pop("K") + sizes.pop("V")
+    elif opts["attention"] == "math" and dtype == "fp32" and B == 1:
+        # Known gap: an FP32 v is not copied by the math kernel and, at B = 1, the batched matmul
+        # keeps a view of it, so the whole fused QKV output stays: 2*B*S*d*4 bytes more than row V.
+        sizes["V"] *= 3
+    outside = [n(r.bytes) for r in outside_inventory(c.style, **{k: opts[k] for k in ("dtype", "norm_stats",
+                                                                                      "rmsnorm", "attention")})
+               if r.name != "loss"]          # the loss is not saved (nll_loss saves its total weight)
+    return sorted(sizes.values()), sorted(outside)
+
+
+VARIANTS = {
+    "GPT eager, native_dropout (1-byte masks: Eq. 1)": dict(dropout=0.1, native_dropout=True),
+    "GPT eager, CPU F.dropout (masks in the activation dtype)": dict(dropout=0.1),
+    "GPT eager, no dropout": dict(),
+    "GPT SDPA flash (no dropout)": dict(attention="sdpa"),
+    "GPT SDPA math (dropout on CPU)": dict(attention="sdpa", dropout=0.1),
+    "LLaMA, composite RMSNorm": dict(style="llama"),
+    "LLaMA, fused RMSNorm": dict(style="llama", rmsnorm="fused"),
+    "GPT selective recomputation": dict(recompute="selective", dropout=0.1, native_dropout=True),
+    "LLaMA selective recomputation": dict(style="llama", recompute="selective"),
+}
+CASES = [(name, shape, loop, B, S) for name in VARIANTS
+         for shape, loop, B, S in [(SHAPES[0], "bf16-pure-adamw", 2, 24), (SHAPES[1], "fp32-adamw", 1, 40),
+                                   (SHAPES[2], "bf16-adamw", 3, 16)]]
+
+
+@pytest.mark.parametrize("name, shape, loop, B, S", CASES)
+def test_saved_tensors_are_the_inventory(name, shape, loop, B, S):
+    c = RefConfig(L=2, **shape, **VARIANTS[name])
+    measured = saved_tensors(c, loop, B, S)
+    block, outside = expected(c, loop, B, S)
+    for layer in (0, 1):
+        assert sorted(b for b, _, _ in measured[layer]) == block, (name, layer, measured[layer])
+    assert sorted(b for b, _, _ in measured["outside"]) == outside, (name, measured["outside"])
+
+
+def test_native_dropout_gives_the_articles_eq1():
+    """With the fused kernel's 1-byte masks and no norm statistics, one block keeps BSd(34 + 5HS/d)."""
+    c = RefConfig(d=64, L=2, H=4, F=256, V=1000, dropout=0.1, native_dropout=True)
+    measured = saved_tensors(c, "bf16-pure-adamw", 2, 24)
+    stats = 4 * 2 * 24 * 2                                     # two LayerNorms' mean and rstd, BF16 on CPU
+    assert sum(b for b, _, _ in measured[1]) - stats == 2 * 24 * 64 * (34 + 5 * 4 * 24 // 64) + 2 * 24 * 64 * (
+        5 * 4 * 24 % 64) // 64
+
+
+@pytest.mark.parametrize("style, loop, B", [("gpt", "bf16-adamw", 2), ("llama", "fp32-adamw", 1)])
+def test_full_recomputation_keeps_the_block_input(style, loop, B):
+    """Checkpointed blocks keep only their input (held by the checkpoint, not by saved-tensor hooks)."""
+    c = RefConfig(d=64, L=3, H=4, F=320, V=1000, style=style, recompute="full")
+    live = live_after_forward(c, loop, B, 24)
+    a = 4 if loop == "fp32-adamw" else 2
+    assert [b for b, _, _ in live[1]] == [B * 24 * 64 * a]      # block 1 made block 2's input
+    assert [b for b, _, _ in live[2]] == [B * 24 * 64 * a]      # block 2 made the final norm's input
+
+
+@pytest.mark.parametrize("style, F", [("gpt", 320), ("llama", 256)])
+def test_reference_parameters_are_the_architectures(style, F):
+    c = RefConfig(d=64, L=3, H=4, F=F, V=1000, style=style)
+    model = make_model(c, "bf16-pure-adamw")
+    arch = Architecture(64, 3, 4, F, 1000, style)
+    assert sum(p.numel() for p in model.parameters()) == arch.computed_params
+
+
+def test_inventory_defaults_unchanged():
+    """The backend options are additive: the defaults give the article's rows (Eq. 1)."""
+    assert inventory() == inventory(dtype="bf16", mask_dtype="bool", norm_stats=None, rmsnorm="fused")
+    assert Counter(r.dtype for r in inventory()) == Counter({"bf16": 12, "bool": 3})
