@@ -80,3 +80,14 @@ def test_sharded_table_on_eight_gpus():
     table = sharded_table(ARTICLE, gpus=(8,), names=("playbook", "deepspeed-zero2"))
     # ZeRO-1 (Playbook line 878): 2P + 2P + 12P/8; DeepSpeed ZeRO-2: 2P + 18P/8
     assert table.rows == [("8", "38.50 GB", "38.50 GB", "29.75 GB")]
+
+
+def test_printed_lists_each_tools_own_text():
+    from memledger.conventions.explain import printed
+    text = printed(SETUP, ("deepspeed-zero2", "accelerate", "hf-anatomy"))
+    lines = text.splitlines()
+    # DeepSpeed prints x / 2^30 as "GB": 20P / 2^30 on one GPU; accelerate 8P / 2^30 (base-1024 "GB")
+    assert lines[0].startswith("deepspeed-zero2") and lines[0].endswith(f"{20 * P / 2**30:.2f}GB")
+    assert lines[1] == "accelerate       " + f"{8 * P / 2**30:.2f} GB"
+    assert len(lines) == 2                           # the HF page prints nothing
+    assert max(len(line) for line in printed(SETUP).splitlines()) <= 78

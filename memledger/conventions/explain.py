@@ -34,17 +34,26 @@ def activation_rule(name: str, setup: Setup) -> sp.Expr:
 
 def comparison_table(setup: Setup, unit: str = "GB", names=None) -> Table:
     """memledger's exact ledger, then every convention (or ``names``): model states, their bytes per
-    parameter, activations, GPU total in ``unit``, and the text the tool itself prints."""
+    parameter, activations and GPU total in ``unit`` (what each tool prints: :func:`printed`)."""
     rows = []
     for r in compare(setup, names):
         if r.error:
-            rows.append((r.name, "n/a", "", "", "", r.error))
+            rows.append((r.name, "n/a", "", "", r.error))
             continue
         per = Fraction(r.states, setup.n_params)
         rows.append((r.name, format_bytes(r.states, unit), f"{float(per):.2f}", format_bytes(r.activations, unit),
-                     format_bytes(r.gpu, unit), r.printed))
-    return Table(("convention", "model states", "B/param", "activations", "GPU total", "the tool prints"), rows,
-                 numeric=(1, 2, 3, 4))
+                     format_bytes(r.gpu, unit)))
+    return Table(("convention", "model states", "B/param", "activations", "GPU total"), rows, numeric=(1, 2, 3, 4))
+
+
+def printed(setup: Setup, names=None, width: int = 78) -> str:
+    """The text each tool prints for ``setup`` (those that print one), one convention per entry, lines wrapped
+    at ``width`` characters under the convention's name."""
+    import textwrap
+    entries = [(r.name, r.printed.strip()) for r in compare(setup, names)[1:] if r.printed and not r.error]
+    pad = max(len(name) for name, _ in entries) + 2
+    return "\n".join(textwrap.fill(text, width, initial_indent=name.ljust(pad), subsequent_indent=" " * pad)
+                     for name, text in entries)
 
 
 def spread(setup: Setup, names=None) -> tuple:
