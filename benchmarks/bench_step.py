@@ -9,24 +9,15 @@ created first), and the timeline's evaluation of the same configuration
 compiled programs cached), median of many. The two must agree to the byte
 (tests/test_step.py); here they are timed. The issue asks for >= 10,000x.
 """
-import statistics
-import time
 
 from memledger.architecture import Architecture
 from memledger.ledger import Ledger
 from memledger.step import Step
 
+from bench import median_seconds  # benchmarks/bench.py, beside this script
+
 CONFIGS = [("article 7B (GPT, counted)", Architecture(4096, 32, 32, 16384, 32000, "gpt"), "bf16-pure-adamw", 1, 2048),
            ("LLaMA-2 7B", Architecture(4096, 32, 32, 11008, 32000, "llama"), "bf16-adamw", 4, 4096)]
-
-
-def median_seconds(fn, repeat):
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def main():

@@ -55,6 +55,9 @@ def _parser():
     add_parsers(sub, led, _ledger_options, _Help)
     from .cli_step import add_parser
     add_parser(sub, _ledger_options, _Help)
+    led.add_argument("--peak", action="store_true",
+                     help="judge the step's peak (memledger step), not the sum of the rows at the end of the "
+                          "forward pass; loads SymPy, so it takes about half a second")
     pipe = led.add_argument_group("pipeline parallelism (Megatron-LM schedules)")
     pipe.add_argument("--pp", help="pipeline stages P (rows per stage: first and last)")
     pipe.add_argument("--microbatches", help="micro-batches per step M (needs --pp)")
@@ -217,15 +220,13 @@ def _ledger(a):
         if pipe is not None:
             data["pipeline"] = pipe
         data["gpu_memory"] = memory
-        data["fits"] = ledger.fits(memory)
+        data["fits"] = ledger.fits(memory, peak=a.peak)
+        if a.peak:
+            data["peak"] = ledger.peak
         data["traffic"]["link"] = a.link
         data["traffic"]["pcie_seconds"] = float(traffic.pcie_seconds(a.link))
         return json.dumps(data, indent=2)
-    lines = [ledger.table(a.units).text(), ""]
-    verdict = "fits" if ledger.fits(memory) else "does NOT fit"
-    scope = "" if ledger.arch else " (model states only: without an architecture no activations are booked)"
-    lines.append(f"{format_bytes(ledger.totals['gpu'], a.units)} per GPU {verdict} in "
-                 f"{format_bytes(memory, a.units)}{scope}.")
+    lines = [ledger.table(a.units).text(), "", _verdict(ledger, memory, a.peak, a.units)]
     if traffic.pcie_bytes:
         lines.append(f"Per step over {a.link}: GPU->CPU {format_bytes(traffic.gpu_to_cpu, a.units)}, "
                      f"CPU->GPU {format_bytes(traffic.cpu_to_gpu, a.units)}: "
@@ -240,6 +241,20 @@ def _ledger(a):
                      f"at {format_bytes(NVME_LINKS[slow], digits=0)}/s, {float(traffic.nvme_seconds(fast)):.1f} s "
                      f"at {format_bytes(NVME_LINKS[fast], digits=0)}/s.")
     return "\n".join(lines)
+
+
+def _verdict(ledger, memory: int, peak: bool, units: str) -> str:
+    """The fits line: by the step's peak (``--peak``, where the timeline models the setup), else by the sum."""
+    verdict = f"{'fits' if ledger.fits(memory, peak=peak) else 'does NOT fit'} in {format_bytes(memory, units)}"
+    if not ledger.arch:
+        return (f"The model states per GPU, {format_bytes(ledger.totals['gpu'], units)}, {verdict} (without an "
+                "architecture no activations are booked).")
+    if peak and ledger.peak is not None:
+        return f"The step's peak per GPU, {format_bytes(ledger.judged_bytes(peak=True), units)}, {verdict}."
+    why = ("the timeline does not model this setup" if peak else
+           "a run fails or fits by its peak, a moment of the step: add --peak, or see memledger step")
+    return (f"The sum of the rows per GPU at the end of the forward pass, {format_bytes(ledger.totals['gpu'], units)}, "
+            f"{verdict} ({why}).")
 
 
 def _presets(a):

@@ -248,9 +248,16 @@ class Ledger:
 
     def fits(self, gpu_bytes: int, peak: bool = False) -> bool:
         """Whether the GPU total fits in ``gpu_bytes``; with ``peak``, whether the step fits: its peak
-        (:attr:`peak`, where modelled) and the GPU total (which books a nominal ``n_params`` where the
-        timeline counts tensors) both at most ``gpu_bytes``."""
-        return max(self.totals["gpu"], (self.peak or 0) if peak else 0) <= gpu_bytes
+        (:attr:`peak`, where modelled). Where the ledger books a nominal parameter count (the article's
+        7x10^9) that the timeline, which counts tensors, does not see, the larger of the two decides."""
+        return self.judged_bytes(peak) <= gpu_bytes
+
+    def judged_bytes(self, peak: bool = False) -> int:
+        """What :meth:`fits` compares with the GPU: the GPU total, or (``peak``) the step's peak."""
+        if not peak or self.peak is None:
+            return self.totals["gpu"]
+        nominal = self.n_params is not None or self.arch.n_params is not None
+        return max(self.peak, self.totals["gpu"]) if nominal else self.peak
 
     @property
     def traffic(self) -> Traffic:

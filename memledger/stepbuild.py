@@ -14,6 +14,7 @@ import sympy as sp
 
 from .activations import inventory
 from .evaluate import exact_function
+from .formulas import evaluate_expr
 from .model_states import ZERO_SHARDS, device_of, state_specs
 from .outside import outside_inventory
 from .recipes import RECIPES
@@ -23,7 +24,7 @@ from .steprecompute import checkpointed_forward, recompute_backward
 from .stepstructure import StepStructure, _zero3_units, param_tensors
 from . import stepouter
 from .steptrace import Compiled, explicit_layers, flatten, qualified_tensors
-from .symbols import ARGS, L, N_d, P, t
+from .symbols import L, N_d, P, t
 
 IDS = ("input ids", "target ids")
 
@@ -109,8 +110,9 @@ class Built:
         exprs = [sp.sympify(tensors[n].expr) for n in self.names]
         whole = [i for i, e in enumerate(exprs) if _integral(e)]
         other = [i for i in range(len(exprs)) if i not in set(whole)]
-        self._groups = [(whole, sp.lambdify(ARGS, [exprs[i] for i in whole], modules="math", cse=True)),
-                        (other, exact_function(ARGS, tuple(exprs[i] for i in other)))]
+        self.symbols = tuple(sorted(set().union(*(e.free_symbols for e in exprs)), key=lambda x: x.name))
+        self._groups = [(whole, sp.lambdify(self.symbols, [exprs[i] for i in whole], modules="math", cse=True)),
+                        (other, exact_function(self.symbols, tuple(exprs[i] for i in other)))]
 
     def _static_rows(self, recipe, sharded):
         """Model states (no backward-written gradient), step counters, ids, overhead: live the whole step."""
@@ -166,7 +168,7 @@ class Built:
 
     def sizes(self, values):
         """Every tensor's bytes at ``values``, in the order of ``self.names`` (exact ints, int64 array)."""
-        args = [values[a.name] for a in ARGS]
+        args = [values[x.name] for x in self.symbols]
         out = [0] * len(self.names)
         for indices, fn in self._groups:
             if indices:
@@ -234,7 +236,7 @@ class Built:
     def rows(self, values) -> list:
         """The step's rows with the landmarks each is live at (see docs/step.md)."""
         all_marks = {"before forward", "after forward", "after backward", "after step"}
-        ev = lambda e: exact_function(ARGS, (e,))(*(values[a.name] for a in ARGS))[0]  # noqa: E731
+        ev = lambda e: evaluate_expr(e, values)  # noqa: E731
         out = []
 
         def row(name, kind, phase, device, expr, live):

@@ -12,6 +12,7 @@ rows exist.
 """
 from html import escape
 from itertools import product
+from functools import cache
 import json
 
 import sympy as sp
@@ -106,7 +107,17 @@ def _rows_by_part():
 
 
 def calculator_data() -> dict:
-    """Everything the page's script needs (JSON-able; big integers as decimal strings)."""
+    """Everything the page's script needs (JSON-able; big integers as decimal strings); a fresh copy."""
+    return json.loads(_data_json())
+
+
+@cache
+def _data_json() -> str:
+    """The data as JSON, printed once per process (every formula goes through SymPy's printer)."""
+    return json.dumps(_data(), separators=(",", ":"))
+
+
+def _data() -> dict:
     table, index = [], {}
 
     def number(row):            # each distinct row is sent once; parts list row numbers
@@ -152,7 +163,7 @@ def calculator_html(preset: str = ARTICLE_PRESET) -> str:
     """The calculator as one HTML fragment: a form, an output area and its data (no code)."""
     values = defaults(preset)
     fields = "\n".join(_field(c, values[c.field]) for c in CONTROLS)
-    data = json.dumps(calculator_data(), separators=(",", ":")).replace("<", "\\u003c")
+    data = _data_json().replace("<", "\\u003c")
     return (f'<div class="{CSS_CLASS}">\n<p><b>Calculator</b> (runs in your browser; no kernel needed)</p>\n'
             f'<form class="{CSS_CLASS}-form">\n{fields}\n</form>\n'
             f'<div class="{CSS_CLASS}-out" aria-live="polite"><p><i>This calculator runs in the built book, '

@@ -172,3 +172,13 @@ def test_python_m_and_console_script_no_traceback():
                              capture_output=True, text=True)
         assert bad.returncode == 2 and bad.stdout == "" and "Traceback" not in bad.stderr
         assert bad.stderr.strip() == "memledger: error: batch_size must be a positive integer up to 10^18, got '-3'"
+
+
+def test_verdict_by_sum_or_by_the_steps_peak(capsys):
+    ledger = Ledger("llama2-7b")
+    code, out, _ = run(capsys, "ledger", "--preset", "llama2-7b")
+    assert code == 0 and f"end of the forward pass, {ledger.totals['gpu'] / GB:,.2f} GB" in out and "--peak" in out
+    code, out, _ = run(capsys, "ledger", "--preset", "llama2-7b", "--peak")
+    assert code == 0 and f"The step's peak per GPU, {ledger.step().peak.bytes / GB:,.2f} GB" in out
+    data = ledger_json(capsys, "--preset", "llama2-7b", "--peak", "--gpu-memory", "200GB")
+    assert data["peak"] == ledger.step().peak.bytes and data["fits"] is True

@@ -15,9 +15,8 @@ torch = pytest.importorskip("torch")
 
 from memledger.activations import inventory  # noqa: E402
 from memledger.architecture import Architecture  # noqa: E402
-from memledger.evaluate import exact_function  # noqa: E402
 from memledger.outside import outside_inventory  # noqa: E402
-from memledger.symbols import ARGS  # noqa: E402
+from memledger.formulas import evaluate_expr  # noqa: E402
 from memledger.torchmeasure import live_after_forward, saved_tensors  # noqa: E402
 from memledger.torchref import RefConfig, make_model  # noqa: E402
 
@@ -42,7 +41,7 @@ def expected(c: RefConfig, loop, B, S):
     values = dict(B=B, S=S, d=c.d, H=c.H, L=c.L, F=c.F, V=c.V, P=1, N_d=1, t=1, O=0)
 
     def n(expr):
-        return exact_function(ARGS, (expr,))(*(values[a.name] for a in ARGS))[0]
+        return evaluate_expr(expr, values)
     sizes = {r.name: n(r.bytes) for r in rows}
     if c.recompute == "selective":      # the attention core is recomputed: its S x S tensors (and a flash
         # kernel's log-sum-exp, which the checkpointed SDPA call recomputes too) are not kept

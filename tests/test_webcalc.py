@@ -20,6 +20,12 @@ ROOT = Path(__file__).resolve().parents[1]
 node = pytest.mark.skipif(shutil.which("node") is None, reason="Node.js runs the calculator's script")
 
 
+@pytest.fixture(scope="module")
+def data():
+    """The page's data, printed once for the module (it prints every formula with SymPy)."""
+    return calculator_data()
+
+
 def setups():
     """Every row-deciding choice of every part at least once, with assorted counts and extremes."""
     rng = random.Random(6)
@@ -69,9 +75,9 @@ process.stdout.write(JSON.stringify(out));
 
 
 @node
-def test_every_row_agrees_with_the_python_ledger(tmp_path):
+def test_every_row_agrees_with_the_python_ledger(tmp_path, data):
     cases = setups()
-    result = run_node(tmp_path, {"data": calculator_data(), "setups": [as_page(v) for v in cases], "counts": [],
+    result = run_node(tmp_path, {"data": data, "setups": [as_page(v) for v in cases], "counts": [],
                                  "sizes": []})
     assert len(result["ledgers"]) == len(cases) > 140
     for values, js in zip(cases, result["ledgers"]):
@@ -89,9 +95,9 @@ COUNT_TEXTS = ["1", "7", " 64 ", "+3", "2.0", "7e9", "1E3", ".5e1", "10.", "1e18
 
 
 @node
-def test_counts_are_read_as_the_cli_reads_them(tmp_path):
+def test_counts_are_read_as_the_cli_reads_them(tmp_path, data):
     counts = [(text, field) for text in COUNT_TEXTS for field in ("batch_size", "dp")]
-    result = run_node(tmp_path, {"data": calculator_data(), "setups": [], "counts": counts, "sizes": []})
+    result = run_node(tmp_path, {"data": data, "setups": [], "counts": counts, "sizes": []})
     for (text, field), (status, value) in zip(counts, result["counts"]):
         try:
             expected = ("ok", str(parse_count(text, field)))
@@ -103,21 +109,21 @@ def test_counts_are_read_as_the_cli_reads_them(tmp_path):
 
 
 @node
-def test_non_ascii_digits_are_refused(tmp_path):
+def test_non_ascii_digits_are_refused(tmp_path, data):
     counts = [("٣", "batch_size"), ("１２", "dp"), ("3\u200b", "batch_size")]
-    result = run_node(tmp_path, {"data": calculator_data(), "setups": [], "counts": counts, "sizes": []})
+    result = run_node(tmp_path, {"data": data, "setups": [], "counts": counts, "sizes": []})
     assert result["counts"] == [["error", f"{field} must be a positive integer up to 10^18, got {text!r}"]
                                 for text, field in counts]
 
 
 @node
-def test_sizes_print_as_format_bytes(tmp_path):
+def test_sizes_print_as_format_bytes(tmp_path, data):
     rng = random.Random(10)
     numbers = [0, 1, 5 * 10**6, 125 * 10**6, 135 * 10**6, 145 * 10**6, 165 * 10**6, 10**9 - 1, 144_601_641_984,
                2**53 - 1, 2**53 + 1, 2**60 + 3, 10**27 + 5 * 10**6, 9 * 10**30 + 1]
     numbers += [rng.randrange(10**k) for k in range(1, 35) for _ in range(8)]
     sizes = [(str(n), str(UNITS[unit]), digits) for n in numbers for unit in ("GB", "GiB", "MiB") for digits in (0, 2)]
-    result = run_node(tmp_path, {"data": calculator_data(), "setups": [], "counts": [], "sizes": sizes})
+    result = run_node(tmp_path, {"data": data, "setups": [], "counts": [], "sizes": sizes})
     for (n, unit, digits), shown in zip(sizes, result["sizes"]):
         name = next(k for k, v in UNITS.items() if str(v) == unit)
         assert f"{shown} {name}" == format_bytes(int(n), name, digits), (n, name, digits)
@@ -132,8 +138,7 @@ def test_formulas_print_over_bigint():
         printer.formula(sp.Float(0.5) * B)
 
 
-def test_data_leaves_rows_to_python():
-    data = calculator_data()
+def test_data_leaves_rows_to_python(data):
     assert [p["fields"] for p in data["parts"]] == [list(fields) for _, fields in PARTS]
     assert all(isinstance(v, str) for b in data["bindings"].values() for v in b.values())   # exact, as text
     assert {c["field"] for c in data["controls"]} == {c.field for c in CONTROLS}
