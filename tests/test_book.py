@@ -148,14 +148,8 @@ def offload_peak(S):                              # at the loss: no gradients ye
     return 2 * P_COUNTED + act(1, S) + outside(1, S) + 2 * 4 * S * VOC + OVERHEAD
 
 
-def by_peak(total_sum, total_peak):
-    """The library's verdict: the sum and the peak must both fit."""
-    return lambda n: max(total_sum(n), total_peak(n))
-
-
 SEQ_SUM = largest(lambda s: offload_full_sum(1, s) <= A100_REAL)
-SEQ_PEAK = largest(lambda s: by_peak(lambda n: offload_full_sum(1, n), lambda n: offload_full_peak(1, n))(s)
-                   <= A100_REAL)
+SEQ_PEAK = largest(lambda s: offload_full_peak(1, s) <= A100_REAL)
 SEQ_ALONE = largest(lambda s: offload_peak(s) <= A100_REAL)
 
 
@@ -473,13 +467,11 @@ EXPECTED = {
     "peak.full_sum": (Fraction(16 * P_COUNTED + LAYERS * 2 * 2048 * D + outside(1, 2048) + OVERHEAD, GB), "GB"),
     "peak.full": (Fraction(18 * P_COUNTED + 2 * 4 * VOC * D + OVERHEAD + 16 * 2048, GB), "GB"),
     "peak.seq_sum": fits_at_answer_not_beyond(lambda s: offload_full_sum(1, s), A100_REAL),
-    "peak.seq": fits_at_answer_not_beyond(by_peak(lambda s: offload_full_sum(1, s), lambda s: offload_full_peak(1, s)),
-                                          A100_REAL),
+    "peak.seq": fits_at_answer_not_beyond(lambda s: offload_full_peak(1, s), A100_REAL),
     "peak.seq_ratio": (Fraction(SEQ_SUM, SEQ_PEAK), "x"),
     "peak.seq_scores": (Fraction(7 * HEADS * SEQ_PEAK**2, GB), "GB"),
     "peak.batch_sum": fits_at_answer_not_beyond(lambda b: offload_full_sum(b, 2048), A100_REAL),
-    "peak.batch": fits_at_answer_not_beyond(by_peak(lambda b: offload_full_sum(b, 2048),
-                                                    lambda b: offload_full_peak(b, 2048)), A100_REAL),
+    "peak.batch": fits_at_answer_not_beyond(lambda b: offload_full_peak(b, 2048), A100_REAL),
     "ex.peak_alone_seq": fits_at_answer_not_beyond(offload_peak, A100_REAL),
     "ex.peak_sum_seq": fits_at_answer_not_beyond(offload_sum, A100_REAL),
     "ex.peak_alone_peak": (Fraction(offload_peak(SEQ_ALONE), GB), "GB"),

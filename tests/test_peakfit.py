@@ -63,28 +63,37 @@ def test_counted_parameters():
 def test_longest_sequence_with_offload_and_full_checkpointing():
     got = answers(OFFLOAD_FULL, "seq", A100)
     assert boundary(lambda s: offload_full_sum(1, s), got["sum"])
-    assert boundary(lambda s: max(offload_full_sum(1, s), offload_full_peak_seq(s)), got["peak"])
-    assert got["peak only"] == got["peak"] < got["sum"] // 7               # several times too optimistic
+    assert boundary(offload_full_peak_seq, got["peak"])
+    assert got["peak"] < got["sum"] // 7                                   # several times too optimistic
 
 
 def test_largest_batch_with_offload_and_full_checkpointing():
     got = answers(OFFLOAD_FULL, "batch", A100)
     assert boundary(lambda b: offload_full_sum(b, 2048), got["sum"])
-    assert boundary(lambda b: max(offload_full_sum(b, 2048), offload_full_peak_batch(b)), got["peak"])
+    assert boundary(offload_full_peak_batch, got["peak"])
 
 
-def test_peak_only_can_allow_more_than_the_sum():
-    """Offloading alone: the sum books the BF16 gradients beside every activation, which one step never holds."""
+def test_the_peak_can_allow_more_than_the_sum():
+    """Offloading alone: the sum books the BF16 gradients beside every activation, which one step never holds;
+    at the peak (the loss) the weights, every activation and two more FP32 B x S x V tensors are live."""
     got = answers(Ledger(ARTICLE, offload_optimizer="cpu"), "seq", A100)
-    assert got["peak"] == got["sum"] < got["peak only"]
+    act = lambda s: L * s * d * 34 + L * 5 * H * s * s                    # noqa: E731  Eq. 1, all layers
+    assert boundary(lambda s: 2 * P + act(s) + outside(1, s) + 2 * 4 * s * V + O, got["peak"])
+    assert boundary(lambda s: 4 * P + act(s) + outside(1, s) + O, got["sum"]) and got["sum"] < got["peak"]
+
+
+def test_a_nominal_count_keeps_the_sum_in_the_verdict():
+    """The article's preset books 7x10^9 parameters, which the timeline (counting tensors) cannot see."""
+    nominal = Ledger("article-7b", offload_optimizer="cpu")
+    got = answers(nominal, "seq", A100)
+    assert got["peak"] == got["sum"]
 
 
 def test_measures_agree_with_the_ledger():
     ledger = Ledger(ARTICLE, recompute="full")
     peak = ledger.step().peak.bytes
-    assert judge(ledger, peak, "peak only") and not judge(ledger, peak - 1, "peak only")
-    assert judge(ledger, peak, "peak") == ledger.fits(peak, peak=True)
-    assert judge(ledger, ledger.totals["gpu"], "sum")
+    assert judge(ledger, peak, "peak") and not judge(ledger, peak - 1, "peak")
+    assert judge(ledger, ledger.totals["gpu"], "sum") and not judge(ledger, ledger.totals["gpu"] - 1, "sum")
 
 
 def test_nothing_fits():
@@ -108,7 +117,7 @@ def test_unmodelled_setups_are_refused():
         largest(Ledger(n_params=7 * 10**9), "batch", A100)
     with pytest.raises(ValueError, match="selective"):
         largest(Ledger(ARTICLE, recompute="selective"), "batch", A100, "peak")
-    assert set(MEASURES) == {"sum", "peak", "peak only"}
+    assert set(MEASURES) == {"sum", "peak"}
 
 
 def test_eighteen_bytes_per_parameter_in_the_optimizer_step():
