@@ -62,3 +62,8 @@ HOST_MEMORY_BANDWIDTH = {
     "ddr4-3200-8ch": 8 * 3200 * 10**6 * 8,
     "ddr5-4800-12ch": 12 * 4800 * 10**6 * 8,
 }
+
+#: Bytes: PyTorch's CUDA caching allocator rounds every block up to a multiple of this size (PyTorch
+#: documentation, "CUDA semantics", PYTORCH_CUDA_ALLOC_CONF, roundup_power2_divisions: "the sizes are rounded
+#: up in multiple of blocks size of 512"). MemTracker on the CPU counts exact bytes instead.
+CUDA_BLOCK_ROUNDING = 512
