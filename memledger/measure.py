@@ -33,6 +33,8 @@ MEASURE = {
 #: Why a verdict by the sum is not the peak: the static calculator's note, and the explorer's without a timeline.
 SUM_NOTE = "the peak of a step can be higher; see the chapter on the peak"
 UNMODELLED_NOTE = "the step timeline does not model this setup"
+#: The clause after a verdict by the sum where the peak was not asked for (the static calculator prints it too).
+SUM_CLAUSE = f", {MEASURE['total']} ({SUM_NOTE})"
 #: ``measure`` choices of :func:`judge` and :func:`memledger.fit`: the peak where modelled, or one of the two.
 CHOICES = ("auto", "peak", "total")
 
