@@ -115,3 +115,9 @@ def audit(section: str) -> Table:
 def sections() -> list:
     """The article's sections, in the order the claims registry lists them."""
     return list(dict.fromkeys(c.section for c in CLAIMS))
+
+
+def errata() -> Table:
+    """The article's errata: every claim whose recomputation earns "erratum", with the arithmetic of its note."""
+    return Table(("id", "section", "the article says", "memledger computes", "arithmetic"),
+                 [(c.id, c.section) + _row(c)[1:3] + (c.note,) for c in CLAIMS if c.classify() == "erratum"])

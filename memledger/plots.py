@@ -39,6 +39,11 @@ PALETTE = {
     "attention": "#2171b5", "MLP": "#f16913", "norms": "#fec44f", "embeddings": "#6a51a3",
     # saved tensors (chapters 4 and 5): the B x S x d kind and the B x H x S x S kind
     "linear in S": "#2171b5", "quadratic in S": "#cb181d", "total": "#000000",
+    # parts of one GPU's memory (memledger.parts), comparing calculators and fine-tuning methods:
+    # the role colours of the components above
+    "weights": "#08306b", "gradients": "#6baed6", "optimizer states": "#238b45",
+    "model states, roles not split": "#807dba", "KV cache": "#e7298a", "working buffer": "#fdae6b",
+    "overhead": "#969696",
     # ZeRO stages (chapter 10), each in the colour of what it adds to the shards
     "no ZeRO": "#000000", "ZeRO-1": "#238b45", "ZeRO-2": "#6baed6", "ZeRO-3": "#08306b",
     # real checkpoints (chapter 14)
@@ -152,6 +157,32 @@ def parameter_breakdown(presets, ax=None):
     ax.legend(frameon=False, fontsize=9, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     ax.figure.tight_layout()
     _bar_labels(ax, list(presets))
+    ax.figure.tight_layout()
+    return ax.figure
+
+
+def parts_bars(views: dict, capacities: dict = None, unit: str = "GB", ax=None):
+    """Horizontal stacked bars of each view's GPU memory by part (:func:`memledger.parts.gpu_parts`): a
+    ledger, a LoRA ledger, an inference or a convention's estimate per label, top to bottom; each of
+    ``capacities`` (label -> bytes) a dashed vertical line."""
+    from .parts import PARTS, gpu_parts
+    labels = list(views)
+    parts = [gpu_parts(v) for v in views.values()]
+    ax = ax or plt.subplots(figsize=(7.5, 0.8 + 0.38 * len(labels)))[1]
+    y = np.arange(len(labels))[::-1]
+    left = np.zeros(len(labels))
+    for part in PARTS:
+        widths = np.array([float(in_unit(p[part], unit)) for p in parts])
+        if widths.any():
+            ax.barh(y, widths, left=left, label=part, color=colour(part), edgecolor="white", linewidth=0.5)
+            left += widths
+    for (name, nbytes), style in zip((capacities or {}).items(), ("--", "-.", ":", (0, (5, 1)))):
+        size = f"{float(in_unit(nbytes, unit)):.4g} {unit}"
+        ax.axvline(float(in_unit(nbytes, unit)), color=GPU_LINE, linestyle=style, linewidth=1.2,
+                   label=name if name == size else f"{name} ({size})")
+    ax.set_yticks(y, labels, fontsize=8)
+    ax.set_xlabel(f"memory per GPU ({unit})")
+    ax.legend(fontsize=8, frameon=False, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     ax.figure.tight_layout()
     return ax.figure
 

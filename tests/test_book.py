@@ -170,6 +170,37 @@ MISTRAL_B80 = largest(lambda n: zero3_total(MISTRAL, B=n) <= H100_REAL)
 H200_CKPT = largest(lambda n: 16 * LLAMA3["P"] + LLAMA3["L"] * 2 * n * 4096 * 4096 + outside(LLAMA3, n) + OVERHEAD
                     <= 141 * GB)
 
+# chapter 15's models: LLaMA-2 7B, GPT-3 175B (Brown et al. 2020) and LLaMA 65B (Touvron et al. 2023: d 8192,
+# L 80, H 64, F 22016), with their projections (the 4d^2 + 3dF per layer QLoRA quantizes)
+LLAMA = 6_738_415_616
+LLAMA_ACT = 32 * 2 * 2048 * (4 * 11008 + 32 * 2048 + 8 * 4096)               # 2BS(4F + HS + 8d) per layer
+GPT3 = 96 * (12 * 12288**2 + 13 * 12288) + 50257 * 12288 + 2048 * 12288 + 2 * 12288
+PROJ7 = 32 * (4 * 4096**2 + 3 * 4096 * 11008)
+PROJ65 = 80 * (4 * 8192**2 + 3 * 8192 * 22016)
+P65 = PROJ65 + 80 * 2 * 8192 + 2 * 32000 * 8192 + 8192
+A7 = 32 * 64 * (4 * (4096 + 4096) + 3 * (4096 + 11008))                     # rank 64 on every projection
+A65 = 80 * 64 * (4 * (8192 + 8192) + 3 * (8192 + 22016))
+ADAPT_8BIT = 2 + 2 + 2 * (1 + Fraction(4, 256))                                # BF16 adapters, 8-bit AdamW
+ADAM8 = LLAMA * (4 + 2 * (1 + Fraction(4, 256)))                               # FP32 master + 8-bit m, v
+# Adafactor: a row and a column of FP32 per matrix, every element of a vector
+ADAFACTOR = 4 * (32 * (4 * (4096 + 4096) + 3 * (11008 + 4096) + 2 * 4096) + 2 * (32000 + 4096) + 4096)
+KV7 = 2 * 32 * 2048 * 4096 * 2                                                  # K and V, L x S x d, BF16
+WORK7 = (2 * 2048 * 4096 + 2048 * 4 * 4096 + 3 * 2048 * 11008) * 2 + 4 * 32000   # memledger.inference's buffer
+
+
+# what a whole model keeps outside its blocks (docs/step.md's reference decoder): int64 token and target ids, the
+# (S, S) bool causal mask, the final norm's and the LM head's BF16 inputs, the FP32 log-softmax (4BSV), two FP32
+# scalars -- the same for the article's spec and LLaMA-2 7B (d 4096, V 32000, S 2048)
+OUTSIDE = 2 * 8 * 2048 + 2048**2 + 2 * 2 * BSD + 4 * 2048 * 32000 + 8
+RTX_SMI = 24564 * MiB                                                           # the RTX 4090 as nvidia-smi reports it
+ZERO3_GPUS = -(-18 * P // (RTX_SMI - 4 * 32000 * 4096))                        # 4 P_max + 18P/N <= C
+
+
+def nf4(n):
+    """NF4 with double quantization: 4 bits, an int8 absmax per 64, an fp32 constant per 64 x 256."""
+    return n // 2 + n // 64 + 4 * n // (64 * 256)
+
+
 #: glue key -> (exact value, unit as printed), or a check: a function of the glued text that returns what is
 #: wrong with it (None if nothing), for values no source prints (the largest batch that fits: it must fit, and
 #: one more must not, by arithmetic written here). Sources: the article's arithmetic, vendors' data sheets,
@@ -245,6 +276,100 @@ EXPECTED = {
     "host.bandwidth": (Fraction(2048, 10), "GB/s"),
     "cpu_adam.bytes": (Fraction(28 * P, GB), "GB"),
     "cpu_adam.seconds": (Fraction(28 * P, 204_800_000_000), "s"),
+    # chapter 13: every convention's own arithmetic for the article's 7B (B = 1, S = 2048, one GPU)
+    "calc.memledger": (Fraction(STATES + ACT + OUTSIDE, GB), "GB"),
+    "calc.act.outside": (Fraction(OUTSIDE, GB), "GB"),
+    "calc.low": (Fraction(2 * 4 * P, GB), "GB"),                            # accelerate: optimizer phase, 2 x fp32 size
+    "calc.high": (Fraction(20 * P + ACT, GB), "GB"),                        # Playbook with FP32 grad accumulation
+    "calc.ratio": (Fraction(20 * P + ACT, 8 * P), "x"),
+    "calc.bpp.hf": (6 + 8 + 4, "B/param"),                                  # HF model_memory_anatomy.md: 18 bytes
+    "calc.bpp.zero2": (2 + 2 + 4 + 4 + 8, "B/param"),                       # DeepSpeed stage_1_and_2.py l. 2445
+    "calc.bpp.zero3": (18 + Fraction(4 * 32000 * 4096, P), "B/param"),     # stage3.py: 4 x largest layer + 18P/N
+    "calc.bpp.accelerate": (8, "B/param"),
+    "calc.largest": (32000 * 4096, ""),                                     # the embedding, V x d
+    "calc.ds.printed": (Fraction(20 * P, GiB), "GiB"),                      # DeepSpeed prints x / 2^30 as "GB"
+    "calc.ds.gb": (Fraction(20 * P, GB), "GB"),
+    "calc.ds.cpu": (Fraction(4 * P * 3, 2 * GB), "GB"),                     # P x 4 x GPUs per node x 1.5
+    "calc.ds.buffer": (Fraction(3, 2), ""),                                 # additional_buffer_factor=1.5
+    "calc.acc.sum": (4 * (1 + Fraction(3, 2) + 2 + 2), "B/param"),          # model S, grads 1.5S, optimizer 2S, step 2S
+    "calc.acc.printed": (Fraction(8 * P, GiB), "GiB"),
+    # Megatron counts L(4d^2 + 2dF + 4d) + Vd + 2d: no biases, tied embedding (theoretical_memory_usage.py)
+    "calc.megatron.params": (Fraction(32 * (4 * 4096**2 + 2 * 4096 * 16384 + 4 * 4096) + 32000 * 4096 + 2 * 4096,
+                                      10**9), "billion"),
+    "calc.act.ours": (Fraction(ACT, GB), "GB"),
+    "calc.act.zero": (Fraction(24 * LAYERS * BSD, GB), "GB"),               # ZeRO Sec. 3.2: ~12 x hidden 2-byte values
+    "calc.act.bekman": (Fraction(LAYERS * 28 * 2 * BSD + 4 * 2048 * 32000, GB), "GB"),   # 28 copies + fp32 logits
+    "calc.act.copies": (28, ""),                                            # Bekman: Llama-3.1-8B, 28 copies
+    # Megatron without SP: 1.05 x [SBd(10 + 24) L + 8SB + SBd + 2(SBV + SBd)]
+    "calc.act.megatron": (Fraction(105, 100) * (34 * LAYERS * BSD + 8 * 2048 + BSD + 2 * (2048 * 32000 + BSD))
+                          / GB, "GB"),
+    "calc.act.meg_per": (10 + 24, ""), "calc.act.kept_per": (34 + 5 * 32 * 2048 // 4096, ""),
+    # DeepSpeed memory.rst line 30 prints 15.93GB for t5-3b (2,851,598,336 parameters) on 8 GPUs
+    "calc.ds.docs": (Fraction(4 * 2_851_598_336 + 16 * 2_851_598_336 // 8, GiB), "GiB"),
+    "calc.ds.code": (Fraction(2 * 2_851_598_336 + 18 * 2_851_598_336 // 8, GiB), "GiB"),
+    "calc.ex1.base": (Fraction(6_738_415_616 - 32000 * 4096, 10**9), "billion"),
+    "calc.ex1.gb": (Fraction(8 * (6_738_415_616 - 32000 * 4096), GB), "GB"),
+    "calc.ex1.gib": (Fraction(8 * (6_738_415_616 - 32000 * 4096), GiB), "GiB"),
+    "calc.ex1.head": (32000 * 4096, ""),
+    "gpu.rtx4090.smi": (24564, "MiB"),                                       # nvidia-smi (RLinf/RLinf issue #255)
+    "calc.ex2.gpus": (ZERO3_GPUS, ""),
+    "calc.ex2.at": (Fraction(4 * 32000 * 4096 + 18 * P // ZERO3_GPUS, GB), "GB"),
+    "calc.ex2.before": (Fraction(4 * 32000 * 4096 + 18 * P // (ZERO3_GPUS - 1), GB), "GB"),
+    "calc.ex3.cookbook": (Fraction(34 * LAYERS * BSD, GB), "GB"),
+    "calc.ex3.full": (Fraction(2 * LAYERS * BSD, GB), "GB"),
+    # errata appendix: accelerate's docs print 413.18 MB for bert-base-cased in float32 (model_size_estimator.md
+    # line 127); ZeRO Sec. 3.2's GPT-2 1.5B (48 layers, hidden 1600, seq 1024, batch 32): one 2-byte checkpoint per
+    # layer, plus one layer of its own ~12 x hidden 2-byte values recomputed
+    "errata.acc.fp32": (Fraction("413.18"), "MiB"),
+    "errata.zero.checkpoints": (Fraction(2 * 32 * 1024 * 1600 * 48, GB), "GB"),
+    "errata.zero.with": (Fraction(2 * 32 * 1024 * 1600 * 48 + 2 * 12 * 1600 * 32 * 1024, GB), "GB"),
+    # chapter 15: LLaMA-2 7B (6,738,415,616 parameters, d 4096, F 11008, H 32, L 32, V 32000) at B = 1, S = 2048
+    "ft.full": (Fraction(16 * LLAMA + LLAMA_ACT + OVERHEAD, GB), "GB"),
+    "ft.outside": (Fraction(OUTSIDE, GB), "GB"),
+    "ft.pure.total": (Fraction(8 * LLAMA + LLAMA_ACT + OVERHEAD, GB), "GB"),     # 2 + 2 + 2 + 2, BF16 moments
+    "ft.adam8.bpp": (2 + 2 + 4 + 2 * (1 + Fraction(4, 256)), "B/param"),  # bitsandbytes: uint8 + fp32 absmax / 256
+    "ft.adam8.total": (Fraction(4 * LLAMA + ADAM8 + LLAMA_ACT + OVERHEAD, GB), "GB"),
+    "ft.nomaster.total": (Fraction(4 * LLAMA + ADAM8 - 4 * LLAMA + LLAMA_ACT + OVERHEAD, GB), "GB"),
+    "ft.adafactor.states": (Fraction(ADAFACTOR, 10**6), "MB"),
+    "ft.adafactor.total": (Fraction(4 * LLAMA + ADAFACTOR + LLAMA_ACT + OVERHEAD, GB), "GB"),
+    # LoRA (Hu et al. 2021, Sec. 7.1): |Theta| = 2 x (adapted matrices) x d x r
+    "ft.lora.trainable": (2 * (2 * 32) * 4096 * 16, ""),
+    "ft.lora.share": (Fraction(100 * 2 * 64 * 4096 * 16, LLAMA), "%"),
+    "ft.lora.states": (Fraction(2 * LLAMA + 16 * 2 * 64 * 4096 * 16, GB), "GB"),
+    "ft.gpt3.trainable": (2 * (2 * 96) * 12288 * 4, ""),                     # the paper's "18M"
+    "ft.gpt3.frozen": (Fraction(2 * GPT3, GB), "GB"),                        # the paper's "350GB"
+    "ft.gpt3.adapter_mb": (Fraction(2 * 2 * 192 * 12288 * 4, 10**6), "MB"),  # the paper's "35MB"
+    # saved per layer: full 16BSd + 8BSF + 2BHS^2; LoRA on Q, V drops 2BSd + 2BSd + 2BSF, adds 2 x 2BSr
+    "ft.lora.act": (Fraction(32 * 2048 * (12 * 4096 + 6 * 11008 + 2 * 32 * 2048 + 2 * 2 * 16), GB), "GB"),
+    "ft.qlora.act": (Fraction(LLAMA_ACT + 32 * 2048 * 7 * 2 * 64, GB), "GB"),
+    # QLoRA (Dettmers et al. 2023, Sec. 3): 32/64 = 0.5 bits of constants, 8/64 + 32/(64 x 256) = 0.127
+    "ft.nf4.bits": (4 + Fraction(8, 64) + Fraction(32, 64 * 256), "bits"),
+    "ft.nf4.single": (Fraction(32, 64), "bits"),
+    "ft.nf4.double": (Fraction(8, 64) + Fraction(32, 64 * 256), "bits"),
+    "ft.qlora.base": (Fraction(nf4(PROJ7) + 2 * (LLAMA - PROJ7), GB), "GB"),
+    "ft.lora.base": (Fraction(2 * LLAMA, GB), "GB"),
+    "ft.q65.base": (Fraction(nf4(PROJ65) + 2 * (P65 - PROJ65), GB), "GB"),
+    "ft.q65.total": (Fraction(nf4(PROJ65) + 2 * (P65 - PROJ65) + ADAPT_8BIT * A65 + 2 * 512 * 8192 * 80 + OVERHEAD,
+                              GB), "GB"),
+    "ft.qlora.none": (Fraction(nf4(PROJ7) + 2 * (LLAMA - PROJ7) + ADAPT_8BIT * A7 + LLAMA_ACT + 32 * 2048 * 7 * 2 * 64
+                               + OVERHEAD, GB), "GB"),
+    "ft.qlora.full": (Fraction(nf4(PROJ7) + 2 * (LLAMA - PROJ7) + ADAPT_8BIT * A7 + 2 * 2048 * 4096 * 32 + OVERHEAD,
+                               GB), "GB"),
+    "ft.qlora.margin": (Fraction(RTX_SMI - (nf4(PROJ7) + 2 * (LLAMA - PROJ7) + ADAPT_8BIT * A7 + LLAMA_ACT
+                                            + 32 * 2048 * 7 * 2 * 64 + OVERHEAD), GB), "GB"),
+    "ft.one_layer": (Fraction(LLAMA_ACT, 32 * GB), "GB"),
+    "ft.serve.total": (Fraction(2 * LLAMA + KV7 + WORK7 + OVERHEAD, GB), "GB"),
+    "ft.serve.kv": (Fraction(KV7, GB), "GB"),
+    "ft.train_vs_serve": (Fraction(16 * LLAMA + LLAMA_ACT + OVERHEAD, 2 * LLAMA + KV7 + WORK7 + OVERHEAD), "x"),
+    "ft.kv_ratio": (Fraction(16 * 4096 + 8 * 11008 + 2 * 32 * 2048, 4 * 4096), "x"),
+    "ft.ex1.total": (Fraction(2 * LLAMA + 16 * A7 + 2 * 2048 * 4096 * 32 + OVERHEAD, GB), "GB"),
+    "ft.ex1.trainable": (A7, ""),
+    "ft.ex1.adapters": (Fraction(16 * A7, GB), "GB"),
+    "ft.ex2.per_sequence": (Fraction(KV7 + WORK7, GB), "GB"),
+    "ft.ex2.fixed": (Fraction(2 * LLAMA + OVERHEAD, GB), "GB"),
+    "ft.ex2.batch": ((RTX_SMI - 2 * LLAMA - OVERHEAD) // (KV7 + WORK7), ""),
+    "ft.ex3.gone": (Fraction(2 * 2 * 2048 * 4096, MiB), "MiB"),
+    "ft.ex3.act": (Fraction(32 * 2048 * (16 * 4096 + 8 * 11008 + 2 * 32 * 2048 - 2 * 2 * 4096 + 3 * 2 * 16), GB), "GB"),
     # chapter 10: eight GPUs. Ring collectives send (N-1)/N of a tensor per GPU (Patarasuk & Yuan 2009); ZeRO's
     # per-GPU states 4P + 12P/N_d, 2P + 14P/N_d, 16P/N_d and traffic 2P, 3P (Rajbhandari et al. 2020, Sec. 5, 7);
     # Korthikanti et al. 2022, Table 2 and Sec. 4.2.3; the bubble (p - 1)/(vm) (Narayanan et al. 2021)
@@ -336,6 +461,10 @@ EQUATIONS = {
     "eq.activations": "B*S*d*(34 + 5*H*S/d)",         # Korthikanti et al. 2022, Eq. 1
     "eq.states": "(2 + 2 + 4 + 4 + 4)*P",              # the article; ZeRO: (2 + 2 + K) Psi, K = 12
     "eq.checkpoint": "L*B*S*d*2",                      # the article's full checkpointing
+    "eq.distopt": "6 + 12/N_d",                        # Megatron-LM dist_optimizer.md lines 16-20
+    "eq.lora": "4*L*d*r",                              # LoRA on Q and V: 2 x 2 x d x r per layer (Hu et al. 2021)
+    "eq.kv": "4*B*H_kv*L*S*d_h",                       # K and V of every layer and token, BF16
+    "eq.act_per_kv": "4 + 2*F/d + H*S/(2*d)",          # (16d + 8F + 2HS) / 4d: a LLaMA block's saved bytes per token
     # chapter 10
     "eq.dp_traffic": "2*(N_d - 1)*P/N_d",              # ring all-reduce (Patarasuk & Yuan 2009); ZeRO Sec. 7.1: 2 Psi
     "eq.zero1": "(2 + 2)*P + 12*P/N_d",                # ZeRO Sec. 5, Fig. 1: P_os, K = 12

@@ -41,3 +41,11 @@ def test_negatives_last_reorders_for_display_only():
     assert Equation("b", shown)._repr_latex_().endswith("\\frac{p - 1}{m v}$")
     assert sp.simplify(shown - bubble) == 0
     assert Equation("a", negatives_last(34 + 5 * p))._repr_latex_().endswith("= 34 + 5 p$")
+
+
+def test_errata_lists_the_claims_that_earn_erratum_with_their_arithmetic():
+    from memledger.book import errata
+    table = errata()
+    assert [r[0] for r in table.rows] == [c.id for c in CLAIMS if c.status == "erratum"]
+    moved = next(r for r in table.rows if r[0] == "offload.moved")
+    assert moved[2] == "84 GB" and moved[3] == "28 GB" and "0.875 s" in moved[4]   # 14 GB down + 14 GB up

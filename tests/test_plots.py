@@ -74,6 +74,30 @@ def test_parameter_breakdown_sums_to_count():
     assert get_preset("llama2-7b").computed_params == 6_738_415_616
 
 
+def test_parts_bars_stack_to_each_views_total_in_one_palette():
+    from memledger.conventions import Setup, get_convention
+    from memledger.inference import Inference
+    from memledger.plots import parts_bars
+    setup = Setup(7 * 10**9, largest_layer=1)
+    views = {"ledger": Ledger("article-7b", scope="layers"), "ds": get_convention("deepspeed-zero2").estimate(setup),
+             "serving": Inference("llama2-7b")}
+    fig = parts_bars(views, {"A100": 80 * 10**9, "24 GB": 24 * 10**9})
+    ax = fig.axes[0]
+    right = {}
+    for bar in ax.patches:
+        y = round(bar.get_y() + bar.get_height() / 2)
+        right[y] = max(right.get(y, 0), bar.get_x() + bar.get_width())
+    # top to bottom: 16P + ACT + 2 GB; 2P + int(18P/N) (DeepSpeed, one GPU); BF16 Llama-2-7b + KV + buffer + 2 GB
+    assert abs(right[2] - (112 + 32 * 2048 * 4096 * 114 / 1e9 + 2)) < 1e-9
+    assert abs(right[1] - 140) < 1e-9
+    assert right[0] > 2 * 6.738415616 + 2
+    colours = {c.get_label(): c.patches[0].get_facecolor() for c in ax.containers}
+    assert colours["weights"] == matplotlib.colors.to_rgba(PALETTE["weights"])
+    assert len(set(colours.values())) == len(colours)
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "A100 (80 GB)" in labels and "24 GB" in labels
+
+
 def test_step_timeline_stacks_to_the_step_totals():
     from memledger.plots import step_timeline
     step = Ledger("llama2-7b", batch_size=2).step("cuda")

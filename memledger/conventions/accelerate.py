@@ -79,12 +79,12 @@ def _items(setup, docs=False) -> list:
     size = model_bytes(setup)
     dtype = _accelerate_dtype(setup)
     if docs:
-        return [Item(f"4 x the model at {dtype}", "model_states", "gpu", 4 * size / DIVISOR[dtype], "param")]
+        return [Item(f"4 x the model at {dtype}", "model_states", "gpu", 4 * size / DIVISOR[dtype], "mixed")]
     phases = {"float32": {"model": size, "gradients": size, "optimizer": 2 * size, "step": 4 * size},
               "float16": {"model": size, "gradients": size + sp.floor(size / 2), "optimizer": 2 * size,
                           "step": 2 * size}}[dtype]
     return [Item(f"max of the phases ({', '.join(phases)})", "model_states", "gpu", sp.Max(*phases.values()),
-                 "param")]
+                 "mixed")]
 
 
 def _printed(setup, rows) -> str:

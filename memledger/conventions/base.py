@@ -111,7 +111,7 @@ class Item:
     group: str
     device: str
     expr: sp.Expr
-    role: str = ""          # param / grad / optimizer for model states
+    role: str = ""          # param / grad / optimizer for model states; "mixed": one sum over several roles
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,9 @@ convention ``deepspeed-zero2-docs``. ZeRO-3 (unchanged since 0c1802cc, 2021):
     CPU (zero_init) = P_max*4*G*beta | P*16/M*beta | P*18/M*beta; without zero_init
     P*4*G*beta | P*max(4G, 16/M)*beta | P*max(4G, 18/M)*beta
 
-DeepSpeed prints ``x/2**30`` with the label "GB": binary GiB.
+DeepSpeed prints ``x/2**30`` with the label "GB": binary GiB. A row that books
+several ZeRO roles in one sum (the code computes ``int(18P/N)``, not one term
+per role) has role ``"mixed"``.
 """
 import sympy as sp
 
@@ -54,22 +56,22 @@ def zero2_items(setup, docs: bool = False) -> list:
     if setup.offload_optimizer:
         return [Item("16-bit parameters", "model_states", "gpu", 2 * P, "param"),
                 Item("CPU: optimizer states, grads, fp32 params (x buffer)", "model_states", "cpu",
-                     sp.floor(P * sp.Max(4 * N, 16) * beta), "optimizer")]
+                     sp.floor(P * sp.Max(4 * N, 16) * beta), "mixed")]
     if docs:
-        gpu = [Item("replicated: 4 bytes/param", "model_states", "gpu", 4 * P, "param"),
+        gpu = [Item("replicated: 4 bytes/param", "model_states", "gpu", 4 * P, "mixed"),
                Item("sharded: 16 bytes/param (fp32 params, grads, m, v)", "model_states", "gpu",
-                    sp.floor(16 * P / N), "optimizer")]
+                    sp.floor(16 * P / N), "mixed")]
     else:
         gpu = [Item("16-bit parameters (replicated)", "model_states", "gpu", 2 * P, "param"),
                Item("sharded: " + _parts(_ZERO2_SHARDED), "model_states", "gpu",
-                    _sharded(_ZERO2_SHARDED), "optimizer")]
+                    _sharded(_ZERO2_SHARDED), "mixed")]
     return gpu + [Item("CPU: fp32 model while loading (x buffer)", "model_states", "cpu",
                        sp.floor(P * 4 * G * beta), "param")]
 
 
 def zero3_items(setup) -> list:
     """The ZeRO-3 estimate as itemized formulas."""
-    gather = Item("largest layer: 16-bit params + grads gathered", "model_states", "gpu", 4 * P_max, "param")
+    gather = Item("largest layer: 16-bit params + grads gathered", "model_states", "gpu", 4 * P_max, "mixed")
     if setup.offload_optimizer and setup.offload_params:
         gpu, per = [gather], 18
     elif setup.offload_optimizer:
@@ -77,13 +79,13 @@ def zero3_items(setup) -> list:
                                  sp.floor(2 * P / N), "param")], 16
     else:
         gpu = [gather, Item("sharded: " + _parts(_ZERO3_SHARDED), "model_states",
-                            "gpu", _sharded(_ZERO3_SHARDED), "optimizer")]
+                            "gpu", _sharded(_ZERO3_SHARDED), "mixed")]
         cpu = (P_max if setup.zero_init else P) * 4 * G * beta
         return gpu + [Item("CPU: fp32 model while loading (x buffer)", "model_states", "cpu", sp.floor(cpu), "param")]
     share = sp.Rational(per) / M
     cpu = P * (share if setup.zero_init else sp.Max(4 * G, share)) * beta
     return gpu + [Item(f"CPU: offloaded states, {per} bytes/param over the nodes (x buffer)", "model_states", "cpu",
-                       sp.floor(cpu), "optimizer")]
+                       sp.floor(cpu), "mixed")]
 
 
 def _head(setup, zero3: bool) -> list:
