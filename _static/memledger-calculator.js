@@ -173,7 +173,8 @@
     var gpu = BigInt(data.gpus[setup[data.gpu_field]]), used = result.totals[data.verdict_device];
     var verdict = element("p", undefined, "memledger-calculator-verdict"), fits = used <= gpu;
     verdict.appendChild(element("b", fits ? "fits" : "does not fit", fits ? "fits" : "does-not-fit"));
-    verdict.appendChild(document.createTextNode(": " + size(used, data) + " per GPU against " + size(gpu, data)));
+    verdict.appendChild(document.createTextNode(": " + size(used, data) + " per GPU against " + size(gpu, data) +
+                                                data.verdict_clause));
     var table = element("table", undefined, "memledger"), head = table.createTHead().insertRow();
     var body = table.createTBody(), labels = {};
     data.devices.forEach(function (d) { labels[d[0]] = d[1]; });

@@ -27,7 +27,7 @@ _EXPORTS = {
     "ledger": ("Ledger", "Row", "sweep"),
     "model_states": ("state_specs", "zero_formula"),
     "recipes": ("RECIPES", "ALL_RECIPES", "FINETUNE_RECIPES", "Recipe", "get_recipe"),
-    "hardware": ("GPU_MEMORY", "LINKS"),
+    "hardware": ("GPU_MEMORY", "LINKS", "NOMINAL_MEMORY"),
     "transfer": ("Traffic",),
     "step": ("Step",),
     "outside": ("outside_inventory",),
@@ -37,7 +37,7 @@ _EXPORTS = {
 _HOME = {name: module for module, names in _EXPORTS.items() for name in names}
 _MODULES = ("activations", "architecture", "backends", "book", "choices", "claim", "claims", "communication", "conventions",
             "display", "dtypes", "evaluate", "features", "fitting", "flops", "formulas", "hardware", "hf_config",
-            "host_optimizer", "inference", "ledger", "lora", "model_states", "outside", "parameters", "pipeline",
+            "host_optimizer", "inference", "ledger", "lora", "measure", "model_states", "outside", "parameters", "pipeline",
             "plots", "recipes", "step", "symbols", "tensors", "transfer", "units", "webcalc", "widgets")
 __all__ = sorted(_HOME) + list(_MODULES)
 

@@ -66,6 +66,9 @@ def _parser():
                          formatter_class=_Help)
     fit.add_argument("--vary", required=True, help="batch, seq or layers (largest that fits); dp or zero "
                      "(smallest that fits)")
+    fit.add_argument("--measure", default="auto", help="what a candidate is judged by: auto (the step's peak "
+                     "where the timeline models the setup, else the sum of the rows at the end of the forward "
+                     "pass), peak, or total (the sum)")
     _ledger_options(fit)
     inf = sub.add_parser("infer", help="inference for contrast: weights + KV cache + working buffer",
                          formatter_class=_Help)

@@ -38,7 +38,7 @@ def pipeline_text(pipe, units):
 
 def fit(a):
     from .fitting import fit
-    result = fit(build_ledger(a), a.vary, gpu_bytes(a.gpu_memory))
+    result = fit(build_ledger(a), a.vary, gpu_bytes(a.gpu_memory), measure=a.measure)
     at = result.pop("ledger")
     if a.json:
         import json
@@ -48,7 +48,8 @@ def fit(a):
         return f"Nothing fits in {format_bytes(result['gpu_memory'], a.units)}: {result['binding']}."
     kind = "smallest" if a.vary in ("dp", "zero") else "largest"
     return (f"The {kind} {a.vary} that fits in {format_bytes(result['gpu_memory'], a.units)}: {result['answer']} "
-            f"({format_bytes(result['total_at_answer'], a.units)} per GPU).\nBinding: {result['binding']}.")
+            f"({result['measure']}: {format_bytes(result['judged_at_answer'], a.units)} per GPU).\n"
+            f"Binding: {result['binding']}.")
 
 
 def infer(a):

@@ -48,7 +48,7 @@ PALETTE = {
     "no ZeRO": "#000000", "ZeRO-1": "#238b45", "ZeRO-2": "#6baed6", "ZeRO-3": "#08306b",
     # real checkpoints (chapter 14)
     "llama3-8b": "#2171b5", "mistral-7b": "#f16913", "qwen2.5-7b": "#6a51a3", "gemma-7b": "#238b45",
-    "mixtral-8x7b": "#cb181d", "bert-base-uncased": "#969696",
+    "mixtral-8x7b": "#cb181d", "bert-base-uncased": "#969696", "llama2-7b": "#000000",
 }
 GPU_LINE = "#cb181d"
 
@@ -221,7 +221,7 @@ def largest_fit_chart(answers: dict, ylabel: str, unit: str = "GB", ax=None):
         if points:
             ax.plot(*zip(*points), color=colour(name), marker="o", label=name)
     ax.set_yscale("log")
-    ax.set_xticks([float(in_unit(g, unit)) for g in sizes], [f"{float(in_unit(g, unit)):g}" for g in sizes])
+    ax.set_xticks([float(in_unit(g, unit)) for g in sizes], [f"{float(in_unit(g, unit)):.1f}" for g in sizes])
     ax.set_xlabel(f"GPU memory ({unit})")
     ax.set_ylabel(ylabel)
     ax.legend(frameon=False, fontsize=9, loc="upper left", bbox_to_anchor=(1.0, 1.0))

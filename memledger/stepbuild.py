@@ -50,8 +50,9 @@ class Built:
 
         def tp_div(expr, sharded_row):
             return expr / t if s.tensor_parallel and (sharded_row or s.sequence_parallel) else expr
-        for r in layer_rows + outside_rows:
-            tensors[r.name] = Tensor(r.name, tp_div(r.bytes, r.tp_sharded), "activation", r.why)
+        for r in layer_rows + outside_rows:       # a scalar (the loss) is never split over the ranks
+            tensors[r.name] = Tensor(r.name, tp_div(r.bytes, r.tp_sharded) if r.shape else r.bytes, "activation",
+                                     r.why)
         act = tensors
         for name, why in [("dX_out", "the gradient flowing back into the block's output"),
                           ("grad of the embedding output", "the first block's input gradient"),

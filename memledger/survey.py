@@ -116,13 +116,19 @@ def fit_grid(template: Ledger, names, gpus: dict, vary: str) -> dict:
     return grid
 
 
+#: How :func:`fit_table` and :func:`headroom_table` name each measure of :data:`memledger.measure.MEASURE`.
+MEASURE_LABEL = {"peak": "peak of a step", "nominal": "peak of a step (or sum)", "total": "sum at end of forward"}
+
+
 def fit_table(grid: dict, label: str):
-    """The answers of :func:`fit_grid`, one row per model, one column per GPU ("none" where nothing fits)."""
+    """The answers of :func:`fit_grid`, one row per model, one column per GPU ("none" where nothing fits), and
+    what each model's answers judged (:mod:`memledger.measure`)."""
     from .display import Table
     gpus = list(next(iter(grid.values())))
-    rows = [(name, *("none" if r["answer"] is None else f"{r['answer']:,}" for r in per_gpu.values()))
+    rows = [(name, *("none" if r["answer"] is None else f"{r['answer']:,}" for r in per_gpu.values()),
+             MEASURE_LABEL[next(iter(per_gpu.values()))["measure_key"]])
             for name, per_gpu in grid.items()]
-    return Table((label,) + tuple(gpus), rows, numeric=tuple(range(1, len(gpus) + 1)))
+    return Table((label,) + tuple(gpus) + ("judged by",), rows, numeric=tuple(range(1, len(gpus) + 1)))
 
 
 def logits_table(names, seq_len: int):
@@ -139,8 +145,10 @@ def logits_table(names, seq_len: int):
 
 
 def headroom_table(grid: dict, gpu: str):
-    """For each model's answer on ``gpu`` (a :func:`fit_grid` batch grid): the room it leaves, and two
-    tensors that are not ledger rows, ZeRO-3's gathered block and the FP32 logits of the micro-batch."""
+    """For each model's answer on ``gpu`` (a :func:`fit_grid` batch grid): what it was judged by, the room it
+    leaves, and two transients that a sum of the rows leaves out and a step's peak holds: ZeRO-3's gathered
+    block (:func:`memledger.parallelism.gather_buffer_bytes`) and the FP32 copy of the micro-batch's logits
+    (``logits.float()`` before the loss, 4*B*S*V bytes, beside the log-softmax that the sum books)."""
     from .display import Table
     from .parallelism import gather_buffer_bytes
     from .units import format_bytes
@@ -148,14 +156,16 @@ def headroom_table(grid: dict, gpu: str):
     for name, per_gpu in grid.items():
         result = per_gpu[gpu]
         if result["answer"] is None:
-            rows.append((name, "none", "", "", ""))
+            rows.append((name, "none", "", "", "", ""))
             continue
-        ledger = result["ledger"]
-        rows.append((name, f"{result['answer']:,}", format_bytes(result["gpu_memory"] - result["total_at_answer"]),
-                     format_bytes(gather_buffer_bytes(ledger)),
-                     format_bytes(logits_bytes(ledger.arch, result["answer"], ledger.seq_len))))
-    return Table(("model", "micro-batch", "room left", "ZeRO-3 gathered block", "FP32 logits of the micro-batch"),
-                 rows, numeric=(1, 2, 3, 4))
+        ledger, in_peak = result["ledger"], result["measure_key"] != "total"
+        rows.append((name, f"{result['answer']:,}", MEASURE_LABEL[result["measure_key"]],
+                     format_bytes(result["gpu_memory"] - result["judged_at_answer"]),
+                     "in the peak" if in_peak else format_bytes(gather_buffer_bytes(ledger)),
+                     "in the peak" if in_peak else format_bytes(logits_bytes(ledger.arch, result["answer"],
+                                                                             ledger.seq_len))))
+    return Table(("model", "micro-batch", "judged by", "room left", "ZeRO-3 gathered block", "FP32 copy of the logits"),
+                 rows, numeric=(1, 3, 4, 5))
 
 
 def serving_table(names, seq_len: int):

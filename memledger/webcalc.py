@@ -24,6 +24,7 @@ from .display import DEVICE_LABELS, HEADER
 from .hardware import GPU_MEMORY
 from .choices import LIMIT
 from .ledger import FIELD_OF, Ledger
+from .measure import SUM_CLAUSE
 from .units import COUNT_ERROR, UNITS
 
 #: The class that marks a calculator in a page, and the script that drives it (in the book's ``_static``).
@@ -38,7 +39,8 @@ PARTS = (
     ("activations", ("arch", "flash_attention", "recompute")),
     ("overhead", ()),
 )
-#: The device of the fits verdict, whose total is always shown.
+#: The device of the fits verdict, whose total is always shown. The verdict judges the sum of the rows at the end
+#: of the forward pass and says so (:data:`memledger.measure.SUM_CLAUSE`): the page cannot run the step timeline.
 VERDICT_DEVICE = "gpu"
 UNIT = "GB"
 
@@ -141,6 +143,7 @@ def _data() -> dict:
         "rows": [list(row) for row in table],
         "devices": [[device, label] for device, label in DEVICE_LABELS.items()],
         "verdict_device": VERDICT_DEVICE,
+        "verdict_clause": SUM_CLAUSE,          # what it judges: the sum, not the step's peak
         "header": list(HEADER),
         "gpu_field": GPU_FIELD,
         "gpus": {name: str(n) for name, n in GPU_MEMORY.items()},

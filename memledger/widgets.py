@@ -3,8 +3,13 @@
 The controls are :data:`memledger.controls.CONTROLS` (the same ones the static
 calculator shows). Each update builds a :class:`~memledger.ledger.Ledger`,
 whose rows are evaluated by lambdified SymPy expressions (compiled once per
-structure), and redraws an HTML table and bar: no ``subs``, no matplotlib,
-milliseconds.
+structure), and its step's peak where the timeline models the setup
+(:mod:`memledger.measure`: the verdict says whether it judged "the peak of a
+training step" or "the sum of the rows at the end of the forward pass"), and
+redraws an HTML table and bar: no ``subs``, no matplotlib. An update takes well
+under a millisecond; the first setting of a new structure (a recipe, a
+recompute mode, a ZeRO stage ... seen for the first time) builds that step's
+programs once, tens of milliseconds (``benchmarks/bench.py``).
 """
 from html import escape
 
@@ -34,13 +39,14 @@ def controls(preset: str = ARTICLE_PRESET) -> dict:
 
 
 def render(values: dict) -> str:
-    """HTML for one setting of the controls: verdict, bar and ledger table (or the error, escaped)."""
+    """HTML for one setting of the controls: verdict (the step's peak where modelled), bar and ledger table
+    (or the error, escaped)."""
     try:
         ledger = Ledger(**ledger_settings(values))
         gpu_bytes = gpu_memory(values[GPU_FIELD])
     except (ValueError, TypeError) as error:
         return f'<p style="color:crimson">{escape(str(error))}</p>'
-    return html_verdict(ledger, gpu_bytes) + ledger.table().html()
+    return html_verdict(ledger, gpu_bytes, peak=True) + ledger.table().html()
 
 
 def explorer(preset: str = ARTICLE_PRESET) -> w.Widget:

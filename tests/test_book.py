@@ -35,6 +35,9 @@ ACT = LAYERS * BSD * 114              # L x BSd x (34 + 5HS/d), the article's pe
 STATES = 16 * P                       # 2 + 2 + 4 + 4 + 4 bytes per parameter (article; ZeRO's K = 12)
 OVERHEAD = 2 * 10**9                  # the upper end of the article's 1-2 GB, used in its sums
 GB, GiB, MiB = 10**9, 2**30, 2**20
+# what nvidia-smi reports (MiB): A100 80 GB, H100 80 GB HBM3, RTX 4090 in public outputs (modal-labs/modal-client
+# PR #2797, NVIDIA/nccl issue #1264, RLinf/RLinf issue #255); the H200 by NVIDIA's decimal 141 GB (none cited)
+A100_REAL, H100_REAL, RTX_REAL = 81920 * MiB, 81559 * MiB, 24564 * MiB
 MODEL_FLOPS_TERMS = 1 + Fraction(2048, 6 * 4096) + Fraction(32000, 12 * 4096 * LAYERS)   # 1 + S/6d + V/12dL
 MODEL_FLOPS_S2 = Fraction(2048, 6 * 4096)                                                 # the S^2 matmuls: S/6d
 BLOCK = 12 * 4096**2 + 13 * 4096      # parameters of one GPT block at F = 4d (Korthikanti et al. 2022)
@@ -66,9 +69,22 @@ def layer(m, B=1, S=4096, repeat_kv=False):
         + 2 * k * B * S
 
 
+def outside(m, B=1, S=4096, mask=False):
+    """What a decoder keeps outside its blocks until backward (the reference decoder of docs/step.md, checked
+    tensor by tensor in tests/test_torchref.py): input and target ids (int64), the final norm's and the LM head's
+    BF16 inputs, the FP32 log-softmax of the logits, the loss and nll_loss's total weight (FP32 scalars), and
+    with eager attention the (S, S) bool causal mask."""
+    return 2 * 8 * B * S + 2 * 2 * B * S * m["d"] + 4 * B * S * m["V"] + 2 * 4 + (S * S if mask else 0)
+
+
+ARTICLE = dict(d=4096, V=32000)
+ARTICLE_OUTSIDE = outside(ARTICLE, 1, 2048, mask=True)
+
+
 def zero3_total(m, B=1, S=4096, dp=8):
-    """16 bytes per parameter sharded over dp (whole elements per rank), L layers, the 2 GB overhead."""
-    return 16 * -(-m["P"] // dp) + m["L"] * layer(m, B, S) + OVERHEAD
+    """16 bytes per parameter sharded over dp (whole elements per rank), L layers, what lies outside them, the
+    2 GB overhead: the sum of the rows at the end of the forward pass, the whole model counted."""
+    return 16 * -(-m["P"] // dp) + m["L"] * layer(m, B, S) + outside(m, B, S) + OVERHEAD
 
 
 def largest(fits):
@@ -87,14 +103,73 @@ def fits_at_answer_not_beyond(total, capacity):
     return check
 
 
-def measure_check(text):
-    """The fit checks below recompute the ledger's total; a new measure (the step peak) needs new checks."""
-    if text != "the ledger's GPU total":
-        return f"fit now judges by {text!r}: update the fit checks of chapter 14 to that measure"
+def fits_from_answer_not_below(total, capacity):
+    """A check of a glued integer: total(n) fits in capacity, total(n - 1) does not (the smallest dp)."""
+    def check(text):
+        n = int(text.replace(",", ""))
+        if not total(n) <= capacity < total(n - 1):
+            return f"{n} is not the smallest that fits: totals {total(n):,} and {total(n - 1):,} against {capacity:,}"
+    return check
 
 
-GEMMA_B80 = largest(lambda n: zero3_total(GEMMA, B=n) <= 80 * GB)
-H200_CKPT = largest(lambda n: 16 * LLAMA3["P"] + LLAMA3["L"] * 2 * n * 4096 * 4096 + OVERHEAD <= 141 * GB)
+def step_peak(**setup) -> int:
+    """The peak of a training step from a Step built directly (the timeline that tests/test_step.py checks against
+    PyTorch's MemTracker), not through memledger.fit's search or Ledger.judged_bytes."""
+    from memledger.ledger import Ledger
+    from memledger.step import Step
+    return Step(Ledger(**setup)).peak.bytes
+
+
+def lazy(value, unit):
+    """A check of a value computed on first use (a step's peak takes a moment to build)."""
+    def check(text):
+        shown, shown_unit, decimals = parse(text)
+        want = Fraction(value())
+        if shown_unit != unit or abs(shown - want) > Fraction(1, 2 * 10**decimals):
+            return f"{text}, expected {float(want):.6g} {unit}"
+    return check
+
+
+#: the phrases memledger.fit names its measures by; the checks below recompute a sum (written out here) or a
+#: step's peak (step_peak), so a glued measure must be the one its check assumes
+SUM, PEAK = "the sum of the rows at the end of the forward pass", "the peak of a training step"
+
+
+def measure_is(phrase):
+    def check(text):
+        if text != phrase:
+            return f"fit judged by {text!r}, but its checks here assume {phrase!r}"
+    return check
+
+
+def article_offload_full(n=1, S=2048):
+    """The article's placement (BF16 weights and gradients on the GPU), full checkpointing, the whole model:
+    its sum, and what fit judges for a nominal 7x10^9 (the larger of the step's peak and that sum)."""
+    total = 4 * P + LAYERS * 2 * n * S * 4096 + outside(ARTICLE, n, S, mask=True) + OVERHEAD
+    return total, max(total, step_peak(arch="article-7b", batch_size=n, seq_len=S, recompute="full",
+                                       offload_optimizer="cpu"))
+
+
+def article_tp8(n, sequence_parallel):
+    """Tensor parallelism over 8, the blocks only (chapter 10's view): the larger of the step's peak and the sum."""
+    act = n * (ACT // 8 if sequence_parallel else LAYERS * TP_LAYER)
+    return max(16 * P // 8 + act + OVERHEAD, step_peak(arch="article-7b", batch_size=n, tp=8,
+                                                      sequence_parallel=sequence_parallel))
+
+
+def article_zero3_full(dp):
+    """ZeRO-3 with full checkpointing, the blocks only: the larger of the step's peak and the sum."""
+    return max(16 * -(-P // dp) + 2 * LAYERS * BSD + OVERHEAD,
+               step_peak(arch="article-7b", zero_stage=3, dp=dp, recompute="full"))
+
+
+def llama2_zero3_peak(n):
+    return step_peak(arch="llama2-7b", seq_len=4096, zero_stage=3, dp=8, flash_attention=True, batch_size=n)
+
+
+MISTRAL_B80 = largest(lambda n: zero3_total(MISTRAL, B=n) <= H100_REAL)
+H200_CKPT = largest(lambda n: 16 * LLAMA3["P"] + LLAMA3["L"] * 2 * n * 4096 * 4096 + outside(LLAMA3, n) + OVERHEAD
+                    <= 141 * GB)
 
 # --- chapters 11 and 12: one training step of the reference loop (docs/step.md), written out op by op for the
 # article's shape with its parameters counted: GPT blocks of 12d^2 + 13d, a tied 32000 x d embedding, a final
@@ -232,6 +307,9 @@ def nf4(n):
 EXPECTED = {
     "gpu.a100": (80, "GB"),                                                  # NVIDIA A100 80GB data sheet
     "gpu.rtx4090": (24, "GB"),                                               # NVIDIA RTX 4090 specifications
+    "gpu.a100_mib": (81920, "MiB"), "gpu.a100_gib": (80, "GiB"),            # nvidia-smi's total (sources above)
+    "gpu.a100_real": (Fraction(A100_REAL, GB), "GB"),
+    "gpu.rtx4090_real": (Fraction(RTX_REAL, GB), "GB"), "gpu.h100_mib": (81559, "MiB"),
     "offload_only.gpu": (Fraction(4 * P + ACT + OVERHEAD, GB), "GB"),         # 14 + 14 + 30.6 + 2
     # chapter 2: GPT blocks of 12d^2 + 13d (Korthikanti et al. 2022), a tied 32000 x d embedding, a final LayerNorm
     "params.article_blocks": (Fraction(LAYERS * (12 * 4096**2 + 13 * 4096), 10**9), "billion"),
@@ -254,8 +332,19 @@ EXPECTED = {
     "act.nodrop_total": (Fraction(LAYERS * BSD * (32 + 2 * 32 * 2048 // 4096), GB), "GB"),   # no masks, one S^2 tensor less
     "act.flash_total": (Fraction(LAYERS * (BSD * 34 + 4 * 32 * 2048), GB), "GB"),            # 34 BSd + FP32 log-sum-exp
     "act.llama_total": (Fraction(LAYERS * 2 * 2048 * (4 * 11008 + 32 * 2048 + 8 * 4096), GB), "GB"),  # 2BS(4F + HS + 8d)
+    # the FP32 log-softmax of the logits, 4BSV (Korthikanti Sec. 4.3), against full checkpointing's 2LBSd
+    "logits.spec": (Fraction(4 * 2048 * 32000, GB), "GB"),
+    "logits.vs_ckpt": (Fraction(4 * 32000, 2 * LAYERS * 4096), "x"),
+    # chapter 5: the longest sequence with offloading and full checkpointing, by the sum (the whole model) and by
+    # what fit judges for the nominal 7x10^9 (the larger of the step's peak and the sum), on nvidia-smi's A100
+    "seq.full_sum": fits_at_answer_not_beyond(lambda s: article_offload_full(1, s)[0], A100_REAL),
+    "seq.full_peak": fits_at_answer_not_beyond(lambda s: article_offload_full(1, s)[1], A100_REAL),
     # chapter 6: gradients, master, Adam and activations against the 66 GB beside the weights
     "headroom.times": (Fraction(STATES - 2 * P + ACT, 80 * GB - 2 * P), "x"),
+    # what lies outside the blocks (the reference decoder), and the whole model's ledger
+    "outside.total": (Fraction(ARTICLE_OUTSIDE, GB), "GB"),
+    "outside.log_softmax": (Fraction(4 * 2048 * 32000, GB), "GB"),
+    "ledger.model_total": (Fraction(STATES + ACT + ARTICLE_OUTSIDE + OVERHEAD, GB), "GB"),
     # chapter 7: full checkpointing keeps L x BSd x 2 (article); selective keeps 34 BSd per layer (Korthikanti)
     "ckpt.gib": (Fraction(2 * LAYERS * BSD, GiB), "GiB"),
     "ckpt.selective_total": (Fraction(34 * LAYERS * BSD, GB), "GB"),
@@ -274,9 +363,13 @@ EXPECTED = {
     "offload.nvme_gb": (Fraction(2 * 12 * P, GB), "GB"),                    # FP32 states read and written
     "offload.nvme_seconds_slow": (Fraction(24 * P, 3 * GB), "s"),
     "offload.nvme_seconds_fast": (Fraction(24 * P, 7 * GB), "s"),
-    # chapter 9: the largest micro-batch of 2048-token sequences on 80 GB: (80 GB - resident) / per-sequence activations
-    "together.max_batch": ((80 * GB - 4 * P - OVERHEAD) // (2 * LAYERS * BSD), ""),   # 14 + 14 + 2 GB resident
-    "offload.max_batch": ((80 * GB - 4 * P - OVERHEAD) // ACT, ""),
+    # chapter 9: the largest micro-batch of 2048-token sequences on nvidia-smi's A100, the whole model summed
+    # (14 + 14 + 2 GB resident, the checkpoints or all activations and what lies outside the blocks per sequence),
+    # and by the step's peak
+    "together.max_batch": fits_at_answer_not_beyond(lambda n: article_offload_full(n)[0], A100_REAL),
+    "offload.max_batch": fits_at_answer_not_beyond(
+        lambda n: 4 * P + n * ACT + outside(ARTICLE, n, 2048, mask=True) + OVERHEAD, A100_REAL),
+    "together.max_batch_peak": fits_at_answer_not_beyond(lambda n: article_offload_full(n)[1], A100_REAL),
     # AdamW on the host: read the 2-byte gradient, read and write 12 bytes of FP32 state, write the 2-byte weight,
     # at the 204.8 GB/s of 8 DDR4-3200 channels (Tom's Hardware, 2021-12-09)
     "host.bandwidth": (Fraction(2048, 10), "GB/s"),
@@ -400,10 +493,13 @@ EXPECTED = {
     # p = 8: 4 blocks + the 32000 x d embedding; 8 micro-batches in flight of 4 layers, their int64 token ids and
     # 1-byte embedding dropout masks (Korthikanti Sec. 4.3)
     "pp.first": (Fraction(16 * (4 * BLOCK + 32000 * 4096) + ACT + 8 * (8 * 2048) + 8 * BSD + OVERHEAD, GB), "GB"),
-    "ex.zero3_full_dp": (next(n for n in count(1) if 16 * -(-P // n) + 2 * LAYERS * BSD + OVERHEAD <= 24 * GB), ""),
+    "ex.zero3_full_dp": (next(n for n in count(1) if 16 * -(-P // n) + 2 * LAYERS * BSD + OVERHEAD <= RTX_REAL), ""),
+    "ex.zero3_full_dp_peak": fits_from_answer_not_below(article_zero3_full, RTX_REAL),
     "ckpt.per_gpu": (Fraction(2 * LAYERS * BSD, GB), "GB"),
-    "ex.tp_batch": ((80 * GB - 16 * P // 8 - OVERHEAD) // (LAYERS * TP_LAYER), ""),
-    "ex.tpsp_batch": ((80 * GB - 16 * P // 8 - OVERHEAD) // (ACT // 8), ""),
+    "ex.tp_batch": ((A100_REAL - 16 * P // 8 - OVERHEAD) // (LAYERS * TP_LAYER), ""),
+    "ex.tpsp_batch": ((A100_REAL - 16 * P // 8 - OVERHEAD) // (ACT // 8), ""),
+    "ex.tp_batch_peak": fits_at_answer_not_beyond(lambda n: article_tp8(n, False), A100_REAL),
+    "ex.tpsp_batch_peak": fits_at_answer_not_beyond(lambda n: article_tp8(n, True), A100_REAL),
     "ex.bubble_m": (7 * 20, ""),                                             # 7/m <= 1/20
     "ex.bubble_m_interleaved": (7 * 20 // 4, ""),                            # 7/(4m) <= 1/20
     "ex.interleaved_first": (Fraction(ACT, GB) * (1 + Fraction(7, 8 * 4)), "GB"),
@@ -429,12 +525,15 @@ EXPECTED = {
     "moe.states_ratio": (Fraction(MIXTRAL["P"], MISTRAL["P"]), "x"),
     "moe.states_mixtral": (Fraction(16 * MIXTRAL["P"], GB), "GB"),
     "moe.act_ratio": (Fraction(layer(MIXTRAL), layer(MISTRAL)), "x"),
-    "fit.measure": measure_check,
-    "fit.llama3_80": fits_at_answer_not_beyond(lambda n: zero3_total(LLAMA3, B=n), 80 * GB),
-    "fit.llama3_seq_24": fits_at_answer_not_beyond(lambda n: zero3_total(LLAMA3, S=n), 24 * GB),
-    "fit.gemma_80": fits_at_answer_not_beyond(lambda n: zero3_total(GEMMA, B=n), 80 * GB),
-    "fit.gemma_room": (Fraction(80 * GB - zero3_total(GEMMA, B=GEMMA_B80), GB), "GB"),
-    "logits.gemma_batch": (Fraction(GEMMA_B80 * 4 * 4096 * GEMMA["V"], GB), "GB"),
+    "fit.measure": measure_is(SUM), "fit.measure_peak": measure_is(PEAK),
+    "fit.llama3_80": fits_at_answer_not_beyond(lambda n: zero3_total(LLAMA3, B=n), H100_REAL),
+    "fit.llama3_seq_24": fits_at_answer_not_beyond(lambda n: zero3_total(LLAMA3, S=n), RTX_REAL),
+    "fit.mistral_80": fits_at_answer_not_beyond(lambda n: zero3_total(MISTRAL, B=n), H100_REAL),
+    "fit.mistral_room": (Fraction(H100_REAL - zero3_total(MISTRAL, B=MISTRAL_B80), GB), "GB"),
+    "logits.mistral_batch": (Fraction(MISTRAL_B80 * 4 * 4096 * MISTRAL["V"], GB), "GB"),     # logits.float()
+    "fit.llama2_80": fits_at_answer_not_beyond(llama2_zero3_peak, H100_REAL),
+    "fit.llama2_room": lazy(lambda: Fraction(H100_REAL - llama2_zero3_peak(largest(
+        lambda n: llama2_zero3_peak(n) <= H100_REAL)), GB), "GB"),
     "fit.mixtral_states_gpu": (Fraction(16 * -(-MIXTRAL["P"] // 8), GB), "GB"),
     "act.llama3_seq": (Fraction(32 * layer(LLAMA3), GB), "GB"),
     # serving (memledger.inference's stated convention): 2P weights, the KV cache, one layer's prefill buffer
@@ -449,8 +548,9 @@ EXPECTED = {
     "ex.qwen_cache": (Fraction(2 * 28 * 32768 * 4 * 128 * 2, GB), "GB"),
     "ex.qwen_cache_mha": (Fraction(2 * 28 * 32768 * 28 * 128 * 2, GB), "GB"),
     "ex.h200_batch": fits_at_answer_not_beyond(
-        lambda n: 16 * LLAMA3["P"] + LLAMA3["L"] * 2 * n * 4096 * 4096 + OVERHEAD, 141 * GB),
-    "ex.h200_room": (Fraction(141 * GB - 16 * LLAMA3["P"] - 32 * 2 * H200_CKPT * 4096 * 4096 - OVERHEAD, GB), "GB"),
+        lambda n: 16 * LLAMA3["P"] + LLAMA3["L"] * 2 * n * 4096 * 4096 + outside(LLAMA3, n) + OVERHEAD, 141 * GB),
+    "ex.h200_room": (Fraction(141 * GB - 16 * LLAMA3["P"] - 32 * 2 * H200_CKPT * 4096 * 4096
+                              - outside(LLAMA3, H200_CKPT) - OVERHEAD, GB), "GB"),
     "ex.h200_logits": (Fraction(H200_CKPT * 4 * 4096 * LLAMA3["V"], GB), "GB"),
     "ex.llama3_ckpt_seq": (Fraction(32 * 2 * 4096 * 4096, GB), "GB"),
     # chapter 11: the step of the article's run (B = 1, S = 2048, bf16-adamw, the article's conventions)

@@ -48,14 +48,25 @@ def test_infer(capsys):
 
 
 def test_fit_json_fits_at_answer_not_beyond(capsys):
+    """On the step's peak (LLaMA-2 7B is modelled), checked through a Step built directly."""
+    from memledger.step import Step
     code, out, err = run(capsys, "fit", "--preset", "llama2-7b", "--zero", "3", "--dp", "8", "--flash-attention",
                          "--vary", "seq", "--json")
     data = json.loads(out)
-    n = data["answer"]
-    assert data["ledger"]["totals"]["gpu"] == data["total_at_answer"] <= GPU_MEMORY["a100-80gb"] < data["next"]["total"]
-    assert Ledger("llama2-7b", zero_stage=3, dp=8, flash_attention=True, seq_len=n).fits(GPU_MEMORY["a100-80gb"])
-    assert not Ledger("llama2-7b", zero_stage=3, dp=8, flash_attention=True, seq_len=n + 1).fits(
-        GPU_MEMORY["a100-80gb"])
+    n, a100 = data["answer"], GPU_MEMORY["a100-80gb"]
+    assert data["measure_key"] == "peak" and data["ledger"]["totals"]["gpu"] == data["total_at_answer"]
+    assert data["judged_at_answer"] == data["peak_at_answer"] <= a100 < data["next"]["judged"]
+    at = Ledger("llama2-7b", zero_stage=3, dp=8, flash_attention=True, seq_len=n)
+    beyond = Ledger("llama2-7b", zero_stage=3, dp=8, flash_attention=True, seq_len=n + 1)
+    assert Step(at).peak.bytes <= a100 < Step(beyond).peak.bytes
+
+
+def test_fit_text_names_its_measure(capsys):
+    code, out, _ = run(capsys, "fit", "--preset", "llama2-7b", "--zero", "3", "--dp", "8", "--vary", "batch")
+    assert code == 0 and "(the peak of a training step: " in out and "Binding: at batch" in out
+    code, out, _ = run(capsys, "fit", "--preset", "llama2-7b", "--zero", "3", "--dp", "8", "--vary", "batch",
+                       "--measure", "total")
+    assert code == 0 and "(the sum of the rows at the end of the forward pass: " in out
 
 
 @pytest.mark.parametrize("args, message", [
@@ -66,6 +77,8 @@ def test_fit_json_fits_at_answer_not_beyond(capsys):
     (["ledger", "--preset", "mistral-7b", "--tp", "16"], "n_kv_heads"),
     (["fit", "--preset", "gpt2", "--vary", "width"], "vary must be one of"),
     (["fit", "--preset", "gpt2"], "--vary"),
+    (["fit", "--preset", "gpt2", "--vary", "batch", "--measure", "max"], "measure must be one of"),
+    (["fit", "--preset", "gpt2", "--vary", "batch", "--measure", "peak"], "step timeline"),
     (["infer", "--params", "7e9"], "infer needs an architecture"),
     (["infer", "--preset", "gpt2", "--dtype", "int3"], "dtype"),
 ])

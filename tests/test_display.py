@@ -31,6 +31,24 @@ def test_verdict():
     assert "does not fit" in html_verdict(Ledger("article-7b"), 80 * GB)
 
 
+def test_verdict_says_what_it_judged():
+    """By default the sum (as the static calculator, which cannot run the timeline); with ``peak`` the step's
+    peak where modelled, marked on the bar, else the sum with the reason."""
+    from memledger.measure import MEASURE, SUM_NOTE, UNMODELLED_NOTE
+    from memledger.units import format_bytes
+    llama = Ledger("llama2-7b", recompute="full", offload_optimizer="cpu")
+    by_sum = html_verdict(llama, 80 * GB)
+    assert f"{format_bytes(llama.totals['gpu'])} per GPU against 80.00 GB, {MEASURE['total']} ({SUM_NOTE})" in by_sum
+    by_peak = html_verdict(llama, 80 * GB, peak=True)
+    assert f"{format_bytes(llama.peak)} per GPU against 80.00 GB, {MEASURE['peak']}" in by_peak
+    assert "solid black" in by_peak and "solid black" not in by_sum
+    gqa = html_verdict(Ledger("llama3-8b"), 80 * GB, peak=True)
+    assert f"{MEASURE['total']} ({UNMODELLED_NOTE})" in gqa
+    nominal = Ledger("article-7b")                          # 7x10^9 booked, the spec's tensors in the step
+    assert nominal.totals["gpu"] > nominal.peak
+    assert f"{format_bytes(nominal.totals['gpu'])} per GPU" in html_verdict(nominal, 80 * GB, peak=True)
+
+
 def test_table_repr_and_html_escape():
     t = Table(("a", "b"), [("x<y", 1)])
     assert repr(t).splitlines()[1].startswith("x<y")

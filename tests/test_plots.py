@@ -126,4 +126,4 @@ def test_fit_chart_leaves_out_what_does_not_fit():
                             "mixtral-8x7b": {24 * gb: None, 80 * gb: None}}, "largest micro-batch").axes[0]
     assert [line.get_label() for line in ax.lines] == ["llama3-8b"]
     assert list(ax.lines[0].get_xdata()) == [80.0, 141.0] and list(ax.lines[0].get_ydata()) == [2, 5]
-    assert [t.get_text() for t in ax.get_xticklabels()] == ["24", "80", "141"]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["24.0", "80.0", "141.0"]      # one decimal: 79.6 GiB

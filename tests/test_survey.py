@@ -59,7 +59,19 @@ def test_fit_grid_answers_fit_and_one_more_does_not():
             assert n == 0 or replace(model, batch_size=n).fits(gpus[gpu])
             assert not replace(model, batch_size=n + 1).fits(gpus[gpu])
     table = fit_table(grid, "largest micro-batch")
-    assert table.header == ("largest micro-batch", "24", "80") and table.rows[0][1] == "none"
+    assert table.header == ("largest micro-batch", "24", "80", "judged by") and table.rows[0][1] == "none"
+    assert table.rows[0][3] == "sum at end of forward"                 # grouped-query attention: no timeline
+
+
+def test_fit_table_names_the_peak_where_the_timeline_models_the_model():
+    from memledger.step import Step
+    a100 = {"a100": 81920 * 2**20}                                     # nvidia-smi's total
+    grid = fit_grid(Ledger("llama3-8b", seq_len=4096, zero_stage=3, dp=8, flash_attention=True), ["llama2-7b"],
+                    a100, "batch")
+    n = grid["llama2-7b"]["a100"]["answer"]
+    at = Ledger("llama2-7b", seq_len=4096, zero_stage=3, dp=8, flash_attention=True, batch_size=n)
+    assert Step(at).peak.bytes <= a100["a100"] < Step(replace(at, batch_size=n + 1)).peak.bytes
+    assert fit_table(grid, "largest micro-batch").rows[0][2] == "peak of a step"
 
 
 def test_side_by_side_tables():
@@ -72,7 +84,8 @@ def test_side_by_side_tables():
     room = {row[0]: row for row in headroom_table(grid, "80").rows}
     assert room["mixtral-8x7b"][1] == "none"
     n = grid["llama3-8b"]["80"]["answer"]
-    assert room["llama3-8b"][4] == f"{4 * n * 4096 * 128256 / 1e9:.2f} GB"
-    assert room["llama3-8b"][3] == f"{4 * 128256 * 4096 / 1e9:.2f} GB"     # the embedding is its largest module
+    assert room["llama3-8b"][2] == "sum at end of forward"
+    assert room["llama3-8b"][5] == f"{4 * n * 4096 * 128256 / 1e9:.2f} GB"
+    assert room["llama3-8b"][4] == f"{4 * 128256 * 4096 / 1e9:.2f} GB"     # the embedding is its largest module
     serving = serving_table(["llama3-8b"], 8192).rows[0]
     assert serving[1] == "16.06 GB" and serving[2] == f"{2 * 32 * 8192 * 8 * 128 * 2 / 1e9:.2f} GB"

@@ -12,6 +12,12 @@ def test_explorer_updates_on_change():
     offload = next(c for c in grid.children if c.description == "offload optimizer")
     recompute.value, offload.value = "full", "cpu"
     assert ">fits<" in output.value and "CPU" in output.value
+    assert "the peak of a training step" in output.value        # the article's model: the timeline models it
+
+
+def test_explorer_judges_the_sum_where_the_timeline_does_not_model_the_setup():
+    html = render({**defaults(), "arch": "llama3-8b"})
+    assert "the sum of the rows at the end of the forward pass (the step timeline does not model" in html
 
 
 def test_controls_are_the_shared_description():
