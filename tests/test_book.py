@@ -176,13 +176,11 @@ H200_CKPT = largest(lambda n: 16 * LLAMA3["P"] + LLAMA3["L"] * 2 * n * 4096 * 40
 # LayerNorm; the A100's 81,920 MiB as nvidia-smi reports it ---------------------------------------------------
 D, VOC, HEADS = 4096, 32000, 32
 P_COUNTED = LAYERS * BLOCK + VOC * D + 2 * D
-A100_REAL = 81920 * MiB
 
 
-def outside(B, S):
-    """Outside the blocks: int64 input and target ids, the (S, S) bool mask, the final LayerNorm's input and the
-    LM head's input (BF16), cross-entropy's FP32 log-softmax, the loss and nll_loss's total weight."""
-    return 16 * B * S + S * S + 2 * 2 * B * S * D + 4 * B * S * VOC + 8
+def article_outside(B, S):
+    """Outside the blocks of the article's shape, with eager attention's (S, S) causal mask."""
+    return outside(ARTICLE, B, S, mask=True)
 
 
 def act(B, S):
@@ -202,7 +200,7 @@ def recomputed_block0(S):
 
 
 def offload_full_sum(B, S):                       # weights and gradients on the GPU, L block inputs
-    return 4 * P_COUNTED + LAYERS * 2 * B * S * D + outside(B, S) + OVERHEAD
+    return 4 * P_COUNTED + LAYERS * 2 * B * S * D + article_outside(B, S) + OVERHEAD
 
 
 def offload_full_peak(B, S):
@@ -216,11 +214,11 @@ def offload_full_peak(B, S):
 
 
 def offload_sum(S):                               # offloading alone: weights, gradients, all activations
-    return 4 * P_COUNTED + act(1, S) + outside(1, S) + OVERHEAD
+    return 4 * P_COUNTED + act(1, S) + article_outside(1, S) + OVERHEAD
 
 
 def offload_peak(S):                              # at the loss: no gradients yet, two more FP32 B x S x V tensors
-    return 2 * P_COUNTED + act(1, S) + outside(1, S) + 2 * 4 * S * VOC + OVERHEAD
+    return 2 * P_COUNTED + act(1, S) + article_outside(1, S) + 2 * 4 * S * VOC + OVERHEAD
 
 
 SEQ_SUM = largest(lambda s: offload_full_sum(1, s) <= A100_REAL)
@@ -556,15 +554,15 @@ EXPECTED = {
     # chapter 11: the step of the article's run (B = 1, S = 2048, bf16-adamw, the article's conventions)
     "peak.a100": (80, "GiB"),                                                # nvidia-smi: 81,920 MiB
     "peak.params": (P_COUNTED, ""),
-    "peak.plain_sum": (Fraction(16 * P_COUNTED + act(1, 2048) + outside(1, 2048) + OVERHEAD, GB), "GB"),
+    "peak.plain_sum": (Fraction(16 * P_COUNTED + act(1, 2048) + article_outside(1, 2048) + OVERHEAD, GB), "GB"),
     # at log_softmax's backward: weights, masters, moments (14 B/param), every activation, two FP32 B x S x V
-    "peak.plain": (Fraction(14 * P_COUNTED + act(1, 2048) + outside(1, 2048) + 2 * 4 * 2048 * VOC + OVERHEAD, GB),
+    "peak.plain": (Fraction(14 * P_COUNTED + act(1, 2048) + article_outside(1, 2048) + 2 * 4 * 2048 * VOC + OVERHEAD, GB),
                    "GB"),
     "peak.grads_booked": (Fraction(2 * P_COUNTED, GB), "GB"),
     "peak.logits_fp32": (Fraction(4 * 2048 * VOC, GB), "GB"),
     "peak.per_param": (2 + 4 + 4 + 4 + 4, "B/param"),                     # HF "model memory anatomy": 18
     "peak.adam_temps": (Fraction(2 * 4 * VOC * D, GB), "GB"),               # two FP32 temporaries of the embedding
-    "peak.full_sum": (Fraction(16 * P_COUNTED + LAYERS * 2 * 2048 * D + outside(1, 2048) + OVERHEAD, GB), "GB"),
+    "peak.full_sum": (Fraction(16 * P_COUNTED + LAYERS * 2 * 2048 * D + article_outside(1, 2048) + OVERHEAD, GB), "GB"),
     "peak.full": (Fraction(18 * P_COUNTED + 2 * 4 * VOC * D + OVERHEAD + 16 * 2048, GB), "GB"),
     "peak.seq_sum": fits_at_answer_not_beyond(lambda s: offload_full_sum(1, s), A100_REAL),
     "peak.seq": fits_at_answer_not_beyond(lambda s: offload_full_peak(1, s), A100_REAL),

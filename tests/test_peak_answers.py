@@ -1,5 +1,5 @@
-"""The largest batch and sequence by the ledger's sum and by the step's peak (memledger/peakfit.py),
-and the step's tables (memledger/steptable.py).
+"""The largest batch and sequence by the ledger's sum and by the step's peak (``memledger.fit`` with
+``measure="total"`` and ``"peak"``), and the step's tables (memledger/steptable.py).
 
 The independent values are arithmetic written here from the reference loop of docs/step.md, op by op,
 for the article's shape with its parameters counted (GPT blocks of 12d^2 + 13d, a tied 32000 x d
@@ -13,7 +13,7 @@ import pytest
 from memledger.architecture import get_preset
 from memledger.hardware import GPU_MEMORY
 from memledger.ledger import Ledger
-from memledger.peakfit import MEASURES, answers, judge, largest
+from memledger.fitting import fit
 from memledger.steptable import (backends_table, live_table, states_per_param_at_peak, step_table,
                                  sum_and_peak_table)
 
@@ -50,6 +50,11 @@ def offload_full_peak_batch(B, S=2048):
     copies (12BSd), dX, the norm output and the attention output (6BSd), the LM head's gradient, the final
     norm's gradients, the causal mask, the ids, two scalars."""
     return 2 * P + O + 2 * V * d + 4 * d + S * S + 8 + B * (16 * S + 82 * S * d + 7 * H * S * S)
+
+
+def answers(template, vary, gpu_bytes):
+    return {"sum": fit(template, vary, gpu_bytes, measure="total")["answer"],
+            "peak": fit(template, vary, gpu_bytes, measure="peak")["answer"]}
 
 
 def boundary(total, n):
@@ -89,35 +94,13 @@ def test_a_nominal_count_keeps_the_sum_in_the_verdict():
     assert got["peak"] == got["sum"]
 
 
-def test_measures_agree_with_the_ledger():
-    ledger = Ledger(ARTICLE, recompute="full")
-    peak = ledger.step().peak.bytes
-    assert judge(ledger, peak, "peak") and not judge(ledger, peak - 1, "peak")
-    assert judge(ledger, ledger.totals["gpu"], "sum") and not judge(ledger, ledger.totals["gpu"] - 1, "sum")
-
-
 def test_nothing_fits():
-    assert largest(Ledger(ARTICLE), "batch", A100, "sum") == 0
+    assert fit(Ledger(ARTICLE), "batch", A100, measure="total")["answer"] is None
 
 
-@pytest.mark.parametrize("kwargs, error", [
-    (dict(vary="layers"), "vary must be one of"),
-    (dict(measure="max"), "measure must be one of"),
-    (dict(gpu_bytes=0), "gpu_bytes must be a positive integer"),
-    (dict(gpu_bytes="80 GB"), "gpu_bytes must be an integer"),
-])
-def test_bad_input(kwargs, error):
-    args = dict(template=OFFLOAD_FULL, vary="batch", gpu_bytes=A100, measure="peak") | kwargs
-    with pytest.raises((ValueError, TypeError), match=error):
-        largest(**args)
-
-
-def test_unmodelled_setups_are_refused():
-    with pytest.raises(ValueError, match="needs an architecture"):
-        largest(Ledger(n_params=7 * 10**9), "batch", A100)
+def test_unmodelled_setups_are_refused_by_the_peak():
     with pytest.raises(ValueError, match="selective"):
-        largest(Ledger(ARTICLE, recompute="selective"), "batch", A100, "peak")
-    assert set(MEASURES) == {"sum", "peak"}
+        fit(Ledger(ARTICLE, recompute="selective"), "batch", A100, measure="peak")
 
 
 def test_eighteen_bytes_per_parameter_in_the_optimizer_step():
