@@ -58,7 +58,7 @@ class Saved:
 BSd, BSF, BHSS = (B, S, d), (B, S, F), (B, H, S, S)
 
 
-def _norm_rows(norm, position, dtype="bf16", norm_stats=None, rmsnorm="fused", prefix=None, block=None):
+def norm_rows(norm, position, dtype="bf16", norm_stats=None, rmsnorm="fused", prefix=None, block=None):
     """What a norm keeps: its input, and optionally its per-token statistics.
 
     LayerNorm (ATen ``native_layer_norm``) keeps input, mean and rstd; RMSNorm
@@ -123,7 +123,7 @@ def inventory(mlp: str = "gelu", norm: str = "LayerNorm", dropout: bool = True,
     :mod:`memledger.backends`): ``dtype`` of the activations (``"fp32"`` for
     an FP32 model); ``mask_dtype`` of dropout masks (``"bool"``: the fused
     CUDA kernel, ``native_dropout``; CPU ``F.dropout`` keeps the activation
-    dtype); ``norm_stats`` and ``rmsnorm`` (:func:`_norm_rows`); ``attention``:
+    dtype); ``norm_stats`` and ``rmsnorm`` (:func:`norm_rows`); ``attention``:
     ``"eager"``, ``"flash"`` (= ``flash_attention=True``) or ``"math"``
     (PyTorch's math SDPA on CPU: a 16-bit q, k, v upcast to FP32, the S x S
     tensors in FP32). Measured against PyTorch 2.13 in ``tests/test_torchref.py``.
@@ -138,7 +138,7 @@ def inventory(mlp: str = "gelu", norm: str = "LayerNorm", dropout: bool = True,
     kv_saved = q if repeat_kv else kv
     a, f = dtype, ("fp32" if attention == "math" else dtype)
     up = "math SDPA: upcast to FP32 (and q scaled), " if attention == "math" else ""
-    rows = _norm_rows(norm, 1, a, norm_stats, rmsnorm) + [
+    rows = norm_rows(norm, 1, a, norm_stats, rmsnorm) + [
         Saved("Q/K/V projection input", "the Q, K, V weight gradients need their shared input", BSd, a,
               weight_grad_of=("q_proj", "k_proj", "v_proj")),
         Saved("Q", up + "backward of QK^T needs K, and vice versa", (B, S, q), f, tp_sharded=True),
@@ -164,7 +164,7 @@ def inventory(mlp: str = "gelu", norm: str = "LayerNorm", dropout: bool = True,
     if dropout:
         rows.append(Saved("attention residual dropout mask", "dropout backward needs the mask", BSd, mask_dtype,
                           dropout=True))
-    rows += _norm_rows(norm, 2, a, norm_stats, rmsnorm) + [
+    rows += norm_rows(norm, 2, a, norm_stats, rmsnorm) + [
         Saved("MLP input", "the up-projection weight gradient needs its input", BSd, a, block="mlp",
               weight_grad_of=("up_proj",) if mlp == "gelu" else ("gate_proj", "up_proj"))]
     if moe:

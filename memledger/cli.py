@@ -40,7 +40,7 @@ class _Help(argparse.HelpFormatter):
         return text
 
 
-def _one_of(options) -> str:
+def one_of(options) -> str:
     return ", ".join(map(str, options))
 
 
@@ -82,7 +82,7 @@ def _parser():
                      help="runtime overhead (CUDA context, workspace)")
     inf.add_argument("--units", default=UNITS[0], help=UNITS_HELP)
     inf.add_argument("--gpu-memory", default=next(iter(GPU_MEMORY)),
-                     help=f"GPU memory for the fits verdict: bytes (80GB) or one of {_one_of(GPU_MEMORY)}")
+                     help=f"GPU memory for the fits verdict: bytes (80GB) or one of {one_of(GPU_MEMORY)}")
     inf.add_argument("--json", action="store_true", help="one JSON object with exact integer bytes")
     for name, text in (("presets", "list the presets and their architecture"),
                        ("recipes", "list the precision/optimizer recipes"),
@@ -93,9 +93,9 @@ def _parser():
 
 def _model_options(parser):
     arch = parser.add_argument_group("model (a preset, a parameter count, or a shape)")
-    arch.add_argument("--preset", help=f"one of: {_one_of(preset_names())}")
+    arch.add_argument("--preset", help=f"one of: {one_of(preset_names())}")
     arch.add_argument("--config", help="a Hugging Face config.json (or its folder), read offline; model types: "
-                      + _one_of(SUPPORTED))
+                      + one_of(SUPPORTED))
     arch.add_argument("--params", help="parameter count, e.g. 7e9 (alone: model states only)")
     arch.add_argument("--hidden", help="hidden size d")
     arch.add_argument("--layers", help="number of layers L")
@@ -110,19 +110,19 @@ def _ledger_options(parser):
     run = parser.add_argument_group("workload and strategy")
     run.add_argument("--batch", help=f"micro-batch size B (default: {Ledger.batch_size})")
     run.add_argument("--seq", help=f"sequence length S (default: {Ledger.seq_len})")
-    run.add_argument("--recipe", default=Ledger.recipe, help=f"one of: {_one_of(ALL_RECIPES)}")
-    run.add_argument("--recompute", default=Ledger.recompute, help=_one_of(RECOMPUTE))
+    run.add_argument("--recipe", default=Ledger.recipe, help=f"one of: {one_of(ALL_RECIPES)}")
+    run.add_argument("--recompute", default=Ledger.recompute, help=one_of(RECOMPUTE))
     run.add_argument("--no-dropout", action="store_true", help="train without dropout")
     run.add_argument("--flash-attention", action="store_true", help="no S x S tensors saved")
     run.add_argument("--tp", default=str(Ledger.tp), help="tensor-parallel degree")
     run.add_argument("--sp", action="store_true", help="sequence parallelism (needs --tp > 1)")
-    run.add_argument("--zero", default=str(Ledger.zero_stage), help=f"ZeRO stage: {_one_of(ZERO_STAGES)}")
+    run.add_argument("--zero", default=str(Ledger.zero_stage), help=f"ZeRO stage: {one_of(ZERO_STAGES)}")
     run.add_argument("--dp", default=str(Ledger.dp), help="data-parallel degree")
-    run.add_argument("--offload-optimizer", default=Ledger.offload_optimizer, help=_one_of(OFFLOAD_DEVICES))
+    run.add_argument("--offload-optimizer", default=Ledger.offload_optimizer, help=one_of(OFFLOAD_DEVICES))
     run.add_argument("--offload-params", default=Ledger.offload_params,
-                     help=f"{_one_of(OFFLOAD_DEVICES)} (needs --zero 3)")
+                     help=f"{one_of(OFFLOAD_DEVICES)} (needs --zero 3)")
     run.add_argument("--offload-placement", default=Ledger.offload_placement,
-                     help=f"{_one_of(PLACEMENTS)}: article (grads stay on the GPU) or zero-offload "
+                     help=f"{one_of(PLACEMENTS)}: article (grads stay on the GPU) or zero-offload "
                           "(only BF16 params stay)")
     run.add_argument("--overhead", default=format_bytes(Ledger.overhead_bytes, digits=0).replace(" ", ""),
                      help="runtime overhead (CUDA context, workspace), e.g. 2GB or 1500000000")
@@ -131,12 +131,12 @@ def _ledger_options(parser):
     out = parser.add_argument_group("output")
     out.add_argument("--units", default=UNITS[0], help=UNITS_HELP)
     out.add_argument("--gpu-memory", default=next(iter(GPU_MEMORY)),
-                     help=f"GPU memory for the fits verdict: bytes (80GB) or one of {_one_of(GPU_MEMORY)}")
-    out.add_argument("--link", default="pcie4-x16", help=f"host link for offload time: {_one_of(HOST_LINKS)}")
+                     help=f"GPU memory for the fits verdict: bytes (80GB) or one of {one_of(GPU_MEMORY)}")
+    out.add_argument("--link", default="pcie4-x16", help=f"host link for offload time: {one_of(HOST_LINKS)}")
     out.add_argument("--json", action="store_true", help="one JSON object with exact integer bytes")
 
 
-def _architecture(a):
+def architecture_from_args(a):
     shape = {"d_model": a.hidden, "n_layers": a.layers, "n_heads": a.heads, "d_ff": a.ffn, "vocab_size": a.vocab}
     given = {k: parse_count(v, k) for k, v in shape.items() if v is not None}
     if a.style is not None:
@@ -160,13 +160,13 @@ def _architecture(a):
 def _zero_stage(text):
     stages = {str(s): s for s in ZERO_STAGES}
     if text.strip() not in stages:
-        raise ValueError(f"zero_stage must be one of {_one_of(ZERO_STAGES)}, got {text!r}")
+        raise ValueError(f"zero_stage must be one of {one_of(ZERO_STAGES)}, got {text!r}")
     return stages[text.strip()]
 
 
 def build_ledger(a) -> Ledger:
     """The :class:`Ledger` that parsed ``ledger`` arguments describe; refuses options it would ignore."""
-    arch = _architecture(a)
+    arch = architecture_from_args(a)
     if a.params is not None and arch is not None:
         raise ValueError("--params is the whole model; it cannot be combined with --preset, --config or a shape "
                          "(--hidden/--layers/--heads/--ffn/--vocab/--style)")
@@ -180,9 +180,9 @@ def build_ledger(a) -> Ledger:
             raise ValueError(f"{', '.join(needs)} need an architecture (activations); --params alone gives "
                              "model states only")
     if a.units not in UNITS:
-        raise ValueError(f"units must be one of {_one_of(UNITS)}, got {a.units!r}")
+        raise ValueError(f"units must be one of {one_of(UNITS)}, got {a.units!r}")
     if a.link in NVME_LINKS:
-        raise ValueError(f"link {a.link!r} is an NVMe drive, not a host link; use one of {_one_of(HOST_LINKS)}")
+        raise ValueError(f"link {a.link!r} is an NVMe drive, not a host link; use one of {one_of(HOST_LINKS)}")
     lookup(HOST_LINKS, a.link, "link")
     return Ledger(
         arch=arch,
@@ -203,7 +203,7 @@ def gpu_bytes(text: str) -> int:
     try:
         return parse_bytes(text, "gpu_memory")
     except ValueError:
-        raise ValueError(f"gpu_memory must be a size such as 80GB or one of {_one_of(GPU_MEMORY)}, "
+        raise ValueError(f"gpu_memory must be a size such as 80GB or one of {one_of(GPU_MEMORY)}, "
                          f"got {text!r}") from None
 
 
@@ -316,7 +316,7 @@ def main(argv=None) -> int:
     try:
         a = _parser().parse_args(argv)
         if a.command is None:
-            raise ValueError(f"choose a command: {_one_of(COMMANDS)} (see memledger --help)")
+            raise ValueError(f"choose a command: {one_of(COMMANDS)} (see memledger --help)")
         if a.command in ("fit", "infer"):
             from . import cli_models
             text = getattr(cli_models, a.command)(a)

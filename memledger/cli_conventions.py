@@ -114,10 +114,10 @@ def convention(a, ledger) -> str:
 
 def compare(a) -> str:
     """``memledger compare``: memledger's ledger and every convention, side by side."""
-    from .cli import UNITS, build_ledger, _one_of
+    from .cli import UNITS, build_ledger, one_of
     from .conventions.compare import compare as run, compare_table
     if a.units not in UNITS:
-        raise ValueError(f"units must be one of {_one_of(UNITS)}, got {a.units!r}")
+        raise ValueError(f"units must be one of {one_of(UNITS)}, got {a.units!r}")
     rows = run(setup(a, build_ledger(a)))
     if a.json:
         import json

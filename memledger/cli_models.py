@@ -3,7 +3,7 @@
 Split from :mod:`memledger.cli` (which parses the options and reports errors);
 each function takes the parsed arguments and returns the text to print.
 """
-from .cli import UNITS, _architecture, _one_of, build_ledger, gpu_bytes
+from .cli import UNITS, architecture_from_args, one_of, build_ledger, gpu_bytes
 from .units import format_bytes, parse_bytes, parse_count
 
 
@@ -54,11 +54,11 @@ def fit(a):
 
 def infer(a):
     from .inference import Inference
-    arch = _architecture(a)
+    arch = architecture_from_args(a)
     if arch is None:
         raise ValueError("infer needs an architecture: --preset NAME, --config FILE or --hidden/--layers/--heads")
     if a.units not in UNITS:
-        raise ValueError(f"units must be one of {_one_of(UNITS)}, got {a.units!r}")
+        raise ValueError(f"units must be one of {one_of(UNITS)}, got {a.units!r}")
     inference = Inference(arch, batch_size=1 if a.batch is None else parse_count(a.batch, "batch_size"),
                           seq_len=2048 if a.seq is None else parse_count(a.seq, "seq_len"),
                           weight_dtype=a.dtype, kv_dtype=a.kv_dtype, tp=parse_count(a.tp, "tp"),

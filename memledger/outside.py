@@ -14,7 +14,7 @@ backward (reference decoder of ``docs/step.md``, checked in
 """
 import sympy as sp
 
-from .activations import Saved, _norm_rows
+from .activations import Saved, norm_rows
 from .symbols import B, S, V, d
 
 
@@ -28,7 +28,7 @@ def outside_inventory(style: str = "gpt", *, dtype: str = "bf16", norm_stats: st
     if attention == "eager":
         rows.append(Saved("causal mask", "one (S, S) bool mask, built once per forward and shared by all layers",
                           (S, S), "bool", block="outside"))
-    rows += _norm_rows(norm, 0, dtype, norm_stats, rmsnorm, prefix=f"final {norm}", block="outside")
+    rows += norm_rows(norm, 0, dtype, norm_stats, rmsnorm, prefix=f"final {norm}", block="outside")
     rows += [Saved("LM head input", "the LM head's weight gradient needs the final norm's output", (B, S, d), dtype,
                    block="outside"),
              Saved("log-softmax output (FP32)", "cross-entropy on FP32 logits keeps log_softmax's output",

@@ -21,7 +21,7 @@ from .recipes import RECIPES
 from .steplayer import layer_backward, layer_forward
 from .stepops import BSd, GRAD_KIND, Program, Tensor, block_param_tensors, io_names
 from .steprecompute import checkpointed_forward, recompute_backward
-from .stepstructure import StepStructure, _zero3_units, param_tensors
+from .stepstructure import StepStructure, zero3_units, param_tensors
 from . import stepouter
 from .steptrace import Compiled, explicit_layers, flatten, qualified_tensors
 from .symbols import L, N_d, P, t
@@ -79,7 +79,7 @@ class Built:
             layer_forward(fwd, c)
             layer_backward(bwd, c, share)
         if s.zero_stage == 3:
-            _zero3_units(tensors, programs, fwd, bwd, c, recipe, s)
+            zero3_units(tensors, programs, fwd, bwd, c, recipe, s)
         layers = explicit_layers(s.layers or 5)
         opt = Program(tensors)
         state_dtype = next((x.dtype for x in recipe.components if "second moment" in x.name), None)

@@ -9,7 +9,7 @@ bias) or the weight gradient first (mm, without). Read off MemTracker's
 allocation log of the reference decoder; checked by ``tests/test_step.py``.
 """
 from .stepnorms import norm_backward, norm_forward
-from .stepops import BHSS, BSd, BSF, Shape, _grads, io_names
+from .stepops import BHSS, BSd, BSF, Shape, define_grads, io_names
 from .symbols import B, S, d
 
 
@@ -112,36 +112,36 @@ def layer_backward(p, c: Shape, share, recomputed=False):
         p.op("mask released", free=["MLP residual dropout mask"])
     gdi = p.new("gradient of the down-projection input", BSF, a, "dL/d(down input)", tp=True)
     if c.gpt:
-        _linear_backward(p, c, "down projection backward", gdi, _grads(p, ["down.weight", "down.bias"], c, share),
+        _linear_backward(p, c, "down projection backward", gdi, define_grads(p, ["down.weight", "down.bias"], c, share),
                          "down-projection input", [g if drop else None], recomputed)
         gu = p.new("gradient of the GeLU input", BSF, a, "GeLU backward's output", tp=True)
         p.op("GeLU backward", alloc=[gu])
         p.op("released", free=[gdi, "GeLU input"])
         gh = p.new("gradient of the MLP input", BSd, a, "the up projection's input gradient")
-        _linear_backward(p, c, "up projection backward", gh, _grads(p, ["up.weight", "up.bias"], c, share),
+        _linear_backward(p, c, "up projection backward", gh, define_grads(p, ["up.weight", "up.bias"], c, share),
                          "MLP input", [gu], recomputed)
     else:
-        p.op("down projection backward", alloc=_grads(p, ["down.weight"], c, share) + [gdi])
+        p.op("down projection backward", alloc=define_grads(p, ["down.weight"], c, share) + [gdi])
         p.op("released", free=[g if drop else None, "down-projection input"])
         gs = p.new("gradient of the SiLU output", BSF, a, "dL/d(SiLU(gate)) = g * up", tp=True)
         gup = p.new("gradient of the up-projection output", BSF, a, "dL/d(up) = g * SiLU(gate)", tp=True)
         p.op("SiLU(gate) * up backward", alloc=[gs, gup])
         p.op("released", free=[gdi, "up-projection output", "SiLU output"])
         gh_up = p.new("gradient of the MLP input via up", BSd, a, "the up projection's input gradient")
-        p.op("up projection backward", alloc=_grads(p, ["up.weight"], c, share) + [gh_up])
+        p.op("up projection backward", alloc=define_grads(p, ["up.weight"], c, share) + [gh_up])
         p.op("released", free=[gup])
         gg = p.new("gradient of the gate output", BSF, a, "SiLU backward's output", tp=True)
         p.op("SiLU backward", alloc=[gg])
         p.op("released", free=[gs, "gate output"])
         gh_gate = p.new("gradient of the MLP input via gate", BSd, a, "the gate projection's input gradient")
-        p.op("gate projection backward", alloc=_grads(p, ["gate.weight"], c, share) + [gh_gate])
+        p.op("gate projection backward", alloc=define_grads(p, ["gate.weight"], c, share) + [gh_gate])
         p.op("released", free=[gg, "MLP input"])
         gh = p.new("gradient of the MLP input", BSd, a, "the two input gradients summed")
         p.op("MLP input gradients summed", alloc=[gh])
         p.op("released", free=[gh_up, gh_gate])
     fp32_composite = c.composite and not c.upcast
     gn2 = p.new("gradient of norm 2's input", BSd, a, "norm 2 backward's output")
-    norm_backward(p, c, "2", gh, gn2, _grads(p, ["norm2.weight", "norm2.bias"], c, share),
+    norm_backward(p, c, "2", gh, gn2, define_grads(p, ["norm2.weight", "norm2.bias"], c, share),
                   residual="dX_out" if fp32_composite else None)
     if fp32_composite:
         gxm = gn2
@@ -155,7 +155,7 @@ def layer_backward(p, c: Shape, share, recomputed=False):
         p.op("attention residual dropout backward", alloc=[g])
         p.op("mask released", free=["attention residual dropout mask"])
     gpi = p.new("gradient of the output projection input", BSd, a, "the output projection's input gradient", tp=True)
-    proj = _grads(p, ["proj.weight", "proj.bias"], c, share)
+    proj = define_grads(p, ["proj.weight", "proj.bias"], c, share)
     gq, gk, gv = (p.new(f"gradient of {n}", BSd, a, f"dL/d{n}", tp=True) for n in ("q", "k", "v"))
     if c.attention == "flash":
         _linear_backward(p, c, "output projection backward", gpi, proj, None, (), recomputed)
@@ -196,13 +196,13 @@ def layer_backward(p, c: Shape, share, recomputed=False):
     p.op("permuted back", alloc=[gqkv])
     p.op("released", free=[stack])
     gn1 = p.new("gradient of norm 1's output", BSd, a, "the QKV projection's input gradient")
-    _linear_backward(p, c, "QKV projection backward", gn1, _grads(p, ["qkv.weight", "qkv.bias"], c, share),
+    _linear_backward(p, c, "QKV projection backward", gn1, define_grads(p, ["qkv.weight", "qkv.bias"], c, share),
                      "Q/K/V projection input", [gqkv], recomputed)
     if fp32_composite:
-        norm_backward(p, c, "1", gn1, "prev: dX_out", _grads(p, ["norm1.weight", "norm1.bias"], c, share),
+        norm_backward(p, c, "1", gn1, "prev: dX_out", define_grads(p, ["norm1.weight", "norm1.bias"], c, share),
                       residual=gxm)
     else:
         gx1 = p.new("gradient of norm 1's input", BSd, a, "norm 1 backward's output")
-        norm_backward(p, c, "1", gn1, gx1, _grads(p, ["norm1.weight", "norm1.bias"], c, share))
+        norm_backward(p, c, "1", gn1, gx1, define_grads(p, ["norm1.weight", "norm1.bias"], c, share))
         p.op("residual gradients summed", alloc=["prev: dX_out"])
         p.op("released", free=[gx1, gxm])

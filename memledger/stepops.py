@@ -95,7 +95,7 @@ def block_param_tensors(style: str) -> list:
             ("gate.weight", d * F), ("up.weight", d * F), ("down.weight", d * F)]
 
 
-def _grads(p, names, c, share):
+def define_grads(p, names, c, share):
     """Define the gradients of ``names`` (block parameters) and return their tensor names."""
     sizes = dict(block_param_tensors(c.style))
     out = []

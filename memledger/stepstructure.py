@@ -70,7 +70,7 @@ def param_tensors(c: Shape, layers):
     return out + stepouter.head_params(c)
 
 
-def _zero3_units(tensors, programs, fwd, bwd, c, recipe, s):
+def zero3_units(tensors, programs, fwd, bwd, c, recipe, s):
     """ZeRO-3: every module's parameters are all-gathered before it runs, forward and backward (DeepSpeed
     stage 3, FSDP), and freed after; in backward its full gradients exist until reduce-scattered. The unit
     is one block (or the embedding, or the LM head); with prefetch the next unit is gathered meanwhile
