@@ -44,6 +44,17 @@ def build(request):
 
 
 
+#: Test modules whose every test is slow (``pytestmark = pytest.mark.slow``): under ``-m "not slow"`` they
+#: are not even imported, which spares the edit loop PyTorch's and Playwright's import time.
+ALL_SLOW = {"test_browser.py", "test_lora_torch.py", "test_torchcompare.py", "test_torchref.py"}
+
+
+def pytest_ignore_collect(collection_path, config):
+    if collection_path.name in ALL_SLOW and config.getoption("markexpr", "") == "not slow":
+        return True
+    return None
+
+
 def pytest_collection_modifyitems(items):
     """nbval's notebook items (each runs a kernel) and whatever needs the build are slow."""
     for item in items:
