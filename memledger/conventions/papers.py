@@ -10,10 +10,19 @@ m_act = L seq bs h (34 + 5 n_heads seq / h) (line 507); ZeRO stages
 2P + 2P + kP/N_d, 2P + (2 + k)P/N_d, (4 + k)P/N_d with k = 12 (lines 850-957);
 the FP8 table (lines 2573-2648).
 
-ZeRO (Rajbhandari et al. 2020, Sec. 3.1-3.2): model states (2 + 2 + K)P,
-K = 12; activations of a GPT-2-like model about 12 x hidden x batch x seq x
-layers 2-byte values: the 1.5B GPT-2 (48 layers, hidden 1600) at sequence
-1K and batch 32 needs "about 60 GB", "about 8 GB" with checkpointing.
+ZeRO (Rajbhandari et al. 2020, arXiv:1910.02054v3), read from a transcription
+of its TeX source (stored file id 61929569292; the PDF was not available here).
+Sec. 3.1: model states 2P + 2P + KP = 16P with K = 12 (GPT-2 1.5B: "at least
+24 GB", 3 GB of fp16 parameters). Sec. 3.2: "the 1.5B parameter GPT-2 model
+trained with sequence length of 1K and batch size of 32 requires about 60 GB
+of memory" (footnote 4), "about 8 GB" with activation checkpointing. Footnote 4
+in full: "The activation memory of a transformer-based model is proportional
+to the number of transformer layers x hidden dimensions x sequence length x
+batch size. For a GPT-2 like architecture the total activations is about
+12 x hidden_dim x batch x seq_length x transformer_layers." The footnote counts
+values and names no unit; reading them as 2-byte fp16 values is memledger's
+(it gives 60.4 GB for 48 layers, hidden 1600). Sec. 5.1-5.3 (Figure 1):
+7.5B at N_d = 64: 120 GB, 31.4 GB (P_os), 16.6 GB (P_os+g), 1.9 GB (P_os+g+p).
 """
 import sympy as sp
 
@@ -43,7 +52,8 @@ def playbook_activations() -> sp.Expr:
 
 
 def zero_paper_activations() -> sp.Expr:
-    """About 12 x hidden x batch x seq x layers values of 2 bytes (ZeRO Sec. 3.2)."""
+    """ZeRO footnote 4 (Sec. 3.2): "about 12 x hidden_dim x batch x seq_length x transformer_layers" values,
+    counted here as 2 bytes each (the footnote states no unit; 2 bytes reproduces its "about 60 GB")."""
     return 2 * 12 * d * B * S * L
 
 
