@@ -36,14 +36,9 @@ NOTATION = [
     (O, "overhead_bytes", "runtime overhead: CUDA context, cuBLAS/NCCL workspace"),
 ]
 
-#: Every symbol a ledger expression may contain, in a fixed order (lambdify's
-#: arguments), and the config field that gives each its value.
-ARGS = tuple(symbol for symbol, _, _ in NOTATION)
-FIELDS = tuple(name for _, name, _ in NOTATION)
-
 # Shapes of real checkpoints (memledger.architecture, from their config.json) and
-# pipeline schedules (memledger.pipeline). Kept out of ARGS: the ledger binds them
-# only where a structure uses them.
+# pipeline schedules (memledger.pipeline). Not in NOTATION's ledger fields: the
+# ledger binds them only where a structure uses them.
 H_kv = sp.Symbol("H_kv", **_INT)  # key/value heads (grouped-query attention; = H for multi-head)
 d_h = sp.Symbol("d_h", **_INT)    # head size where a config gives it (Gemma-7B: 256 != d/H)
 E = sp.Symbol("E", **_INT)        # experts per MoE layer (Mixtral: 8)
