@@ -27,7 +27,7 @@ from functools import cached_property
 
 from .backends import Conventions, conventions
 from .stepbuild import build
-from .stepstructure import StepStructure
+from .stepstructure import StepStructure, block_of
 
 DEVICES = ("gpu", "cpu", "nvme")
 LANDMARKS = ("before forward", "after forward", "after backward", "after step")
@@ -79,9 +79,7 @@ class Step:
         sample = int(self.totals.argmax())
         total = int(self.totals[sample])
         op = self.built.ops[self.built.compiled.ops[sample]]
-        layer = op.layer if isinstance(op.layer, int) else None
-        if layer is not None and self.structure.layers is None and layer >= 3:
-            layer = self.values["L"] - 5 + layer           # blocks 3, 4 of the program are L-2, L-1
+        layer = block_of(op.layer, self.structure.layers is None, self.values["L"])
         block = f"block {layer}" if layer is not None else "outside the blocks"
         return Peak(total, op.phase, layer, f"{op.phase}, {block}: {op.label}", sample)
 

@@ -21,7 +21,8 @@ from .recipes import RECIPES
 from .steplayer import layer_backward, layer_forward
 from .stepops import BSd, GRAD_KIND, Program, Tensor, block_param_tensors, io_names
 from .steprecompute import checkpointed_forward, recompute_backward
-from .stepstructure import StepStructure, zero3_units, param_tensors
+from .stepparams import param_tensors, zero3_units
+from .stepstructure import StepStructure, step_values
 from . import stepouter
 from .steptrace import Compiled, explicit_layers, flatten, qualified_tensors
 from .symbols import L, N_d, P, t
@@ -162,10 +163,8 @@ class Built:
         return "gpu"
 
     def values(self, ledger) -> dict:
-        """Symbol name -> number; P is the architecture's counted parameters (the timeline books tensors)."""
-        values = dict(ledger.values)
-        values["P"] = _counted(ledger.arch)
-        return values
+        """Symbol name -> number (:func:`memledger.stepstructure.step_values`)."""
+        return step_values(ledger)
 
     def sizes(self, values):
         """Every tensor's bytes at ``values``, in the order of ``self.names`` (exact ints, int64 array)."""
@@ -269,11 +268,6 @@ class Built:
                     seen.add(q[1])
                     row(q[1], "transient", op.phase, self.device_of(q), tensor.expr, set())
         return out
-
-
-@lru_cache(maxsize=256)
-def _counted(arch) -> int:
-    return arch.computed_params
 
 
 def _integral(expr) -> bool:

@@ -20,6 +20,7 @@ checked against it by ``tests/test_step.py``.
 from dataclasses import dataclass
 
 from .dtypes import nbytes
+from .stepstructure import Shape  # noqa: F401  (the programs' choices; re-exported for the step modules)
 from .symbols import B, F, H, S, d
 
 GRAD_KIND = "grad"
@@ -52,34 +53,6 @@ class Program:
 
     def op(self, label, alloc=(), free=()):
         self.ops.append((label, tuple(n for n in free if n), tuple(n for n in alloc if n)))
-
-
-@dataclass(frozen=True)
-class Shape:
-    """The discrete choices a layer's program depends on (see :mod:`memledger.backends`)."""
-    style: str              # "gpt" (LayerNorm, GeLU, biases) or "llama" (RMSNorm, SwiGLU)
-    attention: str          # "eager", "flash" or "math"
-    dropout: bool
-    rmsnorm: str            # "fused" or "composite"
-    dtype: str              # activation dtype, "bf16" or "fp32"
-    stats: bool             # norm statistics booked (inventory rows exist)
-    single: bool            # B == 1: q, k, v stay views of the fused projection (no copies)
-    grad_dtype: str = "bf16"
-    mask_dtype: str = None  # a dropout mask's dtype ("bool": the fused CUDA kernel); None: the activation dtype
-    stats_dtype: str = None  # LayerNorm statistics' dtype where booked; None: the activation dtype
-
-    @property
-    def gpt(self):
-        return self.style == "gpt"
-
-    @property
-    def composite(self):
-        return not self.gpt and self.rmsnorm == "composite"
-
-    @property
-    def upcast(self):
-        """Composite RMSNorm copies a 16-bit input to FP32 (an FP32 input is used as is)."""
-        return self.composite and self.dtype != "fp32"
 
 
 BSd, BSF, BHSS, BS = (B, S, d), (B, S, F), (B, H, S, S), (B, S)

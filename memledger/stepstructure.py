@@ -1,5 +1,6 @@
-"""What decides a step's programs: :class:`StepStructure` (read off a ledger), the parameter tensors
-in ``model.parameters()`` order, and ZeRO-3's gathered units around each block.
+"""What decides a step's programs: :class:`Shape` (a block's choices) and :class:`StepStructure` (read off a
+ledger), and the numbers a step is evaluated at (:func:`step_values`). Free of SymPy, so that the command
+line can key a compiled step (:mod:`memledger.steppeak`) without loading it.
 
 Two ledgers with the same structure share compiled programs (:func:`memledger.stepbuild.build`); only
 their numbers differ. B = 1 is part of the structure: q, k and v then stay views of the fused QKV
@@ -7,13 +8,36 @@ projection instead of being copied for the batched matmul.
 """
 from dataclasses import dataclass
 
-import sympy as sp
-
-from . import stepouter
 from .features import Features
 from .recipes import RECIPES
-from .stepops import Shape, Tensor, block_param_tensors
-from .symbols import L, d, t
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The discrete choices a layer's program depends on (see :mod:`memledger.backends`)."""
+    style: str              # "gpt" (LayerNorm, GeLU, biases) or "llama" (RMSNorm, SwiGLU)
+    attention: str          # "eager", "flash" or "math"
+    dropout: bool
+    rmsnorm: str            # "fused" or "composite"
+    dtype: str              # activation dtype, "bf16" or "fp32"
+    stats: bool             # norm statistics booked (inventory rows exist)
+    single: bool            # B == 1: q, k, v stay views of the fused projection (no copies)
+    grad_dtype: str = "bf16"
+    mask_dtype: str = None  # a dropout mask's dtype ("bool": the fused CUDA kernel); None: the activation dtype
+    stats_dtype: str = None  # LayerNorm statistics' dtype where booked; None: the activation dtype
+
+    @property
+    def gpt(self):
+        return self.style == "gpt"
+
+    @property
+    def composite(self):
+        return not self.gpt and self.rmsnorm == "composite"
+
+    @property
+    def upcast(self):
+        """Composite RMSNorm copies a 16-bit input to FP32 (an FP32 input is used as is)."""
+        return self.composite and self.dtype != "fp32"
 
 
 @dataclass(frozen=True)
@@ -57,42 +81,17 @@ class StepStructure:
                    arch.n_layers if arch.n_layers <= 4 else None)
 
 
-def param_tensors(c: Shape, layers):
-    """(name, elements) of every parameter tensor in ``model.parameters()`` order; the middle blocks as one lump."""
-    block = block_param_tensors(c.style)
-    out = [("embedding.weight", stepouter.V * d)]
-    for i in layers:
-        out += [(f"block {i} {n}", e) for n, e in block]
-        if i == 0 and layers[-1] > 1 and layers != list(range(layers[-1] + 1)):
-            out.append(("@blocks 1..L-2", (L - 2) * sum(e for _, e in block)))
-            out += [(f"block L-1 {n}", e) for n, e in block]
-            break
-    return out + stepouter.head_params(c)
+def step_values(ledger) -> dict:
+    """Symbol name -> number for the step: the ledger's values, with P the architecture's counted
+    parameters (the timeline books tensors, not a nominal count such as the article's 7x10^9)."""
+    values = dict(ledger.values)
+    values["P"] = ledger.arch.computed_params
+    return values
 
 
-def zero3_units(tensors, programs, fwd, bwd, c, recipe, s):
-    """ZeRO-3: every module's parameters are all-gathered before it runs, forward and backward (DeepSpeed
-    stage 3, FSDP), and freed after; in backward its full gradients exist until reduce-scattered. The unit
-    is one block (or the embedding, or the LM head); with prefetch the next unit is gathered meanwhile
-    (DeepSpeed's ``stage3_prefetch_bucket_size``, FSDP's ``forward_prefetch``/``backward_prefetch``)."""
-    pb, gb = recipe.role_bytes("param"), recipe.grad_bytes
-    block = sum(e for _, e in block_param_tensors(c.style))
-    split = t if s.tensor_parallel else 1
-    copies = 2 if s.prefetch else 1
-    units = {"block": block, "embedding or LM head": stepouter.V * d}
-    for unit, n in units.items():
-        tensors[f"ZeRO-3 gathered {unit} parameters"] = Tensor(
-            f"ZeRO-3 gathered {unit} parameters", copies * sp.ceiling(n / split) * pb, "transient",
-            f"all-gathered before the {unit} runs{' (and the next unit, prefetched)' if copies == 2 else ''}")
-        tensors[f"ZeRO-3 {unit} gradients before reduce-scatter"] = Tensor(
-            f"ZeRO-3 {unit} gradients before reduce-scatter", sp.ceiling(n / split) * gb, "transient",
-            "the unit's full gradients until they are reduce-scattered to the shards")
-
-    def wrap(ops, unit, backward):
-        names = [f"ZeRO-3 gathered {unit} parameters"] + ([f"ZeRO-3 {unit} gradients before reduce-scatter"]
-                                                         if backward else [])
-        return [("ZeRO-3 all-gather", (), tuple(names))] + ops + [("ZeRO-3 release", tuple(names), ())]
-    fwd.ops[:] = wrap(fwd.ops, "block", False)
-    bwd.ops[:] = wrap(bwd.ops, "block", True)
-    for key in ("forward start", "forward end", "backward start", "backward end"):
-        programs[key] = wrap(programs[key], "embedding or LM head", key.startswith("backward"))
+def block_of(layer, lumped: bool, n_layers: int):
+    """The block index of a program's ``layer`` (None outside the blocks); with ``lumped`` programs
+    (L > 4) blocks 3 and 4 of the program are the model's L-2 and L-1."""
+    if not isinstance(layer, int):
+        return None
+    return n_layers - 5 + layer if lumped and layer >= 3 else layer
