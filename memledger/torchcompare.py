@@ -37,21 +37,28 @@ LADDER = ("dropout_mask", "norm_stats", "attention", "rmsnorm")
 
 def ledger_for(c: RefConfig, loop: str, batch: int, seq: int) -> Ledger:
     """The ledger of the reference decoder ``c`` run by ``loop`` (no overhead: PyTorch allocates none)."""
-    return Ledger(Architecture(c.d, c.L, c.H, c.F, c.V, c.style), batch_size=batch, seq_len=seq, recipe=loop,
-                  overhead_bytes=0, dropout=bool(c.dropout), recompute=c.recompute)
+    return Ledger(architecture_of(c), batch_size=batch, seq_len=seq, recipe=loop, overhead_bytes=0,
+                  dropout=bool(c.dropout), recompute=c.recompute)
+
+
+def architecture_of(c: RefConfig) -> Architecture:
+    """The :class:`~memledger.architecture.Architecture` of the reference decoder ``c`` (its refinements of
+    LLaMA blocks as the architecture's fields: key/value heads, QKV biases, tied embeddings)."""
+    return Architecture(c.d, c.L, c.H, c.F, c.V, c.style, n_kv_heads=c.n_kv_heads,
+                        qkv_bias=True if c.qkv_bias else None, tied_embeddings=True if c.tied else None)
 
 
 def run_options(c: RefConfig, loop: str) -> dict:
     """``inventory`` options for what the CPU run of ``c`` does (see the module docstring)."""
     dtype = "fp32" if loop == "fp32-adamw" else "bf16"
-    kernel = "eager" if c.style == "gpt" and c.attention == "eager" else ("math" if c.dropout else "flash")
+    kernel = "eager" if c.kernel == "eager" else ("math" if c.dropout else "flash")
     return dict(dtype=dtype, mask_dtype="bool" if c.native_dropout else dtype, norm_stats=dtype,
                 rmsnorm=c.rmsnorm, attention=kernel)
 
 
 def _block_rows(c, options):
     mlp, norm = ("gelu", "LayerNorm") if c.style == "gpt" else ("swiglu", "RMSNorm")
-    return inventory(mlp, norm, bool(c.dropout), **options)
+    return inventory(mlp, norm, bool(c.dropout), gqa=c.kv_heads != c.H, **options)
 
 
 def _pair(rows, sizes, shapes, measured, views=False):
@@ -116,7 +123,7 @@ def compare_saved(c: RefConfig, loop: str, batch: int, seq: int, layer: int = 1)
     ledger, options = ledger_for(c, loop, batch, seq), run_options(c, loop)
     rows = _block_rows(c, options)
     views = c.recompute == "selective" or options["attention"] == "flash" or (
-        batch == 1 and options["attention"] == "eager")
+        batch == 1 and options["attention"] == "eager" and c.kv_heads == c.H)     # the grouped core copies them
     block, left = _pair(rows, [ledger.evaluate(r.bytes) for r in rows], [_shape(ledger, r) for r in rows],
                         measured[layer], views)
     outer = [r for r in outside_inventory(c.style, **{k: options[k] for k in ("dtype", "norm_stats", "rmsnorm",
@@ -161,7 +168,9 @@ def ladder_table(ladders: dict) -> Table:
 def memtracker_comparison(c: RefConfig, loop: str, batch: int, seq: int, unit: str = "GB") -> dict:
     """{"measured": MemTracker's totals, "step": the timeline (CPU conventions), "table": both side by side}."""
     measured = memtracker_step(c, loop, batch, seq)
-    step = Step(ledger_for(c, loop, batch, seq), "cpu", dropout_mask="bool" if c.native_dropout else "activation")
+    eager = {"attention": "eager"} if c.style == "llama" and c.kernel == "eager" else {}
+    step = Step(ledger_for(c, loop, batch, seq), "cpu", dropout_mask="bool" if c.native_dropout else "activation",
+                **eager)
     pairs = [(name, measured[name], step.landmarks[name]["gpu"]) for name in LANDMARKS]
     pairs += [(f"largest in the {p}", measured["phase peaks"][p], b) for p, b in step.phase_peaks().items()]
     body = [(name, f"{m:,}", f"{t:,}", f"{t - m:,}", format_bytes(t, unit)) for name, m, t in pairs]

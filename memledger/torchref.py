@@ -9,8 +9,23 @@ GPT decoder, untied in the LLaMA decoder), and the loss
   (scores * 1/sqrt(d/H), causal ``masked_fill`` with one shared (S, S) bool
   mask, softmax, dropout, @ v) -> output projection, dropout, residual;
   LayerNorm -> Linear(d, F) -> GeLU -> Linear(F, d) -> dropout, residual.
-* LLaMA block: RMSNorm -> fused QKV (no bias) -> causal SDPA -> output
-  projection, residual; RMSNorm -> down(silu(gate(h)) * up(h)), residual.
+* LLaMA block: RMSNorm -> fused QKV (no bias; with one for Qwen2's shape) ->
+  causal SDPA -> output projection, residual; RMSNorm -> down(silu(gate(h)) *
+  up(h)), residual. The LLaMA decoder's LM head is untied unless ``tied``.
+* Grouped-query attention (LLaMA blocks, ``n_kv_heads`` < ``n_heads``; one
+  key/value head is multi-query): the fused projection is (H + 2 H_kv) * d/H
+  wide and split into q, k, v, and K and V are **never expanded to H heads**.
+  SDPA gets ``enable_gqa=True``; PyTorch's CPU flash kernel then reads each
+  query head's key/value head in place (measured, PyTorch 2.13: it saves K and
+  V at H_kv heads and returns their gradients at that width). The eager core
+  folds the query heads of a group into one batch (q copied to
+  (B, H_kv, G*S, d/H), K and V made contiguous at H_kv heads). This is the
+  convention of :func:`memledger.activations.inventory` with ``gqa=True``;
+  Hugging Face's ``repeat_kv`` (``transformers/models/llama/modeling_llama.py``:
+  ``expand`` + ``reshape``, "the equivalent of torch.repeat_interleave") and
+  the math SDPA's ``enable_gqa`` (``repeat_interleave``, the reference code in
+  ``F.scaled_dot_product_attention``'s docstring) copy K and V to H heads
+  instead: that is ``inventory(..., repeat_kv=True)``, not modelled here.
 
 Loops (:data:`LOOPS`): ``fp32-adamw``, ``bf16-pure-adamw`` and ``bf16-adamw``
 (BF16 model, FP32 masters held by the optimizer). Measuring helpers live in
@@ -35,8 +50,12 @@ class RefConfig:
 
     ``dropout``: probability (0 -> no dropout call at all); ``native_dropout``:
     ``torch.native_dropout`` (the fused CUDA kernel's 1-byte mask) instead of
-    ``F.dropout``; ``attention``: ``"eager"`` or ``"sdpa"`` (GPT blocks; LLaMA
-    blocks always use SDPA); ``rmsnorm``: ``"composite"`` (``nn.RMSNorm``) or
+    ``F.dropout``; ``attention``: ``"eager"`` or ``"sdpa"``; None (the default)
+    is the style's reference kernel (GPT eager, LLaMA SDPA; an eager LLaMA block
+    is what the article backend's timeline models); ``n_kv_heads``: key/value
+    heads of a LLaMA block (None: ``H``, multi-head); ``qkv_bias``: a LLaMA block's fused QKV
+    projection has a bias (Qwen2); ``tied``: a LLaMA decoder's LM head shares the embedding's weight
+    (Gemma; GPT decoders are always tied and biased); ``rmsnorm``: ``"composite"`` (``nn.RMSNorm``) or
     ``"fused"`` (ATen's ``_fused_rms_norm``, saving input and rstd as the CUDA
     kernel does); ``recompute``: ``"none"``, ``"selective"`` (the attention
     core, Korthikanti et al. 2022) or ``"full"`` (every block).
@@ -49,9 +68,30 @@ class RefConfig:
     style: str = "gpt"
     dropout: float = 0.0
     native_dropout: bool = False
-    attention: str = "eager"
+    attention: str = None
     rmsnorm: str = "composite"
     recompute: str = "none"
+    n_kv_heads: int = None
+    qkv_bias: bool = False
+    tied: bool = False
+
+    def __post_init__(self):
+        if self.attention not in (None, "eager", "sdpa"):
+            raise ValueError(f"attention must be eager or sdpa, got {self.attention!r}")
+        if self.H % self.kv_heads:
+            raise ValueError(f"H ({self.H}) must be divisible by n_kv_heads ({self.kv_heads})")
+        if self.style == "gpt" and (self.kv_heads != self.H or self.qkv_bias or self.tied):
+            raise ValueError("n_kv_heads, qkv_bias, tied: refinements of LLaMA blocks (GPT blocks are tied and "
+                             "biased, multi-head)")
+
+    @property
+    def kernel(self) -> str:
+        """``"eager"`` or ``"sdpa"``: the attention this block runs."""
+        return self.attention or ("eager" if self.style == "gpt" else "sdpa")
+
+    @property
+    def kv_heads(self) -> int:
+        return self.H if self.n_kv_heads is None else self.n_kv_heads
 
 
 class _FusedRMSNormFn(torch.autograd.Function):
@@ -84,7 +124,7 @@ class Block(nn.Module):
         gpt = c.style == "gpt"
         norm = nn.LayerNorm if gpt else (FusedRMSNorm if c.rmsnorm == "fused" else nn.RMSNorm)
         self.norm1, self.norm2 = norm(c.d), norm(c.d)
-        self.qkv = nn.Linear(c.d, 3 * c.d, bias=gpt)
+        self.qkv = nn.Linear(c.d, (c.H + 2 * c.kv_heads) * (c.d // c.H), bias=gpt or c.qkv_bias)
         self.proj = nn.Linear(c.d, c.d, bias=gpt)
         if gpt:
             self.up, self.down = nn.Linear(c.d, c.F), nn.Linear(c.F, c.d)
@@ -100,16 +140,30 @@ class Block(nn.Module):
 
     def _core(self, q, k, v, mask):
         c = self.c
-        if c.style == "gpt" and c.attention == "eager":
-            scores = (q @ k.transpose(-1, -2)) * (1 / math.sqrt(c.d // c.H))
+        scale = 1 / math.sqrt(c.d // c.H)
+        if c.kernel == "eager" and c.kv_heads != c.H:        # grouped: no K/V copies to H heads
+            B, H, S, hd = q.shape
+            q = q.reshape(B, c.kv_heads, H // c.kv_heads * S, hd)
+            k, v = k.contiguous(), v.contiguous()
+            scores = (q @ k.transpose(-1, -2)).view(B, H, S, S) * scale
+            probs = self._drop(scores.masked_fill(mask, float("-inf")).softmax(-1))
+            return (probs.view(B, c.kv_heads, H // c.kv_heads * S, S) @ v).view(B, H, S, hd)
+        if c.kernel == "eager":
+            scores = (q @ k.transpose(-1, -2)) * scale
             return self._drop(scores.masked_fill(mask, float("-inf")).softmax(-1)) @ v
         p = c.dropout if c.style == "gpt" else 0.0
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True,
+                                              enable_gqa=c.kv_heads != c.H)
 
     def forward(self, x, mask):
         c = self.c
         B, S, _ = x.shape
-        q, k, v = self.qkv(self.norm1(x)).view(B, S, 3, c.H, c.d // c.H).permute(2, 0, 3, 1, 4)
+        hd = c.d // c.H
+        if c.kv_heads == c.H:
+            q, k, v = self.qkv(self.norm1(x)).view(B, S, 3, c.H, hd).permute(2, 0, 3, 1, 4)
+        else:
+            q, k, v = self.qkv(self.norm1(x)).split([c.H * hd, c.kv_heads * hd, c.kv_heads * hd], dim=-1)
+            q, k, v = (t.view(B, S, -1, hd).transpose(1, 2) for t in (q, k, v))
         if c.recompute == "selective":
             a = checkpoint(self._core, q, k, v, mask, use_reentrant=False)
         else:
@@ -132,13 +186,13 @@ class Decoder(nn.Module):
         gpt = c.style == "gpt"
         self.norm = nn.LayerNorm(c.d) if gpt else (FusedRMSNorm(c.d) if c.rmsnorm == "fused" else nn.RMSNorm(c.d))
         self.head = nn.Linear(c.d, c.V, bias=False)
-        if gpt:
+        if gpt or c.tied:
             self.head.weight = self.embed.weight
 
     def forward(self, ids):
         S = ids.shape[1]
         mask = None
-        if self.c.style == "gpt" and self.c.attention == "eager":
+        if self.c.kernel == "eager":
             mask = torch.ones(S, S, dtype=torch.bool, device=ids.device).triu(1)   # built once, shared
         x = self.embed(ids)
         for block in self.blocks:
