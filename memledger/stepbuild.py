@@ -19,7 +19,7 @@ from .model_states import ZERO_SHARDS, device_of, state_specs
 from .outside import outside_inventory
 from .recipes import RECIPES
 from .steplayer import layer_backward, layer_forward
-from .stepops import BSd, GRAD_KIND, Program, Tensor, block_param_tensors, io_names
+from .stepops import BSd, GRAD_KIND, Program, Tensor, block_params, io_names
 from .steprecompute import checkpointed_forward, recompute_backward
 from .stepparams import param_tensors, zero3_units
 from .stepstructure import StepStructure, step_values
@@ -44,7 +44,7 @@ class Built:
             return sp.ceiling(n / (t * N_d)) if grad_sharded else (sp.ceiling(n / t) if s.tensor_parallel else n)
         opts = conv.inventory_options(c.style, c.dtype, c.dropout) | {"attention": c.attention}
         mlp, norm = ("gelu", "LayerNorm") if c.gpt else ("swiglu", "RMSNorm")
-        layer_rows = inventory(mlp, norm, c.dropout, **opts)
+        layer_rows = inventory(mlp, norm, c.dropout, gqa=c.gqa, **opts)
         outside_rows = outside_inventory(c.style, **{k: opts[k] for k in ("dtype", "norm_stats", "rmsnorm",
                                                                             "attention")})
         tensors = {}
@@ -92,7 +92,7 @@ class Built:
         programs["optimizer"] = opt.ops
         saved = sum((tensors[r.name].expr for r in layer_rows), sp.Integer(0)) if s.recompute != "full" \
             else tensors["layer input"].expr
-        grads = sum((tensors[f"grad {n}"].expr for n, _ in block_param_tensors(c.style)
+        grads = sum((tensors[f"grad {n}"].expr for n, _ in block_params(c)
                      if f"grad {n}" in tensors), sp.Integer(0))
         lumps = {"saved": "@saved tensors of blocks 2..L-3", "grads": "@gradients of blocks 2..L-3"}
         tensors[lumps["saved"]] = Tensor(lumps["saved"], (L - 4) * saved, "activation", "blocks 2..L-3")
@@ -135,7 +135,7 @@ class Built:
         opt_device = device_of("optimizer", *placement)
         self.opt_device = opt_device
         if conv.step_counters and any("moment" in x.name for x in recipe.components):
-            per_block = len([n for n, _ in block_param_tensors(c.style) if c.gpt or not n.endswith(".bias")])
+            per_block = len(block_params(c))
             count = per_block * L + len(stepouter.head_params(c)) + 1
             t_["Adam step counters"] = Tensor("Adam step counters", 4 * count, "optimizer",
                                               "one 0-d FP32 step tensor per parameter tensor (torch.optim.Adam)")

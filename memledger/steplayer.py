@@ -9,7 +9,7 @@ bias) or the weight gradient first (mm, without). Read off MemTracker's
 allocation log of the reference decoder; checked by ``tests/test_step.py``.
 """
 from .stepnorms import norm_backward, norm_forward
-from .stepops import BHSS, BSd, BSF, Shape, define_grads, io_names
+from .stepops import BHSS, BSd, BSF, Shape, define_grads, io_names, kv_width, qkv_width
 from .symbols import B, S, d
 
 
@@ -31,13 +31,17 @@ def layer_forward(p, c: Shape):
         p.op("QKV projection (q, k, v stay views of it)", alloc=["Q", "K", "V"])
         p.op("flash attention", alloc=["output projection input", "softmax log-sum-exp"])
     else:
-        if c.single:
+        if c.single and not c.gqa:
             p.op("QKV projection (B = 1: q, k, v stay views of it)", alloc=["Q", "K", "V"])
         else:
-            qkv = p.new("QKV projection output", (B, S, 3 * d), a,
+            qkv = p.new("QKV projection output", (B, S, qkv_width(c.gqa)), a,
                         "the fused projection's output, alive while the block's q, k, v views are", tp=True)
             p.op("QKV projection", alloc=[qkv])
-            p.op("q, k copied for the batched matmul", alloc=["Q", "K"])
+            if c.gqa:       # the grouped core: q folded to (B, H_kv, G*S, d/H), K and V contiguous at H_kv heads
+                p.op("q copied: a group's query heads as one batch", alloc=["Q"])
+                p.op("k, v made contiguous at H_kv heads", alloc=["K", "V"])
+            else:
+                p.op("q, k copied for the batched matmul", alloc=["Q", "K"])
             leftovers.append(qkv)
         raw = p.new("scores QK^T", BHSS, a, "q @ k^T, before scaling", tp=True)
         scaled = p.new("scaled scores", BHSS, a, "scores * 1/sqrt(d/H), a Python local until the core returns", tp=True)
@@ -52,7 +56,7 @@ def layer_forward(p, c: Shape):
             p.op("attention dropout", alloc=["attention dropout output"])
         out4 = p.new("attention output (B, H, S, d/H)", BSd, a, "probabilities @ v, a Python local until the block "
                      "returns", tp=True)
-        p.op("probabilities @ V", alloc=([] if c.single else ["V"]) + [out4])
+        p.op("probabilities @ V", alloc=([] if c.single or c.gqa else ["V"]) + [out4])
         p.op("attention core done", free=[scaled])
         p.op("heads merged (a copy)", alloc=["output projection input"])
         leftovers.append(out4)
@@ -89,8 +93,9 @@ def layer_forward(p, c: Shape):
 def _linear_backward(p, c, label, g_in, grads, saved_input, frees=(), recomputed=False):
     """A linear layer's backward: the input gradient and the weight (and bias) gradients; then its saved
     input and ``frees`` are released. nn.Linear with a bias runs addmm (input gradient first), without one
-    mm (weight gradient first). A recomputed input is released when unpacked, before the bias gradient."""
-    if not c.gpt:
+    mm (weight gradient first): ``grads`` has a bias gradient exactly when the layer has a bias. A
+    recomputed input is released when unpacked, before the bias gradient."""
+    if len(grads) == 1:
         p.op(label, alloc=grads + [g_in])
     elif recomputed:
         p.op(label, alloc=[g_in] + grads[:1])
@@ -156,7 +161,8 @@ def layer_backward(p, c: Shape, share, recomputed=False):
         p.op("mask released", free=["attention residual dropout mask"])
     gpi = p.new("gradient of the output projection input", BSd, a, "the output projection's input gradient", tp=True)
     proj = define_grads(p, ["proj.weight", "proj.bias"], c, share)
-    gq, gk, gv = (p.new(f"gradient of {n}", BSd, a, f"dL/d{n}", tp=True) for n in ("q", "k", "v"))
+    gq, gk, gv = (p.new(f"gradient of {n}", (B, S, w), a, f"dL/d{n}", tp=True)
+                  for n, w in (("q", d), ("k", kv_width(c.gqa)), ("v", kv_width(c.gqa))))
     if c.attention == "flash":
         _linear_backward(p, c, "output projection backward", gpi, proj, None, (), recomputed)
         p.op("flash attention backward", alloc=[gq, gk, gv])
@@ -166,13 +172,14 @@ def layer_backward(p, c: Shape, share, recomputed=False):
         _linear_backward(p, c, "output projection backward", gpi, proj, "output projection input",
                          [g if drop else None], recomputed)
         g4 = gpi
-        if not c.single:
+        single = c.single and not c.gqa         # the grouped core copies q, k and v at any B
+        if not single:
             g4 = p.new("gradient of the attention output (B, H, S, d/H)", BSd, a, "heads split: a copy", tp=True)
             p.op("heads split", alloc=[g4])
             p.op("released", free=[gpi])
         gp = p.new("gradient of the probabilities", BHSS, a, "g @ v^T", tp=True)
         p.op("probabilities @ V backward", alloc=[gv, gp])
-        p.op("released", free=[g4, None if c.single else "V", "attention dropout output" if drop else None])
+        p.op("released", free=[g4, None if single else "V", "attention dropout output" if drop else None])
         if drop:
             gp2 = p.new("gradient through the attention dropout", BHSS, a, "times the mask", tp=True)
             p.op("attention dropout backward", alloc=[gp2])
@@ -183,26 +190,50 @@ def layer_backward(p, c: Shape, share, recomputed=False):
         p.op("released", free=[gp, "softmax output"])
         gsc = p.new("gradient of the scaled scores", BHSS, a, "masked_fill backward's output", tp=True)
         p.op("masked_fill backward", alloc=[gsc])
-        p.op("released", free=[gm, "@causal mask"])
+        p.op("released", free=[gm, None if recomputed else "@causal mask"])
         gr = p.new("gradient of QK^T", BHSS, a, "times the scale", tp=True)
         p.op("scale backward", alloc=[gr])
         p.op("released", free=[gsc])
         p.op("QK^T backward", alloc=[gq, gk])
-        p.op("released", free=[gr, "K", "Q", "V" if c.single else None])
-    stack = p.new("stacked q, k, v gradients", (B, S, 3 * d), a, "torch.stack of the three gradients", tp=True)
-    gqkv = p.new("gradient of the QKV projection output", (B, S, 3 * d), a, "permuted back: a copy", tp=True)
-    p.op("q, k, v gradients stacked", alloc=[stack])
-    p.op("released", free=[gq, gk, gv])
-    p.op("permuted back", alloc=[gqkv])
-    p.op("released", free=[stack])
+        p.op("released", free=[gr, "K", "Q", "V" if single else None])
+    if c.gqa:               # split's backward concatenates; the views of the (B, S, heads, d/H) grads are free
+        if c.attention != "flash":      # the eager core's q and v gradients are laid out (B, heads, S, d/H)
+            gv2 = None if c.mqa else p.new("gradient of v, copied back", (B, S, kv_width(True)), a,
+                                           "(B, H_kv, S, d/H) to (B, S, H_kv*d/H): the view's backward copies",
+                                           tp=True)
+            gq2 = p.new("gradient of q, copied back", BSd, a, "(B, H, S, d/H) to (B, S, d): the view's backward "
+                        "copies", tp=True)
+            if gv2:
+                p.op("v gradient copied back", alloc=[gv2])
+                p.op("released", free=[gv])
+                gv = gv2
+            p.op("q gradient copied back", alloc=[gq2])
+            p.op("released", free=[gq])
+            gq = gq2
+        gqkv = p.new("gradient of the QKV projection output", (B, S, qkv_width(True)), a,
+                     "split backward: torch.cat of the q, k, v gradients", tp=True)
+        p.op("q, k, v gradients concatenated", alloc=[gqkv])
+        p.op("released", free=[gq, gk, gv])
+    else:
+        stack = p.new("stacked q, k, v gradients", (B, S, 3 * d), a, "torch.stack of the three gradients", tp=True)
+        gqkv = p.new("gradient of the QKV projection output", (B, S, 3 * d), a, "permuted back: a copy", tp=True)
+        p.op("q, k, v gradients stacked", alloc=[stack])
+        p.op("released", free=[gq, gk, gv])
+        p.op("permuted back", alloc=[gqkv])
+        p.op("released", free=[stack])
     gn1 = p.new("gradient of norm 1's output", BSd, a, "the QKV projection's input gradient")
     _linear_backward(p, c, "QKV projection backward", gn1, define_grads(p, ["qkv.weight", "qkv.bias"], c, share),
                      "Q/K/V projection input", [gqkv], recomputed)
+    # A recomputed block's inputs (the checkpoint's x and, eager, the causal mask) are released with the
+    # last tensor its recomputation saved: norm 1's input (read off MemTracker's log).
+    last = [] if not recomputed else ([io_names(c)[0]] if c.upcast else []) + (
+        ["@causal mask"] if c.attention == "eager" else [])
     if fp32_composite:
         norm_backward(p, c, "1", gn1, "prev: dX_out", define_grads(p, ["norm1.weight", "norm1.bias"], c, share),
-                      residual=gxm)
+                      residual=gxm, also_free=last)
     else:
         gx1 = p.new("gradient of norm 1's input", BSd, a, "norm 1 backward's output")
-        norm_backward(p, c, "1", gn1, gx1, define_grads(p, ["norm1.weight", "norm1.bias"], c, share))
+        norm_backward(p, c, "1", gn1, gx1, define_grads(p, ["norm1.weight", "norm1.bias"], c, share),
+                      also_free=last)
         p.op("residual gradients summed", alloc=["prev: dX_out"])
         p.op("released", free=[gx1, gxm])

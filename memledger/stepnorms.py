@@ -46,19 +46,20 @@ def norm_forward(p, c, k, out):
         p.op(f"norm {k} weight", alloc=[out])
 
 
-def norm_backward(p, c, k, g_out, g_in, grads, residual=None):
+def norm_backward(p, c, k, g_out, g_in, grads, residual=None, also_free=()):
     """Backward of norm ``k``: ``g_out`` (live) -> ``g_in``; frees what the norm saved; writes ``grads``.
 
     ``residual``: the gradient already waiting for the norm's input (the skip
     connection's). With an FP32 input, composite RMSNorm's two paths into x
     are summed into it inside the norm's backward (autograd's input buffer),
-    and ``g_in`` is that sum; otherwise the caller adds ``residual``.
+    and ``g_in`` is that sum; otherwise the caller adds ``residual``. ``also_free``: tensors released
+    with the norm's input.
     """
     prefix = _prefix(c, k)
     f = "fp32"
     if not c.composite:
         p.op(f"norm {k} backward", alloc=[g_in] + grads)
-        p.op(f"norm {k} released", free=[g_out, f"{prefix} input"] + _stats(c, prefix))
+        p.op(f"norm {k} released", free=[g_out, f"{prefix} input"] + _stats(c, prefix) + list(also_free))
         return
     x32, rstd, xr = f"{prefix} input", f"{prefix} rstd", f"{prefix} x*rstd"
     t = {n: p.new(f"norm {k} backward: {n}", shape, f, why) for n, shape, why in [
@@ -94,7 +95,7 @@ def norm_backward(p, c, k, g_out, g_in, grads, residual=None):
     p.op(f"norm {k} backward: mean", free=[t["rsqrt''"], t["rsqrt'"], t["g_rstd"], rstd], alloc=[t["g_mean"]])
     p.op(f"norm {k} backward: pow", free=[t["g_ms"]], alloc=[t["pow'"], t["pow''"], t["g_pow"]])
     total = t["g_x32"] if c.upcast else g_in
-    p.op(f"norm {k} backward: sum", free=[t["pow''"], t["pow'"], t["g_mean"], x32], alloc=[total])
+    p.op(f"norm {k} backward: sum", free=[t["pow''"], t["pow'"], t["g_mean"], x32] + list(also_free), alloc=[total])
     p.op(f"norm {k} backward: summed", free=[first, t["g_pow"]])
     if c.upcast:
         p.op(f"norm {k} backward: downcast", alloc=[g_in])

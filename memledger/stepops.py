@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from .dtypes import nbytes
 from .stepstructure import Shape  # noqa: F401  (the programs' choices; re-exported for the step modules)
-from .symbols import B, F, H, S, d
+from .symbols import B, F, H, H_kv, S, d
 
 GRAD_KIND = "grad"
 TRANSIENT = "transient"
@@ -58,22 +58,41 @@ class Program:
 BSd, BSF, BHSS, BS = (B, S, d), (B, S, F), (B, H, S, S), (B, S)
 
 
-def block_param_tensors(style: str) -> list:
-    """(name, elements) of one block's parameter tensors in ``model.parameters()`` order."""
+def kv_width(gqa: bool = False):
+    """The width of K (and of V): d, or H_kv*d/H with grouped-query attention (Ainslie et al. 2023)."""
+    return H_kv * d / H if gqa else d
+
+
+def qkv_width(gqa: bool = False):
+    """The fused QKV projection's output width: (H + 2 H_kv) * d/H = d + 2 * :func:`kv_width` (3d multi-head)."""
+    return d + 2 * kv_width(gqa)
+
+
+def block_param_tensors(style: str, gqa: bool = False, qkv_bias: bool = False) -> list:
+    """(name, elements) of one block's parameter tensors in ``model.parameters()`` order; ``gqa``: the fused
+    QKV weight is (d + 2 H_kv d/H) x d (:func:`memledger.parameters.block_parts`); ``qkv_bias``: a LLaMA
+    block's fused QKV projection has a bias (Qwen2)."""
+    qkv = qkv_width(gqa)
     if style == "gpt":
         return [("norm1.weight", d), ("norm1.bias", d), ("norm2.weight", d), ("norm2.bias", d),
-                ("qkv.weight", 3 * d * d), ("qkv.bias", 3 * d), ("proj.weight", d * d), ("proj.bias", d),
+                ("qkv.weight", qkv * d), ("qkv.bias", qkv), ("proj.weight", d * d), ("proj.bias", d),
                 ("up.weight", d * F), ("up.bias", F), ("down.weight", d * F), ("down.bias", d)]
-    return [("norm1.weight", d), ("norm2.weight", d), ("qkv.weight", 3 * d * d), ("proj.weight", d * d),
-            ("gate.weight", d * F), ("up.weight", d * F), ("down.weight", d * F)]
+    return [("norm1.weight", d), ("norm2.weight", d), ("qkv.weight", qkv * d)] + (
+        [("qkv.bias", qkv)] if qkv_bias else []) + [("proj.weight", d * d), ("gate.weight", d * F),
+                                                    ("up.weight", d * F), ("down.weight", d * F)]
+
+
+def block_params(c) -> list:
+    """:func:`block_param_tensors` of a :class:`~memledger.stepstructure.Shape`."""
+    return block_param_tensors(c.style, c.gqa, bool(c.qkv_bias) and not c.gpt)
 
 
 def define_grads(p, names, c, share):
     """Define the gradients of ``names`` (block parameters) and return their tensor names."""
-    sizes = dict(block_param_tensors(c.style))
+    sizes = dict(block_params(c))
     out = []
     for n in names:
-        if n.endswith(".bias") and not c.gpt:
+        if n not in sizes:             # a bias the block does not have
             continue
         t = f"grad {n}"
         p.tensors[t] = Tensor(t, share(sizes[n]) * nbytes(c.grad_dtype), GRAD_KIND,

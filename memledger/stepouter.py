@@ -27,7 +27,7 @@ def final_input(c: Shape) -> str:
 def head_params(c: Shape) -> list:
     """(name, elements) of the parameters outside the blocks, in ``model.parameters()`` order after the blocks."""
     norm = [("final norm.weight", d), ("final norm.bias", d)] if c.gpt else [("final norm.weight", d)]
-    return norm if c.gpt else norm + [("head.weight", V * d)]
+    return norm if c.is_tied else norm + [("head.weight", V * d)]
 
 
 def define_grads(p, c: Shape, share):
@@ -82,8 +82,8 @@ def backward_start(p, c: Shape):
         p.op("logits.float() backward", alloc=[g])
         p.op("released", free=[g2])
     gfn = p.new("gradient of the LM head input", BSd, a, "the LM head's input gradient")
-    head = "LM head's contribution to the tied embedding gradient" if c.gpt else "grad head.weight"
-    if c.gpt:
+    head = "LM head's contribution to the tied embedding gradient" if c.is_tied else "grad head.weight"
+    if c.is_tied:
         p.tensors[head] = Tensor(head, p.tensors["grad embedding.weight"].expr, TRANSIENT,
                                  "waits in autograd's buffer for the embedding's contribution")
     p.op("LM head backward", alloc=[head, gfn])
@@ -94,7 +94,7 @@ def backward_start(p, c: Shape):
 
 def backward_end(p, c: Shape):
     """The embedding's backward (summed with the LM head's for a tied weight); the loss is released."""
-    if c.gpt:
+    if c.is_tied:
         dense = p.new("embedding gradient (dense)", (V, d), c.grad_dtype, "embedding_dense_backward's output")
         p.op("embedding backward", alloc=[dense])
         p.op("released", free=["grad of the embedding output"])

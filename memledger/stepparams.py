@@ -3,14 +3,14 @@ ZeRO-3's gathered units around each block (DeepSpeed stage 3, FSDP)."""
 import sympy as sp
 
 from . import stepouter
-from .stepops import Tensor, block_param_tensors
+from .stepops import Tensor, block_params
 from .stepstructure import Shape
 from .symbols import L, d, t
 
 
 def param_tensors(c: Shape, layers):
     """(name, elements) of every parameter tensor in ``model.parameters()`` order; the middle blocks as one lump."""
-    block = block_param_tensors(c.style)
+    block = block_params(c)
     out = [("embedding.weight", stepouter.V * d)]
     for i in layers:
         out += [(f"block {i} {n}", e) for n, e in block]
@@ -27,7 +27,7 @@ def zero3_units(tensors, programs, fwd, bwd, c, recipe, s):
     is one block (or the embedding, or the LM head); with prefetch the next unit is gathered meanwhile
     (DeepSpeed's ``stage3_prefetch_bucket_size``, FSDP's ``forward_prefetch``/``backward_prefetch``)."""
     pb, gb = recipe.role_bytes("param"), recipe.grad_bytes
-    block = sum(e for _, e in block_param_tensors(c.style))
+    block = sum(e for _, e in block_params(c))
     split = t if s.tensor_parallel else 1
     copies = 2 if s.prefetch else 1
     units = {"block": block, "embedding or LM head": stepouter.V * d}

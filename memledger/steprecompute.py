@@ -14,7 +14,7 @@ the release, so a peak inside a recomputed block can be overestimated by a
 tensor or two (``tests/test_step.py`` bounds it).
 """
 from .steplayer import layer_backward, layer_forward
-from .stepops import BS, BSd, BSF, BHSS, io_names
+from .stepops import BS, BSd, BSF, BHSS, io_names, kv_width, qkv_width
 from .symbols import B, S, d
 
 
@@ -60,7 +60,8 @@ def checkpointed_forward(p, c):
     a, drop = c.dtype, c.dropout
     x = io_names(c)[0]
     n1 = _norm(p, c, "1")
-    qkv = p.new("QKV projection output (checkpointed)", (B, S, 3 * d), a, "q, k, v are views of it", tp=True)
+    qkv = p.new("QKV projection output (checkpointed)", (B, S, qkv_width(c.gqa)), a, "q, k, v are views of it",
+                tp=True)
     p.op("QKV projection", alloc=[qkv])
     p.op("released", free=[n1])
     if c.attention == "flash":
@@ -69,6 +70,26 @@ def checkpointed_forward(p, c):
         p.op("flash attention", alloc=[out, lse])
         p.op("released", free=[lse])
         pin, leftovers = None, [qkv, out]
+    elif c.gqa:
+        grouped = [p.new(f"{n} copy (checkpointed)", (B, S, w), a, "the grouped core's copy, a local until it returns",
+                         tp=True) for n, w in (("q", d), ("k", kv_width(True)), ("v", kv_width(True)))]
+        raw = p.new("scores QK^T (checkpointed)", BHSS, a, "q @ k^T", tp=True)
+        scaled = p.new("scaled scores (checkpointed)", BHSS, a, "a Python local until the core returns", tp=True)
+        masked = p.new("masked scores (checkpointed)", BHSS, a, "softmax's input", tp=True)
+        probs = p.new("probabilities (checkpointed)", BHSS, a, "softmax's output", tp=True)
+        out4 = p.new("attention output (B, H, S, d/H) (checkpointed)", BSd, a, "a local until the block returns",
+                     tp=True)
+        p.op("q copied, k, v made contiguous", alloc=grouped)
+        p.op("QK^T", alloc=[raw])
+        p.op("scale", alloc=[scaled])
+        p.op("causal masked_fill", free=[raw], alloc=[masked])
+        p.op("softmax", alloc=[probs])
+        p.op("released", free=[masked])
+        p.op("probabilities @ V", alloc=[out4])
+        p.op("released", free=grouped + [probs, scaled])
+        pin = p.new("output projection input (checkpointed)", BSd, a, "heads merged (a copy)", tp=True)
+        p.op("heads merged", alloc=[pin])
+        leftovers = [qkv, out4]
     else:
         copies = [] if c.single else [p.new(f"{n} copy (checkpointed)", BSd, a, "for the batched matmul", tp=True)
                                       for n in ("q", "k", "v")]
@@ -163,5 +184,3 @@ def recompute_backward(p, c, share):
     x = io_names(c)[0]
     p.op("recomputation stops", free=[n for n in alive if n != x and p.tensors[n].kind == "transient"])
     layer_backward(p, c, share, recomputed=True)
-    if c.upcast:
-        p.op("checkpoint released", free=[x])

@@ -25,10 +25,22 @@ class Shape:
     grad_dtype: str = "bf16"
     mask_dtype: str = None  # a dropout mask's dtype ("bool": the fused CUDA kernel); None: the activation dtype
     stats_dtype: str = None  # LayerNorm statistics' dtype where booked; None: the activation dtype
+    gqa: bool = False       # grouped-query attention: K and V at H_kv heads (LLaMA blocks)
+    mqa: bool = False       # H_kv = 1 (multi-query): the eager core's V gradient needs no copy back
+    qkv_bias: bool = None   # None: as the style says (GPT yes, LLaMA no); True: LLaMA with QKV biases (Qwen2)
+    tied: bool = None       # None: as the style says (GPT tied, LLaMA untied); True: a tied LLaMA decoder (Gemma)
 
     @property
     def gpt(self):
         return self.style == "gpt"
+
+    @property
+    def has_qkv_bias(self):
+        return self.gpt if self.qkv_bias is None else self.qkv_bias
+
+    @property
+    def is_tied(self):
+        return self.gpt if self.tied is None else self.tied
 
     @property
     def composite(self):
@@ -60,9 +72,17 @@ class StepStructure:
         arch = ledger.arch
         if arch is None:
             raise ValueError("the step timeline needs an architecture (a preset or --hidden/--layers/--heads)")
-        if arch.features != Features.of(arch.style):
-            raise ValueError("the step timeline models the reference decoder's GPT and LLaMA blocks; "
-                             "GQA, MoE, learned positions and encoder refinements are not modelled op by op")
+        f = arch.features
+        llama = arch.style == "llama"
+        # LLaMA blocks may add grouped-query attention, QKV biases (Qwen2) and a tied LM head (Gemma)
+        modelled = Features.of(arch.style)._replace(gqa=f.gqa, qkv_bias=f.qkv_bias, tied=f.tied) if llama else \
+            Features.of(arch.style)._replace(tied=f.tied if f.is_tied else None, qkv_bias=f.qkv_bias if f.has_qkv_bias
+                                             else None)
+        if f != modelled:
+            raise ValueError(f"the step timeline models the reference decoder's GPT and LLaMA blocks (LLaMA blocks "
+                             f"also with grouped-query attention, QKV biases and tied embeddings); "
+                             f"{unmodelled(f)} not modelled op by op")
+        gqa = f.gqa
         if ledger.recompute == "selective":
             raise ValueError("recompute must be none or full for the step timeline (selective is not modelled "
                              "op by op)")
@@ -75,10 +95,23 @@ class StepStructure:
                              "use flash_attention or no dropout")
         opts = conv.inventory_options(arch.style, act, ledger.dropout, ledger.flash_attention)
         shape = Shape(arch.style, kernel, bool(ledger.dropout), conv.rmsnorm, act, conv.norm_stats is not None,
-                      ledger.batch_size == 1, grad, opts["mask_dtype"], opts["norm_stats"])
+                      ledger.batch_size == 1, grad, opts["mask_dtype"], opts["norm_stats"], gqa,
+                      gqa and arch.kv_heads == 1, True if llama and f.has_qkv_bias else None,
+                      True if llama and f.is_tied else None)
         return cls(shape, ledger.recipe, ledger.zero_stage, ledger.offload_optimizer, ledger.offload_params,
                    ledger.offload_placement, ledger.recompute, ledger.tp > 1, ledger.sequence_parallel, conv,
                    arch.n_layers if arch.n_layers <= 4 else None)
+
+
+def unmodelled(f: Features) -> str:
+    """What of ``f`` the step timeline refuses, in words (for its error message)."""
+    named = [("mixture of experts", f.moe), ("a head size other than d/H", f.head_dim),
+             ("an untied GPT decoder", f.gpt and not f.is_tied), ("a GPT block without QKV biases", f.gpt and
+                                                                              not f.has_qkv_bias),
+             ("learned positions", f.positions), ("token types", f.token_types), ("a pooler", f.pooler),
+             ("an embedding norm", f.embedding_norm), ("grouped-query attention in a GPT block", f.gqa and f.gpt)]
+    found = [name for name, on in named if on]
+    return (", ".join(found) if found else "this architecture's refinements") + (" is" if len(found) == 1 else " are")
 
 
 def step_values(ledger) -> dict:
