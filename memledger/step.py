@@ -97,6 +97,19 @@ class Step:
             out[phase] = max(out.get(phase, 0), int(total))
         return out
 
+    def block_peaks(self) -> dict:
+        """{("forward" or "backward", block index): the largest GPU total after an op of that block}, for the
+        blocks run op by op (all when L <= 4, else 0, 1, L-2, L-1); a recomputed block's forward re-run
+        belongs to its backward."""
+        out = {}
+        lumped, n_layers = self.structure.layers is None, self.values["L"]
+        for total, index in zip(self.totals, self.built.compiled.ops):
+            op = self.built.ops[index]
+            if isinstance(op.layer, int) and op.phase in ("forward", "backward"):
+                key = (op.phase, block_of(op.layer, lumped, n_layers))
+                out[key] = max(out.get(key, 0), int(total))
+        return out
+
     def series(self):
         """For a figure: (x, {kind: GPU bytes after every op}, marks). x runs over the step in block units
         (forward blocks 0..L-1, the loss, backward blocks L-1..0, the optimizer), the lumped middle blocks

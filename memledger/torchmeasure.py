@@ -118,8 +118,10 @@ def _tracker_class():
 
     class Tracker(MemTracker):
         """MemTracker keeping only the global peak (its per-module peaks cost 2/3 of the run and are not
-        used), and optionally a trace: (total, backward?, innermost modules) after every op."""
+        used), optionally the largest total while each block runs forward and backward, and optionally a
+        trace: (total, backward?, innermost modules) after every op."""
         trace = None
+        blocks = None
         _func = None
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -131,6 +133,12 @@ def _tracker_class():
                 if self._peak_mem.get(dev, 0) < snap["Total"]:
                     self._peak_mem[dev] = snap["Total"]
                     self._peak_mem_snap[dev] = dict(snap)
+            if self.blocks is not None and not self._in_opt:
+                total = self._curr_mem_snap.get(torch.device("cpu"), {"Total": 0})["Total"]
+                for name in self._mod_tracker.parents:
+                    if name.startswith("Decoder.blocks.") and name.count(".") == 2:
+                        key = ("backward" if self._mod_tracker.is_bw else "forward", int(name.split(".")[2]))
+                        self.blocks[key] = max(self.blocks.get(key, 0), total)
             if self.trace is not None:
                 snap = self._curr_mem_snap.get(torch.device("cpu"), {"Total": 0})
                 self.trace.append((snap["Total"], self._mod_tracker.is_bw, self._in_opt,
@@ -139,7 +147,7 @@ def _tracker_class():
 
 
 def memtracker_step(c: RefConfig, loop: str, batch: int, seq: int, foreach: bool = False,
-                    trace: bool = False) -> dict:
+                    trace: bool = False, blocks: bool = False) -> dict:
     """MemTracker totals of one steady-state training step under ``FakeTensorMode``.
 
     The optimizer state is created first (zero gradients, one ``opt.step()``),
@@ -147,7 +155,8 @@ def memtracker_step(c: RefConfig, loop: str, batch: int, seq: int, foreach: bool
     "after step": int, "peak": int, "phase peaks": {"forward": int,
     "backward": int, "optimizer": int}} in CPU bytes, and with ``trace`` the
     list of (total, in backward, in optimizer, modules, op) after every op. The
-    phase peaks reset MemTracker's ``_peak_mem`` at each landmark.
+    phase peaks reset MemTracker's ``_peak_mem`` at each landmark. With ``blocks``, "block peaks":
+    {("forward" or "backward", block index): the largest total after an op that block ran}.
     """
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -159,6 +168,7 @@ def memtracker_step(c: RefConfig, loop: str, batch: int, seq: int, foreach: bool
         ids, targets = _inputs(c, batch, seq)
         tracker = _tracker_class()()
         tracker.trace = [] if trace else None
+        tracker.blocks = {} if blocks else None
         tracker.track_external(model, trainer.opt, ids, targets, *trainer.masters)
         result, phase_peaks = {}, {}
         phases = {"after forward": "forward", "after backward": "backward", "after step": "optimizer"}
@@ -177,4 +187,6 @@ def memtracker_step(c: RefConfig, loop: str, batch: int, seq: int, foreach: bool
         result["phase peaks"] = phase_peaks
         if trace:
             result["trace"] = tracker.trace
+        if blocks:
+            result["block peaks"] = tracker.blocks
     return result

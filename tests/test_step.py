@@ -16,10 +16,12 @@ from memledger.ledger import Ledger
 from memledger.outside import outside_inventory
 from memledger.parameters import block_params_expr
 from memledger.step import LANDMARKS, Step
+from memledger.stepstructure import block_of
 from memledger.symbols import B, F, H, L, N_d, O, P, S, V, d, t
 
 GPT7B = Architecture(4096, 32, 32, 16384, 32000, "gpt")          # the article's shape, parameters counted
 LLAMA7B = Architecture(4096, 32, 32, 11008, 32000, "llama")
+LLAMA3_8B = Architecture(4096, 32, 32, 14336, 128256, "llama", n_kv_heads=8)      # grouped-query attention
 
 
 def rows_at(step, landmark, device="gpu"):
@@ -41,7 +43,8 @@ def test_article_forward_adds_eq1_per_layer():
                                          offload_placement="zero-offload"),
                                     dict(zero_stage=2, dp=4, offload_optimizer="nvme", tp=2, sequence_parallel=True)])
 @pytest.mark.parametrize("backend", ["article", "cuda", "cpu"])
-@pytest.mark.parametrize("arch", [GPT7B, LLAMA7B, Architecture(256, 3, 4, 1024, 1000, "gpt")])
+@pytest.mark.parametrize("arch", [GPT7B, LLAMA7B, Architecture(256, 3, 4, 1024, 1000, "gpt"), LLAMA3_8B,
+                                  Architecture(256, 3, 4, 688, 1000, "llama", n_kv_heads=2)])
 def test_landmarks_are_sums_of_rows(arch, backend, kwargs):
     step = Step(Ledger(arch, **kwargs), backend)
     for landmark in LANDMARKS:
@@ -51,9 +54,12 @@ def test_landmarks_are_sums_of_rows(arch, backend, kwargs):
 
 
 @pytest.mark.parametrize("recipe, per_param", [("bf16-pure-adamw", 8), ("fp32-adamw", 16), ("bf16-adamw", 16)])
-def test_model_states_are_the_recipes(recipe, per_param):
-    """Before forward: parameters and optimizer states; after backward: + the gradients (the recipe's sum)."""
-    arch = Architecture(512, 4, 8, 2048, 5000, "llama")
+@pytest.mark.parametrize("kv", [None, 2, 1])
+def test_model_states_are_the_recipes(recipe, per_param, kv):
+    """Before forward: parameters and optimizer states; after backward: + the gradients (the recipe's sum).
+    With grouped-query attention the step's parameter tensors (a (d + 2 H_kv d/H) x d fused QKV weight) add
+    up to the architecture's count (memledger/parameters.py)."""
+    arch = Architecture(512, 4, 8, 2048, 5000, "llama", n_kv_heads=kv)
     step = Step(Ledger(arch, recipe=recipe, overhead_bytes=0))
     P = arch.computed_params
     ids = 2 * 8 * 2048                                       # input and target ids, int64
@@ -107,7 +113,9 @@ def test_logits_with_full_checkpointing_rival_the_checkpoints():
 @pytest.mark.parametrize("kwargs, message", [
     (dict(arch=None, n_params=10**9), "needs an architecture"),
     (dict(arch=GPT7B, recompute="selective"), "recompute must be none or full"),
-    (dict(arch=Architecture(4096, 32, 32, 14336, 128256, "llama", n_kv_heads=8)), "GQA"),
+    (dict(arch="mixtral-8x7b"), "mixture of experts"),
+    (dict(arch="gemma-7b"), "head size"),
+    (dict(arch=Architecture(256, 2, 4, 1024, 1000, "gpt", n_kv_heads=2)), "grouped-query attention in a GPT"),
 ])
 def test_bad_input(kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -142,18 +150,62 @@ def test_json_contract():
 
 # -- against PyTorch -------------------------------------------------------------------------------
 
-def _against_memtracker(style, F_, loop, B, S, L, dropout, recompute, foreach=False, d_=None, H=None, V_=None):
+def _against_memtracker(style, F_, loop, B, S, L, dropout, recompute, foreach=False, d_=None, H=None, V_=None,
+                        kv=None, attention=None, qkv_bias=False, tied=False, trace=None):
+    """MemTracker's step of the reference decoder beside the timeline's under the CPU backend; ``attention=
+    "eager"`` runs the eager core in LLaMA blocks too (the article backend's kernel); ``kv`` key/value heads,
+    ``qkv_bias`` and ``tied``: LLaMA refinements (Qwen2, Gemma); ``trace``: keep MemTracker's op-by-op totals
+    (default: small configs without recomputation, see :func:`_block_totals_agree`)."""
     pytest.importorskip("torch")
+    from memledger.torchcompare import architecture_of
     from memledger.torchmeasure import memtracker_step
     from memledger.torchref import RefConfig
     d_, H, V_ = d_ or 64, H or 4, V_ or 1000
-    measured = memtracker_step(RefConfig(d_, L, H, F_, V_, style, dropout=dropout, recompute=recompute), loop, B, S,
-                               foreach=foreach)
-    step = Step(Ledger(Architecture(d_, L, H, F_, V_, style), batch_size=B, seq_len=S, recipe=loop,
-                       overhead_bytes=0, dropout=dropout > 0, recompute=recompute), "cpu", foreach=foreach)
+    c = RefConfig(d_, L, H, F_, V_, style, dropout=dropout, recompute=recompute, n_kv_heads=kv, attention=attention,
+                  qkv_bias=qkv_bias, tied=tied)
+    trace = recompute == "none" and d_ < 1024 if trace is None else trace     # op by op: small configs
+    measured = memtracker_step(c, loop, B, S, foreach=foreach, blocks=True, trace=trace)
+    eager = {"attention": "eager"} if attention == "eager" else {}
+    step = Step(Ledger(architecture_of(c), batch_size=B, seq_len=S, recipe=loop, overhead_bytes=0,
+                       dropout=dropout > 0, recompute=recompute), "cpu", foreach=foreach, **eager)
     for landmark in LANDMARKS:
         assert step.landmarks[landmark]["gpu"] == measured[landmark], landmark
     return step, measured
+
+
+def _block_peaks_agree(step, measured):
+    """The largest total while each block (run op by op) runs forward and backward is MemTracker's."""
+    ours = step.block_peaks()
+    assert ours == {k: measured["block peaks"][k] for k in ours}
+
+
+def _block_totals_agree(step, measured):
+    """Op by op: the totals the timeline reaches after each op that allocates while a block runs (forward and
+    backward) are totals MemTracker reaches in that block, in the same order (MemTracker samples after every
+    ATen op, the timeline after groups of them; a tensor released as the block's frame exits is seen by
+    MemTracker after the block, hence ops that only free are not compared). Exact without recomputation
+    (with it, a recomputed tensor is freed when unpacked, a few ops before the timeline frees it:
+    memledger/steprecompute.py)."""
+    import re
+
+    def sequences(samples):
+        out = {}
+        for key, total in samples:
+            seq = out.setdefault(key, [])
+            if not seq or seq[-1] != total:
+                seq.append(total)
+        return out
+    theirs = sequences(((("backward" if bw else "forward"), int(m.group(1))), total)
+                       for total, bw, opt, mods, _ in measured["trace"] if bw is not None and not opt
+                       for m in [next(filter(None, (re.fullmatch(r"Decoder\.blocks\.(\d+)", x) for x in mods)),
+                                      None)] if m)
+    lumped, n_layers = step.structure.layers is None, step.values["L"]
+    ours = sequences(((op.phase, block_of(op.layer, lumped, n_layers)), int(total))
+                     for total, op in ((t, step.built.ops[i]) for t, i in zip(step.totals, step.built.compiled.ops))
+                     if isinstance(op.layer, int) and op.phase in ("forward", "backward") and op.allocs)
+    for key, totals in ours.items():
+        rest = iter(theirs[key])
+        assert all(any(t == u for u in rest) for t in totals), key
 
 
 SMALL = [("gpt", 320, "bf16-pure-adamw", 2, 24, 2, 0.0, "none"), ("gpt", 320, "bf16-adamw", 1, 64, 6, 0.1, "none"),
@@ -169,6 +221,9 @@ def test_small_steps_match_memtracker_to_the_byte(style, F_, loop, B, S, L, drop
     step, measured = _against_memtracker(style, F_, loop, B, S, L, dropout, recompute, foreach)
     assert step.phase_peaks() == measured["phase peaks"]
     assert step.peak.bytes == measured["peak"]
+    _block_peaks_agree(step, measured)
+    if recompute == "none":
+        _block_totals_agree(step, measured)
 
 
 FULL = [("gpt", 16384, "bf16-pure-adamw", 1, 2048, "none", 0.0), ("gpt", 16384, "bf16-adamw", 4, 2048, "full", 0.1),
@@ -184,6 +239,97 @@ def test_7b_steps_match_memtracker(style, F_, loop, B, S, recompute, dropout):
     step, measured = _against_memtracker(style, F_, loop, B, S, 32, dropout, recompute, d_=4096, H=32, V_=32000)
     assert abs(step.peak.bytes - measured["peak"]) <= measured["peak"] // 100       # the issue's bound
     assert step.phase_peaks() == measured["phase peaks"]                            # in fact exact
+
+
+#: Grouped-query (and multi-query) LLaMA blocks: kernel, H, H_kv, loop, B, S, L, recompute. V = 40 in some rows
+#: so that the blocks, not the loss, hold the peak of the backward pass.
+GQA_SMALL = [
+    ("sdpa", 4, 2, "bf16-pure-adamw", 2, 24, 3, "none", 1000),
+    ("sdpa", 4, 1, "bf16-adamw", 1, 64, 6, "none", 40),
+    ("sdpa", 8, 2, "fp32-adamw", 3, 40, 2, "none", 40),
+    ("sdpa", 4, 2, "bf16-adamw", 2, 128, 3, "full", 1000),
+    ("sdpa", 8, 1, "bf16-pure-adamw", 1, 40, 6, "full", 40),
+    ("eager", 4, 2, "bf16-pure-adamw", 1, 24, 3, "none", 40),
+    ("eager", 8, 2, "bf16-adamw", 3, 128, 6, "none", 40),
+    ("eager", 4, 1, "fp32-adamw", 2, 64, 2, "none", 1000),
+    ("eager", 4, 2, "fp32-adamw", 1, 64, 6, "full", 40),
+    ("eager", 8, 1, "bf16-adamw", 3, 40, 3, "full", 1000),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kernel, H, kv, loop, B, S, L, recompute, V", GQA_SMALL)
+@pytest.mark.parametrize("foreach", [False, True])
+def test_small_gqa_steps_match_memtracker_to_the_byte(kernel, H, kv, loop, B, S, L, recompute, V, foreach):
+    """GQA and MQA blocks (K and V never expanded: SDPA's enable_gqa, or the grouped eager core of
+    memledger/torchref.py): every landmark, every phase's peak and the peak equal MemTracker's."""
+    step, measured = _against_memtracker("llama", 256, loop, B, S, L, 0.0, recompute, foreach, d_=96 if H == 8 else 64,
+                                         H=H, V_=V, kv=kv, attention=kernel)
+    assert step.phase_peaks() == measured["phase peaks"]
+    assert step.peak.bytes == measured["peak"]
+    _block_peaks_agree(step, measured)
+    if recompute == "none":
+        _block_totals_agree(step, measured)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("B, S, L, recompute", [(2, 128, 3, "none"), (1, 128, 3, "full"), (1, 16, 6, "full")])
+def test_eager_llama_blocks_match_memtracker(B, S, L, recompute):
+    """The article backend's LLaMA block (the eager core of the GPT block, multi-head) against the reference
+    running that core. At B = 1, S = 16 the backward's peak is in block 0's recomputed norm, while the
+    checkpoint still holds the causal mask (released with norm 1's input, not by masked_fill's backward)."""
+    step, measured = _against_memtracker("llama", 256, "bf16-pure-adamw", B, S, L, 0.0, recompute, V_=40,
+                                         attention="eager")
+    assert step.phase_peaks() == measured["phase peaks"] and step.peak.bytes == measured["peak"]
+    _block_peaks_agree(step, measured)
+    if recompute == "none":
+        _block_totals_agree(step, measured)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kernel, kv, bias, tied, loop, B, recompute", [
+    ("sdpa", 2, True, False, "bf16-adamw", 2, "none"), ("sdpa", 1, False, True, "bf16-pure-adamw", 1, "full"),
+    ("eager", 2, True, True, "fp32-adamw", 3, "none"), ("eager", 1, True, True, "bf16-adamw", 1, "full"),
+    ("sdpa", None, True, True, "fp32-adamw", 2, "full")])
+def test_qkv_biases_and_tied_heads_match_memtracker(kernel, kv, bias, tied, loop, B, recompute):
+    """LLaMA blocks with QKV biases (Qwen2: addmm, the input gradient first, and a bias gradient) and a
+    tied LM head (Gemma: the embedding's two gradients summed), with and without GQA."""
+    for vocab in (1000, 40):
+        step, measured = _against_memtracker("llama", 256, loop, B, 64, 3, 0.0, recompute, V_=vocab, kv=kv,
+                                             attention=kernel, qkv_bias=bias, tied=tied)
+        assert step.phase_peaks() == measured["phase peaks"] and step.peak.bytes == measured["peak"]
+        _block_peaks_agree(step, measured)
+        if recompute == "none":
+            _block_totals_agree(step, measured)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("preset, loop, B, S, recompute, kernel", [
+    ("llama3-8b", "bf16-pure-adamw", 1, 2048, "none", "sdpa"), ("llama3-8b", "bf16-adamw", 1, 2048, "none", "eager"),
+    ("llama3-8b", "bf16-adamw", 2, 4096, "full", "sdpa"), ("mistral-7b", "bf16-pure-adamw", 1, 2048, "none", "sdpa"),
+    ("mistral-7b", "fp32-adamw", 1, 2048, "full", "eager"), ("qwen2.5-7b", "bf16-adamw", 1, 2048, "none", "sdpa"),
+    ("qwen2.5-0.5b", "bf16-pure-adamw", 1, 2048, "none", "eager"), ("gemma-2b", "bf16-adamw", 1, 2048, "full", "sdpa")])
+def test_gqa_presets_match_memtracker(preset, loop, B, S, recompute, kernel):
+    """Llama 3 8B and Mistral 7B (8 key/value heads), Qwen2.5 7B (4, QKV biases), Qwen2.5 0.5B (2, QKV biases,
+    tied) and Gemma 2B (multi-query, tied) at full scale under fake tensors, as the reference decoder runs
+    their shapes (no rotary embedding; Gemma's GeGLU as SwiGLU, which saves the same tensors). Mistral's
+    sliding window (4096 tokens) is not in the reference: at S <= 4096 its mask is the causal mask, and neither
+    kernel's memory depends on the mask (the flash kernel builds none, the eager core keeps S x S scores either
+    way)."""
+    from memledger.architecture import get_preset
+    a = get_preset(preset)
+    f = a.features
+    step, measured = _against_memtracker("llama", a.d_ff, loop, B, S, a.n_layers, 0.0, recompute, d_=a.d_model,
+                                         H=a.n_heads, V_=a.vocab_size, kv=a.kv_heads, attention=kernel,
+                                         qkv_bias=f.has_qkv_bias, tied=f.is_tied)
+    assert step.structure == Step(Ledger(preset, batch_size=B, seq_len=S, recipe=loop, overhead_bytes=0,
+                                         recompute=recompute), "cpu", **step_kernel(kernel)).structure
+    assert step.phase_peaks() == measured["phase peaks"] and step.peak.bytes == measured["peak"]
+    _block_peaks_agree(step, measured)
+
+
+def step_kernel(kernel):
+    return {"attention": "eager"} if kernel == "eager" else {}
 
 
 @pytest.mark.slow

@@ -18,6 +18,7 @@ from memledger.backends import conventions
 
 SMALL_GPT = Architecture(256, 3, 4, 1024, 1000, "gpt")
 SMALL_LLAMA = Architecture(256, 2, 4, 688, 1000, "llama")
+SMALL_MQA = Architecture(256, 3, 4, 688, 1000, "llama", n_kv_heads=1)
 
 SETUPS = [
     ("llama2-7b", {}),
@@ -32,6 +33,18 @@ SETUPS = [
     ("gpt2", dict(recompute="full", dropout=True)),
     (SMALL_GPT, dict(recipe="fp32-adamw")),
     (SMALL_LLAMA, dict(zero_stage=3, dp=2, recompute="full")),
+    # grouped-query attention
+    ("llama3-8b", {}),
+    ("llama3-8b", dict(recompute="full", recipe="bf16-pure-adamw")),
+    ("llama3-8b", dict(zero_stage=3, dp=8, flash_attention=True)),
+    ("llama3-8b", dict(tp=8, sequence_parallel=True)),
+    ("mistral-7b", dict(recipe="fp32-adamw", zero_stage=2, dp=4, offload_optimizer="cpu")),
+    (SMALL_MQA, dict(recompute="full")),
+    (SMALL_MQA, dict(recipe="bf16-pure-adamw", zero_stage=3, dp=2)),
+    # QKV biases (Qwen2), a tied LM head (Gemma)
+    ("qwen2.5-7b", dict(recompute="full")),
+    ("qwen2.5-0.5b", dict(zero_stage=3, dp=4)),
+    ("gemma-2b", dict(recipe="bf16-pure-adamw", flash_attention=True)),
 ]
 
 
@@ -49,14 +62,28 @@ def test_compiled_peak_is_the_timelines(arch, kwargs, backend):
 
 
 def test_unmodelled_setups_have_no_peak():
-    assert Ledger("llama3-8b").peak is None                      # GQA
+    assert Ledger("mixtral-8x7b").peak is None                   # MoE
+    assert Ledger("gemma-7b").peak is None                       # a head size other than d/H
     assert Ledger("llama2-7b", recompute="selective").peak is None
     assert Ledger(None, n_params=7 * 10**9).peak is None
 
 
-def test_ledger_peak_uses_the_compiled_step():
-    ledger = Ledger("llama2-7b", batch_size=2, seq_len=4096)
-    assert ledger.peak == ledger.step().peak.bytes
+@pytest.mark.parametrize("preset", ["llama2-7b", "llama3-8b", "mistral-7b", "qwen2.5-7b", "gemma-2b"])
+def test_ledger_peak_uses_the_compiled_step(preset):
+    ledger = Ledger(preset, batch_size=2, seq_len=4096)
+    assert ledger.peak is not None and ledger.peak == ledger.step().peak.bytes
+    assert Ledger(preset).peak == Ledger(preset).step().peak.bytes
+
+
+def test_command_line_judges_a_gqa_preset_by_its_peak(capsys):
+    """``memledger ledger --preset llama3-8b``: the verdict is the step's peak, no longer the sum."""
+    from memledger.cli import main
+    assert main(["ledger", "--preset", "llama3-8b", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["measure"] == "peak"
+    assert main(["ledger", "--preset", "llama3-8b"]) == 0
+    text = capsys.readouterr().out
+    assert "peak" in text and f"{Ledger('llama3-8b').peak / 1e9:.2f} GB" in text
 
 
 def _structure(**kwargs):

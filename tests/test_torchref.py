@@ -26,7 +26,7 @@ SHAPES = [dict(d=64, H=4, F=320, V=1000), dict(d=96, H=6, F=256, V=501), dict(d=
 
 
 def _kernel(c: RefConfig):
-    if c.style == "gpt" and c.attention == "eager":
+    if c.kernel == "eager":
         return "eager"
     return "math" if c.dropout else "flash"
 
@@ -37,8 +37,9 @@ def expected(c: RefConfig, loop, B, S):
     opts = dict(dtype=dtype, mask_dtype="bool" if c.native_dropout else dtype, norm_stats=dtype,
                 rmsnorm=c.rmsnorm, attention=_kernel(c))
     mlp, norm = ("gelu", "LayerNorm") if c.style == "gpt" else ("swiglu", "RMSNorm")
-    rows = inventory(mlp, norm, bool(c.dropout), **opts)
-    values = dict(B=B, S=S, d=c.d, H=c.H, L=c.L, F=c.F, V=c.V, P=1, N_d=1, t=1, O=0)
+    gqa = c.kv_heads != c.H
+    rows = inventory(mlp, norm, bool(c.dropout), gqa=gqa, **opts)
+    values = dict(B=B, S=S, d=c.d, H=c.H, H_kv=c.kv_heads, L=c.L, F=c.F, V=c.V, P=1, N_d=1, t=1, O=0)
 
     def n(expr):
         return evaluate_expr(expr, values)
@@ -47,7 +48,9 @@ def expected(c: RefConfig, loop, B, S):
         # kernel's log-sum-exp, which the checkpointed SDPA call recomputes too) are not kept
         sizes = {name: b for name, b in sizes.items()
                  if name in {r.name for r in rows if not r.quadratic} and name != "softmax log-sum-exp"}
-    views = c.recompute == "selective" or opts["attention"] == "flash" or (B == 1 and opts["attention"] == "eager")
+    # (the grouped eager core copies q, k and v at any B: no views)
+    views = c.recompute == "selective" or opts["attention"] == "flash" or (B == 1 and opts["attention"] == "eager"
+                                                                          and not gqa)
     if views:           # q, k, v stay views of the fused projection's output: one storage
         sizes["Q"] += sizes.pop("K") + sizes.pop("V")
     elif opts["attention"] == "math" and dtype == "fp32" and B == 1:
@@ -70,15 +73,31 @@ VARIANTS = {
     "LLaMA, fused RMSNorm": dict(style="llama", rmsnorm="fused"),
     "GPT selective recomputation": dict(recompute="selective", dropout=0.1, native_dropout=True),
     "LLaMA selective recomputation": dict(style="llama", recompute="selective"),
+    # grouped-query attention (n_kv_heads: half the heads, a third, one = multi-query; see GQA_HEADS)
+    "LLaMA GQA, SDPA enable_gqa (composite RMSNorm)": dict(style="llama", n_kv_heads="gqa"),
+    "LLaMA GQA, SDPA enable_gqa (fused RMSNorm)": dict(style="llama", rmsnorm="fused", n_kv_heads="gqa"),
+    "LLaMA GQA, grouped eager core": dict(style="llama", attention="eager", n_kv_heads="gqa"),
+    "LLaMA eager core, multi-head": dict(style="llama", attention="eager"),
+    "Qwen2's shape: GQA, QKV biases": dict(style="llama", n_kv_heads="gqa", qkv_bias=True),
+    "Gemma's shape: GQA, tied LM head, eager": dict(style="llama", n_kv_heads="gqa", tied=True, attention="eager"),
 }
+#: The key/value heads of the GQA variants for each of SHAPES (H = 4, 6, 2): GQA, GQA, MQA.
+GQA_HEADS = {4: 2, 6: 3, 2: 1}
 CASES = [(name, shape, loop, B, S) for name in VARIANTS
          for shape, loop, B, S in [(SHAPES[0], "bf16-pure-adamw", 2, 24), (SHAPES[1], "fp32-adamw", 1, 40),
                                    (SHAPES[2], "bf16-adamw", 3, 16)]]
 
 
+def _config(L, shape, variant):
+    variant = dict(variant)
+    if variant.get("n_kv_heads") == "gqa":
+        variant["n_kv_heads"] = GQA_HEADS[shape["H"]]
+    return RefConfig(L=L, **shape, **variant)
+
+
 @pytest.mark.parametrize("name, shape, loop, B, S", CASES)
 def test_saved_tensors_are_the_inventory(name, shape, loop, B, S):
-    c = RefConfig(L=2, **shape, **VARIANTS[name])
+    c = _config(2, shape, VARIANTS[name])
     measured = saved_tensors(c, loop, B, S)
     block, outside = expected(c, loop, B, S)
     for layer in (0, 1):
@@ -105,12 +124,39 @@ def test_full_recomputation_keeps_the_block_input(style, loop, B):
     assert [b for b, _, _ in live[2]] == [B * 24 * 64 * a]      # block 2 made the final norm's input
 
 
-@pytest.mark.parametrize("style, F", [("gpt", 320), ("llama", 256)])
-def test_reference_parameters_are_the_architectures(style, F):
-    c = RefConfig(d=64, L=3, H=4, F=F, V=1000, style=style)
+@pytest.mark.parametrize("style, F, kv, bias, tied", [("gpt", 320, None, None, None), ("llama", 256, None, None, None),
+                                                     ("llama", 256, 2, None, None), ("llama", 256, 1, None, None),
+                                                     ("llama", 256, 2, True, None), ("llama", 256, 1, True, True)])
+def test_reference_parameters_are_the_architectures(style, F, kv, bias, tied):
+    c = RefConfig(d=64, L=3, H=4, F=F, V=1000, style=style, n_kv_heads=kv, qkv_bias=bool(bias), tied=bool(tied))
     model = make_model(c, "bf16-pure-adamw")
-    arch = Architecture(64, 3, 4, F, 1000, style)
+    arch = Architecture(64, 3, 4, F, 1000, style, n_kv_heads=kv, qkv_bias=bias, tied_embeddings=tied)
     assert sum(p.numel() for p in model.parameters()) == arch.computed_params
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+@pytest.mark.parametrize("kv", [2, 1])
+def test_grouped_attention_is_attention_with_repeated_heads(attention, kv):
+    """The GQA block computes what multi-head attention computes with each key/value head repeated for its
+    group (``repeat_interleave``, as ``F.scaled_dot_product_attention(..., enable_gqa=True)`` documents):
+    the reference's grouping is the convention's, only the memory differs."""
+    torch.manual_seed(0)
+    c = RefConfig(d=64, L=1, H=4, F=128, V=100, style="llama", n_kv_heads=kv, attention=attention)
+    block = make_model(c, "fp32-adamw").blocks[0]
+    x = torch.randn(2, 12, 64)
+    mask = torch.ones(12, 12, dtype=torch.bool).triu(1)
+    q, k, v = block.qkv(block.norm1(x)).split([64, 16 * kv, 16 * kv], dim=-1)
+    q, k, v = (t.view(2, 12, -1, 16).transpose(1, 2) for t in (q, k, v))
+    full = torch.nn.functional.scaled_dot_product_attention(q, k.repeat_interleave(4 // kv, 1),
+                                                            v.repeat_interleave(4 // kv, 1), is_causal=True)
+    assert torch.allclose(block._core(q, k, v, mask), full, atol=1e-5)
+
+
+def test_reference_refuses_grouped_gpt_blocks():
+    with pytest.raises(ValueError, match="n_kv_heads"):
+        RefConfig(d=64, L=1, H=4, F=128, V=100, n_kv_heads=2)
+    with pytest.raises(ValueError, match="divisible"):
+        RefConfig(d=64, L=1, H=4, F=128, V=100, style="llama", n_kv_heads=3)
 
 
 def test_inventory_defaults_unchanged():
