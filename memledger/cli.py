@@ -55,9 +55,9 @@ def _parser():
     add_parsers(sub, led, _ledger_options, _Help)
     from .cli_step import add_parser
     add_parser(sub, _ledger_options, _Help)
-    led.add_argument("--peak", action="store_true",
-                     help="judge the step's peak (memledger step), not the sum of the rows at the end of the "
-                          "forward pass; loads SymPy, so it takes about half a second")
+    led.add_argument("--measure", default="auto", help="what the fits verdict judges: auto (the step's peak, "
+                     "memledger step, where the timeline models the setup, else the sum of the rows at the end of "
+                     "the forward pass), peak, or total (the sum)")
     pipe = led.add_argument_group("pipeline parallelism (Megatron-LM schedules)")
     pipe.add_argument("--pp", help="pipeline stages P (rows per stage: first and last)")
     pipe.add_argument("--microbatches", help="micro-batches per step M (needs --pp)")
@@ -223,13 +223,15 @@ def _ledger(a):
         if pipe is not None:
             data["pipeline"] = pipe
         data["gpu_memory"] = memory
-        data["fits"] = ledger.fits(memory, peak=a.peak)
-        if a.peak:
-            data["peak"] = ledger.peak
+        judged = _judged(ledger, a.measure)
+        data["fits"] = judged.bytes <= memory
+        data["measure"] = judged.key
+        data["judged_bytes"] = judged.bytes
+        data["peak"] = ledger.peak
         data["traffic"]["link"] = a.link
         data["traffic"]["pcie_seconds"] = float(traffic.pcie_seconds(a.link))
         return json.dumps(data, indent=2)
-    lines = [ledger.table(a.units).text(), "", _verdict(ledger, memory, a.peak, a.units)]
+    lines = [ledger.table(a.units).text(), "", _verdict(ledger, memory, a.measure, a.units)]
     if traffic.pcie_bytes:
         lines.append(f"Per step over {a.link}: GPU->CPU {format_bytes(traffic.gpu_to_cpu, a.units)}, "
                      f"CPU->GPU {format_bytes(traffic.cpu_to_gpu, a.units)}: "
@@ -246,18 +248,25 @@ def _ledger(a):
     return "\n".join(lines)
 
 
-def _verdict(ledger, memory: int, peak: bool, units: str) -> str:
-    """The fits line: by the step's peak (``--peak``, where the timeline models the setup), else by the sum."""
-    verdict = f"{'fits' if ledger.fits(memory, peak=peak) else 'does NOT fit'} in {format_bytes(memory, units)}"
+def _judged(ledger, measure: str):
+    """What the verdict compares with the GPU (:mod:`memledger.measure`); the sum without an architecture."""
+    from .measure import judge, uses_peak
+    return judge(ledger, ledger.arch is not None and uses_peak(ledger, measure))
+
+
+def _verdict(ledger, memory: int, measure: str, units: str) -> str:
+    """The fits line, in the explorer's words: the step's peak where the timeline models the setup (``--measure
+    auto``), else the sum of the rows at the end of the forward pass, and the other one for comparison."""
+    from .measure import describe
+    judged = _judged(ledger, measure)
+    head = (f"{'fits' if judged.bytes <= memory else 'does NOT fit'}: {format_bytes(judged.bytes, units)} per GPU "
+            f"against {format_bytes(memory, units)}")
     if not ledger.arch:
-        return (f"The model states per GPU, {format_bytes(ledger.totals['gpu'], units)}, {verdict} (without an "
-                "architecture no activations are booked).")
-    if peak and ledger.peak is not None:
-        return f"The step's peak per GPU, {format_bytes(ledger.judged_bytes(peak=True), units)}, {verdict}."
-    why = ("the timeline does not model this setup" if peak else
-           "a run fails or fits by its peak, a moment of the step: add --peak, or see memledger step")
-    return (f"The sum of the rows per GPU at the end of the forward pass, {format_bytes(ledger.totals['gpu'], units)}, "
-            f"{verdict} ({why}).")
+        return f"{head}, the model states (without an architecture no activations are booked)."
+    note = None
+    if judged.key == "total" and ledger.peak is not None:
+        note = f"the step's peak is {format_bytes(ledger.peak, units)}: --measure auto, or see memledger step"
+    return f"{head}{describe(ledger, judged, units, note)}."
 
 
 def _presets(a):

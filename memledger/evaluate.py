@@ -48,3 +48,14 @@ def exact_function(args, exprs):
 def vectorized_function(args, exprs):
     """``f(*arrays) -> [ndarray, ...]``: NumPy float64 evaluation, broadcasting over arrays."""
     return sp.lambdify(tuple(args), list(exprs), modules="numpy", cse=True)
+
+
+def is_integral_polynomial(expr) -> bool:
+    """True if ``expr`` is a polynomial with integer coefficients (exact in plain int arithmetic, no Fraction needed)."""
+    try:
+        poly = sp.Poly(expr, *expr.free_symbols) if expr.free_symbols else None
+    except sp.PolynomialError:
+        return False
+    if poly is None:
+        return expr.is_Integer
+    return all(c.is_Integer for c in poly.coeffs())

@@ -240,11 +240,11 @@ class Ledger:
     @cached_property
     def peak(self) -> Optional[int]:
         """The GPU peak of a training step (:meth:`step`, the article's conventions), or None where the
-        timeline does not model the setup (no architecture, GQA/MoE/encoder blocks, selective recomputation)."""
-        try:
-            return self.step().peak.bytes
-        except ValueError:
-            return None
+        timeline does not model the setup (no architecture, GQA/MoE/encoder blocks, selective recomputation).
+        Evaluated from the step compiled to plain Python (:mod:`memledger.steppeak`): no SymPy once cached."""
+        from .steppeak import step_peak
+        peak = step_peak(self)
+        return None if peak is None else peak[0]
 
     def fits(self, gpu_bytes: int, peak: bool = False) -> bool:
         """Whether the GPU total fits in ``gpu_bytes``; with ``peak``, whether the step fits: its peak

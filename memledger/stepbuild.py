@@ -13,7 +13,7 @@ import numpy as np
 import sympy as sp
 
 from .activations import inventory
-from .evaluate import exact_function
+from .evaluate import exact_function, is_integral_polynomial
 from .formulas import evaluate_expr
 from .model_states import ZERO_SHARDS, device_of, state_specs
 from .outside import outside_inventory
@@ -110,7 +110,7 @@ class Built:
                       for dev in ("gpu", "cpu", "nvme")}
         self.gpu = self.masks["gpu"]
         exprs = [sp.sympify(tensors[n].expr) for n in self.names]
-        whole = [i for i, e in enumerate(exprs) if _integral(e)]
+        whole = [i for i, e in enumerate(exprs) if is_integral_polynomial(e)]
         other = [i for i in range(len(exprs)) if i not in set(whole)]
         self.symbols = tuple(sorted(set().union(*(e.free_symbols for e in exprs)), key=lambda x: x.name))
         self._groups = [(whole, sp.lambdify(self.symbols, [exprs[i] for i in whole], modules="math", cse=True)),
@@ -268,17 +268,6 @@ class Built:
                     seen.add(q[1])
                     row(q[1], "transient", op.phase, self.device_of(q), tensor.expr, set())
         return out
-
-
-def _integral(expr) -> bool:
-    """True if ``expr`` is a polynomial with integer coefficients (exact in plain int arithmetic)."""
-    try:
-        poly = sp.Poly(expr, *expr.free_symbols) if expr.free_symbols else None
-    except sp.PolynomialError:
-        return False
-    if poly is None:
-        return expr.is_Integer
-    return all(c.is_Integer for c in poly.coeffs())
 
 
 @lru_cache(maxsize=128)

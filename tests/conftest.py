@@ -7,6 +7,7 @@ so a file lock lets the first worker build and the others wait for that build.
 """
 import fcntl
 import hashlib
+import os
 from pathlib import Path
 import shutil
 import subprocess
@@ -25,6 +26,11 @@ _SOLO_RUN = uuid.uuid4().hex
 def _run_id(config) -> str:
     """The same id in every xdist worker of one run; a fresh one in a run without xdist."""
     return getattr(config, "workerinput", {}).get("testrunuid", _SOLO_RUN)
+
+
+def pytest_configure(config):
+    """Compiled steps (memledger/steppeak.py) go to a cache of the test runs, not the user's own."""
+    os.environ.setdefault("MEMLEDGER_CACHE_DIR", str(Path(tempfile.gettempdir()) / "memledger-test-cache"))
 
 
 @pytest.fixture(scope="session")

@@ -6,6 +6,7 @@ import sys
 import pytest
 
 from memledger.cli import main
+from memledger.hardware import GPU_MEMORY
 from memledger.ledger import Ledger
 from memledger.units import GB
 
@@ -174,11 +175,27 @@ def test_python_m_and_console_script_no_traceback():
         assert bad.stderr.strip() == "memledger: error: batch_size must be a positive integer up to 10^18, got '-3'"
 
 
-def test_verdict_by_sum_or_by_the_steps_peak(capsys):
+def test_verdict_by_the_steps_peak_or_by_the_sum(capsys):
     ledger = Ledger("llama2-7b")
+    peak, total = ledger.step().peak.bytes, ledger.totals["gpu"]
     code, out, _ = run(capsys, "ledger", "--preset", "llama2-7b")
-    assert code == 0 and f"end of the forward pass, {ledger.totals['gpu'] / GB:,.2f} GB" in out and "--peak" in out
-    code, out, _ = run(capsys, "ledger", "--preset", "llama2-7b", "--peak")
-    assert code == 0 and f"The step's peak per GPU, {ledger.step().peak.bytes / GB:,.2f} GB" in out
-    data = ledger_json(capsys, "--preset", "llama2-7b", "--peak", "--gpu-memory", "200GB")
-    assert data["peak"] == ledger.step().peak.bytes and data["fits"] is True
+    assert code == 0 and out.splitlines()[-1] == (
+        f"does NOT fit: {peak / GB:,.2f} GB per GPU against {GPU_MEMORY['a100-80gb'] / GB:,.2f} GB, the peak of a "
+        f"training step (the sum of the rows at the end of the forward pass: {total / GB:,.2f} GB).")
+    code, out, _ = run(capsys, "ledger", "--preset", "llama2-7b", "--measure", "total")
+    assert code == 0 and f"{total / GB:,.2f} GB per GPU" in out and f"the step's peak is {peak / GB:,.2f} GB" in out
+    code, out, _ = run(capsys, "ledger", "--preset", "llama3-8b")      # GQA: not modelled op by op
+    assert code == 0 and "the sum of the rows at the end of the forward pass (the step timeline does not model" in out
+    data = ledger_json(capsys, "--preset", "llama2-7b", "--gpu-memory", "200GB")
+    assert data["peak"] == data["judged_bytes"] == peak and data["fits"] is True and data["measure"] == "peak"
+    data = ledger_json(capsys, "--preset", "llama2-7b", "--gpu-memory", f"{peak - 1}B")
+    assert data["fits"] is False
+    data = ledger_json(capsys, "--preset", "llama2-7b", "--measure", "total", "--gpu-memory", f"{peak}B")
+    assert data["judged_bytes"] == total and data["fits"] is (total <= peak)
+
+
+def test_measure_peak_refuses_what_the_timeline_does_not_model(capsys):
+    code, _, err = run(capsys, "ledger", "--preset", "llama2-7b", "--recompute", "selective", "--measure", "peak")
+    assert code == 2 and err.strip().startswith("memledger: error: recompute must be none or full")
+    code, _, err = run(capsys, "ledger", "--preset", "llama2-7b", "--measure", "sum")
+    assert code == 2 and err.strip() == "memledger: error: measure must be one of auto, peak, total, got 'sum'"

@@ -1,0 +1,123 @@
+"""The compiled step (memledger/steppeak.py) gives Step.peak to the byte, without SymPy once cached.
+
+Step.peak itself is proved against PyTorch's MemTracker in test_step.py; here every structure's plain-Python
+record must agree with the SymPy timeline it was printed from, at several numbers per structure.
+"""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from memledger import steppeak
+from memledger.architecture import Architecture
+from memledger.ledger import Ledger
+from memledger.steppeak import compiled_step, record_path, step_peak
+from memledger.stepstructure import StepStructure
+from memledger.backends import conventions
+
+SMALL_GPT = Architecture(256, 3, 4, 1024, 1000, "gpt")
+SMALL_LLAMA = Architecture(256, 2, 4, 688, 1000, "llama")
+
+SETUPS = [
+    ("llama2-7b", {}),
+    ("llama2-7b", dict(recompute="full")),
+    ("llama2-7b", dict(recipe="fp32-adamw", flash_attention=True)),
+    ("llama2-7b", dict(zero_stage=3, dp=8)),
+    ("llama2-7b", dict(zero_stage=2, dp=8, offload_optimizer="cpu")),
+    ("llama2-7b", dict(zero_stage=3, dp=8, offload_optimizer="nvme", offload_params="cpu")),
+    ("llama2-7b", dict(tp=4, sequence_parallel=True)),
+    ("llama2-13b", dict(recipe="bf16-pure-adamw", dropout=True)),
+    ("article-7b", dict(recipe="bf16-adamw", zero_stage=1, dp=4)),
+    ("gpt2", dict(recompute="full", dropout=True)),
+    (SMALL_GPT, dict(recipe="fp32-adamw")),
+    (SMALL_LLAMA, dict(zero_stage=3, dp=2, recompute="full")),
+]
+
+
+@pytest.mark.parametrize("backend", ["article", "cuda", "cpu"])
+@pytest.mark.parametrize("arch, kwargs", SETUPS)
+def test_compiled_peak_is_the_timelines(arch, kwargs, backend):
+    for batch, seq in [(1, 512), (3, 2048), (8, 4096)]:
+        ledger = Ledger(arch, batch_size=batch, seq_len=seq, **kwargs)
+        try:
+            expected = ledger.step(backend).peak
+        except ValueError:                   # a variant the timeline refuses: the compiled path says None
+            assert step_peak(ledger, backend) is None
+            continue
+        assert step_peak(ledger, backend) == (expected.bytes, expected.phase, expected.layer)
+
+
+def test_unmodelled_setups_have_no_peak():
+    assert Ledger("llama3-8b").peak is None                      # GQA
+    assert Ledger("llama2-7b", recompute="selective").peak is None
+    assert Ledger(None, n_params=7 * 10**9).peak is None
+
+
+def test_ledger_peak_uses_the_compiled_step():
+    ledger = Ledger("llama2-7b", batch_size=2, seq_len=4096)
+    assert ledger.peak == ledger.step().peak.bytes
+
+
+def _structure(**kwargs):
+    return StepStructure.of(Ledger("llama2-7b", **kwargs), conventions("article"))
+
+
+def test_record_is_cached_and_read_back(tmp_path, monkeypatch):
+    monkeypatch.setenv("MEMLEDGER_CACHE_DIR", str(tmp_path))
+    compiled_step.cache_clear()
+    structure = _structure(recompute="full")
+    first = compiled_step(structure)
+    path = record_path(structure)
+    assert path.parent == tmp_path and json.loads(path.read_text())["structure"] == repr(structure)
+    compiled_step.cache_clear()
+
+    def no_sympy(_):
+        raise AssertionError("compiled again although cached")
+    monkeypatch.setattr(steppeak, "compile_step", no_sympy)
+    again = compiled_step(structure)
+    values = {"B": 2, "S": 1024, "d": 4096, "F": 11008, "H": 32, "L": 32, "V": 32000, "P": 6738415616, "t": 1,
+              "N_d": 1, "O": 0}
+    assert again.peak(values) == first.peak(values)
+
+
+def test_a_damaged_or_foreign_record_is_rebuilt(tmp_path, monkeypatch):
+    monkeypatch.setenv("MEMLEDGER_CACHE_DIR", str(tmp_path))
+    structure = _structure(zero_stage=2, dp=4)
+    ledger = Ledger("llama2-7b", zero_stage=2, dp=4)
+    for damage in ["{not json", json.dumps({"format": steppeak.FORMAT, "structure": "another"})]:
+        compiled_step.cache_clear()
+        record_path(structure).write_text(damage)
+        assert step_peak(ledger)[0] == ledger.step().peak.bytes
+        assert json.loads(record_path(structure).read_text())["structure"] == repr(structure)
+
+
+def test_an_unwritable_cache_still_answers(tmp_path, monkeypatch):
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    monkeypatch.setenv("MEMLEDGER_CACHE_DIR", str(blocked / "cache"))      # a path under a file: mkdir fails
+    compiled_step.cache_clear()
+    ledger = Ledger("llama2-7b", batch_size=5)
+    assert step_peak(ledger)[0] == ledger.step().peak.bytes
+    assert not list(tmp_path.glob("**/*.json"))
+
+
+def test_an_edited_library_gets_new_records(monkeypatch):
+    structure = _structure()
+    before = record_path(structure)
+    monkeypatch.setattr(steppeak, "source_hash", lambda: "edited")
+    assert record_path(structure) != before
+
+
+def test_command_line_judges_the_peak_without_sympy_once_cached(tmp_path):
+    env = {"MEMLEDGER_CACHE_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    args = "['ledger', '--preset', 'llama2-7b', '--zero', '3', '--dp', '8', '--json']"
+    code = (f"import sys, json, io, contextlib; from memledger.cli import main; out = io.StringIO()\n"
+            f"with contextlib.redirect_stdout(out): main({args})\n"
+            "print(json.dumps({'measure': json.loads(out.getvalue())['measure'], 'heavy': sorted("
+            "m for m in ('sympy', 'numpy') if m in sys.modules)}))")
+    cold = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    warm = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert cold.returncode == 0 and warm.returncode == 0, cold.stderr + warm.stderr
+    assert json.loads(cold.stdout) == {"measure": "peak", "heavy": ["numpy", "sympy"]}
+    assert json.loads(warm.stdout) == {"measure": "peak", "heavy": []}
