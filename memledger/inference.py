@@ -77,6 +77,11 @@ class Inference:
                 ("working buffer (prefill, one layer)", work), ("CUDA context + workspace", self.overhead_bytes)]
 
     @property
+    def weights(self) -> int:
+        """The weights row: P x bytes of the weight dtype, split over tp (rounded up)."""
+        return self.rows[0][1]
+
+    @property
     def total(self) -> int:
         return sum(b for _, b in self.rows)
 

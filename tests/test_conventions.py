@@ -350,14 +350,8 @@ def test_zero_paper_footnote_counts_values_not_bytes():
     # count and hidden size, which the transcription has only as an image.
 
 
-# --- EleutherAI "Transformer Math 101" (Anthony, Biderman, Schoelkopf 2023): no published memory number tested.
-# Searched the stored pages for the post (search corpus `pages`). Three stored copies were found:
-# eleutherai.notion.site/Transformers-Math-101-d2fcfc7a25d446388fde97821ad2412a (the draft),
-# vuink.com/post/oybt-d-dryrhgure-d-dnv/transformer-math (a mirror of blog.eleuther.ai/transformer-math) and
-# tool.lu/article/5iv (a bilingual translation). All three returned only the Introduction and "Compute
-# Requirements" (C ~ tau T = 6PD, its units); no query reached the "Memory Requirements" sections (Inference,
-# Model Weights, Optimizer States, Gradients, Activations and Batch Size, Sharded Optimizers, 3D Parallelism).
-# So we could not check whether the post publishes any concrete memory example, and tests/ holds none for it.
-# The 6PD rule is compute, not memory, and the retrieved text gives no worked number for it. The eleuther
-# convention stays tested against the cookbook calculator's formulas (test_eleuther_* above); no erratum is
-# recorded against the blog itself.
+# --- EleutherAI "Transformer Math 101" (Anthony, Biderman, Schoelkopf 2023), the blog post itself: its memory
+# sections were read from a complete Chinese translation (stored file id 51846161625) and checked against two other
+# transcriptions and an English summary; every number they publish (bytes per parameter, the 1.2 x inference
+# factor, the activation, ZeRO and 3D-parallel rules) is reproduced in tests/test_transformer_math.py, and the
+# post's errata are recorded in memledger/conventions/transformer_math.py.

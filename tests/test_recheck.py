@@ -52,6 +52,17 @@ def test_eleuther_cookbook():
     assert figures("eleuther-8bit") == {"master": 4, "moments": 1 + 1, "total": 6}
     assert figures("eleuther-checkpoint") == {"cookbook": 16 * 2 + 2, "full": 2}
     assert figures("eleuther-positions") == {"extra": 4096 * 4096}
+    # 7x10^9 parameters, 2 bytes, 64 GPUs with tp = 8, ZeRO-3: the blog's Model Memory / No. GPUs
+    assert figures("eleuther-zero3-model") == {"cookbook": 2 * 7 * 10**9 // 8 // 64, "blog": 2 * 7 * 10**9 // 64,
+                                               "ledger": 2 * 7 * 10**9 // 64}
+
+
+def test_transformer_math_blog():
+    # '3D Parallelism': Gradient Memory / Pipe-Parallel-Size at pp = 1 against a tensor-parallel rank's shard (tp = 8)
+    assert figures("transformer-math-gradients") == {"post": Fraction(2 * 7 * 10**9, 10**9),
+                                                     "held": Fraction(2 * 7 * 10**9 // 8, 10**9)}
+    # ZeRO-R: the article's 7B under full recomputation keeps one 2-byte B x S x d input per layer
+    assert figures("transformer-math-zero-r") == {"kept": 2 * 2048 * 4096 * 32, "over_dp": 2 * 2048 * 4096 * 32 // 8}
 
 
 def test_megatron():
@@ -72,7 +83,9 @@ def test_zero_paper():
 IN_RECORD = {"deepspeed-docs-table": ("docs", "code"), "deepspeed-docs-cpu": ("code", "docs"),
              "accelerate-typo": ("fp32", "fp16"), "accelerate-int": ("int8", "int4"),
              "eleuther-8bit": ("total",), "eleuther-checkpoint": ("cookbook", "full"),
-             "eleuther-positions": ("extra",), "zero-paper-8gb": ("checkpoints", "layer")}
+             "eleuther-positions": ("extra",), "eleuther-zero3-model": ("cookbook", "blog"),
+             "transformer-math-gradients": ("post", "held"), "transformer-math-zero-r": ("kept", "over_dp"),
+             "zero-paper-8gb": ("checkpoints", "layer")}
 
 
 @pytest.mark.parametrize("key", sorted(IN_RECORD))

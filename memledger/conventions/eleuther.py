@@ -1,5 +1,16 @@
 """EleutherAI's "Transformer Math 101" (Anthony, Biderman, Schoelkopf 2023), as its calculator computes it.
 
+The blog post's memory sections (blog.eleuther.ai/transformer-math, last
+updated 2024-10-08) were read from a complete Chinese translation (stored file
+id 51846161625), checked against two other transcriptions and an English
+summary: they publish bytes per parameter (int8 1, fp16/bf16 2, fp32 4;
+AdamW 12 = 4 + 4 + 4, 8-bit 6 = 4 + 1 + 1, SGD with momentum 8 = 4 + 4;
+gradients 4 or 2), inference = 1.2 x the weights, Korthikanti's activation
+rules and the ZeRO and 3D-parallel sums, no worked GB example. Those rules,
+the inference factor and the post's two errata live in
+:mod:`memledger.conventions.transformer_math`; tests/test_transformer_math.py
+reproduces each from memledger.
+
 The blog's formulas are implemented by the same authors in EleutherAI/cookbook
 ``calc/calc_transformer_mem.py`` (827ee3b2, 2026-03-15), which the cookbook's
 ``calc/README.md`` (line 96) points to as the blog's companion. Per GPU, with
@@ -7,8 +18,8 @@ N GPUs, tensor/pipeline degrees t, p and defaults as in its ``DEFAULTS``
 (lines 217-252: mixed precision, 2-byte low / 4-byte high precision, 4-byte
 gradients, AdamW, ZeRO stage 1):
 
-    model     = 2P / (t p)            (/N under ZeRO-3)            lines 276-294
-    gradients = 4P                    (/N from ZeRO-2)             lines 300-309
+    model     = 2P / (t p)            (/N under ZeRO-3)            lines 276-294 (erratum: /(t p) and /N)
+    gradients = 4P                    (/N from ZeRO-2)             lines 300-309 (the blog: /p; memledger: /(t p))
     optimizer = 12P (AdamW: fp32 copy + m + v; SGD+momentum 8)     lines 314-333 (/N from ZeRO-1)
     activations, no checkpointing = S B d L (34 + 5 H S / d)        line 351 (Korthikanti Eq. 1)
     activations, "checkpoint-activations" = S B d L (16*2 + 2) = 34 S B d L        line 349
@@ -23,6 +34,7 @@ import sympy as sp
 
 from ..symbols import B, F, H, L, P, S, V, d, t
 from .base import Convention, Erratum, G, Item, M
+from .transformer_math import ERRATA as BLOG_ERRATA
 
 N = G * M
 OPTIMIZER_BYTES = {"adamw": 12, "sgd_momentum": 8, "muon": 8}
@@ -76,15 +88,27 @@ ERRATA = (
             "positional_params = hidden_size x sequence_length", "0 for rotary or ALiBi models",
             "the script adds d x S learned-position parameters to every model, e.g. 4096 x 4096 = 16,777,216 for "
             "its own LLaMA-7B example (line 438), which has rotary embeddings", "inconsistent"),
+    Erratum("EleutherAI cookbook", "calc/calc_transformer_mem.py lines 286-294 (ZeRO-3 model memory)",
+            "per_gpu_model_mem = P x 2 / (tensor_parallel_size x pipeline_parallel_size), then /= num_gpus",
+            "P x 2 / num_gpus: num_gpus = dp x tp x pp (its line 264), and the blog's ZeRO-3 rule is "
+            "Model Memory / No. GPUs",
+            "the weights are split by tp x pp and then again by every GPU, tp x pp included: 7x10^9 parameters, "
+            "2 bytes, 64 GPUs with tp = 8: 14x10^9 / 8 / 64 = 27,343,750 bytes, where each GPU holds "
+            "14x10^9 / 64 = 218,750,000", "inconsistent"),
 )
 
 TRANSFORMER_MATH = Convention(
     "eleuther", "EleutherAI Transformer Math 101 (cookbook calc_transformer_mem.py defaults)",
-    "EleutherAI/cookbook calc/calc_transformer_mem.py lines 264-389 (827ee3b2); blog.eleuther.ai/transformer-math",
-    _items, reads=("zero_stage", "gpus_per_node", "nodes", "tp", "recompute"), printed=_printed, errata=ERRATA,
+    "EleutherAI/cookbook calc/calc_transformer_mem.py lines 264-389 (827ee3b2); blog.eleuther.ai/transformer-math "
+    "(2024-10-08), memory sections read from a Chinese translation (stored file id 51846161625): bytes per "
+    "parameter, the 1.2 x inference factor, Korthikanti's activation rules, ZeRO and 3D-parallel sums "
+    "(memledger.conventions.transformer_math)",
+    _items, reads=("zero_stage", "gpus_per_node", "nodes", "tp", "recompute"), printed=_printed,
+    errata=ERRATA + BLOG_ERRATA,
     differs="fp32 gradients by default (2 + 4 + 12 = 18 B/param); ZeRO divides by all GPUs with no rounding; "
             "1 GB of ZeRO bucket buffers; activations from Korthikanti Eq. 1 for a GPT block whatever the MLP; "
-            "'checkpointing' books 34 SBdL, not 2 SBdL")
+            "'checkpointing' books 34 SBdL, not 2 SBdL; tensor parallelism splits the weights but not the "
+            "gradients, and under ZeRO-3 the weights twice")
 TRANSFORMER_MATH_16 = Convention(
     "eleuther-fp16-grads", "Transformer Math 101 with 2-byte gradients (16 B/param)",
     "EleutherAI/cookbook calc/calc_transformer_mem.py --bytes-per-grad-ele 2; blog 'Gradients' section",

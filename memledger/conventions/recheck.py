@@ -23,7 +23,8 @@ from ..ledger import Ledger
 from ..symbols import B, L, S, d, t
 from ..units import format_quantity, in_unit
 from . import ERRATA, accelerate, eleuther, megatron, papers
-from .base import G, Setup
+from . import transformer_math as tm
+from .base import G, Setup, p_pp
 from .deepspeed import ZERO2, ZERO2_DOCS
 from .examples import (
     T5_3B,
@@ -132,7 +133,32 @@ def _eleuther() -> list:
     pos = Recheck("eleuther-positions", "EleutherAI cookbook", "line 268",
                   {"extra": Figure(int(positions.subs({d: 4096, S: 4096})), "parameters")},
                   "its LLaMA-7B example (d = S = 4096) gains {extra} that a rotary model does not have")
-    return [eight, ckpt, pos]
+    n, gpus = 7 * 10**9, Setup(7 * 10**9, gpus_per_node=8, nodes=8, tp=8, zero_stage=3)
+    model = next(r.bytes for r in eleuther.TRANSFORMER_MATH.estimate(gpus).rows if r.role == "param")
+    only_weights = {tm.Model: 2 * n, tm.Optimizer: 0, tm.Gradient: 0, tm.Activation: 0, tm.Live: 0}
+    blog = tm.RULES["zero3"].subs(only_weights)
+    zero3 = Recheck("eleuther-zero3-model", "EleutherAI cookbook", "lines 286-294",
+                    {"cookbook": Figure(model, "bytes"), "blog": Figure(blog.subs(tm.N, gpus.gpus), "bytes"),
+                     "ledger": Figure(Ledger(n_params=n, tp=8, dp=8, zero_stage=3).by_role()["param"], "bytes")},
+                    "7x10^9 parameters on 64 GPUs (tp = 8, dp = 8), ZeRO-3: the cookbook books {cookbook} of "
+                    "weights per GPU; the blog's rule gives {blog}, memledger's ledger {ledger}")
+    return [eight, ckpt, pos, zero3]
+
+
+def _transformer_math() -> list:
+    """The blog post's errata (:mod:`memledger.conventions.transformer_math`)."""
+    n, gb = 7 * 10**9, lambda b: Figure(in_unit(b, "GB"), "GB", 2)
+    by_rule = tm.RULES["gradients_3d"].subs({tm.Gradient: 2 * n, p_pp: 1})
+    grads = Recheck("transformer-math-gradients", tm.BLOG, "'3D Parallelism'",
+                    {"post": gb(int(by_rule)), "held": gb(Ledger(n_params=n, tp=8).by_role()["grad"])},
+                    "7x10^9 parameters, 2-byte gradients, tp = 8, pp = 1: {post} per GPU by the post's rule; a "
+                    "tensor-parallel rank holds {held}")
+    kept = Ledger("article-7b", recompute="full", scope="layers", dp=8, zero_stage=1).group_total("activations")
+    zero_r = Recheck("transformer-math-zero-r", tm.BLOG, "ZeRO-R",
+                     {"kept": Figure(kept, "bytes"), "over_dp": Figure(Fraction(kept, 8), "bytes")},
+                     "the article's 7B, full recomputation, 8 data-parallel GPUs, tp = 1: each keeps {kept} of "
+                     "checkpoints; partitioned over the data-parallel ranks it would be {over_dp}")
+    return [grads, zero_r]
 
 
 def _per_sbd(expr, preset: str) -> Fraction:
@@ -174,7 +200,7 @@ def _zero_paper() -> list:
 @cache
 def rechecks() -> tuple:
     """One :class:`Recheck` per erratum of :data:`ERRATA`, in the same order."""
-    found = _deepspeed() + _accelerate() + _eleuther() + _megatron() + _zero_paper()
+    found = _deepspeed() + _accelerate() + _eleuther() + _transformer_math() + _megatron() + _zero_paper()
     order = {id(e): i for i, e in enumerate(ERRATA)}
     return tuple(sorted(found, key=lambda r: order[id(r.erratum)]))
 
