@@ -167,6 +167,12 @@ def llama2_zero3_peak(n):
     return step_peak(arch="llama2-7b", seq_len=4096, zero_stage=3, dp=8, flash_attention=True, batch_size=n)
 
 
+def zero3_peak(preset, B=1, S=4096):
+    """Chapter 14's setup (ZeRO-3 over 8, FlashAttention, BF16 AdamW): the step's peak, for the grouped-query
+    presets whose steps tests/test_step.py checks against MemTracker at full scale."""
+    return step_peak(arch=preset, seq_len=S, zero_stage=3, dp=8, flash_attention=True, batch_size=B)
+
+
 MISTRAL_B80 = largest(lambda n: zero3_total(MISTRAL, B=n) <= H100_REAL)
 H200_CKPT = largest(lambda n: 16 * LLAMA3["P"] + LLAMA3["L"] * 2 * n * 4096 * 4096 + outside(LLAMA3, n) + OVERHEAD
                     <= 141 * GB)
@@ -524,10 +530,14 @@ EXPECTED = {
     "moe.states_mixtral": (Fraction(16 * MIXTRAL["P"], GB), "GB"),
     "moe.act_ratio": (Fraction(layer(MIXTRAL), layer(MISTRAL)), "x"),
     "fit.measure": measure_is(SUM), "fit.measure_peak": measure_is(PEAK),
-    "fit.llama3_80": fits_at_answer_not_beyond(lambda n: zero3_total(LLAMA3, B=n), H100_REAL),
-    "fit.llama3_seq_24": fits_at_answer_not_beyond(lambda n: zero3_total(LLAMA3, S=n), RTX_REAL),
-    "fit.mistral_80": fits_at_answer_not_beyond(lambda n: zero3_total(MISTRAL, B=n), H100_REAL),
-    "fit.mistral_room": (Fraction(H100_REAL - zero3_total(MISTRAL, B=MISTRAL_B80), GB), "GB"),
+    "fit.llama3_80": fits_at_answer_not_beyond(lambda n: zero3_peak("llama3-8b", B=n), H100_REAL),
+    "fit.llama3_rtx_peak": lazy(lambda: Fraction(zero3_peak("llama3-8b", S=1), GiB), "GiB"),  # > RTX_REAL: no length
+    "gpu.rtx4090_gib": (Fraction(RTX_REAL, GiB), "GiB"),
+    "fit.mistral_80_sum": fits_at_answer_not_beyond(lambda n: zero3_total(MISTRAL, B=n), H100_REAL),
+    "fit.mistral_room_sum": (Fraction(H100_REAL - zero3_total(MISTRAL, B=MISTRAL_B80), GB), "GB"),
+    "fit.mistral_80": fits_at_answer_not_beyond(lambda n: zero3_peak("mistral-7b", B=n), H100_REAL),
+    "fit.mistral_room": lazy(lambda: Fraction(H100_REAL - zero3_peak("mistral-7b", B=largest(
+        lambda n: zero3_peak("mistral-7b", B=n) <= H100_REAL)), GB), "GB"),
     "logits.mistral_batch": (Fraction(MISTRAL_B80 * 4 * 4096 * MISTRAL["V"], GB), "GB"),     # logits.float()
     "fit.llama2_80": fits_at_answer_not_beyond(llama2_zero3_peak, H100_REAL),
     "fit.llama2_room": lazy(lambda: Fraction(H100_REAL - llama2_zero3_peak(largest(
@@ -550,6 +560,9 @@ EXPECTED = {
     "ex.h200_room": (Fraction(141 * GB - 16 * LLAMA3["P"] - 32 * 2 * H200_CKPT * 4096 * 4096
                               - outside(LLAMA3, H200_CKPT) - OVERHEAD, GB), "GB"),
     "ex.h200_logits": (Fraction(H200_CKPT * 4 * 4096 * LLAMA3["V"], GB), "GB"),
+    "ex.h200_per_param": (2 + 4 + 4 + 4 + 4, "B/param"),                 # BF16 weights, masters, m, v, FP32 grads
+    "ex.h200_peak": lazy(lambda: Fraction(step_peak(arch="llama3-8b", seq_len=4096, recompute="full",
+                                                    flash_attention=True), GB), "GB"),
     "ex.llama3_ckpt_seq": (Fraction(32 * 2 * 4096 * 4096, GB), "GB"),
     # chapter 11: the step of the article's run (B = 1, S = 2048, bf16-adamw, the article's conventions)
     "peak.a100": (80, "GiB"),                                                # nvidia-smi: 81,920 MiB
