@@ -42,8 +42,10 @@ def test_verdict_says_what_it_judged():
     by_peak = html_verdict(llama, 80 * GB, peak=True)
     assert f"{format_bytes(llama.peak)} per GPU against 80.00 GB, {MEASURE['peak']}" in by_peak
     assert "solid black" in by_peak and "solid black" not in by_sum
-    gqa = html_verdict(Ledger("llama3-8b"), 80 * GB, peak=True)
-    assert f"{MEASURE['total']} ({UNMODELLED_NOTE})" in gqa
+    moe = html_verdict(Ledger("mixtral-8x7b"), 80 * GB, peak=True)        # experts: not modelled op by op
+    assert f"{MEASURE['total']} ({UNMODELLED_NOTE})" in moe
+    gqa = html_verdict(Ledger("llama3-8b"), 80 * GB, peak=True)           # grouped-query attention: modelled
+    assert f"{format_bytes(Ledger('llama3-8b').peak)} per GPU against 80.00 GB, {MEASURE['peak']}" in gqa
     nominal = Ledger("article-7b")                          # 7x10^9 booked, the spec's tensors in the step
     assert nominal.totals["gpu"] > nominal.peak
     assert f"{format_bytes(nominal.totals['gpu'])} per GPU" in html_verdict(nominal, 80 * GB, peak=True)

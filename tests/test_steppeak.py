@@ -33,18 +33,12 @@ SETUPS = [
     ("gpt2", dict(recompute="full", dropout=True)),
     (SMALL_GPT, dict(recipe="fp32-adamw")),
     (SMALL_LLAMA, dict(zero_stage=3, dp=2, recompute="full")),
-    # grouped-query attention
+    # grouped-query attention; QKV biases (Qwen2), a tied LM head (Gemma)
     ("llama3-8b", {}),
-    ("llama3-8b", dict(recompute="full", recipe="bf16-pure-adamw")),
-    ("llama3-8b", dict(zero_stage=3, dp=8, flash_attention=True)),
-    ("llama3-8b", dict(tp=8, sequence_parallel=True)),
-    ("mistral-7b", dict(recipe="fp32-adamw", zero_stage=2, dp=4, offload_optimizer="cpu")),
+    ("mistral-7b", dict(recipe="fp32-adamw", zero_stage=2, dp=4, offload_optimizer="cpu", tp=8,
+                        sequence_parallel=True)),
     (SMALL_MQA, dict(recompute="full")),
-    (SMALL_MQA, dict(recipe="bf16-pure-adamw", zero_stage=3, dp=2)),
-    # QKV biases (Qwen2), a tied LM head (Gemma)
-    ("qwen2.5-7b", dict(recompute="full")),
-    ("qwen2.5-0.5b", dict(zero_stage=3, dp=4)),
-    ("gemma-2b", dict(recipe="bf16-pure-adamw", flash_attention=True)),
+    ("qwen2.5-0.5b", dict(zero_stage=3, dp=4, recipe="bf16-pure-adamw", flash_attention=True)),
 ]
 
 

@@ -48,7 +48,7 @@ def test_logits_are_fp32_and_absent_from_an_encoder():
 def test_fit_grid_answers_fit_and_one_more_does_not():
     gpus = {"24": 24 * GB, "80": 80 * GB}
     template = Ledger("llama3-8b", seq_len=4096, zero_stage=3, dp=8, flash_attention=True)
-    grid = fit_grid(template, ["llama3-8b", "bert-base-uncased"], gpus, "batch")
+    grid = fit_grid(template, ["gemma-7b", "bert-base-uncased"], gpus, "batch")
     for name, per_gpu in grid.items():
         for gpu, result in per_gpu.items():
             n = result["answer"] or 0
@@ -60,7 +60,7 @@ def test_fit_grid_answers_fit_and_one_more_does_not():
             assert not replace(model, batch_size=n + 1).fits(gpus[gpu])
     table = fit_table(grid, "largest micro-batch")
     assert table.header == ("largest micro-batch", "24", "80", "judged by") and table.rows[0][1] == "none"
-    assert table.rows[0][3] == "sum at end of forward"                 # grouped-query attention: no timeline
+    assert table.rows[0][3] == "sum at end of forward"                 # Gemma-7B's head size: no timeline
 
 
 def test_fit_table_names_the_peak_where_the_timeline_models_the_model():
@@ -80,12 +80,13 @@ def test_side_by_side_tables():
     assert logits["gemma-7b"][3] == "4.19 GB"                              # 4 x 4096 x 256000 bytes
     assert logits["bert-base-uncased"][4] == "no output layer"
     grid = fit_grid(Ledger("llama3-8b", seq_len=4096, zero_stage=3, dp=8, flash_attention=True),
-                    ["llama3-8b", "mixtral-8x7b"], {"80": 80 * GB}, "batch")
+                    ["gemma-7b", "mixtral-8x7b", "llama3-8b"], {"80": 80 * GB}, "batch")
     room = {row[0]: row for row in headroom_table(grid, "80").rows}
     assert room["mixtral-8x7b"][1] == "none"
-    n = grid["llama3-8b"]["80"]["answer"]
-    assert room["llama3-8b"][2] == "sum at end of forward"
-    assert room["llama3-8b"][5] == f"{4 * n * 4096 * 128256 / 1e9:.2f} GB"
-    assert room["llama3-8b"][4] == f"{4 * 128256 * 4096 / 1e9:.2f} GB"     # the embedding is its largest module
+    n = grid["gemma-7b"]["80"]["answer"]
+    assert room["gemma-7b"][2] == "sum at end of forward"
+    assert room["gemma-7b"][5] == f"{4 * n * 4096 * 256000 / 1e9:.2f} GB"
+    assert room["gemma-7b"][4] == f"{4 * 256000 * 3072 / 1e9:.2f} GB"      # the embedding is its largest module
+    assert room["llama3-8b"][2] == "peak of a step" and room["llama3-8b"][4:] == ("in the peak", "in the peak")
     serving = serving_table(["llama3-8b"], 8192).rows[0]
     assert serving[1] == "16.06 GB" and serving[2] == f"{2 * 32 * 8192 * 8 * 128 * 2 / 1e9:.2f} GB"
