@@ -267,12 +267,27 @@ def closed_form() -> sp.Expr:
     return B * S * d * (34 + 5 * H * S / d)
 
 
+def core_row(row: Saved) -> bool:
+    """Whether ``row`` is saved by the attention core itself, ``softmax(QK^T/sqrt(d_h)) V``: the S x S
+    tensors (softmax output, dropout mask and output) or a flash kernel's log-sum-exp. Selective
+    recomputation drops exactly these (Korthikanti Sec. 5: the core is recomputed in backward; with a flash
+    kernel the checkpointed call recomputes its statistics too, measured in ``tests/test_torchref.py``)."""
+    return row.quadratic or row.name == "softmax log-sum-exp"
+
+
+def kept_rows(rows, recompute: str = "none") -> list:
+    """The rows of ``rows`` a layer keeps under ``recompute`` "none" (all) or "selective" (all but
+    :func:`core_row`); "full" keeps only the layer input, a row of its own (:func:`per_layer_bytes`)."""
+    check_choice("recompute", recompute, ("none", "selective"))
+    return [r for r in rows if not core_row(r)] if recompute == "selective" else list(rows)
+
+
 def per_layer_bytes(rows, recompute: str = "none", tp: bool = False, sequence_parallel: bool = False) -> sp.Expr:
     """Saved bytes of one layer, summed (and expanded) from ``rows``.
 
-    selective: drop the S x S tensors (Korthikanti Sec. 5); full: keep only the
-    layer input, 2BSd. With ``tp`` the tensor-parallel rows are divided by t,
-    and with ``sequence_parallel`` all rows are (Korthikanti Table 2).
+    selective: drop the attention core's tensors, the S x S ones (Korthikanti Sec. 5) and a flash
+    kernel's log-sum-exp (:func:`kept_rows`); full: keep only the layer input, 2BSd. With ``tp`` the
+    tensor-parallel rows are divided by t, and with ``sequence_parallel`` all rows are (Korthikanti Table 2).
     """
     check_choice("recompute", recompute, RECOMPUTE)
     if sequence_parallel and not tp:
@@ -280,10 +295,8 @@ def per_layer_bytes(rows, recompute: str = "none", tp: bool = False, sequence_pa
     if recompute == "full":
         kept = [Saved("layer input", "the checkpoint: backward re-runs the layer's forward from it", BSd,
                       tp_sharded=False)]
-    elif recompute == "selective":
-        kept = [r for r in rows if not r.quadratic]
     else:
-        kept = rows
+        kept = kept_rows(rows, recompute)
     return sp.expand(sum((r.bytes / t if tp and (r.tp_sharded or sequence_parallel) else r.bytes) for r in kept))
 
 

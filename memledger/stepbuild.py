@@ -12,7 +12,7 @@ from functools import lru_cache
 import numpy as np
 import sympy as sp
 
-from .activations import inventory
+from .activations import inventory, kept_rows
 from .evaluate import exact_function, is_integral_polynomial
 from .formulas import evaluate_expr
 from .model_states import ZERO_SHARDS, device_of, state_specs
@@ -45,6 +45,8 @@ class Built:
         opts = conv.inventory_options(c.style, c.dtype, c.dropout) | {"attention": c.attention}
         mlp, norm = ("gelu", "LayerNorm") if c.gpt else ("swiglu", "RMSNorm")
         layer_rows = inventory(mlp, norm, c.dropout, gqa=c.gqa, **opts)
+        if s.recompute == "selective":          # the attention core's own tensors are recomputed, not kept
+            layer_rows = kept_rows(layer_rows, "selective")
         outside_rows = outside_inventory(c.style, **{k: opts[k] for k in ("dtype", "norm_stats", "rmsnorm",
                                                                             "attention")})
         tensors = {}

@@ -10,6 +10,7 @@ allocation log of the reference decoder; checked by ``tests/test_step.py``.
 """
 from .stepnorms import norm_backward, norm_forward
 from .stepops import BHSS, BSd, BSF, Shape, define_grads, io_names, kv_width, qkv_width
+from .stepselective import recompute_core, recompute_flash, selective_forward_core
 from .symbols import B, S, d
 
 
@@ -27,7 +28,9 @@ def layer_forward(p, c: Shape):
     x, xm = io_names(c)
     norm_forward(p, c, "1", "Q/K/V projection input")
     leftovers = []
-    if c.attention == "flash":
+    if c.selective:
+        leftovers = selective_forward_core(p, c)
+    elif c.attention == "flash":
         p.op("QKV projection (q, k, v stay views of it)", alloc=["Q", "K", "V"])
         p.op("flash attention", alloc=["output projection input", "softmax log-sum-exp"])
     else:
@@ -163,7 +166,13 @@ def layer_backward(p, c: Shape, share, recomputed=False):
     proj = define_grads(p, ["proj.weight", "proj.bias"], c, share)
     gq, gk, gv = (p.new(f"gradient of {n}", (B, S, w), a, f"dL/d{n}", tp=True)
                   for n, w in (("q", d), ("k", kv_width(c.gqa)), ("v", kv_width(c.gqa))))
-    if c.attention == "flash":
+    if c.attention == "flash" and c.selective:       # the projection's input is released; the kernel re-runs
+        _linear_backward(p, c, "output projection backward", gpi, proj, "output projection input", (), recomputed)
+        again = recompute_flash(p, c)
+        p.op("flash attention backward", alloc=[gq, gk, gv])
+        p.op("recomputed output released", free=again)
+        p.op("released", free=[g if drop else None, gpi, "Q", "K", "V"])
+    elif c.attention == "flash":
         _linear_backward(p, c, "output projection backward", gpi, proj, None, (), recomputed)
         p.op("flash attention backward", alloc=[gq, gk, gv])
         p.op("released", free=[g if drop else None, gpi, "Q", "K", "V", "softmax log-sum-exp",
@@ -177,25 +186,31 @@ def layer_backward(p, c: Shape, share, recomputed=False):
             g4 = p.new("gradient of the attention output (B, H, S, d/H)", BSd, a, "heads split: a copy", tp=True)
             p.op("heads split", alloc=[g4])
             p.op("released", free=[gpi])
+        if c.selective:
+            core = recompute_core(p, c)
+        else:       # the saved rows; the copies of a batched matmul are the Q, K (and V) rows themselves
+            core = {"q": "Q", "k": "K", "v": None if single else "V", "probs": "softmax output",
+                    "mask": "attention dropout mask", "dropped": "attention dropout output",
+                    "frame": ["V" if single else None]}
         gp = p.new("gradient of the probabilities", BHSS, a, "g @ v^T", tp=True)
         p.op("probabilities @ V backward", alloc=[gv, gp])
-        p.op("released", free=[g4, None if single else "V", "attention dropout output" if drop else None])
+        p.op("released", free=[g4, core["v"], core["dropped"] if drop else None])
         if drop:
             gp2 = p.new("gradient through the attention dropout", BHSS, a, "times the mask", tp=True)
             p.op("attention dropout backward", alloc=[gp2])
-            p.op("released", free=[gp, "attention dropout mask"])
+            p.op("released", free=[gp, core["mask"]])
             gp = gp2
         gm = p.new("gradient of the masked scores", BHSS, a, "softmax backward's output", tp=True)
         p.op("softmax backward", alloc=[gm])
-        p.op("released", free=[gp, "softmax output"])
+        p.op("released", free=[gp, core["probs"]])
         gsc = p.new("gradient of the scaled scores", BHSS, a, "masked_fill backward's output", tp=True)
         p.op("masked_fill backward", alloc=[gsc])
-        p.op("released", free=[gm, None if recomputed else "@causal mask"])
+        p.op("released", free=[gm, None if recomputed or c.selective else "@causal mask"])
         gr = p.new("gradient of QK^T", BHSS, a, "times the scale", tp=True)
         p.op("scale backward", alloc=[gr])
         p.op("released", free=[gsc])
         p.op("QK^T backward", alloc=[gq, gk])
-        p.op("released", free=[gr, "K", "Q", "V" if single else None])
+        p.op("released", free=[gr, core["k"], core["q"]] + core["frame"])
     if c.gqa:               # split's backward concatenates; the views of the (B, S, heads, d/H) grads are free
         if c.attention != "flash":      # the eager core's q and v gradients are laid out (B, heads, S, d/H)
             gv2 = None if c.mqa else p.new("gradient of v, copied back", (B, S, kv_width(True)), a,

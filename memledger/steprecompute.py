@@ -14,8 +14,9 @@ the release, so a peak inside a recomputed block can be overestimated by a
 tensor or two (``tests/test_step.py`` bounds it).
 """
 from .steplayer import layer_backward, layer_forward
-from .stepops import BS, BSd, BSF, BHSS, io_names, kv_width, qkv_width
-from .symbols import B, S, d
+from .stepselective import dropped_core
+from .stepops import BS, BSd, BSF, io_names, qkv_width
+from .symbols import B, S
 
 
 def _norm(p, c, k, x_is_input=True):
@@ -70,50 +71,8 @@ def checkpointed_forward(p, c):
         p.op("flash attention", alloc=[out, lse])
         p.op("released", free=[lse])
         pin, leftovers = None, [qkv, out]
-    elif c.gqa:
-        grouped = [p.new(f"{n} copy (checkpointed)", (B, S, w), a, "the grouped core's copy, a local until it returns",
-                         tp=True) for n, w in (("q", d), ("k", kv_width(True)), ("v", kv_width(True)))]
-        raw = p.new("scores QK^T (checkpointed)", BHSS, a, "q @ k^T", tp=True)
-        scaled = p.new("scaled scores (checkpointed)", BHSS, a, "a Python local until the core returns", tp=True)
-        masked = p.new("masked scores (checkpointed)", BHSS, a, "softmax's input", tp=True)
-        probs = p.new("probabilities (checkpointed)", BHSS, a, "softmax's output", tp=True)
-        out4 = p.new("attention output (B, H, S, d/H) (checkpointed)", BSd, a, "a local until the block returns",
-                     tp=True)
-        p.op("q copied, k, v made contiguous", alloc=grouped)
-        p.op("QK^T", alloc=[raw])
-        p.op("scale", alloc=[scaled])
-        p.op("causal masked_fill", free=[raw], alloc=[masked])
-        p.op("softmax", alloc=[probs])
-        p.op("released", free=[masked])
-        p.op("probabilities @ V", alloc=[out4])
-        p.op("released", free=grouped + [probs, scaled])
-        pin = p.new("output projection input (checkpointed)", BSd, a, "heads merged (a copy)", tp=True)
-        p.op("heads merged", alloc=[pin])
-        leftovers = [qkv, out4]
     else:
-        copies = [] if c.single else [p.new(f"{n} copy (checkpointed)", BSd, a, "for the batched matmul", tp=True)
-                                      for n in ("q", "k", "v")]
-        raw = p.new("scores QK^T (checkpointed)", BHSS, a, "q @ k^T", tp=True)
-        scaled = p.new("scaled scores (checkpointed)", BHSS, a, "a Python local until the core returns", tp=True)
-        masked = p.new("masked scores (checkpointed)", BHSS, a, "softmax's input", tp=True)
-        probs = p.new("probabilities (checkpointed)", BHSS, a, "softmax's output", tp=True)
-        out4 = p.new("attention output (B, H, S, d/H) (checkpointed)", BSd, a, "a local until the block returns",
-                     tp=True)
-        if copies:
-            p.op("q, k copied", alloc=copies[:2])
-        p.op("QK^T", alloc=[raw])
-        p.op("scale", free=copies[:2], alloc=[scaled])
-        p.op("causal masked_fill", free=[raw], alloc=[masked])
-        p.op("softmax", alloc=[probs])
-        p.op("released", free=[masked])
-        if drop:
-            dm = p.new("attention dropout mask (dropped)", BHSS, c.mask_dtype or a, "not kept", tp=True)
-            do = p.new("attention dropout output (checkpointed)", BHSS, a, "@ v's input", tp=True)
-            p.op("attention dropout", alloc=[dm, do])
-            p.op("released", free=[dm, probs])
-            probs = do
-        p.op("probabilities @ V", alloc=copies[2:] + [out4])
-        p.op("released", free=copies[2:] + [probs, scaled])
+        out4 = dropped_core(p, c)
         pin = p.new("output projection input (checkpointed)", BSd, a, "heads merged (a copy)", tp=True)
         p.op("heads merged", alloc=[pin])
         leftovers = [qkv, out4]

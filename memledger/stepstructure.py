@@ -29,6 +29,7 @@ class Shape:
     mqa: bool = False       # H_kv = 1 (multi-query): the eager core's V gradient needs no copy back
     qkv_bias: bool = None   # None: as the style says (GPT yes, LLaMA no); True: LLaMA with QKV biases (Qwen2)
     tied: bool = None       # None: as the style says (GPT tied, LLaMA untied); True: a tied LLaMA decoder (Gemma)
+    selective: bool = False  # selective recomputation: the attention core checkpointed (memledger.stepselective)
 
     @property
     def gpt(self):
@@ -83,9 +84,6 @@ class StepStructure:
                              f"also with grouped-query attention, QKV biases and tied embeddings); "
                              f"{unmodelled(f)} not modelled op by op")
         gqa = f.gqa
-        if ledger.recompute == "selective":
-            raise ValueError("recompute must be none or full for the step timeline (selective is not modelled "
-                             "op by op)")
         recipe = RECIPES[ledger.recipe]
         act = next(c.dtype for c in recipe.components if c.role == "param")
         grad = next(c.dtype for c in recipe.components if c.role == "grad")
@@ -97,7 +95,7 @@ class StepStructure:
         shape = Shape(arch.style, kernel, bool(ledger.dropout), conv.rmsnorm, act, conv.norm_stats is not None,
                       ledger.batch_size == 1, grad, opts["mask_dtype"], opts["norm_stats"], gqa,
                       gqa and arch.kv_heads == 1, True if llama and f.has_qkv_bias else None,
-                      True if llama and f.is_tied else None)
+                      True if llama and f.is_tied else None, ledger.recompute == "selective")
         return cls(shape, ledger.recipe, ledger.zero_stage, ledger.offload_optimizer, ledger.offload_params,
                    ledger.offload_placement, ledger.recompute, ledger.tp > 1, ledger.sequence_parallel, conv,
                    arch.n_layers if arch.n_layers <= 4 else None)
