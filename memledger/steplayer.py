@@ -9,7 +9,7 @@ bias) or the weight gradient first (mm, without). Read off MemTracker's
 allocation log of the reference decoder; checked by ``tests/test_step.py``.
 """
 from .stepnorms import norm_backward, norm_forward
-from .stepops import BHSS, BSd, BSF, Shape, define_grads, io_names, kv_width, qkv_width
+from .stepops import BHSS, BSd, BSF, Shape, define_grads, dropout_ops, io_names, kv_width, qkv_width
 from .stepselective import recompute_core, recompute_flash, selective_forward_core
 from .symbols import B, S, d
 
@@ -17,9 +17,9 @@ from .symbols import B, S, d
 def _dropout(p, c, where, mask, shape, alloc_out=True):
     """A dropout call: its mask (saved) and its output (a transient); returns the output's name."""
     out = p.new(f"{where} dropout output", shape, c.dtype, "the dropout's output, until the next op consumes it")
-    p.op(f"{where} dropout mask", alloc=[mask])
-    p.op(f"{where} dropout", alloc=[out])
+    dropout_ops(p, c, where, mask, out)
     return out
+
 
 
 def layer_forward(p, c: Shape):
@@ -55,8 +55,7 @@ def layer_forward(p, c: Shape):
         p.op("softmax", alloc=["softmax output"])
         p.op("softmax done", free=[masked])
         if drop:
-            p.op("attention dropout mask", alloc=["attention dropout mask"])
-            p.op("attention dropout", alloc=["attention dropout output"])
+            dropout_ops(p, c, "attention", "attention dropout mask", "attention dropout output")
         out4 = p.new("attention output (B, H, S, d/H)", BSd, a, "probabilities @ v, a Python local until the block "
                      "returns", tp=True)
         p.op("probabilities @ V", alloc=([] if c.single or c.gqa else ["V"]) + [out4])

@@ -101,6 +101,17 @@ def define_grads(p, names, c, share):
     return out
 
 
+def dropout_ops(p, c, where, mask, out):
+    """A dropout call's ops: a 1-byte mask comes with the output from one kernel (``native_dropout``, the
+    fused CUDA kernel); CPU ``F.dropout`` makes the mask first (``empty_like`` + ``bernoulli_``), then the
+    product (read off MemTracker's log)."""
+    if c.mask_dtype == "bool":
+        p.op(f"{where} dropout", alloc=[mask, out])
+    else:
+        p.op(f"{where} dropout mask", alloc=[mask])
+        p.op(f"{where} dropout", alloc=[out])
+
+
 def io_names(c: Shape):
     """(block input, attention residual sum) names: saved norm inputs, or transients under composite RMSNorm."""
     norm = "LayerNorm" if c.gpt else "RMSNorm"

@@ -21,7 +21,7 @@ wraps the attention core, ``q, k, v -> softmax(q k^T / sqrt(d/H)) v`` (or the SD
 Read off MemTracker's allocation log of the reference (PyTorch 2.13, CPU) and checked against it by
 ``tests/test_stepselective.py``.
 """
-from .stepops import BHSS, BSd, kv_width
+from .stepops import BHSS, BSd, dropout_ops, kv_width
 from .symbols import B, H, S, d
 
 RECOMPUTED = " (recomputed)"
@@ -126,11 +126,7 @@ def recompute_core(p, c) -> dict:
     if drop:
         mask = p.new("attention dropout mask" + RECOMPUTED, BHSS, c.mask_dtype or a, why, tp=True)
         dropped = p.new("attention dropout output" + RECOMPUTED, BHSS, a, why + ": @ v's backward needs it", tp=True)
-        if c.mask_dtype == "bool":          # native_dropout: mask and output from one kernel
-            p.op("attention dropout (recomputed)", alloc=[mask, dropped])
-        else:                               # CPU F.dropout: the mask (empty_like), then the product
-            p.op("attention dropout mask (recomputed)", alloc=[mask])
-            p.op("attention dropout (recomputed)", alloc=[dropped])
+        dropout_ops(p, c, "attention (recomputed)", mask, dropped)
     if not c.gqa and not single:
         p.op("v copied (recomputation)", alloc=[copy["v"]])
     p.op("recomputation stops (@ v's inputs packed)", free=[scaled])

@@ -81,8 +81,8 @@ class StepStructure:
                                              else None)
         if f != modelled:
             raise ValueError(f"the step timeline models the reference decoder's GPT and LLaMA blocks (LLaMA blocks "
-                             f"also with grouped-query attention, QKV biases and tied embeddings); "
-                             f"{unmodelled(f)} not modelled op by op")
+                             f"also with grouped-query attention, QKV biases and tied embeddings; no, selective or "
+                             f"full recomputation); {unmodelled(f)} not modelled op by op")
         gqa = f.gqa
         recipe = RECIPES[ledger.recipe]
         act = next(c.dtype for c in recipe.components if c.role == "param")

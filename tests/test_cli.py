@@ -195,7 +195,8 @@ def test_verdict_by_the_steps_peak_or_by_the_sum(capsys):
 
 
 def test_measure_peak_refuses_what_the_timeline_does_not_model(capsys):
-    code, _, err = run(capsys, "ledger", "--preset", "llama2-7b", "--recompute", "selective", "--measure", "peak")
-    assert code == 2 and err.strip().startswith("memledger: error: recompute must be none or full")
+    code, _, err = run(capsys, "ledger", "--preset", "mixtral-8x7b", "--measure", "peak")
+    assert code == 2 and err.strip().startswith("memledger: error: the step timeline models") and \
+        "mixture of experts is not modelled" in err
     code, _, err = run(capsys, "ledger", "--preset", "llama2-7b", "--measure", "sum")
     assert code == 2 and err.strip() == "memledger: error: measure must be one of auto, peak, total, got 'sum'"

@@ -49,8 +49,8 @@ def test_the_sum_when_asked_and_the_peak_refused_without_a_timeline():
     assert replace(template, batch_size=n).totals["gpu"] <= A100 < replace(template, batch_size=n + 1).totals["gpu"]
     by_peak = fit(template, "batch", A100)
     assert by_peak["measure"] == MEASURE["peak"] and by_peak["answer"] < n       # recomputation raises the peak
-    with pytest.raises(ValueError, match="selective"):
-        fit(Ledger("llama2-7b", recompute="selective"), "batch", A100, measure="peak")
+    with pytest.raises(ValueError, match="mixture of experts"):
+        fit(Ledger("mixtral-8x7b"), "batch", A100, measure="peak")
 
 
 def test_a_nominal_parameter_count_is_judged_by_the_larger_of_peak_and_sum():

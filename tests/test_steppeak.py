@@ -39,6 +39,10 @@ SETUPS = [
                         sequence_parallel=True)),
     (SMALL_MQA, dict(recompute="full")),
     ("qwen2.5-0.5b", dict(zero_stage=3, dp=4, recipe="bf16-pure-adamw", flash_attention=True)),
+    # selective recomputation: the attention core checkpointed (eager, flash; GQA and MQA)
+    ("article-7b", dict(recompute="selective", dropout=True, offload_optimizer="cpu")),
+    ("llama3-8b", dict(recompute="selective", flash_attention=True, zero_stage=3, dp=8)),
+    (SMALL_MQA, dict(recompute="selective", zero_stage=2, dp=2, recipe="fp32-adamw")),
 ]
 
 
@@ -58,7 +62,7 @@ def test_compiled_peak_is_the_timelines(arch, kwargs, backend):
 def test_unmodelled_setups_have_no_peak():
     assert Ledger("mixtral-8x7b").peak is None                   # MoE
     assert Ledger("gemma-7b").peak is None                       # a head size other than d/H
-    assert Ledger("llama2-7b", recompute="selective").peak is None
+    assert Ledger("bert-base-uncased").peak is None              # an encoder
     assert Ledger(None, n_params=7 * 10**9).peak is None
 
 
