@@ -18,7 +18,7 @@ training step** where the step timeline models the setup (``Ledger.peak`` is
 not None), or, for a ledger that books a nominal parameter count the timeline
 does not see (the article's 7x10^9), the larger of that peak and the sum; and
 the ledger's GPU total, **the sum of the rows at the end of the forward
-pass**, elsewhere (MoE, Gemma-7B's head size, encoders).
+pass**, elsewhere (MoE, encoders).
 ``measure="total"`` asks for the sum where the peak is modelled too,
 ``measure="peak"`` refuses a setup without a timeline. The timeline models one
 micro-batch per optimizer step (``zero_grad(set_to_none=True)``, docs/step.md);

@@ -240,8 +240,7 @@ class Ledger:
     @cached_property
     def peak(self) -> Optional[int]:
         """The GPU peak of a training step (:meth:`step`, the article's conventions), or None where the
-        timeline does not model the setup (no architecture, MoE or encoder blocks, a head size other than
-        d/H).
+        timeline does not model the setup (no architecture, MoE or encoder blocks).
         Evaluated from the step compiled to plain Python (:mod:`memledger.steppeak`): no SymPy once cached."""
         from .steppeak import step_peak
         peak = step_peak(self)

@@ -13,12 +13,13 @@ explorer, the static calculator) says which it printed:
 
 * ``"peak"``: the step's peak, where the timeline models the setup
   (``Ledger.peak`` is not None: the reference decoder's GPT and LLaMA blocks,
-  the latter also grouped-query, with QKV biases or a tied head; no, selective or full recomputation);
+  the latter also grouped-query, with QKV biases or a tied head; any head size; no, selective or full
+  recomputation);
 * ``"nominal"``: for a ledger that books a nominal parameter count (the
   article's 7x10^9) which the timeline, counting tensors, does not see, the
   larger of the peak and the sum (:meth:`memledger.ledger.Ledger.judged_bytes`);
-* ``"total"``: the sum, where the timeline does not model the setup (MoE, a
-  head size other than d/H, encoders) or where the sum is asked for.
+* ``"total"``: the sum, where the timeline does not model the setup (MoE,
+  encoders) or where the sum is asked for.
 """
 from typing import NamedTuple
 

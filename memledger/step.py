@@ -18,11 +18,13 @@ Scope of the op-by-op model: the reference decoder (:mod:`memledger.torchref`):
 GPT blocks, and LLaMA blocks with multi-head, grouped-query or multi-query
 attention (``n_kv_heads``: K and V at H_kv heads, never expanded to H, as
 SDPA's ``enable_gqa`` and the inventory's ``gqa=True``), optionally with QKV
-biases (Qwen2) and a tied LM head (Gemma); no, selective (the attention core
-checkpointed and recomputed in backward, :mod:`memledger.stepselective`) or
-full recomputation, one GPU rank. Refused with a ValueError naming the
-feature: mixture of experts, a head size other than d/H (Gemma-7B), learned
-positions and BERT's encoder parts, the math SDPA kernel. ZeRO shards the states
+biases (Qwen2) and a tied LM head (Gemma); in either style a head size d_h
+other than d/H (Gemma-7B: Q and the output projection's input H*d_h wide, K
+and V H_kv*d_h); no, selective (the attention core checkpointed and
+recomputed in backward, :mod:`memledger.stepselective`) or full
+recomputation, one GPU rank. Refused with a ValueError naming the feature:
+mixture of experts, learned positions and BERT's encoder parts, the math SDPA
+kernel. ZeRO shards the states
 as the ledger does (and the gradients as backward writes them); ZeRO-3
 gathers each block's parameters (and, in backward, its gradients) before
 running it, two blocks with prefetch (DeepSpeed's stage-3 prefetch bucket,

@@ -44,7 +44,7 @@ class Built:
             return sp.ceiling(n / (t * N_d)) if grad_sharded else (sp.ceiling(n / t) if s.tensor_parallel else n)
         opts = conv.inventory_options(c.style, c.dtype, c.dropout) | {"attention": c.attention}
         mlp, norm = ("gelu", "LayerNorm") if c.gpt else ("swiglu", "RMSNorm")
-        layer_rows = inventory(mlp, norm, c.dropout, gqa=c.gqa, **opts)
+        layer_rows = inventory(mlp, norm, c.dropout, gqa=c.gqa, head_dim=c.head_dim, **opts)
         if s.recompute == "selective":          # the attention core's own tensors are recomputed, not kept
             layer_rows = kept_rows(layer_rows, "selective")
         outside_rows = outside_inventory(c.style, **{k: opts[k] for k in ("dtype", "norm_stats", "rmsnorm",

@@ -9,9 +9,9 @@ bias) or the weight gradient first (mm, without). Read off MemTracker's
 allocation log of the reference decoder; checked by ``tests/test_step.py``.
 """
 from .stepnorms import norm_backward, norm_forward
-from .stepops import BHSS, BSd, BSF, Shape, define_grads, dropout_ops, io_names, kv_width, qkv_width
+from .stepops import BHSS, BSd, BSF, Shape, define_grads, dropout_ops, io_names, qkv_width, widths_of
 from .stepselective import recompute_core, recompute_flash, selective_forward_core
-from .symbols import B, S, d
+from .symbols import B, S
 
 
 def _dropout(p, c, where, mask, shape, alloc_out=True):
@@ -25,6 +25,7 @@ def _dropout(p, c, where, mask, shape, alloc_out=True):
 def layer_forward(p, c: Shape):
     """One block's forward pass (no recomputation). Its input is live; its output is ``next: <input>``."""
     a, drop = c.dtype, c.dropout
+    BSq = widths_of(c)[0]
     x, xm = io_names(c)
     norm_forward(p, c, "1", "Q/K/V projection input")
     leftovers = []
@@ -37,7 +38,7 @@ def layer_forward(p, c: Shape):
         if c.single and not c.gqa:
             p.op("QKV projection (B = 1: q, k, v stay views of it)", alloc=["Q", "K", "V"])
         else:
-            qkv = p.new("QKV projection output", (B, S, qkv_width(c.gqa)), a,
+            qkv = p.new("QKV projection output", (B, S, qkv_width(c.gqa, c.head_dim)), a,
                         "the fused projection's output, alive while the block's q, k, v views are", tp=True)
             p.op("QKV projection", alloc=[qkv])
             if c.gqa:       # the grouped core: q folded to (B, H_kv, G*S, d/H), K and V contiguous at H_kv heads
@@ -56,7 +57,7 @@ def layer_forward(p, c: Shape):
         p.op("softmax done", free=[masked])
         if drop:
             dropout_ops(p, c, "attention", "attention dropout mask", "attention dropout output")
-        out4 = p.new("attention output (B, H, S, d/H)", BSd, a, "probabilities @ v, a Python local until the block "
+        out4 = p.new("attention output (B, H, S, d/H)", BSq, a, "probabilities @ v, a Python local until the block "
                      "returns", tp=True)
         p.op("probabilities @ V", alloc=([] if c.single or c.gqa else ["V"]) + [out4])
         p.op("attention core done", free=[scaled])
@@ -112,6 +113,7 @@ def _linear_backward(p, c, label, g_in, grads, saved_input, frees=(), recomputed
 def layer_backward(p, c: Shape, share, recomputed=False):
     """One block's backward pass: ``dX_out`` (live) -> ``prev: dX_out``; frees the block's saved tensors."""
     a, drop = c.dtype, c.dropout
+    BSq, BSkv = widths_of(c)
     g = "dX_out"
     if drop:
         g = p.new("gradient through the MLP dropout", BSd, a, "dX times the mask")
@@ -161,10 +163,10 @@ def layer_backward(p, c: Shape, share, recomputed=False):
         g = p.new("gradient through the attention residual dropout", BSd, a, "times the mask")
         p.op("attention residual dropout backward", alloc=[g])
         p.op("mask released", free=["attention residual dropout mask"])
-    gpi = p.new("gradient of the output projection input", BSd, a, "the output projection's input gradient", tp=True)
+    gpi = p.new("gradient of the output projection input", BSq, a, "the output projection's input gradient", tp=True)
     proj = define_grads(p, ["proj.weight", "proj.bias"], c, share)
     gq, gk, gv = (p.new(f"gradient of {n}", (B, S, w), a, f"dL/d{n}", tp=True)
-                  for n, w in (("q", d), ("k", kv_width(c.gqa)), ("v", kv_width(c.gqa))))
+                  for n, w in (("q", BSq[2]), ("k", BSkv[2]), ("v", BSkv[2])))
     if c.attention == "flash" and c.selective:       # the projection's input is released; the kernel re-runs
         _linear_backward(p, c, "output projection backward", gpi, proj, "output projection input", (), recomputed)
         again = recompute_flash(p, c)
@@ -182,7 +184,7 @@ def layer_backward(p, c: Shape, share, recomputed=False):
         g4 = gpi
         single = c.single and not c.gqa         # the grouped core copies q, k and v at any B
         if not single:
-            g4 = p.new("gradient of the attention output (B, H, S, d/H)", BSd, a, "heads split: a copy", tp=True)
+            g4 = p.new("gradient of the attention output (B, H, S, d/H)", BSq, a, "heads split: a copy", tp=True)
             p.op("heads split", alloc=[g4])
             p.op("released", free=[gpi])
         if c.selective:
@@ -212,10 +214,10 @@ def layer_backward(p, c: Shape, share, recomputed=False):
         p.op("released", free=[gr, core["k"], core["q"]] + core["frame"])
     if c.gqa:               # split's backward concatenates; the views of the (B, S, heads, d/H) grads are free
         if c.attention != "flash":      # the eager core's q and v gradients are laid out (B, heads, S, d/H)
-            gv2 = None if c.mqa else p.new("gradient of v, copied back", (B, S, kv_width(True)), a,
+            gv2 = None if c.mqa else p.new("gradient of v, copied back", BSkv, a,
                                            "(B, H_kv, S, d/H) to (B, S, H_kv*d/H): the view's backward copies",
                                            tp=True)
-            gq2 = p.new("gradient of q, copied back", BSd, a, "(B, H, S, d/H) to (B, S, d): the view's backward "
+            gq2 = p.new("gradient of q, copied back", BSq, a, "(B, H, S, d/H) to (B, S, d): the view's backward "
                         "copies", tp=True)
             if gv2:
                 p.op("v gradient copied back", alloc=[gv2])
@@ -224,13 +226,14 @@ def layer_backward(p, c: Shape, share, recomputed=False):
             p.op("q gradient copied back", alloc=[gq2])
             p.op("released", free=[gq])
             gq = gq2
-        gqkv = p.new("gradient of the QKV projection output", (B, S, qkv_width(True)), a,
+        gqkv = p.new("gradient of the QKV projection output", (B, S, qkv_width(True, c.head_dim)), a,
                      "split backward: torch.cat of the q, k, v gradients", tp=True)
         p.op("q, k, v gradients concatenated", alloc=[gqkv])
         p.op("released", free=[gq, gk, gv])
     else:
-        stack = p.new("stacked q, k, v gradients", (B, S, 3 * d), a, "torch.stack of the three gradients", tp=True)
-        gqkv = p.new("gradient of the QKV projection output", (B, S, 3 * d), a, "permuted back: a copy", tp=True)
+        stack = p.new("stacked q, k, v gradients", (B, S, 3 * BSq[2]), a, "torch.stack of the three gradients",
+                      tp=True)
+        gqkv = p.new("gradient of the QKV projection output", (B, S, 3 * BSq[2]), a, "permuted back: a copy", tp=True)
         p.op("q, k, v gradients stacked", alloc=[stack])
         p.op("released", free=[gq, gk, gv])
         p.op("permuted back", alloc=[gqkv])

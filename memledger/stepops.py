@@ -21,7 +21,9 @@ from dataclasses import dataclass
 
 from .dtypes import nbytes
 from .stepstructure import Shape  # noqa: F401  (the programs' choices; re-exported for the step modules)
-from .symbols import B, F, H, H_kv, S, d
+from .features import Features
+from .parameters import widths
+from .symbols import B, F, H, S, d
 
 GRAD_KIND = "grad"
 TRANSIENT = "transient"
@@ -58,33 +60,47 @@ class Program:
 BSd, BSF, BHSS, BS = (B, S, d), (B, S, F), (B, H, S, S), (B, S)
 
 
-def kv_width(gqa: bool = False):
-    """The width of K (and of V): d, or H_kv*d/H with grouped-query attention (Ainslie et al. 2023)."""
-    return H_kv * d / H if gqa else d
+def q_width(head_dim: bool = False):
+    """The width of Q and of the output projection's input: d, or H*d_h where a config gives the head size
+    (Gemma-7B: 16 x 256 = 4096 != d = 3072; :func:`memledger.parameters.widths`)."""
+    return widths(Features(head_dim=head_dim))[0]
 
 
-def qkv_width(gqa: bool = False):
-    """The fused QKV projection's output width: (H + 2 H_kv) * d/H = d + 2 * :func:`kv_width` (3d multi-head)."""
-    return d + 2 * kv_width(gqa)
+def kv_width(gqa: bool = False, head_dim: bool = False):
+    """The width of K (and of V): that of Q, or H_kv*d/H (H_kv*d_h) with grouped-query attention (Ainslie et al.
+    2023)."""
+    return widths(Features(gqa=gqa, head_dim=head_dim))[1]
 
 
-def block_param_tensors(style: str, gqa: bool = False, qkv_bias: bool = False) -> list:
+def qkv_width(gqa: bool = False, head_dim: bool = False):
+    """The fused QKV projection's output width: (H + 2 H_kv) * d/H = d + 2 * :func:`kv_width` (3d multi-head;
+    H*d_h for d with a given head size)."""
+    return q_width(head_dim) + 2 * kv_width(gqa, head_dim)
+
+
+def block_param_tensors(style: str, gqa: bool = False, qkv_bias: bool = False, head_dim: bool = False) -> list:
     """(name, elements) of one block's parameter tensors in ``model.parameters()`` order; ``gqa``: the fused
     QKV weight is (d + 2 H_kv d/H) x d (:func:`memledger.parameters.block_parts`); ``qkv_bias``: a LLaMA
-    block's fused QKV projection has a bias (Qwen2)."""
-    qkv = qkv_width(gqa)
+    block's fused QKV projection has a bias (Qwen2); ``head_dim``: Q is H*d_h wide, and the output projection
+    (H*d_h) x d (Gemma-7B)."""
+    qkv, q = qkv_width(gqa, head_dim), q_width(head_dim)
     if style == "gpt":
         return [("norm1.weight", d), ("norm1.bias", d), ("norm2.weight", d), ("norm2.bias", d),
-                ("qkv.weight", qkv * d), ("qkv.bias", qkv), ("proj.weight", d * d), ("proj.bias", d),
+                ("qkv.weight", qkv * d), ("qkv.bias", qkv), ("proj.weight", q * d), ("proj.bias", d),
                 ("up.weight", d * F), ("up.bias", F), ("down.weight", d * F), ("down.bias", d)]
     return [("norm1.weight", d), ("norm2.weight", d), ("qkv.weight", qkv * d)] + (
-        [("qkv.bias", qkv)] if qkv_bias else []) + [("proj.weight", d * d), ("gate.weight", d * F),
+        [("qkv.bias", qkv)] if qkv_bias else []) + [("proj.weight", q * d), ("gate.weight", d * F),
                                                     ("up.weight", d * F), ("down.weight", d * F)]
 
 
 def block_params(c) -> list:
     """:func:`block_param_tensors` of a :class:`~memledger.stepstructure.Shape`."""
-    return block_param_tensors(c.style, c.gqa, bool(c.qkv_bias) and not c.gpt)
+    return block_param_tensors(c.style, c.gqa, bool(c.qkv_bias) and not c.gpt, c.head_dim)
+
+
+def widths_of(c) -> tuple:
+    """(B, S, q width), (B, S, k and v width) of a :class:`~memledger.stepstructure.Shape`."""
+    return (B, S, q_width(c.head_dim)), (B, S, kv_width(c.gqa, c.head_dim))
 
 
 def define_grads(p, names, c, share):

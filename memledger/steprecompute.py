@@ -15,7 +15,7 @@ tensor or two (``tests/test_step.py`` bounds it).
 """
 from .steplayer import layer_backward, layer_forward
 from .stepselective import dropped_core
-from .stepops import BS, BSd, BSF, io_names, qkv_width
+from .stepops import BS, BSd, BSF, io_names, qkv_width, widths_of
 from .symbols import B, S
 
 
@@ -61,19 +61,19 @@ def checkpointed_forward(p, c):
     a, drop = c.dtype, c.dropout
     x = io_names(c)[0]
     n1 = _norm(p, c, "1")
-    qkv = p.new("QKV projection output (checkpointed)", (B, S, qkv_width(c.gqa)), a, "q, k, v are views of it",
+    qkv = p.new("QKV projection output (checkpointed)", (B, S, qkv_width(c.gqa, c.head_dim)), a, "q, k, v are views of it",
                 tp=True)
     p.op("QKV projection", alloc=[qkv])
     p.op("released", free=[n1])
     if c.attention == "flash":
-        out = p.new("attention output (checkpointed)", BSd, a, "the flash kernel's output", tp=True)
+        out = p.new("attention output (checkpointed)", widths_of(c)[0], a, "the flash kernel's output", tp=True)
         lse = p.new("log-sum-exp (dropped)", (B, c_heads(), S), "fp32", "not kept", tp=True)
         p.op("flash attention", alloc=[out, lse])
         p.op("released", free=[lse])
         pin, leftovers = None, [qkv, out]
     else:
         out4 = dropped_core(p, c)
-        pin = p.new("output projection input (checkpointed)", BSd, a, "heads merged (a copy)", tp=True)
+        pin = p.new("output projection input (checkpointed)", widths_of(c)[0], a, "heads merged (a copy)", tp=True)
         p.op("heads merged", alloc=[pin])
         leftovers = [qkv, out4]
     po = p.new("output projection output (checkpointed)", BSd, a, "before the residual add")

@@ -21,8 +21,8 @@ wraps the attention core, ``q, k, v -> softmax(q k^T / sqrt(d/H)) v`` (or the SD
 Read off MemTracker's allocation log of the reference (PyTorch 2.13, CPU) and checked against it by
 ``tests/test_stepselective.py``.
 """
-from .stepops import BHSS, BSd, dropout_ops, kv_width
-from .symbols import B, H, S, d
+from .stepops import BHSS, dropout_ops, widths_of
+from .symbols import B, H, S
 
 RECOMPUTED = " (recomputed)"
 
@@ -33,15 +33,16 @@ def dropped_core(p, c):
     its last reference dies; returns the name of its (B, H, S, d/H) output, a local until the block returns.
     Its inputs (q, k, v views of the fused projection) are live."""
     a, drop = c.dtype, c.dropout
+    BSq, BSkv = widths_of(c)
     raw = p.new("scores QK^T (checkpointed)", BHSS, a, "q @ k^T", tp=True)
     scaled = p.new("scaled scores (checkpointed)", BHSS, a, "a Python local until the core returns", tp=True)
     masked = p.new("masked scores (checkpointed)", BHSS, a, "softmax's input", tp=True)
     probs = p.new("probabilities (checkpointed)", BHSS, a, "softmax's output", tp=True)
-    out4 = p.new("attention output (B, H, S, d/H) (checkpointed)", BSd, a, "a local until the block returns",
+    out4 = p.new("attention output (B, H, S, d/H) (checkpointed)", BSq, a, "a local until the block returns",
                  tp=True)
     if c.gqa:
-        grouped = [p.new(f"{n} copy (checkpointed)", (B, S, w), a, "the grouped core's copy, a local until it returns",
-                         tp=True) for n, w in (("q", d), ("k", kv_width(True)), ("v", kv_width(True)))]
+        grouped = [p.new(f"{n} copy (checkpointed)", w, a, "the grouped core's copy, a local until it returns",
+                         tp=True) for n, w in (("q", BSq), ("k", BSkv), ("v", BSkv))]
         p.op("q copied, k, v made contiguous", alloc=grouped)
         p.op("QK^T", alloc=[raw])
         p.op("scale", alloc=[scaled])
@@ -51,7 +52,7 @@ def dropped_core(p, c):
         p.op("probabilities @ V", alloc=[out4])
         p.op("released", free=grouped + [probs, scaled])
         return out4
-    copies = [] if c.single else [p.new(f"{n} copy (checkpointed)", BSd, a, "for the batched matmul", tp=True)
+    copies = [] if c.single else [p.new(f"{n} copy (checkpointed)", BSq, a, "for the batched matmul", tp=True)
                                   for n in ("q", "k", "v")]
     if copies:
         p.op("q, k copied", alloc=copies[:2])
@@ -90,7 +91,7 @@ def selective_forward_core(p, c) -> list:
 
 def recompute_flash(p, c) -> list:
     """The checkpointed flash call re-run before its backward: its output and log-sum-exp come back."""
-    out = p.new("flash output" + RECOMPUTED, BSd, c.dtype, "the re-run kernel's output (its backward reads it)",
+    out = p.new("flash output" + RECOMPUTED, widths_of(c)[0], c.dtype, "the re-run kernel's output (its backward reads it)",
                 tp=True)
     lse = p.new("softmax log-sum-exp" + RECOMPUTED, (B, H, S), "fp32", "the re-run kernel's statistics", tp=True)
     p.op("flash attention recomputed", alloc=[out, lse])
@@ -105,8 +106,9 @@ def recompute_core(p, c) -> dict:
     a, drop = c.dtype, c.dropout
     why = "recomputed for the core's backward"
     single = c.single and not c.gqa
-    widths = {"q": d, "k": kv_width(c.gqa), "v": kv_width(c.gqa)}
-    copy = {n: None if single else p.new(f"{n} copy" + RECOMPUTED, (B, S, w), a, why + ": a contiguous copy",
+    BSq, BSkv = widths_of(c)
+    widths = {"q": BSq, "k": BSkv, "v": BSkv}
+    copy = {n: None if single else p.new(f"{n} copy" + RECOMPUTED, w, a, why + ": a contiguous copy",
                                          tp=True) for n, w in widths.items()}
     raw = p.new("scores QK^T" + RECOMPUTED, BHSS, a, why, tp=True)
     scaled = p.new("scaled scores" + RECOMPUTED, BHSS, a, "a local of the core, dropped when recomputation stops",

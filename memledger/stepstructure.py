@@ -30,6 +30,7 @@ class Shape:
     qkv_bias: bool = None   # None: as the style says (GPT yes, LLaMA no); True: LLaMA with QKV biases (Qwen2)
     tied: bool = None       # None: as the style says (GPT tied, LLaMA untied); True: a tied LLaMA decoder (Gemma)
     selective: bool = False  # selective recomputation: the attention core checkpointed (memledger.stepselective)
+    head_dim: bool = False  # a head size d_h other than d/H: Q and the output projection's input H*d_h wide
 
     @property
     def gpt(self):
@@ -79,10 +80,11 @@ class StepStructure:
         modelled = Features.of(arch.style)._replace(gqa=f.gqa, qkv_bias=f.qkv_bias, tied=f.tied) if llama else \
             Features.of(arch.style)._replace(tied=f.tied if f.is_tied else None, qkv_bias=f.qkv_bias if f.has_qkv_bias
                                              else None)
+        modelled = modelled._replace(head_dim=f.head_dim)        # any style: Q and O at H*d_h (Gemma-7B)
         if f != modelled:
             raise ValueError(f"the step timeline models the reference decoder's GPT and LLaMA blocks (LLaMA blocks "
-                             f"also with grouped-query attention, QKV biases and tied embeddings; no, selective or "
-                             f"full recomputation); {unmodelled(f)} not modelled op by op")
+                             f"also with grouped-query attention, QKV biases and tied embeddings; any head size; no, "
+                             f"selective or full recomputation); {unmodelled(f)} not modelled op by op")
         gqa = f.gqa
         recipe = RECIPES[ledger.recipe]
         act = next(c.dtype for c in recipe.components if c.role == "param")
@@ -95,7 +97,7 @@ class StepStructure:
         shape = Shape(arch.style, kernel, bool(ledger.dropout), conv.rmsnorm, act, conv.norm_stats is not None,
                       ledger.batch_size == 1, grad, opts["mask_dtype"], opts["norm_stats"], gqa,
                       gqa and arch.kv_heads == 1, True if llama and f.has_qkv_bias else None,
-                      True if llama and f.is_tied else None, ledger.recompute == "selective")
+                      True if llama and f.is_tied else None, ledger.recompute == "selective", f.head_dim)
         return cls(shape, ledger.recipe, ledger.zero_stage, ledger.offload_optimizer, ledger.offload_params,
                    ledger.offload_placement, ledger.recompute, ledger.tp > 1, ledger.sequence_parallel, conv,
                    arch.n_layers if arch.n_layers <= 4 else None)
@@ -103,9 +105,8 @@ class StepStructure:
 
 def unmodelled(f: Features) -> str:
     """What of ``f`` the step timeline refuses, in words (for its error message)."""
-    named = [("mixture of experts", f.moe), ("a head size other than d/H", f.head_dim),
-             ("an untied GPT decoder", f.gpt and not f.is_tied), ("a GPT block without QKV biases", f.gpt and
-                                                                              not f.has_qkv_bias),
+    named = [("mixture of experts", f.moe), ("an untied GPT decoder", f.gpt and not f.is_tied),
+             ("a GPT block without QKV biases", f.gpt and not f.has_qkv_bias),
              ("learned positions", f.positions), ("token types", f.token_types), ("a pooler", f.pooler),
              ("an embedding norm", f.embedding_norm), ("grouped-query attention in a GPT block", f.gqa and f.gpt)]
     found = [name for name, on in named if on]

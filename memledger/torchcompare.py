@@ -18,7 +18,7 @@ flash kernel (math with dropout). Imports PyTorch.
 """
 from dataclasses import dataclass, field, replace
 
-from .activations import inventory
+from .activations import inventory, kept_rows
 from .architecture import Architecture
 from .backends import BACKENDS, SWITCHES, conventions
 from .display import Table
@@ -43,9 +43,10 @@ def ledger_for(c: RefConfig, loop: str, batch: int, seq: int) -> Ledger:
 
 def architecture_of(c: RefConfig) -> Architecture:
     """The :class:`~memledger.architecture.Architecture` of the reference decoder ``c`` (its refinements of
-    LLaMA blocks as the architecture's fields: key/value heads, QKV biases, tied embeddings)."""
+    LLaMA blocks as the architecture's fields: key/value heads, QKV biases, tied embeddings; and a head size)."""
     return Architecture(c.d, c.L, c.H, c.F, c.V, c.style, n_kv_heads=c.n_kv_heads,
-                        qkv_bias=True if c.qkv_bias else None, tied_embeddings=True if c.tied else None)
+                        qkv_bias=True if c.qkv_bias else None, tied_embeddings=True if c.tied else None,
+                        head_size=c.head_dim)
 
 
 def run_options(c: RefConfig, loop: str) -> dict:
@@ -57,8 +58,10 @@ def run_options(c: RefConfig, loop: str) -> dict:
 
 
 def _block_rows(c, options):
+    """The inventory rows of one block of ``c`` (without the attention core's own under selective recomputation)."""
     mlp, norm = ("gelu", "LayerNorm") if c.style == "gpt" else ("swiglu", "RMSNorm")
-    return inventory(mlp, norm, bool(c.dropout), gqa=c.kv_heads != c.H, **options)
+    rows = inventory(mlp, norm, bool(c.dropout), gqa=c.kv_heads != c.H, head_dim=c.hd * c.H != c.d, **options)
+    return kept_rows(rows, "selective") if c.recompute == "selective" else rows
 
 
 def _pair(rows, sizes, shapes, measured, views=False):

@@ -12,6 +12,8 @@ GPT decoder, untied in the LLaMA decoder), and the loss
 * LLaMA block: RMSNorm -> fused QKV (no bias; with one for Qwen2's shape) ->
   causal SDPA -> output projection, residual; RMSNorm -> down(silu(gate(h)) *
   up(h)), residual. The LLaMA decoder's LM head is untied unless ``tied``.
+* A head size d_h other than d/H (``head_dim``, Gemma-7B): q, k and v are
+  H*d_h (H_kv*d_h) wide and the output projection maps H*d_h back to d.
 * Grouped-query attention (LLaMA blocks, ``n_kv_heads`` < ``n_heads``; one
   key/value head is multi-query): the fused projection is (H + 2 H_kv) * d/H
   wide and split into q, k, v, and K and V are **never expanded to H heads**.
@@ -58,7 +60,9 @@ class RefConfig:
     (Gemma; GPT decoders are always tied and biased); ``rmsnorm``: ``"composite"`` (``nn.RMSNorm``) or
     ``"fused"`` (ATen's ``_fused_rms_norm``, saving input and rstd as the CUDA
     kernel does); ``recompute``: ``"none"``, ``"selective"`` (the attention
-    core, Korthikanti et al. 2022) or ``"full"`` (every block).
+    core, Korthikanti et al. 2022) or ``"full"`` (every block); ``head_dim``: the
+    head size where it is not d/H (Gemma-7B: 256 with d = 3072, H = 16): q is
+    H*d_h wide, k and v H_kv*d_h, and the output projection (H*d_h) x d.
     """
     d: int
     L: int
@@ -74,6 +78,7 @@ class RefConfig:
     n_kv_heads: int = None
     qkv_bias: bool = False
     tied: bool = False
+    head_dim: int = None
 
     def __post_init__(self):
         if self.attention not in (None, "eager", "sdpa"):
@@ -88,6 +93,11 @@ class RefConfig:
     def kernel(self) -> str:
         """``"eager"`` or ``"sdpa"``: the attention this block runs."""
         return self.attention or ("eager" if self.style == "gpt" else "sdpa")
+
+    @property
+    def hd(self) -> int:
+        """The head size: ``head_dim``, or d/H."""
+        return self.head_dim or self.d // self.H
 
     @property
     def kv_heads(self) -> int:
@@ -124,8 +134,8 @@ class Block(nn.Module):
         gpt = c.style == "gpt"
         norm = nn.LayerNorm if gpt else (FusedRMSNorm if c.rmsnorm == "fused" else nn.RMSNorm)
         self.norm1, self.norm2 = norm(c.d), norm(c.d)
-        self.qkv = nn.Linear(c.d, (c.H + 2 * c.kv_heads) * (c.d // c.H), bias=gpt or c.qkv_bias)
-        self.proj = nn.Linear(c.d, c.d, bias=gpt)
+        self.qkv = nn.Linear(c.d, (c.H + 2 * c.kv_heads) * c.hd, bias=gpt or c.qkv_bias)
+        self.proj = nn.Linear(c.H * c.hd, c.d, bias=gpt)
         if gpt:
             self.up, self.down = nn.Linear(c.d, c.F), nn.Linear(c.F, c.d)
         else:
@@ -140,7 +150,7 @@ class Block(nn.Module):
 
     def _core(self, q, k, v, mask):
         c = self.c
-        scale = 1 / math.sqrt(c.d // c.H)
+        scale = 1 / math.sqrt(c.hd)
         if c.kernel == "eager" and c.kv_heads != c.H:        # grouped: no K/V copies to H heads
             B, H, S, hd = q.shape
             q = q.reshape(B, c.kv_heads, H // c.kv_heads * S, hd)
@@ -158,7 +168,7 @@ class Block(nn.Module):
     def forward(self, x, mask):
         c = self.c
         B, S, _ = x.shape
-        hd = c.d // c.H
+        hd = c.hd
         if c.kv_heads == c.H:
             q, k, v = self.qkv(self.norm1(x)).view(B, S, 3, c.H, hd).permute(2, 0, 3, 1, 4)
         else:
@@ -168,7 +178,7 @@ class Block(nn.Module):
             a = checkpoint(self._core, q, k, v, mask, use_reentrant=False)
         else:
             a = self._core(q, k, v, mask)
-        x = x + self._drop(self.proj(a.transpose(1, 2).reshape(B, S, c.d)))
+        x = x + self._drop(self.proj(a.transpose(1, 2).reshape(B, S, c.H * hd)))
         h = self.norm2(x)
         if c.style == "gpt":
             return x + self._drop(self.down(F.gelu(self.up(h))))

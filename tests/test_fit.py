@@ -31,7 +31,7 @@ def test_fits_at_the_answer_not_one_beyond_on_the_peak(vary, field):
 
 
 def test_the_sum_where_the_timeline_does_not_model_the_setup():
-    template = Ledger("gemma-7b", zero_stage=3, dp=8, flash_attention=True)     # a head size other than d/H
+    template = Ledger("mixtral-8x7b", zero_stage=3, dp=32, flash_attention=True)     # mixture of experts
     assert template.peak is None
     result = fit(template, "batch", A100)
     n = result["answer"]

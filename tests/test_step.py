@@ -120,7 +120,7 @@ def test_logits_with_full_checkpointing_rival_the_checkpoints():
 @pytest.mark.parametrize("kwargs, message", [
     (dict(arch=None, n_params=10**9), "needs an architecture"),
     (dict(arch="mixtral-8x7b"), "mixture of experts"),
-    (dict(arch="gemma-7b"), "head size"),
+    (dict(arch="bert-base-uncased"), "learned positions"),
     (dict(arch=Architecture(256, 2, 4, 1024, 1000, "gpt", n_kv_heads=2)), "grouped-query attention in a GPT"),
 ])
 def test_bad_input(kwargs, message):
@@ -157,19 +157,21 @@ def test_json_contract():
 # -- against PyTorch -------------------------------------------------------------------------------
 
 def _against_memtracker(style, F_, loop, B, S, L, dropout, recompute, foreach=False, d_=None, H=None, V_=None,
-                        kv=None, attention=None, qkv_bias=False, tied=False, trace=None, native_dropout=False):
+                        kv=None, attention=None, qkv_bias=False, tied=False, trace=None, native_dropout=False,
+                        head_dim=None):
     """MemTracker's step of the reference decoder beside the timeline's under the CPU backend; ``attention=
     "eager"`` runs the eager core in LLaMA blocks too (the article backend's kernel); ``kv`` key/value heads,
     ``qkv_bias`` and ``tied``: LLaMA refinements (Qwen2, Gemma); ``trace``: keep MemTracker's op-by-op totals
     (default: small configs without recomputation, see :func:`_block_totals_agree`); ``native_dropout``: the
-    fused kernel's 1-byte masks (the timeline's ``dropout_mask="bool"``)."""
+    fused kernel's 1-byte masks (the timeline's ``dropout_mask="bool"``); ``head_dim``: a head size other than
+    d/H."""
     pytest.importorskip("torch")
     from memledger.torchcompare import architecture_of
     from memledger.torchmeasure import memtracker_step
     from memledger.torchref import RefConfig
     d_, H, V_ = d_ or 64, H or 4, V_ or 1000
     c = RefConfig(d_, L, H, F_, V_, style, dropout=dropout, recompute=recompute, n_kv_heads=kv, attention=attention,
-                  qkv_bias=qkv_bias, tied=tied, native_dropout=native_dropout)
+                  qkv_bias=qkv_bias, tied=tied, native_dropout=native_dropout, head_dim=head_dim)
     trace = recompute == "none" and d_ < 1024 if trace is None else trace     # op by op: small configs
     measured = memtracker_step(c, loop, B, S, foreach=foreach, blocks=True, trace=trace)
     eager = {"attention": "eager"} if attention == "eager" else {}

@@ -48,7 +48,7 @@ def test_logits_are_fp32_and_absent_from_an_encoder():
 def test_fit_grid_answers_fit_and_one_more_does_not():
     gpus = {"24": 24 * GB, "80": 80 * GB}
     template = Ledger("llama3-8b", seq_len=4096, zero_stage=3, dp=8, flash_attention=True)
-    grid = fit_grid(template, ["gemma-7b", "bert-base-uncased"], gpus, "batch")
+    grid = fit_grid(template, ["mixtral-8x7b", "bert-base-uncased"], gpus, "batch")
     for name, per_gpu in grid.items():
         for gpu, result in per_gpu.items():
             n = result["answer"] or 0
@@ -60,7 +60,7 @@ def test_fit_grid_answers_fit_and_one_more_does_not():
             assert not replace(model, batch_size=n + 1).fits(gpus[gpu])
     table = fit_table(grid, "largest micro-batch")
     assert table.header == ("largest micro-batch", "24", "80", "judged by") and table.rows[0][1] == "none"
-    assert table.rows[0][3] == "sum at end of forward"                 # Gemma-7B's head size: no timeline
+    assert table.rows[0][3] == "sum at end of forward"                 # Mixtral's experts: no timeline
 
 
 def test_fit_table_names_the_peak_where_the_timeline_models_the_model():
@@ -80,13 +80,18 @@ def test_side_by_side_tables():
     assert logits["gemma-7b"][3] == "4.19 GB"                              # 4 x 4096 x 256000 bytes
     assert logits["bert-base-uncased"][4] == "no output layer"
     grid = fit_grid(Ledger("llama3-8b", seq_len=4096, zero_stage=3, dp=8, flash_attention=True),
-                    ["gemma-7b", "mixtral-8x7b", "llama3-8b"], {"80": 80 * GB}, "batch")
+                    ["gemma-7b", "mixtral-8x7b", "llama3-8b"], {"80": 80 * GB, "141": 141 * GB}, "batch")
     room = {row[0]: row for row in headroom_table(grid, "80").rows}
     assert room["mixtral-8x7b"][1] == "none"
-    n = grid["gemma-7b"]["80"]["answer"]
-    assert room["gemma-7b"][2] == "sum at end of forward"
-    assert room["gemma-7b"][5] == f"{4 * n * 4096 * 256000 / 1e9:.2f} GB"
-    assert room["gemma-7b"][4] == f"{4 * 256000 * 3072 / 1e9:.2f} GB"      # the embedding is its largest module
-    assert room["llama3-8b"][2] == "peak of a step" and room["llama3-8b"][4:] == ("in the peak", "in the peak")
+    for name in ("gemma-7b", "llama3-8b"):                              # head size 256; grouped-query attention
+        assert room[name][2] == "peak of a step" and room[name][4:] == ("in the peak", "in the peak")
+    room = {row[0]: row for row in headroom_table(grid, "141").rows}
+    n = grid["mixtral-8x7b"]["141"]["answer"]
+    assert room["mixtral-8x7b"][2] == "sum at end of forward"
+    assert room["mixtral-8x7b"][5] == f"{4 * n * 4096 * 32000 / 1e9:.2f} GB"
+    # its largest module is a block: attention 2d^2 + 2d*d_kv, router 8d, 8 experts of 3dF, two norms 2d;
+    # gathered as BF16 parameters and BF16 gradients, 4 bytes each
+    block = 2 * 4096**2 + 2 * 4096 * 1024 + 8 * 4096 + 8 * 3 * 4096 * 14336 + 2 * 4096
+    assert room["mixtral-8x7b"][4] == f"{4 * block / 1e9:.2f} GB"
     serving = serving_table(["llama3-8b"], 8192).rows[0]
     assert serving[1] == "16.06 GB" and serving[2] == f"{2 * 32 * 8192 * 8 * 128 * 2 / 1e9:.2f} GB"

@@ -38,8 +38,8 @@ def expected(c: RefConfig, loop, B, S):
                 rmsnorm=c.rmsnorm, attention=_kernel(c))
     mlp, norm = ("gelu", "LayerNorm") if c.style == "gpt" else ("swiglu", "RMSNorm")
     gqa = c.kv_heads != c.H
-    rows = inventory(mlp, norm, bool(c.dropout), gqa=gqa, **opts)
-    values = dict(B=B, S=S, d=c.d, H=c.H, H_kv=c.kv_heads, L=c.L, F=c.F, V=c.V, P=1, N_d=1, t=1, O=0)
+    rows = inventory(mlp, norm, bool(c.dropout), gqa=gqa, head_dim=c.hd * c.H != c.d, **opts)
+    values = dict(B=B, S=S, d=c.d, H=c.H, H_kv=c.kv_heads, L=c.L, F=c.F, V=c.V, P=1, N_d=1, t=1, O=0, d_h=c.hd)
 
     def n(expr):
         return evaluate_expr(expr, values)
@@ -80,9 +80,16 @@ VARIANTS = {
     "LLaMA eager core, multi-head": dict(style="llama", attention="eager"),
     "Qwen2's shape: GQA, QKV biases": dict(style="llama", n_kv_heads="gqa", qkv_bias=True),
     "Gemma's shape: GQA, tied LM head, eager": dict(style="llama", n_kv_heads="gqa", tied=True, attention="eager"),
+    # a head size other than d/H (Gemma-7B: 16 x 256 != 3072; see HEAD_SIZE)
+    "Gemma-7B's shape: head size != d/H, tied, SDPA": dict(style="llama", head_dim="wide", tied=True),
+    "LLaMA GQA, head size != d/H, eager": dict(style="llama", n_kv_heads="gqa", head_dim="wide", attention="eager"),
+    "GPT eager, head size != d/H, native_dropout": dict(head_dim="wide", dropout=0.1, native_dropout=True),
+    "LLaMA selective recomputation, head size != d/H": dict(style="llama", head_dim="wide", recompute="selective"),
 }
 #: The key/value heads of the GQA variants for each of SHAPES (H = 4, 6, 2): GQA, GQA, MQA.
 GQA_HEADS = {4: 2, 6: 3, 2: 1}
+#: The head sizes of the "wide" variants for each of SHAPES (d/H = 16, 16, 24): H*d_h = 128, 144, 64 != d.
+HEAD_SIZE = {4: 32, 6: 24, 2: 32}
 CASES = [(name, shape, loop, B, S) for name in VARIANTS
          for shape, loop, B, S in [(SHAPES[0], "bf16-pure-adamw", 2, 24), (SHAPES[1], "fp32-adamw", 1, 40),
                                    (SHAPES[2], "bf16-adamw", 3, 16)]]
@@ -92,6 +99,8 @@ def _config(L, shape, variant):
     variant = dict(variant)
     if variant.get("n_kv_heads") == "gqa":
         variant["n_kv_heads"] = GQA_HEADS[shape["H"]]
+    if variant.get("head_dim") == "wide":
+        variant["head_dim"] = HEAD_SIZE[shape["H"]]
     return RefConfig(L=L, **shape, **variant)
 
 
@@ -124,13 +133,15 @@ def test_full_recomputation_keeps_the_block_input(style, loop, B):
     assert [b for b, _, _ in live[2]] == [B * 24 * 64 * a]      # block 2 made the final norm's input
 
 
-@pytest.mark.parametrize("style, F, kv, bias, tied", [("gpt", 320, None, None, None), ("llama", 256, None, None, None),
-                                                     ("llama", 256, 2, None, None), ("llama", 256, 1, None, None),
-                                                     ("llama", 256, 2, True, None), ("llama", 256, 1, True, True)])
-def test_reference_parameters_are_the_architectures(style, F, kv, bias, tied):
-    c = RefConfig(d=64, L=3, H=4, F=F, V=1000, style=style, n_kv_heads=kv, qkv_bias=bool(bias), tied=bool(tied))
+@pytest.mark.parametrize("style, F, kv, bias, tied, hd", [
+    ("gpt", 320, None, None, None, None), ("llama", 256, None, None, None, None), ("llama", 256, 2, None, None, None),
+    ("llama", 256, 1, None, None, None), ("llama", 256, 2, True, None, None), ("llama", 256, 1, True, True, None),
+    ("gpt", 320, None, None, None, 24), ("llama", 256, None, None, True, 32), ("llama", 256, 2, None, None, 8)])
+def test_reference_parameters_are_the_architectures(style, F, kv, bias, tied, hd):
+    c = RefConfig(d=64, L=3, H=4, F=F, V=1000, style=style, n_kv_heads=kv, qkv_bias=bool(bias), tied=bool(tied),
+                  head_dim=hd)
     model = make_model(c, "bf16-pure-adamw")
-    arch = Architecture(64, 3, 4, F, 1000, style, n_kv_heads=kv, qkv_bias=bias, tied_embeddings=tied)
+    arch = Architecture(64, 3, 4, F, 1000, style, n_kv_heads=kv, qkv_bias=bias, tied_embeddings=tied, head_size=hd)
     assert sum(p.numel() for p in model.parameters()) == arch.computed_params
 
 

@@ -16,7 +16,7 @@ def test_explorer_updates_on_change():
 
 
 def test_explorer_judges_the_sum_where_the_timeline_does_not_model_the_setup():
-    html = render({**defaults(), "arch": "gemma-7b"})                 # a head size other than d/H
+    html = render({**defaults(), "arch": "mixtral-8x7b"})             # mixture of experts
     assert "the sum of the rows at the end of the forward pass (the step timeline does not model" in html
 
 
