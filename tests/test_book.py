@@ -150,6 +150,14 @@ def article_offload_full(n=1, S=2048):
                                        offload_optimizer="cpu"))
 
 
+def article_offload_selective(n=1, S=2048):
+    """The same with selective recomputation: Korthikanti's 34 B*S*d per layer (Table 2, t = 1) instead of the
+    checkpoints; and the larger of the step's peak and that sum."""
+    total = 4 * P + LAYERS * 34 * n * S * 4096 + outside(ARTICLE, n, S, mask=True) + OVERHEAD
+    return total, max(total, step_peak(arch="article-7b", batch_size=n, seq_len=S, recompute="selective",
+                                       offload_optimizer="cpu"))
+
+
 def article_tp8(n, sequence_parallel):
     """Tensor parallelism over 8, the blocks only (chapter 10's view): the larger of the step's peak and the sum."""
     act = n * (ACT // 8 if sequence_parallel else LAYERS * TP_LAYER)
@@ -343,6 +351,9 @@ EXPECTED = {
     # what fit judges for the nominal 7x10^9 (the larger of the step's peak and the sum), on nvidia-smi's A100
     "seq.full_sum": fits_at_answer_not_beyond(lambda s: article_offload_full(1, s)[0], A100_REAL),
     "seq.full_peak": fits_at_answer_not_beyond(lambda s: article_offload_full(1, s)[1], A100_REAL),
+    # ... and with selective recomputation (the S x S tensors recomputed: live again in one layer's backward)
+    "seq.selective_sum": fits_at_answer_not_beyond(lambda s: article_offload_selective(1, s)[0], A100_REAL),
+    "seq.selective_peak": fits_at_answer_not_beyond(lambda s: article_offload_selective(1, s)[1], A100_REAL),
     # chapter 6: gradients, master, Adam and activations against the 66 GB beside the weights
     "headroom.times": (Fraction(STATES - 2 * P + ACT, 80 * GB - 2 * P), "x"),
     # what lies outside the blocks (the reference decoder), and the whole model's ledger
