@@ -37,9 +37,10 @@ def test_article_forward_keeps_korthikanti_34_per_layer():
     assert _added(Step(ledger)) == L * 34 * B * S * d + outside
 
 
-@pytest.mark.parametrize("arch", [GPT7B, LLAMA7B, LLAMA3_8B])
-@pytest.mark.parametrize("backend", ["article", "cuda", "cpu"])
-@pytest.mark.parametrize("flash", [False, True])
+@pytest.mark.parametrize("arch, backend, flash", [
+    (GPT7B, "article", False), (GPT7B, "cuda", False), (GPT7B, "cpu", False), (GPT7B, "article", True),
+    (LLAMA7B, "article", False), (LLAMA7B, "cuda", False), (LLAMA7B, "cpu", False),
+    (LLAMA3_8B, "article", True), (LLAMA3_8B, "cpu", False)])
 def test_after_forward_is_the_selective_inventory(arch, backend, flash):
     """Every backend: the blocks keep L x the inventory without the attention core's tensors; under the article's
     conventions that is the ledger's own activation row (its sum at the end of the forward pass)."""
@@ -92,7 +93,7 @@ def test_the_peak_shows_the_recomputed_core():
     ("cuda", dict(recompute="selective", tp=4, sequence_parallel=True, dropout=True)),
     ("cpu", dict(recompute="selective", recipe="bf16-pure-adamw", batch_size=3, zero_stage=2, dp=4,
                  offload_optimizer="nvme"))])
-@pytest.mark.parametrize("arch", [GPT7B, LLAMA3_8B, Architecture(256, 3, 4, 1024, 1000, "gpt")])
+@pytest.mark.parametrize("arch", [LLAMA3_8B, Architecture(256, 3, 4, 1024, 1000, "gpt")])
 def test_selective_landmarks_are_sums_of_rows(arch, backend, kwargs):
     base.test_landmarks_are_sums_of_rows(arch, backend, kwargs)
 
