@@ -57,7 +57,7 @@ def _parser():
     add_parser(sub, _ledger_options, _Help)
     led.add_argument("--measure", default="auto", help="what the fits verdict judges: auto (the step's peak, "
                      "memledger step, where the timeline models the setup, else the sum of the rows at the end of "
-                     "the forward pass), peak, or total (the sum)")
+                     "the forward pass), peak, or total (the sum, without evaluating the step)")
     pipe = led.add_argument_group("pipeline parallelism (Megatron-LM schedules)")
     pipe.add_argument("--pp", help="pipeline stages P (rows per stage: first and last)")
     pipe.add_argument("--microbatches", help="micro-batches per step M (needs --pp)")
@@ -227,7 +227,7 @@ def _ledger(a):
         data["fits"] = judged.bytes <= memory
         data["measure"] = judged.key
         data["judged_bytes"] = judged.bytes
-        data["peak"] = ledger.peak
+        data["peak"] = None if a.measure == "total" else ledger.peak      # total: the step is not evaluated
         data["traffic"]["link"] = a.link
         data["traffic"]["pcie_seconds"] = float(traffic.pcie_seconds(a.link))
         return json.dumps(data, indent=2)
@@ -264,8 +264,8 @@ def _verdict(ledger, memory: int, measure: str, units: str) -> str:
     if not ledger.arch:
         return f"{head}, the model states (without an architecture no activations are booked)."
     note = None
-    if judged.key == "total" and ledger.peak is not None:
-        note = f"the step's peak is {format_bytes(ledger.peak, units)}: --measure auto, or see memledger step"
+    if measure == "total":              # the sum was asked for: the step is not evaluated
+        note = "as asked; a run fits or fails by its peak: --measure auto, or see memledger step"
     return f"{head}{describe(ledger, judged, units, note)}."
 
 

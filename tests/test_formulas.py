@@ -1,5 +1,6 @@
 """The generated plain-Python formulas are the SymPy ones: fresh, and equal at random points."""
 from pathlib import Path
+import os
 import subprocess
 import sys
 
@@ -46,10 +47,12 @@ def test_uncompiled_key_falls_back_to_sympy(monkeypatch):
     assert formulas.evaluate(key, {"P": 7, "N_d": 2, "t": 1}) == 4
 
 
-def test_command_line_imports_no_sympy_or_numpy():
-    # the sum's formulas are compiled in memledger/compiled.py; the peak's are cached per structure (test_steppeak)
+def test_command_line_imports_no_sympy_or_numpy(tmp_path):
+    # the sum's formulas are compiled in memledger/compiled.py, so --measure total needs no SymPy even with an empty
+    # cache of compiled steps; the peak's are compiled once per structure (test_steppeak)
     code = ("import sys; from memledger.cli import main; main(['ledger', '--preset', 'llama2-7b', '--measure', "
             "'total', '--json']); "
             "assert 'sympy' not in sys.modules and 'numpy' not in sys.modules, 'heavy import'")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    env = {**os.environ, "MEMLEDGER_CACHE_DIR": str(tmp_path)}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert result.returncode == 0, result.stderr
