@@ -29,7 +29,10 @@ from .symbols import B, E, F, H, L, S, d, k, t
 class Saved:
     """One tensor saved for backward.
 
-    ``tp_sharded``: split across tensor-parallel ranks (Megatron-LM);
+    ``tp_sharded``: split across tensor-parallel ranks under any tensor parallelism (Megatron-LM's
+    column/row-parallel layers; outside the blocks, the vocabulary-parallel logits);
+    ``replicated``: never split (every tensor-parallel rank reads the whole batch: token ids, the causal
+    mask, the loss scalars); any other row is split under sequence parallelism only (:meth:`rank_bytes`);
     ``dropout``: exists only because the block trains with dropout;
     ``weight_grad_of``: the projections whose weight gradient is the only reason
     it is kept (a frozen projection needs no saved input: see :mod:`memledger.lora`).
@@ -40,6 +43,7 @@ class Saved:
     dtype: str = "bf16"
     block: str = "attention"
     tp_sharded: bool = False
+    replicated: bool = False
     dropout: bool = False
     same_as: str = ""       # article rows: the autograd tensor this row stands for
     weight_grad_of: tuple = ()
@@ -48,6 +52,12 @@ class Saved:
     def bytes(self) -> sp.Expr:
         """Elements x bytes per element, e.g. B*S*d*2."""
         return prod(self.shape) * nbytes(self.dtype)
+
+    def rank_bytes(self, tp: bool = False, sequence_parallel: bool = False) -> sp.Expr:
+        """Bytes on one tensor-parallel rank: bytes/t if ``tp`` and the row is ``tp_sharded``, or under
+        ``sequence_parallel`` unless ``replicated``; else all of it (Korthikanti et al. 2022, Table 2, Sec. 4.3)."""
+        split = tp and not self.replicated and (self.tp_sharded or sequence_parallel)
+        return self.bytes / t if split else self.bytes
 
     @property
     def quadratic(self) -> bool:
@@ -297,7 +307,7 @@ def per_layer_bytes(rows, recompute: str = "none", tp: bool = False, sequence_pa
                       tp_sharded=False)]
     else:
         kept = kept_rows(rows, recompute)
-    return sp.expand(sum((r.bytes / t if tp and (r.tp_sharded or sequence_parallel) else r.bytes) for r in kept))
+    return sp.expand(sum(r.rank_bytes(tp, sequence_parallel) for r in kept))
 
 
 def activation_bytes(rows, recompute: str = "none", tp: bool = False, sequence_parallel: bool = False) -> sp.Expr:

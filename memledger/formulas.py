@@ -93,11 +93,14 @@ def _components(parts, count_key, *features):
     return components_bytes(parts, expr(count_key), sharded, _features(features) if features else None)
 
 
-def _outside(style, attention, name):
-    """One tensor kept outside the blocks at the end of forward (:func:`memledger.outside.outside_inventory`)."""
+def _outside(style, attention, name, tp=False, sequence_parallel=False):
+    """One tensor kept outside the blocks at the end of forward (:func:`memledger.outside.outside_inventory`),
+    on one tensor-parallel rank (:meth:`memledger.activations.Saved.rank_bytes`); the key carries
+    (tp, sequence_parallel) only under tensor parallelism, so the keys without it stay as they were."""
     import sympy as sp
     from .outside import outside_inventory
-    return sp.sympify(next(r.bytes for r in outside_inventory(style, attention=attention) if r.name == name))
+    return sp.sympify(next(r.rank_bytes(tp, sequence_parallel) for r in outside_inventory(style, attention=attention)
+                           if r.name == name))
 
 
 def outside_names(style, attention) -> tuple:
@@ -107,9 +110,14 @@ def outside_names(style, attention) -> tuple:
             (f"final {norm} input", "LM head input", "log-softmax output (FP32)", "loss", "nll_loss total weight"))
 
 
+def outside_key(style, attention, name, tp=False, sequence_parallel=False) -> tuple:
+    """The formula key of one outside row on one tensor-parallel rank."""
+    return ("outside", style, attention, name) + ((tp, sequence_parallel) if tp else ())
+
+
 def _outside_domain():
-    return [(style, attention, name) for style in STYLES for attention in ("eager", "flash")
-            for name in outside_names(style, attention)]
+    return [outside_key(style, attention, name, *par)[1:] for style in STYLES for attention in ("eager", "flash")
+            for name in outside_names(style, attention) for par in _PARALLEL]
 
 
 def _symbol(name):

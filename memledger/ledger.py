@@ -122,8 +122,9 @@ def row_specs(s: Structure) -> tuple:
                               s.tensor_parallel, s.sequence_parallel) + refinements))
         if s.scope == "model" and s.arch.causal:
             attention = "flash" if s.flash_attention else "eager"
-            specs += [RowSpec(name, "activations", "gpu", ("outside", s.arch.style, attention, name))
-                      for name in formulas.outside_names(s.arch.style, attention)]
+            specs += [RowSpec(name, "activations", "gpu", formulas.outside_key(
+                s.arch.style, attention, name, s.tensor_parallel, s.sequence_parallel))
+                for name in formulas.outside_names(s.arch.style, attention)]
     specs.append(RowSpec("CUDA context + workspace", "overhead", "gpu", ("symbol", "O")))
     return tuple(specs)
 

@@ -51,10 +51,8 @@ class Built:
                                                                             "attention")})
         tensors = {}
 
-        def tp_div(expr, sharded_row):
-            return expr / t if s.tensor_parallel and (sharded_row or s.sequence_parallel) else expr
-        for r in layer_rows + outside_rows:       # a scalar (the loss) is never split over the ranks
-            tensors[r.name] = Tensor(r.name, tp_div(r.bytes, r.tp_sharded) if r.shape else r.bytes, "activation",
+        for r in layer_rows + outside_rows:       # one rank's share: Saved.rank_bytes, the ledger's rule
+            tensors[r.name] = Tensor(r.name, r.rank_bytes(s.tensor_parallel, s.sequence_parallel), "activation",
                                      r.why)
         act = tensors
         for name, why in [("dX_out", "the gradient flowing back into the block's output"),

@@ -41,7 +41,8 @@ def test_article_forward_adds_eq1_per_layer():
                                     dict(recipe="fp32-adamw", recompute="full"),
                                     dict(zero_stage=3, dp=8, offload_optimizer="cpu", offload_params="cpu",
                                          offload_placement="zero-offload"),
-                                    dict(zero_stage=2, dp=4, offload_optimizer="nvme", tp=2, sequence_parallel=True)])
+                                    dict(zero_stage=2, dp=4, offload_optimizer="nvme", tp=2, sequence_parallel=True),
+                                    dict(tp=2), dict(tp=4, sequence_parallel=True, recompute="selective")])
 @pytest.mark.parametrize("backend", ["article", "cuda", "cpu"])
 @pytest.mark.parametrize("arch", [GPT7B, LLAMA7B, Architecture(256, 3, 4, 1024, 1000, "gpt")])
 def test_landmarks_are_sums_of_rows(arch, backend, kwargs):
