@@ -111,6 +111,10 @@ class CompiledStep:
         self._groups = [(record[group][0], eval(f"lambda {arguments}: {record[group][1]}",
                                                 {"Fraction": Fraction, "math": math}), group == "exact")
                         for group in ("whole", "exact")]
+        indices = sorted(j for indices, _, _ in self._groups for j in indices)
+        if indices != list(range(self.size_count)) or len(self.moments) != len(self.deltas) or any(
+                not 0 <= j < self.size_count for changes in self.deltas for j, _ in changes):
+            raise ValueError("a step record whose parts do not match")
 
     def sizes(self, values: dict) -> list:
         """Every tensor's bytes at ``values`` (symbol name -> int), exactly."""
@@ -138,12 +142,16 @@ class CompiledStep:
 @lru_cache(maxsize=64)
 def compiled_step(structure: StepStructure) -> CompiledStep:
     """``structure``'s compiled step: from the cache, else compiled (with SymPy) and cached."""
-    path = record_path(structure)
+    path, lumped = record_path(structure), structure.layers is None
     record = _read(path, structure)
-    if record is None:
-        record = compile_step(structure)
-        _write(path, record)
-    return CompiledStep(record, structure.layers is None)
+    if record is not None:
+        try:
+            return CompiledStep(record, lumped)
+        except (KeyError, IndexError, TypeError, ValueError, SyntaxError, NameError):
+            pass                                            # damaged inside: compiled again below
+    record = compile_step(structure)
+    _write(path, record)
+    return CompiledStep(record, lumped)
 
 
 def step_peak(ledger, backend="article", **changes):

@@ -111,11 +111,15 @@ def test_a_damaged_or_foreign_record_is_rebuilt(tmp_path, monkeypatch):
     monkeypatch.setenv("MEMLEDGER_CACHE_DIR", str(tmp_path))
     structure = _structure(zero_stage=2, dp=4)
     ledger = Ledger("llama2-7b", zero_stage=2, dp=4)
-    for damage in ["{not json", json.dumps({"format": steppeak.FORMAT, "structure": "another"})]:
+    good = steppeak.compile_step(structure)
+    damaged = [{**good, "deltas": good["deltas"][:-1]}, {**good, "whole": [good["whole"][0][:-1], "[]"]},
+               {**good, "exact": "not a pair"}, {k: v for k, v in good.items() if k != "moments"}]
+    for damage in ["{not json", json.dumps({"format": steppeak.FORMAT, "structure": "another"})] + [
+            json.dumps(d) for d in damaged]:
         compiled_step.cache_clear()
         record_path(structure).write_text(damage)
         assert step_peak(ledger)[0] == ledger.step().peak.bytes
-        assert json.loads(record_path(structure).read_text())["structure"] == repr(structure)
+        assert json.loads(record_path(structure).read_text()) == good          # compiled and written again
 
 
 def test_an_unwritable_cache_still_answers(tmp_path, monkeypatch):
