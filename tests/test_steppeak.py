@@ -48,7 +48,8 @@ SETUPS = [
 ]
 
 
-@pytest.mark.parametrize("backend", ["article", "cuda", "cpu"])
+@pytest.mark.parametrize("backend", ["article", pytest.param("cuda", marks=pytest.mark.slow),
+                                     pytest.param("cpu", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("arch, kwargs", SETUPS)
 def test_compiled_peak_is_the_timelines(arch, kwargs, backend):
     for batch, seq in [(1, 512), (3, 2048), (8, 4096)]:
