@@ -16,10 +16,10 @@ tensor or two (``tests/test_step.py`` bounds it).
 from .steplayer import layer_backward, layer_forward
 from .stepselective import dropped_core
 from .stepops import BS, BSd, BSF, io_names, qkv_width, widths_of
-from .symbols import B, S
+from .symbols import B, H, S
 
 
-def _norm(p, c, k, x_is_input=True):
+def _norm(p, c, k):
     """A norm whose saved tensors are dropped; returns its output's name."""
     a, f = c.dtype, "fp32"
     out = p.new(f"norm {k} output (checkpointed)", BSd, a, "the norm's output, until its consumer has run")
@@ -58,7 +58,7 @@ def _stat_dtype(c):
 
 def checkpointed_forward(p, c):
     """A block's forward under a non-reentrant checkpoint: only its input stays (as "layer input")."""
-    a, drop = c.dtype, c.dropout
+    a = c.dtype
     x = io_names(c)[0]
     n1 = _norm(p, c, "1")
     qkv = p.new("QKV projection output (checkpointed)", (B, S, qkv_width(c.gqa, c.head_dim)), a, "q, k, v are views of it",
@@ -67,7 +67,7 @@ def checkpointed_forward(p, c):
     p.op("released", free=[n1])
     if c.attention == "flash":
         out = p.new("attention output (checkpointed)", widths_of(c)[0], a, "the flash kernel's output", tp=True)
-        lse = p.new("log-sum-exp (dropped)", (B, c_heads(), S), "fp32", "not kept", tp=True)
+        lse = p.new("log-sum-exp (dropped)", (B, H, S), "fp32", "not kept", tp=True)
         p.op("flash attention", alloc=[out, lse])
         p.op("released", free=[lse])
         pin, leftovers = None, [qkv, out]
@@ -79,16 +79,7 @@ def checkpointed_forward(p, c):
     po = p.new("output projection output (checkpointed)", BSd, a, "before the residual add")
     xm = p.new("attention residual sum (checkpointed)", BSd, a, "x + attention")
     p.op("output projection", alloc=[po])
-    if drop:
-        rm = p.new("residual dropout mask (dropped)", BSd, c.mask_dtype or a, "not kept")
-        rd = p.new("residual dropout output (checkpointed)", BSd, a, "before the add")
-        p.op("released", free=[pin])
-        p.op("residual dropout", alloc=[rm, rd])
-        p.op("residual add", free=[rm, po], alloc=[xm])
-        p.op("released", free=[rd])
-    else:
-        p.op("residual add", free=[pin], alloc=[xm])
-        p.op("released", free=[po])
+    p.op("released", free=[_residual_add(p, c, "", pin, po, xm)])
     n2 = _norm(p, c, "2")
     if c.gpt:
         u = p.new("up-projection output (checkpointed)", BSF, a, "GeLU's input", tp=True)
@@ -111,22 +102,22 @@ def checkpointed_forward(p, c):
         last = pr
     dn = p.new("down-projection output (checkpointed)", BSd, a, "before the residual add")
     p.op("down projection", alloc=[dn])
-    if drop:
-        mm = p.new("MLP residual dropout mask (dropped)", BSd, c.mask_dtype or a, "not kept")
-        md = p.new("MLP residual dropout output (checkpointed)", BSd, a, "before the add")
-        p.op("released", free=[last])
-        p.op("residual dropout", alloc=[mm, md])
-        p.op("residual add", free=[mm, dn], alloc=["next: " + x])
-        ends = [md]
-    else:
-        p.op("residual add", free=[last], alloc=["next: " + x])
-        ends = [dn]
-    p.op("block returns", free=ends + [xm] + leftovers + [n2])
+    held = _residual_add(p, c, "MLP ", last, dn, "next: " + x)
+    p.op("block returns", free=[held, xm] + leftovers + [n2])
 
 
-def c_heads():
-    from .symbols import H
-    return H
+def _residual_add(p, c, prefix, projection_input, projection_output, result):
+    """A projection's output (after its residual dropout, whose mask is dropped) added to the residual stream
+    into ``result``; returns the tensor the add leaves held: the dropout output, or the projection output."""
+    if not c.dropout:
+        p.op("residual add", free=[projection_input], alloc=[result])
+        return projection_output
+    mask = p.new(f"{prefix}residual dropout mask (dropped)", BSd, c.mask_dtype or c.dtype, "not kept")
+    out = p.new(f"{prefix}residual dropout output (checkpointed)", BSd, c.dtype, "before the add")
+    p.op("released", free=[projection_input])
+    p.op("residual dropout", alloc=[mask, out])
+    p.op("residual add", free=[mask, projection_output], alloc=[result])
+    return out
 
 
 def recompute_backward(p, c, share):
