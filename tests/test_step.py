@@ -184,6 +184,16 @@ def _against_memtracker(style, F_, loop, B, S, L, dropout, recompute, foreach=Fa
     return step, measured
 
 
+def _peaks_agree(step, measured, op_by_op=False):
+    """Each phase's peak, the peak and each block's peaks are MemTracker's; with ``op_by_op`` also the totals
+    inside each block, op by op (:func:`_block_totals_agree`)."""
+    assert step.phase_peaks() == measured["phase peaks"]
+    assert step.peak.bytes == measured["peak"]
+    _block_peaks_agree(step, measured)
+    if op_by_op:
+        _block_totals_agree(step, measured)
+
+
 def _block_peaks_agree(step, measured):
     """The largest total while each block (run op by op) runs forward and backward is MemTracker's."""
     ours = step.block_peaks()
@@ -230,11 +240,7 @@ SMALL = [("gpt", 320, "bf16-pure-adamw", 2, 24, 2, 0.0, "none"), ("gpt", 320, "b
 @pytest.mark.parametrize("foreach", [False, True])
 def test_small_steps_match_memtracker_to_the_byte(style, F_, loop, B, S, L, dropout, recompute, foreach):
     step, measured = _against_memtracker(style, F_, loop, B, S, L, dropout, recompute, foreach)
-    assert step.phase_peaks() == measured["phase peaks"]
-    assert step.peak.bytes == measured["peak"]
-    _block_peaks_agree(step, measured)
-    if recompute == "none":
-        _block_totals_agree(step, measured)
+    _peaks_agree(step, measured, op_by_op=recompute == "none")
 
 
 FULL = [("gpt", 16384, "bf16-pure-adamw", 1, 2048, "none", 0.0), ("gpt", 16384, "bf16-adamw", 4, 2048, "full", 0.1),
@@ -276,11 +282,7 @@ def test_small_gqa_steps_match_memtracker_to_the_byte(kernel, H, kv, loop, B, S,
     memledger/torchref.py): every landmark, every phase's peak and the peak equal MemTracker's."""
     step, measured = _against_memtracker("llama", 256, loop, B, S, L, 0.0, recompute, foreach, d_=96 if H == 8 else 64,
                                          H=H, V_=V, kv=kv, attention=kernel)
-    assert step.phase_peaks() == measured["phase peaks"]
-    assert step.peak.bytes == measured["peak"]
-    _block_peaks_agree(step, measured)
-    if recompute == "none":
-        _block_totals_agree(step, measured)
+    _peaks_agree(step, measured, op_by_op=recompute == "none")
 
 
 @pytest.mark.slow
@@ -291,10 +293,7 @@ def test_eager_llama_blocks_match_memtracker(B, S, L, recompute):
     checkpoint still holds the causal mask (released with norm 1's input, not by masked_fill's backward)."""
     step, measured = _against_memtracker("llama", 256, "bf16-pure-adamw", B, S, L, 0.0, recompute, V_=40,
                                          attention="eager")
-    assert step.phase_peaks() == measured["phase peaks"] and step.peak.bytes == measured["peak"]
-    _block_peaks_agree(step, measured)
-    if recompute == "none":
-        _block_totals_agree(step, measured)
+    _peaks_agree(step, measured, op_by_op=recompute == "none")
 
 
 @pytest.mark.slow
@@ -308,10 +307,7 @@ def test_qkv_biases_and_tied_heads_match_memtracker(kernel, kv, bias, tied, loop
     for vocab in (1000, 40):
         step, measured = _against_memtracker("llama", 256, loop, B, 64, 3, 0.0, recompute, V_=vocab, kv=kv,
                                              attention=kernel, qkv_bias=bias, tied=tied)
-        assert step.phase_peaks() == measured["phase peaks"] and step.peak.bytes == measured["peak"]
-        _block_peaks_agree(step, measured)
-        if recompute == "none":
-            _block_totals_agree(step, measured)
+        _peaks_agree(step, measured, op_by_op=recompute == "none")
 
 
 @pytest.mark.slow
@@ -335,8 +331,7 @@ def test_gqa_presets_match_memtracker(preset, loop, B, S, recompute, kernel):
                                          qkv_bias=f.has_qkv_bias, tied=f.is_tied)
     assert step.structure == Step(Ledger(preset, batch_size=B, seq_len=S, recipe=loop, overhead_bytes=0,
                                          recompute=recompute), "cpu", **step_kernel(kernel)).structure
-    assert step.phase_peaks() == measured["phase peaks"] and step.peak.bytes == measured["peak"]
-    _block_peaks_agree(step, measured)
+    _peaks_agree(step, measured)
 
 
 def step_kernel(kernel):

@@ -12,7 +12,7 @@ from memledger.ledger import Ledger
 from memledger.outside import outside_inventory
 from memledger.step import Step
 
-from test_step import _against_memtracker, _block_peaks_agree, _block_totals_agree
+from test_step import _against_memtracker, _peaks_agree
 
 
 @pytest.mark.parametrize("arch", ["gemma-7b", Architecture(256, 3, 4, 1024, 1000, "gpt", head_size=96),
@@ -74,10 +74,7 @@ def test_small_steps_with_a_head_size_match_memtracker(style, loop, B, S, recomp
     dropout = extra.pop("dropout", 0.0)
     step, measured = _against_memtracker(style, 320 if style == "gpt" else 256, loop, B, S, 3, dropout, recompute,
                                          trace=recompute != "full", **extra)
-    assert step.phase_peaks() == measured["phase peaks"] and step.peak.bytes == measured["peak"]
-    _block_peaks_agree(step, measured)
-    if recompute != "full":
-        _block_totals_agree(step, measured)
+    _peaks_agree(step, measured, op_by_op=recompute != "full")
 
 
 @pytest.mark.slow
@@ -94,5 +91,4 @@ def test_gemma_7b_matches_memtracker(loop, B, S, recompute, kernel):
                                          **eager)
     assert step.structure == Step(Ledger("gemma-7b", batch_size=B, seq_len=S, recipe=loop, overhead_bytes=0,
                                          recompute=recompute), "cpu", **eager).structure
-    assert step.phase_peaks() == measured["phase peaks"] and step.peak.bytes == measured["peak"]
-    _block_peaks_agree(step, measured)
+    _peaks_agree(step, measured)
