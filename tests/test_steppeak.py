@@ -13,7 +13,7 @@ from memledger import steppeak
 from memledger.architecture import Architecture
 from memledger.ledger import Ledger
 from memledger.steppeak import compiled_step, record_path, step_peak
-from memledger.stepstructure import StepStructure
+from memledger.stepstructure import StepStructure, step_values
 from memledger.backends import conventions
 
 SMALL_GPT = Architecture(256, 3, 4, 1024, 1000, "gpt")
@@ -103,8 +103,7 @@ def test_record_is_cached_and_read_back(tmp_path, monkeypatch):
         raise AssertionError("compiled again although cached")
     monkeypatch.setattr(steppeak, "compile_step", no_sympy)
     again = compiled_step(structure)
-    values = {"B": 2, "S": 1024, "d": 4096, "F": 11008, "H": 32, "L": 32, "V": 32000, "P": 6738415616, "t": 1,
-              "N_d": 1, "O": 0}
+    values = step_values(Ledger("llama2-7b", recompute="full", batch_size=2, seq_len=1024))
     assert again.peak(values) == first.peak(values)
 
 
