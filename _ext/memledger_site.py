@@ -21,7 +21,7 @@ tests/test_browser.py checks every page for them:
 import posixpath
 from pathlib import Path
 
-from memledger.webcalc import CSS_CLASS, SCRIPT
+from memledger.views.webcalc import CSS_CLASS, SCRIPT
 
 WIDGET_MANAGER = "html-manager/embed-amd.js"
 #: The AMD id prefix under which the widget manager's bundle names itself.

@@ -4,7 +4,7 @@
 
 1. CLI latency: ``memledger ledger --preset llama2-7b`` as a fresh process, against ``python -c pass``
    run alternately in the same loop (the machine is shared and noisy: the ratio is what counts). Its verdict
-   judges the step's peak from the step compiled once per structure (:mod:`memledger.steppeak`): measured
+   judges the step's peak from the step compiled once per structure (:mod:`memledger.step.cache`): measured
    with that record cached, and with an empty cache (the first run of a structure loads SymPy to compile it).
 2. One ledger evaluation: the generated plain-Python formulas vs ``expr.subs`` on the same expressions.
 3. A sweep of 10^6 configurations through the vectorized (NumPy) path.
@@ -23,8 +23,8 @@ import time
 
 import numpy as np
 
-from memledger.ledger import Ledger, row_specs, sweep
-from memledger.widgets import controls, render
+from memledger.ledger.ledger import Ledger, row_specs, sweep
+from memledger.views.widgets import controls, render
 
 
 def median_seconds(fn, repeat):

@@ -3,16 +3,16 @@
     python benchmarks/bench_step.py
 
 For each configuration: one MemTracker step of the reference decoder under
-FakeTensorMode (memledger.torchmeasure.memtracker_step, the optimizer state
+FakeTensorMode (memledger.pytorch.measure.memtracker_step, the optimizer state
 created first), and the timeline's evaluation of the same configuration
 (``Step(Ledger(...), "cpu")``: landmarks and peak, from a new Ledger, the
 compiled programs cached), median of many. The two must agree to the byte
 (tests/test_step.py); here they are timed. The issue asks for >= 10,000x.
 """
 
-from memledger.architecture import Architecture
-from memledger.ledger import Ledger
-from memledger.step import Step
+from memledger.models.architecture import Architecture
+from memledger.ledger.ledger import Ledger
+from memledger.step.timeline import Step
 
 from bench import median_seconds  # benchmarks/bench.py, beside this script
 
@@ -21,8 +21,8 @@ CONFIGS = [("article 7B (GPT, counted)", Architecture(4096, 32, 32, 16384, 32000
 
 
 def main():
-    from memledger.torchmeasure import memtracker_step
-    from memledger.torchref import RefConfig
+    from memledger.pytorch.measure import memtracker_step
+    from memledger.pytorch.reference import RefConfig
     print("| configuration | MemTracker step (s) | timeline (µs) | speed-up |")
     print("|---|---:|---:|---:|")
     for label, arch, loop, B, S in CONFIGS:

@@ -5,50 +5,36 @@
     ml.get_recipe("bf16-adamw").bytes_per_param        # 2 + 2 + 4 + 4 + 4 = 16
     ml.per_layer_bytes(ml.inventory())      # B*S*d*(34 + 5HS/d) at F = 4d
 
-Data flows one way: symbols -> recipes/architecture -> model states and
-activations -> ledger -> views (tables, CLI, claims). Names are imported on
-first use (PEP 562), so that ``import memledger`` and the command line stay
-fast: SymPy is loaded only when a formula is asked for.
+Packages by idea, arrows one way (an import-linter contract in pyproject.toml):
+core -> models -> states, activations -> formulas -> step -> ledger -> answers, calculators, pytorch
+-> views, article -> cli. Names load on first use (PEP 562), so that ``import memledger`` and the
+command line stay fast: SymPy is loaded only when a formula is asked for.
 """
-from importlib import import_module
+from .core.lazy import lazy
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
-#: public name -> the module that defines it
-_EXPORTS = {
-    "activations": ("ARTICLE_INVENTORY", "RELABELLED", "Saved", "activation_bytes", "closed_form", "inventory",
-                    "per_layer_bytes", "quadratic_share"),
-    "architecture": ("PRESETS", "Architecture", "all_presets", "config_presets", "preset_names", "get_preset",
-                     "param_count_expr"),
-    "conventions": ("CONVENTIONS", "ERRATA", "Setup", "get_convention"),
-    "fitting": ("fit",),
-    "lora": ("LoraConfig", "LoraLedger", "qlora"),
-    "inference": ("Inference",),
-    "ledger": ("Ledger", "Row", "sweep"),
-    "model_states": ("state_specs", "zero_formula"),
-    "recipes": ("RECIPES", "ALL_RECIPES", "FINETUNE_RECIPES", "Recipe", "get_recipe"),
-    "hardware": ("GPU_MEMORY", "LINKS", "NOMINAL_MEMORY"),
-    "transfer": ("Traffic",),
-    "step": ("Step",),
-    "outside": ("outside_inventory",),
-    "backends": ("BACKENDS", "conventions"),
-    "units": ("format_bytes", "in_unit"),
-}
-_HOME = {name: module for module, names in _EXPORTS.items() for name in names}
-_MODULES = ("activations", "architecture", "backends", "book", "choices", "claim", "claims", "communication", "conventions",
-            "display", "dtypes", "evaluate", "features", "fitting", "flops", "formulas", "hardware", "hf_config",
-            "host_optimizer", "inference", "ledger", "lora", "measure", "model_states", "outside", "parameters", "pipeline",
-            "plots", "recipes", "step", "symbols", "tensors", "transfer", "units", "webcalc", "widgets")
-__all__ = sorted(_HOME) + list(_MODULES)
-
-
-def __getattr__(name):
-    if name in _HOME:
-        return getattr(import_module(f".{_HOME[name]}", __name__), name)
-    if name in _MODULES:
-        return import_module(f".{name}", __name__)
-    raise AttributeError(f"module 'memledger' has no attribute {name!r}")
-
-
-def __dir__():
-    return __all__
+__getattr__, __dir__, __all__ = lazy(__name__, {
+    "activations.inventory": ("ARTICLE_INVENTORY", "RELABELLED", "Saved", "activation_bytes", "closed_form",
+                              "inventory", "per_layer_bytes", "quadratic_share"),
+    "activations.outside": ("outside_inventory",),
+    "activations.backends": ("BACKENDS",),
+    "models.architecture": ("Architecture",),
+    "models.parameters": ("param_count_expr",),
+    "models.presets": ("PRESETS", "all_presets", "config_presets", "preset_names", "get_preset"),
+    "states.recipes": ("RECIPES", "ALL_RECIPES", "FINETUNE_RECIPES", "get_recipe"),
+    "states.recipe": ("Recipe",),
+    "states.placement": ("state_specs", "zero_formula"),
+    "ledger.ledger": ("Ledger", "Row", "sweep"),
+    "ledger.lora": ("LoraConfig", "LoraLedger", "qlora"),
+    "ledger.inference": ("Inference",),
+    "ledger.hardware": ("GPU_MEMORY", "LINKS", "NOMINAL_MEMORY"),
+    "ledger.transfer": ("Traffic",),
+    "step.timeline": ("Step",),
+    "answers.fit": ("fit",),
+    "calculators": ("CONVENTIONS", "ERRATA", "Setup", "get_convention"),
+    "core.units": ("format_bytes", "in_unit"),
+    "formulas": (),
+    "core": (), "models": (), "states": (), "step": (), "ledger": (), "answers": (), "pytorch": (),
+    "views": (), "cli": (), "article": (),
+})

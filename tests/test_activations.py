@@ -1,9 +1,9 @@
 import pytest
 import sympy as sp
 
-from memledger.activations import (ARTICLE_INVENTORY, RELABELLED, activation_bytes, closed_form, inventory,
+from memledger.activations.inventory import (ARTICLE_INVENTORY, RELABELLED, activation_bytes, closed_form, inventory,
                                    per_layer_bytes, quadratic_share)
-from memledger.symbols import B, F, H, L, S, d
+from memledger.core.symbols import B, F, H, L, S, d
 
 EQ1 = B * S * d * (34 + 5 * H * S / d)     # Korthikanti et al. 2022, Eq. 1, as the article states it
 
@@ -106,7 +106,7 @@ def test_megatron_selective_closed_form_at_any_ffn_width():
 
 
 def test_gqa_keeps_k_and_v_at_kv_width():
-    from memledger.symbols import H_kv
+    from memledger.core.symbols import H_kv
     rows = {r.name: r for r in inventory("swiglu", "RMSNorm", dropout=False, gqa=True)}
     assert sp.simplify(rows["K"].bytes - 2 * B * S * d * H_kv / H) == 0
     assert sp.simplify(rows["V"].bytes - 2 * B * S * d * H_kv / H) == 0
@@ -121,13 +121,13 @@ def test_gqa_keeps_k_and_v_at_kv_width():
 
 
 def test_head_dim_widens_q_and_output_projection_input():
-    from memledger.symbols import d_h
+    from memledger.core.symbols import d_h
     rows = {r.name: r for r in inventory("swiglu", "RMSNorm", dropout=False, head_dim=True)}
     assert rows["Q"].bytes == 2 * B * S * H * d_h and rows["output projection input"].bytes == 2 * B * S * H * d_h
 
 
 def test_moe_rows_top_k_dropless_and_capacity():
-    from memledger.symbols import E, k
+    from memledger.core.symbols import E, k
     dense = per_layer_bytes(inventory("swiglu", "RMSNorm", dropout=False))
     moe = per_layer_bytes(inventory("swiglu", "RMSNorm", dropout=False, moe=True))
     # the four B x S x F tensors become k x B x S x F (each token visits k experts, dropless),

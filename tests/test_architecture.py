@@ -1,8 +1,10 @@
 import pytest
 import sympy as sp
 
-from memledger.architecture import Architecture, PRESETS, block_params_expr, get_preset, param_count_expr
-from memledger.symbols import F, L, V, d
+from memledger.models.architecture import Architecture
+from memledger.models.presets import PRESETS, get_preset
+from memledger.models.parameters import block_params_expr, param_count_expr
+from memledger.core.symbols import F, L, V, d
 
 
 def test_gpt_block_is_12d2_plus_13d_at_4d():

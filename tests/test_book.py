@@ -16,8 +16,8 @@ import re
 import pytest
 import sympy as sp
 
-from memledger.book import CLAIM_BY_ID
-from memledger.claims import CLAIMS
+from memledger.article.book import CLAIM_BY_ID
+from memledger.article.claims import CLAIMS
 
 ROOT = Path(__file__).resolve().parents[1]
 BOOK = ROOT / "book"
@@ -115,8 +115,8 @@ def fits_from_answer_not_below(total, capacity):
 def step_peak(**setup) -> int:
     """The peak of a training step from a Step built directly (the timeline that tests/test_step.py checks against
     PyTorch's MemTracker), not through memledger.fit's search or Ledger.judged_bytes."""
-    from memledger.ledger import Ledger
-    from memledger.step import Step
+    from memledger.ledger.ledger import Ledger
+    from memledger.step.timeline import Step
     return Step(Ledger(**setup)).peak.bytes
 
 
@@ -254,24 +254,24 @@ SMALL_GPT = dict(d=64, L=2, H=4, F=256, V=1000, dropout=0.1)       # chapter 12'
 @cache
 def saved_storages(batch: int) -> dict:
     """What autograd saves in one forward pass of the small GPT decoder (saved-tensor hooks, PyTorch)."""
-    from memledger.torchmeasure import saved_tensors
-    from memledger.torchref import RefConfig
+    from memledger.pytorch.measure import saved_tensors
+    from memledger.pytorch.reference import RefConfig
     return saved_tensors(RefConfig(**SMALL_GPT), "bf16-pure-adamw", batch, 32)
 
 
 @cache
 def memtracker_llama(seq: int) -> dict:
     """MemTracker's totals of one LLaMA-2 7B step (pure BF16 AdamW, B = 1) under FakeTensorMode, PyTorch."""
-    from memledger.torchmeasure import memtracker_step
-    from memledger.torchref import RefConfig
+    from memledger.pytorch.measure import memtracker_step
+    from memledger.pytorch.reference import RefConfig
     return memtracker_step(RefConfig(4096, 32, 32, 11008, 32000, "llama"), "bf16-pure-adamw", 1, seq)
 
 
 def memtracker_difference():
     """The largest difference between MemTracker and the timeline (CPU conventions) over landmarks and peaks."""
-    from memledger.architecture import get_preset
-    from memledger.ledger import Ledger
-    from memledger.step import LANDMARKS
+    from memledger.models.presets import get_preset
+    from memledger.ledger.ledger import Ledger
+    from memledger.step.timeline import LANDMARKS
     m = memtracker_llama(2048)
     step = Ledger(get_preset("llama2-7b"), recipe="bf16-pure-adamw", overhead_bytes=0).step("cpu")
     gaps = [m[k] - step.landmarks[k]["gpu"] for k in LANDMARKS] + [m["peak"] - step.peak.bytes]
@@ -296,7 +296,7 @@ ADAM8 = LLAMA * (4 + 2 * (1 + Fraction(4, 256)))                               #
 # Adafactor: a row and a column of FP32 per matrix, every element of a vector
 ADAFACTOR = 4 * (32 * (4 * (4096 + 4096) + 3 * (11008 + 4096) + 2 * 4096) + 2 * (32000 + 4096) + 4096)
 KV7 = 2 * 32 * 2048 * 4096 * 2                                                  # K and V, L x S x d, BF16
-WORK7 = (2 * 2048 * 4096 + 2048 * 4 * 4096 + 3 * 2048 * 11008) * 2 + 4 * 32000   # memledger.inference's buffer
+WORK7 = (2 * 2048 * 4096 + 2048 * 4 * 4096 + 3 * 2048 * 11008) * 2 + 4 * 32000   # memledger.ledger.inference's buffer
 
 
 # what a whole model keeps outside its blocks (docs/step.md's reference decoder): int64 token and target ids, the
@@ -555,7 +555,7 @@ EXPECTED = {
         lambda n: llama2_zero3_peak(n) <= H100_REAL)), GB), "GB"),
     "fit.mixtral_states_gpu": (Fraction(16 * -(-MIXTRAL["P"] // 8), GB), "GB"),
     "act.llama3_seq": (Fraction(32 * layer(LLAMA3), GB), "GB"),
-    # serving (memledger.inference's stated convention): 2P weights, the KV cache, one layer's prefill buffer
+    # serving (memledger.ledger.inference's stated convention): 2P weights, the KV cache, one layer's prefill buffer
     # 2(2Sd + S(2q + 2kv) + 3SF) + 4V, the overhead
     "infer.llama3_total": (Fraction(2 * LLAMA3["P"] + 2 * 32 * 8192 * 1024 * 2 + 2 * (2 * 8192 * 4096 + 8192 * (
         2 * 4096 + 2 * 1024) + 3 * 8192 * 14336) + 4 * LLAMA3["V"] + OVERHEAD, GB), "GB"),

@@ -4,9 +4,9 @@ import pytest
 import sympy as sp
 from IPython.core.formatters import DisplayFormatter
 
-from memledger.book import Equation, audit, claim_text, compare, glue_claims, negatives_last, sections
-from memledger.claims import CLAIMS
-from memledger.symbols import B, S, d
+from memledger.article.book import Equation, audit, claim_text, compare, glue_claims, negatives_last, sections
+from memledger.article.claims import CLAIMS
+from memledger.core.symbols import B, S, d
 
 
 def test_claims_print_at_the_articles_precision():
@@ -44,7 +44,7 @@ def test_negatives_last_reorders_for_display_only():
 
 
 def test_errata_lists_the_claims_that_earn_erratum_with_their_arithmetic():
-    from memledger.book import errata
+    from memledger.article.book import errata
     table = errata()
     assert [r[0] for r in table.rows] == [c.id for c in CLAIMS if c.status == "erratum"]
     moved = next(r for r in table.rows if r[0] == "offload.moved")

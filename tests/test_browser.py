@@ -18,12 +18,12 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from memledger.cli import main as cli
-from memledger.controls import BY_FIELD, CONTROLS, defaults, ledger_settings, option_text
-from memledger.display import html_verdict
-from memledger.hardware import GPU_MEMORY
-from memledger.ledger import Ledger
-from memledger.units import LIMIT
+from memledger.cli.main import main as cli
+from memledger.views.controls import BY_FIELD, CONTROLS, defaults, ledger_settings, option_text
+from memledger.views.display import html_verdict
+from memledger.ledger.hardware import GPU_MEMORY
+from memledger.ledger.ledger import Ledger
+from memledger.core.units import LIMIT
 
 pytestmark = pytest.mark.slow
 

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from memledger.claim import component
-from memledger.claims import CLAIMS, STATUSES, claims_table
+from memledger.article.claim import component
+from memledger.article.claims import CLAIMS, STATUSES, claims_table
 
 ARTICLE = Path(__file__).resolve().parents[1].parent / "shared" / "source" / "000_63ddbfd834b3ec48.txt"
 

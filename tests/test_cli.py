@@ -5,10 +5,10 @@ import sys
 
 import pytest
 
-from memledger.cli import main
-from memledger.hardware import GPU_MEMORY
-from memledger.ledger import Ledger
-from memledger.units import GB
+from memledger.cli.main import main
+from memledger.ledger.hardware import GPU_MEMORY
+from memledger.ledger.ledger import Ledger
+from memledger.core.units import GB
 
 
 def run(capsys, *args):

@@ -3,11 +3,11 @@ import json
 
 import pytest
 
-from memledger.cli import main
-from memledger.conventions import Setup, get_convention
-from memledger.architecture import get_preset
-from memledger.ledger import Ledger
-from memledger.lora import LoraLedger, qlora
+from memledger.cli.main import main
+from memledger.calculators import Setup, get_convention
+from memledger.models.presets import get_preset
+from memledger.ledger.ledger import Ledger
+from memledger.ledger.lora import LoraLedger, qlora
 
 
 def run(capsys, *args):

@@ -3,10 +3,10 @@ import json
 
 import pytest
 
-from memledger.cli import main
-from memledger.hardware import GPU_MEMORY
-from memledger.hf_config import shipped_configs
-from memledger.ledger import Ledger
+from memledger.cli.main import main
+from memledger.ledger.hardware import GPU_MEMORY
+from memledger.models.hf_config import shipped_configs
+from memledger.ledger.ledger import Ledger
 
 
 def run(capsys, *args):
@@ -49,7 +49,7 @@ def test_infer(capsys):
 
 def test_fit_json_fits_at_answer_not_beyond(capsys):
     """On the step's peak (LLaMA-2 7B is modelled), checked through a Step built directly."""
-    from memledger.step import Step
+    from memledger.step.timeline import Step
     code, out, err = run(capsys, "fit", "--preset", "llama2-7b", "--zero", "3", "--dp", "8", "--flash-attention",
                          "--vary", "seq", "--json")
     data = json.loads(out)

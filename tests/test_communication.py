@@ -2,9 +2,9 @@
 import pytest
 import sympy as sp
 
-from memledger.communication import (data_parallel_elements, pipeline_elements, ring_elements,
+from memledger.answers.communication import (data_parallel_elements, pipeline_elements, ring_elements,
                                     tensor_parallel_elements)
-from memledger.symbols import B, L, N_d, P, S, d, m, t
+from memledger.core.symbols import B, L, N_d, P, S, d, m, t
 
 
 @pytest.mark.parametrize("stage, paper", [(0, 2), (1, 2), (2, 2), (3, 3)])

@@ -1,14 +1,14 @@
 """One description of the interactive controls, taken from the library's own tuples and defaults."""
 import pytest
 
-from memledger.activations import RECOMPUTE
-from memledger.architecture import preset_names
-from memledger.controls import BY_FIELD, CONTROLS, defaults, ledger_settings
-from memledger.hardware import GPU_MEMORY
-from memledger.ledger import Ledger
-from memledger.model_states import OFFLOAD_DEVICES, PLACEMENTS, ZERO_STAGES
-from memledger.recipes import DEFAULT_RECIPE, RECIPES
-from memledger.units import LIMIT
+from memledger.activations.inventory import RECOMPUTE
+from memledger.models.presets import preset_names
+from memledger.views.controls import BY_FIELD, CONTROLS, defaults, ledger_settings
+from memledger.ledger.hardware import GPU_MEMORY
+from memledger.ledger.ledger import Ledger
+from memledger.states.placement import OFFLOAD_DEVICES, PLACEMENTS, ZERO_STAGES
+from memledger.states.recipes import DEFAULT_RECIPE, RECIPES
+from memledger.core.units import LIMIT
 
 
 def test_options_are_the_library_tuples():

@@ -4,9 +4,10 @@ from fractions import Fraction
 import pytest
 import sympy as sp
 
-from memledger.activations import inventory, per_layer_bytes
-from memledger.architecture import get_preset, param_count_expr
-from memledger.conventions import (
+from memledger.activations.inventory import inventory, per_layer_bytes
+from memledger.models.presets import get_preset
+from memledger.models.parameters import param_count_expr
+from memledger.calculators import (
     CONVENTIONS,
     ERRATA,
     Setup,
@@ -17,9 +18,9 @@ from memledger.conventions import (
     megatron,
     papers,
 )
-from memledger.conventions.base import G, M
-from memledger.conventions.deepspeed import print_all_cold
-from memledger.symbols import B, F, H, L, S, V, d, t
+from memledger.calculators.base import G, M
+from memledger.calculators.deepspeed import print_all_cold
+from memledger.core.symbols import B, F, H, L, S, V, d, t
 
 
 def t5_params(d_model, d_kv, d_ff, heads, layers, vocab, buckets=32):

@@ -3,12 +3,12 @@ from fractions import Fraction
 
 import sympy as sp
 
-from memledger.architecture import get_preset
-from memledger.conventions import CONVENTIONS, Setup, get_convention
-from memledger.conventions.base import p_pp
-from memledger.conventions.explain import activation_rule, bytes_per_param, comparison_table, spread
-from memledger.conventions.megatron import shard_params
-from memledger.symbols import B, H, L, S, d, t
+from memledger.models.presets import get_preset
+from memledger.calculators import CONVENTIONS, Setup, get_convention
+from memledger.calculators.base import p_pp
+from memledger.calculators.explain import activation_rule, bytes_per_param, comparison_table, spread
+from memledger.calculators.megatron import shard_params
+from memledger.core.symbols import B, H, L, S, d, t
 
 ARTICLE = get_preset("article-7b")
 SETUP = Setup(ARTICLE.params, arch=ARTICLE)
@@ -60,14 +60,14 @@ def test_comparison_table_and_spread():
 
 
 def test_megatron_counts_the_article_shape_without_biases():
-    from memledger.conventions.explain import megatron_params
+    from memledger.calculators.explain import megatron_params
     # L(4d^2 + 2dF + 4d) + Vd + 2d: four d x d and two d x F matrices, two LayerNorms' weights and biases
     # per layer, a tied embedding and the final LayerNorm (theoretical_memory_usage.py lines 82-103)
     assert megatron_params(ARTICLE) == 32 * (4 * 4096**2 + 2 * 4096 * 16384 + 4 * 4096) + 32000 * 4096 + 2 * 4096
 
 
 def test_states_table_rows_and_per_parameter_bytes():
-    from memledger.conventions.explain import states_table
+    from memledger.calculators.explain import states_table
     table = states_table(SETUP, ("hf-anatomy", "deepspeed-zero2"))
     assert [(r[0], r[3]) for r in table.rows] == [("hf-anatomy", "6.00"), ("hf-anatomy", "8.00"),
                                                     ("hf-anatomy", "4.00"), ("deepspeed-zero2", "2.00"),
@@ -76,14 +76,14 @@ def test_states_table_rows_and_per_parameter_bytes():
 
 
 def test_sharded_table_on_eight_gpus():
-    from memledger.conventions.explain import sharded_table
+    from memledger.calculators.explain import sharded_table
     table = sharded_table(ARTICLE, gpus=(8,), names=("playbook", "deepspeed-zero2"))
     # ZeRO-1 (Playbook line 878): 2P + 2P + 12P/8; DeepSpeed ZeRO-2: 2P + 18P/8
     assert table.rows == [("8", "38.50 GB", "38.50 GB", "29.75 GB")]
 
 
 def test_printed_lists_each_tools_own_text():
-    from memledger.conventions.explain import printed
+    from memledger.calculators.explain import printed
     text = printed(SETUP, ("deepspeed-zero2", "accelerate", "hf-anatomy"))
     lines = text.splitlines()
     # DeepSpeed prints x / 2^30 as "GB": 20P / 2^30 on one GPU; accelerate 8P / 2^30 (base-1024 "GB")

@@ -1,8 +1,9 @@
-from memledger.display import Table, html_verdict, inventory_table, recipe_table
-from memledger.activations import inventory
-from memledger.ledger import Ledger
-from memledger.recipes import get_recipe
-from memledger.units import GB
+from memledger.core.table import Table
+from memledger.views.display import html_verdict, inventory_table, recipe_table
+from memledger.activations.inventory import inventory
+from memledger.ledger.ledger import Ledger
+from memledger.states.recipes import get_recipe
+from memledger.core.units import GB
 
 
 def test_text_table_shows_rows_and_totals():
@@ -34,8 +35,8 @@ def test_verdict():
 def test_verdict_says_what_it_judged():
     """By default the sum (as the static calculator, which cannot run the timeline); with ``peak`` the step's
     peak where modelled, marked on the bar, else the sum with the reason."""
-    from memledger.measure import MEASURE, SUM_NOTE, UNMODELLED_NOTE
-    from memledger.units import format_bytes
+    from memledger.answers.verdict import MEASURE, SUM_NOTE, UNMODELLED_NOTE
+    from memledger.core.units import format_bytes
     llama = Ledger("llama2-7b", recompute="full", offload_optimizer="cpu")
     by_sum = html_verdict(llama, 80 * GB)
     assert f"{format_bytes(llama.totals['gpu'])} per GPU against 80.00 GB, {MEASURE['total']} ({SUM_NOTE})" in by_sum

@@ -4,7 +4,7 @@ import struct
 from hypothesis import given, strategies as st
 import pytest
 
-from memledger.dtypes import bf16_spacing, nbytes, round_to_bf16
+from memledger.core.dtypes import bf16_spacing, nbytes, round_to_bf16
 
 
 def test_sizes():

@@ -2,8 +2,8 @@ import numpy as np
 import pytest
 import sympy as sp
 
-from memledger.evaluate import exact_function, vectorized_function
-from memledger.symbols import B, N_d, P, S, d
+from memledger.core.exact import exact_function, vectorized_function
+from memledger.core.symbols import B, N_d, P, S, d
 
 
 def test_exact_beyond_float_precision():

@@ -1,12 +1,12 @@
 """Fine-tuning methods on one GPU, against the LoRA and QLoRA papers' own numbers."""
 from fractions import Fraction
 
-from memledger.architecture import Architecture
-from memledger.finetune import ONE_GPU, fits_on, fits_table, methods, parts_table, serving, trainable_params
-from memledger.ledger import Ledger
-from memledger.lora import LoraConfig, LoraLedger, qlora
-from memledger.parts import gpu_parts, gpu_total
-from memledger.units import GB, MiB
+from memledger.models.architecture import Architecture
+from memledger.article.finetune import ONE_GPU, fits_on, fits_table, methods, parts_table, serving, trainable_params
+from memledger.ledger.ledger import Ledger
+from memledger.ledger.lora import LoraConfig, LoraLedger, qlora
+from memledger.calculators.parts import gpu_parts, gpu_total
+from memledger.core.units import GB, MiB
 
 LLAMA = 6_738_415_616                  # the released Llama-2-7b checkpoint
 
@@ -69,9 +69,9 @@ def test_fits_on_and_tables():
 
 
 def test_lora_on_q_and_v_drops_the_inputs_of_frozen_projections_only():
-    from memledger.finetune import activation_changes
-    from memledger.symbols import B, S, d
-    from memledger.lora import r_sym
+    from memledger.article.finetune import activation_changes
+    from memledger.core.symbols import B, S, d
+    from memledger.ledger.lora import r_sym
     removed, added = activation_changes("llama", LoraConfig(rank=16))
     # PyTorch's linear backward saves its input only for the weight gradient: the output projection's,
     # the MLP's (gate and up share one) and the down projection's inputs go; Q/K/V's input stays (Q and V
@@ -84,7 +84,7 @@ def test_lora_on_q_and_v_drops_the_inputs_of_frozen_projections_only():
 
 
 def test_frozen_base_of_qlora_7b():
-    from memledger.finetune import frozen_base_bytes
+    from memledger.article.finetune import frozen_base_bytes
     # NF4 projections: 4 bits + an int8 absmax per 64 + an fp32 constant per 64 x 256 (QLoRA Sec. 3),
     # every projection of Llama-2-7b divisible into whole blocks; embeddings, head and norms in BF16
     proj = 32 * (4 * 4096**2 + 3 * 4096 * 11008)
@@ -94,7 +94,7 @@ def test_frozen_base_of_qlora_7b():
 
 
 def test_dropped_bytes_and_table_at_the_spec():
-    from memledger.finetune import activation_changes_table, dropped_bytes_per_layer
+    from memledger.article.finetune import activation_changes_table, dropped_bytes_per_layer
     # output projection input and MLP input (B x S x d) and the down projection's input (B x S x F), BF16
     assert dropped_bytes_per_layer("llama2-7b", LoraConfig()) == 2 * 2048 * (4096 + 4096 + 11008)
     table = activation_changes_table("llama2-7b", LoraConfig())

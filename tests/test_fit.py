@@ -4,11 +4,11 @@ from dataclasses import replace
 
 import pytest
 
-from memledger.fitting import MEASURE, fit
-from memledger.hardware import GPU_MEMORY
-from memledger.ledger import Ledger
-from memledger.step import Step
-from memledger.units import GB
+from memledger.answers.fit import MEASURE, fit
+from memledger.ledger.hardware import GPU_MEMORY
+from memledger.ledger.ledger import Ledger
+from memledger.step.timeline import Step
+from memledger.core.units import GB
 
 A100 = GPU_MEMORY["a100-80gb"]          # 81,920 MiB, as nvidia-smi reports it
 

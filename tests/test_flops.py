@@ -1,8 +1,8 @@
 import pytest
 import sympy as sp
 
-from memledger.flops import recompute_overhead, training_flops
-from memledger.symbols import L, S, V, d
+from memledger.activations.flops import recompute_overhead, training_flops
+from memledger.core.symbols import L, S, V, d
 
 
 def test_full_recompute_costs_about_a_third():
@@ -22,8 +22,8 @@ def test_bad_recompute():
 
 
 def test_itemized_matmuls_give_the_model_flops():
-    from memledger.flops import forward_flops_per_layer
-    from memledger.symbols import B
+    from memledger.activations.flops import forward_flops_per_layer
+    from memledger.core.symbols import B
     logits = 2 * B * S * d * V                      # forward of the output layer
     derived = 3 * (L * forward_flops_per_layer() + logits)   # backward = 2 x forward
     assert sp.simplify(derived - training_flops("none")) == 0

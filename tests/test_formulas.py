@@ -8,16 +8,17 @@ from hypothesis import given, settings, strategies as st
 
 import memledger
 from memledger import formulas
-from memledger.evaluate import exact_function
+from memledger.core import keyed
+from memledger.core.exact import exact_function
 
 
 def test_compiled_module_is_a_fresh_generation():
-    committed = Path(memledger.__file__).with_name("compiled.py").read_text()
-    assert committed == formulas.generate(), "run `python -m memledger.formulas` and commit memledger/compiled.py"
+    committed = Path(memledger.__file__).parent.joinpath("core", "compiled.py").read_text()
+    assert committed == formulas.generate(), "run `python -m memledger.formulas` and commit memledger/core/compiled.py"
 
 
 def test_every_key_is_compiled():
-    from memledger.compiled import FORMULAS
+    from memledger.core.compiled import FORMULAS
     assert list(FORMULAS) == formulas.keys()
 
 
@@ -40,17 +41,17 @@ def test_compiled_equals_symbolic(key, values):
 
 
 def test_uncompiled_key_falls_back_to_sympy(monkeypatch):
-    from memledger import compiled
+    from memledger.core import compiled
     key = ("elements", True)
     monkeypatch.setattr(compiled, "FORMULAS", {})
-    formulas.compiled_function.cache_clear()
+    keyed.compiled_function.cache_clear()
     assert formulas.evaluate(key, {"P": 7, "N_d": 2, "t": 1}) == 4
 
 
 def test_command_line_imports_no_sympy_or_numpy(tmp_path):
-    # the sum's formulas are compiled in memledger/compiled.py, so --measure total needs no SymPy even with an empty
+    # the sum's formulas are compiled in memledger/core/compiled.py, so --measure total needs no SymPy even with an empty
     # cache of compiled steps; the peak's are compiled once per structure (test_steppeak)
-    code = ("import sys; from memledger.cli import main; main(['ledger', '--preset', 'llama2-7b', '--measure', "
+    code = ("import sys; from memledger.cli.main import main; main(['ledger', '--preset', 'llama2-7b', '--measure', "
             "'total', '--json']); "
             "assert 'sympy' not in sys.modules and 'numpy' not in sys.modules, 'heavy import'")
     env = {**os.environ, "MEMLEDGER_CACHE_DIR": str(tmp_path)}

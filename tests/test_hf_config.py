@@ -30,10 +30,11 @@ import json
 import pytest
 import sympy as sp
 
-from memledger.architecture import PRESETS, Architecture, all_presets, get_preset
-from memledger.hf_config import SUPPORTED, load_config, shipped_configs
-from memledger.parameters import Features, param_parts, swiglu_width
-from memledger.symbols import H, H_kv, V, d
+from memledger.models.presets import PRESETS, all_presets, get_preset
+from memledger.models.architecture import Architecture
+from memledger.models.hf_config import SUPPORTED, load_config, shipped_configs
+from memledger.models.parameters import Features, param_parts, swiglu_width
+from memledger.core.symbols import H, H_kv, V, d
 
 BF16 = 2
 
@@ -103,7 +104,7 @@ def test_llama_swiglu_width_rule():
 def test_gqa_attention_matches_megatron():
     # Megatron-LM theoretical_memory_usage.py: self_attn_term = 2 h^2 (1 + groups/heads) (no biases)
     attention = param_parts(Features("llama", gqa=True))["attention"]
-    from memledger.symbols import L
+    from memledger.core.symbols import L
     assert sp.simplify(attention / L - 2 * d**2 * (1 + H_kv / H)) == 0
 
 
@@ -180,8 +181,8 @@ def test_tp_must_divide_kv_heads():
 
 
 def test_ledger_books_gqa_and_moe_activations():
-    from memledger.activations import activation_bytes, inventory
-    from memledger.ledger import Ledger
+    from memledger.activations.inventory import activation_bytes, inventory
+    from memledger.ledger.ledger import Ledger
     for name, kwargs in (("mistral-7b", dict(gqa=True)), ("mixtral-8x7b", dict(gqa=True, moe=True)),
                          ("gemma-7b", dict(head_dim=True)), ("llama2-7b", {})):
         ledger = Ledger(name, batch_size=2, seq_len=1024, scope="layers")
@@ -196,9 +197,9 @@ def test_repr_of_the_article_models_is_unchanged():
 
 
 def test_encoder_only_saves_the_gpt_block_inventory():
-    from memledger.activations import activation_bytes, inventory
-    from memledger.ledger import Ledger
-    from memledger.pipeline import embedding_rows, output_rows
+    from memledger.activations.inventory import activation_bytes, inventory
+    from memledger.ledger.ledger import Ledger
+    from memledger.answers.pipeline import embedding_rows, output_rows
     bert = Ledger("bert-base-uncased", batch_size=8, seq_len=512)
     assert bert.group_total("activations") == bert.evaluate(activation_bytes(inventory()))
     names = [r.name for r in embedding_rows(get_preset("bert-base-uncased").features)]

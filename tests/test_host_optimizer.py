@@ -2,9 +2,9 @@ from fractions import Fraction
 
 import pytest
 
-from memledger.hardware import HOST_MEMORY_BANDWIDTH
-from memledger.host_optimizer import host_bandwidth, step_bytes, step_seconds
-from memledger.recipes import get_recipe
+from memledger.ledger.hardware import HOST_MEMORY_BANDWIDTH
+from memledger.ledger.host_optimizer import host_bandwidth, step_bytes, step_seconds
+from memledger.states.recipes import get_recipe
 
 ADAMW = get_recipe("bf16-adamw")
 

@@ -2,9 +2,10 @@
 import pytest
 import sympy as sp
 
-from memledger.architecture import Architecture, get_preset
-from memledger.inference import Inference, kv_cache_expr
-from memledger.symbols import B, H, H_kv, L, S, d, d_h
+from memledger.models.architecture import Architecture
+from memledger.models.presets import get_preset
+from memledger.ledger.inference import Inference, kv_cache_expr
+from memledger.core.symbols import B, H, H_kv, L, S, d, d_h
 
 
 def test_kv_cache_formula():

@@ -5,9 +5,9 @@ import sys
 
 import pytest
 
-from memledger.architecture import Architecture
-from memledger.cli import main
-from memledger.ledger import Ledger, sweep
+from memledger.models.architecture import Architecture
+from memledger.cli.main import main
+from memledger.ledger.ledger import Ledger, sweep
 
 SHAPE = ["ledger", "--hidden", "8", "--layers", "1", "--heads", "8"]
 

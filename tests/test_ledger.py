@@ -4,9 +4,9 @@ from hypothesis import given, settings, strategies as st
 import numpy as np
 import pytest
 
-from memledger.architecture import get_preset
-from memledger.ledger import Ledger, sweep
-from memledger.units import GB
+from memledger.models.presets import get_preset
+from memledger.ledger.ledger import Ledger, sweep
+from memledger.core.units import GB
 
 STAGES = st.integers(0, 3)
 DP = st.integers(1, 512)

@@ -4,9 +4,9 @@ from fractions import Fraction
 import pytest
 import sympy as sp
 
-from memledger.activations import inventory, per_layer_bytes
-from memledger.architecture import get_preset
-from memledger.lora import (
+from memledger.activations.inventory import inventory, per_layer_bytes
+from memledger.models.presets import get_preset
+from memledger.ledger.lora import (
     NF4,
     NF4_DOUBLE_QUANT,
     LoraConfig,
@@ -17,7 +17,7 @@ from memledger.lora import (
     r_sym,
     state_rows,
 )
-from memledger.symbols import B, F, S, d
+from memledger.core.symbols import B, F, S, d
 
 
 def test_qlora_bits_per_parameter():

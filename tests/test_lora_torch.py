@@ -11,17 +11,17 @@ import math
 import pytest
 import sympy as sp
 
-from memledger.activations import inventory, per_layer_bytes
-from memledger.architecture import Architecture
-from memledger.lora import (
+from memledger.activations.inventory import inventory, per_layer_bytes
+from memledger.models.architecture import Architecture
+from memledger.ledger.lora import (
     NF4_DOUBLE_QUANT,
     LoraConfig,
     activation_rows,
     r_sym,
     state_rows,
 )
-from memledger.symbols import B, F, H, S, V, d
-from memledger.tensors import parameter_tensors
+from memledger.core.symbols import B, F, H, S, V, d
+from memledger.models.tensors import parameter_tensors
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.slow

@@ -1,9 +1,9 @@
 import pytest
 import sympy as sp
 
-from memledger.model_states import device_of, elements_per_device, state_specs
-from memledger.recipes import get_recipe
-from memledger.symbols import N_d, P, t
+from memledger.states.placement import device_of, elements_per_device, state_specs
+from memledger.states.recipes import get_recipe
+from memledger.core.symbols import N_d, P, t
 
 ADAMW = get_recipe("bf16-adamw")
 

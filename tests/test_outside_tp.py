@@ -12,9 +12,9 @@ import pytest
 import sympy as sp
 
 from memledger import formulas
-from memledger.ledger import Ledger
-from memledger.step import Step
-from memledger.symbols import B, S, V, d, t
+from memledger.ledger.ledger import Ledger
+from memledger.step.timeline import Step
+from memledger.core.symbols import B, S, V, d, t
 
 from test_step import GPT7B, LLAMA3_8B, LLAMA7B
 
@@ -50,7 +50,7 @@ def test_ids_mask_and_loss_are_never_split(tp, sequence_parallel):
 
 
 def test_unsplit_keys_are_unchanged():
-    """t = 1 keeps the keys it had (compiled ahead of time in memledger/compiled.py)."""
+    """t = 1 keeps the keys it had (compiled ahead of time in memledger/core/compiled.py)."""
     assert formulas.outside_key("gpt", "eager", "LM head input") == ("outside", "gpt", "eager", "LM head input")
     assert formulas.outside_key("gpt", "eager", "LM head input", False, False) == \
         ("outside", "gpt", "eager", "LM head input")

@@ -4,8 +4,8 @@ from dataclasses import replace
 
 import pytest
 
-from memledger.ledger import Ledger
-from memledger.parallelism import (gather_buffer_bytes, layout_table, layouts, pipeline_sent_bytes,
+from memledger.ledger.ledger import Ledger
+from memledger.answers.parallelism import (gather_buffer_bytes, layout_table, layouts, pipeline_sent_bytes,
                                    tensor_sent_bytes, zero_sent_bytes)
 
 P = 7 * 10**9                          # the article's nominal count

@@ -2,11 +2,11 @@
 what its source books (written out here)."""
 import pytest
 
-from memledger.conventions import Setup, get_convention
-from memledger.inference import Inference
-from memledger.ledger import Ledger
-from memledger.lora import LoraConfig, LoraLedger
-from memledger.parts import PARTS, gpu_parts, gpu_total
+from memledger.calculators import Setup, get_convention
+from memledger.ledger.inference import Inference
+from memledger.ledger.ledger import Ledger
+from memledger.ledger.lora import LoraConfig, LoraLedger
+from memledger.calculators.parts import PARTS, gpu_parts, gpu_total
 
 P = 7 * 10**9
 ACT = 32 * 2048 * 4096 * 114          # L x BSd x (34 + 5HS/d) at the article's spec

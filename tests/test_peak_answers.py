@@ -10,11 +10,11 @@ from fractions import Fraction
 
 import pytest
 
-from memledger.architecture import get_preset
-from memledger.hardware import GPU_MEMORY
-from memledger.ledger import Ledger
-from memledger.fitting import fit
-from memledger.steptable import (backends_table, live_table, states_per_param_at_peak, step_table,
+from memledger.models.presets import get_preset
+from memledger.ledger.hardware import GPU_MEMORY
+from memledger.ledger.ledger import Ledger
+from memledger.answers.fit import fit
+from memledger.step.table import (backends_table, live_table, states_per_param_at_peak, step_table,
                                  sum_and_peak_table)
 
 d, V, L, H, O = 4096, 32000, 32, 32, 2 * 10**9

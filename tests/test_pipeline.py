@@ -3,11 +3,11 @@ schedules and theoretical_memory_usage.py, and Narayanan et al. 2021 (the bubble
 import pytest
 import sympy as sp
 
-from memledger.activations import inventory, per_layer_bytes
-from memledger.architecture import get_preset
-from memledger.pipeline import (bubble_fraction, in_flight_chunks, layers_in_flight, output_rows,
+from memledger.activations.inventory import inventory, per_layer_bytes
+from memledger.models.presets import get_preset
+from memledger.answers.pipeline import (bubble_fraction, in_flight_chunks, layers_in_flight, output_rows,
                                 schedule_summary, stage_activation_specs, stage_param_parts, stage_params)
-from memledger.symbols import B, F, H, L, S, V, d, m, p, v
+from memledger.core.symbols import B, F, H, L, S, V, d, m, p, v
 
 EQ1 = S * B * d * (34 + 5 * H * S / d)          # Korthikanti Eq. 1, per layer
 

@@ -3,12 +3,12 @@ import pytest
 
 matplotlib.use("Agg")
 
-from memledger.architecture import get_preset  # noqa: E402
-from memledger.claims import RELABEL_NOTE  # noqa: E402
-from memledger.ledger import Ledger  # noqa: E402
-from memledger.plots import (PALETTE, activations_vs_seq, colour, largest_fit_chart, layer_breakdown,  # noqa: E402
+from memledger.models.presets import get_preset  # noqa: E402
+from memledger.article.claims import RELABEL_NOTE  # noqa: E402
+from memledger.ledger.ledger import Ledger  # noqa: E402
+from memledger.views.plots import (PALETTE, activations_vs_seq, colour, largest_fit_chart, layer_breakdown,  # noqa: E402
                              ledger_bars, parameter_breakdown, zero_states_vs_dp)
-from memledger.recipes import RECIPES  # noqa: E402
+from memledger.states.recipes import RECIPES  # noqa: E402
 
 
 def test_ledger_bars_stack_to_the_gpu_total():
@@ -75,9 +75,9 @@ def test_parameter_breakdown_sums_to_count():
 
 
 def test_parts_bars_stack_to_each_views_total_in_one_palette():
-    from memledger.conventions import Setup, get_convention
-    from memledger.inference import Inference
-    from memledger.plots import parts_bars
+    from memledger.calculators import Setup, get_convention
+    from memledger.ledger.inference import Inference
+    from memledger.views.plots import parts_bars
     setup = Setup(7 * 10**9, largest_layer=1)
     views = {"ledger": Ledger("article-7b", scope="layers"), "ds": get_convention("deepspeed-zero2").estimate(setup),
              "serving": Inference("llama2-7b")}
@@ -99,7 +99,7 @@ def test_parts_bars_stack_to_each_views_total_in_one_palette():
 
 
 def test_step_timeline_stacks_to_the_step_totals():
-    from memledger.plots import step_timeline
+    from memledger.views.plots import step_timeline
     step = Ledger("llama2-7b", batch_size=2).step("cuda")
     fig = step_timeline(step)
     ax = fig.axes[0]

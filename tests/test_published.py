@@ -2,11 +2,11 @@
 import pytest
 import sympy as sp
 
-from memledger.activations import inventory, per_layer_bytes
-from memledger.flops import training_flops
-from memledger.model_states import zero_formula
-from memledger.recipes import get_recipe
-from memledger.symbols import B, F, H, L, N_d, P, S, V, d, t
+from memledger.activations.inventory import inventory, per_layer_bytes
+from memledger.activations.flops import training_flops
+from memledger.states.placement import zero_formula
+from memledger.states.recipes import get_recipe
+from memledger.core.symbols import B, F, H, L, N_d, P, S, V, d, t
 
 s, b, h, a = S, B, d, H          # Korthikanti's letters
 

@@ -4,15 +4,15 @@ from fractions import Fraction
 
 import pytest
 
-from memledger.conventions import ERRATA
-from memledger.conventions.examples import (
+from memledger.calculators import ERRATA
+from memledger.calculators.examples import (
     T5_3B,
     T5_EMBEDDING,
     T5_LARGE,
     bert_base_cased,
     bert_base_cased_fp32_bytes,
 )
-from memledger.conventions.recheck import get_recheck, rechecks
+from memledger.calculators.recheck import get_recheck, rechecks
 
 T5_3B_PARAMS = 2_851_598_336       # google-t5/t5-3b, T5Model: the count DeepSpeed's docs print as "2851M"
 
@@ -109,7 +109,7 @@ def test_unknown_recheck():
 
 
 def test_recheck_table_renders_the_record_and_the_recomputation():
-    from memledger.conventions.recheck import recheck_table
+    from memledger.calculators.recheck import recheck_table
     r = get_recheck("zero-paper-8gb")
     rows = dict(recheck_table(r).rows)
     assert rows["the source says"] == "about 8 GB with activation checkpointing"

@@ -1,6 +1,7 @@
 import pytest
 
-from memledger.recipes import RECIPES, ROLES, get_recipe
+from memledger.states.recipes import RECIPES, get_recipe
+from memledger.states.recipe import ROLES
 
 
 def test_article_recipe_is_sum_of_components():

@@ -4,14 +4,17 @@ from fractions import Fraction
 import pytest
 import sympy as sp
 
-from memledger.architecture import Architecture, get_preset, param_count_expr
-from memledger.conventions.papers import PLAYBOOK_FP8
-from memledger.dtypes import nbits
-from memledger.ledger import Ledger
-from memledger.model_states import state_specs
-from memledger.recipes import ALL_RECIPES, RECIPES, Component, get_recipe
-from memledger.symbols import F, L, N_d, P, V, d, t
-from memledger.tensors import (
+from memledger.models.architecture import Architecture
+from memledger.models.presets import get_preset
+from memledger.models.parameters import param_count_expr
+from memledger.calculators.papers import PLAYBOOK_FP8
+from memledger.core.dtypes import nbits
+from memledger.ledger.ledger import Ledger
+from memledger.states.placement import state_specs
+from memledger.states.recipes import ALL_RECIPES, RECIPES, get_recipe
+from memledger.states.recipe import Component
+from memledger.core.symbols import F, L, N_d, P, V, d, t
+from memledger.models.tensors import (
     factored_elements_expr,
     largest_module_params,
     parameter_tensors,
@@ -140,6 +143,6 @@ def test_optimizer_states_match_torch(recipe, make):
 
 
 def test_tensors_add_up_for_every_preset():
-    from memledger.architecture import all_presets
+    from memledger.models.presets import all_presets
     for name, arch in all_presets().items():
         assert arch.evaluate(total_params_expr(arch.features)) == arch.computed_params, name

@@ -9,15 +9,15 @@ the byte as well (the issue asks for 1 %).
 import pytest
 import sympy as sp
 
-from memledger.activations import closed_form
-from memledger.architecture import Architecture
-from memledger.backends import conventions
-from memledger.ledger import Ledger
-from memledger.outside import outside_inventory
-from memledger.parameters import block_params_expr
-from memledger.step import LANDMARKS, Step
-from memledger.stepstructure import block_of
-from memledger.symbols import B, F, H, L, N_d, O, P, S, V, d, t
+from memledger.activations.inventory import closed_form
+from memledger.models.architecture import Architecture
+from memledger.activations.backends import conventions
+from memledger.ledger.ledger import Ledger
+from memledger.activations.outside import outside_inventory
+from memledger.models.parameters import block_params_expr
+from memledger.step.timeline import LANDMARKS, Step
+from memledger.step.structure import block_of
+from memledger.core.symbols import B, F, H, L, N_d, O, P, S, V, d, t
 
 GPT7B = Architecture(4096, 32, 32, 16384, 32000, "gpt")          # the article's shape, parameters counted
 LLAMA7B = Architecture(4096, 32, 32, 11008, 32000, "llama")
@@ -167,9 +167,9 @@ def _against_memtracker(style, F_, loop, B, S, L, dropout, recompute, foreach=Fa
     fused kernel's 1-byte masks (the timeline's ``dropout_mask="bool"``); ``head_dim``: a head size other than
     d/H."""
     pytest.importorskip("torch")
-    from memledger.torchcompare import architecture_of
-    from memledger.torchmeasure import memtracker_step
-    from memledger.torchref import RefConfig
+    from memledger.pytorch.compare import architecture_of
+    from memledger.pytorch.measure import memtracker_step
+    from memledger.pytorch.reference import RefConfig
     d_, H, V_ = d_ or 64, H or 4, V_ or 1000
     c = RefConfig(d_, L, H, F_, V_, style, dropout=dropout, recompute=recompute, n_kv_heads=kv, attention=attention,
                   qkv_bias=qkv_bias, tied=tied, native_dropout=native_dropout, head_dim=head_dim)
@@ -323,7 +323,7 @@ def test_gqa_presets_match_memtracker(preset, loop, B, S, recompute, kernel):
     sliding window (4096 tokens) is not in the reference: at S <= 4096 its mask is the causal mask, and neither
     kernel's memory depends on the mask (the flash kernel builds none, the eager core keeps S x S scores either
     way)."""
-    from memledger.architecture import get_preset
+    from memledger.models.presets import get_preset
     a = get_preset(preset)
     f = a.features
     step, measured = _against_memtracker("llama", a.d_ff, loop, B, S, a.n_layers, 0.0, recompute, d_=a.d_model,
@@ -344,9 +344,9 @@ def test_command_line_reports_memtrackers_landmarks(style, ffn, capsys):
     """The issue's command: the article's shape with its parameters counted (and LLaMA-2 7B's), --json."""
     import json
     pytest.importorskip("torch")
-    from memledger.cli import main
-    from memledger.torchmeasure import memtracker_step
-    from memledger.torchref import RefConfig
+    from memledger.cli.main import main
+    from memledger.pytorch.measure import memtracker_step
+    from memledger.pytorch.reference import RefConfig
     assert main(["step", "--hidden", "4096", "--layers", "32", "--heads", "32", "--ffn", ffn, "--vocab", "32000",
                  "--style", style, "--overhead", "0", "--backend", "cpu", "--no-dropout", "--recipe",
                  "bf16-pure-adamw", "--json"]) == 0
@@ -362,8 +362,8 @@ def test_checkpointed_forward_drops_one_byte_masks_with_the_fused_kernel(B, loop
     """``torch.native_dropout`` (what ``F.dropout`` runs on CUDA while training, with or without grad:
     ATen ``Dropout.cpp``, ``dropout``) makes a 1-byte mask even in a checkpointed block's no-grad forward."""
     pytest.importorskip("torch")
-    from memledger.torchmeasure import memtracker_step
-    from memledger.torchref import RefConfig
+    from memledger.pytorch.measure import memtracker_step
+    from memledger.pytorch.reference import RefConfig
     measured = memtracker_step(RefConfig(64, 3, 4, 320, 1000, "gpt", dropout=0.1, native_dropout=True,
                                          recompute="full"), loop, B, 256)
     step = Step(Ledger(Architecture(64, 3, 4, 320, 1000, "gpt"), batch_size=B, seq_len=256, recipe=loop,

@@ -7,10 +7,11 @@ MemTracker on the reference decoder with ``head_dim`` (memledger/torchref.py) an
 """
 import pytest
 
-from memledger.architecture import Architecture, get_preset
-from memledger.ledger import Ledger
-from memledger.outside import outside_inventory
-from memledger.step import Step
+from memledger.models.architecture import Architecture
+from memledger.models.presets import get_preset
+from memledger.ledger.ledger import Ledger
+from memledger.activations.outside import outside_inventory
+from memledger.step.timeline import Step
 
 from test_step import _against_memtracker, _peaks_agree
 

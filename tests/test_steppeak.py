@@ -9,12 +9,12 @@ import sys
 
 import pytest
 
-from memledger import steppeak
-from memledger.architecture import Architecture
-from memledger.ledger import Ledger
-from memledger.steppeak import compiled_step, record_path, step_peak
-from memledger.stepstructure import StepStructure, step_values
-from memledger.backends import conventions
+from memledger.step import cache as steppeak
+from memledger.models.architecture import Architecture
+from memledger.ledger.ledger import Ledger
+from memledger.step.cache import compiled_step, record_path, step_peak
+from memledger.step.structure import StepStructure, step_values
+from memledger.activations.backends import conventions
 
 SMALL_GPT = Architecture(256, 3, 4, 1024, 1000, "gpt")
 SMALL_LLAMA = Architecture(256, 2, 4, 688, 1000, "llama")
@@ -77,7 +77,7 @@ def test_ledger_peak_uses_the_compiled_step(preset):
 
 def test_command_line_judges_a_gqa_preset_by_its_peak(capsys):
     """``memledger ledger --preset llama3-8b``: the verdict is the step's peak, no longer the sum."""
-    from memledger.cli import main
+    from memledger.cli.main import main
     assert main(["ledger", "--preset", "llama3-8b", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["measure"] == "peak"
@@ -142,7 +142,7 @@ def test_an_edited_library_gets_new_records(monkeypatch):
 def test_command_line_judges_the_peak_without_sympy_once_cached(tmp_path):
     env = {"MEMLEDGER_CACHE_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"}
     args = "['ledger', '--preset', 'llama2-7b', '--zero', '3', '--dp', '8', '--json']"
-    code = (f"import sys, json, io, contextlib; from memledger.cli import main; out = io.StringIO()\n"
+    code = (f"import sys, json, io, contextlib; from memledger.cli.main import main; out = io.StringIO()\n"
             f"with contextlib.redirect_stdout(out): main({args})\n"
             "print(json.dumps({'measure': json.loads(out.getvalue())['measure'], 'heavy': sorted("
             "m for m in ('sympy', 'numpy') if m in sys.modules)}))")

@@ -9,12 +9,12 @@ peak, the peak and each block's forward and backward peak to the byte (op by op 
 """
 import pytest
 
-from memledger.activations import inventory, per_layer_bytes
-from memledger.architecture import Architecture
-from memledger.backends import conventions
-from memledger.ledger import Ledger
-from memledger.outside import outside_inventory
-from memledger.step import LANDMARKS, Step
+from memledger.activations.inventory import inventory, per_layer_bytes
+from memledger.models.architecture import Architecture
+from memledger.activations.backends import conventions
+from memledger.ledger.ledger import Ledger
+from memledger.activations.outside import outside_inventory
+from memledger.step.timeline import LANDMARKS, Step
 
 import test_step as base
 from test_step import GPT7B, LLAMA3_8B, LLAMA7B, _against_memtracker, _peaks_agree
@@ -100,8 +100,8 @@ def test_selective_landmarks_are_sums_of_rows(arch, backend, kwargs):
 
 def test_ledger_and_command_line_judge_the_peak(capsys):
     """``Ledger.peak`` (the compiled step) is the step's peak, and ``memledger ledger`` judges it."""
-    from memledger.cli import main
-    from memledger.hardware import GPU_MEMORY
+    from memledger.cli.main import main
+    from memledger.ledger.hardware import GPU_MEMORY
     ledger = Ledger("llama2-7b", recompute="selective")
     peak, total = ledger.step().peak.bytes, ledger.totals["gpu"]
     assert ledger.peak == peak

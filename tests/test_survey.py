@@ -4,8 +4,8 @@ from dataclasses import replace
 
 import pytest
 
-from memledger.ledger import Ledger
-from memledger.survey import (PUBLISHED, count_table, counted, fit_grid, fit_table, layer_activation_bytes,
+from memledger.ledger.ledger import Ledger
+from memledger.article.survey import (PUBLISHED, count_table, counted, fit_grid, fit_table, layer_activation_bytes,
                               logits_bytes, shape_table)
 
 GB = 10**9
@@ -64,7 +64,7 @@ def test_fit_grid_answers_fit_and_one_more_does_not():
 
 
 def test_fit_table_names_the_peak_where_the_timeline_models_the_model():
-    from memledger.step import Step
+    from memledger.step.timeline import Step
     a100 = {"a100": 81920 * 2**20}                                     # nvidia-smi's total
     grid = fit_grid(Ledger("llama3-8b", seq_len=4096, zero_stage=3, dp=8, flash_attention=True), ["llama2-7b"],
                     a100, "batch")
@@ -75,7 +75,7 @@ def test_fit_table_names_the_peak_where_the_timeline_models_the_model():
 
 
 def test_side_by_side_tables():
-    from memledger.survey import headroom_table, logits_table, serving_table
+    from memledger.article.survey import headroom_table, logits_table, serving_table
     logits = {row[0]: row for row in logits_table(["gemma-7b", "bert-base-uncased"], 4096).rows}
     assert logits["gemma-7b"][3] == "4.19 GB"                              # 4 x 4096 x 256000 bytes
     assert logits["bert-base-uncased"][4] == "no output layer"

@@ -1,5 +1,5 @@
-from memledger.ledger import FIELD_OF
-from memledger.symbols import NOTATION
+from memledger.ledger.ledger import FIELD_OF
+from memledger.core.symbols import NOTATION
 
 
 def test_notation_names_the_ledger_fields():

@@ -7,9 +7,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from memledger.torchcompare import compare_saved, ladder, ladder_table, memtracker_comparison  # noqa: E402
-from memledger.torchmeasure import saved_tensors  # noqa: E402
-from memledger.torchref import RefConfig  # noqa: E402
+from memledger.pytorch.compare import compare_saved, ladder, ladder_table, memtracker_comparison  # noqa: E402
+from memledger.pytorch.measure import saved_tensors  # noqa: E402
+from memledger.pytorch.reference import RefConfig  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

@@ -3,8 +3,8 @@
 For small configurations of the reference decoder (memledger/torchref.py) every
 storage autograd saves (saved_tensors_hooks, each storage once, parameters
 skipped) must be one inventory row of the same size, and every row one storage:
-per block with :func:`memledger.activations.inventory`, outside the blocks with
-:func:`memledger.outside.outside_inventory`. Rows that are views of one storage
+per block with :func:`memledger.activations.inventory.inventory`, outside the blocks with
+:func:`memledger.activations.outside.outside_inventory`. Rows that are views of one storage
 (q, k and v of the fused projection when no copy is made) count as one storage.
 """
 from collections import Counter
@@ -13,12 +13,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from memledger.activations import inventory  # noqa: E402
-from memledger.architecture import Architecture  # noqa: E402
-from memledger.outside import outside_inventory  # noqa: E402
-from memledger.formulas import evaluate_expr  # noqa: E402
-from memledger.torchmeasure import live_after_forward, saved_tensors  # noqa: E402
-from memledger.torchref import RefConfig, make_model  # noqa: E402
+from memledger.activations.inventory import inventory  # noqa: E402
+from memledger.models.architecture import Architecture  # noqa: E402
+from memledger.activations.outside import outside_inventory  # noqa: E402
+from memledger.core.exact import evaluate_expr  # noqa: E402
+from memledger.pytorch.measure import live_after_forward, saved_tensors  # noqa: E402
+from memledger.pytorch.reference import RefConfig, make_model  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

@@ -2,8 +2,8 @@ from fractions import Fraction
 
 import pytest
 
-from memledger.recipes import get_recipe
-from memledger.transfer import LINKS, Traffic, link_bandwidth, step_traffic
+from memledger.states.recipes import get_recipe
+from memledger.ledger.transfer import LINKS, Traffic, link_bandwidth, step_traffic
 
 ADAMW = get_recipe("bf16-adamw")
 P = 7 * 10**9

@@ -15,19 +15,19 @@ from math import ceil
 import pytest
 import sympy as sp
 
-from memledger.activations import activation_bytes, inventory
-from memledger.architecture import get_preset
-from memledger.conventions import ERRATA, Setup, get_convention
-from memledger.conventions import transformer_math as tm
-from memledger.conventions.base import p_pp
-from memledger.dtypes import nbytes
-from memledger.inference import Inference
-from memledger.ledger import Ledger
-from memledger.model_states import state_specs
-from memledger.parallelism import gather_buffer_bytes
-from memledger.pipeline import stage_params
-from memledger.recipes import get_recipe
-from memledger.symbols import B, F, H, L, N_d, P, S, d, t
+from memledger.activations.inventory import activation_bytes, inventory
+from memledger.models.presets import get_preset
+from memledger.calculators import ERRATA, Setup, get_convention
+from memledger.calculators import transformer_math as tm
+from memledger.calculators.base import p_pp
+from memledger.core.dtypes import nbytes
+from memledger.ledger.inference import Inference
+from memledger.ledger.ledger import Ledger
+from memledger.states.placement import state_specs
+from memledger.answers.parallelism import gather_buffer_bytes
+from memledger.answers.pipeline import stage_params
+from memledger.states.recipes import get_recipe
+from memledger.core.symbols import B, F, H, L, N_d, P, S, d, t
 
 M, O, A, G, N = tm.Model, tm.Optimizer, tm.Activation, tm.Gradient, tm.N
 

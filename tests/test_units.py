@@ -2,7 +2,7 @@ from fractions import Fraction
 
 import pytest
 
-from memledger.units import format_bytes, in_unit, parse_bytes, parse_count, unit_size
+from memledger.core.units import format_bytes, in_unit, parse_bytes, parse_count, unit_size
 
 
 def test_decimal_and_binary_units_are_distinct():

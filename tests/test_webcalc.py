@@ -10,11 +10,11 @@ import subprocess
 import pytest
 import sympy as sp
 
-from memledger.controls import BY_FIELD, CONTROLS, defaults, ledger_settings, option_text
-from memledger.ledger import Ledger
-from memledger.symbols import B, N_d, P, S, t
-from memledger.units import LIMIT, UNITS, format_bytes, parse_count
-from memledger.webcalc import CSS_CLASS, PARTS, SCRIPT, BigIntPrinter, Calculator, calculator_data, calculator_html
+from memledger.views.controls import BY_FIELD, CONTROLS, defaults, ledger_settings, option_text
+from memledger.ledger.ledger import Ledger
+from memledger.core.symbols import B, N_d, P, S, t
+from memledger.core.units import LIMIT, UNITS, format_bytes, parse_count
+from memledger.views.webcalc import CSS_CLASS, PARTS, SCRIPT, BigIntPrinter, Calculator, calculator_data, calculator_html
 
 ROOT = Path(__file__).resolve().parents[1]
 node = pytest.mark.skipif(shutil.which("node") is None, reason="Node.js runs the calculator's script")

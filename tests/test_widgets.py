@@ -1,7 +1,7 @@
 import ipywidgets as w
 
-from memledger.controls import CONTROLS, defaults
-from memledger.widgets import STATIC_NOTE, controls, explorer, render
+from memledger.views.controls import CONTROLS, defaults
+from memledger.views.widgets import STATIC_NOTE, controls, explorer, render
 
 
 def test_explorer_updates_on_change():

@@ -1,0 +1,144 @@
+"""The largest that fits: an exact integer search over exact evaluations of the step's peak (or the sum).
+
+    fit(Ledger("llama2-7b", zero_stage=3, dp=8), "batch", GPU_MEMORY["a100-80gb"])   # the largest micro-batch
+
+``vary``:
+
+* ``"batch"``, ``"seq"``, ``"layers"`` (the largest model of the shape family:
+  the preset's d, H, F, V with more or fewer layers): the largest value that
+  fits. Every ledger row and every tensor of the step's programs
+  (:mod:`memledger.step.timeline`) is non-decreasing in each, so the judged bytes are
+  monotonic and a doubling bracket followed by bisection over integers finds
+  the boundary exactly: the answer fits, the answer + 1 does not.
+* ``"dp"``: the smallest data-parallel degree that fits (non-increasing in
+  dp); ``"zero"``: the smallest ZeRO stage that fits.
+
+What a candidate is judged by (:mod:`memledger.answers.verdict`): the **peak of a
+training step** where the step timeline models the setup (``Ledger.peak`` is
+not None), or, for a ledger that books a nominal parameter count the timeline
+does not see (the article's 7x10^9), the larger of that peak and the sum; and
+the ledger's GPU total, **the sum of the rows at the end of the forward
+pass**, elsewhere (MoE, encoders).
+``measure="total"`` asks for the sum where the peak is modelled too,
+``measure="peak"`` refuses a setup without a timeline. The timeline models one
+micro-batch per optimizer step (``zero_grad(set_to_none=True)``, docs/step.md);
+gradient accumulation keeps the gradients alive through the next micro-batch,
+which neither measure counts. Every answer says which measure it used
+(``result["measure"]``, a value of :data:`MEASURE`) and explains its binding
+constraint at the first value that does not fit: where the peak happens and
+the largest tensor live there, or the largest row of the sum.
+"""
+from dataclasses import replace
+
+from ..core.choices import LIMIT, check_choice, check_count
+from ..ledger.ledger import Ledger
+from .verdict import CHOICES, MEASURE, judge, uses_peak
+
+__all__ = ["MEASURE", "VARY", "fit"]
+
+VARY = ("batch", "seq", "layers", "dp", "zero")
+_FIELD = {"batch": "batch_size", "seq": "seq_len", "dp": "dp"}
+_LABEL = {"batch": "batch", "seq": "sequence length", "layers": "layers", "dp": "dp", "zero": "ZeRO stage"}
+_UPPER = 2**40            # no search goes past this (a trillion sequences or tokens)
+
+
+def _at(template: Ledger, vary: str, value: int) -> Ledger:
+    if vary == "layers":
+        return replace(template, arch=template.arch.with_changes(n_layers=value))
+    if vary == "zero":
+        return replace(template, zero_stage=value)
+    return replace(template, **{_FIELD[vary]: value})
+
+
+def _largest(fits, start=1):
+    """Largest n >= start with fits(n) (fits monotonic, True then False); start - 1 if none."""
+    if not fits(start):
+        return start - 1
+    low, high = start, start * 2
+    while high <= _UPPER and fits(high):
+        low, high = high, high * 2
+    if high > _UPPER:
+        raise ValueError(f"still fits at {low}: no limit found below {_UPPER}")
+    while high - low > 1:                      # fits(low), not fits(high)
+        mid = (low + high) // 2
+        low, high = (mid, high) if fits(mid) else (low, mid)
+    return low
+
+
+def _smallest_dp(fits):
+    """(smallest dp that fits, the dp just below it); (None, _UPPER) if none up to _UPPER."""
+    if fits(1):
+        return 1, None
+    high = 2
+    while high <= _UPPER and not fits(high):
+        high *= 2
+    if high > _UPPER:
+        return None, _UPPER
+    low = high // 2                            # not fits(low), fits(high)
+    while high - low > 1:
+        mid = (low + high) // 2
+        low, high = (low, mid) if fits(mid) else (mid, high)
+    return high, high - 1
+
+
+def fit(template: Ledger, vary: str, gpu_bytes: int, measure: str = "auto") -> dict:
+    """The boundary of ``vary`` for ``template`` on a GPU of ``gpu_bytes``; see the module docstring.
+
+    ``measure``: ``"auto"`` (the step's peak where modelled, else the sum), ``"peak"`` or ``"total"``.
+    Returns {"vary", "answer" (None: nothing fits), "measure" (a value of :data:`MEASURE`), "measure_key",
+    "gpu_memory", "judged_at_answer" (the bytes the measure gives there), "total_at_answer" (the ledger's
+    sum), "peak_at_answer" (None without a timeline), "next" (the first value that does not fit:
+    {"value", "judged", "total"}), "binding", "ledger"}.
+    """
+    check_choice("vary", vary, VARY)
+    check_choice("measure", measure, CHOICES)
+    gpu_bytes = check_count("gpu_bytes", gpu_bytes, limit=LIMIT)
+    if vary in ("batch", "seq", "layers") and template.arch is None:
+        raise ValueError(f"vary={vary!r} needs an architecture (activations); --params alone has none")
+    if vary == "layers" and template.n_params is not None:
+        raise ValueError("vary='layers' changes the parameter count; drop the n_params override")
+    if vary == "dp" and template.zero_stage == 0:
+        raise ValueError("dp does not change per-GPU memory at ZeRO stage 0 (every rank holds all states); "
+                         "choose --zero 1, 2 or 3")
+    peak = uses_peak(template, measure)
+
+    def fits(value):
+        return judge(_at(template, vary, value), peak).bytes <= gpu_bytes
+    if vary in ("batch", "seq", "layers"):
+        answer = _largest(fits) or None
+        beyond = 1 if answer is None else answer + 1
+    elif vary == "dp":
+        answer, beyond = _smallest_dp(fits)
+    else:
+        answer = next((stage for stage in (0, 1, 2, 3) if fits(stage)), None)
+        beyond = 3 if answer is None else (None if answer == 0 else answer - 1)
+    at = _at(template, vary, answer) if answer is not None else None
+    over = _at(template, vary, beyond) if beyond is not None else None
+    key = judge(at or over, peak).key
+    return {"vary": vary, "answer": answer, "measure": MEASURE[key], "measure_key": key, "gpu_memory": gpu_bytes,
+            "judged_at_answer": judge(at, peak).bytes if at else None,
+            "total_at_answer": at.totals["gpu"] if at else None,
+            "peak_at_answer": at.peak if at and peak else None,
+            "next": None if over is None else {"value": beyond, "judged": judge(over, peak).bytes,
+                                                "total": over.totals["gpu"]},
+            "binding": _binding(vary, answer, beyond, over, peak, gpu_bytes),
+            "ledger": at}
+
+
+def _binding(vary, answer, beyond, over, peak, gpu_bytes) -> str:
+    """What decides the boundary: the measure at the first value that does not fit, and its largest part."""
+    if over is None:
+        return "fits at the smallest value already"
+    judged = judge(over, peak)
+    verb = "needs" if judged.bytes > gpu_bytes else "has"
+    head = f"at {_LABEL[vary]} {beyond} {judged.measure} {verb} {judged.bytes:,} B > {gpu_bytes:,} B"
+    if answer is None and vary in ("batch", "seq", "layers"):
+        head = f"nothing fits: even at {_LABEL[vary]} 1 {judged.measure} needs {judged.bytes:,} B > {gpu_bytes:,} B"
+    if peak and judged.bytes == over.peak:
+        step = over.step()
+        name, size = step.live_at_peak()[0]
+        return (f"{head}; the peak comes in {step.peak.detail}, where the largest live tensor is {name}, "
+                f"{size:,} B ({100 * size / judged.bytes:.0f}%)")
+    top = max((r for r in over.rows if r.device == "gpu"), key=lambda r: r.bytes)
+    share = 100 * top.bytes / over.totals["gpu"]
+    return f"{head}; the largest row is {top.name} ({top.group}), {top.bytes:,} B ({share:.0f}%)"

@@ -1,0 +1,95 @@
+"""What a fits verdict judges, and the words that say so: the step's peak where modelled, else the sum.
+
+A run fits or fails at its **peak**, a moment of the training step
+(:mod:`memledger.step.timeline`, checked against PyTorch's ``MemTracker``). The ledger's
+GPU total is something else: the **sum of the rows at the end of the forward
+pass** (every saved activation next to every model state, gradients included).
+Neither bounds the other: without recomputation the gradients and the
+activations never coexist in one step, so the peak is lower than the sum; with
+full recomputation, large logits or the optimizer's FP32 temporaries it is
+higher. :func:`judge` decides which one a verdict uses, and :data:`MEASURE`
+names each one, so that every verdict (``memledger.fit``, the Jupyter
+explorer, the static calculator) says which it printed:
+
+* ``"peak"``: the step's peak, where the timeline models the setup
+  (``Ledger.peak`` is not None: the reference decoder's GPT and LLaMA blocks,
+  the latter also grouped-query, with QKV biases or a tied head; any head size; no, selective or full
+  recomputation);
+* ``"nominal"``: for a ledger that books a nominal parameter count (the
+  article's 7x10^9) which the timeline, counting tensors, does not see, the
+  larger of the peak and the sum (:meth:`memledger.ledger.ledger.Ledger.judged_bytes`);
+* ``"total"``: the sum, where the timeline does not model the setup (MoE,
+  encoders) or where the sum is asked for.
+"""
+from typing import NamedTuple
+
+from ..core.units import format_bytes
+
+#: Each measure a verdict can use, as prose prints it (``result["measure"]`` of :func:`memledger.fit`).
+MEASURE = {
+    "peak": "the peak of a training step",
+    "nominal": "the peak of a training step or, where larger, the sum of the rows with the nominal parameter count",
+    "total": "the sum of the rows at the end of the forward pass",
+}
+#: Why a verdict by the sum is not the peak: the static calculator's note, and the explorer's without a timeline.
+SUM_NOTE = "the peak of a step can be higher; see the chapter on the peak"
+UNMODELLED_NOTE = "the step timeline does not model this setup"
+#: The clause after a verdict by the sum where the peak was not asked for (the static calculator prints it too).
+SUM_CLAUSE = f", {MEASURE['total']} ({SUM_NOTE})"
+#: ``measure`` choices of :func:`judge` and :func:`memledger.fit`: the peak where modelled, or one of the two.
+CHOICES = ("auto", "peak", "total")
+
+
+class Judgement(NamedTuple):
+    """What a verdict compares with the GPU: ``bytes``, judged by ``key`` (a key of :data:`MEASURE`)."""
+    bytes: int
+    key: str
+
+    @property
+    def measure(self) -> str:
+        return MEASURE[self.key]
+
+
+def is_nominal(ledger) -> bool:
+    """Whether the ledger books a parameter count that is not the architecture's tensors' (the article's 7x10^9)."""
+    return ledger.n_params is not None or (ledger.arch is not None and ledger.arch.n_params is not None)
+
+
+def uses_peak(ledger, measure: str = "auto") -> bool:
+    """Whether a verdict on ``ledger`` judges the step's peak: not if ``measure="total"`` or if the timeline
+    does not model the setup (``measure="peak"`` then raises the timeline's own ``ValueError``)."""
+    if measure not in CHOICES:
+        raise ValueError(f"measure must be one of {', '.join(CHOICES)}, got {measure!r}")
+    if measure == "total":
+        return False
+    if ledger.peak is None:
+        if measure == "peak":
+            ledger.step()                      # raises the timeline's reason
+        return False
+    return True
+
+
+def judge(ledger, peak: bool) -> Judgement:
+    """The bytes ``ledger`` is judged by: the sum, or (``peak``) the step's peak, the larger of the two
+    for a nominal parameter count (:meth:`memledger.ledger.ledger.Ledger.judged_bytes`)."""
+    if not peak:
+        return Judgement(ledger.totals["gpu"], "total")
+    if ledger.peak is None:
+        raise ValueError(f"{UNMODELLED_NOTE}: it cannot be judged by {MEASURE['peak']}")
+    if is_nominal(ledger):
+        return Judgement(max(ledger.peak, ledger.totals["gpu"]), "nominal")
+    return Judgement(ledger.peak, "peak")
+
+
+def describe(ledger, judgement: Judgement, unit: str = "GB", note: str = None) -> str:
+    """The verdict's clause after the bytes: which measure, and the other one for comparison. A sum is
+    followed by ``note``, by default why it is not the peak (:data:`UNMODELLED_NOTE` or :data:`SUM_NOTE`)."""
+    total = ledger.totals["gpu"]
+    if judgement.key == "total":
+        if note is None:
+            note = UNMODELLED_NOTE if ledger.peak is None else SUM_NOTE
+        return f", {MEASURE['total']} ({note})"
+    if judgement.bytes == ledger.peak:
+        return f", {MEASURE['peak']} ({MEASURE['total']}: {format_bytes(total, unit)})"
+    return (f", {MEASURE['total']}, larger here than {MEASURE['peak']} ({format_bytes(ledger.peak, unit)}), "
+            "which counts the model's tensors, not the nominal parameter count")

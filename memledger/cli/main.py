@@ -1,0 +1,225 @@
+"""Command line: ``memledger ledger|step|fit|infer|presets|recipes|claims [--json]``.
+
+Bad input of any kind prints one line on stderr and exits with status 2 (the
+messages are the Python API's); output that cannot be written (a closed pipe,
+a full disk) prints one line and exits with status 1. No traceback, ever.
+The ledger path imports neither SymPy nor NumPy: rows are evaluated by the
+generated :mod:`memledger.core.compiled`, so the command answers about as fast as
+Python starts (``benchmarks/bench.py``).
+"""
+import argparse
+import os
+import sys
+
+from ..core.units import format_bytes
+from ..ledger.hardware import GPU_MEMORY, NVME_LINKS
+from ..ledger.ledger import Ledger
+from ..models.presets import all_presets
+from ..states.recipes import ALL_RECIPES
+from . import compare as cli_compare, models as cli_models, step as cli_step
+from .options import UNITS, UNITS_HELP, build_ledger, gpu_bytes, ledger_options, model_options, one_of
+
+COMMANDS = ("ledger", "step", "compare", "fit", "infer", "presets", "recipes", "claims")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        raise ValueError(message)
+
+
+class _Help(argparse.HelpFormatter):
+    """Shows each option's default, except where there is none (None, or a flag's False)."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if action.default not in (None, False, argparse.SUPPRESS) and action.option_strings:
+            text += f" (default: {action.default})"
+        return text
+
+
+def _parser():
+    top = _Parser(prog="memledger", description="GPU training memory of transformers, every byte derived.",
+                  formatter_class=_Help)
+    sub = top.add_subparsers(dest="command", metavar="{" + ",".join(COMMANDS) + "}", parser_class=_Parser)
+    led = sub.add_parser("ledger", help="the memory ledger of one setup, per GPU",
+                         formatter_class=_Help)
+    ledger_options(led)
+    cli_compare.add_parsers(sub, led, ledger_options, _Help)
+    cli_step.add_parser(sub, ledger_options, _Help)
+    led.add_argument("--measure", default="auto", help="what the fits verdict judges: auto (the step's peak, "
+                     "memledger step, where the timeline models the setup, else the sum of the rows at the end of "
+                     "the forward pass), peak, or total (the sum, without evaluating the step)")
+    pipe = led.add_argument_group("pipeline parallelism (Megatron-LM schedules)")
+    pipe.add_argument("--pp", help="pipeline stages P (rows per stage: first and last)")
+    pipe.add_argument("--microbatches", help="micro-batches per step M (needs --pp)")
+    pipe.add_argument("--interleave", help="model chunks per device V, the interleaved schedule (needs --pp)")
+    fit = sub.add_parser("fit", help="the largest batch, sequence or model that fits (or the smallest dp/ZeRO)",
+                         formatter_class=_Help)
+    fit.add_argument("--vary", required=True, help="batch, seq or layers (largest that fits); dp or zero "
+                     "(smallest that fits)")
+    fit.add_argument("--measure", default="auto", help="what a candidate is judged by: auto (the step's peak "
+                     "where the timeline models the setup, else the sum of the rows at the end of the forward "
+                     "pass), peak, or total (the sum)")
+    ledger_options(fit)
+    inf = sub.add_parser("infer", help="inference for contrast: weights + KV cache + working buffer",
+                         formatter_class=_Help)
+    model_options(inf)
+    inf.add_argument("--batch", help="sequences served at once B (default: 1)")
+    inf.add_argument("--seq", help="tokens per sequence, prompt + generated (default: 2048)")
+    inf.add_argument("--dtype", default="bf16", help="weight dtype: bf16, fp16, fp8, int8, fp32")
+    inf.add_argument("--kv-dtype", default="bf16", help="KV-cache dtype")
+    inf.add_argument("--tp", default="1", help="tensor-parallel degree")
+    inf.add_argument("--overhead", default=format_bytes(Ledger.overhead_bytes, digits=0).replace(" ", ""),
+                     help="runtime overhead (CUDA context, workspace)")
+    inf.add_argument("--units", default=UNITS[0], help=UNITS_HELP)
+    inf.add_argument("--gpu-memory", default=next(iter(GPU_MEMORY)),
+                     help=f"GPU memory for the fits verdict: bytes (80GB) or one of {one_of(GPU_MEMORY)}")
+    inf.add_argument("--json", action="store_true", help="one JSON object with exact integer bytes")
+    for name, text in (("presets", "list the presets and their architecture"),
+                       ("recipes", "list the precision/optimizer recipes"),
+                       ("claims", "the article audit: each claim, stated vs computed, status")):
+        sub.add_parser(name, help=text).add_argument("--json", action="store_true", help="print JSON")
+    return top
+
+
+def _ledger(a):
+    path = cli_compare.wants(a)
+    ledger = build_ledger(a)
+    if path:
+        return getattr(cli_compare, path)(a, ledger)
+    memory = gpu_bytes(a.gpu_memory)
+    pipe = cli_models.pipeline_section(a, ledger, memory)
+    traffic = ledger.traffic
+    if a.json:
+        import json
+        data = ledger.to_dict()
+        if pipe is not None:
+            data["pipeline"] = pipe
+        data["gpu_memory"] = memory
+        judged = _judged(ledger, a.measure)
+        data["fits"] = judged.bytes <= memory
+        data["measure"] = judged.key
+        data["judged_bytes"] = judged.bytes
+        data["peak"] = None if a.measure == "total" else ledger.peak      # total: the step is not evaluated
+        data["traffic"]["link"] = a.link
+        data["traffic"]["pcie_seconds"] = float(traffic.pcie_seconds(a.link))
+        return json.dumps(data, indent=2)
+    lines = [ledger.table(a.units).text(), "", _verdict(ledger, memory, a.measure, a.units)]
+    if traffic.pcie_bytes:
+        lines.append(f"Per step over {a.link}: GPU->CPU {format_bytes(traffic.gpu_to_cpu, a.units)}, "
+                     f"CPU->GPU {format_bytes(traffic.cpu_to_gpu, a.units)}: "
+                     f"{float(traffic.pcie_seconds(a.link)):.2f} s one after the other, "
+                     f"{float(traffic.pcie_seconds(a.link, duplex=True)):.2f} s overlapped.")
+    if pipe is not None:
+        lines += ["", cli_models.pipeline_text(pipe, a.units)]
+    if traffic.nvme_read:
+        slow, fast = NVME_LINKS
+        lines.append(f"NVMe per step: read {format_bytes(traffic.nvme_read, a.units)}, write "
+                     f"{format_bytes(traffic.nvme_write, a.units)}: {float(traffic.nvme_seconds(slow)):.1f} s "
+                     f"at {format_bytes(NVME_LINKS[slow], digits=0)}/s, {float(traffic.nvme_seconds(fast)):.1f} s "
+                     f"at {format_bytes(NVME_LINKS[fast], digits=0)}/s.")
+    return "\n".join(lines)
+
+
+def _judged(ledger, measure: str):
+    """What the verdict compares with the GPU (:mod:`memledger.answers.verdict`); the sum without an architecture."""
+    from ..answers.verdict import judge, uses_peak
+    return judge(ledger, ledger.arch is not None and uses_peak(ledger, measure))
+
+
+def _verdict(ledger, memory: int, measure: str, units: str) -> str:
+    """The fits line, in the explorer's words: the step's peak where the timeline models the setup (``--measure
+    auto``), else the sum of the rows at the end of the forward pass, and the other one for comparison."""
+    from ..answers.verdict import describe
+    judged = _judged(ledger, measure)
+    head = (f"{'fits' if judged.bytes <= memory else 'does NOT fit'}: {format_bytes(judged.bytes, units)} per GPU "
+            f"against {format_bytes(memory, units)}")
+    if not ledger.arch:
+        return f"{head}, the model states (without an architecture no activations are booked)."
+    note = None
+    if measure == "total":              # the sum was asked for: the step is not evaluated
+        note = "as asked; a run fits or fails by its peak: --measure auto, or see memledger step"
+    return f"{head}{describe(ledger, judged, units, note)}."
+
+
+def _presets(a):
+    data = {name: {"d_model": p.d_model, "n_layers": p.n_layers, "n_heads": p.n_heads, "d_ff": p.d_ff,
+                   "vocab_size": p.vocab_size, "style": p.style, "n_params": p.params,
+                   "computed_params": p.computed_params, "n_kv_heads": p.kv_heads, "head_dim": p.head_dim,
+                   "n_experts": p.n_experts, "top_k": p.top_k, "active_params": p.active_params,
+                   "description": p.description}
+            for name, p in all_presets().items()}
+    if a.json:
+        import json
+        return json.dumps(data, indent=2)
+    head = f"{'preset':<17} {'style':<6} {'d':>6} {'L':>4} {'H':>4} {'d_ff':>7} {'vocab':>6} {'params':>17}"
+    rows = [f"{n:<17} {p['style']:<6} {p['d_model']:>6} {p['n_layers']:>4} {p['n_heads']:>4} {p['d_ff']:>7} "
+            f"{p['vocab_size']:>6} {p['n_params']:>17,}  {p['description']}" for n, p in data.items()]
+    return "\n".join([head] + rows)
+
+
+def _number(value):
+    """An int stays an int; an exact fraction (block constants) becomes a float for JSON."""
+    return value if isinstance(value, int) else float(value)
+
+
+def _recipes(a):
+    data = {name: {"title": r.title, "bytes_per_param": _number(r.bytes_per_param), "source": r.source,
+                   "exact_bytes_per_param": str(r.bytes_per_param),
+                   "components": [{"name": c.name, "dtype": c.dtype, "role": c.role,
+                                   "bytes_per_param": _number(c.bytes_per_param),
+                                   "exact_bytes_per_param": str(c.bytes_per_param),
+                                   **({"factored": True} if c.factored else {}),
+                                   **({"block_constants": [list(b) for b in c.constants]} if c.constants else {})}
+                                  for c in r.components]}
+            for name, r in ALL_RECIPES.items()}
+    if a.json:
+        import json
+        return json.dumps(data, indent=2)
+    return "\n".join(f"{n:<26} {r['exact_bytes_per_param']:>11} B/param = "
+                     + " + ".join(f"{c['exact_bytes_per_param'] if not c.get('factored') else 'rows+cols'} "
+                                  f"({c['name']})" for c in r["components"])
+                     for n, r in data.items())
+
+
+def _claims(a):
+    from ..article.claims import CLAIMS, claims_table
+    if a.json:
+        import json
+        return json.dumps([c.to_dict() for c in CLAIMS], indent=2)
+    return claims_table()
+
+
+def _one_line(error) -> str:
+    return " ".join(str(error).split("\n"))
+
+
+def main(argv=None) -> int:
+    try:
+        a = _parser().parse_args(argv)
+        if a.command is None:
+            raise ValueError(f"choose a command: {one_of(COMMANDS)} (see memledger --help)")
+        if a.command in ("fit", "infer"):
+            text = getattr(cli_models, a.command)(a)
+        elif a.command == "step":
+            text = cli_step.step(a, build_ledger, gpu_bytes)
+        elif a.command == "compare":
+            text = cli_compare.compare(a)
+        else:
+            text = {"ledger": _ledger, "presets": _presets, "recipes": _recipes, "claims": _claims}[a.command](a)
+    except (ValueError, TypeError) as e:
+        print(f"memledger: error: {_one_line(e)}", file=sys.stderr)
+        return 2
+    try:
+        sys.stdout.write(text + "\n")
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # the reader (e.g. `head`) is gone: not an error worth a message; keep Python from
+        # complaining again when it flushes stdout at exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except OSError as e:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        print(f"memledger: error: cannot write the output: {e.strerror or e}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,58 @@
+"""``memledger step``: the step timeline of one setup, its landmarks and its peak (docs/step.md).
+
+Every ``memledger ledger`` option, plus ``--backend`` (the conventions of
+:mod:`memledger.activations.backends`: article, cuda or cpu) and ``--foreach`` (AdamW's
+multi-tensor step). Text by default; ``--json`` prints the object of
+docs/step.md: inputs, landmarks {gpu, cpu, nvme}, peak {gpu, phase, detail},
+rows {name, kind, phase, device, bytes, formula}. The fits verdict compares
+the peak with the GPU's memory (:data:`memledger.ledger.hardware.GPU_MEMORY`).
+Unlike ``ledger`` this command imports SymPy (the step's programs are built
+from the library's formulas on first use).
+"""
+from ..activations.backends import BACKENDS
+from ..core.units import format_bytes
+
+
+def add_parser(sub, ledger_options, formatter):
+    step = sub.add_parser("step", help="one training step phase by phase: landmarks, transients, the peak",
+                          formatter_class=formatter)
+    ledger_options(step)
+    conv = step.add_argument_group("backend conventions")
+    conv.add_argument("--backend", default="article",
+                      help=f"{', '.join(BACKENDS)}: what kernels keep (dropout masks, norm statistics, attention "
+                           "kernel, RMSNorm, Adam step counters); article: the article's conventions")
+    conv.add_argument("--foreach", action="store_true", help="AdamW(foreach=True): one temporary per moment at once")
+
+
+def step(a, build_ledger, gpu_bytes) -> str:
+    ledger = build_ledger(a)
+    result = ledger.step(a.backend, foreach=a.foreach)
+    memory = gpu_bytes(a.gpu_memory)
+    if a.json:
+        import json
+        data = result.to_dict()
+        data["gpu_memory"] = memory
+        data["fits"] = result.fits(memory)
+        return json.dumps(data, indent=2)
+    return text(result, memory, a.units)
+
+
+def text(result, memory: int, unit: str = "GB") -> str:
+    """The landmarks per device, the phase peaks, the peak and what is live there, the verdict."""
+    def size(n):
+        return format_bytes(n, unit)
+    lines = [f"{'landmark':<16} {'GPU':>12} {'CPU':>12} {'NVMe':>12}"]
+    for name, devices in result.landmarks.items():
+        lines.append(f"{name:<16} {size(devices['gpu']):>12} {size(devices['cpu']):>12} {size(devices['nvme']):>12}")
+    lines += ["", "largest GPU total per phase: " + ", ".join(f"{k} {size(v)}" for k, v in result.phase_peaks().items()),
+              "", f"peak {size(result.peak.bytes)}: {result.peak.detail}", "live at the peak:"]
+    live = result.live_at_peak()
+    lines += [f"  {size(b):>12}  {name}" for name, b in live[:12]]
+    if len(live) > 12:
+        lines.append(f"  {size(sum(b for _, b in live[12:])):>12}  {len(live) - 12} smaller tensors")
+    verdict = "fits" if result.fits(memory) else "does NOT fit"
+    counted = result.values["P"]
+    note = "" if result.ledger.params == counted else (
+        f" (parameters counted from the shape: {counted:,}; the nominal {result.ledger.params:,} is not used)")
+    lines += ["", f"The step's peak, {size(result.peak.bytes)} per GPU, {verdict} in {size(memory)}{note}."]
+    return "\n".join(lines)

@@ -1,0 +1,15 @@
+"""Notation and machinery every other package uses: the symbols, units (GB vs GiB), dtypes, input checks,
+exact evaluation (keyed formulas and their generated code), the one table type and lazy loading."""
+from .lazy import lazy
+
+__getattr__, __dir__, __all__ = lazy(__name__, {
+    'symbols': ('NOTATION',),
+    'units': ('format_bytes', 'in_unit', 'GB', 'GiB'),
+    'dtypes': (),
+    'choices': (),
+    'exact': (),
+    'keyed': (),
+    'compiled': (),
+    'table': ('Table',),
+    'lazy': (),
+})

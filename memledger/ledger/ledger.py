@@ -1,0 +1,342 @@
+"""A whole training setup -> rows (component, group, device, exact bytes), per GPU.
+
+    ledger = Ledger("article-7b", batch_size=1, seq_len=2048)
+    ledger.totals            # {"gpu": 144_601_641_984, "cpu": 0, "nvme": 0}
+
+Rows come from three groups: model states (:mod:`memledger.states.placement`),
+saved activations (:mod:`memledger.activations.inventory`, L layers) and a runtime
+overhead (the article's 1-2 GB of CUDA context and workspace; 2 GB by
+default, as in its sums). Each row is a formula of :mod:`memledger.formulas`
+(times a whole factor, e.g. a recipe component's bytes per parameter),
+evaluated exactly, without SymPy, by its generated plain-Python form.
+``ledger.values`` maps symbol names to numbers, ``ledger.bindings`` SymPy
+symbols to numbers, and ``ledger.evaluate(expr)`` computes any formula exactly.
+"""
+from dataclasses import asdict, dataclass, field
+from functools import cached_property, lru_cache
+from typing import Any, NamedTuple, Optional, Union
+
+from .. import formulas
+from ..models.architecture import Architecture
+from ..models.presets import get_preset
+from ..core.choices import RECOMPUTE, check_choice, check_count, check_flag, lookup
+from ..models.features import Features
+from ..states.placement import OFFLOAD_DEVICES, PLACEMENTS, ZERO_STAGES, check_state_options, component_key, state_specs
+from ..states.recipes import ALL_RECIPES, DEFAULT_RECIPE
+from .transfer import Traffic, step_traffic
+from ..core.units import GB
+
+DEVICES = ("gpu", "cpu", "nvme")
+DEFAULT_OVERHEAD = 2 * GB
+#: Symbol names of :mod:`memledger.core.symbols`, and the Ledger field that gives each its value.
+FIELD_OF = {"B": "batch_size", "S": "seq_len", "d": "d_model", "H": "n_heads", "L": "n_layers", "F": "d_ff",
+            "V": "vocab_size", "P": "n_params", "N_d": "dp", "t": "tp", "O": "overhead_bytes"}
+
+
+@dataclass(frozen=True)
+class Row:
+    """One line of the ledger: exact ``bytes`` on ``device``; ``expr`` is its formula."""
+    name: str
+    group: str
+    device: str
+    bytes: int
+    spec: Any = field(compare=False, repr=False)
+
+    @property
+    def expr(self):
+        """The row's SymPy formula."""
+        return self.spec.expr
+
+    @property
+    def formula(self) -> str:
+        return self.spec.formula
+
+
+class RowSpec(NamedTuple):
+    """A row before numbers: its name, group, device, and formula ``factor`` x formulas.expr(``key``)."""
+    name: str
+    group: str
+    device: str
+    key: tuple
+    factor: int = 1
+    role: str = ""          # model states: param / grad / optimizer (ZeRO's roles), or "gathered"
+
+    @property
+    def expr(self):
+        return self.factor * formulas.expr(self.key)
+
+    @property
+    def formula(self) -> str:
+        """The formula as text, without SymPy: ``4*(ceiling(P/(N_d*t)))``."""
+        text = formulas.text(self.key)
+        return text if self.factor == 1 else f"{self.factor}*({text})"
+
+    def evaluate(self, values: dict) -> int:
+        return self.factor * formulas.evaluate(self.key, values)
+
+
+class Structure(NamedTuple):
+    """The discrete choices that decide a ledger's formulas (not its numbers)."""
+    recipe: str
+    zero_stage: int
+    offload_optimizer: str
+    offload_params: str
+    offload_placement: str
+    arch: Optional[Architecture]  # None: no architecture, model states only
+    dropout: bool
+    flash_attention: bool
+    recompute: str
+    tensor_parallel: bool
+    sequence_parallel: bool
+    scope: str = "layers"
+
+
+#: "model": the blocks and the tensors outside them; "layers": the blocks only, as the article books them.
+SCOPES = ("model", "layers")
+
+
+@lru_cache(maxsize=256)
+def row_specs(s: Structure) -> tuple:
+    """Every :class:`RowSpec` of a structure: model states, activations, overhead."""
+    recipe = ALL_RECIPES[s.recipe]
+    features = s.arch.features if s.arch is not None else None
+    specs = [RowSpec(r.name, "model_states", r.device, r.key(features), r.factor, r.role)
+             for r in state_specs(recipe, s.zero_stage, s.offload_optimizer, s.offload_params, s.offload_placement)]
+    if s.arch is not None:
+        if s.offload_params != "none":
+            # ZeRO-3 gathers one module's parameters (and gradients) at a time:
+            # DeepSpeed's estimate_zero3_model_states_mem_needs books 4 x largest layer.
+            plain = s.arch.features == Features.of(s.arch.style)
+            unit = ("largest unit", s.arch.style) if plain else ("largest unit",) + tuple(s.arch.features)
+            gathered = [c for c in recipe.components if c.role == "param"] + [recipe.grad_component]
+            if all(c.plain for c in gathered):
+                specs.append(RowSpec("gathered parameters + gradients (largest layer)", "model_states", "gpu",
+                                     unit, recipe.role_bytes("param") + recipe.grad_bytes, "gathered"))
+            else:
+                specs.append(RowSpec("gathered parameters + gradients (largest layer)", "model_states", "gpu",
+                                     component_key(gathered, unit), 1, "gathered"))
+        f = s.arch.features
+        refinements = (f.gqa, f.head_dim, f.moe) if (f.gqa or f.head_dim or f.moe) else ()
+        specs.append(RowSpec("activations", "activations", "gpu",
+                             ("activations", s.arch.mlp, s.arch.norm, s.dropout, s.flash_attention, s.recompute,
+                              s.tensor_parallel, s.sequence_parallel) + refinements))
+        if s.scope == "model" and s.arch.causal:
+            attention = "flash" if s.flash_attention else "eager"
+            specs += [RowSpec(name, "activations", "gpu", formulas.outside_key(
+                s.arch.style, attention, name, s.tensor_parallel, s.sequence_parallel))
+                for name in formulas.outside_names(s.arch.style, attention)]
+    specs.append(RowSpec("CUDA context + workspace", "overhead", "gpu", ("symbol", "O")))
+    return tuple(specs)
+
+
+@dataclass(frozen=True)
+class Ledger:
+    """Memory of one training setup, per GPU.
+
+    ``arch``: an :class:`Architecture` or a preset name; without one, give
+    ``n_params`` and get model states only. ``n_params`` with ``arch`` overrides
+    the architecture's count. ``dropout=None`` follows the architecture
+    (GPT-style yes, LLaMA-style no).
+    """
+    arch: Union[Architecture, str, None] = None
+    n_params: Optional[int] = None
+    batch_size: int = 1
+    seq_len: int = 2048
+    recipe: str = DEFAULT_RECIPE
+    recompute: str = "none"
+    tp: int = 1
+    sequence_parallel: bool = False
+    zero_stage: int = 0
+    dp: int = 1
+    offload_optimizer: str = "none"
+    offload_params: str = "none"
+    offload_placement: str = "article"
+    overhead_bytes: int = DEFAULT_OVERHEAD
+    dropout: Optional[bool] = None
+    flash_attention: bool = False
+    scope: str = "model"
+
+    def __post_init__(self):
+        arch = get_preset(self.arch) if isinstance(self.arch, str) else self.arch
+        if arch is not None and not isinstance(arch, Architecture):
+            raise TypeError(f"arch must be an Architecture, a preset name or None, got {self.arch!r}")
+        object.__setattr__(self, "arch", arch)
+        if arch is None and self.n_params is None:
+            raise ValueError("give an architecture (a preset or d_model/n_layers/n_heads) or n_params")
+        for name in ("batch_size", "seq_len", "tp", "dp") + (("n_params",) if self.n_params is not None else ()):
+            object.__setattr__(self, name, check_count(name, getattr(self, name)))
+        object.__setattr__(self, "overhead_bytes", check_count("overhead_bytes", self.overhead_bytes, minimum=0))
+        recipe = lookup(ALL_RECIPES, self.recipe, "recipe")
+        factored = [c.name for c in recipe.components if c.factored]
+        if factored and arch is None:
+            raise ValueError(f"{factored[0]} needs the matrix shapes: give an architecture")
+        check_choice("recompute", self.recompute, RECOMPUTE)
+        check_choice("scope", self.scope, SCOPES)
+        check_choice("zero_stage", self.zero_stage, ZERO_STAGES)
+        check_choice("offload_optimizer", self.offload_optimizer, OFFLOAD_DEVICES)
+        check_choice("offload_params", self.offload_params, OFFLOAD_DEVICES)
+        check_choice("offload_placement", self.offload_placement, PLACEMENTS)
+        check_state_options(self.zero_stage, self.offload_params)
+        for name in ("sequence_parallel", "flash_attention"):
+            check_flag(name, getattr(self, name))
+        check_flag("dropout", self.dropout, allow_none=True)
+        if self.sequence_parallel and self.tp == 1:
+            raise ValueError("sequence_parallel needs tensor parallelism: tp must be > 1")
+        if arch is not None:
+            arch.check_tensor_parallel(self.tp)
+        if self.dropout is None:
+            object.__setattr__(self, "dropout", arch.dropout if arch is not None else False)
+
+    @property
+    def params(self) -> int:
+        """The parameter count the ledger books."""
+        return self.n_params if self.n_params is not None else self.arch.params
+
+    @property
+    def structure(self) -> Structure:
+        return Structure(self.recipe, self.zero_stage, self.offload_optimizer, self.offload_params,
+                         self.offload_placement, self.arch, self.dropout, self.flash_attention, self.recompute,
+                         self.tp > 1, self.sequence_parallel, self.scope)
+
+    @cached_property
+    def values(self) -> dict:
+        """Symbol name -> value: {"B": batch_size, "S": seq_len, "d": d_model, ..., "O": overhead_bytes}.
+        Without an architecture the shape symbols are 1 (no row uses them)."""
+        a = self.arch
+        shape = (a.d_model, a.n_heads, a.n_layers, a.d_ff, a.vocab_size) if a else (1, 1, 1, 1, 1)
+        values = dict(zip(FIELD_OF, (self.batch_size, self.seq_len, *shape, self.params, self.dp, self.tp,
+                                     self.overhead_bytes)))
+        return {**a.values, **values} if a else values     # + H_kv, d_h, E, k, n_positions, n_token_types
+
+    @property
+    def bindings(self) -> dict:
+        """SymPy symbol -> value, for ``expr.subs`` and :meth:`evaluate`."""
+        from ..core import symbols
+        by_name = {s.name: s for s in vars(symbols).values() if isinstance(s, symbols.sp.Symbol)}
+        return {by_name[name]: value for name, value in self.values.items()}
+
+    def evaluate(self, expr) -> int:
+        """Any memledger formula at this ledger's values, as an exact int (e.g. ``ledger.evaluate(closed_form())``)."""
+        from ..core.exact import evaluate_expr
+        return evaluate_expr(expr, self.values)
+
+    @cached_property
+    def rows(self) -> list:
+        return [Row(spec.name, spec.group, spec.device, spec.evaluate(self.values), spec)
+                for spec in row_specs(self.structure)]
+
+    @property
+    def totals(self) -> dict:
+        """Bytes per device: {"gpu": ..., "cpu": ..., "nvme": ...}."""
+        return {dev: sum(r.bytes for r in self.rows if r.device == dev) for dev in DEVICES}
+
+    def group_total(self, group: str, device: Optional[str] = None) -> int:
+        """Bytes of one group (on one device, or on all)."""
+        return sum(r.bytes for r in self.rows if r.group == group and device in (None, r.device))
+
+    def step(self, backend="article", **conventions):
+        """The step timeline of this setup (:class:`memledger.step.timeline.Step`): landmarks, transients, peak."""
+        from ..step.timeline import Step
+        return Step(self, backend, **conventions)
+
+    @cached_property
+    def peak(self) -> Optional[int]:
+        """The GPU peak of a training step (:meth:`step`, the article's conventions), or None where the
+        timeline does not model the setup (no architecture, MoE or encoder blocks).
+        Evaluated from the step compiled to plain Python (:mod:`memledger.step.cache`): no SymPy once cached."""
+        from ..step.cache import step_peak
+        peak = step_peak(self)
+        return None if peak is None else peak[0]
+
+    def fits(self, gpu_bytes: int, peak: bool = False) -> bool:
+        """Whether the GPU total fits in ``gpu_bytes``; with ``peak``, whether the step fits: its peak
+        (:attr:`peak`, where modelled). Where the ledger books a nominal parameter count (the article's
+        7x10^9) that the timeline, which counts tensors, does not see, the larger of the two decides."""
+        return self.judged_bytes(peak) <= gpu_bytes
+
+    def judged_bytes(self, peak: bool = False) -> int:
+        """What :meth:`fits` compares with the GPU: the GPU total, or (``peak``) the step's peak."""
+        if not peak or self.peak is None:
+            return self.totals["gpu"]
+        nominal = self.n_params is not None or self.arch.n_params is not None
+        return max(self.peak, self.totals["gpu"]) if nominal else self.peak
+
+    @property
+    def traffic(self) -> Traffic:
+        """Host<->device bytes per optimizer step for this rank (see :mod:`memledger.ledger.transfer`)."""
+        shard = formulas.evaluate(("elements", self.zero_stage >= 1), self.values)
+        return step_traffic(ALL_RECIPES[self.recipe], self.offload_optimizer, self.offload_params, shard)
+
+    def inputs(self) -> dict:
+        fields = asdict(self)
+        fields["arch"] = None if self.arch is None else {
+            k: v for k, v in asdict(self.arch).items() if k != "description"}
+        fields["n_params"] = self.params
+        return fields
+
+    def to_dict(self) -> dict:
+        """The CLI's JSON object: inputs, rows (exact integer bytes, formula), totals, model states by
+        ZeRO role (:meth:`by_role`), traffic."""
+        return {
+            "inputs": self.inputs(),
+            "rows": [{"name": r.name, "group": r.group, "device": r.device, "bytes": r.bytes,
+                      "formula": r.formula} for r in self.rows],
+            "totals": self.totals,
+            "model_states_by_role": self.by_role(),
+            "traffic": asdict(self.traffic),
+        }
+
+    def by_role(self, device: Optional[str] = None) -> dict:
+        """Model-state bytes by ZeRO role: {"param": ..., "grad": ..., "optimizer": ...} (all devices, or one);
+        "gathered" too under ZeRO-3 parameter offload (a unit's parameters and gradients on the GPU)."""
+        roles = {"param": 0, "grad": 0, "optimizer": 0}
+        for r in self.rows:
+            if r.group == "model_states" and device in (None, r.device):
+                roles[r.spec.role] = roles.get(r.spec.role, 0) + r.bytes
+        return roles
+
+    def table(self, unit: str = "GB"):
+        """The rows and per-device totals as a :class:`~memledger.views.display.Table`
+        (prints as text; renders as HTML in Jupyter; ``.markdown()`` for Markdown)."""
+        from .table import ledger_table
+        return ledger_table(self, unit)
+
+    def __str__(self):
+        return self.table().text()
+
+    def _repr_html_(self):
+        return self.table().html()
+
+    def _repr_markdown_(self):
+        return self.table().markdown()
+
+
+def sweep(template: Ledger, **arrays) -> dict:
+    """Per-device totals of ``template``'s structure over NumPy arrays of inputs.
+
+    Keyword names are :data:`memledger.core.symbols.NOTATION` fields
+    (``batch_size``, ``seq_len``, ``dp`` ...); the rest is taken from
+    ``template``. Values must be whole numbers >= 1 (``overhead_bytes`` >= 0).
+    Returns {"gpu": array, "cpu": array, "nvme": array} in float64.
+    """
+    import numpy as np
+    from ..core.exact import vectorized_function
+    from ..core import symbols
+    fields = {field: name for name, field in FIELD_OF.items()}
+    unknown = set(arrays) - set(fields)
+    if unknown:
+        raise ValueError(f"cannot sweep over {', '.join(sorted(unknown))}; choose from {', '.join(fields)}")
+    for name, array in arrays.items():
+        values = np.asarray(array, dtype=np.float64)
+        low = 0 if name == "overhead_bytes" else 1
+        if not (np.all(np.isfinite(values)) and np.all(values == np.round(values)) and np.all(values >= low)):
+            raise ValueError(f"{name} must hold whole numbers >= {low}")
+    names = tuple(FIELD_OF)
+    values = [np.asarray(arrays.get(FIELD_OF[n], template.values[n]), dtype=np.float64) for n in names]
+    specs = row_specs(template.structure)
+    results = vectorized_function(tuple(getattr(symbols, n) for n in names), tuple(s.expr for s in specs))(*values)
+    shape = np.broadcast_shapes(*(np.shape(v) for v in values))
+    out = {dev: np.zeros(shape) for dev in DEVICES}
+    for spec, value in zip(specs, results):
+        out[spec.device] = out[spec.device] + value
+    return out

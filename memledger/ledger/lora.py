@@ -1,0 +1,216 @@
+"""LoRA and QLoRA: a frozen base, rank-r adapters, and what autograd then keeps.
+
+LoRA (Hu et al. 2021) freezes every base weight and adds, on chosen
+projections W (out x in), a trainable pair A (r x in), B (out x r):
+y = W x + B A x (scaled). The base keeps its weights only: no gradients, no
+optimizer state. The adapters follow their own recipe (default fp32 AdamW:
+peft's ``get_peft_model(..., autocast_adapter_dtype=True)`` upcasts bf16/fp16
+adapter weights to float32).
+
+Activations are *derived* from the block's inventory
+(:func:`memledger.activations.inventory.inventory`): a row kept only for the weight
+gradient of some projections (``Saved.weight_grad_of``) disappears when all of
+them are frozen -- PyTorch's linear backward saves its input only if the weight
+needs a gradient -- and stays if one of them carries an adapter, because A's
+weight gradient needs the same input. Each adapter adds its rank-r
+intermediate A x (B's weight gradient needs it), and with LoRA dropout a mask
+and a dropped copy of the input per adapted projection (A then reads the copy).
+Assumed: adapters computed in the compute dtype, the block input requires
+grad (``enable_input_require_grads``, as peft's k-bit preparation does); in the
+first layer without it, nothing before the first adapter is saved.
+
+QLoRA (Dettmers et al. 2023): the base projections in 4-bit NormalFloat with
+one absmax per 64 weights, double-quantized to 8 bits with one fp32 constant
+per 256 absmax values: 4 + 8/64 + 32/(64 x 256) = 4.127 bits per parameter
+(the paper's Sec. 3: 0.127 bits of constants instead of 0.5). Embeddings,
+norms and the output head stay in BF16 (bitsandbytes quantizes nn.Linear
+layers only). bitsandbytes' ``MatMul4Bit`` saves the packed weight, never the
+input (``autograd/_functions.py`` lines 357-360, 95f9af30), so the activation
+rows are LoRA's. Adapters: BF16 with a paged 8-bit AdamW.
+"""
+from dataclasses import dataclass
+
+import sympy as sp
+
+from ..activations.inventory import RECOMPUTE, Saved, inventory, per_layer_bytes
+from ..core.dtypes import nbytes
+from ..states.recipe import Component
+from ..states.recipes import get_recipe
+from ..core.symbols import B, L, S
+from ..models.tensors import PROJECTIONS, parameter_tensors, projections
+
+BASE_DTYPES = ("bf16", "fp16", "fp32", "nf4")
+NF4_DOUBLE_QUANT = Component("NF4 base projections (double-quantized absmax)", "nf4", "param",
+                             "QLoRA: 4-bit NormalFloat, 8-bit absmax per 64, fp32 per 256 absmax",
+                             constants=((64, "int8"), (64 * 256, "fp32")))
+NF4 = Component("NF4 base projections (fp32 absmax)", "nf4", "param", "QLoRA without double quantization",
+                constants=((64, "fp32"),))
+r_sym = sp.Symbol("r", positive=True, integer=True)
+
+
+@dataclass(frozen=True)
+class LoraConfig:
+    """Adapters of ``rank`` on ``targets`` (projection names of :data:`memledger.models.tensors.PROJECTIONS`)."""
+    rank: int = 16
+    targets: tuple = ("q_proj", "v_proj")
+    base: str = "bf16"
+    double_quant: bool = True
+    adapter_recipe: str = "fp32-adamw"
+    dropout: bool = False
+    paged: bool = False
+
+    def __post_init__(self):
+        if not isinstance(self.rank, int) or isinstance(self.rank, bool) or self.rank < 1:
+            raise ValueError(f"rank must be a positive integer, got {self.rank!r}")
+        object.__setattr__(self, "targets", tuple(self.targets))
+        if not self.targets:
+            raise ValueError("targets must name at least one projection")
+        if self.base not in BASE_DTYPES:
+            raise ValueError(f"base must be one of {', '.join(BASE_DTYPES)}, got {self.base!r}")
+        get_recipe(self.adapter_recipe)
+
+    def check(self, style: str) -> None:
+        unknown = [t for t in self.targets if t not in PROJECTIONS[style]]
+        if unknown:
+            raise ValueError(f"targets {', '.join(unknown)} are not projections of a {style} block; "
+                             f"choose from {', '.join(PROJECTIONS[style])}")
+
+
+def qlora(rank: int = 64, targets=None, style: str = "llama", **changes) -> LoraConfig:
+    """QLoRA as Dettmers et al. (2023) train it: NF4 base with double quantization, adapters on all
+    linear layers (r = 64 in the paper), BF16 adapters with a paged 8-bit AdamW."""
+    return LoraConfig(rank=rank, targets=tuple(targets or PROJECTIONS[style]), base="nf4",
+                      adapter_recipe=changes.pop("adapter_recipe", "bf16-adam8bit-bnb-nomaster"),
+                      paged=changes.pop("paged", True), **changes)
+
+
+def adapter_shapes(features, config: LoraConfig) -> list:
+    """(name, shape) of each layer's adapter matrices: A is r x in, B is out x r."""
+    from ..models.features import Features
+    f = Features.of(features)
+    config.check(f.style)
+    if f.moe:
+        raise ValueError("LoRA on mixture-of-experts blocks is not modelled; choose a dense architecture")
+    shapes = []
+    for target in config.targets:
+        out, inp = projections(f)[target]
+        shapes += [(f"{target}.lora_A", (r_sym, inp)), (f"{target}.lora_B", (out, r_sym))]
+    return shapes
+
+
+def _size(arch, config, expr) -> int:
+    """An expression of the architecture's symbols and the rank r, as an int."""
+    return arch.evaluate(sp.sympify(expr).subs(r_sym, config.rank))
+
+
+def state_rows(arch, config: LoraConfig) -> list:
+    """(name, role, device, bytes) of the model states, exact per tensor."""
+    config.check(arch.style)
+    size = lambda shape: _size(arch, config, sp.prod(shape))
+    quantized = NF4_DOUBLE_QUANT if config.double_quant else NF4
+    dense, packed = 0, 0
+    for t in parameter_tensors(arch.features):
+        count = arch.n_layers if t.per_layer else 1
+        if config.base == "nf4" and t.module in PROJECTIONS[arch.style] and t.name == "weight":
+            packed += count * int(quantized.bytes_for(size(t.shape)))
+        else:
+            dense += count * size(t.shape) * nbytes("bf16" if config.base == "nf4" else config.base)
+    rows = [(f"frozen base weights ({'bf16' if config.base == 'nf4' else config.base}; no grads, no states)",
+             "param", "gpu", dense)]
+    if config.base == "nf4":
+        rows.append((f"frozen {quantized.name}", "param", "gpu", packed))
+    recipe = get_recipe(config.adapter_recipe)
+    shapes = [size(shape) for _, shape in adapter_shapes(arch.features, config)]
+    for c in recipe.components:
+        paged = " (paged)" if config.paged and c.role == "optimizer" else ""
+        total = arch.n_layers * sum(int(c.bytes_for(n)) for n in shapes)
+        rows.append((f"LoRA adapters: {c.name}{paged}", c.role, "gpu", total))
+    return rows
+
+
+def adapter_params(arch, config: LoraConfig) -> int:
+    """Trainable parameters: L x sum over targets of r (in + out)."""
+    return arch.n_layers * sum(_size(arch, config, sp.prod(s)) for _, s in adapter_shapes(arch.features, config))
+
+
+def activation_rows(style: str, config: LoraConfig, dropout: bool = False, flash_attention: bool = False,
+                    **refinements) -> list:
+    """One block's saved tensors under LoRA, derived from the full-training inventory
+    (``refinements``: :func:`memledger.activations.inventory.inventory`'s ``gqa``, ``head_dim``)."""
+    config.check(style)
+    rows = inventory("swiglu" if style == "llama" else "gelu", "RMSNorm" if style == "llama" else "LayerNorm",
+                     dropout, flash_attention, **refinements)
+    adapted = set(config.targets)
+    kept = [r for r in rows if not r.weight_grad_of or (not config.dropout and adapted & set(r.weight_grad_of))]
+    for target in config.targets:
+        inp = projections(style)[target][1]
+        if config.dropout:
+            kept += [Saved(f"LoRA {target} dropout mask", "LoRA dropout backward needs the mask", (B, S, inp),
+                           "bool"),
+                     Saved(f"LoRA {target} dropout output", "A's weight gradient needs its (dropped) input",
+                           (B, S, inp))]
+        kept.append(Saved(f"LoRA {target} A output", "B's weight gradient needs its input, A x",
+                          (B, S, r_sym)))
+    return kept
+
+
+@dataclass(frozen=True)
+class LoraLedger:
+    """Per-GPU memory of a LoRA/QLoRA run: model states (exact, per tensor) and L layers of activations."""
+    arch: object
+    config: LoraConfig
+    batch_size: int = 1
+    seq_len: int = 2048
+    recompute: str = "none"
+    flash_attention: bool = False
+    overhead_bytes: int = 2 * 10**9
+
+    def __post_init__(self):
+        from ..models.presets import get_preset
+        if isinstance(self.arch, str):
+            object.__setattr__(self, "arch", get_preset(self.arch))
+        for name in ("batch_size", "seq_len"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.recompute not in RECOMPUTE:
+            raise ValueError(f"recompute must be one of {', '.join(RECOMPUTE)}, got {self.recompute!r}")
+        self.config.check(self.arch.style)
+
+    @property
+    def rows(self) -> list:
+        from .ledger import Row
+        rows = [Row(n, "model_states", dev, b, None) for n, _, dev, b in state_rows(self.arch, self.config)]
+        f = self.arch.features
+        act = L * per_layer_bytes(activation_rows(self.arch.style, self.config, self.arch.dropout,
+                                                  self.flash_attention, gqa=f.gqa, head_dim=f.head_dim),
+                                  self.recompute)
+        act = act.subs({r_sym: self.config.rank, B: self.batch_size, S: self.seq_len})
+        rows.append(Row("activations", "activations", "gpu", self.arch.evaluate(act), None))
+        rows.append(Row("CUDA context + workspace", "overhead", "gpu", self.overhead_bytes, None))
+        return rows
+
+    @property
+    def totals(self) -> dict:
+        return {dev: sum(r.bytes for r in self.rows if r.device == dev) for dev in ("gpu", "cpu", "nvme")}
+
+    def by_role(self) -> dict:
+        roles = {"param": 0, "grad": 0, "optimizer": 0}
+        for _, role, _, b in state_rows(self.arch, self.config):
+            roles[role] += b
+        return roles
+
+    def to_dict(self) -> dict:
+        c = self.config
+        return {"inputs": {"arch": self.arch.description or self.arch.style, "rank": c.rank, "targets": list(c.targets),
+                           "base": c.base, "double_quant": c.double_quant, "adapter_recipe": c.adapter_recipe,
+                           "lora_dropout": c.dropout, "paged": c.paged, "batch_size": self.batch_size,
+                           "seq_len": self.seq_len, "recompute": self.recompute,
+                           "trainable_params": adapter_params(self.arch, c)},
+                "rows": [{"name": r.name, "group": r.group, "device": r.device, "bytes": r.bytes} for r in self.rows],
+                "model_states_by_role": self.by_role(), "totals": self.totals}
+
+    def table(self, unit: str = "GB"):
+        """Rows and totals as a :class:`memledger.views.display.Table` (text, Markdown, HTML)."""
+        from .table import ledger_table
+        return ledger_table(self, unit)

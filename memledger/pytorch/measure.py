@@ -1,0 +1,192 @@
+"""Measuring the reference decoder (:mod:`memledger.pytorch.reference`) with PyTorch's own tools.
+
+* :func:`saved_tensors`: every tensor autograd saves in a forward pass, caught
+  with ``torch.autograd.graph.saved_tensors_hooks``, each storage counted once
+  (dedupe by ``untyped_storage().data_ptr()``), parameters skipped, and
+  attributed to the block (or the part outside the blocks) that saved it first.
+* :func:`live_after_forward`: storages created during the forward pass and
+  still alive after it (what checkpointing keeps through closures, which the
+  saved-tensor hooks cannot see), attributed the same way.
+* :func:`memtracker_step`: a whole training step at full scale under
+  ``FakeTensorMode`` (nothing is allocated), tracked by
+  ``torch.distributed._tools.mem_tracker.MemTracker``: the total at each
+  landmark of the second step, the peak of each phase and the overall peak.
+  On the CPU backend MemTracker counts exact storage bytes.
+"""
+from contextlib import contextmanager
+import weakref
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_map_only
+
+from .reference import RefConfig, Trainer, make_model
+
+OUTSIDE = "outside"
+
+
+def _inputs(c: RefConfig, batch: int, seq: int):
+    ids = torch.randint(0, c.V, (batch, seq))
+    return ids, torch.randint(0, c.V, (batch, seq))
+
+
+@contextmanager
+def _layer_tags(model):
+    """Yields a one-item list holding the index of the block now running forward (or OUTSIDE)."""
+    where = [OUTSIDE]
+    handles = []
+    for i, block in enumerate(model.blocks):
+        handles.append(block.register_forward_pre_hook(lambda m, a, i=i: where.__setitem__(0, i)))
+        handles.append(block.register_forward_hook(lambda m, a, o: where.__setitem__(0, OUTSIDE)))
+    try:
+        yield where
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def saved_tensors(c: RefConfig, loop: str, batch: int, seq: int, seed: int = 0) -> dict:
+    """{block index or "outside": sorted [(bytes, dtype, shape), ...]} of one forward pass with real tensors.
+
+    A storage saved by several blocks (the shared causal mask) counts as outside."""
+    torch.manual_seed(seed)
+    model = make_model(c, loop)
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    first = {}          # data_ptr -> (tags that saved it, bytes, dtype, shape)
+    ids, targets = _inputs(c, batch, seq)
+    with _layer_tags(model) as where:
+        def pack(t):
+            st = t.untyped_storage()
+            if st.data_ptr() not in params:
+                entry = first.setdefault(st.data_ptr(), (set(), st.nbytes(), str(t.dtype).replace("torch.", ""),
+                                                         tuple(t.shape)))
+                entry[0].add(where[0])
+            return t
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            loss = model.loss(ids, targets)
+    del loss
+    found = {}
+    for tags, nbytes, dtype, shape in first.values():
+        tag = next(iter(tags)) if len(tags) == 1 else OUTSIDE      # shared by blocks: the causal mask
+        found.setdefault(tag, []).append((nbytes, dtype, shape))
+    return {k: sorted(v) for k, v in found.items()}
+
+
+class _Births(TorchDispatchMode):
+    """Records a weak reference to every storage an op creates, with the block running."""
+
+    def __init__(self, where, skip):
+        super().__init__()
+        self.where, self.born, self.skip = where, {}, skip
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+
+        def note(t):
+            st = t.untyped_storage()
+            key = st.data_ptr()
+            known = self.born.get(key)
+            if (known is None or known[0]() is None) and key not in self.skip and st.nbytes():
+                self.born[key] = (weakref.ref(st), self.where[0], str(t.dtype).replace("torch.", ""),
+                                  tuple(t.shape))
+        tree_map_only(torch.Tensor, note, out)
+        return out
+
+
+def live_after_forward(c: RefConfig, loop: str, batch: int, seq: int, seed: int = 0) -> dict:
+    """{block index or "outside": sorted [(bytes, dtype, shape), ...]}: storages born in forward, alive after it
+    (the loss included)."""
+    torch.manual_seed(seed)
+    model = make_model(c, loop)
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    ids, targets = _inputs(c, batch, seq)
+    with _layer_tags(model) as where:
+        births = _Births(where, params)
+        with births:
+            loss = model.loss(ids, targets)
+    found = {}
+    for ref, tag, dtype, shape in births.born.values():
+        st = ref()
+        if st is not None:
+            found.setdefault(tag, []).append((st.nbytes(), dtype, shape))
+    del loss
+    return {k: sorted(v) for k, v in found.items()}
+
+
+def _tracker_class():
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    class Tracker(MemTracker):
+        """MemTracker keeping only the global peak (its per-module peaks cost 2/3 of the run and are not
+        used), optionally the largest total while each block runs forward and backward, and optionally a
+        trace: (total, backward?, innermost modules) after every op."""
+        trace = None
+        blocks = None
+        _func = None
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self._func = func
+            return super().__torch_dispatch__(func, types, args, kwargs)
+
+        def _update_peak_stats(self, peak_state):
+            for dev, snap in self._curr_mem_snap.items():
+                if self._peak_mem.get(dev, 0) < snap["Total"]:
+                    self._peak_mem[dev] = snap["Total"]
+                    self._peak_mem_snap[dev] = dict(snap)
+            if self.blocks is not None and not self._in_opt:
+                total = self._curr_mem_snap.get(torch.device("cpu"), {"Total": 0})["Total"]
+                for name in self._mod_tracker.parents:
+                    if name.startswith("Decoder.blocks.") and name.count(".") == 2:
+                        key = ("backward" if self._mod_tracker.is_bw else "forward", int(name.split(".")[2]))
+                        self.blocks[key] = max(self.blocks.get(key, 0), total)
+            if self.trace is not None:
+                snap = self._curr_mem_snap.get(torch.device("cpu"), {"Total": 0})
+                self.trace.append((snap["Total"], self._mod_tracker.is_bw, self._in_opt,
+                                   tuple(sorted(self._mod_tracker.parents)), str(self._func)))
+    return Tracker
+
+
+def memtracker_step(c: RefConfig, loop: str, batch: int, seq: int, foreach: bool = False,
+                    trace: bool = False, blocks: bool = False) -> dict:
+    """MemTracker totals of one steady-state training step under ``FakeTensorMode``.
+
+    The optimizer state is created first (zero gradients, one ``opt.step()``),
+    so the tracked step is a second step. Returns {"before forward": int, ...,
+    "after step": int, "peak": int, "phase peaks": {"forward": int,
+    "backward": int, "optimizer": int}} in CPU bytes, and with ``trace`` the
+    list of (total, in backward, in optimizer, modules, op) after every op. The
+    phase peaks reset MemTracker's ``_peak_mem`` at each landmark. With ``blocks``, "block peaks":
+    {("forward" or "backward", block index): the largest total after an op that block ran}.
+    """
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    cpu = torch.device("cpu")
+    with FakeTensorMode():
+        model = make_model(c, loop)
+        trainer = Trainer(model, loop, foreach=foreach)
+        trainer.init_state()
+        ids, targets = _inputs(c, batch, seq)
+        tracker = _tracker_class()()
+        tracker.trace = [] if trace else None
+        tracker.blocks = {} if blocks else None
+        tracker.track_external(model, trainer.opt, ids, targets, *trainer.masters)
+        result, phase_peaks = {}, {}
+        phases = {"after forward": "forward", "after backward": "backward", "after step": "optimizer"}
+
+        def landmark(name):
+            total = tracker.get_tracker_snapshot("current")[cpu]["Total"]
+            if name in phases:
+                phase_peaks[phases[name]] = max(tracker._peak_mem[cpu], total)
+            result[name] = tracker._peak_mem[cpu] = total
+            if trace:
+                tracker.trace.append((total, None, None, name, ""))
+
+        with tracker:
+            trainer.step(ids, targets, landmark)
+        result["peak"] = max(phase_peaks.values())
+        result["phase peaks"] = phase_peaks
+        if trace:
+            result["trace"] = tracker.trace
+        if blocks:
+            result["block peaks"] = tracker.blocks
+    return result

@@ -1,0 +1,274 @@
+"""The plain-PyTorch reference decoder and training loops the step timeline is checked against.
+
+Fixed by ``docs/step.md`` so anyone can rebuild it: a token embedding (no
+positions), L blocks, a final norm, an LM head (tied to the embedding in the
+GPT decoder, untied in the LLaMA decoder), and the loss
+``F.cross_entropy(logits.float().view(-1, V), targets.view(-1))``.
+
+* GPT block (the article's): LayerNorm -> fused QKV -> eager attention
+  (scores * 1/sqrt(d/H), causal ``masked_fill`` with one shared (S, S) bool
+  mask, softmax, dropout, @ v) -> output projection, dropout, residual;
+  LayerNorm -> Linear(d, F) -> GeLU -> Linear(F, d) -> dropout, residual.
+* LLaMA block: RMSNorm -> fused QKV (no bias; with one for Qwen2's shape) ->
+  causal SDPA -> output projection, residual; RMSNorm -> down(silu(gate(h)) *
+  up(h)), residual. The LLaMA decoder's LM head is untied unless ``tied``.
+* A head size d_h other than d/H (``head_dim``, Gemma-7B): q, k and v are
+  H*d_h (H_kv*d_h) wide and the output projection maps H*d_h back to d.
+* Grouped-query attention (LLaMA blocks, ``n_kv_heads`` < ``n_heads``; one
+  key/value head is multi-query): the fused projection is (H + 2 H_kv) * d/H
+  wide and split into q, k, v, and K and V are **never expanded to H heads**.
+  SDPA gets ``enable_gqa=True``; PyTorch's CPU flash kernel then reads each
+  query head's key/value head in place (measured, PyTorch 2.13: it saves K and
+  V at H_kv heads and returns their gradients at that width). The eager core
+  folds the query heads of a group into one batch (q copied to
+  (B, H_kv, G*S, d/H), K and V made contiguous at H_kv heads). This is the
+  convention of :func:`memledger.activations.inventory.inventory` with ``gqa=True``;
+  Hugging Face's ``repeat_kv`` (``transformers/models/llama/modeling_llama.py``:
+  ``expand`` + ``reshape``, "the equivalent of torch.repeat_interleave") and
+  the math SDPA's ``enable_gqa`` (``repeat_interleave``, the reference code in
+  ``F.scaled_dot_product_attention``'s docstring) copy K and V to H heads
+  instead: that is ``inventory(..., repeat_kv=True)``, not modelled here.
+
+Loops (:data:`LOOPS`): ``fp32-adamw``, ``bf16-pure-adamw`` and ``bf16-adamw``
+(BF16 model, FP32 masters held by the optimizer). Measuring helpers live in
+:mod:`memledger.pytorch.measure`. PyTorch is imported here only: ``import
+memledger`` works without it.
+"""
+from dataclasses import dataclass
+import math
+
+import torch
+from torch import nn
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+LOOPS = ("fp32-adamw", "bf16-pure-adamw", "bf16-adamw")
+LANDMARKS = ("before forward", "after forward", "after backward", "after step")
+
+
+@dataclass(frozen=True)
+class RefConfig:
+    """Shape and variant of the reference decoder.
+
+    ``dropout``: probability (0 -> no dropout call at all); ``native_dropout``:
+    ``torch.native_dropout`` (the fused CUDA kernel's 1-byte mask) instead of
+    ``F.dropout``; ``attention``: ``"eager"`` or ``"sdpa"``; None (the default)
+    is the style's reference kernel (GPT eager, LLaMA SDPA; an eager LLaMA block
+    is what the article backend's timeline models); ``n_kv_heads``: key/value
+    heads of a LLaMA block (None: ``H``, multi-head); ``qkv_bias``: a LLaMA block's fused QKV
+    projection has a bias (Qwen2); ``tied``: a LLaMA decoder's LM head shares the embedding's weight
+    (Gemma; GPT decoders are always tied and biased); ``rmsnorm``: ``"composite"`` (``nn.RMSNorm``) or
+    ``"fused"`` (ATen's ``_fused_rms_norm``, saving input and rstd as the CUDA
+    kernel does); ``recompute``: ``"none"``, ``"selective"`` (the attention
+    core, Korthikanti et al. 2022) or ``"full"`` (every block); ``head_dim``: the
+    head size where it is not d/H (Gemma-7B: 256 with d = 3072, H = 16): q is
+    H*d_h wide, k and v H_kv*d_h, and the output projection (H*d_h) x d.
+    """
+    d: int
+    L: int
+    H: int
+    F: int
+    V: int
+    style: str = "gpt"
+    dropout: float = 0.0
+    native_dropout: bool = False
+    attention: str = None
+    rmsnorm: str = "composite"
+    recompute: str = "none"
+    n_kv_heads: int = None
+    qkv_bias: bool = False
+    tied: bool = False
+    head_dim: int = None
+
+    def __post_init__(self):
+        if self.attention not in (None, "eager", "sdpa"):
+            raise ValueError(f"attention must be eager or sdpa, got {self.attention!r}")
+        if self.H % self.kv_heads:
+            raise ValueError(f"H ({self.H}) must be divisible by n_kv_heads ({self.kv_heads})")
+        if self.style == "gpt" and (self.kv_heads != self.H or self.qkv_bias or self.tied):
+            raise ValueError("n_kv_heads, qkv_bias, tied: refinements of LLaMA blocks (GPT blocks are tied and "
+                             "biased, multi-head)")
+
+    @property
+    def kernel(self) -> str:
+        """``"eager"`` or ``"sdpa"``: the attention this block runs."""
+        return self.attention or ("eager" if self.style == "gpt" else "sdpa")
+
+    @property
+    def hd(self) -> int:
+        """The head size: ``head_dim``, or d/H."""
+        return self.head_dim or self.d // self.H
+
+    @property
+    def kv_heads(self) -> int:
+        return self.H if self.n_kv_heads is None else self.n_kv_heads
+
+
+class _FusedRMSNormFn(torch.autograd.Function):
+    """RMSNorm that saves (input, FP32 rstd) like the CUDA kernel (derivatives.yaml: _fused_rms_norm)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, eps):
+        out, rstd = torch.ops.aten._fused_rms_norm(x, [x.shape[-1]], weight, eps)
+        ctx.save_for_backward(x, rstd, weight)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, rstd, weight = ctx.saved_tensors
+        dx, dw = torch.ops.aten._fused_rms_norm_backward(grad, x, [x.shape[-1]], rstd, weight, [True, True])
+        return dx, dw, None
+
+
+class FusedRMSNorm(nn.RMSNorm):
+    def forward(self, x):
+        return _FusedRMSNormFn.apply(x, self.weight, self.eps or torch.finfo(x.dtype).eps)
+
+
+class Block(nn.Module):
+    """One GPT or LLaMA block as ``docs/step.md`` specifies it."""
+
+    def __init__(self, c: RefConfig):
+        super().__init__()
+        self.c = c
+        gpt = c.style == "gpt"
+        norm = nn.LayerNorm if gpt else (FusedRMSNorm if c.rmsnorm == "fused" else nn.RMSNorm)
+        self.norm1, self.norm2 = norm(c.d), norm(c.d)
+        self.qkv = nn.Linear(c.d, (c.H + 2 * c.kv_heads) * c.hd, bias=gpt or c.qkv_bias)
+        self.proj = nn.Linear(c.H * c.hd, c.d, bias=gpt)
+        if gpt:
+            self.up, self.down = nn.Linear(c.d, c.F), nn.Linear(c.F, c.d)
+        else:
+            self.gate, self.up = nn.Linear(c.d, c.F, bias=False), nn.Linear(c.d, c.F, bias=False)
+            self.down = nn.Linear(c.F, c.d, bias=False)
+
+    def _drop(self, x):
+        c = self.c
+        if c.style != "gpt" or not c.dropout:
+            return x
+        return torch.native_dropout(x, c.dropout, True)[0] if c.native_dropout else F.dropout(x, c.dropout)
+
+    def _core(self, q, k, v, mask):
+        c = self.c
+        scale = 1 / math.sqrt(c.hd)
+        if c.kernel == "eager" and c.kv_heads != c.H:        # grouped: no K/V copies to H heads
+            B, H, S, hd = q.shape
+            q = q.reshape(B, c.kv_heads, H // c.kv_heads * S, hd)
+            k, v = k.contiguous(), v.contiguous()
+            scores = (q @ k.transpose(-1, -2)).view(B, H, S, S) * scale
+            probs = self._drop(scores.masked_fill(mask, float("-inf")).softmax(-1))
+            return (probs.view(B, c.kv_heads, H // c.kv_heads * S, S) @ v).view(B, H, S, hd)
+        if c.kernel == "eager":
+            scores = (q @ k.transpose(-1, -2)) * scale
+            return self._drop(scores.masked_fill(mask, float("-inf")).softmax(-1)) @ v
+        p = c.dropout if c.style == "gpt" else 0.0
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True,
+                                              enable_gqa=c.kv_heads != c.H)
+
+    def forward(self, x, mask):
+        c = self.c
+        B, S, _ = x.shape
+        hd = c.hd
+        if c.kv_heads == c.H:
+            q, k, v = self.qkv(self.norm1(x)).view(B, S, 3, c.H, hd).permute(2, 0, 3, 1, 4)
+        else:
+            q, k, v = self.qkv(self.norm1(x)).split([c.H * hd, c.kv_heads * hd, c.kv_heads * hd], dim=-1)
+            q, k, v = (t.view(B, S, -1, hd).transpose(1, 2) for t in (q, k, v))
+        if c.recompute == "selective":
+            a = checkpoint(self._core, q, k, v, mask, use_reentrant=False)
+        else:
+            a = self._core(q, k, v, mask)
+        x = x + self._drop(self.proj(a.transpose(1, 2).reshape(B, S, c.H * hd)))
+        h = self.norm2(x)
+        if c.style == "gpt":
+            return x + self._drop(self.down(F.gelu(self.up(h))))
+        return x + self.down(F.silu(self.gate(h)) * self.up(h))
+
+
+class Decoder(nn.Module):
+    """Embedding, blocks, final norm, LM head (tied in GPT, untied in LLaMA), FP32 cross-entropy."""
+
+    def __init__(self, c: RefConfig):
+        super().__init__()
+        self.c = c
+        self.embed = nn.Embedding(c.V, c.d)
+        self.blocks = nn.ModuleList(Block(c) for _ in range(c.L))
+        gpt = c.style == "gpt"
+        self.norm = nn.LayerNorm(c.d) if gpt else (FusedRMSNorm(c.d) if c.rmsnorm == "fused" else nn.RMSNorm(c.d))
+        self.head = nn.Linear(c.d, c.V, bias=False)
+        if gpt or c.tied:
+            self.head.weight = self.embed.weight
+
+    def forward(self, ids):
+        S = ids.shape[1]
+        mask = None
+        if self.c.kernel == "eager":
+            mask = torch.ones(S, S, dtype=torch.bool, device=ids.device).triu(1)   # built once, shared
+        x = self.embed(ids)
+        for block in self.blocks:
+            if self.c.recompute == "full":
+                x = checkpoint(block, x, mask, use_reentrant=False)
+            else:
+                x = block(x, mask)
+        return self.head(self.norm(x))
+
+    def loss(self, ids, targets):
+        return F.cross_entropy(self(ids).float().view(-1, self.c.V), targets.view(-1))
+
+
+def make_model(c: RefConfig, loop: str) -> Decoder:
+    """The decoder in the loop's dtype, created under ``torch.set_default_dtype`` (``.to`` fails on fake tensors)."""
+    if loop not in LOOPS:
+        raise ValueError(f"loop must be one of {', '.join(LOOPS)}, got {loop!r}")
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float32 if loop == "fp32-adamw" else torch.bfloat16)
+    try:
+        return Decoder(c)
+    finally:
+        torch.set_default_dtype(before)
+
+
+class Trainer:
+    """One model, its AdamW and (``bf16-adamw``) its FP32 masters; :meth:`step` runs one training step."""
+
+    def __init__(self, model: Decoder, loop: str, foreach: bool = False):
+        self.model, self.loop = model, loop
+        self.params = list(model.parameters())
+        self.masters = []
+        if loop == "bf16-adamw":
+            with torch.no_grad():
+                self.masters = [p.detach().float() for p in self.params]
+            for m in self.masters:
+                m.requires_grad_(True)
+        self.opt = torch.optim.AdamW(self.masters or self.params, foreach=foreach)
+
+    def init_state(self):
+        """Create the optimizer's state as a first step would (zero gradients, one ``opt.step()``)."""
+        for p in self.opt.param_groups[0]["params"]:
+            p.grad = torch.zeros_like(p)
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+
+    def step(self, ids, targets, landmark=lambda name: None):
+        """Forward, ``loss.backward()``, optimizer step, ``zero_grad(set_to_none=True)``;
+        ``landmark(name)`` is called at each of :data:`LANDMARKS`."""
+        landmark("before forward")
+        loss = self.model.loss(ids, targets)
+        landmark("after forward")
+        loss.backward()
+        del loss
+        landmark("after backward")
+        if self.masters:
+            for p, m in zip(self.params, self.masters):
+                m.grad = p.grad.float()
+                p.grad = None
+            self.opt.step()
+            with torch.no_grad():
+                for p, m in zip(self.params, self.masters):
+                    p.copy_(m)
+            for m in self.masters:
+                m.grad = None
+        else:
+            self.opt.step()
+            self.opt.zero_grad(set_to_none=True)
+        landmark("after step")

@@ -1,0 +1,102 @@
+"""The norms' programs for the step timeline: LayerNorm, fused RMSNorm and composite RMSNorm, op by op.
+
+LayerNorm (``native_layer_norm``) and the fused RMSNorm keep their input and
+per-token statistics and run as one kernel each way. ``nn.RMSNorm`` without a
+fused kernel (CPU) runs as ATen's composite (``rms_norm_composite`` in
+``aten/src/ATen/native/layer_norm.cpp``): an FP32 upcast, pow, mean, rsqrt,
+two products and a downcast forward, and their backward formulas, each a
+B*S*d FP32 temporary; read off MemTracker's allocation log of the reference
+decoder and checked by ``tests/test_step.py``.
+"""
+from .ops import BS, BSd
+from ..core.symbols import d
+
+
+def _prefix(c, k):
+    norm = "LayerNorm" if c.gpt else "RMSNorm"
+    return f"final {norm}" if k == "final" else f"{norm} {k}"
+
+
+def _stats(c, prefix):
+    if c.composite or not c.stats:
+        return []
+    return [f"{prefix} mean", f"{prefix} rstd"] if c.gpt else [f"{prefix} rstd"]
+
+
+def norm_forward(p, c, k, out):
+    """LayerNorm, fused or composite RMSNorm ``k`` ("1", "2", "final") writing ``out``; its input is live."""
+    prefix = _prefix(c, k)
+    if not c.composite:
+        p.op(f"norm {k}", alloc=[out] + _stats(c, prefix))
+        return
+    f = "fp32"
+    x32, rstd, xr = f"{prefix} input", f"{prefix} rstd", f"{prefix} x*rstd"
+    sq = p.new(f"norm {k}: x^2", BSd, f, "composite RMSNorm: pow(x, 2) in FP32")
+    ms = p.new(f"norm {k}: mean(x^2)", BS, f, "composite RMSNorm: its mean over d, FP32")
+    if c.upcast:
+        p.op(f"norm {k} upcast", alloc=[x32])
+    p.op(f"norm {k} rsqrt(mean(x^2))", alloc=[sq, ms, rstd])
+    p.op(f"norm {k} x*rstd", free=[ms, sq], alloc=[xr])
+    if c.upcast:
+        xrw = p.new(f"norm {k}: x*rstd*w", BSd, f, "composite RMSNorm: the FP32 product with the weight")
+        p.op(f"norm {k} weight", alloc=[xrw])
+        p.op(f"norm {k} downcast", alloc=[out])
+        p.op(f"norm {k} done", free=[xrw])
+    else:
+        p.op(f"norm {k} weight", alloc=[out])
+
+
+def norm_backward(p, c, k, g_out, g_in, grads, residual=None, also_free=()):
+    """Backward of norm ``k``: ``g_out`` (live) -> ``g_in``; frees what the norm saved; writes ``grads``.
+
+    ``residual``: the gradient already waiting for the norm's input (the skip
+    connection's). With an FP32 input, composite RMSNorm's two paths into x
+    are summed into it inside the norm's backward (autograd's input buffer),
+    and ``g_in`` is that sum; otherwise the caller adds ``residual``. ``also_free``: tensors released
+    with the norm's input.
+    """
+    prefix = _prefix(c, k)
+    f = "fp32"
+    if not c.composite:
+        p.op(f"norm {k} backward", alloc=[g_in] + grads)
+        p.op(f"norm {k} released", free=[g_out, f"{prefix} input"] + _stats(c, prefix) + list(also_free))
+        return
+    x32, rstd, xr = f"{prefix} input", f"{prefix} rstd", f"{prefix} x*rstd"
+    t = {n: p.new(f"norm {k} backward: {n}", shape, f, why) for n, shape, why in [
+        ("g32", BSd, "the output gradient upcast to FP32"),
+        ("g*w", BSd, "gradient of x*rstd: g times the weight"),
+        ("g*xr", BSd, "for the weight gradient: g times x*rstd"),
+        ("sum g*xr", (d,), "the weight gradient before its downcast"),
+        ("g*rstd", BSd, "gradient of x through x*rstd"),
+        ("g*x", BSd, "for the rstd gradient: g times x"),
+        ("g_rstd", BS, "the rstd gradient"),
+        ("rsqrt'", BS, "rsqrt backward: a per-token temporary"),
+        ("rsqrt''", BS, "rsqrt backward: a per-token temporary"), ("g_ms", BS, "gradient of mean(x^2)"),
+        ("g_mean", BSd, "mean backward: expanded over d, divided by d"),
+        ("pow'", BSd, "pow backward: a temporary"), ("pow''", BSd, "pow backward: a temporary"),
+        ("g_pow", BSd, "gradient of x through x^2"), ("g_x32", BSd, "sum of both gradients of x (FP32)"),
+        ("g_x+res", BSd, "autograd's input buffer: the skip gradient plus the first norm gradient")]}
+    if c.upcast:
+        p.op(f"norm {k} backward: upcast", alloc=[t["g32"]])
+        p.op(f"norm {k} backward: weight", free=[g_out], alloc=[t["g*w"], t["g*xr"], t["sum g*xr"]])
+        p.op(f"norm {k} backward: weight gradient", free=[t["g*xr"]], alloc=grads)
+        p.op(f"norm {k} backward: x*rstd", free=[t["sum g*xr"], t["g32"], xr],
+             alloc=[t["g*rstd"], t["g*x"], t["g_rstd"]])
+        first, pending = t["g*rstd"], [t["g*x"], t["g*w"]]
+    else:
+        p.op(f"norm {k} backward: weight", alloc=[t["g*w"], t["g*xr"]] + grads)
+        p.op(f"norm {k} backward: x*rstd", free=[t["g*xr"], g_out, xr], alloc=[t["g*rstd"], t["g*x"], t["g_rstd"]])
+        first, pending = t["g*rstd"], [t["g*x"], t["g*w"]]
+        if residual:
+            p.op(f"norm {k} backward: add to the skip gradient", free=pending, alloc=[t["g_x+res"]])
+            p.op(f"norm {k} backward: buffer", free=[residual, t["g*rstd"]])
+            first, pending = t["g_x+res"], []
+    p.op(f"norm {k} backward: rsqrt", free=pending, alloc=[t["rsqrt'"], t["rsqrt''"], t["g_ms"]])
+    p.op(f"norm {k} backward: mean", free=[t["rsqrt''"], t["rsqrt'"], t["g_rstd"], rstd], alloc=[t["g_mean"]])
+    p.op(f"norm {k} backward: pow", free=[t["g_ms"]], alloc=[t["pow'"], t["pow''"], t["g_pow"]])
+    total = t["g_x32"] if c.upcast else g_in
+    p.op(f"norm {k} backward: sum", free=[t["pow''"], t["pow'"], t["g_mean"], x32] + list(also_free), alloc=[total])
+    p.op(f"norm {k} backward: summed", free=[first, t["g_pow"]])
+    if c.upcast:
+        p.op(f"norm {k} backward: downcast", alloc=[g_in])
+        p.op(f"norm {k} backward: done", free=[t["g_x32"]])

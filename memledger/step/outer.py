@@ -1,0 +1,150 @@
+"""The step's programs outside the blocks: embedding, final norm, LM head and loss, and the optimizer.
+
+Same form as :mod:`memledger.step.ops` (ops of frees and allocations over named
+tensors). The loss keeps the logits' FP32 copy and ``log_softmax``'s output
+next to every saved activation at the end of the forward pass, and its
+backward holds two more B*S*V FP32 tensors; the optimizer step of
+``torch.optim.AdamW`` (``torch/optim/adam.py``) allocates, per parameter,
+``exp_avg_sq.sqrt()`` and its quotient by the bias correction
+(``foreach=False``), or one ``_foreach_sqrt`` copy of every moment at once
+(``foreach=True``); with FP32 master weights the loop of ``docs/step.md``
+first converts each gradient to FP32, one parameter at a time.
+"""
+from .norms import norm_backward, norm_forward
+from .ops import GRAD_KIND, TRANSIENT, BSd, Shape, Tensor, io_names
+from ..core.dtypes import nbytes
+from ..core.symbols import B, S, V, d
+
+LOGITS = (B, S, V)
+
+
+def final_input(c: Shape) -> str:
+    """Name of the last block's output (the final norm's input)."""
+    norm = "LayerNorm" if c.gpt else "RMSNorm"
+    return "final norm input" if c.upcast else f"final {norm} input"
+
+
+def head_params(c: Shape) -> list:
+    """(name, elements) of the parameters outside the blocks, in ``model.parameters()`` order after the blocks."""
+    norm = [("final norm.weight", d), ("final norm.bias", d)] if c.gpt else [("final norm.weight", d)]
+    return norm if c.is_tied else norm + [("head.weight", V * d)]
+
+
+def define_grads(p, c: Shape, share):
+    """Gradient tensors of the embedding, the final norm and (untied) the LM head."""
+    for name, n in [("embedding.weight", V * d)] + head_params(c):
+        p.tensors[f"grad {name}"] = Tensor(f"grad {name}", share(n) * nbytes(c.grad_dtype), GRAD_KIND,
+                                           f"the gradient of {name}")
+
+
+def forward_start(p, c: Shape):
+    """The causal mask (eager attention) and the embedding, whose output is the first block's input."""
+    if c.attention == "eager":
+        ones = p.new("ones (S, S)", (S, S), "bool", "torch.ones before .triu(1)")
+        p.op("torch.ones(S, S)", alloc=[ones])
+        p.op("triu: the causal mask", alloc=["causal mask"])
+        p.op("released", free=[ones])
+    p.op("embedding", alloc=["first: " + io_names(c)[0]])
+
+
+def forward_end(p, c: Shape):
+    """Final norm, LM head, FP32 upcast, log_softmax, nll_loss."""
+    a = c.dtype
+    norm_forward(p, c, "final", "LM head input")
+    logits = p.new("logits", LOGITS, a, "the LM head's output")
+    p.op("LM head", alloc=[logits])
+    if c.upcast:
+        p.op("final norm input released", free=[final_input(c)])
+    src = logits
+    if a != "fp32":
+        src = p.new("logits in FP32", LOGITS, "fp32", "logits.float(): cross-entropy runs in FP32")
+        p.op("logits.float()", alloc=[src])
+        p.op("BF16 logits released", free=[logits])
+    p.op("log_softmax", alloc=["log-softmax output (FP32)"])
+    p.op("nll_loss", alloc=["loss", "nll_loss total weight"])
+    p.op("loss computed", free=[src])
+
+
+def backward_start(p, c: Shape):
+    """Backward through the loss, the LM head and the final norm; ends with ``last: dX_out``."""
+    a = c.dtype
+    dl = p.new("gradient of the loss", (), "fp32", "loss.backward() seeds a 1")
+    g1 = p.new("nll_loss gradient", LOGITS, "fp32", "nll_loss backward: B*S*V FP32")
+    g2 = p.new("log_softmax gradient", LOGITS, "fp32", "log_softmax backward: B*S*V FP32")
+    p.op("loss.backward()", alloc=[dl])
+    p.op("nll_loss backward", alloc=[g1])
+    p.op("released", free=["nll_loss total weight"])
+    p.op("log_softmax backward", alloc=[g2])
+    p.op("released", free=[g1, "log-softmax output (FP32)"])
+    g = g2
+    if a != "fp32":
+        g = p.new("logits gradient", LOGITS, a, "downcast to the logits' dtype")
+        p.op("logits.float() backward", alloc=[g])
+        p.op("released", free=[g2])
+    gfn = p.new("gradient of the LM head input", BSd, a, "the LM head's input gradient")
+    head = "LM head's contribution to the tied embedding gradient" if c.is_tied else "grad head.weight"
+    if c.is_tied:
+        p.tensors[head] = Tensor(head, p.tensors["grad embedding.weight"].expr, TRANSIENT,
+                                 "waits in autograd's buffer for the embedding's contribution")
+    p.op("LM head backward", alloc=[head, gfn])
+    p.op("released", free=[g, "LM head input"])
+    grads = [f"grad {n}" for n, _ in head_params(c) if n.startswith("final")]
+    norm_backward(p, c, "final", gfn, "last: dX_out", grads)
+
+
+def backward_end(p, c: Shape):
+    """The embedding's backward (summed with the LM head's for a tied weight); the loss is released."""
+    if c.is_tied:
+        dense = p.new("embedding gradient (dense)", (V, d), c.grad_dtype, "embedding_dense_backward's output")
+        p.op("embedding backward", alloc=[dense])
+        p.op("released", free=["grad of the embedding output"])
+        p.op("tied weight: both gradients summed", alloc=["grad embedding.weight"])
+        p.op("released", free=[dense, "LM head's contribution to the tied embedding gradient"])
+    else:
+        p.op("embedding backward", alloc=["grad embedding.weight"])
+        p.op("released", free=["grad of the embedding output"])
+    p.op("loss released", free=["gradient of the loss", "loss"])
+
+
+def optimizer(p, params, state_dtype: str, master: bool, foreach: bool, grad_dtype: str):
+    """AdamW's step over ``params`` [(name, elements), ...] (``"@lump"`` entries stand for many blocks).
+
+    ``master``: BF16 gradients are first converted to FP32 masters' gradients,
+    one tensor at a time (``docs/step.md``), the BF16 gradient freed after each.
+    The step's temporaries are in ``state_dtype``.
+    """
+    p.op("@collect gradients")
+    if master:
+        total = sum(n for _, n in params)
+        done, before = 0, "@gradients"
+        for name, n in params:
+            fp32 = p.new(f"FP32 gradient of {name}", (n,), "fp32", "master.grad = p.grad.float()", kind=GRAD_KIND)
+            rest = p.new(f"BF16 gradients after {name}", (total - done - n,), grad_dtype, "not yet converted",
+                         kind=GRAD_KIND)
+            if name.startswith("@"):
+                p.op(f"gradients to FP32: {name}", free=[before], alloc=[rest, fp32])
+            else:
+                p.op(f"gradient to FP32: {name}", alloc=[fp32])
+                p.op("BF16 gradient released", free=[before], alloc=[rest])
+            done, before = done + n, rest
+    if foreach:
+        one = p.new("torch.tensor(1.0)", (), "fp32", "foreach step-count increment on the CPU")
+        p.op("step counters += 1", alloc=[one])
+        p.op("released", free=[one])
+        sq = p.new("_foreach_sqrt(exp_avg_sq)", (sum(n for _, n in params),), state_dtype,
+                   "one square root per moment, all at once")
+        p.op("_foreach_sqrt over every parameter", alloc=[sq])
+        p.op("released", free=[sq])
+    else:
+        previous = None          # ``denom`` of the previous parameter lives until the next is assigned
+        for name, n in params:
+            if name.startswith("@"):
+                continue
+            s1 = p.new(f"sqrt(exp_avg_sq) of {name}", (n,), state_dtype, "AdamW(foreach=False): its square root")
+            s2 = p.new(f"denom of {name}", (n,), state_dtype, "sqrt / bias correction + eps, a local until the next "
+                       "parameter's is assigned")
+            p.op(f"AdamW step: {name}", alloc=[s1, s2])
+            p.op("released", free=[s1, previous])
+            previous = s2
+        p.op("step done", free=[previous])
+    p.op("@release gradients")

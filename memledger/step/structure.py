@@ -1,0 +1,129 @@
+"""What decides a step's programs: :class:`Shape` (a block's choices) and :class:`StepStructure` (read off a
+ledger), and the numbers a step is evaluated at (:func:`step_values`). Free of SymPy, so that the command
+line can key a compiled step (:mod:`memledger.step.cache`) without loading it.
+
+Two ledgers with the same structure share compiled programs (:func:`memledger.step.build.build`); only
+their numbers differ. B = 1 is part of the structure: q, k and v then stay views of the fused QKV
+projection instead of being copied for the batched matmul.
+"""
+from dataclasses import dataclass
+
+from ..models.features import Features
+from ..states.recipes import RECIPES
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The discrete choices a layer's program depends on (see :mod:`memledger.activations.backends`)."""
+    style: str              # "gpt" (LayerNorm, GeLU, biases) or "llama" (RMSNorm, SwiGLU)
+    attention: str          # "eager", "flash" or "math"
+    dropout: bool
+    rmsnorm: str            # "fused" or "composite"
+    dtype: str              # activation dtype, "bf16" or "fp32"
+    stats: bool             # norm statistics booked (inventory rows exist)
+    single: bool            # B == 1: q, k, v stay views of the fused projection (no copies)
+    grad_dtype: str = "bf16"
+    mask_dtype: str = None  # a dropout mask's dtype ("bool": the fused CUDA kernel); None: the activation dtype
+    stats_dtype: str = None  # LayerNorm statistics' dtype where booked; None: the activation dtype
+    gqa: bool = False       # grouped-query attention: K and V at H_kv heads (LLaMA blocks)
+    mqa: bool = False       # H_kv = 1 (multi-query): the eager core's V gradient needs no copy back
+    qkv_bias: bool = None   # None: as the style says (GPT yes, LLaMA no); True: LLaMA with QKV biases (Qwen2)
+    tied: bool = None       # None: as the style says (GPT tied, LLaMA untied); True: a tied LLaMA decoder (Gemma)
+    selective: bool = False  # selective recomputation: the attention core checkpointed (memledger.step.selective)
+    head_dim: bool = False  # a head size d_h other than d/H: Q and the output projection's input H*d_h wide
+
+    @property
+    def gpt(self):
+        return self.style == "gpt"
+
+    @property
+    def has_qkv_bias(self):
+        return self.gpt if self.qkv_bias is None else self.qkv_bias
+
+    @property
+    def is_tied(self):
+        return self.gpt if self.tied is None else self.tied
+
+    @property
+    def composite(self):
+        return not self.gpt and self.rmsnorm == "composite"
+
+    @property
+    def upcast(self):
+        """Composite RMSNorm copies a 16-bit input to FP32 (an FP32 input is used as is)."""
+        return self.composite and self.dtype != "fp32"
+
+
+@dataclass(frozen=True)
+class StepStructure:
+    shape: Shape
+    recipe: str
+    zero_stage: int
+    offload_optimizer: str
+    offload_params: str
+    offload_placement: str
+    recompute: str
+    tensor_parallel: bool
+    sequence_parallel: bool
+    conventions: object
+    layers: object          # L when L <= 4, else None (any larger L gives the same program)
+    prefetch: bool = True
+
+    @classmethod
+    def of(cls, ledger, conv):
+        arch = ledger.arch
+        if arch is None:
+            raise ValueError("the step timeline needs an architecture (a preset or --hidden/--layers/--heads)")
+        f = arch.features
+        llama = arch.style == "llama"
+        # LLaMA blocks may add grouped-query attention, QKV biases (Qwen2) and a tied LM head (Gemma)
+        modelled = Features.of(arch.style)._replace(gqa=f.gqa, qkv_bias=f.qkv_bias, tied=f.tied) if llama else \
+            Features.of(arch.style)._replace(tied=f.tied if f.is_tied else None, qkv_bias=f.qkv_bias if f.has_qkv_bias
+                                             else None)
+        modelled = modelled._replace(head_dim=f.head_dim)        # any style: Q and O at H*d_h (Gemma-7B)
+        if f != modelled:
+            raise ValueError(f"the step timeline models the reference decoder's GPT and LLaMA blocks (LLaMA blocks "
+                             f"also with grouped-query attention, QKV biases and tied embeddings; any head size; no, "
+                             f"selective or full recomputation); {unmodelled(f)} not modelled op by op")
+        gqa = f.gqa
+        recipe = RECIPES[ledger.recipe]
+        act = next(c.dtype for c in recipe.components if c.role == "param")
+        grad = next(c.dtype for c in recipe.components if c.role == "grad")
+        kernel = conv.kernel(arch.style, ledger.dropout, ledger.flash_attention)
+        if kernel == "math":
+            raise ValueError("the math SDPA kernel (CPU, LLaMA blocks with dropout) is not modelled op by op; "
+                             "use flash_attention or no dropout")
+        opts = conv.inventory_options(arch.style, act, ledger.dropout, ledger.flash_attention)
+        shape = Shape(arch.style, kernel, bool(ledger.dropout), conv.rmsnorm, act, conv.norm_stats is not None,
+                      ledger.batch_size == 1, grad, opts["mask_dtype"], opts["norm_stats"], gqa,
+                      gqa and arch.kv_heads == 1, True if llama and f.has_qkv_bias else None,
+                      True if llama and f.is_tied else None, ledger.recompute == "selective", f.head_dim)
+        return cls(shape, ledger.recipe, ledger.zero_stage, ledger.offload_optimizer, ledger.offload_params,
+                   ledger.offload_placement, ledger.recompute, ledger.tp > 1, ledger.sequence_parallel, conv,
+                   arch.n_layers if arch.n_layers <= 4 else None)
+
+
+def unmodelled(f: Features) -> str:
+    """What of ``f`` the step timeline refuses, in words (for its error message)."""
+    named = [("mixture of experts", f.moe), ("an untied GPT decoder", f.gpt and not f.is_tied),
+             ("a GPT block without QKV biases", f.gpt and not f.has_qkv_bias),
+             ("learned positions", f.positions), ("token types", f.token_types), ("a pooler", f.pooler),
+             ("an embedding norm", f.embedding_norm), ("grouped-query attention in a GPT block", f.gqa and f.gpt)]
+    found = [name for name, on in named if on]
+    return (", ".join(found) if found else "this architecture's refinements") + (" is" if len(found) == 1 else " are")
+
+
+def step_values(ledger) -> dict:
+    """Symbol name -> number for the step: the ledger's values, with P the architecture's counted
+    parameters (the timeline books tensors, not a nominal count such as the article's 7x10^9)."""
+    values = dict(ledger.values)
+    values["P"] = ledger.arch.computed_params
+    return values
+
+
+def block_of(layer, lumped: bool, n_layers: int):
+    """The block index of a program's ``layer`` (None outside the blocks); with ``lumped`` programs
+    (L > 4) blocks 3 and 4 of the program are the model's L-2 and L-1."""
+    if not isinstance(layer, int):
+        return None
+    return n_layers - 5 + layer if lumped and layer >= 3 else layer

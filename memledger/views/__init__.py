@@ -1,0 +1,11 @@
+"""Views: tables, figures, the interactive controls, the Jupyter explorer and the static calculator's data."""
+from ..core.lazy import lazy
+
+__getattr__, __dir__, __all__ = lazy(__name__, {
+    'display': (),
+    'plots': (),
+    'stepplots': (),
+    'controls': (),
+    'widgets': ('explorer',),
+    'webcalc': (),
+})

@@ -1,0 +1,99 @@
+"""The interactive controls, described once: what a reader can set, its options and default.
+
+Both front ends read this description: the ipywidgets explorer
+(:mod:`memledger.views.widgets`, Jupyter) and the static calculator
+(:mod:`memledger.views.webcalc`, the built book). Options and defaults come from the
+library's own tuples (presets, recipes, recompute modes, ZeRO stages, offload
+devices and placements, GPUs) and from :class:`~memledger.ledger.ledger.Ledger`'s
+defaults, so a new recipe or GPU appears in both without an edit here.
+
+A control is a *choice* (one of ``options``) or a *count* (a positive integer
+up to :data:`memledger.core.units.LIMIT`, read from text exactly as the CLI reads
+it, :func:`memledger.core.units.parse_count`, so both refuse the same input with the
+same message). ``field`` is the :class:`Ledger` keyword it sets; ``gpu`` is the
+one control that is not a ledger input (it sets the memory of the verdict).
+"""
+from dataclasses import dataclass
+import json
+
+from ..models.presets import ARTICLE_PRESET, preset_names
+from ..core.choices import LIMIT, RECOMPUTE, check_choice
+from ..ledger.hardware import ARTICLE_GPU, GPU_MEMORY
+from ..ledger.ledger import Ledger
+from ..states.placement import OFFLOAD_DEVICES, PLACEMENTS, ZERO_STAGES
+from ..states.recipes import DEFAULT_RECIPE, RECIPES
+from ..core.units import format_bytes, parse_count
+
+#: Sequence lengths the interactive views (widget, static calculator) offer.
+SEQUENCE_CHOICES = (512, 1024, 2048, 4096, 8192, 16384, 32768)
+
+
+@dataclass(frozen=True)
+class Control:
+    """One input: ``options`` (with display ``labels``) for a choice, none for a count."""
+    field: str
+    label: str
+    default: object
+    options: tuple = ()
+    labels: tuple = ()
+
+    @property
+    def is_count(self) -> bool:
+        return not self.options
+
+    @property
+    def maximum(self) -> int:
+        """Largest value a count accepts: the CLI's limit."""
+        return LIMIT
+
+    def choices(self) -> list:
+        """(label, value) pairs of a choice."""
+        return list(zip(self.labels or [str(o) for o in self.options], self.options))
+
+    def parse(self, value):
+        """The value this control stands for: a count from text (CLI rules), or one of the options.
+
+        Raises ``ValueError`` naming :attr:`field` otherwise.
+        """
+        if self.is_count:
+            return parse_count(value, self.field)
+        return check_choice(self.field, value, self.options)
+
+
+def option_text(value) -> str:
+    """An option as the static page writes it: strings as they are, numbers and booleans as JSON."""
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def _gpu_label(name: str) -> str:
+    return f"{name} ({format_bytes(GPU_MEMORY[name], digits=0)})"
+
+
+CONTROLS = (
+    Control("arch", "model", ARTICLE_PRESET, tuple(preset_names())),
+    Control("batch_size", "batch B", Ledger.batch_size),
+    Control("seq_len", "sequence S", Ledger.seq_len, SEQUENCE_CHOICES),
+    Control("recipe", "recipe", DEFAULT_RECIPE, tuple(RECIPES)),
+    Control("recompute", "recompute", Ledger.recompute, RECOMPUTE),
+    Control("flash_attention", "FlashAttention", Ledger.flash_attention, (False, True), ("no", "yes")),
+    Control("zero_stage", "ZeRO stage", Ledger.zero_stage, ZERO_STAGES),
+    Control("dp", "data parallel", Ledger.dp),
+    Control("offload_optimizer", "offload optimizer", Ledger.offload_optimizer, OFFLOAD_DEVICES),
+    Control("offload_placement", "placement", Ledger.offload_placement, PLACEMENTS),
+    Control("gpu", "GPU", ARTICLE_GPU, tuple(GPU_MEMORY), tuple(_gpu_label(n) for n in GPU_MEMORY)),
+)
+BY_FIELD = {c.field: c for c in CONTROLS}
+#: The control that is not a Ledger keyword: the GPU whose memory the verdict compares against.
+GPU_FIELD = "gpu"
+
+
+def ledger_settings(values: dict) -> dict:
+    """The :class:`Ledger` keywords among control ``values`` (all but the GPU)."""
+    return {k: v for k, v in values.items() if k != GPU_FIELD}
+
+
+def defaults(preset: str = ARTICLE_PRESET) -> dict:
+    """Every control's starting value, by field; ``preset`` chooses the model."""
+    values = {c.field: c.default for c in CONTROLS}
+    values["arch"] = BY_FIELD["arch"].parse(preset)
+    return values
