@@ -93,7 +93,9 @@ def test_each_zero_stage_never_above_the_previous(recipe, dp, params):
 @settings(max_examples=50, deadline=None)
 @given(PRESETS, RECIPES, STAGES)
 def test_dp_1_equals_no_zero(preset, recipe, stage):
-    assert Ledger(preset, recipe=recipe, zero_stage=stage, dp=1).rows == Ledger(preset, recipe=recipe).rows
+    def booked(ledger):       # the formulas differ (P/(N_d t) at N_d = 1 vs P/t); what each row books does not
+        return [(r.name, r.group, r.device, r.bytes, r.role) for r in ledger.rows]
+    assert booked(Ledger(preset, recipe=recipe, zero_stage=stage, dp=1)) == booked(Ledger(preset, recipe=recipe))
 
 
 @settings(max_examples=50, deadline=None)

@@ -29,6 +29,7 @@ import sympy as sp
 
 from ..activations.inventory import Saved
 from ..models.parameters import Features, block_parts, norm_params
+from ..core.rows import Row, Rows
 from ..core.symbols import B, S, V, d
 
 
@@ -166,7 +167,7 @@ def schedule_summary(p, m, v=1) -> dict:
 
 def stage_ledgers(ledger, p, m, v=1) -> list:
     """The first and last stage of ``ledger``'s setup split into ``p`` stages: for each,
-    {"stage", "n_params", "rows": [(name, group, device, bytes)], "totals"}.
+    {"stage", "n_params", "rows": :class:`~memledger.core.rows.Rows`, "totals"}.
 
     Model states are the ledger's for the stage's parameters (same recipe,
     ZeRO stage, dp, offload); activations are :func:`stage_activation_specs`
@@ -184,10 +185,9 @@ def stage_ledgers(ledger, p, m, v=1) -> list:
     for stage in sorted({0, p - 1}):
         n_params = stage_params(arch, p, stage)
         base = replace(ledger, n_params=n_params)
-        rows = [(r.name, r.group, r.device, r.bytes) for r in base.rows if r.group != "activations"]
         specs = stage_activation_specs(per_layer, arch.n_layers, p, m, v, stage, arch.features, ledger.dropout,
                                        ledger.tp)
-        rows += [(name, "activations", "gpu", ledger.evaluate(expr)) for name, expr in specs]
-        totals = {dev: sum(b for _, _, dv, b in rows if dv == dev) for dev in ("gpu", "cpu", "nvme")}
-        stages.append({"stage": stage, "n_params": n_params, "rows": rows, "totals": totals})
+        rows = Rows([r for r in base.rows if r.group != "activations"] +
+                    [Row(name, "activations", "gpu", ledger.evaluate(expr), formula=str(expr)) for name, expr in specs])
+        stages.append({"stage": stage, "n_params": n_params, "rows": rows, "totals": rows.totals})
     return stages

@@ -177,9 +177,9 @@ def serving_table(names, seq_len: int):
     rows = []
     for name in names:
         serving = Inference(name, seq_len=seq_len)
-        parts = dict(serving.rows)
-        rows.append((name, format_bytes(parts[f"weights ({serving.weight_dtype})"]),
-                     format_bytes(parts[f"KV cache ({serving.kv_dtype})"]), format_bytes(serving.total),
+        parts = serving.rows
+        rows.append((name, format_bytes(parts.bytes_of(f"weights ({serving.weight_dtype})")),
+                     format_bytes(parts.bytes_of(f"KV cache ({serving.kv_dtype})")), format_bytes(serving.total),
                      format_bytes(Ledger(name).group_total("model_states"))))
     return Table(("model", "weights", "KV cache", "serving total", "training model states"), rows,
                  numeric=(1, 2, 3, 4))
