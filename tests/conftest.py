@@ -50,19 +50,12 @@ def build(request):
 
 
 
-#: Test modules whose every test is slow (``pytestmark = pytest.mark.slow``): under ``-m "not slow"`` they
-#: are not even imported, which spares the edit loop PyTorch's and Playwright's import time.
-ALL_SLOW = {"test_browser.py", "test_lora_torch.py", "test_torchcompare.py", "test_torchref.py"}
+#: How a test module says that every test in it is slow. Under ``-m "not slow"`` such a module is not even
+#: imported (read as text, never executed), which spares the edit loop PyTorch's and Playwright's import time.
+SLOW_MODULE = "\npytestmark = pytest.mark.slow\n"
 
 
 def pytest_ignore_collect(collection_path, config):
-    if collection_path.name in ALL_SLOW and config.getoption("markexpr", "") == "not slow":
+    if (collection_path.suffix == ".py" and collection_path.name.startswith("test_")
+            and config.getoption("markexpr", "") == "not slow" and SLOW_MODULE in collection_path.read_text()):
         return True
-    return None
-
-
-def pytest_collection_modifyitems(items):
-    """nbval's notebook items (each runs a kernel) and whatever needs the build are slow."""
-    for item in items:
-        if item.path.suffix == ".ipynb" or "build" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.slow)

@@ -16,7 +16,7 @@ from memledger.ledger.ledger import Ledger
 from memledger.step.timeline import Step
 from memledger.core.symbols import B, S, V, d, t
 
-from test_step import GPT7B, LLAMA3_8B, LLAMA7B
+from stepcheck import GPT7B, LLAMA3_8B, LLAMA7B
 
 b, s, h, v = B, S, d, V          # the paper's names
 

@@ -13,7 +13,7 @@ from memledger.ledger.ledger import Ledger
 from memledger.activations.outside import outside_inventory
 from memledger.step.timeline import Step
 
-from test_step import _against_memtracker, _peaks_agree
+from stepcheck import against_memtracker, peaks_agree
 
 
 @pytest.mark.parametrize("arch", ["gemma-7b", Architecture(256, 3, 4, 1024, 1000, "gpt", head_size=96),
@@ -53,7 +53,7 @@ def test_ledger_peak_is_the_steps():
 
 # -- against PyTorch -------------------------------------------------------------------------------
 
-#: style, loop, B, S, recompute, keywords of test_step._against_memtracker (d = 64, H = 4: d/H = 16).
+#: style, loop, B, S, recompute, keywords of stepcheck.against_memtracker (d = 64, H = 4: d/H = 16).
 SMALL = [
     ("gpt", "bf16-pure-adamw", 2, 24, "none", dict(head_dim=24)),
     ("gpt", "bf16-adamw", 1, 64, "none", dict(head_dim=24, dropout=0.1)),
@@ -73,9 +73,9 @@ SMALL = [
 def test_small_steps_with_a_head_size_match_memtracker(style, loop, B, S, recompute, extra):
     extra = dict(extra)
     dropout = extra.pop("dropout", 0.0)
-    step, measured = _against_memtracker(style, 320 if style == "gpt" else 256, loop, B, S, 3, dropout, recompute,
+    step, measured = against_memtracker(style, 320 if style == "gpt" else 256, loop, B, S, 3, dropout, recompute,
                                          trace=recompute != "full", **extra)
-    _peaks_agree(step, measured, op_by_op=recompute != "full")
+    peaks_agree(step, measured, op_by_op=recompute != "full")
 
 
 @pytest.mark.slow
@@ -87,9 +87,9 @@ def test_gemma_7b_matches_memtracker(loop, B, S, recompute, kernel):
     SwiGLU (the same saved tensors), no rotary embedding; the ledger's own step (the preset) is the one measured."""
     a = get_preset("gemma-7b")
     eager = {"attention": "eager"} if kernel == "eager" else {}
-    step, measured = _against_memtracker("llama", a.d_ff, loop, B, S, a.n_layers, 0.0, recompute, d_=a.d_model,
+    step, measured = against_memtracker("llama", a.d_ff, loop, B, S, a.n_layers, 0.0, recompute, d_=a.d_model,
                                          H=a.n_heads, V_=a.vocab_size, tied=True, head_dim=a.head_dim, trace=False,
                                          **eager)
     assert step.structure == Step(Ledger("gemma-7b", batch_size=B, seq_len=S, recipe=loop, overhead_bytes=0,
                                          recompute=recompute), "cpu", **eager).structure
-    _peaks_agree(step, measured)
+    peaks_agree(step, measured)

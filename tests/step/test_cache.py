@@ -1,6 +1,6 @@
 """The compiled step (memledger/steppeak.py) gives Step.peak to the byte, without SymPy once cached.
 
-Step.peak itself is proved against PyTorch's MemTracker in test_step.py; here every structure's plain-Python
+Step.peak itself is proved against PyTorch's MemTracker in tests/step/test_timeline.py; here every structure's plain-Python
 record must agree with the SymPy timeline it was printed from, at several numbers per structure.
 """
 import json

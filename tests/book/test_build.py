@@ -19,7 +19,7 @@ import sympy as sp
 from memledger.article.book import CLAIM_BY_ID
 from memledger.article.claims import CLAIMS
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BOOK = ROOT / "book"
 CHAPTERS = sorted(BOOK.glob("*.ipynb"))
 UNITS = r"(?:GB|GiB|MB|MiB|TB|TiB|bytes|B/param|GB/s)"

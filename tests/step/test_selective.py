@@ -16,8 +16,7 @@ from memledger.ledger.ledger import Ledger
 from memledger.activations.outside import outside_inventory
 from memledger.step.timeline import LANDMARKS, Step
 
-import test_step as base
-from test_step import GPT7B, LLAMA3_8B, LLAMA7B, _against_memtracker, _peaks_agree
+from stepcheck import GPT7B, LLAMA3_8B, LLAMA7B, against_memtracker, landmarks_are_sums_of_rows, peaks_agree
 
 GB = 10**9
 
@@ -95,7 +94,7 @@ def test_the_peak_shows_the_recomputed_core():
                  offload_optimizer="nvme"))])
 @pytest.mark.parametrize("arch", [LLAMA3_8B, Architecture(256, 3, 4, 1024, 1000, "gpt")])
 def test_selective_landmarks_are_sums_of_rows(arch, backend, kwargs):
-    base.test_landmarks_are_sums_of_rows(arch, backend, kwargs)
+    landmarks_are_sums_of_rows(Step(Ledger(arch, **kwargs), backend))
 
 
 def test_ledger_and_command_line_judge_the_peak(capsys):
@@ -114,7 +113,7 @@ def test_ledger_and_command_line_judge_the_peak(capsys):
 
 # -- against PyTorch -------------------------------------------------------------------------------
 
-#: style, F, loop, B, S, L, dropout, extra keywords of test_step._against_memtracker. V = 40 in some rows so
+#: style, F, loop, B, S, L, dropout, extra keywords of stepcheck.against_memtracker. V = 40 in some rows so
 #: that the blocks, not the loss, hold the backward's peak (then it is in a recomputed core).
 SMALL = [
     ("gpt", 320, "bf16-pure-adamw", 2, 24, 3, 0.0, {}),
@@ -143,9 +142,9 @@ def test_small_selective_steps_match_memtracker_to_the_byte(style, F_, loop, B, 
     """Landmarks, each phase's peak, the peak and each block's forward and backward peak equal MemTracker's;
     op by op, every total the timeline reaches inside a block (the recomputed core included) is one MemTracker
     reaches there, in the same order."""
-    step, measured = _against_memtracker(style, F_, loop, B, S, L, dropout, "selective", foreach, trace=True,
+    step, measured = against_memtracker(style, F_, loop, B, S, L, dropout, "selective", foreach, trace=True,
                                          **extra)
-    _peaks_agree(step, measured, op_by_op=True)
+    peaks_agree(step, measured, op_by_op=True)
 
 
 #: The article's 7B GPT shape (parameters counted) and LLaMA-2 7B at full scale, under fake tensors.
@@ -156,9 +155,9 @@ FULL = [("gpt", 16384, "bf16-adamw", 1, 2048, 0.1), ("gpt", 16384, "bf16-pure-ad
 @pytest.mark.slow
 @pytest.mark.parametrize("style, F_, loop, B, S, dropout", FULL)
 def test_7b_selective_steps_match_memtracker(style, F_, loop, B, S, dropout):
-    step, measured = _against_memtracker(style, F_, loop, B, S, 32, dropout, "selective", d_=4096, H=32, V_=32000,
+    step, measured = against_memtracker(style, F_, loop, B, S, 32, dropout, "selective", d_=4096, H=32, V_=32000,
                                          trace=False)
-    _peaks_agree(step, measured)
+    peaks_agree(step, measured)
     if style == "llama":         # the preset is the shape: the ledger's own step is the one measured
         assert step.structure == Step(Ledger("llama2-7b", batch_size=B, seq_len=S, recipe=loop, overhead_bytes=0,
                                              recompute="selective"), "cpu").structure
