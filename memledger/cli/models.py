@@ -31,7 +31,7 @@ def pipeline_text(pipe, units):
              f"({100 * sched['bubble_fraction']:.1f}%)."]
     for s in pipe["stages"]:
         lines.append(f"stage {s['stage']} ({s['n_params']:,} parameters):")
-        lines += [f"  {name:<58} {device:<4} {format_bytes(b, units):>14}" for name, device, b in ((r["name"], r["device"], r["bytes"]) for r in s["rows"])]
+        lines += [f"  {r['name']:<58} {r['device']:<4} {format_bytes(r['bytes'], units):>14}" for r in s["rows"]]
         verdict = "fits" if s["fits"] else "does NOT fit"
         lines.append(f"  {'total on the GPU':<58} {'gpu':<4} {format_bytes(s['totals']['gpu'], units):>14}  {verdict}")
     return "\n".join(lines)

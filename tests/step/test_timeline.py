@@ -16,10 +16,9 @@ from memledger.ledger.ledger import Ledger
 from memledger.activations.outside import outside_inventory
 from memledger.models.parameters import block_params_expr
 from memledger.step.timeline import LANDMARKS, Step
-from memledger.step.structure import block_of
 from memledger.core.symbols import B, F, H, L, N_d, O, P, S, V, d, t
-from stepcheck import (GPT7B, LLAMA3_8B, LLAMA7B, against_memtracker, block_totals_agree, landmarks_are_sums_of_rows,
-                       peaks_agree, rows_at)
+from stepcheck import (GPT7B, LLAMA3_8B, LLAMA7B, against_memtracker, landmarks_are_sums_of_rows,
+                       peaks_agree)
 
 
 
