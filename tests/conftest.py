@@ -1,8 +1,8 @@
 """Shared test configuration: one clean, strict build of the book per test run; slow markers.
 
 ``build`` runs ``jupyter-book build . -W -n --keep-going`` on an empty ``_build``
-(every chapter executed) once per run, about half a minute; test_book.py and
-test_browser.py both read it. Under pytest-xdist each worker is its own process,
+(every chapter executed) once per run, about half a minute; tests/book/test_build.py and
+tests/book/test_browser.py both read it. Under pytest-xdist each worker is its own process,
 so a file lock lets the first worker build and the others wait for that build.
 """
 import fcntl
@@ -29,7 +29,7 @@ def _run_id(config) -> str:
 
 
 def pytest_configure(config):
-    """Compiled steps (memledger/steppeak.py) go to a cache of the test runs, not the user's own."""
+    """Compiled steps (memledger/step/cache.py) go to a cache of the test runs, not the user's own."""
     os.environ.setdefault("MEMLEDGER_CACHE_DIR", str(Path(tempfile.gettempdir()) / "memledger-test-cache"))
 
 

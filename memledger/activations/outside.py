@@ -2,7 +2,7 @@
 
 The article's ledger books the L blocks only. A whole model also keeps, until
 backward (reference decoder of ``docs/step.md``, checked in
-``tests/test_torchref.py``):
+``tests/pytorch/test_reference.py``):
 
 * the input ids (the embedding's backward needs them) and the target ids, int64;
 * the (S, S) causal mask of eager attention, built once and shared by all layers;

@@ -1,4 +1,4 @@
-"""The tensors kept outside the blocks, on one tensor-parallel rank (memledger/outside.py).
+"""The tensors kept outside the blocks, on one tensor-parallel rank (memledger/activations/outside.py).
 
 Korthikanti et al. (2022), Sec. 4.3, with p = 1 and tensor + sequence parallelism: the final
 LayerNorm's input 2sbh/t, the output layer's input 2sbh/t and the FP32 logits 4sbv/t (no norm

@@ -13,7 +13,7 @@ MODELS = ["llama3-8b", "mistral-7b", "qwen2.5-7b", "gemma-7b", "mixtral-8x7b", "
 
 
 @pytest.mark.parametrize("name, count", [
-    ("llama3-8b", 16_060_522_496 // 2),          # safetensors total_size / 2 bytes (see tests/test_hf_config.py)
+    ("llama3-8b", 16_060_522_496 // 2),          # safetensors total_size / 2 bytes (see tests/models/test_hf_config.py)
     ("mistral-7b", 14_483_464_192 // 2),
     ("mixtral-8x7b", 93_405_585_408 // 2),
     ("qwen2.5-7b", 7_615_616_512),

@@ -354,5 +354,5 @@ def test_zero_paper_footnote_counts_values_not_bytes():
 # --- EleutherAI "Transformer Math 101" (Anthony, Biderman, Schoelkopf 2023), the blog post itself: its memory
 # sections were read from a complete Chinese translation (stored file id 51846161625) and checked against two other
 # transcriptions and an English summary; every number they publish (bytes per parameter, the 1.2 x inference
-# factor, the activation, ZeRO and 3D-parallel rules) is reproduced in tests/test_transformer_math.py, and the
-# post's errata are recorded in memledger/conventions/transformer_math.py.
+# factor, the activation, ZeRO and 3D-parallel rules) is reproduced in tests/calculators/test_transformer_math.py, and the
+# post's errata are recorded in memledger/calculators/transformer_math.py.

@@ -1,4 +1,4 @@
-"""The compiled step (memledger/steppeak.py) gives Step.peak to the byte, without SymPy once cached.
+"""The compiled step (memledger/step/cache.py) gives Step.peak to the byte, without SymPy once cached.
 
 Step.peak itself is proved against PyTorch's MemTracker in tests/step/test_timeline.py; here every structure's plain-Python
 record must agree with the SymPy timeline it was printed from, at several numbers per structure.

@@ -1,9 +1,9 @@
 """A head size other than d/H in the step timeline (Gemma-7B: 16 heads x 256 = 4096 != d = 3072).
 
 Q and the output projection's input are H*d_h wide, K and V H_kv*d_h, the fused QKV weight (H + 2 H_kv) d_h x d
-and the output projection (H*d_h) x d (memledger/parameters.py ``widths``). Fast tests: the step's parameter
+and the output projection (H*d_h) x d (memledger/models/parameters.py ``widths``). Fast tests: the step's parameter
 tensors are the architecture's count, and what the blocks keep is the ledger's inventory; the slow ones run
-MemTracker on the reference decoder with ``head_dim`` (memledger/torchref.py) and compare to the byte.
+MemTracker on the reference decoder with ``head_dim`` (memledger/pytorch/reference.py) and compare to the byte.
 """
 import pytest
 
@@ -22,7 +22,7 @@ from stepcheck import against_memtracker, peaks_agree
 def test_parameter_tensors_are_the_architectures(arch, recipe, per_param):
     """After backward: every state of every parameter tensor, as the recipe books it (the ids aside); the
     tensors of a block with H*d_h != d add up to the architecture's count (Gemma-7B: 8,537,680,896, its
-    published total, tests/test_hf_config.py)."""
+    published total, tests/models/test_hf_config.py)."""
     ledger = Ledger(arch, recipe=recipe, overhead_bytes=0)
     step = Step(ledger)
     ids = 2 * 8 * ledger.batch_size * ledger.seq_len

@@ -1,10 +1,10 @@
-"""Selective recomputation in the step timeline (memledger/stepselective.py).
+"""Selective recomputation in the step timeline (memledger/step/selective.py).
 
 Fast tests: what the blocks keep at the end of the forward pass is the ledger's selective inventory
 (Korthikanti et al. 2022, Sec. 5: 34 B*S*d per GPT layer under the article's conventions), the core's
 tensors come back in backward as transients, and the ledger, the compiled peak and the command line judge
 by the step's peak. The slow ones run PyTorch's MemTracker on the reference decoder with its attention core
-checkpointed (memledger/torchref.py, ``recompute="selective"``) and compare every landmark, each phase's
+checkpointed (memledger/pytorch/reference.py, ``recompute="selective"``) and compare every landmark, each phase's
 peak, the peak and each block's forward and backward peak to the byte (op by op on small configs).
 """
 import pytest

@@ -2,7 +2,7 @@
 
 Fast tests check the timeline against the article's formulas and the recipes'
 definitions; the slow ones run PyTorch's MemTracker on the reference decoder
-(memledger/torchref.py) under fake tensors and compare: every landmark to the
+(memledger/pytorch/reference.py) under fake tensors and compare: every landmark to the
 byte, the peak of each phase (forward with the loss, backward, optimizer) to
 the byte as well (the issue asks for 1 %).
 """
@@ -56,7 +56,7 @@ def test_gqa_landmarks_are_sums_of_rows(backend, kwargs):
 def test_model_states_are_the_recipes(recipe, per_param, kv):
     """Before forward: parameters and optimizer states; after backward: + the gradients (the recipe's sum).
     With grouped-query attention the step's parameter tensors (a (d + 2 H_kv d/H) x d fused QKV weight) add
-    up to the architecture's count (memledger/parameters.py)."""
+    up to the architecture's count (memledger/models/parameters.py)."""
     arch = Architecture(512, 4, 8, 2048, 5000, "llama", n_kv_heads=kv)
     step = Step(Ledger(arch, recipe=recipe, overhead_bytes=0))
     P = arch.computed_params
@@ -197,7 +197,7 @@ GQA_SMALL = [
 @pytest.mark.parametrize("foreach", [False, True])
 def test_small_gqa_steps_match_memtracker_to_the_byte(kernel, H, kv, loop, B, S, L, recompute, V, foreach):
     """GQA and MQA blocks (K and V never expanded: SDPA's enable_gqa, or the grouped eager core of
-    memledger/torchref.py): every landmark, every phase's peak and the peak equal MemTracker's."""
+    memledger/pytorch/reference.py): every landmark, every phase's peak and the peak equal MemTracker's."""
     step, measured = against_memtracker("llama", 256, loop, B, S, L, 0.0, recompute, foreach, d_=96 if H == 8 else 64,
                                          H=H, V_=V, kv=kv, attention=kernel)
     peaks_agree(step, measured, op_by_op=recompute == "none")
