@@ -175,8 +175,9 @@ class Architecture:
         return {name: self.evaluate(expr) for name, expr in param_parts(self.features).items()}
 
     @property
-    def largest_layer_params(self) -> int:
-        """Parameters of the largest single module (a block or the embedding)."""
+    def largest_unit_params(self) -> int:
+        """Parameters of the largest unit ZeRO-3 gathers at once: a block or the embedding (not DeepSpeed's
+        ``largest_layer_params``, one module's own tensors: :func:`memledger.models.tensors.largest_module_params`)."""
         from .parameters import block_params_expr
         return max(self.evaluate(block_params_expr(self.features)), self.vocab_size * self.d_model)
 

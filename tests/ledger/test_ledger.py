@@ -43,7 +43,7 @@ def test_parameter_offload_adds_working_set():
     ledger = Ledger("llama2-7b", zero_stage=3, dp=8, offload_optimizer="cpu", offload_params="cpu",
                     offload_placement="zero-offload")
     working = [r for r in ledger.rows if "largest layer" in r.name]
-    assert working[0].bytes == 4 * get_preset("llama2-7b").largest_layer_params   # DeepSpeed: 4 x largest layer
+    assert working[0].bytes == 4 * get_preset("llama2-7b").largest_unit_params   # DeepSpeed: 4 x largest layer
     assert ledger.group_total("model_states", "gpu") == working[0].bytes
 
 
