@@ -59,3 +59,19 @@ def pytest_ignore_collect(collection_path, config):
     if (collection_path.suffix == ".py" and collection_path.name.startswith("test_")
             and config.getoption("markexpr", "") == "not slow" and SLOW_MODULE in collection_path.read_text()):
         return True
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """``@pytest.mark.sample(n)`` on a parametrized test: n of its cases, spread over the grid, run in the fast
+    loop; the others are marked slow (the whole grid runs in the full suite)."""
+    grids = {}
+    for item in items:
+        marker = item.get_closest_marker("sample")
+        if marker is not None:
+            grids.setdefault((item.path, item.originalname), (marker.args[0], []))[1].append(item)
+    for n, cases in grids.values():
+        keep = {i * len(cases) // n for i in range(min(n, len(cases)))}
+        for i, item in enumerate(cases):
+            if i not in keep:
+                item.add_marker(pytest.mark.slow)

@@ -70,6 +70,7 @@ def test_ledger_rows_at_7b(tp, sp_, vocab_split, seq_split):
 @pytest.mark.parametrize("kwargs", [dict(), dict(tp=2), dict(tp=4, sequence_parallel=True),
                                     dict(tp=2, recompute="selective"),
                                     dict(tp=8, sequence_parallel=True, flash_attention=True)])
+@pytest.mark.sample(3)
 def test_ledger_activations_are_the_steps_saved_tensors_after_forward(arch, kwargs):
     """One rule for both: the ledger's activation rows (blocks and outside) sum to the step's saved
     activations live at the end of the forward pass, under tensor and sequence parallelism too."""

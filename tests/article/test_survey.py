@@ -74,6 +74,7 @@ def test_fit_table_names_the_peak_where_the_timeline_models_the_model():
     assert fit_table(grid, "largest micro-batch").rows[0][2] == "peak of a step"
 
 
+@pytest.mark.slow
 def test_side_by_side_tables():
     from memledger.article.survey import headroom_table, logits_table, serving_table
     logits = {row[0]: row for row in logits_table(["gemma-7b", "bert-base-uncased"], 4096).rows}

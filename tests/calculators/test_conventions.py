@@ -272,6 +272,7 @@ def test_every_erratum_carries_its_arithmetic():
         assert e.where and e.stated and e.computed and any(ch.isdigit() for ch in e.arithmetic)
 
 
+@pytest.mark.slow
 def test_estimates_are_exact_integers_for_a_real_model():
     arch = get_preset("llama2-7b")
     setup = Setup(arch.params, arch=arch, gpus_per_node=8, nodes=2, zero_stage=3, recompute="selective")

@@ -16,6 +16,7 @@ def run(capsys, *args):
 
 
 @pytest.mark.parametrize("name", list(shipped_configs()))
+@pytest.mark.sample(3)
 def test_ledger_from_every_shipped_config(capsys, name, tmp_path):
     path, _, _ = shipped_configs()[name]
     copy = tmp_path / "config.json"                      # any local file, read offline

@@ -19,6 +19,7 @@ from stepcheck import against_memtracker, peaks_agree
 @pytest.mark.parametrize("arch", ["gemma-7b", Architecture(256, 3, 4, 1024, 1000, "gpt", head_size=96),
                                   Architecture(512, 4, 8, 2048, 5000, "llama", n_kv_heads=2, head_size=32)])
 @pytest.mark.parametrize("recipe, per_param", [("bf16-pure-adamw", 8), ("bf16-adamw", 16)])
+@pytest.mark.sample(2)
 def test_parameter_tensors_are_the_architectures(arch, recipe, per_param):
     """After backward: every state of every parameter tensor, as the recipe books it (the ids aside); the
     tensors of a block with H*d_h != d add up to the architecture's count (Gemma-7B: 8,537,680,896, its

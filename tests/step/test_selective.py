@@ -40,6 +40,7 @@ def test_article_forward_keeps_korthikanti_34_per_layer():
     (GPT7B, "article", False), (GPT7B, "cuda", False), (GPT7B, "cpu", False), (GPT7B, "article", True),
     (LLAMA7B, "article", False), (LLAMA7B, "cuda", False), (LLAMA7B, "cpu", False),
     (LLAMA3_8B, "article", True), (LLAMA3_8B, "cpu", False)])
+@pytest.mark.sample(2)
 def test_after_forward_is_the_selective_inventory(arch, backend, flash):
     """Every backend: the blocks keep L x the inventory without the attention core's tensors; under the article's
     conventions that is the ledger's own activation row (its sum at the end of the forward pass)."""
@@ -93,6 +94,7 @@ def test_the_peak_shows_the_recomputed_core():
     ("cpu", dict(recompute="selective", recipe="bf16-pure-adamw", batch_size=3, zero_stage=2, dp=4,
                  offload_optimizer="nvme"))])
 @pytest.mark.parametrize("arch", [LLAMA3_8B, Architecture(256, 3, 4, 1024, 1000, "gpt")])
+@pytest.mark.sample(2)
 def test_selective_landmarks_are_sums_of_rows(arch, backend, kwargs):
     landmarks_are_sums_of_rows(Step(Ledger(arch, **kwargs), backend))
 

@@ -39,6 +39,7 @@ def test_article_forward_adds_eq1_per_layer():
                                     dict(tp=2), dict(tp=4, sequence_parallel=True, recompute="selective")])
 @pytest.mark.parametrize("backend", ["article", "cuda", "cpu"])
 @pytest.mark.parametrize("arch", [GPT7B, LLAMA7B, Architecture(256, 3, 4, 1024, 1000, "gpt")])
+@pytest.mark.sample(4)
 def test_landmarks_are_sums_of_rows(arch, backend, kwargs):
     landmarks_are_sums_of_rows(Step(Ledger(arch, **kwargs), backend))
 
@@ -46,6 +47,7 @@ def test_landmarks_are_sums_of_rows(arch, backend, kwargs):
 @pytest.mark.parametrize("backend, kwargs", [
     ("article", dict(recompute="full", zero_stage=3, dp=8)), ("cuda", dict(tp=8, sequence_parallel=True)),
     ("cpu", dict(recipe="bf16-pure-adamw", batch_size=3, zero_stage=2, dp=4, offload_optimizer="nvme"))])
+@pytest.mark.sample(1)
 def test_gqa_landmarks_are_sums_of_rows(backend, kwargs):
     """The same for Llama 3 8B's grouped-query blocks."""
     landmarks_are_sums_of_rows(Step(Ledger(LLAMA3_8B, **kwargs), backend))
