@@ -7,10 +7,12 @@ as SymPy prints it. :class:`Rows` adds them up per device, per group and per rol
 """
 from dataclasses import dataclass
 
+from .vocabulary import Device
+
 __all__ = ["DEVICES", "Row", "Rows"]
 
 #: Where a row's bytes live.
-DEVICES = ("gpu", "cpu", "nvme")
+DEVICES = tuple(d.value for d in Device)
 
 
 @dataclass(frozen=True)
@@ -28,6 +30,10 @@ class Row:
     bytes: int
     role: str = ""
     formula: str = ""
+
+    def __post_init__(self):
+        for name in ("group", "device", "role"):          # a vocabulary member (core.vocabulary) as its plain string
+            object.__setattr__(self, name, str(getattr(self, name)))
 
     @property
     def expr(self):

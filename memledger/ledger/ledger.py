@@ -18,6 +18,7 @@ from typing import NamedTuple, Optional, Union
 
 from .. import formulas
 from ..core.rows import DEVICES, Row, Rows
+from ..core.vocabulary import Device, Group, Role
 from ..models.architecture import Architecture
 from ..models.presets import get_preset
 from ..core.choices import RECOMPUTE, check_choice, check_count, check_flag, lookup
@@ -81,7 +82,7 @@ def row_specs(s: Structure) -> tuple:
     """Every :class:`RowSpec` of a structure: model states, activations, overhead."""
     recipe = ALL_RECIPES[s.recipe]
     features = s.arch.features if s.arch is not None else None
-    specs = [RowSpec(r.name, "model_states", r.device, r.key(features), r.factor, r.role)
+    specs = [RowSpec(r.name, Group.MODEL_STATES, r.device, r.key(features), r.factor, r.role)
              for r in state_specs(recipe, s.zero_stage, s.offload_optimizer, s.offload_params, s.offload_placement)]
     if s.arch is not None:
         if s.offload_params != "none":
@@ -91,22 +92,22 @@ def row_specs(s: Structure) -> tuple:
             unit = ("largest unit", s.arch.style) if plain else ("largest unit",) + tuple(s.arch.features)
             gathered = [c for c in recipe.components if c.role == "param"] + [recipe.grad_component]
             if all(c.plain for c in gathered):
-                specs.append(RowSpec("gathered parameters + gradients (largest layer)", "model_states", "gpu",
-                                     unit, recipe.role_bytes("param") + recipe.grad_bytes, "gathered"))
+                specs.append(RowSpec("gathered parameters + gradients (largest layer)", Group.MODEL_STATES, Device.GPU,
+                                     unit, recipe.role_bytes("param") + recipe.grad_bytes, Role.GATHERED))
             else:
-                specs.append(RowSpec("gathered parameters + gradients (largest layer)", "model_states", "gpu",
-                                     component_key(gathered, unit), 1, "gathered"))
+                specs.append(RowSpec("gathered parameters + gradients (largest layer)", Group.MODEL_STATES, Device.GPU,
+                                     component_key(gathered, unit), 1, Role.GATHERED))
         f = s.arch.features
         refinements = (f.gqa, f.head_dim, f.moe) if (f.gqa or f.head_dim or f.moe) else ()
-        specs.append(RowSpec("activations", "activations", "gpu",
+        specs.append(RowSpec("activations", Group.ACTIVATIONS, Device.GPU,
                              ("activations", s.arch.mlp, s.arch.norm, s.dropout, s.flash_attention, s.recompute,
                               s.tensor_parallel, s.sequence_parallel) + refinements))
         if s.scope == "model" and s.arch.causal:
             attention = "flash" if s.flash_attention else "eager"
-            specs += [RowSpec(name, "activations", "gpu", formulas.outside_key(
+            specs += [RowSpec(name, Group.ACTIVATIONS, Device.GPU, formulas.outside_key(
                 s.arch.style, attention, name, s.tensor_parallel, s.sequence_parallel))
                 for name in formulas.outside_names(s.arch.style, attention)]
-    specs.append(RowSpec("CUDA context + workspace", "overhead", "gpu", ("symbol", "O")))
+    specs.append(RowSpec("CUDA context + workspace", Group.OVERHEAD, Device.GPU, ("symbol", "O")))
     return tuple(specs)
 
 

@@ -22,9 +22,10 @@ from dataclasses import dataclass, field, fields, replace
 
 from ..core import keyed
 from ..core.choices import check_choice, check_count, check_flag
+from ..core.vocabulary import Norm, Style
 from .features import STYLES, Features
 #: What each block style saves for backward: (MLP kind, norm) of :func:`memledger.activations.inventory.inventory`.
-BLOCKS = {"gpt": ("gelu", "LayerNorm"), "llama": ("swiglu", "RMSNorm")}
+BLOCKS = {Style.GPT.value: ("gelu", Norm.LAYERNORM.value), Style.LLAMA.value: ("swiglu", Norm.RMSNORM.value)}
 
 
 @dataclass(frozen=True)
