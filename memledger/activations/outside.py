@@ -33,6 +33,7 @@ at commit d98e8a64.
 from .inventory import Saved, norm_rows
 from ..core.symbols import B, S, V, d
 
+__all__ = ["outside_inventory"]
 
 def outside_inventory(style: str = "gpt", *, dtype: str = "bf16", norm_stats: str = None,
                       rmsnorm: str = "fused", attention: str = "eager") -> list:
