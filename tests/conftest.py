@@ -52,7 +52,7 @@ def build(request):
 
 #: Test modules whose every test is slow (``pytestmark = pytest.mark.slow``): under ``-m "not slow"`` they
 #: are not even imported, which spares the edit loop PyTorch's and Playwright's import time.
-ALL_SLOW = {"test_browser.py", "test_lora_torch.py", "test_torchcompare.py", "test_torchref.py"}
+ALL_SLOW = {"test_browser.py", "test_jupyterlab.py", "test_lora_torch.py", "test_torchcompare.py", "test_torchref.py"}
 
 
 def pytest_ignore_collect(collection_path, config):
