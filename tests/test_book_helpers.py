@@ -56,4 +56,6 @@ def test_modules_skipped_by_not_slow_are_all_slow():
     from pathlib import Path
     from conftest import ALL_SLOW
     for name in ALL_SLOW:
-        assert "pytestmark = pytest.mark.slow" in (Path(__file__).parent / name).read_text(), name
+        paths = list(Path(__file__).parent.rglob(name))                  # tests/ or tests/<package>/
+        assert paths, name
+        assert all("pytestmark = pytest.mark.slow" in p.read_text() for p in paths), name
