@@ -83,6 +83,8 @@ def lab():
     env = {**os.environ, "JUPYTER_CONFIG_DIR": str(home / "config"), "JUPYTER_DATA_DIR": str(home / "data"),
            "JUPYTER_RUNTIME_DIR": str(home / "runtime"), "IPYTHONDIR": str(home / "ipython"),
            "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    import matplotlib.font_manager        # noqa: F401  a fresh machine's first import can note on stderr that it
+                                          # builds the font cache: here, not in a chapter's output
     port, token, log = _free_port(), secrets.token_hex(16), home / "server.log"
     base = f"http://127.0.0.1:{port}"
     command = [str(Path(sys.executable).with_name("jupyter")), "lab", "book/", "--no-browser",
@@ -206,7 +208,7 @@ def move(explorer, field, value):
 
 
 @pytest.mark.parametrize("chapter", sorted(CHAPTERS))
-def test_chapter_runs_and_its_explorers_respond(lab, browser, chapter, capsys):
+def test_chapter_runs_and_its_explorers_respond(browser, lab, chapter, capsys):
     base, token, log = lab
     saved, listing = (BOOK / chapter).read_bytes(), sorted(os.listdir(BOOK))
     cells = len(json.loads(saved)["cells"])
