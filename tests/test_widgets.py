@@ -79,12 +79,22 @@ def shown(html):
     return verdict and (verdict[1], int(verdict[2])), command and unescape(command[1])
 
 
+def verdict_line(html):
+    """The explorer's verdict as text: the first paragraph of the verdict block, tags dropped."""
+    paragraph = re.search(r'class="memledger-verdict"[^>]*><p>(.*?)</p>', html)[1]
+    return unescape(re.sub(r"<[^>]+>", "", paragraph))
+
+
 @pytest.mark.parametrize("changes", SETUPS, ids=lambda c: ",".join(c) or "default")
 def test_explorer_shows_the_verdict_of_its_command_line(capsys, changes):
-    (measure, judged), command = shown(render({**defaults(), **changes}))
+    html = render({**defaults(), **changes})
+    (measure, judged), command = shown(html)
     assert main(shlex.split(command)[1:] + ["--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert (measure, judged) == (data["measure"], data["judged_bytes"])
+    assert main(shlex.split(command)[1:]) == 0
+    line = next(t for t in capsys.readouterr().out.splitlines() if t.startswith(("fits:", "does NOT fit:")))
+    assert line.replace("does NOT fit", "does not fit") == verdict_line(html) + "."       # in the same words
 
 
 def test_explorer_measures_include_the_peak_and_the_sum():
