@@ -12,12 +12,9 @@ up to :data:`memledger.core.units.LIMIT`, read from text exactly as the CLI read
 it, :func:`memledger.core.units.parse_count`, so both refuse the same input with the
 same message). ``field`` is the :class:`Ledger` keyword it sets; ``gpu`` is the
 one control that is not a ledger input (it sets the memory of the verdict).
-:func:`cli_command` writes a setting as the ``memledger ledger`` command that
-computes the same ledger and verdict (:data:`CLI_FLAGS`: each control's flag).
 """
 from dataclasses import dataclass
 import json
-import shlex
 
 from ..models.presets import ARTICLE_PRESET, preset_names
 from ..core.choices import LIMIT, RECOMPUTE, check_choice
@@ -100,37 +97,3 @@ def defaults(preset: str = ARTICLE_PRESET) -> dict:
     values = {c.field: c.default for c in CONTROLS}
     values["arch"] = BY_FIELD["arch"].parse(preset)
     return values
-
-
-#: Each control's ``memledger ledger`` flag (:mod:`memledger.cli.options`); ``--flash-attention`` takes no value.
-CLI_FLAGS = {
-    "arch": "--preset", "batch_size": "--batch", "seq_len": "--seq", "recipe": "--recipe",
-    "recompute": "--recompute", "flash_attention": "--flash-attention", "zero_stage": "--zero", "dp": "--dp",
-    "offload_optimizer": "--offload-optimizer", "offload_placement": "--offload-placement", "gpu": "--gpu-memory",
-}
-_SWITCHES = {"flash_attention"}
-
-
-def cli_command(state: dict) -> str:
-    """The ``memledger ledger`` command line for a setting of the controls (field -> value; a missing field
-    is at its default): same ledger, same verdict. The model is always named; every other control only
-    where it differs from its default, which is the command line's default too. Raises ``ValueError``
-    naming an unknown field."""
-    unknown = sorted(set(state) - set(BY_FIELD))
-    if unknown:
-        raise ValueError(f"unknown control field(s): {', '.join(unknown)}; known: {', '.join(BY_FIELD)}")
-    words = ["memledger", "ledger"]
-    for control in CONTROLS:
-        value = state.get(control.field, control.default)
-        if control.field != "arch" and value == control.default and type(value) is type(control.default):
-            continue
-        flag = CLI_FLAGS[control.field]
-        if control.field in _SWITCHES:
-            words += [flag] if control.parse(value) else []
-        else:
-            words += [flag, option_text(value)]
-    return shlex.join(words)
-
-
-__all__ = ["BY_FIELD", "CLI_FLAGS", "CONTROLS", "Control", "GPU_FIELD", "SEQUENCE_CHOICES", "cli_command",
-           "defaults", "ledger_settings", "option_text"]
