@@ -41,9 +41,13 @@ def controls(preset: str = ARTICLE_PRESET) -> dict:
 
 
 def command_line(values: dict) -> str:
-    """HTML: the ``memledger ledger`` command that prints this setting's ledger and verdict."""
-    return (f'<p class="memledger-cli">On the command line: '
-            f'<code style="user-select:all">{escape(cli_command(values))}</code></p>')
+    """HTML: the ``memledger ledger`` command that prints this setting's ledger and verdict (nothing where a
+    control refuses its value: the error says which)."""
+    try:
+        command = cli_command(values)
+    except ValueError:
+        return ""
+    return f'<p class="memledger-cli">On the command line: <code style="user-select:all">{escape(command)}</code></p>'
 
 
 def render(values: dict) -> str:
