@@ -19,6 +19,7 @@ import json
 import os
 from pathlib import Path
 import secrets
+import shutil
 import socket
 import subprocess
 import sys
@@ -111,6 +112,7 @@ def lab():
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait(STOP_S)
+        shutil.rmtree(home, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
@@ -274,3 +276,7 @@ def test_chapter_runs_and_its_explorers_respond(browser, lab, chapter, capsys):
     assert problems == []
     assert (BOOK / chapter).read_bytes() == saved                    # the committed chapter was not written,
     assert sorted(os.listdir(BOOK)) == listing                       # nor a file added (checkpoints: temporary)
+
+
+def test_the_book_holds_an_explorer():
+    assert CHAPTERS and all(CHAPTERS.values())          # else the test above would check nothing
