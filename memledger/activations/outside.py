@@ -1,7 +1,7 @@
 """Tensors a training step keeps outside the transformer blocks, at the end of the forward pass.
 
 The article's ledger books the L blocks only. A whole model also keeps, until
-backward (reference decoder of ``docs/step.md``, checked in
+backward (the reference decoder of :mod:`memledger.pytorch.reference`, checked in
 ``tests/pytorch/test_reference.py``):
 
 * the input ids (the embedding's backward needs them) and the target ids, int64;

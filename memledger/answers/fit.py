@@ -21,7 +21,7 @@ the ledger's GPU total, **the sum of the rows at the end of the forward
 pass**, elsewhere (MoE, encoders).
 ``measure="total"`` asks for the sum where the peak is modelled too,
 ``measure="peak"`` refuses a setup without a timeline. The timeline models one
-micro-batch per optimizer step (``zero_grad(set_to_none=True)``, docs/step.md);
+micro-batch per optimizer step (``zero_grad(set_to_none=True)``, the reference loop of memledger/pytorch/reference.py);
 gradient accumulation keeps the gradients alive through the next micro-batch,
 which neither measure counts. Every answer says which measure it used
 (``result["measure"]``, a value of :data:`MEASURE`) and explains its binding

@@ -1,9 +1,9 @@
-"""``memledger step``: the step timeline of one setup, its landmarks and its peak (docs/step.md).
+"""``memledger step``: the step timeline of one setup, its landmarks and its peak (README, "One training step").
 
 Every ``memledger ledger`` option, plus ``--backend`` (the conventions of
 :mod:`memledger.activations.backends`: article, cuda or cpu) and ``--foreach`` (AdamW's
 multi-tensor step). Text by default; ``--json`` prints the object of
-docs/step.md: inputs, landmarks {gpu, cpu, nvme}, peak {gpu, phase, detail},
+the README: inputs, landmarks {gpu, cpu, nvme}, peak {gpu, phase, detail},
 rows {name, kind, phase, device, bytes, formula}. The fits verdict compares
 the peak with the GPU's memory (:data:`memledger.ledger.hardware.GPU_MEMORY`).
 Unlike ``ledger`` this command imports SymPy (the step's programs are built
