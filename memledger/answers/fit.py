@@ -90,6 +90,8 @@ def fit(template: Ledger, vary: str, gpu_bytes: int, measure: str = "auto") -> d
     sum), "peak_at_answer" (None without a timeline), "next" (the first value that does not fit:
     {"value", "judged", "total"}), "binding", "ledger"}.
     """
+    if not isinstance(template, Ledger):
+        raise TypeError(f"template must be a Ledger, got {template!r}")
     check_choice("vary", vary, VARY)
     check_choice("measure", measure, CHOICES)
     gpu_bytes = check_count("gpu_bytes", gpu_bytes, limit=LIMIT)
