@@ -74,9 +74,6 @@ def _ledger(a):
     ledger = build_ledger(a)
     if path == "lora":
         return cli_compare.lora(a, ledger)
-    from ..answers.verdict import CHOICES
-    from ..core.choices import check_choice
-    check_choice("measure", a.measure, CHOICES)
     reads = set(MODEL) | set(WORKLOAD) | {"units", "gpu_memory", "link", "json", "measure"} | set(PIPELINE)
     where = "memledger ledger"
     if ledger.arch is None:
@@ -89,6 +86,9 @@ def _ledger(a):
         reads.discard("link")
     refuse_unread(a, reads, where, {"pp": "pipeline stages split the layers: give an architecture",
                                     "link": "there is no offload transfer to time"})
+    from ..answers.verdict import CHOICES
+    from ..core.choices import check_choice
+    check_choice("measure", a.measure, CHOICES)
     link = host_link(a.link)
     memory = gpu_bytes(a.gpu_memory)
     pipe = cli_models.pipeline_section(a, ledger, memory)
