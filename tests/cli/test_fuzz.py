@@ -51,7 +51,7 @@ VALID = {
     "recipe": st.sampled_from(tuple(ALL_RECIPES) + ("lion",)),
     "adapter_recipe": st.sampled_from(tuple(ALL_RECIPES) + ("lion",)),
     "recompute": st.sampled_from(("none", "selective", "full", "some")),
-    "tp": st.sampled_from(("1", "2", "4", "8", "3")), "dp": st.sampled_from(("1", "2", "8", "64", "3")),
+    "tp": st.sampled_from(("1", "2", "4", "8", "3")), "dp": st.sampled_from(("1", "2", "8", "64", "3", "7")),
     "zero": st.sampled_from(("0", "1", "2", "3", "4")),
     "offload_optimizer": st.sampled_from(("none", "cpu", "nvme", "disk")),
     "offload_params": st.sampled_from(("none", "cpu", "nvme")),
@@ -135,6 +135,8 @@ def invocations(draw, commands=WEIGHTED, fast=False):
         if valued:
             kind = draw(st.sampled_from(("valid",) * 8 + ("junk", "count")))
             argv.append(draw(JUNK if kind == "junk" else COUNT if kind == "count" else VALID.get(dest, COUNT)))
+    if "json" in dests and "--json" not in argv and draw(st.booleans()):
+        argv.append("--json")                # the invariants are checked on the JSON output
     if fast and "measure" in dests:          # no step compiled in the fast slice: the sum judges
         argv = [x for i, x in enumerate(argv) if x != "--measure" and (i == 0 or argv[i - 1] != "--measure")]
         argv += ["--measure", "total"]
@@ -224,9 +226,43 @@ def test_cli_fast(argv):
 
 
 @pytest.mark.slow
-@settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
 @given(invocations())
 def test_cli_slow(argv):
+    check_contract(argv)
+
+
+@st.composite
+def steps(draw):
+    """``step --json`` over the strategy space the timeline models: a small decoder, ZeRO, dp, tp, offload,
+    recomputation, kernels, backends (the landmark and peak invariants hold for every one)."""
+    style = draw(st.sampled_from(("gpt", "llama")))
+    heads = draw(st.sampled_from((2, 4)))
+    argv = ["step", "--hidden", str(8 * heads * draw(st.sampled_from((1, 3)))), "--heads", str(heads), "--layers",
+            draw(st.sampled_from(("1", "2", "6"))), "--style", style, "--vocab", draw(st.sampled_from(("24", "100"))),
+            "--recipe", draw(st.sampled_from(("bf16-adamw", "fp32-adamw", "bf16-pure-adamw", "bf16-adamw-fp32-grads"))),
+            "--zero", draw(st.sampled_from(("0", "1", "2", "3"))), "--dp", draw(st.sampled_from(("1", "3", "8"))),
+            "--batch", draw(st.sampled_from(("1", "3"))), "--seq", draw(st.sampled_from(("4", "6"))),
+            "--backend", draw(st.sampled_from(("article", "cuda", "cpu"))), "--json"]
+    if draw(st.booleans()):
+        argv += ["--tp", "2"] + (["--sp"] if draw(st.booleans()) else [])
+    for flag in ("--flash-attention", "--no-dropout", "--foreach"):
+        if draw(st.booleans()):
+            argv.append(flag)
+    argv += ["--recompute", draw(st.sampled_from(("none", "selective", "full")))]
+    offload = draw(st.sampled_from(("none", "cpu", "nvme")))
+    if offload != "none":
+        argv += ["--offload-optimizer", offload] + (["--offload-placement", "zero-offload"] if draw(st.booleans())
+                                                      else [])
+    if "3" == argv[argv.index("--zero") + 1] and draw(st.booleans()):
+        argv += ["--offload-params", "cpu"]
+    return argv
+
+
+@pytest.mark.slow
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(steps())
+def test_step_slow(argv):
     check_contract(argv)
 
 
@@ -276,7 +312,7 @@ def test_malformed_configs_fast(content, extra):
 
 
 @pytest.mark.slow
-@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
 @given(config_files(), st.sampled_from(([], ["--json"], ["--zero", "3", "--dp", "4", "--json"])))
 def test_malformed_configs_slow(content, extra):
     _config_run(content, extra)
@@ -354,7 +390,7 @@ def test_api_fast(kwargs, convention, inputs, vary):
 
 
 @pytest.mark.slow
-@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
 @given(ledger_kwargs(), st.sampled_from(tuple(CONVENTIONS)), INPUTS, st.sampled_from(("batch", "seq", "layers",
                                                                                       "dp", "zero", "x")))
 def test_api_slow(kwargs, convention, inputs, vary):
