@@ -160,7 +160,7 @@ ERRATA = (
 ZERO2 = Convention(
     "deepspeed-zero2", "DeepSpeed estimate_zero2_model_states_mem_needs (code since 2024-06)",
     "microsoft/DeepSpeed deepspeed/runtime/zero/stage_1_and_2.py lines 2430-2447 (38327e07)",
-    zero2_items, reads=("dp", "gpus_per_node", "nodes", "buffer_factor", "offload_optimizer"), printed=_printed,
+    zero2_items, reads=("dp", "tp", "gpus_per_node", "nodes", "buffer_factor", "offload_optimizer"), printed=_printed,
     zero_stage=2,
     differs="model states only, no activations; 16-bit parameters replicated but 16- and 32-bit gradients both "
             "booked (18 sharded bytes + 2 = 20 B/param at one GPU, memledger's recipe 16); floor() of the sharded "
@@ -174,7 +174,7 @@ ZERO2_DOCS = Convention(
 ZERO3 = Convention(
     "deepspeed-zero3", "DeepSpeed estimate_zero3_model_states_mem_needs",
     "microsoft/DeepSpeed deepspeed/runtime/zero/stage3.py lines 3008-3044 (38327e07)",
-    zero3_items, reads=("dp", "largest_layer", "gpus_per_node", "nodes", "buffer_factor", "offload_optimizer",
+    zero3_items, reads=("dp", "tp", "largest_layer", "gpus_per_node", "nodes", "buffer_factor", "offload_optimizer",
                         "offload_params", "zero_init"), printed=_printed, zero_stage=3,
     differs="model states only; 18 B/param sharded (fp16 params + fp32 params, fp32 grads, m, v; no 16-bit "
             "gradients booked) plus 4 bytes x the largest module for gathered params and grads; floor() of the "

@@ -26,13 +26,13 @@ values and names no unit; reading them as 2-byte fp16 values is memledger's
 """
 import sympy as sp
 
-from ..core.symbols import B, H, L, P, S, d
+from ..core.symbols import B, H, L, P, S, d, t
 from .base import Convention, Erratum, G, Item, M
 
 __all__ = ["ERRATA", "PLAYBOOK", "PLAYBOOK_20", "PLAYBOOK_FP8", "PLAYBOOK_FP8_REDUCTION", "PLAYBOOK_TABLE", "ZERO_K",
            "ZERO_PAPER", "playbook_activations", "zero_paper_activations"]
 
-N = G * M
+N = G * M / t        # the data-parallel degree N_d: the GPUs (G x M = dp x tp) over the tensor-parallel ones
 #: The Playbook's table (index.html lines 463-491): billions of parameters -> (GB, GB with FP32 grad acc).
 PLAYBOOK_TABLE = {1: (16, 20), 7: (112, 140), 70: (1120, 1400), 405: (6480, 8100)}
 #: The Playbook's FP8 table (lines 2573-2648): approach -> (bytes per part as printed, printed total).
