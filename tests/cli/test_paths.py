@@ -85,6 +85,22 @@ def test_a_step_past_two_to_the_63_is_exact(capsys):
     answered(capsys, "step", *LLAMA, "--batch", "1e9")
 
 
+# 9: every landmark is the sum of the rows live there (the issue: ZeRO-3 at tiny shapes, dp 64, 674 B off)
+
+LIVE = {"whole step": ("before forward", "after forward", "after backward", "after step"),
+        "forward to backward": ("after forward",), "backward to optimizer step": ("after backward",)}
+
+
+@pytest.mark.parametrize("zero, dp", [(3, 64), (2, 3), (3, 7)])
+def test_landmarks_are_the_sums_of_their_live_rows(capsys, zero, dp):
+    data = json.loads(answered(capsys, "step", "--hidden", "24", "--layers", "5", "--heads", "2", "--style", "llama",
+                               "--vocab", "11", "--seq", "3", "--zero", zero, "--dp", dp, "--json"))
+    for mark, devices in data["landmarks"].items():
+        for device, total in devices.items():
+            assert total == sum(r["bytes"] for r in data["rows"]
+                                if r["device"] == device and mark in LIVE.get(r["phase"], ())), (mark, device)
+
+
 # 3: a tensor-parallel degree that does not divide a split tensor
 
 def test_tp_that_does_not_divide_the_vocabulary(capsys):
