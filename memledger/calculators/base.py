@@ -113,7 +113,7 @@ def weight_dtype(ledger: Ledger) -> str:
 def values(ledger: Ledger, inputs: ConventionInputs) -> dict:
     """Numbers for every symbol a convention's expressions may contain."""
     a = ledger.arch
-    found = {P: ledger.params, G: inputs.per_node(ledger), M: inputs.nodes, beta: sp.Rational(inputs.buffer_factor),
+    found = {P: ledger.params, G: inputs.per_node(ledger), M: inputs.nodes, beta: inputs.buffer_factor,
              B: ledger.batch_size, S: ledger.seq_len, t: ledger.tp, p_pp: 1}
     if a is not None:
         found.update({d: a.d_model, L: a.n_layers, H: a.n_heads, F: a.d_ff, V: a.vocab_size})
@@ -216,12 +216,17 @@ _NEEDS.update({s: "an architecture (d_model, n_layers, n_heads ...)" for s in (d
 
 
 def evaluate(expr, values: dict) -> int:
-    """``expr`` at ``values``, exactly; ``ValueError`` if it is not a whole number of bytes."""
-    value = sp.sympify(expr).subs(values)
-    if not value.is_number:
-        missing = sorted({_NEEDS.get(s, str(s)) for s in value.free_symbols})
+    """``expr`` at ``values`` (symbol -> number), exactly, by its compiled plain-Python form
+    (:func:`memledger.core.exact.exact_function`, cached per formula); ``ValueError`` if a symbol has no value
+    or the result is not a whole number of bytes."""
+    from ..core.exact import exact_function
+    expr = sp.sympify(expr)
+    missing = sorted({_NEEDS.get(s, str(s)) for s in expr.free_symbols if s not in values})
+    if missing:
         raise ValueError(f"this convention needs {' and '.join(missing)}")
-    value = sp.nsimplify(value) if value.is_Float else value
-    if not value.is_integer:
-        raise ValueError(f"{expr} is not a whole number of bytes at these inputs ({value})")
-    return int(value)
+    symbols = tuple(sorted(expr.free_symbols, key=lambda s: s.name))
+    try:
+        return exact_function(symbols, (expr,))(*(values[s] for s in symbols))[0]
+    except ArithmeticError as e:
+        raise ValueError(f"{expr} is not a whole number of bytes at these inputs ({str(e).rsplit(' ', 1)[-1]})") \
+            from None

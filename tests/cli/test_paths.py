@@ -149,6 +149,7 @@ def _shell(command):
     return subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=60)
 
 
+@pytest.mark.slow                   # two interpreters started
 def test_unwritable_stdout_is_one_line_and_status_1():
     py = f"{sys.executable} -m memledger"
     closed = _shell(f"{py} presets >&-")
@@ -222,21 +223,18 @@ def _memledger_row(capsys, *args):
 def test_compare_honours_every_ledger_option(capsys):
     base = _memledger_row(capsys)
     assert base["memledger"]["gpu"]["total"] == Ledger("llama2-7b", overhead_bytes=0).totals["gpu"]
-    fp32 = _memledger_row(capsys, "--recipe", "fp32-adamw")
-    assert fp32["memledger"]["title"] == "memledger's exact ledger (fp32-adamw, 16 B/param)"
-    assert fp32["accelerate"]["gpu"]["total"] == 2 * base["accelerate"]["gpu"]["total"]   # float32: 16 B/param
-    overhead = _memledger_row(capsys, "--overhead", "5GB")["memledger"]["gpu"]
-    assert overhead["other"] == 5 * 10**9 and overhead["total"] == base["memledger"]["gpu"]["total"] + 5 * 10**9
-    layers = _memledger_row(capsys, "--scope", "layers")["memledger"]["gpu"]
-    outside = Ledger("llama2-7b").group_total("activations") - Ledger("llama2-7b", scope="layers").group_total(
-        "activations")
-    assert layers["activations"] == base["memledger"]["gpu"]["activations"] - outside > 0
-    tp = _memledger_row(capsys, "--tp", "2")["memledger"]["gpu"]["activations"]
-    sp = _memledger_row(capsys, "--tp", "2", "--sp")["memledger"]["gpu"]["activations"]
-    assert sp < tp
-    zero3 = _memledger_row(capsys, "--zero", "3", "--dp", "8")["deepspeed-zero3"]
-    assert zero3["gpu"]["total"] == get_convention("deepspeed-zero3").estimate(
-        Ledger("llama2-7b", zero_stage=3, dp=8)).total("gpu")
+    options = ["--recipe", "fp32-adamw", "--overhead", "5GB", "--scope", "layers", "--tp", "2", "--sp", "--zero", "3",
+               "--dp", "8", "--offload-optimizer", "cpu", "--offload-placement", "zero-offload"]
+    rows = _memledger_row(capsys, *options)
+    ledger = Ledger("llama2-7b", recipe="fp32-adamw", overhead_bytes=5 * 10**9, scope="layers", tp=2,
+                    sequence_parallel=True, zero_stage=3, dp=8, offload_optimizer="cpu", offload_placement="zero-offload")
+    ours = rows["memledger"]
+    assert ours["title"] == "memledger's exact ledger (fp32-adamw, 16 B/param)"
+    assert (ours["gpu"]["model_states"], ours["gpu"]["activations"], ours["gpu"]["other"], ours["cpu"]) == (
+        ledger.group_total("model_states", "gpu"), ledger.group_total("activations", "gpu"), 5 * 10**9,
+        ledger.totals["cpu"])
+    assert rows["accelerate"]["gpu"]["total"] == 2 * base["accelerate"]["gpu"]["total"]     # float32: 16 B/param
+    assert rows["deepspeed-zero3"]["gpu"]["total"] == get_convention("deepspeed-zero3").estimate(ledger).total("gpu")
 
 
 # 11: no internals in messages
