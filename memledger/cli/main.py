@@ -1,8 +1,10 @@
-"""Command line: ``memledger ledger|step|fit|infer|presets|recipes|claims [--json]``.
+"""Command line: ``memledger ledger|step|compare|fit|infer|presets|recipes|claims [--json]``.
 
-Bad input of any kind prints one line on stderr and exits with status 2 (the
-messages are the Python API's); output that cannot be written (a closed pipe,
-a full disk) prints one line and exits with status 1. No traceback, ever.
+Bad input of any kind prints one line on stderr, nothing on stdout, and exits
+with status 2 (the messages are the Python API's); so does a given option the
+chosen path does not read (:mod:`memledger.cli.paths`). Output that cannot be
+written (a closed or full stdout, a reader gone) prints one line on stderr and
+exits with status 1. No traceback, ever (``tests/cli/test_fuzz.py``).
 The ledger path imports neither SymPy nor NumPy: rows are evaluated by the
 generated :mod:`memledger.core.compiled`, so the command answers about as fast as
 Python starts (``benchmarks/bench.py``).
