@@ -10,6 +10,8 @@
   (:mod:`memledger.step.timeline`) is non-decreasing in each, so the judged bytes are
   monotonic and a doubling bracket followed by bisection over integers finds
   the boundary exactly: the answer fits, the answer + 1 does not.
+  A model with learned positions (GPT-2's 1,024) cannot run a longer
+  sequence: ``"seq"`` answers at most ``n_positions`` (and says so).
 * ``"dp"``: the smallest data-parallel degree that fits (non-increasing in
   dp); ``"zero"``: the smallest ZeRO stage that fits.
 
@@ -50,14 +52,17 @@ def _at(template: Ledger, vary: str, value: int) -> Ledger:
     return replace(template, **{_FIELD[vary]: value})
 
 
-def _largest(fits, start=1):
-    """Largest n >= start with fits(n) (fits monotonic, True then False); start - 1 if none."""
+def _largest(fits, start=1, limit=None):
+    """Largest n >= start with fits(n) (fits monotonic, True then False); start - 1 if none. ``limit``: a value
+    known not to fit (the search stays below it)."""
     if not fits(start):
         return start - 1
     low, high = start, start * 2
-    while high <= _UPPER and fits(high):
+    while high <= _UPPER and (limit is None or high < limit) and fits(high):
         low, high = high, high * 2
-    if high > _UPPER:
+    if limit is not None and high >= limit:
+        high = limit
+    elif high > _UPPER:
         raise ValueError(f"still fits at {low}: no limit found below {_UPPER}")
     while high - low > 1:                      # fits(low), not fits(high)
         mid = (low + high) // 2
@@ -90,6 +95,8 @@ def fit(template: Ledger, vary: str, gpu_bytes: int, measure: str = "auto") -> d
     sum), "peak_at_answer" (None without a timeline), "next" (the first value that does not fit:
     {"value", "judged", "total"}), "binding", "ledger"}.
     """
+    if not isinstance(template, Ledger):
+        raise TypeError(f"template must be a Ledger, got {template!r}")
     check_choice("vary", vary, VARY)
     check_choice("measure", measure, CHOICES)
     gpu_bytes = check_count("gpu_bytes", gpu_bytes, limit=LIMIT)
@@ -104,8 +111,11 @@ def fit(template: Ledger, vary: str, gpu_bytes: int, measure: str = "auto") -> d
 
     def fits(value):
         return judge(_at(template, vary, value), peak).bytes <= gpu_bytes
-    if vary in ("batch", "seq", "layers"):
-        answer = _largest(fits) or None
+    positions = template.arch.n_positions if vary == "seq" else 0     # learned positions bound the sequence
+    if positions and fits(positions):
+        answer, beyond = positions, None
+    elif vary in ("batch", "seq", "layers"):
+        answer = _largest(fits, limit=positions or None) or None
         beyond = 1 if answer is None else answer + 1
     elif vary == "dp":
         answer, beyond = _smallest_dp(fits)
@@ -121,7 +131,8 @@ def fit(template: Ledger, vary: str, gpu_bytes: int, measure: str = "auto") -> d
             "peak_at_answer": at.peak if at and peak else None,
             "next": None if over is None else {"value": beyond, "judged": judge(over, peak).bytes,
                                                 "total": over.totals["gpu"]},
-            "binding": _binding(vary, answer, beyond, over, peak, gpu_bytes),
+            "binding": (f"the model has {positions:,} learned positions: no longer sequence can run"
+                        if positions and beyond is None else _binding(vary, answer, beyond, over, peak, gpu_bytes)),
             "ledger": at}
 
 
