@@ -113,11 +113,14 @@ CLI_FLAGS = {"arch": "--preset", "batch_size": "--batch", "seq_len": "--seq", "r
 
 
 def cli_argv(state: dict) -> list:
-    """``state`` (field -> value, as the controls hold it) as ``memledger ledger`` arguments, every control
-    given; a value is checked by its control (:meth:`Control.parse`) first."""
+    """``state`` (field -> value, as the controls hold it) as ``memledger ledger`` arguments: every control the
+    command reads (the placement only where an optimizer is offloaded, as the command line refuses it
+    otherwise); a value is checked by its control (:meth:`Control.parse`) first."""
     argv = ["ledger"]
     for control in CONTROLS:
         value = control.parse(state[control.field])
+        if control.field == "offload_placement" and BY_FIELD["offload_optimizer"].parse(state["offload_optimizer"]) == "none":
+            continue
         if isinstance(value, bool):
             argv += [CLI_FLAGS[control.field]] if value else []
         else:
