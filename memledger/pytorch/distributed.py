@@ -57,6 +57,23 @@ def fake_world(world: int):
         dist.destroy_process_group()
 
 
+@contextmanager
+def _propagation_as_in_a_real_run():
+    """DTensor derives an op's output shape by running it on global-shape fake tensors
+    (``ShardingPropagator._propagate_tensor_meta_non_cached``: ``detect_fake_mode() or FakeTensorMode()``).
+    In a real run that is a FakeTensorMode of its own, which the trackers skip; under our FakeTensorMode it
+    would be ours, and the trackers would count those global-shape tensors (under ``loss_parallel()`` the
+    B x S x V log-softmax of the whole vocabulary, t times the rank's). While this is active, the propagation
+    gets a FakeTensorMode of its own, as in a real run."""
+    from torch.distributed.tensor import _sharding_prop
+    detect = _sharding_prop.detect_fake_mode
+    _sharding_prop.detect_fake_mode = lambda *args, **kwargs: None
+    try:
+        yield
+    finally:
+        _sharding_prop.detect_fake_mode = detect
+
+
 def _categories(snap: dict) -> dict:
     """A tracker's snapshot as {category name: bytes}, zero categories and the total left out."""
     return {getattr(k, "value", k): v for k, v in snap.items() if v and k != "Total"}
@@ -215,7 +232,7 @@ def fsdp_step(c: RefConfig, loop: str = "fp32-adamw", batch: int = 1, seq: int =
             if not track_first:
                 with context():
                     trainer.step(ids, targets)
-            with tracker:
+            with _propagation_as_in_a_real_run(), tracker:
                 if track_first:
                     with context():
                         trainer.step(ids, targets)
@@ -297,7 +314,7 @@ def _tp_run(c, loop, batch, seq, mesh, sequence_parallel, foreach, trace):
             trainer.step(ids, targets)
         tracker = _phase_tracker(MemTracker)()
         tracker.track_external(model, trainer.opt, ids, targets)
-        with tracker:
+        with _propagation_as_in_a_real_run(), tracker:
             return _tracked_step(tracker, trainer, ids, targets, loss_parallel, trace)
 
 
