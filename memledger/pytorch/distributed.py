@@ -31,6 +31,7 @@ import socket
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
 from .measure import _inputs
 from .reference import LANDMARKS, RefConfig, Trainer, make_model
@@ -324,41 +325,57 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+class _Births:
+    """A dispatch mode keeping a weak reference to every storage an op returns (DDP's C++ reducer allocates
+    through ATen, so its buckets are seen), keyed by data pointer."""
+
+    def __new__(cls):
+        import weakref
+
+        from torch.utils._python_dispatch import TorchDispatchMode
+        from torch.utils._pytree import tree_map_only
+
+        class Births(TorchDispatchMode):
+            def __init__(self):
+                super().__init__()
+                self.born = []
+
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                out = func(*args, **(kwargs or {}))
+                tree_map_only(torch.Tensor, lambda t: self.born.append(weakref.ref(t.untyped_storage())), out)
+                return out
+
+            def alive(self, skip=()) -> dict:
+                """{data pointer: bytes} of the storages seen here and still alive, those at ``skip`` left out."""
+                return {st.data_ptr(): st.nbytes() for r in self.born if (st := r()) is not None
+                        and st.nbytes() and st.data_ptr() not in skip}
+        return Births()
+
+
 def ddp_buckets(c: RefConfig, loop: str = "fp32-adamw", batch: int = 1, seq: int = 16, *,
-                bucket_cap_mb: float = 25, gradient_as_bucket_view: bool = False, seed: int = 0) -> dict:
+                bucket_cap_mb: float = None, gradient_as_bucket_view: bool = False, seed: int = 0) -> dict:
     """DDP's gradient buckets, measured with real CPU tensors on a one-rank gloo group.
 
-    Returns {"params": parameter bytes, "wrap": bytes of storages DDP allocates when wrapping the model (its
-    flat buckets), "buckets": [bytes of each bucket, in the reducer's order], "after backward": bytes of
-    storages alive after ``loss.backward()`` (gradients, buckets, nothing else of the step) beside the model's
-    parameters, "grads": bytes of distinct gradient storages, "grads are bucket views": bool}.
+    DDP's reducer does not run on fake tensors, so this is a small-scale run: ``DistributedDataParallel(model,
+    bucket_cap_mb=..., gradient_as_bucket_view=...)``, two steps of forward and ``loss.backward()`` (the
+    buckets are rebuilt in gradient-ready order at the second forward), ``zero_grad(set_to_none=True)``
+    between them. Storages are counted with a dispatch-mode census (weak references to every storage an op
+    returns). Returns {"grads": bytes of all parameters' gradients, "wrap": bytes DDP allocates and keeps
+    when wrapping (the first iteration's buckets), "buckets": [bytes of each rebuilt bucket, in the
+    reducer's order], "step": bytes of storages born in the second step and alive after its backward (the
+    rebuilt buckets, plus the gradients unless they are bucket views), "grads are bucket views": bool}.
+
+    From ``torch/nn/parallel/distributed.py`` (2.13): without ``find_unused_parameters`` the first iteration
+    has one bucket of every gradient (``compute_bucket_size_limits``: ``[sys.maxsize]``); the reducer then
+    rebuilds them in gradient-ready order, a bucket closing once it reaches its limit (the gradient that
+    crosses it included): the first limit ``dist._DEFAULT_FIRST_BUCKET_BYTES`` (1 MiB) only when
+    ``bucket_cap_mb`` is left None, every other ``bucket_cap_mb`` MiB (25 by default).
     """
     import gc
-    import weakref
 
     from torch.nn.parallel import DistributedDataParallel as DDP
-    from torch.utils._python_dispatch import TorchDispatchMode
-    from torch.utils._pytree import tree_map_only
 
-    class Births(TorchDispatchMode):
-        """Weak references to every storage an op returns (DDP's C++ reducer allocates through ATen ops)."""
-        def __init__(self):
-            super().__init__()
-            self.born = {}
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
-
-            def note(t):
-                st = t.untyped_storage()
-                if st.nbytes() and st.data_ptr() not in self.born:
-                    self.born[st.data_ptr()] = weakref.ref(st)
-            tree_map_only(torch.Tensor, note, out)
-            return out
-
-        def alive(self):
-            return {k: r() for k, r in self.born.items() if r() is not None}
-
+    _check("loop", loop, ("fp32-adamw", "bf16-pure-adamw"))
     if dist.is_initialized():
         dist.destroy_process_group()
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
@@ -367,29 +384,29 @@ def ddp_buckets(c: RefConfig, loop: str = "fp32-adamw", batch: int = 1, seq: int
     try:
         torch.manual_seed(seed)
         model = make_model(c, loop)
-        params = sum(p.untyped_storage().nbytes() for p in {p.untyped_storage().data_ptr(): p
-                                                            for p in model.parameters()}.values())
         ids, targets = _inputs(c, batch, seq)
-        births = Births()
+        births = _Births()
         with births:
             ddp = DDP(model, bucket_cap_mb=bucket_cap_mb, gradient_as_bucket_view=gradient_as_bucket_view)
         gc.collect()
-        wrap = births.alive()
-        buckets = [sum(t.untyped_storage().nbytes() for t in b.gradients()) for b in []]
-        births = Births()
-        with births:
-            loss = torch.nn.functional.cross_entropy(ddp(ids).float().view(-1, c.V), targets.view(-1))
-            loss.backward()
-            del loss
-        gc.collect()
-        grads = {p.grad.untyped_storage().data_ptr(): p.grad.untyped_storage().nbytes()
-                 for p in model.parameters() if p.grad is not None}
-        bucket_ptrs = set(wrap)
-        return {"params": params, "wrap": sum(st.nbytes() for st in wrap.values()), "buckets": buckets,
-                "wrap storages": sorted(st.nbytes() for st in wrap.values()),
-                "after backward": sum(st.nbytes() for st in births.alive().values()),
-                "grads": sum(grads.values()),
-                "grads are bucket views": bool(grads) and set(grads) <= bucket_ptrs}
+        params = {t.untyped_storage().data_ptr() for t in (*model.parameters(), ids, targets)}
+        wrap = sum(births.alive(params).values())
+        for step in range(2):
+            births = _Births()
+            with births:
+                loss = F.cross_entropy(ddp(ids).float().view(-1, c.V), targets.view(-1))
+                loss.backward()
+                del loss
+            gc.collect()
+            if step == 0:
+                model.zero_grad(set_to_none=True)
+        alive = births.alive(params)
+        grads = {p.grad.untyped_storage().data_ptr() for p in model.parameters()}
+        buckets = [b.buffer().untyped_storage().nbytes() for b in ddp.reducer._get_zeros_like_grad_buckets()]
+        bucket_ptrs = {k for k in alive if k not in grads} if not gradient_as_bucket_view else set(alive)
+        return {"grads": sum(p.numel() * p.element_size() for p in model.parameters()), "wrap": wrap,
+                "buckets": buckets, "step": sum(alive.values()),
+                "grads are bucket views": grads <= bucket_ptrs and not grads & params}
     finally:
         dist.destroy_process_group()
 
