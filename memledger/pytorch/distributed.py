@@ -22,8 +22,9 @@ tracker's own split by category at each landmark and at each phase peak.
 * :func:`ddp_buckets`: DDP with real tensors (its C++ reducer does not run on
   fake tensors) on a one-rank gloo group: the bytes of its gradient buckets.
 
-The account of what FSDP2 allocates, buffer by buffer, with the lines of its
-source, is ``docs/fsdp2.md``. Imports PyTorch.
+What FSDP2 allocates, buffer by buffer and hook by hook, with the lines of its
+source, is written as executable rules in ``tests/pytorch/test_distributed.py``
+(``hooks``), checked there against FSDPMemTracker's snapshots. Imports PyTorch.
 """
 from contextlib import contextmanager, nullcontext
 import os
@@ -36,7 +37,7 @@ import torch.nn.functional as F
 from .measure import _inputs
 from .reference import LANDMARKS, RefConfig, Trainer, make_model
 
-__all__ = ["DTYPES", "PHASES", "fake_world", "fsdp_step", "tp_plan", "tp_step", "ddp_buckets"]
+__all__ = ["DTYPES", "PHASES", "LossRoot", "fake_world", "fsdp_step", "tp_plan", "tp_step", "ddp_buckets"]
 
 #: MixedPrecisionPolicy dtypes by name; None: no cast (PyTorch's default policy).
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16, None: None}
@@ -183,7 +184,9 @@ def fsdp_step(c: RefConfig, loop: str = "fp32-adamw", batch: int = 1, seq: int =
     ``reset_mod_stats()`` between them (``track_first=False``: the first runs untracked).
 
     Returns {landmark: bytes, "peak": bytes, "phase peaks": {phase: bytes}, "categories": {landmark or
-    "<phase> peak": {FSDPMemTracker category: bytes}}} (and "trace" with ``trace``).
+    "<phase> peak": {FSDPMemTracker category: bytes}}, "modules": {module name: {FSDP hook ("Before
+    Pre-Forward", ..., "After Post-Backward"): [{category: bytes} at each call]}}} (and "trace" with
+    ``trace``: (total, categories, in backward, in optimizer, modules, op) after every op).
     """
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
@@ -293,30 +296,25 @@ def tp_step(c: RefConfig, loop: str = "bf16-pure-adamw", batch: int = 1, seq: in
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed.device_mesh import init_device_mesh
 
+    from torch.distributed._tools.mem_tracker import MemTracker
+    from torch.distributed.tensor.parallel import loss_parallel
+
     _check("loop", loop, ("fp32-adamw", "bf16-pure-adamw"))
     if c.tp < 2:
         raise ValueError(f"tp_step needs RefConfig(..., tp=t) with t >= 2, got tp = {c.tp}")
     with fake_world(c.tp):
         mesh = init_device_mesh("cpu", (c.tp,))
         with FakeTensorMode():
-            return _tp_run(c, loop, batch, seq, mesh, sequence_parallel, foreach, trace)
-
-
-def _tp_run(c, loop, batch, seq, mesh, sequence_parallel, foreach, trace):
-    from torch.distributed._tools.mem_tracker import MemTracker
-    from torch.distributed.tensor.parallel import loss_parallel
-
-    if True:
-        model = make_model(c, loop)
-        _parallelize(model, mesh, sequence_parallel)
-        trainer = Trainer(model, loop, foreach=foreach)
-        ids, targets = _inputs(c, batch, seq)
-        with loss_parallel():
-            trainer.step(ids, targets)
-        tracker = _phase_tracker(MemTracker)()
-        tracker.track_external(model, trainer.opt, ids, targets)
-        with _propagation_as_in_a_real_run(), tracker:
-            return _tracked_step(tracker, trainer, ids, targets, loss_parallel, trace)
+            model = make_model(c, loop)
+            _parallelize(model, mesh, sequence_parallel)
+            trainer = Trainer(model, loop, foreach=foreach)
+            ids, targets = _inputs(c, batch, seq)
+            with loss_parallel():
+                trainer.step(ids, targets)
+            tracker = _phase_tracker(MemTracker)()
+            tracker.track_external(model, trainer.opt, ids, targets)
+            with _propagation_as_in_a_real_run(), tracker:
+                return _tracked_step(tracker, trainer, ids, targets, loss_parallel, trace)
 
 
 def _free_port() -> int:
@@ -327,7 +325,7 @@ def _free_port() -> int:
 
 class _Births:
     """A dispatch mode keeping a weak reference to every storage an op returns (DDP's C++ reducer allocates
-    through ATen, so its buckets are seen), keyed by data pointer."""
+    through ATen, so its buckets are seen)."""
 
     def __new__(cls):
         import weakref

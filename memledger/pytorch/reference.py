@@ -29,6 +29,9 @@ GPT decoder, untied in the LLaMA decoder), and the loss
   ``F.scaled_dot_product_attention``'s docstring) copy K and V to H heads
   instead: that is ``inventory(..., repeat_kv=True)``, not modelled here.
 
+Under tensor parallelism (``RefConfig(tp=t)``, :mod:`memledger.pytorch.distributed`) a block views
+its column-split fused QKV output with H/t query and H_kv/t key/value heads.
+
 Loops (:data:`LOOPS`): ``fp32-adamw``, ``bf16-pure-adamw`` and ``bf16-adamw``
 (BF16 model, FP32 masters held by the optimizer). Measuring helpers live in
 :mod:`memledger.pytorch.measure`. PyTorch is imported here only: ``import
