@@ -29,6 +29,9 @@ GPT decoder, untied in the LLaMA decoder), and the loss
   ``F.scaled_dot_product_attention``'s docstring) copy K and V to H heads
   instead: that is ``inventory(..., repeat_kv=True)``, not modelled here.
 
+Under tensor parallelism (``RefConfig(tp=t)``, :mod:`memledger.pytorch.distributed`) a block views
+its column-split fused QKV output with H/t query and H_kv/t key/value heads.
+
 Loops (:data:`LOOPS`): ``fp32-adamw``, ``bf16-pure-adamw`` and ``bf16-adamw``
 (BF16 model, FP32 masters held by the optimizer). Measuring helpers live in
 :mod:`memledger.pytorch.measure`. PyTorch is imported here only: ``import
@@ -62,7 +65,11 @@ class RefConfig:
     kernel does); ``recompute``: ``"none"``, ``"selective"`` (the attention
     core, Korthikanti et al. 2022) or ``"full"`` (every block); ``head_dim``: the
     head size where it is not d/H (Gemma-7B: 256 with d = 3072, H = 16): q is
-    H*d_h wide, k and v H_kv*d_h, and the output projection (H*d_h) x d.
+    H*d_h wide, k and v H_kv*d_h, and the output projection (H*d_h) x d; ``tp``: the blocks run
+    under tensor parallelism of degree t (:mod:`memledger.pytorch.distributed`): the fused QKV
+    projection is split column-wise, so each rank views its local output with H/t query and
+    H_kv/t key/value heads (1, the default: the whole block). Only the views change; the model
+    built is the same.
     """
     d: int
     L: int
@@ -79,12 +86,15 @@ class RefConfig:
     qkv_bias: bool = False
     tied: bool = False
     head_dim: int = None
+    tp: int = 1
 
     def __post_init__(self):
         if self.attention not in (None, "eager", "sdpa"):
             raise ValueError(f"attention must be eager or sdpa, got {self.attention!r}")
         if self.H % self.kv_heads:
             raise ValueError(f"H ({self.H}) must be divisible by n_kv_heads ({self.kv_heads})")
+        if self.tp < 1 or self.H % self.tp or self.kv_heads % self.tp:
+            raise ValueError(f"tp ({self.tp}) must divide H ({self.H}) and n_kv_heads ({self.kv_heads})")
         if self.style == "gpt" and (self.kv_heads != self.H or self.qkv_bias or self.tied):
             raise ValueError("n_kv_heads, qkv_bias, tied: refinements of LLaMA blocks (GPT blocks are tied and "
                              "biased, multi-head)")
@@ -102,6 +112,11 @@ class RefConfig:
     @property
     def kv_heads(self) -> int:
         return self.H if self.n_kv_heads is None else self.n_kv_heads
+
+    @property
+    def local_heads(self) -> tuple:
+        """(query heads, key/value heads) one rank runs: H/t and H_kv/t."""
+        return self.H // self.tp, self.kv_heads // self.tp
 
 
 class _FusedRMSNormFn(torch.autograd.Function):
@@ -151,13 +166,14 @@ class Block(nn.Module):
     def _core(self, q, k, v, mask):
         c = self.c
         scale = 1 / math.sqrt(c.hd)
+        kv = c.local_heads[1]
         if c.kernel == "eager" and c.kv_heads != c.H:        # grouped: no K/V copies to H heads
             B, H, S, hd = q.shape
-            q = q.reshape(B, c.kv_heads, H // c.kv_heads * S, hd)
+            q = q.reshape(B, kv, H // kv * S, hd)
             k, v = k.contiguous(), v.contiguous()
             scores = (q @ k.transpose(-1, -2)).view(B, H, S, S) * scale
             probs = self._drop(scores.masked_fill(mask, float("-inf")).softmax(-1))
-            return (probs.view(B, c.kv_heads, H // c.kv_heads * S, S) @ v).view(B, H, S, hd)
+            return (probs.view(B, kv, H // kv * S, S) @ v).view(B, H, S, hd)
         if c.kernel == "eager":
             scores = (q @ k.transpose(-1, -2)) * scale
             return self._drop(scores.masked_fill(mask, float("-inf")).softmax(-1)) @ v
@@ -167,18 +183,20 @@ class Block(nn.Module):
 
     def forward(self, x, mask):
         c = self.c
-        B, S, _ = x.shape
         hd = c.hd
+        H, kv = c.local_heads
+        qkv = self.qkv(self.norm1(x))
+        B, S, _ = qkv.shape             # under sequence parallelism x holds S/t positions, qkv all S
         if c.kv_heads == c.H:
-            q, k, v = self.qkv(self.norm1(x)).view(B, S, 3, c.H, hd).permute(2, 0, 3, 1, 4)
+            q, k, v = qkv.view(B, S, 3, H, hd).permute(2, 0, 3, 1, 4)
         else:
-            q, k, v = self.qkv(self.norm1(x)).split([c.H * hd, c.kv_heads * hd, c.kv_heads * hd], dim=-1)
+            q, k, v = qkv.split([H * hd, kv * hd, kv * hd], dim=-1)
             q, k, v = (t.view(B, S, -1, hd).transpose(1, 2) for t in (q, k, v))
         if c.recompute == "selective":
             a = checkpoint(self._core, q, k, v, mask, use_reentrant=False)
         else:
             a = self._core(q, k, v, mask)
-        x = x + self._drop(self.proj(a.transpose(1, 2).reshape(B, S, c.H * hd)))
+        x = x + self._drop(self.proj(a.transpose(1, 2).reshape(B, S, H * hd)))
         h = self.norm2(x)
         if c.style == "gpt":
             return x + self._drop(self.down(F.gelu(self.up(h))))
