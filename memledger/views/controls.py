@@ -119,7 +119,8 @@ def cli_argv(state: dict) -> list:
     argv = ["ledger"]
     for control in CONTROLS:
         value = control.parse(state[control.field])
-        if control.field == "offload_placement" and BY_FIELD["offload_optimizer"].parse(state["offload_optimizer"]) == "none":
+        offloaded = BY_FIELD["offload_optimizer"].parse(state["offload_optimizer"]) != "none"
+        if control.field == "offload_placement" and not offloaded:
             continue
         if isinstance(value, bool):
             argv += [CLI_FLAGS[control.field]] if value else []
