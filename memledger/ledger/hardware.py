@@ -37,7 +37,7 @@ GPU_MEMORY = {
 }
 #: The vendors' decimal figures ("80 GB"), as the article uses them.
 NOMINAL_MEMORY = {"a100-80gb": 80 * GB, "a100-40gb": 40 * GB, "l40s": 48 * GB, "h100-80gb": 80 * GB,
-                  "h200": 143771 * MiB, "rtx-4090": 24 * GB}
+                  "h200": 141 * GB, "rtx-4090": 24 * GB}
 #: The article's GPU: the default of every fits verdict.
 ARTICLE_GPU = "a100-80gb"
 
