@@ -32,6 +32,7 @@ __getattr__, __dir__, __all__ = lazy(__name__, {
     "ledger.transfer": ("Traffic",),
     "step.timeline": ("Step",),
     "answers.fit": ("fit",),
+    "answers.verdict": ("MARGIN", "assess"),
     "calculators": ("CONVENTIONS", "ERRATA", "ConventionInputs", "get_convention"),
     "core.units": ("format_bytes", "in_unit"),
     "formulas": (),

@@ -26,6 +26,12 @@ below is one such difference; :data:`BACKENDS` bundles them. ``"article"``
   (CUDA, not capturable, not fused: ``torch.tensor(0.0)`` lives on the CPU).
 * ``foreach``: ``torch.optim.AdamW(foreach=...)``: ``False`` keeps two
   temporaries of one parameter at a time; ``True`` one for the whole group.
+  ``AdamW()`` with neither ``foreach`` nor ``fused`` given runs foreach when
+  every parameter is on a device with foreach kernels, CUDA but not the CPU
+  (``torch/optim/optimizer.py`` ``_default_to_fused_or_foreach``, called from
+  ``adam()`` in ``torch/optim/adam.py``; ``torch/utils/_foreach_utils.py``
+  ``_get_foreach_kernels_supported_devices``; PyTorch 2.13.0): ``True`` under
+  ``"cuda"``, ``False`` under ``"cpu"`` (measured) and the article's.
 """
 from dataclasses import dataclass, replace
 
@@ -86,12 +92,13 @@ SWITCHES = {
                  "(a flash kernel: q, k, v, output, FP32 log-sum-exp)",
     "step_counters": "Adam's per-tensor step: not booked, on the parameters' device (CPU runs) or on the host "
                      "(CUDA, torch/optim/adam.py)",
-    "foreach": "AdamW(foreach=...): temporaries of one parameter at a time, or of the whole group",
+    "foreach": "AdamW(foreach=...): temporaries of one parameter at a time, or of the whole group (AdamW()'s "
+               "default on CUDA, torch/optim/optimizer.py _default_to_fused_or_foreach)",
 }
 
 BACKENDS = {
     "article": Conventions(),
-    "cuda": Conventions("cuda", "bool", "fp32", "fused", "reference", "host"),
+    "cuda": Conventions("cuda", "bool", "fp32", "fused", "reference", "host", foreach=True),
     "cpu": Conventions("cpu", "activation", "activation", "composite", "reference", "device", cpu=True),
 }
 

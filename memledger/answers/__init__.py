@@ -3,7 +3,7 @@ setup that fits, parallel layouts, pipeline stages, communication."""
 from ..core.lazy import lazy
 
 __getattr__, __dir__, __all__ = lazy(__name__, {
-    'verdict': ('MEASURE', 'judge'),
+    'verdict': ('MARGIN', 'MEASURE', 'assess', 'judge'),
     'fit': ('fit',),
     'parallelism': (),
     'pipeline': (),

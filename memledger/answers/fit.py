@@ -20,7 +20,9 @@ training step** where the step timeline models the setup (``Ledger.peak`` is
 not None), or, for a ledger that books a nominal parameter count the timeline
 does not see (the article's 7x10^9), the larger of that peak and the sum; and
 the ledger's GPU total, **the sum of the rows at the end of the forward
-pass**, elsewhere (MoE, encoders).
+pass**, elsewhere (MoE, encoders). A candidate fits when it leaves at least
+``margin`` bytes of the GPU free (:data:`memledger.answers.verdict.MARGIN`, about
+1 GB, by default: less is no fit; ``margin=0`` finds the bare boundary).
 ``measure="total"`` asks for the sum where the peak is modelled too,
 ``measure="peak"`` refuses a setup without a timeline. The timeline models one
 micro-batch per optimizer step (``zero_grad(set_to_none=True)``, the reference loop of memledger/pytorch/reference.py);
@@ -34,7 +36,7 @@ from dataclasses import replace
 
 from ..core.choices import LIMIT, check_choice, check_count
 from ..ledger.ledger import Ledger
-from .verdict import CHOICES, MEASURE, judge, uses_peak
+from .verdict import CHOICES, MARGIN, MEASURE, judge, leaves_margin, uses_peak
 
 __all__ = ["MEASURE", "VARY", "fit"]
 
@@ -86,12 +88,13 @@ def _smallest_dp(fits):
     return high, high - 1
 
 
-def fit(template: Ledger, vary: str, gpu_bytes: int, measure: str = "auto") -> dict:
-    """The boundary of ``vary`` for ``template`` on a GPU of ``gpu_bytes``; see the module docstring.
+def fit(template: Ledger, vary: str, gpu_bytes: int, measure: str = "auto", margin: int = MARGIN) -> dict:
+    """The boundary of ``vary`` for ``template`` on a GPU of ``gpu_bytes``, leaving ``margin`` bytes free; see the
+    module docstring.
 
     ``measure``: ``"auto"`` (the step's peak where modelled, else the sum), ``"peak"`` or ``"total"``.
     Returns {"vary", "answer" (None: nothing fits), "measure" (a value of :data:`MEASURE`), "measure_key",
-    "gpu_memory", "judged_at_answer" (the bytes the measure gives there), "total_at_answer" (the ledger's
+    "gpu_memory", "margin", "judged_at_answer" (the bytes the measure gives there), "total_at_answer" (the ledger's
     sum), "peak_at_answer" (None without a timeline), "next" (the first value that does not fit:
     {"value", "judged", "total"}), "binding", "ledger"}.
     """
@@ -100,6 +103,7 @@ def fit(template: Ledger, vary: str, gpu_bytes: int, measure: str = "auto") -> d
     check_choice("vary", vary, VARY)
     check_choice("measure", measure, CHOICES)
     gpu_bytes = check_count("gpu_bytes", gpu_bytes, limit=LIMIT)
+    margin = check_count("margin", margin, minimum=0, limit=LIMIT)
     if vary in ("batch", "seq", "layers") and template.arch is None:
         raise ValueError(f"vary={vary!r} needs an architecture (activations); --params alone has none")
     if vary == "layers" and template.n_params is not None:
@@ -110,7 +114,7 @@ def fit(template: Ledger, vary: str, gpu_bytes: int, measure: str = "auto") -> d
     peak = uses_peak(template, measure)
 
     def fits(value):
-        return judge(_at(template, vary, value), peak).bytes <= gpu_bytes
+        return leaves_margin(judge(_at(template, vary, value), peak).bytes, gpu_bytes, margin)
     positions = template.arch.n_positions if vary == "seq" else 0     # learned positions bound the sequence
     if positions and fits(positions):
         answer, beyond = positions, None
@@ -126,25 +130,29 @@ def fit(template: Ledger, vary: str, gpu_bytes: int, measure: str = "auto") -> d
     over = _at(template, vary, beyond) if beyond is not None else None
     key = judge(at or over, peak).key
     return {"vary": vary, "answer": answer, "measure": MEASURE[key], "measure_key": key, "gpu_memory": gpu_bytes,
+            "margin": margin,
             "judged_at_answer": judge(at, peak).bytes if at else None,
             "total_at_answer": at.totals["gpu"] if at else None,
             "peak_at_answer": at.peak if at and peak else None,
             "next": None if over is None else {"value": beyond, "judged": judge(over, peak).bytes,
                                                 "total": over.totals["gpu"]},
             "binding": (f"the model has {positions:,} learned positions: no longer sequence can run"
-                        if positions and beyond is None else _binding(vary, answer, beyond, over, peak, gpu_bytes)),
+                        if positions and beyond is None else _binding(vary, answer, beyond, over, peak, gpu_bytes,
+                                                                                          margin)),
             "ledger": at}
 
 
-def _binding(vary, answer, beyond, over, peak, gpu_bytes) -> str:
+def _binding(vary, answer, beyond, over, peak, gpu_bytes, margin) -> str:
     """What decides the boundary: the measure at the first value that does not fit, and its largest part."""
     if over is None:
         return "fits at the smallest value already"
     judged = judge(over, peak)
-    verb = "needs" if judged.bytes > gpu_bytes else "has"
-    head = f"at {_LABEL[vary]} {beyond} {judged.measure} {verb} {judged.bytes:,} B > {gpu_bytes:,} B"
+    usable = gpu_bytes - margin
+    verb = "needs" if judged.bytes > usable else "has"
+    limit = f"{usable:,} B" + (f" ({gpu_bytes:,} B less the {margin:,} B margin)" if margin else "")
+    head = f"at {_LABEL[vary]} {beyond} {judged.measure} {verb} {judged.bytes:,} B > {limit}"
     if answer is None and vary in ("batch", "seq", "layers"):
-        head = f"nothing fits: even at {_LABEL[vary]} 1 {judged.measure} needs {judged.bytes:,} B > {gpu_bytes:,} B"
+        head = f"nothing fits: even at {_LABEL[vary]} 1 {judged.measure} needs {judged.bytes:,} B > {limit}"
     if peak and judged.bytes == over.peak:
         step = over.step()
         name, size = step.live_at_peak()[0]

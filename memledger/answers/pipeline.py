@@ -24,6 +24,12 @@ and the embedding dropout mask per micro-batch in flight on the first stage
 layer's input and the fp32 logits, 4sbh(1 + v/h) (BERT: the pooler instead).
 Bubble: (p - 1)/m of the ideal step time, (p - 1)/(vm) interleaved
 (Narayanan et al. 2021, Sec. 2.2).
+
+:func:`rank_order` writes out the order in which a rank runs its chunk-forwards
+and chunk-backwards (warm-up, one forward one backward, cool-down), and
+:func:`run_schedule` runs those orders against each other with their
+dependencies, which is what the schedules' figure draws; the in-flight counts
+and the bubble above follow from it (``tests/answers/test_pipeline.py``).
 """
 import sympy as sp
 
@@ -198,3 +204,63 @@ def stage_ledgers(ledger, p, m, v=1) -> list:
                     [Row(name, "activations", "gpu", ledger.evaluate(expr), formula=str(expr)) for name, expr in specs])
         stages.append({"stage": stage, "n_params": n_params, "rows": rows, "totals": rows.totals})
     return stages
+
+
+def rank_order(p: int, m: int, v: int = 1, rank: int = 0) -> list:
+    """The ops of stage ``rank`` in the order Megatron-LM runs them: ("F" or "B", micro-batch, chunk).
+
+    Warm-up: :func:`in_flight_chunks` - 1 chunk-forwards; then one forward, one backward; then the
+    remaining backwards. The k-th chunk-forward of the interleaved schedule is micro-batch
+    (k // pv) p + k % p of chunk (k // p) % v, its k-th backward the same micro-batch of chunk
+    v - 1 - (k // p) % v (``get_model_chunk_id`` in ``schedules.py``).
+    """
+    _check(p, m, v)
+    total = m * v
+    warmup = in_flight_chunks(p, m, v, rank) - 1
+
+    def op(kind, k):
+        chunk = (k // p) % v if v > 1 else 0
+        micro = (k // (p * v)) * p + k % p if v > 1 else k
+        return (kind, micro, chunk if kind == "F" else v - 1 - chunk)
+    order = [op("F", k) for k in range(warmup)]
+    for i in range(total - warmup):
+        order += [op("F", warmup + i), op("B", i)]
+    return order + [op("B", k) for k in range(total - warmup, total)]
+
+
+def run_schedule(p: int, m: int, v: int = 1, forward=1, backward=2) -> list:
+    """Every stage's ops with their times: [(rank, "F"/"B", micro-batch, chunk, start, end)].
+
+    A chunk-forward takes ``forward / v``, a chunk-backward ``backward / v`` (a chunk holds L/(pv) blocks);
+    a forward waits for the same micro-batch's forward on the stage before (chunk c - 1 of the last stage
+    for stage 0), a backward for the stage after (chunk c + 1 of stage 0 for the last stage), and each
+    stage runs its :func:`rank_order` one op at a time.
+    """
+    orders = [rank_order(p, m, v, r) for r in range(p)]
+    f, b = sp.Rational(forward) / v, sp.Rational(backward) / v
+    done, clock, nxt, out = {}, [sp.Integer(0)] * p, [0] * p, []
+
+    def needs(rank, kind, micro, chunk):
+        if kind == "F":
+            return ("F", micro, chunk, rank - 1) if rank else (("F", micro, chunk - 1, p - 1) if chunk else None)
+        if rank < p - 1:
+            return ("B", micro, chunk, rank + 1)
+        return ("B", micro, chunk + 1, 0) if chunk < v - 1 else ("F", micro, chunk, rank)
+    while any(n < len(o) for n, o in zip(nxt, orders)):
+        moved = False
+        for rank in range(p):
+            if nxt[rank] == len(orders[rank]):
+                continue
+            kind, micro, chunk = orders[rank][nxt[rank]]
+            need = needs(rank, kind, micro, chunk)
+            if need is not None and need not in done:
+                continue
+            start = max(clock[rank], done[need] if need else 0)
+            end = start + (f if kind == "F" else b)
+            done[(kind, micro, chunk, rank)] = clock[rank] = end
+            out.append((rank, kind, micro, chunk, start, end))
+            nxt[rank] += 1
+            moved = True
+        if not moved:
+            raise RuntimeError("the schedule deadlocked")     # cannot happen for Megatron's orders
+    return out

@@ -20,10 +20,25 @@ explorer, the static calculator) says which it printed:
   larger of the peak and the sum (:meth:`memledger.ledger.ledger.Ledger.judged_bytes`);
 * ``"total"``: the sum, where the timeline does not model the setup (MoE,
   encoders) or where the sum is asked for.
+
+Against what a verdict compares: the GPU's total as ``nvidia-smi`` reports it
+(:data:`memledger.ledger.hardware.GPU_MEMORY`), the judged bytes including the
+ledger's overhead row (the CUDA context, which comes out first: what
+``torch.cuda.mem_get_info()`` reports free is the total less the context, and
+cuBLAS's and NCCL's workspaces). What is left must be at least :data:`MARGIN`,
+about a gigabyte: the caching allocator rounds every block up
+(:data:`memledger.ledger.hardware.CUDA_BLOCK_ROUNDING`) and keeps freed blocks of the
+wrong size (fragmentation), and libraries allocate beside it, so a plan that
+leaves less is no fit (:func:`assess`; :func:`memledger.fit` searches with it).
 """
 from typing import NamedTuple
 
-from ..core.units import format_bytes
+from ..core.units import GB, format_bytes
+
+__all__ = ["CHOICES", "MARGIN", "MEASURE", "Judgement", "assess", "describe", "judge", "leaves_margin", "uses_peak"]
+
+#: Bytes a fit must leave free on the GPU beside what it judges (about 1 GB); less is no fit.
+MARGIN = 1 * GB
 
 __all__ = ["CHOICES", "MEASURE", "SUM_CLAUSE", "SUM_NOTE", "UNMODELLED_NOTE", "Judgement", "describe", "is_nominal",
            "judge", "unmodelled", "uses_peak"]
@@ -106,3 +121,19 @@ def describe(ledger, judgement: Judgement, unit: str = "GB", note: str = None) -
         return f", {MEASURE['peak']} ({MEASURE['total']}: {format_bytes(total, unit)})"
     return (f", {MEASURE['total']}, larger here than {MEASURE['peak']} ({format_bytes(ledger.peak, unit)}), "
             "which counts the model's tensors, not the nominal parameter count")
+
+
+def leaves_margin(judged_bytes: int, gpu_bytes: int, margin: int = MARGIN) -> bool:
+    """Whether ``judged_bytes`` fits in ``gpu_bytes`` with at least ``margin`` bytes to spare."""
+    return judged_bytes + margin <= gpu_bytes
+
+
+def assess(judged_bytes: int, gpu_bytes: int, unit: str = "GB", margin: int = MARGIN) -> str:
+    """The verdict in words: ``"fits, 3.20 GB to spare"``; ``"no fit: 0.05 GB to spare, under the 1.00 GB
+    margin"``; ``"does not fit: 2.10 GB over"``."""
+    room = gpu_bytes - judged_bytes
+    if room < 0:
+        return f"does not fit: {format_bytes(-room, unit)} over"
+    if room < margin:
+        return f"no fit: {format_bytes(room, unit)} to spare, under the {format_bytes(margin, unit)} margin"
+    return f"fits, {format_bytes(room, unit)} to spare"

@@ -21,6 +21,7 @@ method is compared on the same activations; the tensors outside the blocks
 (above all the FP32 log-softmax of the logits) come on top of each alike.
 """
 from ..activations.inventory import inventory
+from ..answers.verdict import leaves_margin
 from ..models.architecture import BLOCKS
 from ..core.table import Table
 from ..ledger.hardware import GPU_MEMORY
@@ -50,7 +51,8 @@ def methods(preset="llama2-7b", batch_size: int = 1, seq_len: int = 2048, recomp
     """label -> ledger of each method for one workload (same model, batch, sequence, recomputation).
 
     LoRA: rank 16 on Q and V (the LoRA paper's choice of projections), then on every projection;
-    QLoRA as its paper trains (NF4 base, rank 64 on every projection, paged 8-bit AdamW)."""
+    QLoRA as its paper and code train (NF4 base, rank 64 on every projection, BF16 adapters with
+    paged_adamw_32bit, LoRA dropout)."""
     work = dict(batch_size=batch_size, seq_len=seq_len, recompute=recompute)
     views = {label: Ledger(preset, recipe=recipe, scope="layers", **work)
              for label, recipe in OPTIMIZER_METHODS.items() if recipe in ALL_RECIPES}
@@ -86,8 +88,9 @@ def parts_table(views: dict, unit: str = "GB") -> Table:
 
 
 def fits_on(total: int, gpus: dict = None) -> str:
-    """The labels of ``gpus`` (default :data:`ONE_GPU`) whose memory holds ``total`` bytes, or "none"."""
-    fitting = [label for label, size in (gpus or ONE_GPU).items() if total <= size]
+    """The labels of ``gpus`` (default :data:`ONE_GPU`) whose memory holds ``total`` bytes with
+    :data:`memledger.answers.verdict.MARGIN` to spare, or "none"."""
+    fitting = [label for label, size in (gpus or ONE_GPU).items() if leaves_margin(total, size)]
     return ", ".join(fitting) or "none"
 
 

@@ -51,6 +51,7 @@ m = sp.Symbol("m", **_INT)        # micro-batches per step (per pipeline)
 v = sp.Symbol("v", **_INT)        # model chunks per device (interleaved schedule)
 N_pos = sp.Symbol("n_positions", nonnegative=True, integer=True)    # learned position embeddings
 N_tt = sp.Symbol("n_token_types", nonnegative=True, integer=True)   # token-type (segment) embeddings
+r = sp.Symbol("r", **_INT)        # LoRA rank (memledger.ledger.lora)
 
 #: (symbol, field, meaning) for the symbols above, for the notation page.
 MODEL_NOTATION = [
@@ -63,4 +64,36 @@ MODEL_NOTATION = [
     (v, "interleave", "model chunks per device in the interleaved pipeline schedule"),
     (N_pos, "n_positions", "rows of a learned position embedding (GPT-2 1024, BERT 512)"),
     (N_tt, "n_token_types", "rows of BERT's token-type embedding (2)"),
+    (r, "rank", "LoRA rank: lora_A is r x d_in, lora_B is d_out x r (LoraConfig.rank)"),
+]
+
+#: (name, LaTeX, meaning) of the letters the chapters write in their prose and no ledger field binds; with
+#: :data:`NOTATION` and :data:`MODEL_NOTATION` every symbol of the book (tests/book/test_build.py checks it).
+PROSE_NOTATION = [
+    ("i", "i", "a pipeline stage's index, from 0 to p - 1"),
+    ("n", "n", "a training step's index (the delayed parameter update)"),
+    ("c", "c", "a mixture-of-experts layer's capacity factor"),
+    ("C", "C", "a GPU's capacity in bytes, as nvidia-smi reports it"),
+    ("G", "G", "GPUs per node (DeepSpeed's estimators)"),
+    ("N", "N", "GPUs in all, G times the nodes (DeepSpeed's estimators)"),
+    ("P_max", r"P_\text{max}", "parameters of the largest module (DeepSpeed's largest_layer_params)"),
+    ("S_model", r"S_\text{model}", "accelerate's model size, 4P bytes in FP32"),
+    ("d_ff", r"d_\text{ff}", "the MLP width as the article writes it (F)"),
+    ("d_in", r"d_\text{in}", "a projection's input width"),
+    ("d_out", r"d_\text{out}", "a projection's output width"),
+    ("W", "W", "a projection's weight matrix, d_out x d_in"),
+    ("Q", "Q", "a block's queries, B x S x d"),
+    ("K", "K", "a block's keys, B x S x H_kv d_h"),
+    ("w", "w", "one weight (BF16 rounding)"),
+    ("Delta", r"\Delta", "an update: w + Delta w"),
+    ("x", "x", "a norm's input (x times rstd)"),
+    ("Psi", r"\Psi", "the ZeRO paper's parameter count, P"),
+]
+#: Letters with two meanings, and how the book keeps them apart (the notation page).
+TWO_MEANINGS = [
+    ("m, v", "in formulas, the pipeline's micro-batches per step and chunks per device (Narayanan et al. 2021); "
+             "in the optimizer's rows (\"Adam first moment m\", \"Adam second moment v\"), Adam's two moments, "
+             "PyTorch's exp_avg and exp_avg_sq, which no formula names"),
+    ("B", "the micro-batch everywhere; the LoRA paper's second matrix is written lora_B, as PEFT names it"),
+    ("d", "the hidden size; a subscript names a width (d_h, d_in, d_out, d_ff)"),
 ]

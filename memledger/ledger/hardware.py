@@ -2,15 +2,22 @@
 
 :data:`GPU_MEMORY` is what a GPU really offers, in bytes: the total that
 ``nvidia-smi`` reports (in MiB). An "80 GB" A100 has 81,920 MiB = 80 GiB,
-85.9x10^9 bytes, not 80x10^9; an "80 GB" H100 81,559 MiB. The CUDA context and
-workspaces come out of it (the ledger's separate overhead row). Totals as
+85.9x10^9 bytes, not 80x10^9; an "80 GB" H100 81,559 MiB; a "141 GB" H200
+143,771 MiB. The CUDA context and workspaces come out of it (the ledger's
+separate overhead row): what a process can allocate is what
+``torch.cuda.mem_get_info()`` reports free once its context exists, and a verdict
+that leaves less than :data:`memledger.answers.verdict.MARGIN` is no fit. Totals as
 reported in public ``nvidia-smi`` output:
 
 * A100 80 GB 81,920 MiB, A100 40 GB 40,960 MiB, L40S 46,068 MiB, H100 80 GB 81,559 MiB:
   modal-labs/modal-client pull request #2797 (docs: "nvidia quotes GB on their
   GPUs not GiB"); H100 80 GB HBM3 81,559 MiB also in NVIDIA/nccl issue #1264.
 * RTX 4090: 24,564 MiB, RLinf/RLinf issue #255.
-* H200: no public nvidia-smi total found to cite; NVIDIA's 141 GB (decimal) is used.
+* H200 (SXM, "141 GB"): 143,771 MiB = 150.75x10^9 bytes, in Modal's table of the totals NVML reports
+  (J. Belotti, "Why does an NVIDIA H100 80GB card offer 85.52 GB?",
+  thundergolfer.com/blog/nvidia-gpu-memory-capacity, which also lists the H100's 81,559 and the
+  A100's 81,920 MiB above) and in ``nvidia-smi`` tables of eight H200s (``0MiB / 143771MiB``)
+  posted in public GitHub files.
 
 :data:`NOMINAL_MEMORY` keeps the vendors' decimal figures, as the article
 writes them ("an 80 GB A100"); the article's claims use it. Link speeds are
@@ -25,7 +32,7 @@ GPU_MEMORY = {
     "a100-40gb": 40960 * MiB,
     "l40s": 46068 * MiB,          # the data sheet's "48 GB GDDR6"
     "h100-80gb": 81559 * MiB,
-    "h200": 141 * GB,             # vendor figure (no nvidia-smi total cited)
+    "h200": 143771 * MiB,         # the data sheet's "141 GB HBM3e"
     "rtx-4090": 24564 * MiB,
 }
 #: The vendors' decimal figures ("80 GB"), as the article uses them.

@@ -26,7 +26,11 @@ per 256 absmax values: 4 + 8/64 + 32/(64 x 256) = 4.127 bits per parameter
 norms and the output head stay in BF16 (bitsandbytes quantizes nn.Linear
 layers only). bitsandbytes' ``MatMul4Bit`` saves the packed weight, never the
 input (``autograd/_functions.py`` lines 357-360, 95f9af30), so the activation
-rows are LoRA's. Adapters: BF16 with a paged 8-bit AdamW.
+rows are LoRA's. Adapters as the QLoRA code trains them (artidoro/qlora 7f4e95a): BF16
+(``qlora.py`` casts every ``LoraLayer`` to bfloat16 under ``--bf16``) with its default optimizer
+``paged_adamw_32bit`` (``qlora.py`` line 198: BF16 weights, FP32 m and v, states in paged unified memory,
+booked on the GPU), and LoRA dropout (``--lora_dropout 0.1`` in ``scripts/finetune_guanaco_7b.sh`` and
+the paper's Appendix for 7B-13B, 0.05 for 33B-65B: a mask and a dropped copy of each adapted input).
 """
 from dataclasses import dataclass
 
@@ -38,7 +42,7 @@ from ..core.dtypes import nbytes
 from ..core.rows import Row, Rows
 from ..states.recipe import Component
 from ..states.recipes import get_recipe
-from ..core.symbols import B, L, S
+from ..core.symbols import B, L, S, r
 from ..models.tensors import PROJECTIONS, parameter_tensors, projections
 
 BASE_DTYPES = ("bf16", "fp16", "fp32", "nf4")
@@ -47,7 +51,7 @@ NF4_DOUBLE_QUANT = Component("NF4 base projections (double-quantized absmax)", "
                              constants=((64, "int8"), (64 * 256, "fp32")))
 NF4 = Component("NF4 base projections (fp32 absmax)", "nf4", "param", "QLoRA without double quantization",
                 constants=((64, "fp32"),))
-r_sym = sp.Symbol("r", positive=True, integer=True)
+r_sym = r                         # the LoRA rank of the notation (memledger.core.symbols)
 
 
 @dataclass(frozen=True)
@@ -87,12 +91,13 @@ class LoraConfig:
 
 def qlora(rank: int = 64, targets=None, style: str = "llama", **changes) -> LoraConfig:
     """QLoRA as Dettmers et al. (2023) train it: NF4 base with double quantization, adapters on all
-    linear layers (r = 64 in the paper), BF16 adapters with a paged 8-bit AdamW."""
+    linear layers (r = 64 in the paper), BF16 adapters with ``paged_adamw_32bit`` (FP32 moments) and
+    LoRA dropout (see the module docstring); ``changes`` override any of them."""
     if targets is None:
         targets = tuple(lookup(PROJECTIONS, style, "style"))
     return LoraConfig(rank=rank, targets=targets, base="nf4",
-                      adapter_recipe=changes.pop("adapter_recipe", "bf16-adam8bit-bnb-nomaster"),
-                      paged=changes.pop("paged", True), **changes)
+                      adapter_recipe=changes.pop("adapter_recipe", "bf16-adamw32-bnb"),
+                      paged=changes.pop("paged", True), dropout=changes.pop("dropout", True), **changes)
 
 
 def adapter_shapes(features, config: LoraConfig) -> list:

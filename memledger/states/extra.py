@@ -9,6 +9,9 @@ and source, registered in :data:`memledger.states.recipes.FINETUNE_RECIPES` (and
   lines 518-529 (95f9af30): blocks of 256 since aa57bd89 (2024-09-20; 2048 before,
   as in the paper); tensors under ``min_8bit_size`` = 4096 elements keep fp32
   states (lines 502-503, 414). Per parameter: 2 x (1 + 4/256) = 2.03125 bytes.
+* bitsandbytes 32-bit AdamW on BF16 parameters (``paged_adamw_32bit``, QLoRA's
+  default optimizer): FP32 m and v, no master copy; "paged" puts the states in
+  CUDA unified memory, which the ledger still books on the GPU.
 * Adafactor (Shazeer & Stern 2018; transformers ``optimization.py`` class
   ``Adafactor``): no first moment by default (beta1 = None), a matrix's second
   moment factored into a row and a column vector (fp32), vectors kept whole.
@@ -33,6 +36,9 @@ _M8 = Component("Adam m (8-bit, block-wise)", "int8", "optimizer", "signed dynam
                 constants=((256, "fp32"),), fp32_below=4096)
 _V8 = Component("Adam v (8-bit, block-wise)", "int8", "optimizer", "unsigned dynamic-map codes; " + _BNB,
                 constants=((256, "fp32"),), fp32_below=4096)
+_BNB32 = "32-bit state of a BF16 parameter (bitsandbytes optim_bits=32)"
+_M32 = Component("Adam first moment m", "fp32", "optimizer", _BNB32)
+_V32 = Component("Adam second moment v", "fp32", "optimizer", _BNB32)
 _FACTORED_V = Component("Adafactor second moment (rows + columns)", "fp32", "optimizer",
                         "a matrix keeps the row and column means of g^2, a vector all of g^2", factored=True)
 _PLAYBOOK = "Ultra-Scale Playbook, FP8 table (index.html lines 2573-2648)"
@@ -49,6 +55,11 @@ EXTRA_RECIPES = [
     Recipe("bf16-adam8bit-bnb-nomaster", "BF16 weights updated by bitsandbytes 8-bit Adam, no FP32 master "
            "(6.03 B/param)", (_BF16_W, _BF16_G, _M8, _V8),
            "bitsandbytes 8-bit Adam on BF16 parameters (optimizer.py update_step casts in-kernel)"),
+    Recipe("bf16-adamw32-bnb", "BF16 weights updated by bitsandbytes' 32-bit AdamW (paged_adamw_32bit), no FP32 "
+           "master (12 B/param)", (_BF16_W, _BF16_G, _M32, _V32),
+           "bitsandbytes optim/optimizer.py init_state lines 495-510 (95f9af30): optim_bits 32 keeps state1 and state2 "
+           "in float32 whatever the parameter's dtype; PagedAdamW32bit (optim/adamw.py) is the same in paged memory; "
+           "QLoRA's qlora.py line 198 (artidoro/qlora 7f4e95a) makes it the default optim"),
     Recipe("adafactor", "FP32 weights + Adafactor, factored second moment, no first moment",
            (_FP32_W, _FP32_G, _FACTORED_V),
            "Shazeer & Stern 2018; transformers optimization.py Adafactor (beta1=None, factored for ndim >= 2)"),

@@ -5,6 +5,7 @@ __getattr__, __dir__, __all__ = lazy(__name__, {
     'display': (),
     'plots': (),
     'stepplots': (),
+    'figures': (),
     'controls': (),
     'widgets': ('explorer',),
     'webcalc': (),

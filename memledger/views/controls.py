@@ -25,7 +25,7 @@ from ..ledger.hardware import ARTICLE_GPU, GPU_MEMORY
 from ..ledger.ledger import Ledger
 from ..states.placement import OFFLOAD_DEVICES, PLACEMENTS, ZERO_STAGES
 from ..states.recipes import DEFAULT_RECIPE, RECIPES
-from ..core.units import format_bytes, parse_count
+from ..core.units import MiB, parse_count
 
 __all__ = ["BY_FIELD", "CLI_FLAGS", "CONTROLS", "Control", "GPU_FIELD", "SEQUENCE_CHOICES", "cli_argv",
            "cli_command", "defaults", "ledger_settings", "option_text"]
@@ -72,7 +72,9 @@ def option_text(value) -> str:
 
 
 def _gpu_label(name: str) -> str:
-    return f"{name} ({format_bytes(GPU_MEMORY[name], digits=0)})"
+    """``"rtx-4090 (24,564 MiB)"``: the capacity as nvidia-smi prints it, not rounded decimal gigabytes (which made
+    a "24 GB" card read "26 GB")."""
+    return f"{name} ({GPU_MEMORY[name] // MiB:,} MiB)"
 
 
 CONTROLS = (

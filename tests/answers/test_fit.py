@@ -11,6 +11,8 @@ from memledger.step.timeline import Step
 from memledger.core.units import GB
 
 A100 = GPU_MEMORY["a100-80gb"]          # 81,920 MiB, as nvidia-smi reports it
+MARGIN = 10**9                          # a fit leaves about 1 GB free (issue 17): less is no fit
+ROOM = A100 - MARGIN
 
 
 def step_peak(ledger):
@@ -24,9 +26,9 @@ def test_fits_at_the_answer_not_one_beyond_on_the_peak(vary, field):
     result = fit(template, vary, A100)
     n = result["answer"]
     assert result["measure"] == MEASURE["peak"]
-    assert step_peak(replace(template, **{field: n})) <= A100 < step_peak(replace(template, **{field: n + 1}))
-    assert result["judged_at_answer"] == result["peak_at_answer"] <= A100
-    assert result["next"]["value"] == n + 1 and result["next"]["judged"] > A100
+    assert step_peak(replace(template, **{field: n})) <= ROOM < step_peak(replace(template, **{field: n + 1}))
+    assert result["judged_at_answer"] == result["peak_at_answer"] <= ROOM
+    assert result["next"]["value"] == n + 1 and result["next"]["judged"] > ROOM
     assert "the peak comes in" in result["binding"] and "largest live tensor" in result["binding"]
 
 
@@ -36,7 +38,7 @@ def test_the_sum_where_the_timeline_does_not_model_the_setup():
     result = fit(template, "batch", A100)
     n = result["answer"]
     assert result["measure"] == MEASURE["total"] and result["peak_at_answer"] is None
-    assert replace(template, batch_size=n).totals["gpu"] <= A100 < replace(template, batch_size=n + 1).totals["gpu"]
+    assert replace(template, batch_size=n).totals["gpu"] <= ROOM < replace(template, batch_size=n + 1).totals["gpu"]
     assert result["judged_at_answer"] == result["total_at_answer"] == result["ledger"].totals["gpu"]
     assert "activations" in result["binding"]
 
@@ -46,7 +48,7 @@ def test_the_sum_when_asked_and_the_peak_refused_without_a_timeline():
     by_sum = fit(template, "batch", A100, measure="total")
     n = by_sum["answer"]
     assert by_sum["measure"] == MEASURE["total"]
-    assert replace(template, batch_size=n).totals["gpu"] <= A100 < replace(template, batch_size=n + 1).totals["gpu"]
+    assert replace(template, batch_size=n).totals["gpu"] <= ROOM < replace(template, batch_size=n + 1).totals["gpu"]
     by_peak = fit(template, "batch", A100)
     assert by_peak["measure"] == MEASURE["peak"] and by_peak["answer"] < n       # recomputation raises the peak
     with pytest.raises(ValueError, match="mixture of experts"):
@@ -62,7 +64,7 @@ def test_a_nominal_parameter_count_is_judged_by_the_larger_of_peak_and_sum():
     def judged(b):
         at = replace(template, batch_size=b)
         return max(step_peak(at), at.totals["gpu"])
-    assert judged(n) <= A100 < judged(n + 1)
+    assert judged(n) <= ROOM < judged(n + 1)
 
 
 def test_largest_model_of_a_shape_family():
@@ -70,13 +72,13 @@ def test_largest_model_of_a_shape_family():
     n = result["answer"]
     gpt2 = Ledger("gpt2").arch
     assert result["measure"] == MEASURE["total"]
-    assert Ledger(gpt2.with_changes(n_layers=n)).fits(24 * GB)
-    assert not Ledger(gpt2.with_changes(n_layers=n + 1)).fits(24 * GB)
+    assert Ledger(gpt2.with_changes(n_layers=n)).fits(24 * GB - MARGIN)
+    assert not Ledger(gpt2.with_changes(n_layers=n + 1)).fits(24 * GB - MARGIN)
     deep = fit(Ledger("llama2-7b", flash_attention=True, zero_stage=3, dp=8), "layers", A100)
     arch, n = Ledger("llama2-7b").arch, deep["answer"]
     assert deep["measure"] == MEASURE["peak"]
     at = Ledger(arch.with_changes(n_layers=n), flash_attention=True, zero_stage=3, dp=8)
-    assert step_peak(at) <= A100 < step_peak(replace(at, arch=arch.with_changes(n_layers=n + 1)))
+    assert step_peak(at) <= ROOM < step_peak(replace(at, arch=arch.with_changes(n_layers=n + 1)))
 
 
 def test_smallest_dp_and_zero_stage_on_the_peak():
@@ -84,10 +86,10 @@ def test_smallest_dp_and_zero_stage_on_the_peak():
     result = fit(template, "dp", A100)
     n = result["answer"]
     assert result["measure"] == MEASURE["peak"]
-    assert step_peak(replace(template, dp=n)) <= A100 < step_peak(replace(template, dp=n - 1))
+    assert step_peak(replace(template, dp=n)) <= ROOM < step_peak(replace(template, dp=n - 1))
     stage = fit(Ledger("llama2-7b", dp=8, flash_attention=True), "zero", A100)["answer"]
-    assert step_peak(Ledger("llama2-7b", dp=8, zero_stage=stage, flash_attention=True)) <= A100
-    assert step_peak(Ledger("llama2-7b", dp=8, zero_stage=stage - 1, flash_attention=True)) > A100
+    assert step_peak(Ledger("llama2-7b", dp=8, zero_stage=stage, flash_attention=True)) <= ROOM
+    assert step_peak(Ledger("llama2-7b", dp=8, zero_stage=stage - 1, flash_attention=True)) > ROOM
 
 
 def test_tensor_and_sequence_parallel_peaks_are_whole_bytes():
@@ -100,7 +102,7 @@ def test_tensor_and_sequence_parallel_peaks_are_whole_bytes():
     def judged(b):
         at = replace(template, batch_size=b)
         return max(step_peak(at), at.totals["gpu"])
-    assert judged(n) <= A100 < judged(n + 1)
+    assert judged(n) <= ROOM < judged(n + 1)
 
 
 def test_nothing_fits():

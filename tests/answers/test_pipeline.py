@@ -116,3 +116,31 @@ def test_last_stage_splits_the_output_rows_as_korthikanti(tp, sp_):
     assert ledger.rows.bytes_of("final LayerNorm input") == last.bytes_of("final norm input")
     assert ledger.rows.bytes_of("LM head input") == last.bytes_of("output layer input")
     assert ledger.rows.bytes_of("log-softmax output (FP32)") == last.bytes_of("logits (fp32)")
+
+
+def _in_flight(ops, rank):
+    """The most chunk-forwards stage ``rank`` has run without their backward, at any moment."""
+    events = sorted((start, kind == "B", kind) for r, kind, _, _, start, _ in ops if r == rank)
+    held = most = 0
+    for _, _, kind in events:
+        held += 1 if kind == "F" else -1
+        most = max(most, held)
+    return most
+
+
+@pytest.mark.parametrize("p, m, v", [(4, 8, 1), (8, 32, 1), (8, 4, 1), (2, 3, 1), (4, 8, 2), (8, 32, 2), (4, 4, 2),
+                                     (4, 12, 3)])
+def test_running_the_schedules_gives_narayanans_bubble_and_the_in_flight_counts(p, m, v):
+    """Megatron-LM's op orders run against each other with their dependencies (forward 1, backward 2 per
+    micro-batch): the idle time over the ideal m(f + b) is (p - 1)/(vm) (Narayanan et al. 2021, Sec. 2.2),
+    and stage r holds at most p - r (1F1B) or 2(p - r - 1) + (v - 1)p + 1 chunks (Korthikanti Sec. 4.2.3)."""
+    from fractions import Fraction
+    from memledger.answers.pipeline import rank_order, run_schedule
+    ops = run_schedule(p, m, v)
+    end = max(e for *_, e in ops)
+    assert Fraction(str(end)) / (3 * m) - 1 == Fraction(p - 1, v * m)
+    for r in range(p):
+        expected = min(p - r, m) if v == 1 else (m * v if m == p else min(2 * (p - r - 1) + (v - 1) * p + 1, m * v))
+        assert _in_flight(ops, r) == expected
+        order = rank_order(p, m, v, r)
+        assert sorted(order) == sorted({(k, mb, c) for k in "FB" for mb in range(m) for c in range(v)})

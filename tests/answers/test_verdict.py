@@ -21,6 +21,7 @@ d, V, L, H, O = 4096, 32000, 32, 32, 2 * 10**9
 BLOCK = 12 * d * d + 13 * d
 P = L * BLOCK + V * d + 2 * d
 A100 = 81920 * 2**20
+MARGIN = 10**9                              # a fit leaves about 1 GB free (issue 17): less is no fit
 ARTICLE = get_preset("article-7b").with_changes(n_params=None)
 OFFLOAD_FULL = Ledger(ARTICLE, recompute="full", offload_optimizer="cpu")
 
@@ -58,7 +59,8 @@ def answers(template, vary, gpu_bytes):
 
 
 def boundary(total, n):
-    return total(n) <= A100 < total(n + 1)
+    """``n`` leaves the margin free on the A100; ``n + 1`` does not."""
+    return total(n) + MARGIN <= A100 < total(n + 1) + MARGIN
 
 
 def test_counted_parameters():
@@ -69,7 +71,7 @@ def test_longest_sequence_with_offload_and_full_checkpointing():
     got = answers(OFFLOAD_FULL, "seq", A100)
     assert boundary(lambda s: offload_full_sum(1, s), got["sum"])
     assert boundary(offload_full_peak_seq, got["peak"])
-    assert got["peak"] < got["sum"] // 7                                   # several times too optimistic
+    assert got["peak"] < got["sum"] // 6                                   # several times too optimistic
 
 
 def test_largest_batch_with_offload_and_full_checkpointing():
@@ -103,6 +105,25 @@ def test_unmodelled_setups_are_refused_by_the_peak():
         fit(Ledger("mixtral-8x7b", recompute="selective"), "batch", A100, measure="peak")
 
 
+def test_the_margin_in_words():
+    from memledger.answers.verdict import assess, leaves_margin
+    assert leaves_margin(A100 - MARGIN, A100) and not leaves_margin(A100 - MARGIN + 1, A100)
+    assert assess(A100 - 3 * 10**9, A100) == "fits, 3.00 GB to spare"
+    assert assess(A100 - 5 * 10**7, A100) == "no fit: 0.05 GB to spare, under the 1.00 GB margin"
+    assert assess(A100 + 2 * 10**9, A100) == "does not fit: 2.00 GB over"
+
+
+def test_the_margin_changes_answers_and_margin_zero_finds_the_bare_boundary():
+    with_margin = fit(OFFLOAD_FULL, "seq", A100, measure="total")
+    bare = fit(OFFLOAD_FULL, "seq", A100, measure="total", margin=0)
+    total = lambda s: offload_full_sum(1, s)                               # noqa: E731
+    assert with_margin["margin"] == MARGIN and bare["margin"] == 0
+    assert total(bare["answer"]) <= A100 < total(bare["answer"] + 1)
+    assert with_margin["answer"] < bare["answer"] and "less the 1,000,000,000 B margin" in with_margin["binding"]
+    with pytest.raises(ValueError, match="margin"):
+        fit(OFFLOAD_FULL, "seq", A100, margin=-1)
+
+
 def test_eighteen_bytes_per_parameter_in_the_optimizer_step():
     """bf16-adamw: BF16 weights, FP32 masters and two moments, and the FP32 gradient copies (HF's 18)."""
     step = Ledger(ARTICLE, recompute="full").step()
@@ -110,6 +131,14 @@ def test_eighteen_bytes_per_parameter_in_the_optimizer_step():
     assert states_per_param_at_peak(step) == 18
     # 18P + the two FP32 temporaries of AdamW(foreach=False) on the largest tensor (the embedding) + ids
     assert step.peak.bytes == 18 * P + 2 * 4 * V * d + O + 2 * 8 * 2048
+
+
+def test_twenty_two_bytes_per_parameter_with_foreach():
+    """AdamW()'s default on CUDA (foreach): _foreach_sqrt of every FP32 exp_avg_sq at once, 4P more than the
+    FP32 gradients, masters, moments and BF16 weights (torch/optim/adam.py _multi_tensor_adam)."""
+    step = Ledger(ARTICLE).step("cuda")
+    assert step.peak.phase == "optimizer" and "_foreach_sqrt" in step.peak.detail
+    assert step.peak.bytes == (18 + 4) * P + O + 2 * 8 * 2048
 
 
 def test_tables():

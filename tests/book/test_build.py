@@ -35,9 +35,14 @@ ACT = LAYERS * BSD * 114              # L x BSd x (34 + 5HS/d), the article's pe
 STATES = 16 * P                       # 2 + 2 + 4 + 4 + 4 bytes per parameter (article; ZeRO's K = 12)
 OVERHEAD = 2 * 10**9                  # the upper end of the article's 1-2 GB, used in its sums
 GB, GiB, MiB = 10**9, 2**30, 2**20
-# what nvidia-smi reports (MiB): A100 80 GB, H100 80 GB HBM3, RTX 4090 in public outputs (modal-labs/modal-client
-# PR #2797, NVIDIA/nccl issue #1264, RLinf/RLinf issue #255); the H200 by NVIDIA's decimal 141 GB (none cited)
-A100_REAL, H100_REAL, RTX_REAL = 81920 * MiB, 81559 * MiB, 24564 * MiB
+# what nvidia-smi reports (MiB): A100 80 GB, H100 80 GB HBM3, RTX 4090, H200 in public outputs (modal-labs/modal-client
+# PR #2797, NVIDIA/nccl issue #1264, RLinf/RLinf issue #255; Modal's NVML table at thundergolfer.com for the H200)
+A100_REAL, H100_REAL, RTX_REAL, H200_REAL = 81920 * MiB, 81559 * MiB, 24564 * MiB, 143771 * MiB
+A100_40_REAL = 40960 * MiB
+#: a fit leaves about 1 GB free (issue 17: "a margin under about 1 GB is no fit"); what a judged total may reach
+MARGIN = 10**9
+A100_ROOM, H100_ROOM, RTX_ROOM, H200_ROOM, A100_40_ROOM = (c - MARGIN for c in (
+    A100_REAL, H100_REAL, RTX_REAL, H200_REAL, A100_40_REAL))
 MODEL_FLOPS_TERMS = 1 + Fraction(2048, 6 * 4096) + Fraction(32000, 12 * 4096 * LAYERS)   # 1 + S/6d + V/12dL
 MODEL_FLOPS_S2 = Fraction(2048, 6 * 4096)                                                 # the S^2 matmuls: S/6d
 BLOCK = 12 * 4096**2 + 13 * 4096      # parameters of one GPT block at F = 4d (Korthikanti et al. 2022)
@@ -112,12 +117,29 @@ def fits_from_answer_not_below(total, capacity):
     return check
 
 
-def step_peak(**setup) -> int:
+def step_peak(foreach=False, **setup) -> int:
     """The peak of a training step from a Step built directly (the timeline that tests/step/test_timeline.py checks against
-    PyTorch's MemTracker), not through memledger.fit's search or Ledger.judged_bytes."""
+    PyTorch's MemTracker), not through memledger.fit's search or Ledger.judged_bytes; ``foreach``: AdamW(foreach=True)."""
     from memledger.ledger.ledger import Ledger
     from memledger.step.timeline import Step
-    return Step(Ledger(**setup)).peak.bytes
+    return Step(Ledger(**setup), foreach=foreach).peak.bytes
+
+
+def counted_article(**changes):
+    """The article's shape with its parameters counted from the tensors (no nominal 7x10^9): chapter 5's definition."""
+    from memledger.models.presets import get_preset
+    return get_preset("article-7b").with_changes(n_params=None, **changes)
+
+
+def verdict_says(words, number):
+    """A check of a glued verdict: its words, and the gigabytes in it against ``number()`` (bytes)."""
+    def check(text):
+        if not text.startswith(words):
+            return f"{text!r} does not start with {words!r}"
+        shown = Fraction(re.search(r"[\d.]+ GB", text).group(0)[:-3])
+        if abs(shown * GB - number()) > GB // 200:
+            return f"{text!r}: expected {number() / GB:.4f} GB"
+    return check
 
 
 def lazy(value, unit):
@@ -142,35 +164,6 @@ def measure_is(phrase):
     return check
 
 
-def article_offload_full(n=1, S=2048):
-    """The article's placement (BF16 weights and gradients on the GPU), full checkpointing, the whole model:
-    its sum, and what fit judges for a nominal 7x10^9 (the larger of the step's peak and that sum)."""
-    total = 4 * P + LAYERS * 2 * n * S * 4096 + outside(ARTICLE, n, S, mask=True) + OVERHEAD
-    return total, max(total, step_peak(arch="article-7b", batch_size=n, seq_len=S, recompute="full",
-                                       offload_optimizer="cpu"))
-
-
-def article_offload_selective(n=1, S=2048):
-    """The same with selective recomputation: Korthikanti's 34 B*S*d per layer (Table 2, t = 1) instead of the
-    checkpoints; and the larger of the step's peak and that sum."""
-    total = 4 * P + LAYERS * 34 * n * S * 4096 + outside(ARTICLE, n, S, mask=True) + OVERHEAD
-    return total, max(total, step_peak(arch="article-7b", batch_size=n, seq_len=S, recompute="selective",
-                                       offload_optimizer="cpu"))
-
-
-def article_tp8(n, sequence_parallel):
-    """Tensor parallelism over 8, the blocks only (chapter 10's view): the larger of the step's peak and the sum."""
-    act = n * (ACT // 8 if sequence_parallel else LAYERS * TP_LAYER)
-    return max(16 * P // 8 + act + OVERHEAD, step_peak(arch="article-7b", batch_size=n, tp=8,
-                                                      sequence_parallel=sequence_parallel))
-
-
-def article_zero3_full(dp):
-    """ZeRO-3 with full checkpointing, the blocks only: the larger of the step's peak and the sum."""
-    return max(16 * -(-P // dp) + 2 * LAYERS * BSD + OVERHEAD,
-               step_peak(arch="article-7b", zero_stage=3, dp=dp, recompute="full"))
-
-
 def llama2_zero3_peak(n):
     return step_peak(arch="llama2-7b", seq_len=4096, zero_stage=3, dp=8, flash_attention=True, batch_size=n)
 
@@ -181,9 +174,16 @@ def zero3_peak(preset, B=1, S=4096):
     return step_peak(arch=preset, seq_len=S, zero_stage=3, dp=8, flash_attention=True, batch_size=B)
 
 
-MISTRAL_B80 = largest(lambda n: zero3_total(MISTRAL, B=n) <= H100_REAL)
-H200_CKPT = largest(lambda n: 16 * LLAMA3["P"] + LLAMA3["L"] * 2 * n * 4096 * 4096 + outside(LLAMA3, n) + OVERHEAD
-                    <= 141 * GB)
+MISTRAL_B80 = largest(lambda n: zero3_total(MISTRAL, B=n) <= H100_ROOM)
+
+
+def llama3_ckpt_sum(n):
+    """Llama 3 8B on one GPU, full checkpointing, S = 4096: 16 B/param, L BF16 block inputs, outside, overhead."""
+    return 16 * LLAMA3["P"] + LLAMA3["L"] * 2 * n * 4096 * 4096 + outside(LLAMA3, n) + OVERHEAD
+
+
+H200_CKPT = largest(lambda n: llama3_ckpt_sum(n) <= H200_ROOM)
+LLAMA3_CKPT = dict(arch="llama3-8b", seq_len=4096, recompute="full", flash_attention=True)
 
 # --- chapters 11 and 12: one training step of the reference loop (memledger/pytorch/reference.py), written out op by op for the
 # article's shape with its parameters counted: GPT blocks of 12d^2 + 13d, a tied 32000 x d embedding, a final
@@ -235,9 +235,60 @@ def offload_peak(S):                              # at the loss: no gradients ye
     return 2 * P_COUNTED + act(1, S) + article_outside(1, S) + 2 * 4 * S * VOC + OVERHEAD
 
 
-SEQ_SUM = largest(lambda s: offload_full_sum(1, s) <= A100_REAL)
-SEQ_PEAK = largest(lambda s: offload_full_peak(1, s) <= A100_REAL)
-SEQ_ALONE = largest(lambda s: offload_peak(s) <= A100_REAL)
+SEQ_SUM = largest(lambda s: offload_full_sum(1, s) <= A100_ROOM)
+SEQ_PEAK = largest(lambda s: offload_full_peak(1, s) <= A100_ROOM)
+SEQ_ALONE = largest(lambda s: offload_peak(s) <= A100_ROOM)
+
+
+def offload_selective_sum(S):
+    """Offloading and selective recomputation at B = 1: Korthikanti's 34 BSd per layer (Table 2, t = 1)."""
+    return 4 * P_COUNTED + LAYERS * 34 * S * D + article_outside(1, S) + OVERHEAD
+
+
+def offload_alone_sum(B, S=2048):                 # offloading alone: weights, gradients, every activation
+    return 4 * P_COUNTED + act(B, S) + article_outside(B, S) + OVERHEAD
+
+
+def offload_alone_peak(B, S=2048):                # at log_softmax's backward: no gradients, three FP32 B x S x V
+    return 2 * P_COUNTED + act(B, S) + article_outside(B, S) + 2 * 4 * B * S * VOC + OVERHEAD
+
+
+DESIGN_B = largest(lambda b: offload_full_peak(b, 2048) <= A100_ROOM)
+
+
+def outside_tp8(B, sequence_parallel, S=2048):
+    """Outside the blocks per rank under t = 8 (Korthikanti Sec. 4.3): ids, mask and loss scalars whole, the FP32
+    log-softmax split by t, the final norm's and the LM head's inputs split only with sequence parallelism."""
+    inputs = 2 * 2 * B * S * D
+    return 16 * B * S + S * S + 8 + 4 * B * S * VOC // 8 + (inputs // 8 if sequence_parallel else inputs)
+
+
+def tp8_sum(B, sequence_parallel):
+    """The whole model under t = 8, counted: 16 B/param over 8, Table 2's per-layer bytes, outside, overhead."""
+    per_layer = BSD * 114 // 8 if sequence_parallel else TP_LAYER
+    return 16 * P_COUNTED // 8 + B * LAYERS * per_layer + outside_tp8(B, sequence_parallel) + OVERHEAD
+
+
+def zero3_full_sum(dp):
+    """ZeRO-3 with full checkpointing, the whole model counted: 16P/N_d (whole elements per rank), L block inputs."""
+    return 16 * -(-P_COUNTED // dp) + 2 * LAYERS * BSD + article_outside(1, 2048) + OVERHEAD
+
+
+@cache
+def deepest_article_shape() -> int:
+    """Chapter 2's exercise: the most layers of the article's shape whose ZeRO-3 (8 GPUs), fully checkpointed step
+    peaks within an A100 less the margin, by the step built directly."""
+    return largest(lambda n: step_peak(arch=counted_article(n_layers=n), zero_stage=3, dp=8, recompute="full")
+                   <= A100_ROOM)
+
+
+LLAMA13 = dict(arch="llama2-13b", seq_len=8192, zero_stage=3, dp=8, flash_attention=True)
+
+
+@cache
+def llama13_offload_batch() -> int:
+    return largest(lambda b: step_peak(batch_size=b, recompute="full", offload_optimizer="cpu", **LLAMA13)
+                   <= A100_40_ROOM)
 
 
 class Measured:
@@ -291,7 +342,10 @@ PROJ65 = 80 * (4 * 8192**2 + 3 * 8192 * 22016)
 P65 = PROJ65 + 80 * 2 * 8192 + 2 * 32000 * 8192 + 8192
 A7 = 32 * 64 * (4 * (4096 + 4096) + 3 * (4096 + 11008))                     # rank 64 on every projection
 A65 = 80 * 64 * (4 * (8192 + 8192) + 3 * (8192 + 22016))
-ADAPT_8BIT = 2 + 2 + 2 * (1 + Fraction(4, 256))                                # BF16 adapters, 8-bit AdamW
+ADAPT_32 = 2 + 2 + 4 + 4                  # QLoRA's BF16 adapters with paged_adamw_32bit (qlora.py line 198): FP32 m, v
+# QLoRA's LoRA dropout (0.1 for 7B): each of the 7 adapted projections keeps a 1-byte mask and a BF16 dropped copy of
+# its input (q, k, v, o, gate, up: d wide; down: F), and the plain inputs of the projections go (3 of width d, one F)
+QLORA_ACT = LLAMA_ACT + 32 * 2048 * (3 * (6 * 4096 + 11008) - 2 * (3 * 4096 + 11008) + 7 * 2 * 64)
 ADAM8 = LLAMA * (4 + 2 * (1 + Fraction(4, 256)))                               # FP32 master + 8-bit m, v
 # Adafactor: a row and a column of FP32 per matrix, every element of a vector
 ADAFACTOR = 4 * (32 * (4 * (4096 + 4096) + 3 * (11008 + 4096) + 2 * 4096) + 2 * (32000 + 4096) + 4096)
@@ -310,6 +364,10 @@ ZERO3_GPUS = -(-18 * P // (RTX_SMI - 4 * 32000 * 4096))                        #
 def nf4(n):
     """NF4 with double quantization: 4 bits, an int8 absmax per 64, an fp32 constant per 64 x 256."""
     return n // 2 + n // 64 + 4 * n // (64 * 256)
+
+
+QLORA_NONE = nf4(PROJ7) + 2 * (LLAMA - PROJ7) + ADAPT_32 * A7 + QLORA_ACT + OVERHEAD
+QLORA_FULL = nf4(PROJ7) + 2 * (LLAMA - PROJ7) + ADAPT_32 * A7 + 2 * 2048 * 4096 * 32 + OVERHEAD
 
 
 #: glue key -> (exact value, unit as printed), or a check: a function of the glued text that returns what is
@@ -349,11 +407,14 @@ EXPECTED = {
     "logits.vs_ckpt": (Fraction(4 * 32000, 2 * LAYERS * 4096), "x"),
     # chapter 5: the longest sequence with offloading and full checkpointing, by the sum (the whole model) and by
     # what fit judges for the nominal 7x10^9 (the larger of the step's peak and the sum), on nvidia-smi's A100
-    "seq.full_sum": fits_at_answer_not_beyond(lambda s: article_offload_full(1, s)[0], A100_REAL),
-    "seq.full_peak": fits_at_answer_not_beyond(lambda s: article_offload_full(1, s)[1], A100_REAL),
+    "seq.full_sum": fits_at_answer_not_beyond(lambda s: offload_full_sum(1, s), A100_ROOM),
+    "seq.full_peak": fits_at_answer_not_beyond(lambda s: offload_full_peak(1, s), A100_ROOM),
     # ... and with selective recomputation (the S x S tensors recomputed: live again in one layer's backward)
-    "seq.selective_sum": fits_at_answer_not_beyond(lambda s: article_offload_selective(1, s)[0], A100_REAL),
-    "seq.selective_peak": fits_at_answer_not_beyond(lambda s: article_offload_selective(1, s)[1], A100_REAL),
+    "seq.selective_sum": fits_at_answer_not_beyond(offload_selective_sum, A100_ROOM),
+    "seq.selective_peak": fits_at_answer_not_beyond(lambda s: step_peak(
+        arch=counted_article(), seq_len=s, recompute="selective", offload_optimizer="cpu"), A100_ROOM),
+    # chapter 5's definition of a fit: the counted parameters, the margin
+    "params.counted": (P_COUNTED, ""), "fit.margin": (1, "GB"),
     # chapter 6: gradients, master, Adam and activations against the 66 GB beside the weights
     "headroom.times": (Fraction(STATES - 2 * P + ACT, 80 * GB - 2 * P), "x"),
     # what lies outside the blocks (the reference decoder), and the whole model's ledger
@@ -381,10 +442,43 @@ EXPECTED = {
     # chapter 9: the largest micro-batch of 2048-token sequences on nvidia-smi's A100, the whole model summed
     # (14 + 14 + 2 GB resident, the checkpoints or all activations and what lies outside the blocks per sequence),
     # and by the step's peak
-    "together.max_batch": fits_at_answer_not_beyond(lambda n: article_offload_full(n)[0], A100_REAL),
-    "offload.max_batch": fits_at_answer_not_beyond(
-        lambda n: 4 * P + n * ACT + outside(ARTICLE, n, 2048, mask=True) + OVERHEAD, A100_REAL),
-    "together.max_batch_peak": fits_at_answer_not_beyond(lambda n: article_offload_full(n)[1], A100_REAL),
+    "together.max_batch": fits_at_answer_not_beyond(lambda n: offload_full_sum(n, 2048), A100_ROOM),
+    "offload.max_batch": fits_at_answer_not_beyond(offload_alone_sum, A100_ROOM),
+    "together.max_batch_peak": fits_at_answer_not_beyond(lambda n: offload_full_peak(n, 2048), A100_ROOM),
+    "offload.max_batch_peak": fits_at_answer_not_beyond(offload_alone_peak, A100_ROOM),
+    # chapter 1's design exercise: the same run, by the peak
+    "ex1.design_batch": fits_at_answer_not_beyond(lambda n: offload_full_peak(n, 2048), A100_ROOM),
+    "ex1.design_peak": (Fraction(offload_full_peak(DESIGN_B, 2048), GB), "GB"),
+    "ex1.design_next": (Fraction(offload_full_peak(DESIGN_B + 1, 2048), GB), "GB"),
+    "ex1.design_offload": fits_at_answer_not_beyond(offload_alone_peak, A100_ROOM),
+    # chapter 2's: the deepest ZeRO-3 model of the shape on eight A100s; n GPT blocks, the tied embedding, a norm
+    "ex2.layers": fits_at_answer_not_beyond(lambda n: step_peak(arch=counted_article(n_layers=n), zero_stage=3, dp=8,
+                                                                recompute="full"), A100_ROOM),
+    "ex2.params_b": lazy(lambda: Fraction(deepest_article_shape() * BLOCK + VOC * D + 2 * D, 10**9), "billion"),
+    "ex2.peak": lazy(lambda: Fraction(step_peak(arch=counted_article(n_layers=deepest_article_shape()), zero_stage=3,
+                                                dp=8, recompute="full"), GB), "GB"),
+    "ex2.next": lazy(lambda: Fraction(step_peak(arch=counted_article(n_layers=deepest_article_shape() + 1),
+                                                zero_stage=3, dp=8, recompute="full"), GB), "GB"),
+    # chapter 4: the tensors one block keeps (Korthikanti Sec. 4.1: the Q/K/V input, Q, K, softmax output, its
+    # dropout mask and output, V, the projection input, its dropout mask, the MLP input, the GeLU input and output,
+    # the MLP dropout mask, two LayerNorm inputs), Eq. 1 at the spec
+    "act.saved_count": (15, ""), "act.saved_mib": (Fraction(BSD * 114, MiB), "MiB"),
+    # chapter 7's design exercise: LLaMA-2 13B, S = 8192, FlashAttention, ZeRO-3 over 8 A100 40GB (nvidia-smi)
+    "gpu.a100_40_real": (Fraction(A100_40_REAL, GB), "GB"),
+    "ex7.full_peak": lazy(lambda: Fraction(step_peak(recompute="full", **LLAMA13), GB), "GB"),
+    "ex7.dp": fits_from_answer_not_below(lambda n: step_peak(recompute="full", **{**LLAMA13, "dp": n}), A100_40_ROOM),
+    "ex7.batch": fits_at_answer_not_beyond(lambda b: step_peak(batch_size=b, recompute="full", offload_optimizer="cpu",
+                                                               **LLAMA13), A100_40_ROOM),
+    "ex7.batch_peak": lazy(lambda: Fraction(step_peak(batch_size=llama13_offload_batch(), recompute="full",
+                                                      offload_optimizer="cpu", **LLAMA13), GB), "GB"),
+    "ex7.next_peak": lazy(lambda: Fraction(step_peak(batch_size=llama13_offload_batch() + 1, recompute="full",
+                                                     offload_optimizer="cpu", **LLAMA13), GB), "GB"),
+    "ex7.selective_peak": lazy(lambda: Fraction(step_peak(recompute="selective", offload_optimizer="cpu", **LLAMA13),
+                                                GB), "GB"),
+    # chapter 8: DeepSpeed's offload keeps FP32 gradients on the host (16 B/param), its estimator x 1.5
+    "offload.ds_host": (Fraction(16 * P, GB), "GB"), "offload.ds_estimate": (Fraction(24 * P, GB), "GB"),
+    # chapter 10: DDP's buckets, one BF16 copy of every gradient
+    "dp.buckets": (Fraction(2 * P, GB), "GB"),
     # AdamW on the host: read the 2-byte gradient, read and write 12 bytes of FP32 state, write the 2-byte weight,
     # at the 204.8 GB/s of 8 DDR4-3200 channels (Tom's Hardware, 2021-12-09)
     "host.bandwidth": (Fraction(2048, 10), "GB/s"),
@@ -455,7 +549,7 @@ EXPECTED = {
     "ft.gpt3.adapter_mb": (Fraction(2 * 2 * 192 * 12288 * 4, 10**6), "MB"),  # the paper's "35MB"
     # saved per layer: full 16BSd + 8BSF + 2BHS^2; LoRA on Q, V drops 2BSd + 2BSd + 2BSF, adds 2 x 2BSr
     "ft.lora.act": (Fraction(32 * 2048 * (12 * 4096 + 6 * 11008 + 2 * 32 * 2048 + 2 * 2 * 16), GB), "GB"),
-    "ft.qlora.act": (Fraction(LLAMA_ACT + 32 * 2048 * 7 * 2 * 64, GB), "GB"),
+    "ft.qlora.act": (Fraction(QLORA_ACT, GB), "GB"),
     # QLoRA (Dettmers et al. 2023, Sec. 3): 32/64 = 0.5 bits of constants, 8/64 + 32/(64 x 256) = 0.127
     "ft.nf4.bits": (4 + Fraction(8, 64) + Fraction(32, 64 * 256), "bits"),
     "ft.nf4.single": (Fraction(32, 64), "bits"),
@@ -463,14 +557,14 @@ EXPECTED = {
     "ft.qlora.base": (Fraction(nf4(PROJ7) + 2 * (LLAMA - PROJ7), GB), "GB"),
     "ft.lora.base": (Fraction(2 * LLAMA, GB), "GB"),
     "ft.q65.base": (Fraction(nf4(PROJ65) + 2 * (P65 - PROJ65), GB), "GB"),
-    "ft.q65.total": (Fraction(nf4(PROJ65) + 2 * (P65 - PROJ65) + ADAPT_8BIT * A65 + 2 * 512 * 8192 * 80 + OVERHEAD,
+    "ft.q65.total": (Fraction(nf4(PROJ65) + 2 * (P65 - PROJ65) + ADAPT_32 * A65 + 2 * 512 * 8192 * 80 + OVERHEAD,
                               GB), "GB"),
-    "ft.qlora.none": (Fraction(nf4(PROJ7) + 2 * (LLAMA - PROJ7) + ADAPT_8BIT * A7 + LLAMA_ACT + 32 * 2048 * 7 * 2 * 64
-                               + OVERHEAD, GB), "GB"),
-    "ft.qlora.full": (Fraction(nf4(PROJ7) + 2 * (LLAMA - PROJ7) + ADAPT_8BIT * A7 + 2 * 2048 * 4096 * 32 + OVERHEAD,
-                               GB), "GB"),
-    "ft.qlora.margin": (Fraction(RTX_SMI - (nf4(PROJ7) + 2 * (LLAMA - PROJ7) + ADAPT_8BIT * A7 + LLAMA_ACT
-                                            + 32 * 2048 * 7 * 2 * 64 + OVERHEAD), GB), "GB"),
+    "ft.qlora.none": (Fraction(QLORA_NONE, GB), "GB"),
+    "ft.qlora.full": (Fraction(QLORA_FULL, GB), "GB"),
+    "ft.qlora.margin": (Fraction(RTX_SMI - QLORA_FULL, GB), "GB"),
+    "ft.qlora.none_verdict": verdict_says("does not fit: ", lambda: QLORA_NONE - RTX_SMI),
+    "ft.qlora.full_verdict": verdict_says("fits, ", lambda: RTX_SMI - QLORA_FULL),
+    "ft.qlora.adapter_bpp": (ADAPT_32, "B/param"),
     "ft.one_layer": (Fraction(LLAMA_ACT, 32 * GB), "GB"),
     "ft.serve.total": (Fraction(2 * LLAMA + KV7 + WORK7 + OVERHEAD, GB), "GB"),
     "ft.serve.kv": (Fraction(KV7, GB), "GB"),
@@ -508,13 +602,16 @@ EXPECTED = {
     # p = 8: 4 blocks + the 32000 x d embedding; 8 micro-batches in flight of 4 layers, their int64 token ids and
     # 1-byte embedding dropout masks (Korthikanti Sec. 4.3)
     "pp.first": (Fraction(16 * (4 * BLOCK + 32000 * 4096) + ACT + 8 * (8 * 2048) + 8 * BSD + OVERHEAD, GB), "GB"),
-    "ex.zero3_full_dp": (next(n for n in count(1) if 16 * -(-P // n) + 2 * LAYERS * BSD + OVERHEAD <= RTX_REAL), ""),
-    "ex.zero3_full_dp_peak": fits_from_answer_not_below(article_zero3_full, RTX_REAL),
+    "ex.zero3_full_dp": (next(n for n in count(1) if zero3_full_sum(n) <= RTX_ROOM), ""),
+    "ex.zero3_full_dp_peak": fits_from_answer_not_below(lambda n: step_peak(
+        arch=counted_article(), zero_stage=3, dp=n, recompute="full"), RTX_ROOM),
     "ckpt.per_gpu": (Fraction(2 * LAYERS * BSD, GB), "GB"),
-    "ex.tp_batch": ((A100_REAL - 16 * P // 8 - OVERHEAD) // (LAYERS * TP_LAYER), ""),
-    "ex.tpsp_batch": ((A100_REAL - 16 * P // 8 - OVERHEAD) // (ACT // 8), ""),
-    "ex.tp_batch_peak": fits_at_answer_not_beyond(lambda n: article_tp8(n, False), A100_REAL),
-    "ex.tpsp_batch_peak": fits_at_answer_not_beyond(lambda n: article_tp8(n, True), A100_REAL),
+    "ex.tp_batch": fits_at_answer_not_beyond(lambda n: tp8_sum(n, False), A100_ROOM),
+    "ex.tpsp_batch": fits_at_answer_not_beyond(lambda n: tp8_sum(n, True), A100_ROOM),
+    "ex.tp_batch_peak": fits_at_answer_not_beyond(lambda n: step_peak(arch=counted_article(), batch_size=n, tp=8),
+                                                  A100_ROOM),
+    "ex.tpsp_batch_peak": fits_at_answer_not_beyond(lambda n: step_peak(
+        arch=counted_article(), batch_size=n, tp=8, sequence_parallel=True), A100_ROOM),
     "ex.bubble_m": (7 * 20, ""),                                             # 7/m <= 1/20
     "ex.bubble_m_interleaved": (7 * 20 // 4, ""),                            # 7/(4m) <= 1/20
     "ex.interleaved_first": (Fraction(ACT, GB) * (1 + Fraction(7, 8 * 4)), "GB"),
@@ -541,18 +638,18 @@ EXPECTED = {
     "moe.states_mixtral": (Fraction(16 * MIXTRAL["P"], GB), "GB"),
     "moe.act_ratio": (Fraction(layer(MIXTRAL), layer(MISTRAL)), "x"),
     "fit.measure": measure_is(SUM), "fit.measure_peak": measure_is(PEAK),
-    "fit.llama3_80": fits_at_answer_not_beyond(lambda n: zero3_peak("llama3-8b", B=n), H100_REAL),
+    "fit.llama3_80": fits_at_answer_not_beyond(lambda n: zero3_peak("llama3-8b", B=n), H100_ROOM),
     "fit.llama3_rtx_peak": lazy(lambda: Fraction(zero3_peak("llama3-8b", S=1), GiB), "GiB"),  # > RTX_REAL: no length
     "gpu.rtx4090_gib": (Fraction(RTX_REAL, GiB), "GiB"),
-    "fit.mistral_80_sum": fits_at_answer_not_beyond(lambda n: zero3_total(MISTRAL, B=n), H100_REAL),
+    "fit.mistral_80_sum": fits_at_answer_not_beyond(lambda n: zero3_total(MISTRAL, B=n), H100_ROOM),
     "fit.mistral_room_sum": (Fraction(H100_REAL - zero3_total(MISTRAL, B=MISTRAL_B80), GB), "GB"),
-    "fit.mistral_80": fits_at_answer_not_beyond(lambda n: zero3_peak("mistral-7b", B=n), H100_REAL),
+    "fit.mistral_80": fits_at_answer_not_beyond(lambda n: zero3_peak("mistral-7b", B=n), H100_ROOM),
     "fit.mistral_room": lazy(lambda: Fraction(H100_REAL - zero3_peak("mistral-7b", B=largest(
-        lambda n: zero3_peak("mistral-7b", B=n) <= H100_REAL)), GB), "GB"),
+        lambda n: zero3_peak("mistral-7b", B=n) <= H100_ROOM)), GB), "GB"),
     "logits.mistral_batch": (Fraction(MISTRAL_B80 * 4 * 4096 * MISTRAL["V"], GB), "GB"),     # logits.float()
-    "fit.llama2_80": fits_at_answer_not_beyond(llama2_zero3_peak, H100_REAL),
+    "fit.llama2_80": fits_at_answer_not_beyond(llama2_zero3_peak, H100_ROOM),
     "fit.llama2_room": lazy(lambda: Fraction(H100_REAL - llama2_zero3_peak(largest(
-        lambda n: llama2_zero3_peak(n) <= H100_REAL)), GB), "GB"),
+        lambda n: llama2_zero3_peak(n) <= H100_ROOM)), GB), "GB"),
     "fit.mixtral_states_gpu": (Fraction(16 * -(-MIXTRAL["P"] // 8), GB), "GB"),
     "act.llama3_seq": (Fraction(32 * layer(LLAMA3), GB), "GB"),
     # serving (memledger.ledger.inference's stated convention): 2P weights, the KV cache, one layer's prefill buffer
@@ -566,14 +663,15 @@ EXPECTED = {
     "ex.qwen_repeat_mib": (Fraction(layer(QWEN, repeat_kv=True) - layer(QWEN), MiB), "MiB"),
     "ex.qwen_cache": (Fraction(2 * 28 * 32768 * 4 * 128 * 2, GB), "GB"),
     "ex.qwen_cache_mha": (Fraction(2 * 28 * 32768 * 28 * 128 * 2, GB), "GB"),
-    "ex.h200_batch": fits_at_answer_not_beyond(
-        lambda n: 16 * LLAMA3["P"] + LLAMA3["L"] * 2 * n * 4096 * 4096 + outside(LLAMA3, n) + OVERHEAD, 141 * GB),
-    "ex.h200_room": (Fraction(141 * GB - 16 * LLAMA3["P"] - 32 * 2 * H200_CKPT * 4096 * 4096
-                              - outside(LLAMA3, H200_CKPT) - OVERHEAD, GB), "GB"),
+    "gpu.h200_mib": (143771, "MiB"), "gpu.h200_real": (Fraction(H200_REAL, GB), "GB"),
+    "ex.h200_batch": fits_at_answer_not_beyond(llama3_ckpt_sum, H200_ROOM),
+    "ex.h200_room": (Fraction(H200_REAL - llama3_ckpt_sum(H200_CKPT), GB), "GB"),
+    "ex.h200_peak_room": lazy(lambda: Fraction(H200_REAL - step_peak(**LLAMA3_CKPT), GB), "GB"),
+    "ex.h200_verdict": verdict_says("no fit: ", lambda: H200_REAL - step_peak(**LLAMA3_CKPT)),
+    "ex.h200_foreach": lazy(lambda: Fraction(step_peak(foreach=True, **LLAMA3_CKPT), GB), "GB"),
     "ex.h200_logits": (Fraction(H200_CKPT * 4 * 4096 * LLAMA3["V"], GB), "GB"),
     "ex.h200_per_param": (2 + 4 + 4 + 4 + 4, "B/param"),                 # BF16 weights, masters, m, v, FP32 grads
-    "ex.h200_peak": lazy(lambda: Fraction(step_peak(arch="llama3-8b", seq_len=4096, recompute="full",
-                                                    flash_attention=True), GB), "GB"),
+    "ex.h200_peak": lazy(lambda: Fraction(step_peak(**LLAMA3_CKPT), GB), "GB"),
     "ex.llama3_ckpt_seq": (Fraction(32 * 2 * 4096 * 4096, GB), "GB"),
     # chapter 11: the step of the article's run (B = 1, S = 2048, bf16-adamw, the article's conventions)
     "peak.a100": (80, "GiB"),                                                # nvidia-smi: 81,920 MiB
@@ -588,14 +686,18 @@ EXPECTED = {
     "peak.adam_temps": (Fraction(2 * 4 * VOC * D, GB), "GB"),               # two FP32 temporaries of the embedding
     "peak.full_sum": (Fraction(16 * P_COUNTED + LAYERS * 2 * 2048 * D + article_outside(1, 2048) + OVERHEAD, GB), "GB"),
     "peak.full": (Fraction(18 * P_COUNTED + 2 * 4 * VOC * D + OVERHEAD + 16 * 2048, GB), "GB"),
-    "peak.seq_sum": fits_at_answer_not_beyond(lambda s: offload_full_sum(1, s), A100_REAL),
-    "peak.seq": fits_at_answer_not_beyond(lambda s: offload_full_peak(1, s), A100_REAL),
+    "peak.seq_sum": fits_at_answer_not_beyond(lambda s: offload_full_sum(1, s), A100_ROOM),
+    "peak.seq": fits_at_answer_not_beyond(lambda s: offload_full_peak(1, s), A100_ROOM),
     "peak.seq_ratio": (Fraction(SEQ_SUM, SEQ_PEAK), "x"),
     "peak.seq_scores": (Fraction(7 * HEADS * SEQ_PEAK**2, GB), "GB"),
-    "peak.batch_sum": fits_at_answer_not_beyond(lambda b: offload_full_sum(b, 2048), A100_REAL),
-    "peak.batch": fits_at_answer_not_beyond(lambda b: offload_full_peak(b, 2048), A100_REAL),
-    "ex.peak_alone_seq": fits_at_answer_not_beyond(offload_peak, A100_REAL),
-    "ex.peak_sum_seq": fits_at_answer_not_beyond(offload_sum, A100_REAL),
+    "peak.batch_sum": fits_at_answer_not_beyond(lambda b: offload_full_sum(b, 2048), A100_ROOM),
+    "peak.batch": fits_at_answer_not_beyond(lambda b: offload_full_peak(b, 2048), A100_ROOM),
+    "ex.peak_alone_seq": fits_at_answer_not_beyond(offload_peak, A100_ROOM),
+    "ex.peak_sum_seq": fits_at_answer_not_beyond(offload_sum, A100_ROOM),
+    # AdamW as CUDA runs it by default (foreach): _foreach_sqrt of every FP32 second moment beside the 18 B/param
+    "peak.foreach_temp": (Fraction(4 * P_COUNTED, GB), "GB"),
+    "peak.foreach": (Fraction(22 * P_COUNTED + OVERHEAD + 16 * 2048, GB), "GB"),
+    "peak.foreach_per_param": (2 + 4 + 4 + 4 + 4 + 4, "B/param"),
     "ex.peak_alone_peak": (Fraction(offload_peak(SEQ_ALONE), GB), "GB"),
     "ex.peak_alone_sum": (Fraction(offload_sum(SEQ_ALONE), GB), "GB"),
     # pure BF16 AdamW (2 + 2 + 2 + 2 B/param), full checkpointing: block 0's backward; the step: + two BF16
@@ -618,6 +720,7 @@ EXPECTED = {
     "mt.peak": Measured(lambda: (Fraction(memtracker_llama(2048)["peak"], GB), "GB")),
     "mt.diff": Measured(memtracker_difference),
     "cuda.rmsnorm": (Fraction(65 * (8 - 2) * 2048 * 4096, GB), "GB"),          # 2L + 1 norms, composite vs fused
+    "cuda.foreach_temp": (Fraction(2 * 6_738_415_616, GB), "GB"),            # _foreach_sqrt of the BF16 moments
     "cuda.counters": (4 * LLAMA2_TENSORS, "B"),                               # FP32 step per tensor on the host
     "alloc.round": (512, "B"),                                                # PyTorch docs, CUDA semantics
     "ex12.b1_storages": Measured(lambda: (len(saved_storages(1)[1]), "")),
@@ -781,6 +884,42 @@ def test_figures_have_alt_text_and_captions(path):
             meta = cell["metadata"]["mystnb"]
             assert meta["figure"]["caption"].strip() and meta["figure"]["name"].startswith("fig-")
             assert len(meta.get("image", {}).get("alt", "")) > 20, meta["figure"]["name"]
+
+
+_MATH = re.compile(r"\$\$(.*?)\$\$|\$([^$]*)\$", re.S)
+
+
+def math_symbols(tex: str) -> set:
+    """The letters a piece of LaTeX names: ``B``, ``H_kv`` (``H_{kv}``), ``P_max`` (``P_\\text{max}``), ``Delta``;
+    words in ``\\text{...}`` and commands (``\\times``) are not symbols; juxtaposed letters (``BSd``) are several."""
+    tex = re.sub(r"_\\text\{([^}]*)\}", r"_{\1}", tex)
+    tex = re.sub(r"\\(?:text|mathrm|operatorname)\{[^}]*\}", " ", tex)
+    tex = re.sub(r"\\(Delta|Psi)", r" \1 ", tex)
+    tex = re.sub(r"\\[A-Za-z]+", " ", tex)
+    found = set()
+    for m in re.finditer(r"(Delta|Psi)|([A-Za-z])(?:_(?:\{([A-Za-z ]+)\}|([A-Za-z])))?", tex):
+        sub = m.group(3) or m.group(4)
+        found.add(m.group(1) or m.group(2) + ("_" + sub.replace(" ", "") if sub else ""))
+    return found
+
+
+@pytest.mark.parametrize("path", [p for p in CHAPTERS if p.stem[0].isdigit()], ids=lambda p: p.stem)
+def test_every_symbol_in_the_chapters_is_on_the_notation_page(path):
+    from memledger.core.symbols import MODEL_NOTATION, NOTATION, PROSE_NOTATION
+    listed = {s.name for s, _, _ in NOTATION + MODEL_NOTATION} | {name for name, _, _ in PROSE_NOTATION}
+    used = set()
+    for cell in markdown_cells(path):
+        cell = re.sub(r"```.*?```", "", cell, flags=re.S)
+        for m in _MATH.finditer(re.sub(r"`[^`]*`", "", cell)):
+            used |= math_symbols(m.group(1) or m.group(2))
+    assert used - listed == set(), "add them to memledger.core.symbols (the notation appendix)"
+
+
+def test_math_symbols_are_read_as_the_notation_names_them():
+    assert math_symbols(r"4P_\text{max} + \lfloor 18P/N \rfloor") == {"P_max", "P", "N"}
+    assert math_symbols(r"2 L B S H_{kv} d_h") == {"L", "B", "S", "H_kv", "d_h"}
+    assert math_symbols(r"BSd\,(34 + 5HS/d)") == {"B", "S", "d", "H"}
+    assert math_symbols(r"\Delta w = -0.001") == {"Delta", "w"}
 
 
 def test_every_glued_value_agrees_with_an_independent_source():

@@ -54,7 +54,7 @@ def test_fit_json_fits_at_answer_not_beyond(capsys):
     code, out, err = run(capsys, "fit", "--preset", "llama2-7b", "--zero", "3", "--dp", "8", "--flash-attention",
                          "--vary", "seq", "--json")
     data = json.loads(out)
-    n, a100 = data["answer"], GPU_MEMORY["a100-80gb"]
+    n, a100 = data["answer"], GPU_MEMORY["a100-80gb"] - 10**9      # less the ~1 GB margin a fit leaves (issue 17)
     assert data["measure_key"] == "peak" and data["ledger"]["totals"]["gpu"] == data["total_at_answer"]
     assert data["judged_at_answer"] == data["peak_at_answer"] <= a100 < data["next"]["judged"]
     at = Ledger("llama2-7b", zero_stage=3, dp=8, flash_attention=True, seq_len=n)
