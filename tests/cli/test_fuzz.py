@@ -187,9 +187,9 @@ def _check_json(command, argv, data):
             assert peak >= devices["gpu"], (mark, peak, devices)
     elif command == "fit":
         if data["answer"] is not None:
-            assert data["judged_at_answer"] <= data["gpu_memory"]
+            assert data["judged_at_answer"] + data["margin"] <= data["gpu_memory"]
         if data["next"] is not None and data["vary"] in ("batch", "seq", "layers"):
-            assert data["next"]["judged"] > data["gpu_memory"], data
+            assert data["next"]["judged"] + data["margin"] > data["gpu_memory"], data
 
 
 def check_contract(argv):
@@ -363,7 +363,7 @@ def check_api(kwargs, convention, inputs, vary):
         _check_rows(rows, ledger.totals)
         result = _api(lambda: ml.fit(ledger, vary, 80 * 10**9, measure="total"))
         if result is not None and result["answer"] is not None:
-            assert result["judged_at_answer"] <= 80 * 10**9
+            assert result["judged_at_answer"] + result["margin"] <= 80 * 10**9
         conv_inputs = _api(lambda: ConventionInputs(**inputs))
         if conv_inputs is not None:
             estimate = _api(lambda: CONVENTIONS[convention].estimate(ledger, conv_inputs))

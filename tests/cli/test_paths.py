@@ -58,7 +58,8 @@ def test_every_recipe_in_ledger_step_and_fit(capsys, recipe):
         refused(capsys, "step", *SMALL, "--recipe", recipe,
                 message=f"the step timeline does not model recipe {recipe} (")
     fit = json.loads(answered(capsys, "fit", *SMALL, "--recipe", recipe, "--vary", "batch", "--json"))
-    assert fit["judged_at_answer"] <= fit["gpu_memory"] < fit["next"]["judged"]
+    room = fit["gpu_memory"] - fit["margin"]          # a fit leaves the margin free (answers.verdict.MARGIN)
+    assert fit["judged_at_answer"] <= room < fit["next"]["judged"]
     assert fit["measure_key"] == ("peak" if recipe in MODELLED_RECIPES else "total")
 
 
