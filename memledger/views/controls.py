@@ -12,9 +12,12 @@ up to :data:`memledger.core.units.LIMIT`, read from text exactly as the CLI read
 it, :func:`memledger.core.units.parse_count`, so both refuse the same input with the
 same message). ``field`` is the :class:`Ledger` keyword it sets; ``gpu`` is the
 one control that is not a ledger input (it sets the memory of the verdict).
+:func:`cli_command` writes a setting of the controls as the ``memledger ledger`` command that
+reproduces it (the static calculator shows it; so does the Jupyter explorer).
 """
 from dataclasses import dataclass
 import json
+import shlex
 
 from ..models.presets import ARTICLE_PRESET, preset_names
 from ..core.choices import LIMIT, RECOMPUTE, check_choice
@@ -23,6 +26,9 @@ from ..ledger.ledger import Ledger
 from ..states.placement import OFFLOAD_DEVICES, PLACEMENTS, ZERO_STAGES
 from ..states.recipes import DEFAULT_RECIPE, RECIPES
 from ..core.units import format_bytes, parse_count
+
+__all__ = ["BY_FIELD", "CLI_FLAGS", "CONTROLS", "Control", "GPU_FIELD", "SEQUENCE_CHOICES", "cli_argv",
+           "cli_command", "defaults", "ledger_settings", "option_text"]
 
 #: Sequence lengths the interactive views (widget, static calculator) offer.
 SEQUENCE_CHOICES = (512, 1024, 2048, 4096, 8192, 16384, 32768)
@@ -97,3 +103,28 @@ def defaults(preset: str = ARTICLE_PRESET) -> dict:
     values = {c.field: c.default for c in CONTROLS}
     values["arch"] = BY_FIELD["arch"].parse(preset)
     return values
+
+
+#: Each control's ``memledger ledger`` option (memledger.cli.options); a boolean control is a flag given when true.
+CLI_FLAGS = {"arch": "--preset", "batch_size": "--batch", "seq_len": "--seq", "recipe": "--recipe",
+             "recompute": "--recompute", "flash_attention": "--flash-attention", "zero_stage": "--zero",
+             "dp": "--dp", "offload_optimizer": "--offload-optimizer", "offload_placement": "--offload-placement",
+             "gpu": "--gpu-memory"}
+
+
+def cli_argv(state: dict) -> list:
+    """``state`` (field -> value, as the controls hold it) as ``memledger ledger`` arguments, every control
+    given; a value is checked by its control (:meth:`Control.parse`) first."""
+    argv = ["ledger"]
+    for control in CONTROLS:
+        value = control.parse(state[control.field])
+        if isinstance(value, bool):
+            argv += [CLI_FLAGS[control.field]] if value else []
+        else:
+            argv += [CLI_FLAGS[control.field], option_text(value)]
+    return argv
+
+
+def cli_command(state: dict) -> str:
+    """The shell command that reproduces ``state``: ``memledger ledger --preset article-7b --batch 1 ...``."""
+    return shlex.join(["memledger"] + cli_argv(state))
