@@ -81,15 +81,27 @@ def judge(ledger, peak: bool) -> Judgement:
     return Judgement(ledger.peak, "peak")
 
 
+#: The verdict's clause after the bytes, by which of the two it judged (:func:`describe` fills it; the static
+#: calculator too): the sum (with a note why), the peak (the sum for comparison), or the sum where a nominal
+#: parameter count makes it larger than the peak.
+CLAUSES = {
+    "total": ", {total_measure} ({note})",
+    "peak": ", {peak_measure} ({total_measure}: {total})",
+    "nominal": ", {total_measure}, larger here than {peak_measure} ({peak}), which counts the model's tensors, "
+               "not the nominal parameter count",
+}
+
+
 def describe(ledger, judgement: Judgement, unit: str = "GB", note: str = None) -> str:
     """The verdict's clause after the bytes: which measure, and the other one for comparison. A sum is
     followed by ``note``, by default why it is not the peak (:data:`UNMODELLED_NOTE` or :data:`SUM_NOTE`)."""
     total = ledger.totals["gpu"]
     if judgement.key == "total":
+        clause = "total"
         if note is None:
             note = UNMODELLED_NOTE if ledger.peak is None else SUM_NOTE
-        return f", {MEASURE['total']} ({note})"
-    if judgement.bytes == ledger.peak:
-        return f", {MEASURE['peak']} ({MEASURE['total']}: {format_bytes(total, unit)})"
-    return (f", {MEASURE['total']}, larger here than {MEASURE['peak']} ({format_bytes(ledger.peak, unit)}), "
-            "which counts the model's tensors, not the nominal parameter count")
+    else:
+        clause = "peak" if judgement.bytes == ledger.peak else "nominal"
+    return CLAUSES[clause].format(total_measure=MEASURE["total"], peak_measure=MEASURE["peak"], note=note,
+                                  total=format_bytes(total, unit),
+                                  peak=None if ledger.peak is None else format_bytes(ledger.peak, unit))

@@ -25,8 +25,8 @@ from ..ledger.table import HEADER
 from ..ledger.hardware import GPU_MEMORY
 from ..core.choices import LIMIT
 from ..ledger.ledger import FIELD_OF, Ledger
-from ..answers.verdict import SUM_CLAUSE
 from ..core.units import COUNT_ERROR, UNITS
+from .webpeak import step_data
 
 #: The class that marks a calculator in a page, and the script that drives it (in the book's ``_static``).
 CSS_CLASS = "memledger-calculator"
@@ -40,8 +40,8 @@ PARTS = (
     ("activations", ("arch", "flash_attention", "recompute")),
     ("overhead", ()),
 )
-#: The device of the fits verdict, whose total is always shown. The verdict judges the sum of the rows at the end
-#: of the forward pass and says so (:data:`memledger.answers.verdict.SUM_CLAUSE`): the page cannot run the step timeline.
+#: The device of the fits verdict, whose total is always shown; the verdict judges what ``memledger ledger`` judges
+#: (:mod:`memledger.answers.verdict`: the step's peak where the timeline models the setup, else the sum).
 VERDICT_DEVICE = "gpu"
 UNIT = "GB"
 
@@ -144,7 +144,7 @@ def _data() -> dict:
         "rows": [list(row) for row in table],
         "devices": [[device, label] for device, label in DEVICE_LABELS.items()],
         "verdict_device": VERDICT_DEVICE,
-        "verdict_clause": SUM_CLAUSE,          # what it judges: the sum, not the step's peak
+        "step": step_data(),                   # the verdict judges the step's peak (memledger.views.webpeak)
         "header": list(HEADER),
         "gpu_field": GPU_FIELD,
         "gpus": {name: str(n) for name, n in GPU_MEMORY.items()},
