@@ -253,6 +253,8 @@
     return e;
   }
 
+  var PHASE_COLOURS = {forward: "#eef3fa", loss: "#fbf1e6", backward: "#f6eef6", optimizer: "#eef6ee"};
+
   /* A fraction in [0, 1] of two BigInts, as a Number. */
   function ratio(a, b) { return b === 0n ? 0 : Number(a * 1000000n / b) / 1e6; }
 
@@ -263,24 +265,28 @@
     var most = step.peak > gpu ? step.peak : gpu;
     function x(k) { return left + plotW * (k + 0.5) / n; }
     function y(b) { return top + plotH * (1 - ratio(b, most)); }
-    var root = svg("svg", {viewBox: "0 0 " + width + " " + height, width: "100%", role: "img",
+    var root = svg("svg", {viewBox: "0 0 " + width + " " + height, width: width, role: "img",
+                           style: "max-width: 100%; height: auto", "font-size": 11, "font-family": "sans-serif",
                            "class": "memledger-calculator-timeline",
                            "aria-label": "GPU memory through one training step; peak " + size(step.peak, data)});
     var start = 0;
     step.phases.forEach(function (phase, k) {
       if (k + 1 < n && step.phases[k + 1] === phase) return;
       var x0 = left + plotW * start / n, x1 = left + plotW * (k + 1) / n;
-      root.appendChild(svg("rect", {x: x0, y: top, width: x1 - x0, height: plotH, "class": "phase " + phase}));
+      root.appendChild(svg("rect", {x: x0, y: top, width: x1 - x0, height: plotH, "class": "phase " + phase,
+                                    fill: PHASE_COLOURS[phase] || "#f2f2f2"}));
       root.appendChild(svg("text", {x: (x0 + x1) / 2, y: top + plotH + 13, "text-anchor": "middle"}, phase));
       start = k + 1;
     });
-    root.appendChild(svg("line", {x1: left, x2: left + plotW, y1: y(gpu), y2: y(gpu), "class": "gpu"}));
+    root.appendChild(svg("line", {x1: left, x2: left + plotW, y1: y(gpu), y2: y(gpu), "class": "gpu",
+                                  stroke: "crimson", "stroke-width": 1.5, "stroke-dasharray": "6 4"}));
     root.appendChild(svg("text", {x: left - 4, y: y(gpu) + 4, "text-anchor": "end"}, size(gpu, data)));
     root.appendChild(svg("text", {x: left - 4, y: top + plotH, "text-anchor": "end"}, "0"));
-    root.appendChild(svg("polyline", {"class": "total", points: step.totals.map(function (b, k) {
+    root.appendChild(svg("polyline", {"class": "total", fill: "none", stroke: "#4C72B0", "stroke-width": 1.5,
+                                      points: step.totals.map(function (b, k) {
       return x(k).toFixed(1) + "," + y(b).toFixed(1); }).join(" ")}));
     var px = x(step.sample), py = y(step.peak);
-    root.appendChild(svg("circle", {cx: px, cy: py, r: 4, "class": "peak"}));
+    root.appendChild(svg("circle", {cx: px, cy: py, r: 4, "class": "peak", fill: "black"}));
     root.appendChild(svg("text", {x: px, y: Math.max(py - 7, 10), "class": "peak",
                                   "text-anchor": px > left + plotW * 0.7 ? "end" : "middle"},
                          "peak " + size(step.peak, data)));

@@ -29,7 +29,7 @@ from ..step.cache import cache_dir, source_hash, step_record
 from ..step.structure import StepStructure
 from .controls import BY_FIELD, CLI_FLAGS, CONTROLS, defaults, ledger_settings, option_text
 
-__all__ = ["FOLDER", "STRUCTURE_FIELDS", "browser_record", "nearby_states", "record_js", "record_name",
+__all__ = ["FOLDER", "PYODIDE", "PYTHON_ARCHIVE", "STRUCTURE_FIELDS", "browser_record", "nearby_states", "record_js", "record_name",
            "site_records", "step_data", "structure_key", "structure_of"]
 
 #: The controls that decide a step's structure (with B = 1 or not, :class:`StepStructure`); the others
@@ -39,6 +39,16 @@ STRUCTURE_FIELDS = ("arch", "recipe", "recompute", "flash_attention", "zero_stag
 #: Where the records lie in the built site, next to the calculator's script (``_static/``).
 FOLDER = "memledger-steps"
 BACKEND = "article"
+#: memledger's source for Pyodide, next to the script (written by _ext/memledger_site.py), and what the page loads:
+#: Pyodide and SymPy from the site's vendor/ folder (scripts/vendor_js.sh), paths relative to ``_static/``.
+PYTHON_ARCHIVE = "memledger-python.zip"
+PYODIDE = {
+    "script": "../vendor/pyodide/pyodide.js",
+    "index": "../vendor/pyodide/",
+    "archives": ["../vendor/pyodide/sympy.zip", PYTHON_ARCHIVE],
+    "start": "import os, sys\nos.environ['MEMLEDGER_CACHE_DIR'] = '/tmp/memledger'\n"
+             "sys.path.insert(0, '/home/pyodide/lib')\nfrom memledger.views.webpeak import browser_record\n",
+}
 
 
 def _values(state: dict) -> dict:
@@ -163,4 +173,5 @@ def step_data() -> dict:
         "clauses": CLAUSES,
         "notes": {"sum": SUM_NOTE, "unmodelled": UNMODELLED_NOTE},
         "cli": [[c.field, CLI_FLAGS[c.field], isinstance(c.default, bool)] for c in CONTROLS],
+        "pyodide": PYODIDE,
     }
