@@ -188,8 +188,10 @@ def _nonnegative(expr) -> bool:
     if expr.is_Symbol:
         return bool(expr.is_positive)
     if expr.is_Pow:
-        return expr.exp.is_Integer and expr.exp > 0 and _nonnegative(expr.base)
-    if expr.is_Add or expr.is_Mul or isinstance(expr, (sp.ceiling, sp.floor, sp.Max, sp.Min)):
+        return expr.exp.is_Integer and (expr.exp > 0 and _nonnegative(expr.base) or bool(expr.base.is_positive))
+    if isinstance(expr, (sp.ceiling, sp.floor)) and expr.args[0].is_nonnegative:
+        return True
+    if expr.is_Add or expr.is_Mul or isinstance(expr, (sp.Max, sp.Min)):
         return all(_nonnegative(a) for a in expr.args)
     return False
 

@@ -68,3 +68,24 @@ def test_refusals_name_the_reason():
         sweep(Ledger("llama2-7b"), measure="peak", batch_size=np.array([0, 2]))
     with pytest.raises(ValueError, match="measure must be one of total, peak"):
         sweep(Ledger("llama2-7b"), measure="sum", batch_size=np.array([1]))
+
+
+@pytest.mark.parametrize("template", [Ledger("llama2-7b", zero_stage=2, dp=8, offload_optimizer="cpu"),
+                                      Ledger("gemma-2b", zero_stage=3, recompute="full")], ids=["zero2", "zero3"])
+def test_wide_ranges_where_every_kind_of_op_peaks(template):
+    """Log-uniform B, S and dp over many decades: gradients, activations, logits and the optimizer each peak
+    somewhere, so every op the dominance test drops is put to the test."""
+    rng = np.random.default_rng(20)
+    n = 1500
+    arrays = dict(batch_size=np.exp(rng.uniform(0, np.log(10**6), n)).astype(np.int64) + 1,
+                  seq_len=np.exp(rng.uniform(0, np.log(10**5), n)).astype(np.int64) + 1,
+                  dp=np.exp(rng.uniform(0, np.log(10**7), n)).astype(np.int64) + 1)
+    peaks = sweep(template, measure="peak", **arrays)["gpu"]
+    phases = set()
+    for i in range(n):
+        ledger = replace(template, **{k: int(v[i]) for k, v in arrays.items()})
+        assert peaks[i] == ledger.peak, i
+        if i % 10 == 0:
+            from memledger.step.cache import step_peak
+            phases.add(step_peak(ledger)[1])
+    assert len(phases) >= 2, phases
