@@ -5,12 +5,13 @@ from memledger.answers.fit import fit, fit_many
 from memledger.ledger.hardware import GPU_MEMORY
 from memledger.ledger.ledger import Ledger
 
-MEMORIES = sorted(GPU_MEMORY.values()) + [10**9, 3 * 10**12, 10**15]
+MEMORIES = sorted(GPU_MEMORY.values()) + [10**9, 140 * 10**9, 3 * 10**12, 10**15]
 
 
 @pytest.mark.parametrize("template, vary", [
     (Ledger("llama3-8b", seq_len=4096, zero_stage=3, dp=8, flash_attention=True), "batch"),
     (Ledger("article-7b", recompute="full", offload_optimizer="cpu"), "batch"),           # nominal: max(peak, sum)
+    (Ledger("article-7b"), "batch"),                          # nominal, the sum larger than the peak at small B
     (Ledger("gemma-2b", batch_size=1, zero_stage=2, dp=8, flash_attention=True), "seq"),
     (Ledger("qwen2.5-0.5b", recompute="selective"), "batch"),
 ])
