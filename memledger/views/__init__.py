@@ -7,6 +7,7 @@ __getattr__, __dir__, __all__ = lazy(__name__, {
     'stepplots': (),
     'controls': (),
     'widgets': ('explorer',),
+    'bigint': (),
     'webcalc': (),
     'webpeak': (),
 })

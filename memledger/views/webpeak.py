@@ -5,7 +5,7 @@ page cannot derive: the step's programs are built with SymPy (:mod:`memledger.st
 Its numbers, though, depend on a setting only through each tensor's size, and its programs only
 on the discrete choices of a :class:`~memledger.step.structure.StepStructure`
 (:func:`memledger.step.cache.step_record`). So a structure is sent as a **record**: every tensor's
-size printed as JavaScript over BigInt (:class:`~memledger.views.webcalc.BigIntPrinter`: exact
+size printed as JavaScript over BigInt (:class:`~memledger.views.bigint.BigIntPrinter`: exact
 division, ceilings), the change of each GPU tensor's count after every op, and each op's phase and
 block. The page adds the sizes up op by op: the largest running total is the peak, to the byte
 ``Ledger.peak``; the running totals are the timeline it draws.
@@ -27,10 +27,11 @@ from ..answers.verdict import CLAUSES, MEASURE, SUM_NOTE, UNMODELLED_NOTE, is_no
 from ..ledger.ledger import Ledger
 from ..step.cache import cache_dir, source_hash, step_record
 from ..step.structure import StepStructure
+from .bigint import BigIntPrinter
 from .controls import BY_FIELD, CLI_FLAGS, CONTROLS, defaults, ledger_settings, option_text
 
-__all__ = ["FOLDER", "PYODIDE", "PYTHON_ARCHIVE", "STRUCTURE_FIELDS", "browser_record", "nearby_states", "record_js", "record_name",
-           "site_records", "step_data", "structure_key", "structure_of"]
+__all__ = ["FOLDER", "PYODIDE", "PYTHON_ARCHIVE", "STRUCTURE_FIELDS", "browser_record", "nearby_states",
+           "record_js", "record_name", "site_records", "step_data", "structure_key", "structure_of"]
 
 #: The controls that decide a step's structure (with B = 1 or not, :class:`StepStructure`); the others
 #: (B, S, dp, the GPU) only change numbers. tests/views/test_webpeak.py checks the split.
@@ -83,7 +84,6 @@ def record_name(structure: StepStructure) -> str:
 
 @lru_cache(maxsize=None)
 def _javascript(expr) -> str:
-    from .webcalc import BigIntPrinter
     return BigIntPrinter().formula(expr)
 
 
