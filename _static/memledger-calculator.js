@@ -311,7 +311,7 @@
       verdict.setAttribute("data-judged-bytes", judged.bytes.toString());
       verdict.appendChild(element("b", fits ? "fits" : "does not fit", fits ? "fits" : "does-not-fit"));
       verdict.appendChild(document.createTextNode(": " + size(judged.bytes, data) + " per GPU against " +
-                                                  size(gpu, data) + clause(data, judged, result.totals, step, reason) + "."));
+                                                  size(gpu, data) + clause(data, judged, result.totals, step, reason)));
     }
     out.appendChild(verdict);
     if (step) {
