@@ -2,7 +2,7 @@
 
 Each fix answers a console error or a stray file that the pinned Jupyter Book 1 stack
 produces (docs: /work/shared/docs/toolchain.md, "The built site in a real browser"), and
-tests/test_browser.py checks every page for them:
+tests/book/test_browser.py checks every page for them:
 
 * Jupyter Book fires ``env-before-read-docs`` twice, so sphinx-thebe's inline
   ``const THEBE_JS_URL`` (and sphinx-togglebutton's selector) land twice in every

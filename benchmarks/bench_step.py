@@ -7,7 +7,7 @@ FakeTensorMode (memledger.pytorch.measure.memtracker_step, the optimizer state
 created first), and the timeline's evaluation of the same configuration
 (``Step(Ledger(...), "cpu")``: landmarks and peak, from a new Ledger, the
 compiled programs cached), median of many. The two must agree to the byte
-(tests/test_step.py); here they are timed. The issue asks for >= 10,000x.
+(tests/step/test_timeline.py); here they are timed. The issue asks for >= 10,000x.
 """
 
 from memledger.models.architecture import Architecture

@@ -15,11 +15,11 @@ from itertools import product
 
 from .core import keyed
 from .core.choices import RECOMPUTE
+from .models.features import STYLES
 
 _BOOLS = (False, True)
 #: (tensor parallel, sequence parallel): sequence parallelism needs tensor parallelism.
 _PARALLEL = ((False, False), (True, False), (True, True))
-STYLES = ("gpt", "llama")
 
 
 def _elements(sharded):

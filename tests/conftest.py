@@ -1,8 +1,8 @@
 """Shared test configuration: one clean, strict build of the book per test run; slow markers.
 
 ``build`` runs ``jupyter-book build . -W -n --keep-going`` on an empty ``_build``
-(every chapter executed) once per run, about half a minute; test_book.py and
-test_browser.py both read it. Under pytest-xdist each worker is its own process,
+(every chapter executed) once per run, about half a minute; tests/book/test_build.py and
+tests/book/test_browser.py both read it. Under pytest-xdist each worker is its own process,
 so a file lock lets the first worker build and the others wait for that build.
 """
 import fcntl
@@ -29,7 +29,7 @@ def _run_id(config) -> str:
 
 
 def pytest_configure(config):
-    """Compiled steps (memledger/steppeak.py) go to a cache of the test runs, not the user's own."""
+    """Compiled steps (memledger/step/cache.py) go to a cache of the test runs, not the user's own."""
     os.environ.setdefault("MEMLEDGER_CACHE_DIR", str(Path(tempfile.gettempdir()) / "memledger-test-cache"))
 
 
@@ -50,19 +50,28 @@ def build(request):
 
 
 
-#: Test modules whose every test is slow (``pytestmark = pytest.mark.slow``): under ``-m "not slow"`` they
-#: are not even imported, which spares the edit loop PyTorch's and Playwright's import time.
-ALL_SLOW = {"test_browser.py", "test_lora_torch.py", "test_torchcompare.py", "test_torchref.py"}
+#: How a test module says that every test in it is slow. Under ``-m "not slow"`` such a module is not even
+#: imported (read as text, never executed), which spares the edit loop PyTorch's and Playwright's import time.
+SLOW_MODULE = "\npytestmark = pytest.mark.slow\n"
 
 
 def pytest_ignore_collect(collection_path, config):
-    if collection_path.name in ALL_SLOW and config.getoption("markexpr", "") == "not slow":
+    if (collection_path.suffix == ".py" and collection_path.name.startswith("test_")
+            and config.getoption("markexpr", "") == "not slow" and SLOW_MODULE in collection_path.read_text()):
         return True
-    return None
 
 
-def pytest_collection_modifyitems(items):
-    """nbval's notebook items (each runs a kernel) and whatever needs the build are slow."""
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """``@pytest.mark.sample(n)`` on a parametrized test: n of its cases, spread over the grid, run in the fast
+    loop; the others are marked slow (the whole grid runs in the full suite)."""
+    grids = {}
     for item in items:
-        if item.path.suffix == ".ipynb" or "build" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.slow)
+        marker = item.get_closest_marker("sample")
+        if marker is not None:
+            grids.setdefault((item.path, item.originalname), (marker.args[0], []))[1].append(item)
+    for n, cases in grids.values():
+        keep = {i * len(cases) // n for i in range(min(n, len(cases)))}
+        for i, item in enumerate(cases):
+            if i not in keep:
+                item.add_marker(pytest.mark.slow)

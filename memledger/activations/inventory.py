@@ -136,7 +136,7 @@ def inventory(mlp: str = "gelu", norm: str = "LayerNorm", dropout: bool = True,
     dtype); ``norm_stats`` and ``rmsnorm`` (:func:`norm_rows`); ``attention``:
     ``"eager"``, ``"flash"`` (= ``flash_attention=True``) or ``"math"``
     (PyTorch's math SDPA on CPU: a 16-bit q, k, v upcast to FP32, the S x S
-    tensors in FP32). Measured against PyTorch 2.13 in ``tests/test_torchref.py``.
+    tensors in FP32). Measured against PyTorch 2.13 in ``tests/pytorch/test_reference.py``.
     """
     check_choice("mlp", mlp, ("gelu", "swiglu"))
     if moe and mlp != "swiglu":
@@ -281,7 +281,7 @@ def core_row(row: Saved) -> bool:
     """Whether ``row`` is saved by the attention core itself, ``softmax(QK^T/sqrt(d_h)) V``: the S x S
     tensors (softmax output, dropout mask and output) or a flash kernel's log-sum-exp. Selective
     recomputation drops exactly these (Korthikanti Sec. 5: the core is recomputed in backward; with a flash
-    kernel the checkpointed call recomputes its statistics too, measured in ``tests/test_torchref.py``)."""
+    kernel the checkpointed call recomputes its statistics too, measured in ``tests/pytorch/test_reference.py``)."""
     return row.quadratic or row.name == "softmax log-sum-exp"
 
 

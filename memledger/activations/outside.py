@@ -2,7 +2,7 @@
 
 The article's ledger books the L blocks only. A whole model also keeps, until
 backward (reference decoder of ``docs/step.md``, checked in
-``tests/test_torchref.py``):
+``tests/pytorch/test_reference.py``):
 
 * the input ids (the embedding's backward needs them) and the target ids, int64;
 * the (S, S) causal mask of eager attention, built once and shared by all layers;
@@ -29,7 +29,6 @@ never split (``compute_language_model_loss`` reads all labels,
 ``core/models/common/language_module/language_module.py`` l. 172). Megatron-LM
 at commit d98e8a64.
 """
-import sympy as sp
 
 from .inventory import Saved, norm_rows
 from ..core.symbols import B, S, V, d
@@ -56,7 +55,3 @@ def outside_inventory(style: str = "gpt", *, dtype: str = "bf16", norm_stats: st
                    block="outside", replicated=True)]
     return rows
 
-
-def outside_bytes(rows, tp: bool = False, sequence_parallel: bool = False) -> sp.Expr:
-    """Sum of the rows' bytes on one tensor-parallel rank (:meth:`~memledger.activations.inventory.Saved.rank_bytes`)."""
-    return sp.expand(sum(r.rank_bytes(tp, sequence_parallel) for r in rows))

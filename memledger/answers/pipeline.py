@@ -29,7 +29,8 @@ import sympy as sp
 
 from ..activations.inventory import Saved
 from ..models.parameters import Features, block_parts, norm_params
-from ..core.symbols import B, S, V, d
+from ..core.rows import Row, Rows
+from ..core.symbols import B, S, V, d, t
 
 
 def _check(p, m, v, n_layers=None):
@@ -135,12 +136,16 @@ def stage_params(arch, p, stage) -> int:
     return sum(stage_param_parts(arch, p, stage).values())
 
 
-def stage_activation_specs(layer_expr, n_layers, p, m, v=1, stage=0, features="gpt", dropout=True, tp=1):
+def stage_activation_specs(layer_expr, n_layers, p, m, v=1, stage=0, features="gpt", dropout=True, tp=1,
+                           sequence_parallel=False):
     """(name, bytes expression) of the activations stage ``stage`` holds at its peak.
 
     ``layer_expr``: one layer's saved bytes (:func:`memledger.activations.inventory.per_layer_bytes`).
     The embedding rows ride with the first stage's in-flight micro-batches, the
-    output rows with the last stage's one. ``tp`` divides the logits (vocabulary-parallel).
+    output rows with the last stage's one, split over ``tp`` ranks as the ledger splits them
+    (:meth:`~memledger.activations.inventory.Saved.rank_bytes`: the FP32 logits are vocabulary-parallel under any
+    tensor parallelism, the final norm's and the output layer's inputs only under ``sequence_parallel``;
+    Korthikanti et al. 2022, Sec. 4.3).
     """
     _check(p, m, v, n_layers)
     specs = [(f"activations ({layers_in_flight(n_layers, p, m, v, stage)} layers' worth in flight)",
@@ -149,7 +154,7 @@ def stage_activation_specs(layer_expr, n_layers, p, m, v=1, stage=0, features="g
         n = microbatches_in_flight(p, m, v, 0)
         specs += [(f"{r.name} x {n} micro-batches", n * r.bytes) for r in embedding_rows(features, dropout)]
     if stage == p - 1:
-        specs += [(r.name, r.bytes / tp if r.tp_sharded else r.bytes) for r in output_rows(features)]
+        specs += [(r.name, r.rank_bytes(tp > 1, sequence_parallel).subs(t, tp)) for r in output_rows(features)]
     return specs
 
 
@@ -166,7 +171,7 @@ def schedule_summary(p, m, v=1) -> dict:
 
 def stage_ledgers(ledger, p, m, v=1) -> list:
     """The first and last stage of ``ledger``'s setup split into ``p`` stages: for each,
-    {"stage", "n_params", "rows": [(name, group, device, bytes)], "totals"}.
+    {"stage", "n_params", "rows": :class:`~memledger.core.rows.Rows`, "totals"}.
 
     Model states are the ledger's for the stage's parameters (same recipe,
     ZeRO stage, dp, offload); activations are :func:`stage_activation_specs`
@@ -184,10 +189,9 @@ def stage_ledgers(ledger, p, m, v=1) -> list:
     for stage in sorted({0, p - 1}):
         n_params = stage_params(arch, p, stage)
         base = replace(ledger, n_params=n_params)
-        rows = [(r.name, r.group, r.device, r.bytes) for r in base.rows if r.group != "activations"]
         specs = stage_activation_specs(per_layer, arch.n_layers, p, m, v, stage, arch.features, ledger.dropout,
-                                       ledger.tp)
-        rows += [(name, "activations", "gpu", ledger.evaluate(expr)) for name, expr in specs]
-        totals = {dev: sum(b for _, _, dv, b in rows if dv == dev) for dev in ("gpu", "cpu", "nvme")}
-        stages.append({"stage": stage, "n_params": n_params, "rows": rows, "totals": totals})
+                                       ledger.tp, ledger.sequence_parallel)
+        rows = Rows([r for r in base.rows if r.group != "activations"] +
+                    [Row(name, "activations", "gpu", ledger.evaluate(expr), formula=str(expr)) for name, expr in specs])
+        stages.append({"stage": stage, "n_params": n_params, "rows": rows, "totals": rows.totals})
     return stages

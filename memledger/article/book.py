@@ -8,7 +8,7 @@ glues it (so nbval, which compares glued outputs, guards it)::
 
 The article's own figures come from the claims registry (:mod:`memledger.article.claims`):
 :func:`glue_claims` glues memledger's value of each claim, at the article's
-precision unless ``digits`` says otherwise. ``tests/test_book.py`` reads the
+precision unless ``digits`` says otherwise. ``tests/book/test_build.py`` reads the
 glued text back and checks it against the article's figure or an independent
 recomputation.
 """

@@ -3,7 +3,7 @@
 A :class:`Claim` holds the value and unit as the article prints them, how it
 compares (``=``, ``>``, ``<``, ``~``), a function that recomputes it with
 memledger, and the status it is expected to earn (checked by
-``tests/test_claims.py``):
+``tests/article/test_claims.py``):
 
 * ``matches``: the computed value equals the stated one (or satisfies ``>``/``<``);
 * ``rounded``: equal after the article's rounding to the printed digits

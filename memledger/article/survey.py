@@ -1,9 +1,9 @@
 """Real checkpoints side by side: their shapes, their published parameter counts, and what fits where.
 
 The architectures come from the Hugging Face ``config.json`` files shipped in
-``memledger/configs/`` (:mod:`memledger.models.hf_config`). :data:`PUBLISHED` holds,
+``memledger/models/configs/`` (:mod:`memledger.models.hf_config`). :data:`PUBLISHED` holds,
 for comparison only, the count each publisher states digit for digit (sources
-below, as in ``tests/test_hf_config.py``); the counts memledger prints are
+below, as in ``tests/models/test_hf_config.py``); the counts memledger prints are
 always derived from the configs.
 
 * Llama 3 8B, Mistral 7B, Mixtral 8x7B: the ``metadata.total_size`` of each
@@ -178,9 +178,9 @@ def serving_table(names, seq_len: int):
     rows = []
     for name in names:
         serving = Inference(name, seq_len=seq_len)
-        parts = dict(serving.rows)
-        rows.append((name, format_bytes(parts[f"weights ({serving.weight_dtype})"]),
-                     format_bytes(parts[f"KV cache ({serving.kv_dtype})"]), format_bytes(serving.total),
+        parts = serving.rows
+        rows.append((name, format_bytes(parts.bytes_of(f"weights ({serving.weight_dtype})")),
+                     format_bytes(parts.bytes_of(f"KV cache ({serving.kv_dtype})")), format_bytes(serving.total),
                      format_bytes(Ledger(name).group_total("model_states"))))
     return Table(("model", "weights", "KV cache", "serving total", "training model states"), rows,
                  numeric=(1, 2, 3, 4))

@@ -17,6 +17,7 @@ from fractions import Fraction
 import sympy as sp
 
 from ..models.architecture import Architecture
+from ..core.rows import Row, Rows
 from ..core.symbols import B, F, H, L, P, S, V, d, t
 
 #: Symbols the conventions need beyond memledger's notation.
@@ -115,16 +116,6 @@ class Item:
 
 
 @dataclass(frozen=True)
-class Row:
-    name: str
-    group: str
-    device: str
-    bytes: int
-    role: str = ""
-    formula: str = ""
-
-
-@dataclass(frozen=True)
 class Estimate:
     """A convention's result for one setup: rows (exact bytes) and the text the tool prints."""
     convention: str
@@ -132,12 +123,11 @@ class Estimate:
     printed: str = ""
 
     def total(self, device: str = "gpu", group: str | None = None) -> int:
-        return sum(r.bytes for r in self.rows if r.device == device and group in (None, r.group))
+        return self.rows.total(device, group)
 
     def to_dict(self) -> dict:
         return {"convention": self.convention,
-                "rows": [{"name": r.name, "group": r.group, "device": r.device, "role": r.role,
-                          "bytes": r.bytes, "formula": r.formula} for r in self.rows],
+                "rows": [r.to_dict("role", "formula") for r in self.rows],
                 "totals": {dev: self.total(dev) for dev in ("gpu", "cpu")}, "printed": self.printed}
 
 
@@ -171,8 +161,8 @@ class Convention:
 
     def estimate(self, setup: Setup) -> Estimate:
         values = setup.values()
-        rows = tuple(Row(i.name, i.group, i.device, evaluate(i.expr, values), i.role, str(i.expr))
-                     for i in self.items(setup))
+        rows = Rows(Row(i.name, i.group, i.device, evaluate(i.expr, values), i.role, str(i.expr))
+                    for i in self.items(setup))
         return Estimate(self.name, rows, self.printed(setup, rows) if self.printed else "")
 
 

@@ -8,7 +8,7 @@ AdamW 12 = 4 + 4 + 4, 8-bit 6 = 4 + 1 + 1, SGD with momentum 8 = 4 + 4;
 gradients 4 or 2), inference = 1.2 x the weights, Korthikanti's activation
 rules and the ZeRO and 3D-parallel sums, no worked GB example. Those rules,
 the inference factor and the post's two errata live in
-:mod:`memledger.calculators.transformer_math`; tests/test_transformer_math.py
+:mod:`memledger.calculators.transformer_math`; tests/calculators/test_transformer_math.py
 reproduces each from memledger.
 
 The blog's formulas are implemented by the same authors in EleutherAI/cookbook

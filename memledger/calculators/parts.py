@@ -37,22 +37,18 @@ def _ledger_parts(ledger) -> dict:
 
 
 def _lora_parts(ledger) -> dict:
-    from ..ledger.lora import state_rows
     parts = _empty()
-    for _, role, device, nbytes in state_rows(ledger.arch, ledger.config):
-        if device == "gpu":
-            parts[ROLE_PART[role]] += nbytes
     for row in ledger.rows:
-        if row.group in ("activations", "overhead") and row.device == "gpu":
-            parts[row.group] += row.bytes
+        if row.device == "gpu":
+            parts[ROLE_PART[row.role] if row.group == "model_states" else row.group] += row.bytes
     return parts
 
 
 def _inference_parts(inference) -> dict:
     parts = _empty()
-    for name, nbytes in inference.rows:
-        part = next(p for prefix, p in _INFERENCE_PART.items() if name.startswith(prefix))
-        parts[part] += nbytes
+    for row in inference.rows:
+        part = next(p for prefix, p in _INFERENCE_PART.items() if row.name.startswith(prefix))
+        parts[part] += row.bytes
     return parts
 
 

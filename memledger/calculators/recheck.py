@@ -4,7 +4,7 @@ An :class:`~memledger.calculators.base.Erratum` records, in words, what a
 source publishes and what its own formula or code gives. :func:`rechecks`
 recomputes the figures of each one from the library (the convention's
 estimate, its formula, memledger's inventory or recipe), so that the book
-prints numbers computed here, never the record's text; ``tests/test_recheck.py``
+prints numbers computed here, never the record's text; ``tests/calculators/test_recheck.py``
 checks them against arithmetic written in the test and against the record.
 
 Each :class:`Recheck` names its erratum by source and a unique part of its

@@ -20,6 +20,7 @@ def pipeline_section(a, ledger, memory):
     stages = stage_ledgers(ledger, p, m, v)
     for s in stages:
         s["fits"] = s["totals"]["gpu"] <= memory
+        s["rows"] = [r.to_dict() for r in s["rows"]]
     return {"schedule": schedule_summary(p, m, v), "stages": stages}
 
 
@@ -30,7 +31,7 @@ def pipeline_text(pipe, units):
              f"({100 * sched['bubble_fraction']:.1f}%)."]
     for s in pipe["stages"]:
         lines.append(f"stage {s['stage']} ({s['n_params']:,} parameters):")
-        lines += [f"  {name:<58} {device:<4} {format_bytes(b, units):>14}" for name, _, device, b in s["rows"]]
+        lines += [f"  {r['name']:<58} {r['device']:<4} {format_bytes(r['bytes'], units):>14}" for r in s["rows"]]
         verdict = "fits" if s["fits"] else "does NOT fit"
         lines.append(f"  {'total on the GPU':<58} {'gpu':<4} {format_bytes(s['totals']['gpu'], units):>14}  {verdict}")
     return "\n".join(lines)
@@ -69,7 +70,7 @@ def infer(a):
         data = inference.to_dict()
         data["gpu_memory"], data["fits"] = memory, inference.total <= memory
         return json.dumps(data, indent=2)
-    lines = [f"{name:<40} {format_bytes(b, a.units):>14}" for name, b in inference.rows]
+    lines = [f"{name:<40} {format_bytes(b, a.units):>14}" for name, b in ((r.name, r.bytes) for r in inference.rows)]
     verdict = "fits" if inference.total <= memory else "does NOT fit"
     lines.append(f"{'total per GPU':<40} {format_bytes(inference.total, a.units):>14}  {verdict} in "
                  f"{format_bytes(memory, a.units)}")

@@ -50,8 +50,22 @@ def vectorized_function(args, exprs):
     return sp.lambdify(tuple(args), list(exprs), modules="numpy", cse=True)
 
 
+def _integral_by_structure(expr) -> bool:
+    """True if ``expr`` is built from integers and integer symbols by +, x and whole powers (no expansion needed)."""
+    if expr.is_Integer or (expr.is_Symbol and expr.is_integer):
+        return True
+    if expr.is_Add or expr.is_Mul:
+        return all(_integral_by_structure(a) for a in expr.args)
+    if expr.is_Pow:
+        return expr.exp.is_Integer and expr.exp >= 0 and _integral_by_structure(expr.base)
+    return False
+
+
 def is_integral_polynomial(expr) -> bool:
-    """True if ``expr`` is a polynomial with integer coefficients (exact in plain int arithmetic, no Fraction needed)."""
+    """True if ``expr`` is a polynomial with integer coefficients (exact in plain int arithmetic, no Fraction needed).
+    Most expressions are such by their structure; the rest are expanded into a polynomial to see."""
+    if _integral_by_structure(expr):
+        return True
     try:
         poly = sp.Poly(expr, *expr.free_symbols) if expr.free_symbols else None
     except sp.PolynomialError:

@@ -21,6 +21,7 @@ from functools import cached_property
 import sympy as sp
 
 from ..core.choices import check_count
+from ..core.rows import Row, Rows
 from ..core.dtypes import nbytes
 from .ledger import DEFAULT_OVERHEAD
 from ..models.parameters import widths
@@ -67,29 +68,32 @@ class Inference:
         arch.check_tensor_parallel(self.tp)
 
     @cached_property
-    def rows(self) -> list:
-        """(name, exact bytes) per GPU."""
+    def rows(self) -> Rows:
+        """Weights, KV cache, working buffer and overhead per GPU (group "inference"), exact bytes."""
         a, values = self.arch, dict(self.arch.values, B=self.batch_size, S=self.seq_len)
         from ..core.exact import evaluate_expr
-        weights = -(-a.params * nbytes(self.weight_dtype) // self.tp)
-        kv = evaluate_expr(kv_cache_expr(nbytes(self.kv_dtype)), values) // self.tp
-        work = -(-evaluate_expr(working_expr(a.features, nbytes(self.kv_dtype)), values) // self.tp)
-        return [(f"weights ({self.weight_dtype})", weights), (f"KV cache ({self.kv_dtype})", kv),
-                ("working buffer (prefill, one layer)", work), ("CUDA context + workspace", self.overhead_bytes)]
+        kv, work = kv_cache_expr(nbytes(self.kv_dtype)), working_expr(a.features, nbytes(self.kv_dtype))
+        sizes = [(f"weights ({self.weight_dtype})", -(-a.params * nbytes(self.weight_dtype) // self.tp),
+                  f"ceiling(P*{nbytes(self.weight_dtype)}/t)"),
+                 (f"KV cache ({self.kv_dtype})", evaluate_expr(kv, values) // self.tp, f"floor(({kv})/t)"),
+                 ("working buffer (prefill, one layer)", -(-evaluate_expr(work, values) // self.tp),
+                  f"ceiling(({work})/t)"),
+                 ("CUDA context + workspace", self.overhead_bytes, "O")]
+        return Rows(Row(name, "inference", "gpu", size, formula=formula) for name, size, formula in sizes)
 
     @property
     def weights(self) -> int:
         """The weights row: P x bytes of the weight dtype, split over tp (rounded up)."""
-        return self.rows[0][1]
+        return self.rows[0].bytes
 
     @property
     def total(self) -> int:
-        return sum(b for _, b in self.rows)
+        return self.rows.total()
 
     def to_dict(self) -> dict:
         return {"inputs": {"batch_size": self.batch_size, "seq_len": self.seq_len, "weight_dtype": self.weight_dtype,
                            "kv_dtype": self.kv_dtype, "tp": self.tp, "overhead_bytes": self.overhead_bytes,
                            "n_params": self.arch.params, "n_kv_heads": self.arch.kv_heads,
                            "head_dim": self.arch.head_dim},
-                "rows": [{"name": n, "group": "inference", "device": "gpu", "bytes": b} for n, b in self.rows],
+                "rows": [r.to_dict() for r in self.rows],
                 "totals": {"gpu": self.total, "cpu": 0, "nvme": 0}}

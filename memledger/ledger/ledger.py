@@ -12,11 +12,13 @@ evaluated exactly, without SymPy, by its generated plain-Python form.
 ``ledger.values`` maps symbol names to numbers, ``ledger.bindings`` SymPy
 symbols to numbers, and ``ledger.evaluate(expr)`` computes any formula exactly.
 """
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from functools import cached_property, lru_cache
-from typing import Any, NamedTuple, Optional, Union
+from typing import NamedTuple, Optional, Union
 
 from .. import formulas
+from ..core.rows import DEVICES, Row, Rows
+from ..core.vocabulary import Device, Group, Role
 from ..models.architecture import Architecture
 from ..models.presets import get_preset
 from ..core.choices import RECOMPUTE, check_choice, check_count, check_flag, lookup
@@ -26,30 +28,10 @@ from ..states.recipes import ALL_RECIPES, DEFAULT_RECIPE
 from .transfer import Traffic, step_traffic
 from ..core.units import GB
 
-DEVICES = ("gpu", "cpu", "nvme")
 DEFAULT_OVERHEAD = 2 * GB
 #: Symbol names of :mod:`memledger.core.symbols`, and the Ledger field that gives each its value.
 FIELD_OF = {"B": "batch_size", "S": "seq_len", "d": "d_model", "H": "n_heads", "L": "n_layers", "F": "d_ff",
             "V": "vocab_size", "P": "n_params", "N_d": "dp", "t": "tp", "O": "overhead_bytes"}
-
-
-@dataclass(frozen=True)
-class Row:
-    """One line of the ledger: exact ``bytes`` on ``device``; ``expr`` is its formula."""
-    name: str
-    group: str
-    device: str
-    bytes: int
-    spec: Any = field(compare=False, repr=False)
-
-    @property
-    def expr(self):
-        """The row's SymPy formula."""
-        return self.spec.expr
-
-    @property
-    def formula(self) -> str:
-        return self.spec.formula
 
 
 class RowSpec(NamedTuple):
@@ -100,7 +82,7 @@ def row_specs(s: Structure) -> tuple:
     """Every :class:`RowSpec` of a structure: model states, activations, overhead."""
     recipe = ALL_RECIPES[s.recipe]
     features = s.arch.features if s.arch is not None else None
-    specs = [RowSpec(r.name, "model_states", r.device, r.key(features), r.factor, r.role)
+    specs = [RowSpec(r.name, Group.MODEL_STATES, r.device, r.key(features), r.factor, r.role)
              for r in state_specs(recipe, s.zero_stage, s.offload_optimizer, s.offload_params, s.offload_placement)]
     if s.arch is not None:
         if s.offload_params != "none":
@@ -110,22 +92,22 @@ def row_specs(s: Structure) -> tuple:
             unit = ("largest unit", s.arch.style) if plain else ("largest unit",) + tuple(s.arch.features)
             gathered = [c for c in recipe.components if c.role == "param"] + [recipe.grad_component]
             if all(c.plain for c in gathered):
-                specs.append(RowSpec("gathered parameters + gradients (largest layer)", "model_states", "gpu",
-                                     unit, recipe.role_bytes("param") + recipe.grad_bytes, "gathered"))
+                specs.append(RowSpec("gathered parameters + gradients (largest layer)", Group.MODEL_STATES, Device.GPU,
+                                     unit, recipe.role_bytes("param") + recipe.grad_bytes, Role.GATHERED))
             else:
-                specs.append(RowSpec("gathered parameters + gradients (largest layer)", "model_states", "gpu",
-                                     component_key(gathered, unit), 1, "gathered"))
+                specs.append(RowSpec("gathered parameters + gradients (largest layer)", Group.MODEL_STATES, Device.GPU,
+                                     component_key(gathered, unit), 1, Role.GATHERED))
         f = s.arch.features
         refinements = (f.gqa, f.head_dim, f.moe) if (f.gqa or f.head_dim or f.moe) else ()
-        specs.append(RowSpec("activations", "activations", "gpu",
+        specs.append(RowSpec("activations", Group.ACTIVATIONS, Device.GPU,
                              ("activations", s.arch.mlp, s.arch.norm, s.dropout, s.flash_attention, s.recompute,
                               s.tensor_parallel, s.sequence_parallel) + refinements))
         if s.scope == "model" and s.arch.causal:
             attention = "flash" if s.flash_attention else "eager"
-            specs += [RowSpec(name, "activations", "gpu", formulas.outside_key(
+            specs += [RowSpec(name, Group.ACTIVATIONS, Device.GPU, formulas.outside_key(
                 s.arch.style, attention, name, s.tensor_parallel, s.sequence_parallel))
                 for name in formulas.outside_names(s.arch.style, attention)]
-    specs.append(RowSpec("CUDA context + workspace", "overhead", "gpu", ("symbol", "O")))
+    specs.append(RowSpec("CUDA context + workspace", Group.OVERHEAD, Device.GPU, ("symbol", "O")))
     return tuple(specs)
 
 
@@ -221,18 +203,19 @@ class Ledger:
         return evaluate_expr(expr, self.values)
 
     @cached_property
-    def rows(self) -> list:
-        return [Row(spec.name, spec.group, spec.device, spec.evaluate(self.values), spec)
-                for spec in row_specs(self.structure)]
+    def rows(self) -> Rows:
+        """The ledger's :class:`~memledger.core.rows.Row` s: model states, activations, overhead."""
+        return Rows(Row(spec.name, spec.group, spec.device, spec.evaluate(self.values), spec.role, spec.formula)
+                    for spec in row_specs(self.structure))
 
     @property
     def totals(self) -> dict:
         """Bytes per device: {"gpu": ..., "cpu": ..., "nvme": ...}."""
-        return {dev: sum(r.bytes for r in self.rows if r.device == dev) for dev in DEVICES}
+        return self.rows.totals
 
     def group_total(self, group: str, device: Optional[str] = None) -> int:
         """Bytes of one group (on one device, or on all)."""
-        return sum(r.bytes for r in self.rows if r.group == group and device in (None, r.device))
+        return self.rows.total(device, group)
 
     def step(self, backend="article", **conventions):
         """The step timeline of this setup (:class:`memledger.step.timeline.Step`): landmarks, transients, peak."""
@@ -279,8 +262,7 @@ class Ledger:
         ZeRO role (:meth:`by_role`), traffic."""
         return {
             "inputs": self.inputs(),
-            "rows": [{"name": r.name, "group": r.group, "device": r.device, "bytes": r.bytes,
-                      "formula": r.formula} for r in self.rows],
+            "rows": [r.to_dict("formula") for r in self.rows],
             "totals": self.totals,
             "model_states_by_role": self.by_role(),
             "traffic": asdict(self.traffic),
@@ -289,11 +271,7 @@ class Ledger:
     def by_role(self, device: Optional[str] = None) -> dict:
         """Model-state bytes by ZeRO role: {"param": ..., "grad": ..., "optimizer": ...} (all devices, or one);
         "gathered" too under ZeRO-3 parameter offload (a unit's parameters and gradients on the GPU)."""
-        roles = {"param": 0, "grad": 0, "optimizer": 0}
-        for r in self.rows:
-            if r.group == "model_states" and device in (None, r.device):
-                roles[r.spec.role] = roles.get(r.spec.role, 0) + r.bytes
-        return roles
+        return self.rows.by_role(device)
 
     def table(self, unit: str = "GB"):
         """The rows and per-device totals as a :class:`~memledger.views.display.Table`

@@ -34,6 +34,7 @@ import sympy as sp
 
 from ..activations.inventory import RECOMPUTE, Saved, inventory, per_layer_bytes
 from ..core.dtypes import nbytes
+from ..core.rows import Row, Rows
 from ..states.recipe import Component
 from ..states.recipes import get_recipe
 from ..core.symbols import B, L, S
@@ -178,27 +179,24 @@ class LoraLedger:
         self.config.check(self.arch.style)
 
     @property
-    def rows(self) -> list:
-        from .ledger import Row
-        rows = [Row(n, "model_states", dev, b, None) for n, _, dev, b in state_rows(self.arch, self.config)]
+    def rows(self) -> Rows:
+        """Model states (counted tensor by tensor), L blocks of activations, the overhead."""
+        rows = [Row(n, "model_states", dev, b, role) for n, role, dev, b in state_rows(self.arch, self.config)]
         f = self.arch.features
         act = L * per_layer_bytes(activation_rows(self.arch.style, self.config, self.arch.dropout,
                                                   self.flash_attention, gqa=f.gqa, head_dim=f.head_dim),
                                   self.recompute)
-        act = act.subs({r_sym: self.config.rank, B: self.batch_size, S: self.seq_len})
-        rows.append(Row("activations", "activations", "gpu", self.arch.evaluate(act), None))
-        rows.append(Row("CUDA context + workspace", "overhead", "gpu", self.overhead_bytes, None))
-        return rows
+        size = act.subs({r_sym: self.config.rank, B: self.batch_size, S: self.seq_len})
+        rows.append(Row("activations", "activations", "gpu", self.arch.evaluate(size), formula=str(act)))
+        rows.append(Row("CUDA context + workspace", "overhead", "gpu", self.overhead_bytes, formula="O"))
+        return Rows(rows)
 
     @property
     def totals(self) -> dict:
-        return {dev: sum(r.bytes for r in self.rows if r.device == dev) for dev in ("gpu", "cpu", "nvme")}
+        return self.rows.totals
 
     def by_role(self) -> dict:
-        roles = {"param": 0, "grad": 0, "optimizer": 0}
-        for _, role, _, b in state_rows(self.arch, self.config):
-            roles[role] += b
-        return roles
+        return self.rows.by_role()
 
     def to_dict(self) -> dict:
         c = self.config
@@ -207,7 +205,7 @@ class LoraLedger:
                            "lora_dropout": c.dropout, "paged": c.paged, "batch_size": self.batch_size,
                            "seq_len": self.seq_len, "recompute": self.recompute,
                            "trainable_params": adapter_params(self.arch, c)},
-                "rows": [{"name": r.name, "group": r.group, "device": r.device, "bytes": r.bytes} for r in self.rows],
+                "rows": [r.to_dict() for r in self.rows],
                 "model_states_by_role": self.by_role(), "totals": self.totals}
 
     def table(self, unit: str = "GB"):

@@ -22,9 +22,10 @@ from dataclasses import dataclass, field, fields, replace
 
 from ..core import keyed
 from ..core.choices import check_choice, check_count, check_flag
+from ..core.vocabulary import Norm, Style
 from .features import STYLES, Features
 #: What each block style saves for backward: (MLP kind, norm) of :func:`memledger.activations.inventory.inventory`.
-BLOCKS = {"gpt": ("gelu", "LayerNorm"), "llama": ("swiglu", "RMSNorm")}
+BLOCKS = {Style.GPT.value: ("gelu", Norm.LAYERNORM.value), Style.LLAMA.value: ("swiglu", Norm.RMSNORM.value)}
 
 
 @dataclass(frozen=True)
@@ -175,8 +176,9 @@ class Architecture:
         return {name: self.evaluate(expr) for name, expr in param_parts(self.features).items()}
 
     @property
-    def largest_layer_params(self) -> int:
-        """Parameters of the largest single module (a block or the embedding)."""
+    def largest_unit_params(self) -> int:
+        """Parameters of the largest unit ZeRO-3 gathers at once: a block or the embedding (not DeepSpeed's
+        ``largest_layer_params``, one module's own tensors: :func:`memledger.models.tensors.largest_module_params`)."""
         from .parameters import block_params_expr
         return max(self.evaluate(block_params_expr(self.features)), self.vocab_size * self.d_model)
 

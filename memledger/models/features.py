@@ -8,7 +8,9 @@ an architecture.
 from fractions import Fraction
 from typing import NamedTuple
 
-STYLES = ("gpt", "llama")
+from ..core.vocabulary import Style
+
+STYLES = tuple(s.value for s in Style)
 
 
 class Features(NamedTuple):

@@ -69,16 +69,15 @@ def block_params_expr(features="gpt") -> sp.Expr:
     return sum(block_parts(features).values())
 
 
-def param_parts(features="gpt", n_positions=None, experts=E) -> dict:
+def param_parts(features="gpt", experts=E) -> dict:
     """Whole-model parameters by part: L blocks, the final norm, the embeddings (and BERT's pooler).
 
     gpt:   tied embedding Vd (+ learned positions), final LayerNorm 2d.
     llama: untied input and output embeddings 2Vd, final RMSNorm d.
-    Learned positions are n_positions*d, token types n_token_types*d (symbols);
-    ``n_positions`` (the old signature: a number or symbol) gives the positions term directly.
+    Learned positions are n_positions*d, token types n_token_types*d (symbols).
     """
     f = Features.of(features)
-    positions = n_positions if n_positions is not None else (N_pos if f.positions else 0)
+    positions = N_pos if f.positions else 0
     parts = {name: L * expr for name, expr in block_parts(f, experts).items()}
     parts["norms"] += norm_params(f)                  # final norm, or BERT's embedding LayerNorm
     parts["embeddings"] = V * d * (1 if f.is_tied else 2) + positions * d + (N_tt * d if f.token_types else 0)
@@ -87,13 +86,13 @@ def param_parts(features="gpt", n_positions=None, experts=E) -> dict:
     return parts
 
 
-def param_count_expr(features="gpt", n_positions: int = None) -> sp.Expr:
+def param_count_expr(features="gpt") -> sp.Expr:
     """Whole-model parameter count.
 
     gpt:   L(4d^2 + 2dF + F + 9d) + Vd + n_positions*d + 2d = 12Ld^2 + 13Ld + Vd + ... at F = 4d.
     llama: L(4d^2 + 3dF + 2d) + 2Vd + d (Touvron et al. 2023).
     """
-    return sum(param_parts(features, n_positions).values())
+    return sum(param_parts(features).values())
 
 
 def active_param_count_expr(features) -> sp.Expr:

@@ -41,7 +41,7 @@ def preset_names() -> list:
 
 @cache
 def config_presets() -> dict:
-    """Presets read from the Hugging Face config.json files shipped in ``memledger/configs/``
+    """Presets read from the Hugging Face config.json files shipped in ``memledger/models/configs/``
     (kept apart from the hand-entered :data:`PRESETS` the book's chapters tabulate); read on first use."""
     return {name: arch for name, arch in shipped_presets().items() if name not in PRESETS}
 

@@ -61,7 +61,7 @@ def projections(features="gpt") -> dict:
     return shapes
 
 
-def parameter_tensors(features="gpt", n_positions=None) -> list:
+def parameter_tensors(features="gpt") -> list:
     """Every parameter tensor the features imply (see :mod:`memledger.models.parameters` for the choices)."""
     f = Features.of(features)
     norm_names = ("weight", "bias") if f.gpt else ("weight",)
@@ -83,9 +83,8 @@ def parameter_tensors(features="gpt", n_positions=None) -> list:
     final = "embedding_norm" if f.embedding_norm else "final_norm"
     tensors += [ParamTensor(final, n, (d,), per_layer=False) for n in norm_names]
     tensors.append(ParamTensor("embed_tokens", "weight", (V, d), per_layer=False))
-    positions = n_positions if n_positions is not None else (N_pos if f.positions else 0)
-    if positions:
-        tensors.append(ParamTensor("embed_positions", "weight", (positions, d), per_layer=False))
+    if f.positions:
+        tensors.append(ParamTensor("embed_positions", "weight", (N_pos, d), per_layer=False))
     if f.token_types:
         tensors.append(ParamTensor("embed_token_types", "weight", (N_tt, d), per_layer=False))
     if not f.is_tied:
@@ -96,9 +95,9 @@ def parameter_tensors(features="gpt", n_positions=None) -> list:
     return tensors
 
 
-def total_params_expr(features="gpt", n_positions=None) -> sp.Expr:
+def total_params_expr(features="gpt") -> sp.Expr:
     """Sum of all tensors' elements; equals :func:`memledger.models.parameters.param_count_expr`."""
-    return sp.expand(sum(t.count for t in parameter_tensors(features, n_positions)))
+    return sp.expand(sum(t.count for t in parameter_tensors(features)))
 
 
 def module_params_exprs(features="gpt") -> dict:

@@ -14,10 +14,11 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from ..core.dtypes import nbits, nbytes
+from ..core.vocabulary import Role
 
 __all__ = ["ROLES", "Component", "Recipe"]
 
-ROLES = ("param", "grad", "optimizer")
+ROLES = tuple(r.value for r in (Role.PARAM, Role.GRAD, Role.OPTIMIZER))
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ Python locals set the lifetimes: q, k, v and the attention output live until
 the block returns; autograd releases a node's saved tensors after the node
 ran, and nn.Linear's backward writes the input gradient first (addmm, with a
 bias) or the weight gradient first (mm, without). Read off MemTracker's
-allocation log of the reference decoder; checked by ``tests/test_step.py``.
+allocation log of the reference decoder; checked by ``tests/step/test_timeline.py``.
 """
 from .norms import norm_backward, norm_forward
 from .ops import BHSS, BSd, BSF, Shape, define_grads, dropout_ops, io_names, qkv_width, widths_of

@@ -10,7 +10,7 @@ after every op, the change of each GPU tensor's count. That record is written to
 directory (``platformdirs.user_cache_dir("memledger")``, or ``$MEMLEDGER_CACHE_DIR``), named by a hash
 of the structure and of memledger's own source, so an edited library never reads a stale record. Later
 runs evaluate the sizes and add them up op by op: the largest running total is the peak, to the byte
-the same as ``Step.peak`` (``tests/test_steppeak.py``).
+the same as ``Step.peak`` (``tests/step/test_cache.py``).
 """
 from fractions import Fraction
 from functools import lru_cache

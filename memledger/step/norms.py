@@ -6,7 +6,7 @@ fused kernel (CPU) runs as ATen's composite (``rms_norm_composite`` in
 ``aten/src/ATen/native/layer_norm.cpp``): an FP32 upcast, pow, mean, rsqrt,
 two products and a downcast forward, and their backward formulas, each a
 B*S*d FP32 temporary; read off MemTracker's allocation log of the reference
-decoder and checked by ``tests/test_step.py``.
+decoder and checked by ``tests/step/test_timeline.py``.
 """
 from .ops import BS, BSd
 from ..core.symbols import d

@@ -15,7 +15,7 @@ tensors are the rows of :func:`memledger.activations.inventory.inventory` and
 :func:`memledger.activations.outside.outside_inventory`, by name; every other tensor is a
 transient defined with its shape and reason. The sequences were read off
 MemTracker's allocation log of the reference (PyTorch 2.13, CPU) and are
-checked against it by ``tests/test_step.py``.
+checked against it by ``tests/step/test_timeline.py``.
 """
 from dataclasses import dataclass
 

@@ -11,7 +11,7 @@ the last tensor its backward needs exists (``torch/utils/checkpoint.py``,
 Known difference: a recomputed tensor is freed when backward unpacks it,
 which can be a few ops before its node is released; the programs free it at
 the release, so a peak inside a recomputed block can be overestimated by a
-tensor or two (``tests/test_step.py`` bounds it).
+tensor or two (``tests/step/test_timeline.py`` bounds it).
 """
 from .block import layer_backward, layer_forward
 from .selective import dropped_core

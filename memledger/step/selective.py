@@ -19,7 +19,7 @@ wraps the attention core, ``q, k, v -> softmax(q k^T / sqrt(d/H)) v`` (or the SD
   A flash kernel is re-run whole (its output and log-sum-exp come back) and its backward follows.
 
 Read off MemTracker's allocation log of the reference (PyTorch 2.13, CPU) and checked against it by
-``tests/test_stepselective.py``.
+``tests/step/test_selective.py``.
 """
 from .ops import BHSS, dropout_ops, widths_of
 from ..core.symbols import B, H, S

@@ -80,7 +80,7 @@ class Step:
     @cached_property
     def landmarks(self) -> dict:
         """{landmark: {"gpu": int, "cpu": int, "nvme": int}}: what the programs leave live there, which is
-        the sum of the :attr:`rows` live there (``tests/test_step.py``)."""
+        the sum of the :attr:`rows` live there (``tests/step/test_timeline.py``)."""
         return {name: {dev: self.built.landmark(name, self.sizes, dev) for dev in DEVICES} for name in LANDMARKS}
 
     @cached_property

@@ -33,7 +33,7 @@ CSS_CLASS = "memledger-calculator"
 SCRIPT = "memledger-calculator.js"
 
 #: The ledger's rows part by part (Ledger's order), and the controls that decide which rows a part
-#: has; every other control only changes numbers. tests/test_webcalc.py checks the split against
+#: has; every other control only changes numbers. tests/views/test_webcalc.py checks the split against
 #: Ledger over many setups.
 PARTS = (
     ("model_states", ("recipe", "zero_stage", "offload_optimizer", "offload_placement")),

@@ -1,6 +1,6 @@
-"""The compiled step (memledger/steppeak.py) gives Step.peak to the byte, without SymPy once cached.
+"""The compiled step (memledger/step/cache.py) gives Step.peak to the byte, without SymPy once cached.
 
-Step.peak itself is proved against PyTorch's MemTracker in test_step.py; here every structure's plain-Python
+Step.peak itself is proved against PyTorch's MemTracker in tests/step/test_timeline.py; here every structure's plain-Python
 record must agree with the SymPy timeline it was printed from, at several numbers per structure.
 """
 import json
@@ -51,6 +51,7 @@ SETUPS = [
 @pytest.mark.parametrize("backend", ["article", pytest.param("cuda", marks=pytest.mark.slow),
                                      pytest.param("cpu", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("arch, kwargs", SETUPS)
+@pytest.mark.sample(4)
 def test_compiled_peak_is_the_timelines(arch, kwargs, backend):
     for batch, seq in [(1, 512), (3, 2048), (8, 4096)]:
         ledger = Ledger(arch, batch_size=batch, seq_len=seq, **kwargs)
@@ -69,6 +70,7 @@ def test_unmodelled_setups_have_no_peak():
 
 
 @pytest.mark.parametrize("preset", ["llama2-7b", "llama3-8b", "mistral-7b", "qwen2.5-7b", "gemma-2b"])
+@pytest.mark.sample(1)
 def test_ledger_peak_uses_the_compiled_step(preset):
     ledger = Ledger(preset, batch_size=2, seq_len=4096)
     assert ledger.peak is not None and ledger.peak == ledger.step().peak.bytes

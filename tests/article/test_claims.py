@@ -7,7 +7,7 @@ import pytest
 from memledger.article.claim import component
 from memledger.article.claims import CLAIMS, STATUSES, claims_table
 
-ARTICLE = Path(__file__).resolve().parents[1].parent / "shared" / "source" / "000_63ddbfd834b3ec48.txt"
+ARTICLE = Path(__file__).resolve().parents[2].parent / "shared" / "source" / "000_63ddbfd834b3ec48.txt"
 
 
 @pytest.mark.parametrize("claim", CLAIMS, ids=[c.id for c in CLAIMS])

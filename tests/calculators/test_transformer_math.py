@@ -67,7 +67,7 @@ def test_the_inference_heuristic_against_memledgers_rows():
     long = Inference("llama2-7b", batch_size=8, seq_len=8192, overhead_bytes=0)
     assert short.total <= tm.inference_bytes(short)
     assert long.total > tm.inference_bytes(long)
-    assert dict(long.rows)["KV cache (bf16)"] == 2 * 32 * 8 * 8192 * 4096 * 2 > long.weights
+    assert long.rows.bytes_of("KV cache (bf16)") == 2 * 32 * 8 * 8192 * 4096 * 2 > long.weights
 
 
 # --- Training: bytes per parameter by role

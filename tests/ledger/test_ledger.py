@@ -43,7 +43,7 @@ def test_parameter_offload_adds_working_set():
     ledger = Ledger("llama2-7b", zero_stage=3, dp=8, offload_optimizer="cpu", offload_params="cpu",
                     offload_placement="zero-offload")
     working = [r for r in ledger.rows if "largest layer" in r.name]
-    assert working[0].bytes == 4 * get_preset("llama2-7b").largest_layer_params   # DeepSpeed: 4 x largest layer
+    assert working[0].bytes == 4 * get_preset("llama2-7b").largest_unit_params   # DeepSpeed: 4 x largest layer
     assert ledger.group_total("model_states", "gpu") == working[0].bytes
 
 
@@ -93,7 +93,9 @@ def test_each_zero_stage_never_above_the_previous(recipe, dp, params):
 @settings(max_examples=50, deadline=None)
 @given(PRESETS, RECIPES, STAGES)
 def test_dp_1_equals_no_zero(preset, recipe, stage):
-    assert Ledger(preset, recipe=recipe, zero_stage=stage, dp=1).rows == Ledger(preset, recipe=recipe).rows
+    def booked(ledger):       # the formulas differ (P/(N_d t) at N_d = 1 vs P/t); what each row books does not
+        return [(r.name, r.group, r.device, r.bytes, r.role) for r in ledger.rows]
+    assert booked(Ledger(preset, recipe=recipe, zero_stage=stage, dp=1)) == booked(Ledger(preset, recipe=recipe))
 
 
 @settings(max_examples=50, deadline=None)

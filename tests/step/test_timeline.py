@@ -2,7 +2,7 @@
 
 Fast tests check the timeline against the article's formulas and the recipes'
 definitions; the slow ones run PyTorch's MemTracker on the reference decoder
-(memledger/torchref.py) under fake tensors and compare: every landmark to the
+(memledger/pytorch/reference.py) under fake tensors and compare: every landmark to the
 byte, the peak of each phase (forward with the loss, backward, optimizer) to
 the byte as well (the issue asks for 1 %).
 """
@@ -16,16 +16,10 @@ from memledger.ledger.ledger import Ledger
 from memledger.activations.outside import outside_inventory
 from memledger.models.parameters import block_params_expr
 from memledger.step.timeline import LANDMARKS, Step
-from memledger.step.structure import block_of
 from memledger.core.symbols import B, F, H, L, N_d, O, P, S, V, d, t
+from stepcheck import (GPT7B, LLAMA3_8B, LLAMA7B, against_memtracker, landmarks_are_sums_of_rows,
+                       peaks_agree)
 
-GPT7B = Architecture(4096, 32, 32, 16384, 32000, "gpt")          # the article's shape, parameters counted
-LLAMA7B = Architecture(4096, 32, 32, 11008, 32000, "llama")
-LLAMA3_8B = Architecture(4096, 32, 32, 14336, 128256, "llama", n_kv_heads=8)      # grouped-query attention
-
-
-def rows_at(step, landmark, device="gpu"):
-    return sum(r["bytes"] for r in step.rows if landmark in r["live"] and r["device"] == device)
 
 
 def test_article_forward_adds_eq1_per_layer():
@@ -45,20 +39,18 @@ def test_article_forward_adds_eq1_per_layer():
                                     dict(tp=2), dict(tp=4, sequence_parallel=True, recompute="selective")])
 @pytest.mark.parametrize("backend", ["article", "cuda", "cpu"])
 @pytest.mark.parametrize("arch", [GPT7B, LLAMA7B, Architecture(256, 3, 4, 1024, 1000, "gpt")])
+@pytest.mark.sample(4)
 def test_landmarks_are_sums_of_rows(arch, backend, kwargs):
-    step = Step(Ledger(arch, **kwargs), backend)
-    for landmark in LANDMARKS:
-        for device in ("gpu", "cpu", "nvme"):
-            assert step.landmarks[landmark][device] == rows_at(step, landmark, device)
-    assert step.peak.bytes >= max(v["gpu"] for v in step.landmarks.values())
+    landmarks_are_sums_of_rows(Step(Ledger(arch, **kwargs), backend))
 
 
 @pytest.mark.parametrize("backend, kwargs", [
     ("article", dict(recompute="full", zero_stage=3, dp=8)), ("cuda", dict(tp=8, sequence_parallel=True)),
     ("cpu", dict(recipe="bf16-pure-adamw", batch_size=3, zero_stage=2, dp=4, offload_optimizer="nvme"))])
+@pytest.mark.sample(1)
 def test_gqa_landmarks_are_sums_of_rows(backend, kwargs):
     """The same for Llama 3 8B's grouped-query blocks."""
-    test_landmarks_are_sums_of_rows(LLAMA3_8B, backend, kwargs)
+    landmarks_are_sums_of_rows(Step(Ledger(LLAMA3_8B, **kwargs), backend))
 
 
 @pytest.mark.parametrize("recipe, per_param, kv", [("bf16-pure-adamw", 8, None), ("fp32-adamw", 16, None),
@@ -66,7 +58,7 @@ def test_gqa_landmarks_are_sums_of_rows(backend, kwargs):
 def test_model_states_are_the_recipes(recipe, per_param, kv):
     """Before forward: parameters and optimizer states; after backward: + the gradients (the recipe's sum).
     With grouped-query attention the step's parameter tensors (a (d + 2 H_kv d/H) x d fused QKV weight) add
-    up to the architecture's count (memledger/parameters.py)."""
+    up to the architecture's count (memledger/models/parameters.py)."""
     arch = Architecture(512, 4, 8, 2048, 5000, "llama", n_kv_heads=kv)
     step = Step(Ledger(arch, recipe=recipe, overhead_bytes=0))
     P = arch.computed_params
@@ -157,78 +149,6 @@ def test_json_contract():
 
 # -- against PyTorch -------------------------------------------------------------------------------
 
-def _against_memtracker(style, F_, loop, B, S, L, dropout, recompute, foreach=False, d_=None, H=None, V_=None,
-                        kv=None, attention=None, qkv_bias=False, tied=False, trace=None, native_dropout=False,
-                        head_dim=None):
-    """MemTracker's step of the reference decoder beside the timeline's under the CPU backend; ``attention=
-    "eager"`` runs the eager core in LLaMA blocks too (the article backend's kernel); ``kv`` key/value heads,
-    ``qkv_bias`` and ``tied``: LLaMA refinements (Qwen2, Gemma); ``trace``: keep MemTracker's op-by-op totals
-    (default: small configs without recomputation, see :func:`_block_totals_agree`); ``native_dropout``: the
-    fused kernel's 1-byte masks (the timeline's ``dropout_mask="bool"``); ``head_dim``: a head size other than
-    d/H."""
-    pytest.importorskip("torch")
-    from memledger.pytorch.compare import architecture_of
-    from memledger.pytorch.measure import memtracker_step
-    from memledger.pytorch.reference import RefConfig
-    d_, H, V_ = d_ or 64, H or 4, V_ or 1000
-    c = RefConfig(d_, L, H, F_, V_, style, dropout=dropout, recompute=recompute, n_kv_heads=kv, attention=attention,
-                  qkv_bias=qkv_bias, tied=tied, native_dropout=native_dropout, head_dim=head_dim)
-    trace = recompute == "none" and d_ < 1024 if trace is None else trace     # op by op: small configs
-    measured = memtracker_step(c, loop, B, S, foreach=foreach, blocks=True, trace=trace)
-    eager = {"attention": "eager"} if attention == "eager" else {}
-    mask = {"dropout_mask": "bool"} if native_dropout else {}
-    step = Step(Ledger(architecture_of(c), batch_size=B, seq_len=S, recipe=loop, overhead_bytes=0,
-                       dropout=dropout > 0, recompute=recompute), "cpu", foreach=foreach, **eager, **mask)
-    for landmark in LANDMARKS:
-        assert step.landmarks[landmark]["gpu"] == measured[landmark], landmark
-    return step, measured
-
-
-def _peaks_agree(step, measured, op_by_op=False):
-    """Each phase's peak, the peak and each block's peaks are MemTracker's; with ``op_by_op`` also the totals
-    inside each block, op by op (:func:`_block_totals_agree`)."""
-    assert step.phase_peaks() == measured["phase peaks"]
-    assert step.peak.bytes == measured["peak"]
-    _block_peaks_agree(step, measured)
-    if op_by_op:
-        _block_totals_agree(step, measured)
-
-
-def _block_peaks_agree(step, measured):
-    """The largest total while each block (run op by op) runs forward and backward is MemTracker's."""
-    ours = step.block_peaks()
-    assert ours == {k: measured["block peaks"][k] for k in ours}
-
-
-def _block_totals_agree(step, measured):
-    """Op by op: the totals the timeline reaches after each op that allocates while a block runs (forward and
-    backward) are totals MemTracker reaches in that block, in the same order (MemTracker samples after every
-    ATen op, the timeline after groups of them; a tensor released as the block's frame exits is seen by
-    MemTracker after the block, hence ops that only free are not compared). Exact without recomputation
-    (with it, a recomputed tensor is freed when unpacked, a few ops before the timeline frees it:
-    memledger/steprecompute.py)."""
-    import re
-
-    def sequences(samples):
-        out = {}
-        for key, total in samples:
-            seq = out.setdefault(key, [])
-            if not seq or seq[-1] != total:
-                seq.append(total)
-        return out
-    theirs = sequences(((("backward" if bw else "forward"), int(m.group(1))), total)
-                       for total, bw, opt, mods, _ in measured["trace"] if bw is not None and not opt
-                       for m in [next(filter(None, (re.fullmatch(r"Decoder\.blocks\.(\d+)", x) for x in mods)),
-                                      None)] if m)
-    lumped, n_layers = step.structure.layers is None, step.values["L"]
-    ours = sequences(((op.phase, block_of(op.layer, lumped, n_layers)), int(total))
-                     for total, op in ((t, step.built.ops[i]) for t, i in zip(step.totals, step.built.compiled.ops))
-                     if isinstance(op.layer, int) and op.phase in ("forward", "backward") and op.allocs)
-    for key, totals in ours.items():
-        rest = iter(theirs[key])
-        assert all(any(t == u for u in rest) for t in totals), key
-
-
 SMALL = [("gpt", 320, "bf16-pure-adamw", 2, 24, 2, 0.0, "none"), ("gpt", 320, "bf16-adamw", 1, 64, 6, 0.1, "none"),
          ("gpt", 320, "fp32-adamw", 3, 256, 3, 0.1, "full"), ("gpt", 320, "bf16-pure-adamw", 1, 256, 5, 0.0, "full"),
          ("llama", 320, "bf16-adamw", 2, 24, 2, 0.0, "none"), ("llama", 256, "fp32-adamw", 1, 256, 6, 0.0, "none"),
@@ -239,8 +159,8 @@ SMALL = [("gpt", 320, "bf16-pure-adamw", 2, 24, 2, 0.0, "none"), ("gpt", 320, "b
 @pytest.mark.parametrize("style, F_, loop, B, S, L, dropout, recompute", SMALL)
 @pytest.mark.parametrize("foreach", [False, True])
 def test_small_steps_match_memtracker_to_the_byte(style, F_, loop, B, S, L, dropout, recompute, foreach):
-    step, measured = _against_memtracker(style, F_, loop, B, S, L, dropout, recompute, foreach)
-    _peaks_agree(step, measured, op_by_op=recompute == "none")
+    step, measured = against_memtracker(style, F_, loop, B, S, L, dropout, recompute, foreach)
+    peaks_agree(step, measured, op_by_op=recompute == "none")
 
 
 FULL = [("gpt", 16384, "bf16-pure-adamw", 1, 2048, "none", 0.0), ("gpt", 16384, "bf16-adamw", 4, 2048, "full", 0.1),
@@ -253,7 +173,7 @@ FULL = [("gpt", 16384, "bf16-pure-adamw", 1, 2048, "none", 0.0), ("gpt", 16384, 
 @pytest.mark.parametrize("style, F_, loop, B, S, recompute, dropout", FULL)
 def test_7b_steps_match_memtracker(style, F_, loop, B, S, recompute, dropout):
     """The article's 7B shape (counted parameters) and LLaMA-2 7B, whole steps under fake tensors."""
-    step, measured = _against_memtracker(style, F_, loop, B, S, 32, dropout, recompute, d_=4096, H=32, V_=32000)
+    step, measured = against_memtracker(style, F_, loop, B, S, 32, dropout, recompute, d_=4096, H=32, V_=32000)
     assert abs(step.peak.bytes - measured["peak"]) <= measured["peak"] // 100       # the issue's bound
     assert step.phase_peaks() == measured["phase peaks"]                            # in fact exact
 
@@ -279,10 +199,10 @@ GQA_SMALL = [
 @pytest.mark.parametrize("foreach", [False, True])
 def test_small_gqa_steps_match_memtracker_to_the_byte(kernel, H, kv, loop, B, S, L, recompute, V, foreach):
     """GQA and MQA blocks (K and V never expanded: SDPA's enable_gqa, or the grouped eager core of
-    memledger/torchref.py): every landmark, every phase's peak and the peak equal MemTracker's."""
-    step, measured = _against_memtracker("llama", 256, loop, B, S, L, 0.0, recompute, foreach, d_=96 if H == 8 else 64,
+    memledger/pytorch/reference.py): every landmark, every phase's peak and the peak equal MemTracker's."""
+    step, measured = against_memtracker("llama", 256, loop, B, S, L, 0.0, recompute, foreach, d_=96 if H == 8 else 64,
                                          H=H, V_=V, kv=kv, attention=kernel)
-    _peaks_agree(step, measured, op_by_op=recompute == "none")
+    peaks_agree(step, measured, op_by_op=recompute == "none")
 
 
 @pytest.mark.slow
@@ -291,9 +211,9 @@ def test_eager_llama_blocks_match_memtracker(B, S, L, recompute):
     """The article backend's LLaMA block (the eager core of the GPT block, multi-head) against the reference
     running that core. At B = 1, S = 16 the backward's peak is in block 0's recomputed norm, while the
     checkpoint still holds the causal mask (released with norm 1's input, not by masked_fill's backward)."""
-    step, measured = _against_memtracker("llama", 256, "bf16-pure-adamw", B, S, L, 0.0, recompute, V_=40,
+    step, measured = against_memtracker("llama", 256, "bf16-pure-adamw", B, S, L, 0.0, recompute, V_=40,
                                          attention="eager")
-    _peaks_agree(step, measured, op_by_op=recompute == "none")
+    peaks_agree(step, measured, op_by_op=recompute == "none")
 
 
 @pytest.mark.slow
@@ -305,9 +225,9 @@ def test_qkv_biases_and_tied_heads_match_memtracker(kernel, kv, bias, tied, loop
     """LLaMA blocks with QKV biases (Qwen2: addmm, the input gradient first, and a bias gradient) and a
     tied LM head (Gemma: the embedding's two gradients summed), with and without GQA."""
     for vocab in (1000, 40):
-        step, measured = _against_memtracker("llama", 256, loop, B, 64, 3, 0.0, recompute, V_=vocab, kv=kv,
+        step, measured = against_memtracker("llama", 256, loop, B, 64, 3, 0.0, recompute, V_=vocab, kv=kv,
                                              attention=kernel, qkv_bias=bias, tied=tied)
-        _peaks_agree(step, measured, op_by_op=recompute == "none")
+        peaks_agree(step, measured, op_by_op=recompute == "none")
 
 
 @pytest.mark.slow
@@ -326,12 +246,12 @@ def test_gqa_presets_match_memtracker(preset, loop, B, S, recompute, kernel):
     from memledger.models.presets import get_preset
     a = get_preset(preset)
     f = a.features
-    step, measured = _against_memtracker("llama", a.d_ff, loop, B, S, a.n_layers, 0.0, recompute, d_=a.d_model,
+    step, measured = against_memtracker("llama", a.d_ff, loop, B, S, a.n_layers, 0.0, recompute, d_=a.d_model,
                                          H=a.n_heads, V_=a.vocab_size, kv=a.kv_heads, attention=kernel,
                                          qkv_bias=f.has_qkv_bias, tied=f.is_tied)
     assert step.structure == Step(Ledger(preset, batch_size=B, seq_len=S, recipe=loop, overhead_bytes=0,
                                          recompute=recompute), "cpu", **step_kernel(kernel)).structure
-    _peaks_agree(step, measured)
+    peaks_agree(step, measured)
 
 
 def step_kernel(kernel):

@@ -6,7 +6,9 @@ import sympy as sp
 from memledger.activations.inventory import inventory, per_layer_bytes
 from memledger.models.presets import get_preset
 from memledger.answers.pipeline import (bubble_fraction, in_flight_chunks, layers_in_flight, output_rows,
-                                schedule_summary, stage_activation_specs, stage_param_parts, stage_params)
+                                schedule_summary, stage_activation_specs, stage_ledgers, stage_param_parts,
+                                stage_params)
+from memledger.ledger.ledger import Ledger
 from memledger.core.symbols import B, F, H, L, S, V, d, m, p, v
 
 EQ1 = S * B * d * (34 + 5 * H * S / d)          # Korthikanti Eq. 1, per layer
@@ -99,3 +101,18 @@ def test_bad_input(args, message):
         stage_activation_specs(*args)
     with pytest.raises(ValueError, match="stage must be"):
         stage_param_parts(get_preset("gpt2"), 4, 4)
+
+
+@pytest.mark.parametrize("tp, sp_", [(1, False), (8, False), (8, True), (4, True)])
+def test_last_stage_splits_the_output_rows_as_korthikanti(tp, sp_):
+    """Korthikanti et al. 2022, Sec. 4.3, per tensor-parallel rank: the final norm's input and the output layer's
+    input 2sbh/t under sequence parallelism (2sbh without it), the FP32 logits 4sbv/t under any tensor
+    parallelism; the ledger's rows outside the blocks say the same (megatron-22b, b = 4, s = 2048)."""
+    s, b, h, v = 2048, 4, 6144, 51200
+    ledger = Ledger("megatron-22b", batch_size=b, seq_len=s, tp=tp, sequence_parallel=sp_)
+    last = stage_ledgers(ledger, 1, 1)[-1]["rows"]
+    assert last.bytes_of("final norm input") == last.bytes_of("output layer input") == 2 * s * b * h // (tp if sp_ else 1)
+    assert last.bytes_of("logits (fp32)") == 4 * s * b * v // tp
+    assert ledger.rows.bytes_of("final LayerNorm input") == last.bytes_of("final norm input")
+    assert ledger.rows.bytes_of("LM head input") == last.bytes_of("output layer input")
+    assert ledger.rows.bytes_of("log-softmax output (FP32)") == last.bytes_of("logits (fp32)")

@@ -1,4 +1,4 @@
-"""memledger beside PyTorch, as the book's tables show it (memledger/torchcompare.py).
+"""memledger beside PyTorch, as the book's tables show it (memledger/pytorch/compare.py).
 
 The independent values are PyTorch's own: the storages autograd saves and MemTracker's totals, and the
 article's per-layer formula BSd(34 + 5HS/d) (Korthikanti et al. 2022, Eq. 1).

@@ -49,11 +49,3 @@ def test_errata_lists_the_claims_that_earn_erratum_with_their_arithmetic():
     assert [r[0] for r in table.rows] == [c.id for c in CLAIMS if c.status == "erratum"]
     moved = next(r for r in table.rows if r[0] == "offload.moved")
     assert moved[2] == "84 GB" and moved[3] == "28 GB" and "0.875 s" in moved[4]   # 14 GB down + 14 GB up
-
-
-def test_modules_skipped_by_not_slow_are_all_slow():
-    """conftest.ALL_SLOW may only name modules marked slow as a whole (else fast tests would be lost)."""
-    from pathlib import Path
-    from conftest import ALL_SLOW
-    for name in ALL_SLOW:
-        assert "pytestmark = pytest.mark.slow" in (Path(__file__).parent / name).read_text(), name

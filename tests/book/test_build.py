@@ -19,7 +19,7 @@ import sympy as sp
 from memledger.article.book import CLAIM_BY_ID
 from memledger.article.claims import CLAIMS
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BOOK = ROOT / "book"
 CHAPTERS = sorted(BOOK.glob("*.ipynb"))
 UNITS = r"(?:GB|GiB|MB|MiB|TB|TiB|bytes|B/param|GB/s)"
@@ -71,7 +71,7 @@ def layer(m, B=1, S=4096, repeat_kv=False):
 
 def outside(m, B=1, S=4096, mask=False):
     """What a decoder keeps outside its blocks until backward (the reference decoder of docs/step.md, checked
-    tensor by tensor in tests/test_torchref.py): input and target ids (int64), the final norm's and the LM head's
+    tensor by tensor in tests/pytorch/test_reference.py): input and target ids (int64), the final norm's and the LM head's
     BF16 inputs, the FP32 log-softmax of the logits, the loss and nll_loss's total weight (FP32 scalars), and
     with eager attention the (S, S) bool causal mask."""
     return 2 * 8 * B * S + 2 * 2 * B * S * m["d"] + 4 * B * S * m["V"] + 2 * 4 + (S * S if mask else 0)
@@ -113,7 +113,7 @@ def fits_from_answer_not_below(total, capacity):
 
 
 def step_peak(**setup) -> int:
-    """The peak of a training step from a Step built directly (the timeline that tests/test_step.py checks against
+    """The peak of a training step from a Step built directly (the timeline that tests/step/test_timeline.py checks against
     PyTorch's MemTracker), not through memledger.fit's search or Ledger.judged_bytes."""
     from memledger.ledger.ledger import Ledger
     from memledger.step.timeline import Step
@@ -177,7 +177,7 @@ def llama2_zero3_peak(n):
 
 def zero3_peak(preset, B=1, S=4096):
     """Chapter 14's setup (ZeRO-3 over 8, FlashAttention, BF16 AdamW): the step's peak, for the grouped-query
-    presets whose steps tests/test_step.py checks against MemTracker at full scale."""
+    presets whose steps tests/step/test_timeline.py checks against MemTracker at full scale."""
     return step_peak(arch=preset, seq_len=S, zero_stage=3, dp=8, flash_attention=True, batch_size=B)
 
 
@@ -805,7 +805,7 @@ def test_the_article_figures_are_all_still_printed():
         assert claim_id in keys
 
 
-# --- the build (slow; fixture ``build`` in conftest.py, one clean strict build shared with test_browser.py) ---
+# --- the build (slow; fixture ``build`` in conftest.py, one clean strict build shared with tests/book/test_browser.py) ---
 
 
 def build_glue(build) -> dict:

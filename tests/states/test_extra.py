@@ -2,6 +2,8 @@
 from fractions import Fraction
 
 import pytest
+
+from memledger.models.features import Features
 import sympy as sp
 
 from memledger.models.architecture import Architecture
@@ -22,9 +24,10 @@ from memledger.models.tensors import (
 )
 
 
-@pytest.mark.parametrize("style, positions", [("gpt", 0), ("gpt", 1024), ("llama", 0)])
-def test_tensors_add_up_to_the_parameter_count(style, positions):
-    assert sp.expand(total_params_expr(style, positions) - param_count_expr(style, positions)) == 0
+@pytest.mark.parametrize("features", [Features("gpt"), Features("gpt", positions=True), Features("llama"),
+                                      Features("llama", gqa=True, qkv_bias=True, tied=True)])
+def test_tensors_add_up_to_the_parameter_count(features):
+    assert sp.expand(total_params_expr(features) - param_count_expr(features)) == 0
 
 
 def test_largest_module_is_one_module_not_a_block():

@@ -1,9 +1,9 @@
 """A head size other than d/H in the step timeline (Gemma-7B: 16 heads x 256 = 4096 != d = 3072).
 
 Q and the output projection's input are H*d_h wide, K and V H_kv*d_h, the fused QKV weight (H + 2 H_kv) d_h x d
-and the output projection (H*d_h) x d (memledger/parameters.py ``widths``). Fast tests: the step's parameter
+and the output projection (H*d_h) x d (memledger/models/parameters.py ``widths``). Fast tests: the step's parameter
 tensors are the architecture's count, and what the blocks keep is the ledger's inventory; the slow ones run
-MemTracker on the reference decoder with ``head_dim`` (memledger/torchref.py) and compare to the byte.
+MemTracker on the reference decoder with ``head_dim`` (memledger/pytorch/reference.py) and compare to the byte.
 """
 import pytest
 
@@ -13,16 +13,17 @@ from memledger.ledger.ledger import Ledger
 from memledger.activations.outside import outside_inventory
 from memledger.step.timeline import Step
 
-from test_step import _against_memtracker, _peaks_agree
+from stepcheck import against_memtracker, peaks_agree
 
 
 @pytest.mark.parametrize("arch", ["gemma-7b", Architecture(256, 3, 4, 1024, 1000, "gpt", head_size=96),
                                   Architecture(512, 4, 8, 2048, 5000, "llama", n_kv_heads=2, head_size=32)])
 @pytest.mark.parametrize("recipe, per_param", [("bf16-pure-adamw", 8), ("bf16-adamw", 16)])
+@pytest.mark.sample(2)
 def test_parameter_tensors_are_the_architectures(arch, recipe, per_param):
     """After backward: every state of every parameter tensor, as the recipe books it (the ids aside); the
     tensors of a block with H*d_h != d add up to the architecture's count (Gemma-7B: 8,537,680,896, its
-    published total, tests/test_hf_config.py)."""
+    published total, tests/models/test_hf_config.py)."""
     ledger = Ledger(arch, recipe=recipe, overhead_bytes=0)
     step = Step(ledger)
     ids = 2 * 8 * ledger.batch_size * ledger.seq_len
@@ -53,7 +54,7 @@ def test_ledger_peak_is_the_steps():
 
 # -- against PyTorch -------------------------------------------------------------------------------
 
-#: style, loop, B, S, recompute, keywords of test_step._against_memtracker (d = 64, H = 4: d/H = 16).
+#: style, loop, B, S, recompute, keywords of stepcheck.against_memtracker (d = 64, H = 4: d/H = 16).
 SMALL = [
     ("gpt", "bf16-pure-adamw", 2, 24, "none", dict(head_dim=24)),
     ("gpt", "bf16-adamw", 1, 64, "none", dict(head_dim=24, dropout=0.1)),
@@ -73,9 +74,9 @@ SMALL = [
 def test_small_steps_with_a_head_size_match_memtracker(style, loop, B, S, recompute, extra):
     extra = dict(extra)
     dropout = extra.pop("dropout", 0.0)
-    step, measured = _against_memtracker(style, 320 if style == "gpt" else 256, loop, B, S, 3, dropout, recompute,
+    step, measured = against_memtracker(style, 320 if style == "gpt" else 256, loop, B, S, 3, dropout, recompute,
                                          trace=recompute != "full", **extra)
-    _peaks_agree(step, measured, op_by_op=recompute != "full")
+    peaks_agree(step, measured, op_by_op=recompute != "full")
 
 
 @pytest.mark.slow
@@ -87,9 +88,9 @@ def test_gemma_7b_matches_memtracker(loop, B, S, recompute, kernel):
     SwiGLU (the same saved tensors), no rotary embedding; the ledger's own step (the preset) is the one measured."""
     a = get_preset("gemma-7b")
     eager = {"attention": "eager"} if kernel == "eager" else {}
-    step, measured = _against_memtracker("llama", a.d_ff, loop, B, S, a.n_layers, 0.0, recompute, d_=a.d_model,
+    step, measured = against_memtracker("llama", a.d_ff, loop, B, S, a.n_layers, 0.0, recompute, d_=a.d_model,
                                          H=a.n_heads, V_=a.vocab_size, tied=True, head_dim=a.head_dim, trace=False,
                                          **eager)
     assert step.structure == Step(Ledger("gemma-7b", batch_size=B, seq_len=S, recipe=loop, overhead_bytes=0,
                                          recompute=recompute), "cpu", **eager).structure
-    _peaks_agree(step, measured)
+    peaks_agree(step, measured)

@@ -1,4 +1,4 @@
-"""The tensors kept outside the blocks, on one tensor-parallel rank (memledger/outside.py).
+"""The tensors kept outside the blocks, on one tensor-parallel rank (memledger/activations/outside.py).
 
 Korthikanti et al. (2022), Sec. 4.3, with p = 1 and tensor + sequence parallelism: the final
 LayerNorm's input 2sbh/t, the output layer's input 2sbh/t and the FP32 logits 4sbv/t (no norm
@@ -16,7 +16,7 @@ from memledger.ledger.ledger import Ledger
 from memledger.step.timeline import Step
 from memledger.core.symbols import B, S, V, d, t
 
-from test_step import GPT7B, LLAMA3_8B, LLAMA7B
+from stepcheck import GPT7B, LLAMA3_8B, LLAMA7B
 
 b, s, h, v = B, S, d, V          # the paper's names
 
@@ -70,6 +70,7 @@ def test_ledger_rows_at_7b(tp, sp_, vocab_split, seq_split):
 @pytest.mark.parametrize("kwargs", [dict(), dict(tp=2), dict(tp=4, sequence_parallel=True),
                                     dict(tp=2, recompute="selective"),
                                     dict(tp=8, sequence_parallel=True, flash_attention=True)])
+@pytest.mark.sample(3)
 def test_ledger_activations_are_the_steps_saved_tensors_after_forward(arch, kwargs):
     """One rule for both: the ledger's activation rows (blocks and outside) sum to the step's saved
     activations live at the end of the forward pass, under tensor and sequence parallelism too."""

@@ -272,6 +272,7 @@ def test_every_erratum_carries_its_arithmetic():
         assert e.where and e.stated and e.computed and any(ch.isdigit() for ch in e.arithmetic)
 
 
+@pytest.mark.slow
 def test_estimates_are_exact_integers_for_a_real_model():
     arch = get_preset("llama2-7b")
     setup = Setup(arch.params, arch=arch, gpus_per_node=8, nodes=2, zero_stage=3, recompute="selective")
@@ -354,5 +355,5 @@ def test_zero_paper_footnote_counts_values_not_bytes():
 # --- EleutherAI "Transformer Math 101" (Anthony, Biderman, Schoelkopf 2023), the blog post itself: its memory
 # sections were read from a complete Chinese translation (stored file id 51846161625) and checked against two other
 # transcriptions and an English summary; every number they publish (bytes per parameter, the 1.2 x inference
-# factor, the activation, ZeRO and 3D-parallel rules) is reproduced in tests/test_transformer_math.py, and the
-# post's errata are recorded in memledger/conventions/transformer_math.py.
+# factor, the activation, ZeRO and 3D-parallel rules) is reproduced in tests/calculators/test_transformer_math.py, and the
+# post's errata are recorded in memledger/calculators/transformer_math.py.

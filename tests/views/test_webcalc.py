@@ -16,7 +16,7 @@ from memledger.core.symbols import B, N_d, P, S, t
 from memledger.core.units import LIMIT, UNITS, format_bytes, parse_count
 from memledger.views.webcalc import CSS_CLASS, PARTS, SCRIPT, BigIntPrinter, Calculator, calculator_data, calculator_html
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 node = pytest.mark.skipif(shutil.which("node") is None, reason="Node.js runs the calculator's script")
 
 

@@ -1,5 +1,5 @@
 """The largest batch and sequence by the ledger's sum and by the step's peak (``memledger.fit`` with
-``measure="total"`` and ``"peak"``), and the step's tables (memledger/steptable.py).
+``measure="total"`` and ``"peak"``), and the step's tables (memledger/step/table.py).
 
 The independent values are arithmetic written here from the reference loop of docs/step.md, op by op,
 for the article's shape with its parameters counted (GPT blocks of 12d^2 + 13d, a tied 32000 x d

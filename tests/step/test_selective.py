@@ -1,10 +1,10 @@
-"""Selective recomputation in the step timeline (memledger/stepselective.py).
+"""Selective recomputation in the step timeline (memledger/step/selective.py).
 
 Fast tests: what the blocks keep at the end of the forward pass is the ledger's selective inventory
 (Korthikanti et al. 2022, Sec. 5: 34 B*S*d per GPT layer under the article's conventions), the core's
 tensors come back in backward as transients, and the ledger, the compiled peak and the command line judge
 by the step's peak. The slow ones run PyTorch's MemTracker on the reference decoder with its attention core
-checkpointed (memledger/torchref.py, ``recompute="selective"``) and compare every landmark, each phase's
+checkpointed (memledger/pytorch/reference.py, ``recompute="selective"``) and compare every landmark, each phase's
 peak, the peak and each block's forward and backward peak to the byte (op by op on small configs).
 """
 import pytest
@@ -16,8 +16,7 @@ from memledger.ledger.ledger import Ledger
 from memledger.activations.outside import outside_inventory
 from memledger.step.timeline import LANDMARKS, Step
 
-import test_step as base
-from test_step import GPT7B, LLAMA3_8B, LLAMA7B, _against_memtracker, _peaks_agree
+from stepcheck import GPT7B, LLAMA3_8B, LLAMA7B, against_memtracker, landmarks_are_sums_of_rows, peaks_agree
 
 GB = 10**9
 
@@ -41,6 +40,7 @@ def test_article_forward_keeps_korthikanti_34_per_layer():
     (GPT7B, "article", False), (GPT7B, "cuda", False), (GPT7B, "cpu", False), (GPT7B, "article", True),
     (LLAMA7B, "article", False), (LLAMA7B, "cuda", False), (LLAMA7B, "cpu", False),
     (LLAMA3_8B, "article", True), (LLAMA3_8B, "cpu", False)])
+@pytest.mark.sample(2)
 def test_after_forward_is_the_selective_inventory(arch, backend, flash):
     """Every backend: the blocks keep L x the inventory without the attention core's tensors; under the article's
     conventions that is the ledger's own activation row (its sum at the end of the forward pass)."""
@@ -94,8 +94,9 @@ def test_the_peak_shows_the_recomputed_core():
     ("cpu", dict(recompute="selective", recipe="bf16-pure-adamw", batch_size=3, zero_stage=2, dp=4,
                  offload_optimizer="nvme"))])
 @pytest.mark.parametrize("arch", [LLAMA3_8B, Architecture(256, 3, 4, 1024, 1000, "gpt")])
+@pytest.mark.sample(2)
 def test_selective_landmarks_are_sums_of_rows(arch, backend, kwargs):
-    base.test_landmarks_are_sums_of_rows(arch, backend, kwargs)
+    landmarks_are_sums_of_rows(Step(Ledger(arch, **kwargs), backend))
 
 
 def test_ledger_and_command_line_judge_the_peak(capsys):
@@ -114,7 +115,7 @@ def test_ledger_and_command_line_judge_the_peak(capsys):
 
 # -- against PyTorch -------------------------------------------------------------------------------
 
-#: style, F, loop, B, S, L, dropout, extra keywords of test_step._against_memtracker. V = 40 in some rows so
+#: style, F, loop, B, S, L, dropout, extra keywords of stepcheck.against_memtracker. V = 40 in some rows so
 #: that the blocks, not the loss, hold the backward's peak (then it is in a recomputed core).
 SMALL = [
     ("gpt", 320, "bf16-pure-adamw", 2, 24, 3, 0.0, {}),
@@ -143,9 +144,9 @@ def test_small_selective_steps_match_memtracker_to_the_byte(style, F_, loop, B, 
     """Landmarks, each phase's peak, the peak and each block's forward and backward peak equal MemTracker's;
     op by op, every total the timeline reaches inside a block (the recomputed core included) is one MemTracker
     reaches there, in the same order."""
-    step, measured = _against_memtracker(style, F_, loop, B, S, L, dropout, "selective", foreach, trace=True,
+    step, measured = against_memtracker(style, F_, loop, B, S, L, dropout, "selective", foreach, trace=True,
                                          **extra)
-    _peaks_agree(step, measured, op_by_op=True)
+    peaks_agree(step, measured, op_by_op=True)
 
 
 #: The article's 7B GPT shape (parameters counted) and LLaMA-2 7B at full scale, under fake tensors.
@@ -156,9 +157,9 @@ FULL = [("gpt", 16384, "bf16-adamw", 1, 2048, 0.1), ("gpt", 16384, "bf16-pure-ad
 @pytest.mark.slow
 @pytest.mark.parametrize("style, F_, loop, B, S, dropout", FULL)
 def test_7b_selective_steps_match_memtracker(style, F_, loop, B, S, dropout):
-    step, measured = _against_memtracker(style, F_, loop, B, S, 32, dropout, "selective", d_=4096, H=32, V_=32000,
+    step, measured = against_memtracker(style, F_, loop, B, S, 32, dropout, "selective", d_=4096, H=32, V_=32000,
                                          trace=False)
-    _peaks_agree(step, measured)
+    peaks_agree(step, measured)
     if style == "llama":         # the preset is the shape: the ledger's own step is the one measured
         assert step.structure == Step(Ledger("llama2-7b", batch_size=B, seq_len=S, recipe=loop, overhead_bytes=0,
                                              recompute="selective"), "cpu").structure

@@ -13,7 +13,7 @@ MODELS = ["llama3-8b", "mistral-7b", "qwen2.5-7b", "gemma-7b", "mixtral-8x7b", "
 
 
 @pytest.mark.parametrize("name, count", [
-    ("llama3-8b", 16_060_522_496 // 2),          # safetensors total_size / 2 bytes (see tests/test_hf_config.py)
+    ("llama3-8b", 16_060_522_496 // 2),          # safetensors total_size / 2 bytes (see tests/models/test_hf_config.py)
     ("mistral-7b", 14_483_464_192 // 2),
     ("mixtral-8x7b", 93_405_585_408 // 2),
     ("qwen2.5-7b", 7_615_616_512),
@@ -74,6 +74,7 @@ def test_fit_table_names_the_peak_where_the_timeline_models_the_model():
     assert fit_table(grid, "largest micro-batch").rows[0][2] == "peak of a step"
 
 
+@pytest.mark.slow
 def test_side_by_side_tables():
     from memledger.article.survey import headroom_table, logits_table, serving_table
     logits = {row[0]: row for row in logits_table(["gemma-7b", "bert-base-uncased"], 4096).rows}

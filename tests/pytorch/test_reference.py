@@ -1,6 +1,6 @@
 """The inventory against PyTorch's own saved tensors, row by row (docs/step.md, check 1).
 
-For small configurations of the reference decoder (memledger/torchref.py) every
+For small configurations of the reference decoder (memledger/pytorch/reference.py) every
 storage autograd saves (saved_tensors_hooks, each storage once, parameters
 skipped) must be one inventory row of the same size, and every row one storage:
 per block with :func:`memledger.activations.inventory.inventory`, outside the blocks with

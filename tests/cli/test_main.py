@@ -164,6 +164,7 @@ def test_api_raises_the_same_message(capsys):
     assert err.strip() == f"memledger: error: {info.value}"
 
 
+@pytest.mark.slow
 def test_python_m_and_console_script_no_traceback():
     script = str(Path(sys.executable).with_name("memledger"))       # the console script beside python
     for cmd in ([sys.executable, "-m", "memledger"], [script]):

@@ -1,0 +1,96 @@
+"""Shared by the step's tests: the full-scale shapes, the landmark invariant, and the comparison of a step with
+MemTracker's run of the reference decoder (memledger/pytorch/reference.py) under the CPU backend."""
+import pytest
+
+from memledger.ledger.ledger import Ledger
+from memledger.models.architecture import Architecture
+from memledger.step.structure import block_of
+from memledger.step.timeline import LANDMARKS, Step
+
+GPT7B = Architecture(4096, 32, 32, 16384, 32000, "gpt")          # the article's shape, parameters counted
+LLAMA7B = Architecture(4096, 32, 32, 11008, 32000, "llama")
+LLAMA3_8B = Architecture(4096, 32, 32, 14336, 128256, "llama", n_kv_heads=8)      # grouped-query attention
+
+
+def rows_at(step, landmark, device="gpu"):
+    return sum(r["bytes"] for r in step.rows if landmark in r["live"] and r["device"] == device)
+
+
+def landmarks_are_sums_of_rows(step):
+    """Each landmark, on each device, is the sum of the rows live there; the peak is at least every landmark."""
+    for landmark in LANDMARKS:
+        for device in ("gpu", "cpu", "nvme"):
+            assert step.landmarks[landmark][device] == rows_at(step, landmark, device)
+    assert step.peak.bytes >= max(v["gpu"] for v in step.landmarks.values())
+
+
+def against_memtracker(style, F_, loop, B, S, L, dropout, recompute, foreach=False, d_=None, H=None, V_=None,
+                        kv=None, attention=None, qkv_bias=False, tied=False, trace=None, native_dropout=False,
+                        head_dim=None):
+    """MemTracker's step of the reference decoder beside the timeline's under the CPU backend; ``attention=
+    "eager"`` runs the eager core in LLaMA blocks too (the article backend's kernel); ``kv`` key/value heads,
+    ``qkv_bias`` and ``tied``: LLaMA refinements (Qwen2, Gemma); ``trace``: keep MemTracker's op-by-op totals
+    (default: small configs without recomputation, see :func:`block_totals_agree`); ``native_dropout``: the
+    fused kernel's 1-byte masks (the timeline's ``dropout_mask="bool"``); ``head_dim``: a head size other than
+    d/H."""
+    pytest.importorskip("torch")
+    from memledger.pytorch.compare import architecture_of
+    from memledger.pytorch.measure import memtracker_step
+    from memledger.pytorch.reference import RefConfig
+    d_, H, V_ = d_ or 64, H or 4, V_ or 1000
+    c = RefConfig(d_, L, H, F_, V_, style, dropout=dropout, recompute=recompute, n_kv_heads=kv, attention=attention,
+                  qkv_bias=qkv_bias, tied=tied, native_dropout=native_dropout, head_dim=head_dim)
+    trace = recompute == "none" and d_ < 1024 if trace is None else trace     # op by op: small configs
+    measured = memtracker_step(c, loop, B, S, foreach=foreach, blocks=True, trace=trace)
+    eager = {"attention": "eager"} if attention == "eager" else {}
+    mask = {"dropout_mask": "bool"} if native_dropout else {}
+    step = Step(Ledger(architecture_of(c), batch_size=B, seq_len=S, recipe=loop, overhead_bytes=0,
+                       dropout=dropout > 0, recompute=recompute), "cpu", foreach=foreach, **eager, **mask)
+    for landmark in LANDMARKS:
+        assert step.landmarks[landmark]["gpu"] == measured[landmark], landmark
+    return step, measured
+
+
+def peaks_agree(step, measured, op_by_op=False):
+    """Each phase's peak, the peak and each block's peaks are MemTracker's; with ``op_by_op`` also the totals
+    inside each block, op by op (:func:`block_totals_agree`)."""
+    assert step.phase_peaks() == measured["phase peaks"]
+    assert step.peak.bytes == measured["peak"]
+    _blockpeaks_agree(step, measured)
+    if op_by_op:
+        block_totals_agree(step, measured)
+
+
+def _blockpeaks_agree(step, measured):
+    """The largest total while each block (run op by op) runs forward and backward is MemTracker's."""
+    ours = step.block_peaks()
+    assert ours == {k: measured["block peaks"][k] for k in ours}
+
+
+def block_totals_agree(step, measured):
+    """Op by op: the totals the timeline reaches after each op that allocates while a block runs (forward and
+    backward) are totals MemTracker reaches in that block, in the same order (MemTracker samples after every
+    ATen op, the timeline after groups of them; a tensor released as the block's frame exits is seen by
+    MemTracker after the block, hence ops that only free are not compared). Exact without recomputation
+    (with it, a recomputed tensor is freed when unpacked, a few ops before the timeline frees it:
+    memledger/step/recompute.py)."""
+    import re
+
+    def sequences(samples):
+        out = {}
+        for key, total in samples:
+            seq = out.setdefault(key, [])
+            if not seq or seq[-1] != total:
+                seq.append(total)
+        return out
+    theirs = sequences(((("backward" if bw else "forward"), int(m.group(1))), total)
+                       for total, bw, opt, mods, _ in measured["trace"] if bw is not None and not opt
+                       for m in [next(filter(None, (re.fullmatch(r"Decoder\.blocks\.(\d+)", x) for x in mods)),
+                                      None)] if m)
+    lumped, n_layers = step.structure.layers is None, step.values["L"]
+    ours = sequences(((op.phase, block_of(op.layer, lumped, n_layers)), int(total))
+                     for total, op in ((t, step.built.ops[i]) for t, i in zip(step.totals, step.built.compiled.ops))
+                     if isinstance(op.layer, int) and op.phase in ("forward", "backward") and op.allocs)
+    for key, totals in ours.items():
+        rest = iter(theirs[key])
+        assert all(any(t == u for u in rest) for t in totals), key
