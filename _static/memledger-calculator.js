@@ -428,6 +428,9 @@
         return;
       }
       out.replaceChildren(view(data, setup, result, undefined));
+      if (source.key && !python) {
+        out.querySelector(".memledger-calculator-verdict").appendChild(document.createTextNode(" " + data.step.pyodide.note));
+      }
       loadRecord(data, source, setup).then(function (record) {
         if (token !== latest) return;
         if (record.unmodelled) out.replaceChildren(view(data, setup, result, null, record.unmodelled));

@@ -49,6 +49,8 @@ PYODIDE = {
     "archives": ["../vendor/pyodide/sympy.zip", PYTHON_ARCHIVE],
     "start": "import os, sys\nos.environ['MEMLEDGER_CACHE_DIR'] = '/tmp/memledger'\n"
              "sys.path.insert(0, '/home/pyodide/lib')\nfrom memledger.views.webpeak import browser_record\n",
+    "note": "(this step structure is built by memledger itself, in your browser: the first one loads Python and "
+            "SymPy, about 18 MB, and can take a minute)",
 }
 
 
