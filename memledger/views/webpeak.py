@@ -98,9 +98,11 @@ def record_js(structure: StepStructure) -> dict:
     key = hashlib.sha256(f"web\0{source_hash()}\0{structure!r}".encode()).hexdigest()[:32]
     path = cache_dir() / f"web-{key}.json"
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        pass
+        cached = json.loads(path.read_text())
+        if len(cached["sizes"]) and len(cached["moments"]) == len(cached["deltas"]) and "lumped" in cached:
+            return cached
+    except (OSError, ValueError, KeyError, TypeError):
+        pass                                        # missing or damaged: printed again below
     record = step_record(structure)
     out = {"sizes": [_javascript(e) for e in record["sizes"]], "deltas": record["deltas"],
            "moments": record["moments"], "lumped": record["lumped"]}

@@ -4,10 +4,12 @@ memledger.step.cache finds it; the structure-deciding controls are the ones Step
 from contextlib import redirect_stdout
 import io
 import json
+import os
 from pathlib import Path
 import random
 import shutil
 import subprocess
+import sys
 
 import pytest
 
@@ -128,3 +130,19 @@ def test_the_browser_builds_what_the_site_carries():
     assert record_name(structure_of(state)) == index[structure_key(state)]
     assert "mixture of experts" in json.loads(browser_record(json.dumps(as_page({**state, "arch": "mixtral-8x7b"}))))[
         "unmodelled"]
+
+
+def test_the_browser_build_needs_no_more_numpy_than_its_stand_in(tmp_path):
+    """What Pyodide runs: memledger's step build with _ext/pyodide_numpy.py as NumPy gives the same records."""
+    shutil.copy(ROOT / "_ext" / "pyodide_numpy.py", tmp_path / "numpy.py")
+    states = [defaults(), {**defaults(), "arch": "gemma-7b", "zero_stage": 3, "recompute": "full", "batch_size": 1},
+              {**defaults(), "arch": "qwen2.5-7b", "recipe": "fp32-adamw", "offload_optimizer": "cpu",
+               "recompute": "selective", "flash_attention": True}]
+    script = ("import json, sys, numpy\nassert numpy.__file__.startswith(sys.argv[1])\n"
+              "from memledger.views.webpeak import browser_record\n"
+              "print(json.dumps([json.loads(browser_record(json.dumps(s))) for s in json.load(sys.stdin)]))")
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}", "MEMLEDGER_CACHE_DIR": str(tmp_path / "c")}
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path)], input=json.dumps([as_page(s) for s in states]),
+                          capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout) == [record_js(structure_of(s)) for s in states]
