@@ -130,14 +130,14 @@
       (BigInt(setup.batch_size) === 1n ? "B=1" : "B>1");
   }
 
-  /* Where the record of a setup's structure is: {unmodelled: reason}, {name} (a file of the site), or {key}
-   * (a structure the site does not carry: the library builds it in the browser). */
+  /* Where the record of a setup's structure is: {unmodelled: the verdict's note}, {name} (a file of the site),
+   * or {key} (a structure the site does not carry: the library builds it in the browser). */
   function recordSource(data, setup) {
-    var reason = data.step.unmodelled[setup.arch][setup.flash_attention];
+    var reason = data.step.unmodelled[setup.arch][setup.flash_attention][setup.recipe];
     if (reason) return {unmodelled: reason};
-    var key = structureKey(data, setup), name = data.step.index[key];
-    if (name === null) throw new Error("the site marks " + key + " as not modelled, unlike its models");
-    return name === undefined ? {key: key} : {name: name};
+    var key = structureKey(data, setup), entry = data.step.index[key];
+    if (entry === undefined) return {key: key};
+    return typeof entry === "string" ? {name: entry} : entry;
   }
 
   /* The step of one setup from its record: the GPU total after every op (BigInt), the peak, its op. */
@@ -170,7 +170,7 @@
     return fill(data.step.clauses[judged.clause], {
       total_measure: data.step.measures.total, peak_measure: data.step.measures.peak,
       total: size(totals[data.verdict_device], data), peak: step ? size(step.peak, data) : "",
-      note: reason ? data.step.notes.unmodelled : data.step.notes.sum});
+      note: reason || data.step.notes.sum});
   }
 
   /* shlex.quote */
@@ -183,6 +183,7 @@
   function cliCommand(data, setup) {
     var words = ["memledger", "ledger"];
     data.step.cli.forEach(function (c) {
+      if (c[3] && setup[c[3][0]] === c[3][1]) return;          // ignored by the ledger there (IGNORED_WHEN)
       if (c[2]) { if (setup[c[0]] === "true") words.push(c[1]); }
       else words.push(c[1], setup[c[0]]);
     });

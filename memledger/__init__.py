@@ -32,7 +32,7 @@ __getattr__, __dir__, __all__ = lazy(__name__, {
     "ledger.transfer": ("Traffic",),
     "step.timeline": ("Step",),
     "answers.fit": ("fit",),
-    "calculators": ("CONVENTIONS", "ERRATA", "Setup", "get_convention"),
+    "calculators": ("CONVENTIONS", "ERRATA", "ConventionInputs", "get_convention"),
     "core.units": ("format_bytes", "in_unit"),
     "formulas": (),
     "core": (), "models": (), "states": (), "step": (), "ledger": (), "answers": (), "pytorch": (),

@@ -17,6 +17,8 @@ from .core import keyed
 from .core.choices import RECOMPUTE
 from .models.features import STYLES
 
+__all__ = ["BUILDERS", "evaluate", "expr", "generate", "keys", "outside_key", "outside_names", "text"]
+
 _BOOLS = (False, True)
 #: (tensor parallel, sequence parallel): sequence parallelism needs tensor parallelism.
 _PARALLEL = ((False, False), (True, False), (True, True))
@@ -171,7 +173,8 @@ def generate() -> str:
              "",
              "key -> (argument names, the formula as a Python expression over Fraction arguments (``Fraction``",
              "for rationals, ``math.ceil`` for ceiling), the formula as SymPy prints it), so that the command",
-             "line evaluates every formula exactly without importing SymPy.", '"""', "FORMULAS = {"]
+             "line evaluates every formula exactly without importing SymPy.", '"""', '__all__ = ["FORMULAS"]', "",
+             "FORMULAS = {"]
     for key in keys():
         expression = expr(key)
         names = tuple(sorted(s.name for s in expression.free_symbols))

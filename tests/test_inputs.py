@@ -33,7 +33,7 @@ CLI_BAD = [
     (["ledger", "--preset", "llama2-7b", "--params", "7e9"], "cannot be combined with --preset"),
     (["ledger", "--params", "7e9", "--sp"], "--sp need an architecture"),
     (["ledger", "--params", "7e9", "--no-dropout"], "--no-dropout need an architecture"),
-    (["ledger", "--preset", "gpt2", "--link", "nvme-3"], "NVMe drive, not a host link"),
+    (["ledger", "--preset", "gpt2", "--offload-optimizer", "cpu", "--link", "nvme-3"], "NVMe drive, not a host link"),
     (["ledger", "--preset", "gpt2", "--gpu-memory", "h100"], "a100-80gb"),
 ]
 

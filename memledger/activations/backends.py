@@ -17,7 +17,7 @@ below is one such difference; :data:`BACKENDS` bundles them. ``"article"``
 * ``rmsnorm``: ``"fused"`` (``_fused_rms_norm``: input + FP32 rstd, CUDA) or
   ``"composite"`` (CPU: ``nn.RMSNorm`` decomposes into FP32 ops; measured).
 * ``attention``: ``"eager"`` for every style, or ``"reference"``: GPT blocks
-  eager, LLaMA blocks ``F.scaled_dot_product_attention`` (docs/step.md). SDPA
+  eager, LLaMA blocks ``F.scaled_dot_product_attention`` (:mod:`memledger.pytorch.reference`). SDPA
   runs a flash kernel (q, k, v, output, FP32 log-sum-exp) except on CPU with
   dropout, where it falls back to the math kernel (FP32 upcasts).
 * ``step_counters``: Adam's per-tensor ``step`` (a 0-d FP32 tensor per

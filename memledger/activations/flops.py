@@ -14,6 +14,8 @@ import sympy as sp
 from ..core.choices import RECOMPUTE, check_choice
 from ..core.symbols import B, H, L, S, V, d
 
+__all__ = ["FORWARD_MATMULS", "forward_flops_per_layer", "recompute_overhead", "training_flops"]
+
 #: (matmul, forward FLOPs) of one block: 2 FLOPs per multiply-add, F = 4d.
 FORWARD_MATMULS = [
     ("Q, K, V projections", 2 * B * S * d * 3 * d),

@@ -24,6 +24,9 @@ from ..core.dtypes import nbytes
 from ..models.parameters import Features, widths
 from ..core.symbols import B, E, F, H, L, S, d, k, t
 
+__all__ = ["ARTICLE_INVENTORY", "ATTENTION", "BHSS", "BSF", "RELABELLED", "BSd", "Saved", "activation_bytes",
+           "closed_form", "core_row", "inventory", "kept_rows", "moe_rows", "norm_rows", "per_layer_bytes",
+           "quadratic_share"]
 
 @dataclass(frozen=True)
 class Saved:

@@ -1,7 +1,7 @@
 """Tensors a training step keeps outside the transformer blocks, at the end of the forward pass.
 
 The article's ledger books the L blocks only. A whole model also keeps, until
-backward (reference decoder of ``docs/step.md``, checked in
+backward (the reference decoder of :mod:`memledger.pytorch.reference`, checked in
 ``tests/pytorch/test_reference.py``):
 
 * the input ids (the embedding's backward needs them) and the target ids, int64;
@@ -33,6 +33,7 @@ at commit d98e8a64.
 from .inventory import Saved, norm_rows
 from ..core.symbols import B, S, V, d
 
+__all__ = ["outside_inventory"]
 
 def outside_inventory(style: str = "gpt", *, dtype: str = "bf16", norm_stats: str = None,
                       rmsnorm: str = "fused", attention: str = "eager") -> list:

@@ -26,6 +26,8 @@ parallelism).
 from ..core.choices import check_choice
 from ..states.placement import ZERO_STAGES
 
+__all__ = ["COLLECTIVES", "data_parallel_elements", "pipeline_elements", "ring_elements", "tensor_parallel_elements"]
+
 COLLECTIVES = ("all-reduce", "reduce-scatter", "all-gather")
 
 

@@ -10,6 +10,8 @@
   (:mod:`memledger.step.timeline`) is non-decreasing in each, so the judged bytes are
   monotonic and a doubling bracket followed by bisection over integers finds
   the boundary exactly: the answer fits, the answer + 1 does not.
+  A model with learned positions (GPT-2's 1,024) cannot run a longer
+  sequence: ``"seq"`` answers at most ``n_positions`` (and says so).
 * ``"dp"``: the smallest data-parallel degree that fits (non-increasing in
   dp); ``"zero"``: the smallest ZeRO stage that fits.
 
@@ -21,7 +23,7 @@ the ledger's GPU total, **the sum of the rows at the end of the forward
 pass**, elsewhere (MoE, encoders).
 ``measure="total"`` asks for the sum where the peak is modelled too,
 ``measure="peak"`` refuses a setup without a timeline. The timeline models one
-micro-batch per optimizer step (``zero_grad(set_to_none=True)``, docs/step.md);
+micro-batch per optimizer step (``zero_grad(set_to_none=True)``, the reference loop of memledger/pytorch/reference.py);
 gradient accumulation keeps the gradients alive through the next micro-batch,
 which neither measure counts. Every answer says which measure it used
 (``result["measure"]``, a value of :data:`MEASURE`) and explains its binding
@@ -56,14 +58,17 @@ def _at(template: Ledger, vary: str, value: int) -> Ledger:
     return replace(template, **{_FIELD[vary]: value})
 
 
-def _largest(fits, start=1):
-    """Largest n >= start with fits(n) (fits monotonic, True then False); start - 1 if none."""
+def _largest(fits, start=1, limit=None):
+    """Largest n >= start with fits(n) (fits monotonic, True then False); start - 1 if none. ``limit``: a value
+    known not to fit (the search stays below it)."""
     if not fits(start):
         return start - 1
     low, high = start, start * 2
-    while high <= _UPPER and fits(high):
+    while high <= _UPPER and (limit is None or high < limit) and fits(high):
         low, high = high, high * 2
-    if high > _UPPER:
+    if limit is not None and high >= limit:
+        high = limit
+    elif high > _UPPER:
         raise ValueError(f"still fits at {low}: no limit found below {_UPPER}")
     while high - low > 1:                      # fits(low), not fits(high)
         mid = (low + high) // 2
@@ -96,6 +101,8 @@ def fit(template: Ledger, vary: str, gpu_bytes: int, measure: str = "auto") -> d
     sum), "peak_at_answer" (None without a timeline), "next" (the first value that does not fit:
     {"value", "judged", "total"}), "binding", "ledger"}.
     """
+    if not isinstance(template, Ledger):
+        raise TypeError(f"template must be a Ledger, got {template!r}")
     check_choice("vary", vary, VARY)
     check_choice("measure", measure, CHOICES)
     gpu_bytes = check_count("gpu_bytes", gpu_bytes, limit=LIMIT)
@@ -110,8 +117,11 @@ def fit(template: Ledger, vary: str, gpu_bytes: int, measure: str = "auto") -> d
 
     def fits(value):
         return judge(_at(template, vary, value), peak).bytes <= gpu_bytes
-    if vary in ("batch", "seq", "layers"):
-        answer = _largest(fits) or None
+    positions = template.arch.n_positions if vary == "seq" else 0     # learned positions bound the sequence
+    if positions and fits(positions):
+        answer = positions
+    elif vary in ("batch", "seq", "layers"):
+        answer = _largest(fits, limit=positions or None) or None
     elif vary == "dp":
         answer, _ = _smallest_dp(fits)
     else:
@@ -121,8 +131,9 @@ def fit(template: Ledger, vary: str, gpu_bytes: int, measure: str = "auto") -> d
 
 def _result(template, vary, gpu_bytes, peak, answer) -> dict:
     """:func:`fit`'s answer dictionary for ``answer`` (None: nothing fits), judged exactly there and one step beyond."""
+    positions = template.arch.n_positions if vary == "seq" else 0
     if vary in ("batch", "seq", "layers"):
-        beyond = 1 if answer is None else answer + 1
+        beyond = None if positions and answer == positions else (1 if answer is None else answer + 1)
     elif vary == "dp":
         beyond = _UPPER if answer is None else (None if answer == 1 else answer - 1)
     else:
@@ -136,7 +147,8 @@ def _result(template, vary, gpu_bytes, peak, answer) -> dict:
             "peak_at_answer": at.peak if at and peak else None,
             "next": None if over is None else {"value": beyond, "judged": judge(over, peak).bytes,
                                                 "total": over.totals["gpu"]},
-            "binding": _binding(vary, answer, beyond, over, peak, gpu_bytes),
+            "binding": (f"the model has {positions:,} learned positions: no longer sequence can run"
+                        if positions and beyond is None else _binding(vary, answer, beyond, over, peak, gpu_bytes)),
             "ledger": at}
 
 
@@ -146,7 +158,8 @@ def fit_many(template: Ledger, vary: str, gpu_memories, measure: str = "auto") -
     check_choice("vary", vary, VARY)
     check_choice("measure", measure, CHOICES)
     memories = [check_count("gpu_bytes", m, limit=LIMIT) for m in gpu_memories]
-    if vary not in ("batch", "seq") or template.arch is None or not uses_peak(template, measure):
+    if (vary not in ("batch", "seq") or template.arch is None or not uses_peak(template, measure)
+            or (vary == "seq" and template.arch.n_positions)):
         return [fit(template, vary, m, measure) for m in memories]
     from ..ledger.ledger import sweep
     field = _FIELD[vary]

@@ -29,6 +29,9 @@ from ..ledger.ledger import Ledger
 from ..states.recipes import RECIPES
 from ..core.symbols import N_d, P
 
+__all__ = ["ACTIVATION_BYTES", "Layout", "gather_buffer_bytes", "layout_table", "layouts", "pipeline_sent_bytes",
+           "tensor_sent_bytes", "zero_sent_bytes"]
+
 ACTIVATION_BYTES = 2      # activations and their gradients travel in BF16
 
 

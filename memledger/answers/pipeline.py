@@ -32,6 +32,9 @@ from ..models.parameters import Features, block_parts, norm_params
 from ..core.rows import Row, Rows
 from ..core.symbols import B, S, V, d, t
 
+__all__ = ["bubble_fraction", "embedding_rows", "in_flight_chunks", "layers_in_flight", "microbatches_in_flight",
+           "output_rows", "schedule_summary", "stage_activation_specs", "stage_ledgers", "stage_param_parts",
+           "stage_params"]
 
 def _check(p, m, v, n_layers=None):
     if any(isinstance(x, sp.Basic) for x in (p, m, v, n_layers)):

@@ -25,6 +25,10 @@ from typing import NamedTuple
 
 from ..core.units import format_bytes
 
+__all__ = ["CHOICES", "CLAUSES", "MEASURE", "SUM_CLAUSE", "SUM_NOTE", "UNMODELLED_NOTE", "Judgement", "describe",
+           "is_nominal",
+           "judge", "unmodelled", "uses_peak"]
+
 #: Each measure a verdict can use, as prose prints it (``result["measure"]`` of :func:`memledger.fit`).
 MEASURE = {
     "peak": "the peak of a training step",
@@ -92,6 +96,16 @@ CLAUSES = {
 }
 
 
+def unmodelled(ledger) -> str:
+    """Why the step timeline has no peak for ``ledger``: :data:`UNMODELLED_NOTE`, or the recipe it does not model."""
+    from ..step.structure import check_recipe
+    try:
+        check_recipe(ledger.recipe)
+    except ValueError as e:
+        return str(e).split(";")[0]        # "the step timeline does not model recipe fp32-sgd (SGD) yet"
+    return UNMODELLED_NOTE
+
+
 def describe(ledger, judgement: Judgement, unit: str = "GB", note: str = None) -> str:
     """The verdict's clause after the bytes: which measure, and the other one for comparison. A sum is
     followed by ``note``, by default why it is not the peak (:data:`UNMODELLED_NOTE` or :data:`SUM_NOTE`)."""
@@ -99,7 +113,7 @@ def describe(ledger, judgement: Judgement, unit: str = "GB", note: str = None) -
     if judgement.key == "total":
         clause = "total"
         if note is None:
-            note = UNMODELLED_NOTE if ledger.peak is None else SUM_NOTE
+            note = unmodelled(ledger) if ledger.peak is None else SUM_NOTE
     else:
         clause = "peak" if judgement.bytes == ledger.peak else "nominal"
     return CLAUSES[clause].format(total_measure=MEASURE["total"], peak_measure=MEASURE["peak"], note=note,

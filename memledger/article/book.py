@@ -18,6 +18,9 @@ from .claims import CLAIMS
 from ..core.table import Table
 from ..core.units import format_bytes, format_quantity
 
+__all__ = ["CLAIM_BY_ID", "HEADER", "Equation", "audit", "claim_text", "compare", "errata", "glue_bytes", "glue_claims",
+           "glue_equation", "glue_text", "glue_value", "negatives_last", "sections"]
+
 CLAIM_BY_ID = {c.id: c for c in CLAIMS}
 
 

@@ -31,6 +31,9 @@ from ..states.recipe import Component
 from ..states.recipes import get_recipe
 from ..core.units import ARTICLE_TOTAL_UNIT, in_unit
 
+__all__ = ["ARTICLE", "RECIPE", "RELATIONS", "STATUSES", "Claim", "article_ledger", "at_spec", "component", "gb",
+           "ratio_at_spec"]
+
 STATUSES = ("matches", "rounded", "approximate", "erratum")
 RELATIONS = ("=", ">", "<", "~")
 ARTICLE = "article-7b"

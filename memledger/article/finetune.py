@@ -32,6 +32,10 @@ from ..states.recipes import ALL_RECIPES
 from ..models.tensors import PROJECTIONS
 from ..core.units import format_bytes
 
+__all__ = ["LORA_RANK", "ONE_GPU", "OPTIMIZER_METHODS", "activation_changes", "activation_changes_table",
+           "dropped_bytes_per_layer", "fits_on", "fits_table", "frozen_base_bytes", "methods", "parts_table",
+           "serving", "trainable_params"]
+
 #: The GPUs of the chapter's question, smallest first: label -> bytes.
 ONE_GPU = {"RTX 4090": GPU_MEMORY["rtx-4090"], "L40S": GPU_MEMORY["l40s"], "A100 80GB": GPU_MEMORY["a100-80gb"]}
 #: Full training with a cheaper optimizer: label -> recipe name (those that exist in this library).

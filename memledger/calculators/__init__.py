@@ -1,7 +1,11 @@
 """Other calculators' conventions, each named, cited and reproduced exactly.
 
-    from memledger.calculators import Setup, get_convention
-    get_convention("deepspeed-zero3").estimate(Setup(2_851_000_000, largest_layer=32_000_000, gpus_per_node=8))
+    from memledger.calculators import ConventionInputs, get_convention
+    get_convention("deepspeed-zero3").estimate(Ledger(n_params=2_851_000_000, dp=8),
+                                               ConventionInputs(largest_layer=32_000_000))
+
+A convention reads a :class:`~memledger.ledger.ledger.Ledger` and the few
+:class:`~memledger.calculators.base.ConventionInputs` the ledger lacks.
 
 Every convention's rows are exact integer bytes from SymPy formulas of its
 own itemized parts; ``estimate(...).printed`` is the text the tool prints.
@@ -9,8 +13,9 @@ own itemized parts; ``estimate(...).printed`` is the text the tool prints.
 code contradicts, with the arithmetic. :mod:`memledger.calculators.compare`
 puts one model under every convention next to memledger's exact ledger.
 """
+from ..core.choices import lookup
 from .accelerate import ACCELERATE, ACCELERATE_DOCS
-from .base import Convention, Erratum, Estimate, Setup
+from .base import Convention, ConventionInputs, Erratum, Estimate
 from .deepspeed import ZERO2, ZERO2_DOCS, ZERO3
 from .eleuther import TRANSFORMER_MATH, TRANSFORMER_MATH_16
 from .hf import BEKMAN, HF_ANATOMY
@@ -25,10 +30,7 @@ ERRATA = tuple(e for c in CONVENTIONS.values() for e in c.errata)
 
 def get_convention(name: str) -> Convention:
     """The convention called ``name``; ``ValueError`` listing the known ones otherwise."""
-    try:
-        return CONVENTIONS[name]
-    except KeyError:
-        raise ValueError(f"unknown convention {name!r}; known: {', '.join(CONVENTIONS)}") from None
+    return lookup(CONVENTIONS, name, "convention")
 
 
-__all__ = ["CONVENTIONS", "ERRATA", "Convention", "Erratum", "Estimate", "Setup", "get_convention"]
+__all__ = ["CONVENTIONS", "ERRATA", "Convention", "ConventionInputs", "Erratum", "Estimate", "get_convention"]

@@ -23,7 +23,10 @@ size at the chosen dtype, S, S/2, S/4 or S/8: convention
 import sympy as sp
 
 from ..core.symbols import P
-from .base import Convention, Erratum, Item
+from .base import Convention, Erratum, Item, weight_dtype
+
+__all__ = ["ACCELERATE", "ACCELERATE_DOCS", "DIVISOR", "DTYPES", "ERRATA", "convert_bytes", "model_bytes", "table",
+           "training_phases"]
 
 DTYPES = ("float32", "float16", "int8", "int4")
 #: The size at each dtype as a fraction of the fp32 size (gather_data, lines 281-289).
@@ -64,20 +67,21 @@ def table(fp32_bytes: int, largest_fp32_bytes: int, dtypes=DTYPES, docs: bool = 
     return rows
 
 
-def _accelerate_dtype(setup) -> str:
-    return "float32" if setup.dtype == "fp32" else "float16"
+def _accelerate_dtype(ledger) -> str:
+    """``--dtypes``: float32 for a recipe with FP32 working weights, else float16 (bfloat16 books the same)."""
+    return "float32" if weight_dtype(ledger) == "fp32" else "float16"
 
 
-def model_bytes(setup) -> sp.Expr:
+def model_bytes(ledger) -> sp.Expr:
     """S: 4 bytes x the parameters ``AutoModel`` builds (the untied output head is not among them)."""
     from ..core.symbols import V, d
-    untied = setup.arch is not None and not setup.arch.features.is_tied
+    untied = ledger.arch is not None and not ledger.arch.features.is_tied
     return 4 * (P - V * d) if untied else 4 * P
 
 
-def _items(setup, docs=False) -> list:
-    size = model_bytes(setup)
-    dtype = _accelerate_dtype(setup)
+def _items(ledger, inputs, docs=False) -> list:
+    size = model_bytes(ledger)
+    dtype = _accelerate_dtype(ledger)
     if docs:
         return [Item(f"4 x the model at {dtype}", "model_states", "gpu", 4 * size / DIVISOR[dtype], "mixed")]
     phases = {"float32": {"model": size, "gradients": size, "optimizer": 2 * size, "step": 4 * size},
@@ -87,7 +91,7 @@ def _items(setup, docs=False) -> list:
                  "mixed")]
 
 
-def _printed(setup, rows) -> str:
+def _printed(ledger, inputs, rows) -> str:
     return convert_bytes(sum(r.bytes for r in rows if r.device == "gpu"))
 
 
@@ -106,12 +110,12 @@ ERRATA = (
 ACCELERATE = Convention(
     "accelerate", "accelerate estimate-memory, 'Training using Adam' (code since 2024-03)",
     "huggingface/accelerate src/accelerate/commands/estimate.py lines 224-256, 294-308 (16cb6eb8)",
-    _items, reads=("dtype",), printed=_printed, errata=ERRATA,
+    _items, reads=("recipe",), printed=_printed, errata=ERRATA,
     differs="the largest phase, not the sum: max(model, grads, optimizer, step) = 8 bytes/param for "
             "float16/bfloat16 (16 for float32) of the model AutoModel builds (no untied output head); no "
             "activations; base-1024 units labelled MB/GB")
 ACCELERATE_DOCS = Convention(
     "accelerate-docs", "accelerate estimate-memory as its docs print it (4 x the size at the dtype)",
     "huggingface/accelerate docs/source/usage_guides/model_size_estimator.md lines 70-128; code 409a9df0-8644e23b",
-    lambda s: _items(s, docs=True), reads=("dtype",), printed=_printed,
+    lambda ledger, inputs: _items(ledger, inputs, docs=True), reads=("recipe",), printed=_printed,
     differs="4 x the model's size at the chosen dtype (8 bytes/param at float16), first version of the tool")

@@ -1,18 +1,25 @@
 """One model under every convention, next to memledger's exact ledger, and why each differs.
 
-``compare(setup)`` returns one :class:`Comparison` per convention (and a first
-one for memledger itself): GPU bytes of model states and of activations,
-other GPU bytes, CPU bytes, the difference from memledger's ledger, and the
-convention's reason. memledger's row is :class:`memledger.ledger.ledger.Ledger`
-with the article's 16 B/param recipe under the same ZeRO stage, data-parallel
-degree (all GPUs), offload and recomputation, without its runtime overhead
-(conventions that book none would otherwise differ by it alone).
+``compare(ledger, inputs)`` returns one :class:`Comparison` per convention
+(and a first one for memledger itself): GPU bytes of model states and of
+activations, other GPU bytes, CPU bytes, the difference from memledger's
+ledger, and the convention's reason. memledger's row is the
+:class:`memledger.ledger.ledger.Ledger` given, every option of it honoured
+(recipe, ZeRO stage, data-parallel degree, offload, recomputation, scope,
+overhead ...); the conventions read what each reads of it
+(:attr:`~memledger.calculators.base.Convention.reads`) plus the
+:class:`~memledger.calculators.base.ConventionInputs` it lacks. Conventions
+book no runtime overhead: a ledger built with ``overhead_bytes=0`` (the
+command line's default for ``compare``) compares like with like.
 """
 from dataclasses import dataclass
 
 from ..ledger.ledger import Ledger
+from ..states.recipes import get_recipe
 from . import CONVENTIONS
-from .base import Setup
+from .base import ConventionInputs
+
+__all__ = ["Comparison", "compare", "compare_table", "ledger_title"]
 
 
 @dataclass(frozen=True)
@@ -42,28 +49,30 @@ class Comparison:
         return data
 
 
-def reference_ledger(setup: Setup, recipe: str = "bf16-adamw") -> Ledger:
-    """memledger's own ledger for ``setup`` (16 B/param unless ``recipe`` says otherwise)."""
-    offload = "cpu" if setup.offload_optimizer else "none"
-    params = "cpu" if setup.offload_params and setup.zero_stage == 3 else "none"
-    return Ledger(setup.arch, n_params=setup.n_params if setup.arch is None else None,
-                  batch_size=setup.batch_size, seq_len=setup.seq_len, recipe=recipe, recompute=setup.recompute,
-                  tp=setup.tp, zero_stage=setup.zero_stage, dp=setup.gpus, offload_optimizer=offload,
-                  offload_params=params, overhead_bytes=0, flash_attention=setup.flash_attention,
-                  dropout=setup.dropout)
+def ledger_title(ledger: Ledger) -> str:
+    """memledger's row title: "memledger's exact ledger (bf16-adamw, 16 B/param)"."""
+    recipe = get_recipe(ledger.recipe)
+    factored = " + factored states" if any(c.factored for c in recipe.components) else ""
+    return f"memledger's exact ledger ({recipe.name}, {recipe.bytes_per_param} B/param{factored})"
 
 
-def compare(setup: Setup, names=None) -> list:
-    """memledger's row, then one :class:`Comparison` per convention (``names``: all of them)."""
-    ledger = reference_ledger(setup)
-    rows = [Comparison("memledger", "memledger's exact ledger (bf16-adamw, 16 B/param)",
+def compare(ledger: Ledger, inputs: ConventionInputs = None, names=None) -> list:
+    """memledger's row (``ledger`` itself), then one :class:`Comparison` per convention (``names``: all);
+    ``inputs``: what the conventions read beyond the ledger (None: :class:`ConventionInputs`' defaults)."""
+    inputs = ConventionInputs() if inputs is None else inputs
+    if not isinstance(ledger, Ledger):
+        raise TypeError(f"ledger must be a Ledger, got {ledger!r}")
+    if not isinstance(inputs, ConventionInputs):
+        raise TypeError(f"inputs must be ConventionInputs, got {inputs!r}")
+    inputs.per_node(ledger)                         # G x M = dp x tp, checked once for every convention
+    rows = [Comparison("memledger", ledger_title(ledger),
                        ledger.group_total("model_states", "gpu"), ledger.group_total("activations", "gpu"),
                        ledger.group_total("overhead", "gpu"), ledger.totals["cpu"], "",
                        "itemized components; every saved tensor of the block's inventory; exact per-rank shards")]
     for name in names or CONVENTIONS:
         convention = CONVENTIONS[name]
         try:
-            e = convention.estimate(setup)
+            e = convention.estimate(ledger, inputs)
         except ValueError as error:
             rows.append(Comparison(name, convention.title, 0, 0, 0, 0, "", convention.differs, str(error)))
             continue

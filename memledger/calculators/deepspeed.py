@@ -31,7 +31,9 @@ per role) has role ``"mixed"``.
 import sympy as sp
 
 from ..core.symbols import P
-from .base import Convention, Erratum, G, Item, M, P_max, beta
+from .base import Convention, Erratum, G, Item, M, P_max, beta, offloads
+
+__all__ = ["ERRATA", "ZERO2", "ZERO2_DOCS", "ZERO3", "print_all_cold", "zero2_items", "zero3_items"]
 
 N = G * M
 _ADAM = ("Adam m and v (fp32)", "optimizer", 8)
@@ -51,9 +53,9 @@ def _sharded(parts, count=P) -> sp.Expr:
     return sp.floor(sum(b for _, _, b in parts) * count / N)
 
 
-def zero2_items(setup, docs: bool = False) -> list:
+def zero2_items(ledger, inputs, docs: bool = False) -> list:
     """The ZeRO-2 estimate as itemized formulas (``docs``: the formula before PR #5099)."""
-    if setup.offload_optimizer:
+    if offloads(ledger)[0]:
         return [Item("16-bit parameters", "model_states", "gpu", 2 * P, "param"),
                 Item("CPU: optimizer states, grads, fp32 params (x buffer)", "model_states", "cpu",
                      sp.floor(P * sp.Max(4 * N, 16) * beta), "mixed")]
@@ -69,32 +71,37 @@ def zero2_items(setup, docs: bool = False) -> list:
                        sp.floor(P * 4 * G * beta), "param")]
 
 
-def zero3_items(setup) -> list:
+def zero3_items(ledger, inputs) -> list:
     """The ZeRO-3 estimate as itemized formulas."""
     gather = Item("largest layer: 16-bit params + grads gathered", "model_states", "gpu", 4 * P_max, "mixed")
-    if setup.offload_optimizer and setup.offload_params:
+    optimizer, params = offloads(ledger)
+    if params and not optimizer:
+        raise ValueError("DeepSpeed's ZeRO-3 estimator has no case of offloaded parameters without an offloaded "
+                         "optimizer (offload_param=cpu needs offload_optimizer=cpu)")
+    if optimizer and params:
         gpu, per = [gather], 18
-    elif setup.offload_optimizer:
+    elif optimizer:
         gpu, per = [gather, Item("16-bit parameters (sharded)", "model_states", "gpu",
                                  sp.floor(2 * P / N), "param")], 16
     else:
         gpu = [gather, Item("sharded: " + _parts(_ZERO3_SHARDED), "model_states",
                             "gpu", _sharded(_ZERO3_SHARDED), "mixed")]
-        cpu = (P_max if setup.zero_init else P) * 4 * G * beta
+        cpu = (P_max if inputs.zero_init else P) * 4 * G * beta
         return gpu + [Item("CPU: fp32 model while loading (x buffer)", "model_states", "cpu", sp.floor(cpu), "param")]
     share = sp.Rational(per) / M
-    cpu = P * (share if setup.zero_init else sp.Max(4 * G, share)) * beta
+    cpu = P * (share if inputs.zero_init else sp.Max(4 * G, share)) * beta
     return gpu + [Item(f"CPU: offloaded states, {per} bytes/param over the nodes (x buffer)", "model_states", "cpu",
                        sp.floor(cpu), "mixed")]
 
 
-def _head(setup, zero3: bool) -> list:
-    nodes = "nodes" if setup.nodes > 1 else "node"
-    gpus = "GPUs" if setup.gpus_per_node > 1 else "GPU"
-    software = f"SW: Model with {int(setup.n_params / 1e6)}M total params"
-    software += f", {int(setup.largest / 1e6)}M largest layer params." if zero3 else "."
+def _head(ledger, inputs, zero3: bool) -> list:
+    per_node = inputs.per_node(ledger)
+    nodes = "nodes" if inputs.nodes > 1 else "node"
+    gpus = "GPUs" if per_node > 1 else "GPU"
+    software = f"SW: Model with {int(ledger.params / 1e6)}M total params"
+    software += f", {int(inputs.largest(ledger) / 1e6)}M largest layer params." if zero3 else "."
     return ["Estimated memory needed for params, optim states and gradients for a:",
-            f"HW: Setup with {setup.nodes} {nodes}, {setup.gpus_per_node} {gpus} per node.", software,
+            f"HW: Setup with {inputs.nodes} {nodes}, {per_node} {gpus} per node.", software,
             "  per CPU  |  per GPU |   Options"]
 
 
@@ -102,26 +109,28 @@ def _line(cpu: int, gpu: int, options: str) -> str:
     return f" {cpu / 2**30:7.2f}GB | {gpu / 2**30:6.2f}GB | {options}"
 
 
-def print_all_cold(convention, setup) -> str:
-    """The table ``estimate_zero{2,3}_model_states_mem_needs_all_cold`` prints, for every option."""
+def print_all_cold(convention, ledger, inputs) -> str:
+    """The table ``estimate_zero{2,3}_model_states_mem_needs_all_cold`` prints, for every option (the ledger's
+    and the inputs' offload and ``zero_init`` choices replaced by each of the tool's)."""
     from dataclasses import replace
     zero3 = convention.name == "deepspeed-zero3"
-    lines = _head(setup, zero3)
+    lines = _head(ledger, inputs, zero3)
     cpu = "cpu "                                        # f'{OffloadDeviceEnum.cpu:4}'
     if zero3:
         for opt, par, init in [(o, p, i) for o in (True, False) for p in (True, False) if o or not p
                                for i in (True, False)]:
-            e = convention.estimate(replace(setup, offload_optimizer=opt, offload_params=par, zero_init=init))
+            e = convention.estimate(replace(ledger, zero_stage=3, offload_optimizer="cpu" if opt else "none",
+                                            offload_params="cpu" if par else "none"), replace(inputs, zero_init=init))
             lines.append(_line(e.total("cpu"), e.total("gpu"), f"offload_param={cpu if par else 'none'}, "
                                f"offload_optimizer={cpu if opt else 'none'}, zero_init={int(init)}"))
     else:
         for opt in (True, False):
-            e = convention.estimate(replace(setup, offload_optimizer=opt))
+            e = convention.estimate(replace(ledger, offload_optimizer="cpu" if opt else "none"), inputs)
             lines.append(_line(e.total("cpu"), e.total("gpu"), f"offload_optimizer={cpu if opt else 'none'}"))
     return "\n".join(lines)
 
 
-def _printed(setup, rows) -> str:
+def _printed(ledger, inputs, rows) -> str:
     cpu = sum(r.bytes for r in rows if r.device == "cpu")
     gpu = sum(r.bytes for r in rows if r.device == "gpu")
     return _line(cpu, gpu, "").rstrip(" |")
@@ -151,7 +160,8 @@ ERRATA = (
 ZERO2 = Convention(
     "deepspeed-zero2", "DeepSpeed estimate_zero2_model_states_mem_needs (code since 2024-06)",
     "microsoft/DeepSpeed deepspeed/runtime/zero/stage_1_and_2.py lines 2430-2447 (38327e07)",
-    zero2_items, reads=("gpus_per_node", "nodes", "buffer_factor", "offload_optimizer"), printed=_printed,
+    zero2_items, reads=("dp", "tp", "gpus_per_node", "nodes", "buffer_factor", "offload_optimizer"), printed=_printed,
+    zero_stage=2,
     differs="model states only, no activations; 16-bit parameters replicated but 16- and 32-bit gradients both "
             "booked (18 sharded bytes + 2 = 20 B/param at one GPU, memledger's recipe 16); floor() of the sharded "
             "part; CPU side is the fp32 model while loading x 1.5, not resident state; prints GiB as 'GB'",
@@ -159,13 +169,13 @@ ZERO2 = Convention(
 ZERO2_DOCS = Convention(
     "deepspeed-zero2-docs", "DeepSpeed ZeRO-2 estimate as its docs print it (formula before PR #5099)",
     "microsoft/DeepSpeed docs/code-docs/source/memory.rst lines 25-46 and 137; code before f4cb866c",
-    lambda s: zero2_items(s, docs=True), reads=ZERO2.reads, printed=_printed,
+    lambda ledger, inputs: zero2_items(ledger, inputs, docs=True), reads=ZERO2.reads, printed=_printed, zero_stage=2,
     differs="4 bytes/param replicated + 16 sharded (20 B/param at one GPU); superseded by PR #5099")
 ZERO3 = Convention(
     "deepspeed-zero3", "DeepSpeed estimate_zero3_model_states_mem_needs",
     "microsoft/DeepSpeed deepspeed/runtime/zero/stage3.py lines 3008-3044 (38327e07)",
-    zero3_items, reads=("largest_layer", "gpus_per_node", "nodes", "buffer_factor", "offload_optimizer",
-                        "offload_params", "zero_init"), printed=_printed,
+    zero3_items, reads=("dp", "tp", "largest_layer", "gpus_per_node", "nodes", "buffer_factor", "offload_optimizer",
+                        "offload_params", "zero_init"), printed=_printed, zero_stage=3,
     differs="model states only; 18 B/param sharded (fp16 params + fp32 params, fp32 grads, m, v; no 16-bit "
             "gradients booked) plus 4 bytes x the largest module for gathered params and grads; floor() of the "
             "sharded part; prints GiB as 'GB'")

@@ -36,6 +36,9 @@ from ..core.symbols import B, F, H, L, P, S, V, d, t
 from .base import Convention, Erratum, G, Item, M
 from .transformer_math import ERRATA as BLOG_ERRATA
 
+__all__ = ["ERRATA", "OPTIMIZER_BYTES", "TRANSFORMER_MATH", "TRANSFORMER_MATH_16", "activation_bytes",
+           "cookbook_params"]
+
 N = G * M
 OPTIMIZER_BYTES = {"adamw": 12, "sgd_momentum": 8, "muon": 8}
 
@@ -52,8 +55,8 @@ def activation_bytes(recompute: str) -> sp.Expr:
     return S * B * d * L * per
 
 
-def _items(setup, grad_bytes: int = 4, optimizer: str = "adamw") -> list:
-    stage = setup.zero_stage
+def _items(ledger, inputs, grad_bytes: int = 4, optimizer: str = "adamw") -> list:
+    stage = ledger.zero_stage
     items = [
         Item("model (2 bytes/param)", "model_states", "gpu", 2 * P / t / (N if stage == 3 else 1), "param"),
         Item(f"gradients ({grad_bytes} bytes/param)", "model_states", "gpu",
@@ -61,16 +64,16 @@ def _items(setup, grad_bytes: int = 4, optimizer: str = "adamw") -> list:
         Item(f"optimizer ({optimizer}: {OPTIMIZER_BYTES[optimizer]} bytes/param)", "model_states", "gpu",
              OPTIMIZER_BYTES[optimizer] * P / (N if stage >= 1 else 1), "optimizer"),
     ]
-    if stage >= 1 and setup.gpus > 1:
+    if stage >= 1 and ledger.dp * ledger.tp > 1:
         buffers = 5 * 10**8 * 2 + (10**9 * 2 if stage == 3 else 0)
         items.append(Item("ZeRO communication buffers", "overhead", "gpu", sp.Integer(buffers)))
-    if setup.arch is not None:
+    if ledger.arch is not None:
         items.append(Item("activations (Korthikanti Table 2)", "activations", "gpu",
-                          activation_bytes(setup.recompute)))
+                          activation_bytes(ledger.recompute)))
     return [Item(i.name, i.group, i.device, sp.ceiling(i.expr), i.role) for i in items]
 
 
-def _printed(setup, rows) -> str:
+def _printed(ledger, inputs, rows) -> str:
     total = sum(r.bytes for r in rows if r.device == "gpu")
     return f"Per-GPU Memory Required for Training: {total / 1024**3:.2f} GiB"
 
@@ -103,7 +106,7 @@ TRANSFORMER_MATH = Convention(
     "(2024-10-08), memory sections read from a Chinese translation (stored file id 51846161625): bytes per "
     "parameter, the 1.2 x inference factor, Korthikanti's activation rules, ZeRO and 3D-parallel sums "
     "(memledger.calculators.transformer_math)",
-    _items, reads=("zero_stage", "gpus_per_node", "nodes", "tp", "recompute"), printed=_printed,
+    _items, reads=("zero_stage", "dp", "tp", "recompute", "batch_size", "seq_len"), printed=_printed,
     errata=ERRATA + BLOG_ERRATA,
     differs="fp32 gradients by default (2 + 4 + 12 = 18 B/param); ZeRO divides by all GPUs with no rounding; "
             "1 GB of ZeRO bucket buffers; activations from Korthikanti Eq. 1 for a GPT block whatever the MLP; "
@@ -112,5 +115,5 @@ TRANSFORMER_MATH = Convention(
 TRANSFORMER_MATH_16 = Convention(
     "eleuther-fp16-grads", "Transformer Math 101 with 2-byte gradients (16 B/param)",
     "EleutherAI/cookbook calc/calc_transformer_mem.py --bytes-per-grad-ele 2; blog 'Gradients' section",
-    lambda s: _items(s, grad_bytes=2), reads=TRANSFORMER_MATH.reads, printed=_printed,
+    lambda ledger, inputs: _items(ledger, inputs, grad_bytes=2), reads=TRANSFORMER_MATH.reads, printed=_printed,
     differs="2 + 2 + 12 = 16 B/param, memledger's recipe; otherwise as 'eleuther'")

@@ -22,6 +22,8 @@ import sympy as sp
 from ..core.symbols import B, L, P, S, V, d
 from .base import Convention, Item
 
+__all__ = ["BEKMAN", "HF_ANATOMY", "HIDDEN_STATE_COPIES", "LLAMA3_8B_COPIES", "bekman_activations", "hidden_states"]
+
 #: Bekman's measured hidden-state copies per layer (training/performance/README.md lines 304-309).
 HIDDEN_STATE_COPIES = {"HuggingFaceTB/SmolLM2-360M": 24, "meta-llama/Llama-3.1-8B-Instruct": 28,
                        "mistralai/Mistral-7B-Instruct-v0.3": 28, "Qwen/Qwen3-4B": 38, "google/gemma-1.1-2b-it": 48}
@@ -42,17 +44,17 @@ def bekman_activations(copies: int = LLAMA3_8B_COPIES, checkpointing: bool = Tru
     return parts
 
 
-def _anatomy_items(setup) -> list:
+def _anatomy_items(ledger, inputs) -> list:
     items = [Item("model weights: fp32 + fp16 copies (6 bytes/param)", "model_states", "gpu", 6 * P, "param"),
              Item("AdamW states (8 bytes/param)", "model_states", "gpu", 8 * P, "optimizer"),
              Item("gradients, fp32 (4 bytes/param)", "model_states", "gpu", 4 * P, "grad")]
     return items
 
 
-def _bekman_items(setup) -> list:
-    items = _anatomy_items(setup)
-    if setup.arch is not None:
-        checkpointing = setup.recompute != "none"
+def _bekman_items(ledger, inputs) -> list:
+    items = _anatomy_items(ledger, inputs)
+    if ledger.arch is not None:
+        checkpointing = ledger.recompute != "none"
         items += [Item(name, "activations", "gpu", expr)
                   for name, expr in bekman_activations(checkpointing=checkpointing).items()]
     return items
@@ -67,7 +69,7 @@ HF_ANATOMY = Convention(
 BEKMAN = Convention(
     "bekman", "Stas Bekman, ML Engineering: 18 B/param + hidden-state-copies activations",
     "stas00/ml-engineering training/performance/README.md lines 227-347 (744d01e1)",
-    _bekman_items, reads=("recompute",),
+    _bekman_items, reads=("recompute", "batch_size", "seq_len"),
     differs="18 B/param as HF's anatomy; activations from a measured number of hidden-state copies (28 for "
             "Llama-3.1-8B) plus fp32 logits, not an itemized inventory; with checkpointing one layer's working "
             "memory + one checkpoint per layer")

@@ -27,6 +27,9 @@ import sympy as sp
 from ..core.symbols import B, F, L, S, V, d, t
 from .base import Convention, Erratum, G, Item, M, p_pp
 
+__all__ = ["DIST_OPTIMIZER_TABLE", "ERRATA", "MEGATRON", "MEGATRON_DISTOPT", "activations", "bytes_per_param",
+           "shard_params"]
+
 #: dist_optimizer.md lines 18-20: (non-distributed, distributed(d)) bytes per parameter.
 DIST_OPTIMIZER_TABLE = {("fp16", "fp16"): (20, (4, 16)), ("bf16", "fp32"): (18, (6, 12)),
                         ("fp32", "fp32"): (16, (8, 8))}
@@ -68,13 +71,13 @@ def activations(sequence_parallel_selective: bool) -> sp.Expr:
     return sp.Rational(105, 100) * (layers + embedding + 2 * (S * B * V / t + S * B * d))
 
 
-def _items(setup, distributed: bool = False) -> list:
-    if setup.arch is None:
+def _items(ledger, inputs, distributed: bool = False) -> list:
+    if ledger.arch is None:
         raise ValueError("the Megatron-LM convention counts parameters from the shape: give an architecture")
-    shard = shard_params(setup.arch.features)
+    shard = shard_params(ledger.arch.features)
     dp = G * M / t
     param, grad, opt = bytes_per_param(distributed, dp)
-    sp_selective = setup.recompute == "selective" and setup.tp > 1
+    sp_selective = ledger.recompute == "selective" and ledger.tp > 1
     return [Item("bf16 parameters", "model_states", "gpu", sp.ceiling(param * shard), "param"),
             Item("fp32 main gradients", "model_states", "gpu", sp.ceiling(grad * shard), "grad"),
             Item("fp32 main parameters + Adam m, v" + (" (distributed)" if distributed else ""), "model_states",
@@ -83,7 +86,7 @@ def _items(setup, distributed: bool = False) -> list:
                  "activations", "gpu", sp.ceiling(activations(sp_selective)))]
 
 
-def _printed(setup, rows) -> str:
+def _printed(ledger, inputs, rows) -> str:
     weights = sum(r.bytes for r in rows if r.group == "model_states") / 2**20
     act = sum(r.bytes for r in rows if r.group == "activations") / 2**20
     return (f"Theoretical memory footprints: weight and optimizer={weights:.2f} MB, "
@@ -107,13 +110,13 @@ ERRATA = (
 MEGATRON = Convention(
     "megatron", "Megatron-LM theoretical_memory_usage.py (no distributed optimizer)",
     "NVIDIA/Megatron-LM megatron/training/theoretical_memory_usage.py lines 293-453 (d98e8a64)",
-    _items, reads=("tp", "gpus_per_node", "nodes", "recompute"), printed=_printed, errata=ERRATA,
+    _items, reads=("tp", "dp", "recompute", "batch_size", "seq_len"), printed=_printed, errata=ERRATA,
     differs="fp32 main gradients: 2 + 4 + 12 = 18 B/param; parameters counted without biases; activations "
             "from Korthikanti's Table 2 with a 5% margin (or its SP + selective row), 8-byte token ids and fp32 "
             "logits included; prints MiB as 'MB'")
 MEGATRON_DISTOPT = Convention(
     "megatron-distopt", "Megatron-LM theoretical_memory_usage.py with the distributed optimizer (6 + 12/d)",
     "NVIDIA/Megatron-LM megatron/training/theoretical_memory_usage.py line 296; dist_optimizer.md lines 16-20",
-    lambda s: _items(s, distributed=True), reads=MEGATRON.reads, printed=_printed,
+    lambda ledger, inputs: _items(ledger, inputs, distributed=True), reads=MEGATRON.reads, printed=_printed,
     differs="like 'megatron' but the 12 bytes of fp32 parameters and Adam states sharded over the data-parallel "
             "ranks (ZeRO-1): 6 + 12/d B/param")

@@ -26,10 +26,13 @@ values and names no unit; reading them as 2-byte fp16 values is memledger's
 """
 import sympy as sp
 
-from ..core.symbols import B, H, L, P, S, d
+from ..core.symbols import B, H, L, P, S, d, t
 from .base import Convention, Erratum, G, Item, M
 
-N = G * M
+__all__ = ["ERRATA", "PLAYBOOK", "PLAYBOOK_20", "PLAYBOOK_FP8", "PLAYBOOK_FP8_REDUCTION", "PLAYBOOK_TABLE", "ZERO_K",
+           "ZERO_PAPER", "playbook_activations", "zero_paper_activations"]
+
+N = G * M / t        # the data-parallel degree N_d: the GPUs (G x M = dp x tp) over the tensor-parallel ones
 #: The Playbook's table (index.html lines 463-491): billions of parameters -> (GB, GB with FP32 grad acc).
 PLAYBOOK_TABLE = {1: (16, 20), 7: (112, 140), 70: (1120, 1400), 405: (6480, 8100)}
 #: The Playbook's FP8 table (lines 2573-2648): approach -> (bytes per part as printed, printed total).
@@ -67,18 +70,18 @@ def _zero_states(stage, fp32_grads=False) -> list:
             for name, role, b in parts]
 
 
-def _playbook_items(setup, fp32_grads=False) -> list:
-    items = _zero_states(setup.zero_stage, fp32_grads)
-    if setup.arch is not None:
-        act = playbook_activations() if setup.recompute == "none" else None
+def _playbook_items(ledger, inputs, fp32_grads=False) -> list:
+    items = _zero_states(ledger.zero_stage, fp32_grads)
+    if ledger.arch is not None:
+        act = playbook_activations() if ledger.recompute == "none" else None
         if act is not None:
             items.append(Item("activations L S B d (34 + 5HS/d)", "activations", "gpu", sp.ceiling(act)))
     return items
 
 
-def _zero_items(setup) -> list:
-    items = _zero_states(setup.zero_stage)
-    if setup.arch is not None and setup.recompute == "none":
+def _zero_items(ledger, inputs) -> list:
+    items = _zero_states(ledger.zero_stage)
+    if ledger.arch is not None and ledger.recompute == "none":
         items.append(Item("activations, about 12 d B S L 2-byte values", "activations", "gpu",
                           zero_paper_activations()))
     return items
@@ -94,17 +97,17 @@ ERRATA = (
 PLAYBOOK = Convention(
     "playbook", "The Ultra-Scale Playbook (16 B/param, no FP32 grad accumulation)",
     "nanotron/ultrascale-playbook index.html lines 410-510 and 850-957 (mirror vinjn/nanotron-ultrascale-playbook)",
-    _playbook_items, reads=("zero_stage", "gpus_per_node", "nodes"),
+    _playbook_items, reads=("zero_stage", "dp", "recompute", "batch_size", "seq_len"),
     differs="the same 16 B/param as memledger; ZeRO shards divide P exactly (no per-rank rounding); activations "
             "always Korthikanti Eq. 1 for a GPT block with dropout, whatever the MLP or norm")
 PLAYBOOK_20 = Convention(
     "playbook-fp32-accum", "The Ultra-Scale Playbook with FP32 gradient accumulation (20 B/param)",
     "nanotron/ultrascale-playbook index.html lines 441-491, 859-866",
-    lambda s: _playbook_items(s, fp32_grads=True), reads=PLAYBOOK.reads,
+    lambda ledger, inputs: _playbook_items(ledger, inputs, fp32_grads=True), reads=PLAYBOOK.reads,
     differs="adds a 4-byte FP32 gradient accumulator: 20 B/param")
 ZERO_PAPER = Convention(
     "zero-paper", "ZeRO (Rajbhandari et al. 2020): (2 + 2 + 12)P and ~12 d B S L activations",
     "Rajbhandari et al. 2020, arXiv:1910.02054, Sec. 3.1-3.2 and 5",
-    _zero_items, reads=("zero_stage", "gpus_per_node", "nodes"), errata=ERRATA,
+    _zero_items, reads=("zero_stage", "dp", "recompute", "batch_size", "seq_len"), errata=ERRATA,
     differs="model states as memledger (16 B/param, K = 12); activations a rough 24 d B S L bytes, no S^2 "
             "attention term and no dropout masks")

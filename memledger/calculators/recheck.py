@@ -24,7 +24,7 @@ from ..core.symbols import B, L, S, d, t
 from ..core.units import format_quantity, in_unit
 from . import ERRATA, accelerate, eleuther, megatron, papers
 from . import transformer_math as tm
-from .base import G, Setup, p_pp
+from .base import ConventionInputs, G, p_pp
 from .deepspeed import ZERO2, ZERO2_DOCS
 from .examples import T5_3B, T5_EMBEDDING, ZERO_GPT2, bert_base_cased_fp32_bytes, bert_base_cased_largest_fp32_bytes
 
@@ -72,20 +72,21 @@ def _per_param(estimate, n_params, device="gpu") -> Fraction:
 
 
 def _deepspeed() -> list:
-    t5 = Setup(T5_3B, largest_layer=T5_EMBEDDING, gpus_per_node=8)
+    t5, t5_inputs = Ledger(n_params=T5_3B, dp=8), ConventionInputs(largest_layer=T5_EMBEDDING)
     table = Recheck("deepspeed-docs-table", "DeepSpeed docs", "lines 29-30 and 45-46",
-                    {"docs": _gib(ZERO2_DOCS.estimate(t5).total("gpu")), "code": _gib(ZERO2.estimate(t5).total("gpu"))},
+                    {"docs": _gib(ZERO2_DOCS.estimate(t5, t5_inputs).total("gpu")),
+                     "code": _gib(ZERO2.estimate(t5, t5_inputs).total("gpu"))},
                     "t5-3b on 8 GPUs: {docs} per GPU by the docs' formula, {code} by the code")
     p = 8 * 10**9                                     # divisible by 8: no floor() in the per-parameter figures
-    one, eight = Setup(p), Setup(p, gpus_per_node=8)
+    one, eight = Ledger(n_params=p), Ledger(n_params=p, dp=8)
     formula = Recheck("deepspeed-docs-formula", "DeepSpeed docs", "line 137",
                       {"one": Figure(_per_param(ZERO2.estimate(one), p), "B/param"),
                        "docs": Figure(_per_param(ZERO2_DOCS.estimate(eight), p), "B/param", 2),
                        "code": Figure(_per_param(ZERO2.estimate(eight), p), "B/param", 2)},
                       "both book {one} on one GPU; on 8 GPUs the docs' formula gives {docs}, the code {code}")
-    nodes = replace(eight, nodes=2, offload_optimizer=True)
-    code_cpu = Fraction(ZERO2.estimate(nodes).total("cpu"), p) / nodes.buffer_factor
-    docs_cpu = Fraction(int(sp.Max(4 * G, 16).subs(G, nodes.gpus_per_node)))
+    nodes, two = replace(eight, dp=16, offload_optimizer="cpu"), ConventionInputs(nodes=2)
+    code_cpu = Fraction(ZERO2.estimate(nodes, two).total("cpu"), p) / two.buffer_factor
+    docs_cpu = Fraction(int(sp.Max(4 * G, 16).subs(G, two.per_node(nodes))))
     cpu = Recheck("deepspeed-docs-cpu", "DeepSpeed docs", "line 205",
                   {"code": Figure(code_cpu, "B/param"), "docs": Figure(docs_cpu, "B/param")},
                   "2 nodes of 8 GPUs with the optimizer offloaded: {code} of CPU memory per node by the code "
@@ -127,12 +128,13 @@ def _eleuther() -> list:
     pos = Recheck("eleuther-positions", "EleutherAI cookbook", "line 268",
                   {"extra": Figure(int(positions.subs({d: 4096, S: 4096})), "parameters")},
                   "its LLaMA-7B example (d = S = 4096) gains {extra} that a rotary model does not have")
-    n, gpus = 7 * 10**9, Setup(7 * 10**9, gpus_per_node=8, nodes=8, tp=8, zero_stage=3)
-    model = next(r.bytes for r in eleuther.TRANSFORMER_MATH.estimate(gpus).rows if r.role == "param")
+    n, gpus = 7 * 10**9, Ledger(n_params=7 * 10**9, dp=8, tp=8, zero_stage=3)       # 64 GPUs
+    model = next(r.bytes for r in eleuther.TRANSFORMER_MATH.estimate(gpus, ConventionInputs(nodes=8)).rows
+                 if r.role == "param")
     only_weights = {tm.Model: 2 * n, tm.Optimizer: 0, tm.Gradient: 0, tm.Activation: 0, tm.Live: 0}
     blog = tm.RULES["zero3"].subs(only_weights)
     zero3 = Recheck("eleuther-zero3-model", "EleutherAI cookbook", "lines 286-294",
-                    {"cookbook": Figure(model, "bytes"), "blog": Figure(blog.subs(tm.N, gpus.gpus), "bytes"),
+                    {"cookbook": Figure(model, "bytes"), "blog": Figure(blog.subs(tm.N, gpus.dp * gpus.tp), "bytes"),
                      "ledger": Figure(Ledger(n_params=n, tp=8, dp=8, zero_stage=3).by_role()["param"], "bytes")},
                     "7x10^9 parameters on 64 GPUs (tp = 8, dp = 8), ZeRO-3: the cookbook books {cookbook} of "
                     "weights per GPU; the blog's rule gives {blog}, memledger's ledger {ledger}")

@@ -7,4 +7,5 @@ __getattr__, __dir__, __all__ = lazy(__name__, {
     'step': (),
     'models': (),
     'compare': (),
+    'paths': (),
 })

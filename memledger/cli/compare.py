@@ -3,24 +3,25 @@
 ``memledger ledger ... --convention NAME`` prints one other calculator's
 estimate of the setup (its rows, what the tool itself prints, why it differs
 from memledger's ledger); ``memledger compare ...`` puts the setup under
-every convention side by side; ``memledger ledger ... --lora-rank R`` (or
-``--qlora``) gives the LoRA/QLoRA ledger of :mod:`memledger.ledger.lora`. Options a
-path would ignore are refused, as everywhere in the CLI.
+every convention side by side, memledger's own ledger first with every
+option honoured; ``memledger ledger ... --lora-rank R`` (or ``--qlora``)
+gives the LoRA/QLoRA ledger of :mod:`memledger.ledger.lora`. Options a path
+would ignore are refused (:mod:`memledger.cli.paths`), as everywhere in the CLI.
 """
-from fractions import Fraction
+from ..core.units import format_bytes, parse_count, shown
+from .options import add, build_ledger, check_units, flag, ledger_options, output_options
+from .paths import CONVENTION_INPUTS, LORA, MODEL, WORKLOAD, convention_reads, refuse_unread
 
-from ..core.units import format_bytes, parse_count
-
-CONVENTION_INPUTS = ("largest_layer", "gpus_per_node", "nodes", "buffer_factor", "no_zero_init")
-LORA_INPUTS = ("lora_rank", "lora_targets", "qlora", "lora_dropout", "adapter_recipe", "no_double_quant")
+__all__ = ["add_options", "add_parser", "compare", "convention", "convention_inputs", "lora", "wants"]
 
 
-def add_parsers(sub, ledger_parser, ledger_options, formatter):
-    """``ledger``'s extra options, and the ``compare`` command with the ledger's options."""
-    add_options(ledger_parser)
+def add_parser(sub, formatter):
+    """The ``compare`` command: the ledger's options (overhead 0: the conventions book none) and the inputs
+    of other calculators."""
     compare = sub.add_parser("compare", help="one model under every published convention, with memledger's ledger",
                              formatter_class=formatter)
-    ledger_options(compare)
+    ledger_options(compare, overhead="0")
+    output_options(compare, verdict=False, link=False)
     add_options(compare, compare=True)
 
 
@@ -28,71 +29,75 @@ def add_options(parser, compare: bool = False):
     """The options of other calculators' inputs (and, for ``ledger``, --convention and LoRA)."""
     conv = parser.add_argument_group("other calculators' inputs (--convention, compare)")
     if not compare:
-        conv.add_argument("--convention", help="print this convention's estimate instead (see memledger compare)")
-    conv.add_argument("--largest-layer", help="parameters of the largest layer (default: from the architecture)")
-    conv.add_argument("--gpus-per-node", help="GPUs per node (default: --dp / --nodes)")
-    conv.add_argument("--nodes", help="nodes (default: 1)")
-    conv.add_argument("--buffer-factor", help="DeepSpeed's CPU additional_buffer_factor (default: 1.5)")
-    conv.add_argument("--no-zero-init", action="store_true", help="DeepSpeed ZeRO-3 without zero.Init")
+        add(conv, "--convention", "print this convention's estimate instead (see memledger compare)")
+    add(conv, "--largest-layer", "parameters of the largest layer (default: from the architecture)")
+    add(conv, "--gpus-per-node", "GPUs per node (default: the GPUs, dp x tp, over --nodes; given without --dp, "
+        "it sets dp)")
+    add(conv, "--nodes", "nodes", "1")
+    add(conv, "--buffer-factor", "DeepSpeed's CPU additional_buffer_factor, from 1 to 1000", "1.5")
+    add(conv, "--no-zero-init", "DeepSpeed ZeRO-3 without zero.Init", switch=True)
     if compare:
         return
     lora = parser.add_argument_group("LoRA / QLoRA (frozen base, rank-r adapters)")
-    lora.add_argument("--lora-rank", help="adapter rank r (LoRA)")
-    lora.add_argument("--lora-targets", help="comma-separated projections (default q_proj,v_proj; QLoRA: all)")
-    lora.add_argument("--qlora", action="store_true", help="NF4 base, BF16 adapters, paged 8-bit AdamW (r 64)")
-    lora.add_argument("--lora-dropout", action="store_true", help="adapters with dropout on their input")
-    lora.add_argument("--adapter-recipe", help="the adapters' recipe (default fp32-adamw; QLoRA "
-                      "bf16-adam8bit-bnb-nomaster)")
-    lora.add_argument("--no-double-quant", action="store_true", help="QLoRA without double quantization")
-
-
-def _given(a, names) -> list:
-    return ["--" + n.replace("_", "-") for n in names if getattr(a, n, None) not in (None, False)]
+    add(lora, "--lora-rank", "adapter rank r (LoRA; default 16, QLoRA 64)")
+    add(lora, "--lora-targets", "comma-separated projections (default q_proj,v_proj; QLoRA: all)")
+    add(lora, "--qlora", "NF4 base, BF16 adapters, paged 8-bit AdamW (r 64)", switch=True)
+    add(lora, "--lora-dropout", "adapters with dropout on their input", switch=True)
+    add(lora, "--adapter-recipe", "the adapters' recipe (default fp32-adamw; QLoRA bf16-adam8bit-bnb-nomaster)")
+    add(lora, "--no-double-quant", "QLoRA without double quantization", switch=True)
 
 
 def wants(a) -> str:
     """Which path the ledger arguments ask for: "convention", "lora" or "" (memledger's own ledger)."""
-    conv, lora = getattr(a, "convention", None) is not None, bool(_given(a, LORA_INPUTS))
+    conv, lora = "convention" in a.given, any(d in a.given for d in LORA)
     if conv and lora:
         raise ValueError("--convention and the LoRA options cannot be combined")
-    if not conv and _given(a, CONVENTION_INPUTS) and a.command == "ledger":
-        flags = _given(a, CONVENTION_INPUTS)
-        raise ValueError(f"{', '.join(flags)} {'is an input' if len(flags) == 1 else 'are inputs'} of other "
+    inputs = [flag(d) for d in CONVENTION_INPUTS if d in a.given]
+    if not conv and inputs:
+        raise ValueError(f"{', '.join(inputs)} {'is an input' if len(inputs) == 1 else 'are inputs'} of other "
                          "calculators: use with --convention NAME or memledger compare")
     return "convention" if conv else "lora" if lora else ""
 
 
-def setup(a, ledger):
-    """The :class:`~memledger.calculators.Setup` the arguments describe (its GPUs are the ledger's dp)."""
-    from ..calculators import Setup
-    nodes = parse_count(a.nodes, "nodes") if a.nodes is not None else 1
-    if a.gpus_per_node is not None:
-        per_node = parse_count(a.gpus_per_node, "gpus_per_node")
-        if a.dp != "1" and per_node * nodes != ledger.dp:
-            raise ValueError(f"gpus_per_node x nodes ({per_node} x {nodes}) must equal dp ({ledger.dp})")
-    elif ledger.dp % nodes:
-        raise ValueError(f"dp ({ledger.dp}) must be a multiple of nodes ({nodes})")
-    else:
-        per_node = ledger.dp // nodes
-    try:
-        factor = Fraction(a.buffer_factor) if a.buffer_factor is not None else Fraction(3, 2)
-    except (ValueError, ZeroDivisionError):
-        raise ValueError(f"buffer_factor must be a number >= 1 such as 1.5, got {a.buffer_factor!r}") from None
-    return Setup(ledger.params, arch=ledger.arch,
-                 largest_layer=parse_count(a.largest_layer, "largest_layer") if a.largest_layer else None,
-                 batch_size=ledger.batch_size, seq_len=ledger.seq_len, gpus_per_node=per_node, nodes=nodes,
-                 buffer_factor=factor, zero_stage=ledger.zero_stage,
-                 offload_optimizer=ledger.offload_optimizer != "none", offload_params=ledger.offload_params != "none",
-                 zero_init=not a.no_zero_init, recompute=ledger.recompute, tp=ledger.tp,
-                 dtype="fp32" if ledger.recipe.startswith("fp32") else "bf16", flash_attention=ledger.flash_attention,
-                 dropout=ledger.dropout)
+def convention_inputs(a):
+    """The :class:`~memledger.calculators.base.ConventionInputs` the arguments give."""
+    from ..calculators.base import ConventionInputs
+    return ConventionInputs(
+        largest_layer=parse_count(a.largest_layer, "largest_layer") if a.largest_layer is not None else None,
+        gpus_per_node=parse_count(a.gpus_per_node, "gpus_per_node") if a.gpus_per_node is not None else None,
+        nodes=parse_count(a.nodes, "nodes"), buffer_factor=a.buffer_factor, zero_init=not a.no_zero_init)
 
 
-def convention(a, ledger) -> str:
+def _conventions_ledger(a):
+    """The ledger and inputs of the conventions' paths; ``--gpus-per-node`` x ``--nodes`` without ``--dp`` sets
+    the GPUs (dp x tp)."""
+    inputs = convention_inputs(a)
+    if inputs.gpus_per_node is not None and "dp" not in a.given:
+        gpus, tp = inputs.gpus_per_node * inputs.nodes, parse_count(a.tp, "tp")
+        if gpus % tp:
+            raise ValueError(f"gpus_per_node x nodes ({inputs.gpus_per_node} x {inputs.nodes}) must be a multiple "
+                             f"of tp ({tp})")
+        a.dp = str(gpus // tp)
+    return build_ledger(a), inputs
+
+
+def _placement(reads, ledger):
+    """``--offload-placement`` is read only where the optimizer states are offloaded."""
+    return reads if ledger.offload_optimizer != "none" else reads - {"offload_placement"}
+
+
+def convention(a) -> str:
     """``ledger --convention NAME``: that convention's rows, its own printed text, why it differs."""
     from ..calculators import get_convention
     c = get_convention(a.convention)
-    estimate = c.estimate(setup(a, ledger))
+    reads = convention_reads(c)
+    options = [flag(d) for d in sorted(reads & set(WORKLOAD + CONVENTION_INPUTS))]
+    refuse_unread(a, reads, f"--convention {c.name}", dict.fromkeys(a.given, "it reads the model" + (
+        f" and {', '.join(options)}" if options else " only")))
+    ledger, inputs = _conventions_ledger(a)
+    if c.zero_stage is not None and "zero" in a.given and ledger.zero_stage != c.zero_stage:
+        raise ValueError(f"{c.name} estimates ZeRO stage {c.zero_stage}; --zero {ledger.zero_stage} contradicts it")
+    estimate = c.estimate(ledger, inputs)
     if a.json:
         import json
         data = estimate.to_dict()
@@ -114,30 +119,47 @@ def convention(a, ledger) -> str:
 
 def compare(a) -> str:
     """``memledger compare``: memledger's ledger and every convention, side by side."""
-    from .options import UNITS, build_ledger, one_of
     from ..calculators.compare import compare as run, compare_table
-    if a.units not in UNITS:
-        raise ValueError(f"units must be one of {one_of(UNITS)}, got {a.units!r}")
-    rows = run(setup(a, build_ledger(a)))
+    check_units(a)
+    ledger, inputs = _conventions_ledger(a)
+    reads = set(MODEL) | set(WORKLOAD) | set(CONVENTION_INPUTS) | {"units", "json"}
+    refuse_unread(a, _placement(reads, ledger), "memledger compare")
+    rows = run(ledger, inputs)
     if a.json:
         import json
         return json.dumps({"conventions": [r.to_dict(rows[0]) for r in rows]}, indent=2)
     return compare_table(rows, a.units)
 
 
+def lora_targets(text):
+    """``--lora-targets``: comma-separated projection names, none empty, none twice."""
+    if text is None:
+        return None
+    targets = tuple(t.strip() for t in text.split(","))
+    if not any(targets):
+        raise ValueError(f"--lora-targets names no projection, got {shown(text)!r}")
+    if not all(targets):
+        raise ValueError(f"--lora-targets has an empty name, got {shown(text)!r}")
+    return targets
+
+
+#: What the LoRA ledger reads: the model, one GPU's workload without a recipe (the adapters have theirs).
+LORA_READS = set(MODEL) | {"batch", "seq", "recompute", "flash_attention", "overhead", "units", "json"} | set(LORA)
+
+
 def lora(a, ledger) -> str:
     """``ledger --lora-rank R`` / ``--qlora``: the LoRA or QLoRA ledger."""
     from ..ledger.lora import LoraConfig, LoraLedger, qlora
-    refused = [flag for flag, used in (("--zero", ledger.zero_stage), ("--dp", ledger.dp > 1), ("--tp", ledger.tp > 1),
-                                       ("--offload-optimizer", ledger.offload_optimizer != "none"),
-                                       ("--pp", a.pp is not None), ("--recipe", a.recipe != "bf16-adamw"))
-               if used]
+    refused = [d for d in a.given if d not in LORA_READS]
     if refused:
-        raise ValueError(f"{', '.join(refused)} {'is' if len(refused) == 1 else 'are'} not modelled with LoRA "
-                         "(one GPU; the adapters' recipe is --adapter-recipe)")
+        flags = [flag(d) for d in refused]
+        raise ValueError(f"{', '.join(flags)} {'is' if len(flags) == 1 else 'are'} not modelled with LoRA (one GPU, "
+                         "the base's dropout, the blocks' activations only, no verdict; the adapters' recipe is "
+                         "--adapter-recipe)")
     if ledger.arch is None:
         raise ValueError("LoRA needs an architecture: --preset, --config or a shape")
-    targets = tuple(t.strip() for t in a.lora_targets.split(",")) if a.lora_targets else None
+    refuse_unread(a, LORA_READS, "the LoRA ledger")
+    targets = lora_targets(a.lora_targets)
     options = {"dropout": a.lora_dropout}
     if a.adapter_recipe:
         options["adapter_recipe"] = a.adapter_recipe

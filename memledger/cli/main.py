@@ -1,8 +1,10 @@
-"""Command line: ``memledger ledger|step|fit|infer|presets|recipes|claims [--json]``.
+"""Command line: ``memledger ledger|step|compare|fit|infer|presets|recipes|claims [--json]``.
 
-Bad input of any kind prints one line on stderr and exits with status 2 (the
-messages are the Python API's); output that cannot be written (a closed pipe,
-a full disk) prints one line and exits with status 1. No traceback, ever.
+Bad input of any kind prints one line on stderr, nothing on stdout, and exits
+with status 2 (the messages are the Python API's); so does a given option the
+chosen path does not read (:mod:`memledger.cli.paths`). Output that cannot be
+written (a closed or full stdout, a reader gone) prints one line on stderr and
+exits with status 1. No traceback, ever (``tests/cli/test_fuzz.py``).
 The ledger path imports neither SymPy nor NumPy: rows are evaluated by the
 generated :mod:`memledger.core.compiled`, so the command answers about as fast as
 Python starts (``benchmarks/bench.py``).
@@ -12,12 +14,15 @@ import os
 import sys
 
 from ..core.units import format_bytes
-from ..ledger.hardware import GPU_MEMORY, NVME_LINKS
-from ..ledger.ledger import Ledger
+from ..ledger.hardware import NVME_LINKS
 from ..models.presets import all_presets
 from ..states.recipes import ALL_RECIPES
 from . import compare as cli_compare, models as cli_models, step as cli_step
-from .options import UNITS, UNITS_HELP, build_ledger, gpu_bytes, ledger_options, model_options, one_of
+from .options import add, build_ledger, fill_defaults, given_options, gpu_bytes, host_link, ledger_options, one_of
+from .options import output_options
+from .paths import MODEL, PIPELINE, WORKLOAD, refuse_unread
+
+__all__ = ["COMMANDS", "main"]
 
 COMMANDS = ("ledger", "step", "compare", "fit", "infer", "presets", "recipes", "claims")
 
@@ -28,68 +33,67 @@ class _Parser(argparse.ArgumentParser):
 
 
 class _Help(argparse.HelpFormatter):
-    """Shows each option's default, except where there is none (None, or a flag's False)."""
+    """Shows each option's default (``action.fallback``, filled in after parsing), where it has one."""
 
     def _get_help_string(self, action):
         text = action.help or ""
-        if action.default not in (None, False, argparse.SUPPRESS) and action.option_strings:
-            text += f" (default: {action.default})"
+        default = getattr(action, "fallback", None)
+        if default is not None and action.option_strings:
+            text += f" (default: {default})"
         return text
 
 
 def _parser():
+    """The top parser and each command's parser, by name."""
     top = _Parser(prog="memledger", description="GPU training memory of transformers, every byte derived.",
                   formatter_class=_Help)
     sub = top.add_subparsers(dest="command", metavar="{" + ",".join(COMMANDS) + "}", parser_class=_Parser)
-    led = sub.add_parser("ledger", help="the memory ledger of one setup, per GPU",
-                         formatter_class=_Help)
+    led = sub.add_parser("ledger", help="the memory ledger of one setup, per GPU", formatter_class=_Help)
     ledger_options(led)
-    cli_compare.add_parsers(sub, led, ledger_options, _Help)
-    cli_step.add_parser(sub, ledger_options, _Help)
-    led.add_argument("--measure", default="auto", help="what the fits verdict judges: auto (the step's peak, "
-                     "memledger step, where the timeline models the setup, else the sum of the rows at the end of "
-                     "the forward pass), peak, or total (the sum, without evaluating the step)")
+    output_options(led)
+    cli_compare.add_options(led)
+    cli_compare.add_parser(sub, _Help)
+    cli_step.add_parser(sub, _Help)
+    add(led, "--measure", "what the fits verdict judges: auto (the step's peak, memledger step, where the timeline "
+        "models the setup, else the sum of the rows at the end of the forward pass), peak, or total (the sum, "
+        "without evaluating the step)", "auto")
     pipe = led.add_argument_group("pipeline parallelism (Megatron-LM schedules)")
-    pipe.add_argument("--pp", help="pipeline stages P (rows per stage: first and last)")
-    pipe.add_argument("--microbatches", help="micro-batches per step M (needs --pp)")
-    pipe.add_argument("--interleave", help="model chunks per device V, the interleaved schedule (needs --pp)")
-    fit = sub.add_parser("fit", help="the largest batch, sequence or model that fits (or the smallest dp/ZeRO)",
-                         formatter_class=_Help)
-    fit.add_argument("--vary", required=True, help="batch, seq or layers (largest that fits); dp or zero "
-                     "(smallest that fits)")
-    fit.add_argument("--measure", default="auto", help="what a candidate is judged by: auto (the step's peak "
-                     "where the timeline models the setup, else the sum of the rows at the end of the forward "
-                     "pass), peak, or total (the sum)")
-    ledger_options(fit)
-    inf = sub.add_parser("infer", help="inference for contrast: weights + KV cache + working buffer",
-                         formatter_class=_Help)
-    model_options(inf)
-    inf.add_argument("--batch", help="sequences served at once B (default: 1)")
-    inf.add_argument("--seq", help="tokens per sequence, prompt + generated (default: 2048)")
-    inf.add_argument("--dtype", default="bf16", help="weight dtype: bf16, fp16, fp8, int8, fp32")
-    inf.add_argument("--kv-dtype", default="bf16", help="KV-cache dtype")
-    inf.add_argument("--tp", default="1", help="tensor-parallel degree")
-    inf.add_argument("--overhead", default=format_bytes(Ledger.overhead_bytes, digits=0).replace(" ", ""),
-                     help="runtime overhead (CUDA context, workspace)")
-    inf.add_argument("--units", default=UNITS[0], help=UNITS_HELP)
-    inf.add_argument("--gpu-memory", default=next(iter(GPU_MEMORY)),
-                     help=f"GPU memory for the fits verdict: bytes (80GB) or one of {one_of(GPU_MEMORY)}")
-    inf.add_argument("--json", action="store_true", help="one JSON object with exact integer bytes")
+    add(pipe, "--pp", "pipeline stages P (rows per stage: first and last)")
+    add(pipe, "--microbatches", "micro-batches per step M (needs --pp; default: P)")
+    add(pipe, "--interleave", "model chunks per device V, the interleaved schedule (needs --pp; default: 1)")
+    cli_models.add_parsers(sub, _Help)
     for name, text in (("presets", "list the presets and their architecture"),
                        ("recipes", "list the precision/optimizer recipes"),
                        ("claims", "the article audit: each claim, stated vs computed, status")):
         sub.add_parser(name, help=text).add_argument("--json", action="store_true", help="print JSON")
-    return top
+    return top, sub.choices
 
 
 def _ledger(a):
     path = cli_compare.wants(a)
+    if path == "convention":
+        return cli_compare.convention(a)
     ledger = build_ledger(a)
-    if path:
-        return getattr(cli_compare, path)(a, ledger)
+    if path == "lora":
+        return cli_compare.lora(a, ledger)
+    reads = set(MODEL) | set(WORKLOAD) | {"units", "gpu_memory", "link", "json", "measure"} | set(PIPELINE)
+    where = "memledger ledger"
+    if ledger.arch is None:
+        reads -= {"measure"} | set(PIPELINE)
+        where = "a ledger without an architecture (--params alone)"
+    if ledger.offload_optimizer == "none":
+        reads.discard("offload_placement")
+    traffic = ledger.traffic
+    if not traffic.pcie_bytes:
+        reads.discard("link")
+    refuse_unread(a, reads, where, {"pp": "pipeline stages split the layers: give an architecture",
+                                    "link": "there is no offload transfer to time"})
+    from ..answers.verdict import CHOICES
+    from ..core.choices import check_choice
+    check_choice("measure", a.measure, CHOICES)
+    link = host_link(a.link)
     memory = gpu_bytes(a.gpu_memory)
     pipe = cli_models.pipeline_section(a, ledger, memory)
-    traffic = ledger.traffic
     if a.json:
         import json
         data = ledger.to_dict()
@@ -101,15 +105,15 @@ def _ledger(a):
         data["measure"] = judged.key
         data["judged_bytes"] = judged.bytes
         data["peak"] = None if a.measure == "total" else ledger.peak      # total: the step is not evaluated
-        data["traffic"]["link"] = a.link
-        data["traffic"]["pcie_seconds"] = float(traffic.pcie_seconds(a.link))
+        data["traffic"]["link"] = link
+        data["traffic"]["pcie_seconds"] = float(traffic.pcie_seconds(link))
         return json.dumps(data, indent=2)
     lines = [ledger.table(a.units).text(), "", _verdict(ledger, memory, a.measure, a.units)]
     if traffic.pcie_bytes:
-        lines.append(f"Per step over {a.link}: GPU->CPU {format_bytes(traffic.gpu_to_cpu, a.units)}, "
+        lines.append(f"Per step over {link}: GPU->CPU {format_bytes(traffic.gpu_to_cpu, a.units)}, "
                      f"CPU->GPU {format_bytes(traffic.cpu_to_gpu, a.units)}: "
-                     f"{float(traffic.pcie_seconds(a.link)):.2f} s one after the other, "
-                     f"{float(traffic.pcie_seconds(a.link, duplex=True)):.2f} s overlapped.")
+                     f"{float(traffic.pcie_seconds(link)):.2f} s one after the other, "
+                     f"{float(traffic.pcie_seconds(link, duplex=True)):.2f} s overlapped.")
     if pipe is not None:
         lines += ["", cli_models.pipeline_text(pipe, a.units)]
     if traffic.nvme_read:
@@ -191,35 +195,60 @@ def _claims(a):
 
 
 def _one_line(error) -> str:
-    return " ".join(str(error).split("\n"))
+    return " ".join(str(error).split())
+
+
+def _complain(message: str) -> None:
+    """One line on stderr, if there is a stderr to write to (never on stdout)."""
+    try:
+        if sys.stderr is not None:
+            sys.stderr.write(f"memledger: error: {message}\n")
+            sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+
+
+def _run(argv) -> str:
+    top, commands = _parser()
+    a = top.parse_args(argv)
+    if a.command is None:
+        raise ValueError(f"choose a command: {one_of(COMMANDS)} (see memledger --help)")
+    parser = commands[a.command]
+    a.given = given_options(parser, a)
+    fill_defaults(parser, a)
+    handlers = {"ledger": _ledger, "step": cli_step.step, "compare": cli_compare.compare, "fit": cli_models.fit,
+                "infer": cli_models.infer, "presets": _presets, "recipes": _recipes, "claims": _claims}
+    return handlers[a.command](a)
+
+
+def _silence_stdout() -> None:
+    """Point fd 1 at /dev/null, so that Python's flush at exit does not complain a second time."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass
 
 
 def main(argv=None) -> int:
+    """Run one command: 0 with the output on stdout; 2 with one line on stderr for bad input (nothing on
+    stdout); 1 with one line on stderr when the output cannot be written (a closed or full stdout)."""
     try:
-        a = _parser().parse_args(argv)
-        if a.command is None:
-            raise ValueError(f"choose a command: {one_of(COMMANDS)} (see memledger --help)")
-        if a.command in ("fit", "infer"):
-            text = getattr(cli_models, a.command)(a)
-        elif a.command == "step":
-            text = cli_step.step(a, build_ledger, gpu_bytes)
-        elif a.command == "compare":
-            text = cli_compare.compare(a)
-        else:
-            text = {"ledger": _ledger, "presets": _presets, "recipes": _recipes, "claims": _claims}[a.command](a)
+        text = _run(argv)
     except (ValueError, TypeError) as e:
-        print(f"memledger: error: {_one_line(e)}", file=sys.stderr)
+        _complain(_one_line(e))
         return 2
+    if sys.stdout is None:                  # started with fd 1 closed (memledger ... >&-)
+        _complain("cannot write the output: standard output is closed")
+        return 1
     try:
         sys.stdout.write(text + "\n")
         sys.stdout.flush()
     except BrokenPipeError:
-        # the reader (e.g. `head`) is gone: not an error worth a message; keep Python from
-        # complaining again when it flushes stdout at exit
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        _silence_stdout()
+        _complain("cannot write the output: the reader closed the pipe")
         return 1
-    except OSError as e:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        print(f"memledger: error: cannot write the output: {e.strerror or e}", file=sys.stderr)
+    except (OSError, ValueError) as e:      # a full disk; a closed file (ValueError: I/O on a closed file)
+        _silence_stdout()
+        _complain(f"cannot write the output: {getattr(e, 'strerror', None) or e}")
         return 1
     return 0

@@ -3,8 +3,36 @@
 Split from :mod:`memledger.cli.main` (which parses the options and reports errors);
 each function takes the parsed arguments and returns the text to print.
 """
-from .options import UNITS, architecture_from_args, one_of, build_ledger, gpu_bytes
 from ..core.units import format_bytes, parse_bytes, parse_count
+from .options import (DEFAULT_OVERHEAD, add, architecture_from_args, build_ledger, check_units, gpu_bytes,
+                      ledger_options, model_options, output_options)
+from .paths import MODEL, WORKLOAD, refuse_unread
+
+__all__ = ["add_parsers", "fit", "infer", "pipeline_section", "pipeline_text"]
+
+#: The option each ``fit --vary`` searches over (so it is not read as given).
+SEARCHED = {"batch": "batch", "seq": "seq", "layers": "layers", "dp": "dp", "zero": "zero"}
+
+
+def add_parsers(sub, formatter):
+    """The ``fit`` and ``infer`` commands."""
+    fit = sub.add_parser("fit", help="the largest batch, sequence or model that fits (or the smallest dp/ZeRO)",
+                         formatter_class=formatter)
+    add(fit, "--vary", "batch, seq or layers (largest that fits); dp or zero (smallest that fits)").required = True
+    add(fit, "--measure", "what a candidate is judged by: auto (the step's peak where the timeline models the "
+        "setup, else the sum of the rows at the end of the forward pass), peak, or total (the sum)", "auto")
+    ledger_options(fit)
+    output_options(fit, link=False)
+    inf = sub.add_parser("infer", help="inference for contrast: weights + KV cache + working buffer",
+                         formatter_class=formatter)
+    model_options(inf, params=False)
+    add(inf, "--batch", "sequences served at once B", "1")
+    add(inf, "--seq", "tokens per sequence, prompt + generated", "2048")
+    add(inf, "--dtype", "weight dtype: bf16, fp16, fp8, int8, fp32", "bf16")
+    add(inf, "--kv-dtype", "KV-cache dtype", "bf16")
+    add(inf, "--tp", "tensor-parallel degree", "1")
+    add(inf, "--overhead", "runtime overhead (CUDA context, workspace)", DEFAULT_OVERHEAD)
+    output_options(inf, link=False)
 
 
 def pipeline_section(a, ledger, memory):
@@ -38,8 +66,29 @@ def pipeline_text(pipe, units):
 
 
 def fit(a):
-    from ..answers.fit import fit
-    result = fit(build_ledger(a), a.vary, gpu_bytes(a.gpu_memory), measure=a.measure)
+    """``memledger fit --vary X``: every ledger option but --X (the search sets it) and --link."""
+    from ..answers.fit import VARY, fit
+    from ..answers.verdict import CHOICES, is_nominal, uses_peak
+    from ..core.choices import check_choice
+    check_choice("vary", a.vary, VARY)
+    check_choice("measure", a.measure, CHOICES)
+    where = f"memledger fit --vary {a.vary}"
+    searched = SEARCHED[a.vary]
+    if searched in a.given:
+        raise ValueError(f"{where} searches over --{searched}: leave --{searched} out")
+    if a.vary == "layers" and a.preset is None and a.config is None and (a.hidden or a.heads):
+        a.layers = "1"                      # a shape's layer count is what the search sets
+    ledger = build_ledger(a)
+    reads = set(MODEL) | set(WORKLOAD) | {"units", "gpu_memory", "json", "measure", "vary"}
+    if ledger.arch is None:
+        reads.discard("measure")
+    if ledger.offload_optimizer == "none":
+        reads.discard("offload_placement")
+    if "scope" in a.given and uses_peak(ledger, a.measure) and not is_nominal(ledger):
+        reads.discard("scope")
+    refuse_unread(a, reads, where, {"scope": "the step's peak decides, and the step runs the whole model "
+                                             "(--measure total judges the sum, which --scope changes)"})
+    result = fit(ledger, a.vary, gpu_bytes(a.gpu_memory), measure=a.measure)
     at = result.pop("ledger")
     if a.json:
         import json
@@ -55,13 +104,12 @@ def fit(a):
 
 def infer(a):
     from ..ledger.inference import Inference
+    refuse_unread(a, set(a.given), "memledger infer")          # every option read; --units not under --json
     arch = architecture_from_args(a)
     if arch is None:
         raise ValueError("infer needs an architecture: --preset NAME, --config FILE or --hidden/--layers/--heads")
-    if a.units not in UNITS:
-        raise ValueError(f"units must be one of {one_of(UNITS)}, got {a.units!r}")
-    inference = Inference(arch, batch_size=1 if a.batch is None else parse_count(a.batch, "batch_size"),
-                          seq_len=2048 if a.seq is None else parse_count(a.seq, "seq_len"),
+    check_units(a)
+    inference = Inference(arch, batch_size=parse_count(a.batch, "batch_size"), seq_len=parse_count(a.seq, "seq_len"),
                           weight_dtype=a.dtype, kv_dtype=a.kv_dtype, tp=parse_count(a.tp, "tp"),
                           overhead_bytes=parse_bytes(a.overhead, "overhead"))
     memory = gpu_bytes(a.gpu_memory)

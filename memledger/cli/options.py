@@ -1,7 +1,13 @@
-"""Options every command shares: the model, the workload and strategy, the output; and the
-:class:`~memledger.ledger.ledger.Ledger` they describe (refusing options it would ignore)."""
+"""Options every command shares: the model, the workload and strategy, the output; what was given; and the
+:class:`~memledger.ledger.ledger.Ledger` they describe.
+
+Every option is declared with no argparse default, so that after parsing the command line knows which
+options were *given* (:func:`given_options`); each option's default is kept beside it (``action.fallback``,
+shown by ``--help``) and filled in afterwards (:func:`fill_defaults`). :mod:`memledger.cli.paths` then
+refuses, in one line, a given option the chosen path does not read.
+"""
 from ..core.choices import RECOMPUTE, lookup
-from ..core.units import format_bytes, parse_bytes, parse_count
+from ..core.units import format_bytes, parse_bytes, parse_count, shown
 from ..ledger.hardware import GPU_MEMORY, HOST_LINKS, NVME_LINKS
 from ..ledger.ledger import Ledger
 from ..models.architecture import Architecture
@@ -10,60 +16,94 @@ from ..models.presets import get_preset, preset_names
 from ..states.placement import OFFLOAD_DEVICES, PLACEMENTS, ZERO_STAGES
 from ..states.recipes import ALL_RECIPES
 
-__all__ = ["UNITS", "UNITS_HELP", "architecture_from_args", "build_ledger", "gpu_bytes", "ledger_options",
-           "model_options", "one_of", "zero_stage"]
+__all__ = ["UNITS", "UNITS_HELP", "add", "architecture_from_args", "build_ledger", "check_units", "fill_defaults",
+           "flag", "given_options", "gpu_bytes", "host_link", "ledger_options", "model_options", "one_of",
+           "output_options", "zero_stage"]
 
 UNITS = ("GB", "GiB", "MiB", "TiB")
 UNITS_HELP = "GB (10^9 bytes), GiB (2^30), MiB (2^20) or TiB (2^40)"
+DEFAULT_OVERHEAD = format_bytes(Ledger.overhead_bytes, digits=0).replace(" ", "")
 
 
 def one_of(options) -> str:
     return ", ".join(map(str, options))
 
 
-def model_options(parser):
+def flag(dest: str) -> str:
+    """An option's flag from its destination: ``gpu_memory`` -> ``--gpu-memory``."""
+    return "--" + dest.replace("_", "-")
+
+
+def add(group, name: str, help: str, default=None, switch: bool = False):
+    """Declare ``name`` (a flag) with no argparse default; ``default`` is filled in after parsing where the
+    option is not given, and shown by ``--help``. ``switch``: a flag without a value (store_true)."""
+    if switch:
+        action = group.add_argument(name, action="store_true", help=help)
+    else:
+        action = group.add_argument(name, help=help, default=None)
+    action.fallback = default
+    return action
+
+
+def model_options(parser, params: bool = True):
     arch = parser.add_argument_group("model (a preset, a parameter count, or a shape)")
-    arch.add_argument("--preset", help=f"one of: {one_of(preset_names())}")
-    arch.add_argument("--config", help="a Hugging Face config.json (or its folder), read offline; model types: "
-                      + one_of(SUPPORTED))
-    arch.add_argument("--params", help="parameter count, e.g. 7e9 (alone: model states only)")
-    arch.add_argument("--hidden", help="hidden size d")
-    arch.add_argument("--layers", help="number of layers L")
-    arch.add_argument("--heads", help="attention heads H")
-    arch.add_argument("--ffn", help="MLP intermediate size (default: 4d)")
-    arch.add_argument("--vocab", help=f"vocabulary size (default: {Architecture.vocab_size})")
-    arch.add_argument("--style", help=f"block style: gpt or llama (default: {Architecture.style})")
+    add(arch, "--preset", f"one of: {one_of(preset_names())}")
+    add(arch, "--config", "a Hugging Face config.json (or its folder), read offline; model types: " + one_of(SUPPORTED))
+    if params:
+        add(arch, "--params", "parameter count, e.g. 7e9 (alone: model states only)")
+    add(arch, "--hidden", "hidden size d")
+    add(arch, "--layers", "number of layers L")
+    add(arch, "--heads", "attention heads H")
+    add(arch, "--ffn", "MLP intermediate size (default: 4d)")
+    add(arch, "--vocab", f"vocabulary size (default: {Architecture.vocab_size})")
+    add(arch, "--style", f"block style: gpt or llama (default: {Architecture.style})")
 
 
-def ledger_options(parser):
+def ledger_options(parser, overhead: str = DEFAULT_OVERHEAD, scope: bool = True):
     model_options(parser)
     run = parser.add_argument_group("workload and strategy")
-    run.add_argument("--batch", help=f"micro-batch size B (default: {Ledger.batch_size})")
-    run.add_argument("--seq", help=f"sequence length S (default: {Ledger.seq_len})")
-    run.add_argument("--recipe", default=Ledger.recipe, help=f"one of: {one_of(ALL_RECIPES)}")
-    run.add_argument("--recompute", default=Ledger.recompute, help=one_of(RECOMPUTE))
-    run.add_argument("--no-dropout", action="store_true", help="train without dropout")
-    run.add_argument("--flash-attention", action="store_true", help="no S x S tensors saved")
-    run.add_argument("--tp", default=str(Ledger.tp), help="tensor-parallel degree")
-    run.add_argument("--sp", action="store_true", help="sequence parallelism (needs --tp > 1)")
-    run.add_argument("--zero", default=str(Ledger.zero_stage), help=f"ZeRO stage: {one_of(ZERO_STAGES)}")
-    run.add_argument("--dp", default=str(Ledger.dp), help="data-parallel degree")
-    run.add_argument("--offload-optimizer", default=Ledger.offload_optimizer, help=one_of(OFFLOAD_DEVICES))
-    run.add_argument("--offload-params", default=Ledger.offload_params,
-                     help=f"{one_of(OFFLOAD_DEVICES)} (needs --zero 3)")
-    run.add_argument("--offload-placement", default=Ledger.offload_placement,
-                     help=f"{one_of(PLACEMENTS)}: article (grads stay on the GPU) or zero-offload "
-                          "(only BF16 params stay)")
-    run.add_argument("--overhead", default=format_bytes(Ledger.overhead_bytes, digits=0).replace(" ", ""),
-                     help="runtime overhead (CUDA context, workspace), e.g. 2GB or 1500000000")
-    run.add_argument("--scope", default=Ledger.scope, help="model (the blocks and what lies outside them) or "
-                     "layers (the blocks only, as the article books them)")
+    add(run, "--batch", "micro-batch size B", str(Ledger.batch_size))
+    add(run, "--seq", "sequence length S", str(Ledger.seq_len))
+    add(run, "--recipe", f"one of: {one_of(ALL_RECIPES)}", Ledger.recipe)
+    add(run, "--recompute", one_of(RECOMPUTE), Ledger.recompute)
+    add(run, "--no-dropout", "train without dropout", switch=True)
+    add(run, "--flash-attention", "no S x S tensors saved", switch=True)
+    add(run, "--tp", "tensor-parallel degree", str(Ledger.tp))
+    add(run, "--sp", "sequence parallelism (needs --tp > 1)", switch=True)
+    add(run, "--zero", f"ZeRO stage: {one_of(ZERO_STAGES)}", str(Ledger.zero_stage))
+    add(run, "--dp", "data-parallel degree", str(Ledger.dp))
+    add(run, "--offload-optimizer", one_of(OFFLOAD_DEVICES), Ledger.offload_optimizer)
+    add(run, "--offload-params", f"{one_of(OFFLOAD_DEVICES)} (needs --zero 3)", Ledger.offload_params)
+    add(run, "--offload-placement", f"{one_of(PLACEMENTS)}: article (grads stay on the GPU) or zero-offload "
+        "(only BF16 params stay); needs --offload-optimizer", Ledger.offload_placement)
+    add(run, "--overhead", "runtime overhead (CUDA context, workspace), e.g. 2GB or 1500000000", overhead)
+    if scope:
+        add(run, "--scope", "model (the blocks and what lies outside them) or layers (the blocks only, as the "
+            "article books them)", Ledger.scope)
+
+
+def output_options(parser, verdict: bool = True, link: bool = True):
     out = parser.add_argument_group("output")
-    out.add_argument("--units", default=UNITS[0], help=UNITS_HELP)
-    out.add_argument("--gpu-memory", default=next(iter(GPU_MEMORY)),
-                     help=f"GPU memory for the fits verdict: bytes (80GB) or one of {one_of(GPU_MEMORY)}")
-    out.add_argument("--link", default="pcie4-x16", help=f"host link for offload time: {one_of(HOST_LINKS)}")
-    out.add_argument("--json", action="store_true", help="one JSON object with exact integer bytes")
+    add(out, "--units", UNITS_HELP, UNITS[0])
+    if verdict:
+        add(out, "--gpu-memory", f"GPU memory for the fits verdict: bytes (80GB) or one of {one_of(GPU_MEMORY)}",
+            next(iter(GPU_MEMORY)))
+    if link:
+        add(out, "--link", f"host link for offload time: {one_of(HOST_LINKS)}", "pcie4-x16")
+    add(out, "--json", "one JSON object with exact integer bytes", switch=True)
+
+
+def given_options(parser, a) -> tuple:
+    """The destinations of the options given on the command line, in the parser's order."""
+    return tuple(action.dest for action in parser._actions
+                 if hasattr(action, "fallback") and getattr(a, action.dest, None) not in (None, False))
+
+
+def fill_defaults(parser, a) -> None:
+    """Each option not given takes its default (``action.fallback``)."""
+    for action in parser._actions:
+        if hasattr(action, "fallback") and getattr(a, action.dest, None) is None:
+            setattr(a, action.dest, action.fallback)
 
 
 def architecture_from_args(a):
@@ -74,7 +114,7 @@ def architecture_from_args(a):
     if a.preset is not None and a.config is not None:
         raise ValueError("give --preset or --config, not both")
     if a.config is not None:
-        base = Architecture.from_hf_config(a.config, description=f"from {a.config}")
+        base = Architecture.from_hf_config(a.config, description=f"from {shown(a.config)}")
         return base.with_changes(**given) if given else base
     if a.preset is not None:
         return get_preset(a.preset).with_changes(**given) if given else get_preset(a.preset)
@@ -90,8 +130,22 @@ def architecture_from_args(a):
 def zero_stage(text):
     stages = {str(s): s for s in ZERO_STAGES}
     if text.strip() not in stages:
-        raise ValueError(f"zero_stage must be one of {one_of(ZERO_STAGES)}, got {text!r}")
+        raise ValueError(f"zero_stage must be one of {one_of(ZERO_STAGES)}, got {shown(text)!r}")
     return stages[text.strip()]
+
+
+def check_units(a) -> str:
+    if a.units not in UNITS:
+        raise ValueError(f"units must be one of {one_of(UNITS)}, got {shown(a.units)!r}")
+    return a.units
+
+
+def host_link(text: str) -> str:
+    """A host link's name (``pcie4-x16``); an NVMe drive or an unknown name is refused."""
+    if text in NVME_LINKS:
+        raise ValueError(f"link {text!r} is an NVMe drive, not a host link; use one of {one_of(HOST_LINKS)}")
+    lookup(HOST_LINKS, text, "link")
+    return text
 
 
 def build_ledger(a) -> Ledger:
@@ -103,27 +157,22 @@ def build_ledger(a) -> Ledger:
     if arch is None and a.params is None:
         raise ValueError("give a model: --preset NAME, --config FILE, --params N, or --hidden D --layers L --heads H")
     if arch is None:
-        needs = [flag for flag, used in (("--batch", a.batch), ("--seq", a.seq), ("--recompute", a.recompute != "none"),
-                                         ("--flash-attention", a.flash_attention), ("--no-dropout", a.no_dropout),
-                                         ("--sp", a.sp)) if used]
+        needs = [flag(d) for d in ("batch", "seq", "recompute", "flash_attention", "no_dropout", "sp", "scope")
+                 if d in a.given]
         if needs:
             raise ValueError(f"{', '.join(needs)} need an architecture (activations); --params alone gives "
                              "model states only")
-    if a.units not in UNITS:
-        raise ValueError(f"units must be one of {one_of(UNITS)}, got {a.units!r}")
-    if a.link in NVME_LINKS:
-        raise ValueError(f"link {a.link!r} is an NVMe drive, not a host link; use one of {one_of(HOST_LINKS)}")
-    lookup(HOST_LINKS, a.link, "link")
+    check_units(a)
     return Ledger(
         arch=arch,
         n_params=None if a.params is None else parse_count(a.params, "n_params"),
-        batch_size=Ledger.batch_size if a.batch is None else parse_count(a.batch, "batch_size"),
-        seq_len=Ledger.seq_len if a.seq is None else parse_count(a.seq, "seq_len"),
+        batch_size=parse_count(a.batch, "batch_size"), seq_len=parse_count(a.seq, "seq_len"),
         recipe=a.recipe, recompute=a.recompute, tp=parse_count(a.tp, "tp"), sequence_parallel=a.sp,
         zero_stage=zero_stage(a.zero), dp=parse_count(a.dp, "dp"),
         offload_optimizer=a.offload_optimizer, offload_params=a.offload_params,
         offload_placement=a.offload_placement, overhead_bytes=parse_bytes(a.overhead, "overhead"),
-        dropout=False if a.no_dropout else None, flash_attention=a.flash_attention, scope=a.scope)
+        dropout=False if a.no_dropout else None, flash_attention=a.flash_attention,
+        scope=getattr(a, "scope", Ledger.scope))
 
 
 def gpu_bytes(text: str) -> int:
@@ -134,4 +183,4 @@ def gpu_bytes(text: str) -> int:
         return parse_bytes(text, "gpu_memory")
     except ValueError:
         raise ValueError(f"gpu_memory must be a size such as 80GB or one of {one_of(GPU_MEMORY)}, "
-                         f"got {text!r}") from None
+                         f"got {shown(text)!r}") from None

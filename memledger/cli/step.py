@@ -1,9 +1,9 @@
-"""``memledger step``: the step timeline of one setup, its landmarks and its peak (docs/step.md).
+"""``memledger step``: the step timeline of one setup, its landmarks and its peak (README, "One training step").
 
 Every ``memledger ledger`` option, plus ``--backend`` (the conventions of
 :mod:`memledger.activations.backends`: article, cuda or cpu) and ``--foreach`` (AdamW's
 multi-tensor step). Text by default; ``--json`` prints the object of
-docs/step.md: inputs, landmarks {gpu, cpu, nvme}, peak {gpu, phase, detail},
+the README: inputs, landmarks {gpu, cpu, nvme}, peak {gpu, phase, detail},
 rows {name, kind, phase, device, bytes, formula}. The fits verdict compares
 the peak with the GPU's memory (:data:`memledger.ledger.hardware.GPU_MEMORY`).
 Unlike ``ledger`` this command imports SymPy (the step's programs are built
@@ -11,21 +11,30 @@ from the library's formulas on first use).
 """
 from ..activations.backends import BACKENDS
 from ..core.units import format_bytes
+from .options import add, build_ledger, gpu_bytes, ledger_options, output_options
+from .paths import MODEL, WORKLOAD, refuse_unread
+
+__all__ = ["add_parser", "step", "text"]
 
 
-def add_parser(sub, ledger_options, formatter):
+def add_parser(sub, formatter):
     step = sub.add_parser("step", help="one training step phase by phase: landmarks, transients, the peak",
                           formatter_class=formatter)
-    ledger_options(step)
+    ledger_options(step, scope=False)
+    output_options(step, link=False)
     conv = step.add_argument_group("backend conventions")
-    conv.add_argument("--backend", default="article",
-                      help=f"{', '.join(BACKENDS)}: what kernels keep (dropout masks, norm statistics, attention "
-                           "kernel, RMSNorm, Adam step counters); article: the article's conventions")
-    conv.add_argument("--foreach", action="store_true", help="AdamW(foreach=True): one temporary per moment at once")
+    add(conv, "--backend", f"{', '.join(BACKENDS)}: what kernels keep (dropout masks, norm statistics, attention "
+        "kernel, RMSNorm, Adam step counters); article: the article's conventions", "article")
+    add(conv, "--foreach", "AdamW(foreach=True): one temporary per moment at once", switch=True)
 
 
-def step(a, build_ledger, gpu_bytes) -> str:
+def step(a) -> str:
+    """``memledger step``: every ledger option but --scope (the step runs the whole model), plus the backend."""
     ledger = build_ledger(a)
+    reads = set(MODEL) | set(WORKLOAD) | {"units", "gpu_memory", "json", "backend", "foreach"}
+    if ledger.offload_optimizer == "none":
+        reads.discard("offload_placement")
+    refuse_unread(a, reads, "memledger step")
     result = ledger.step(a.backend, foreach=a.foreach)
     memory = gpu_bytes(a.gpu_memory)
     if a.json:

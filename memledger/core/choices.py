@@ -12,6 +12,8 @@ Plain Python only: the command line imports this without SymPy.
 """
 import operator
 
+__all__ = ["LIMIT", "RECOMPUTE", "check_choice", "check_count", "check_flag", "lookup"]
+
 #: The largest count or size accepted (an exabyte): the same limit everywhere (CLI, API, calculator).
 LIMIT = 10**18
 

@@ -4,6 +4,8 @@ key -> (argument names, the formula as a Python expression over Fraction argumen
 for rationals, ``math.ceil`` for ceiling), the formula as SymPy prints it), so that the command
 line evaluates every formula exactly without importing SymPy.
 """
+__all__ = ["FORMULAS"]
+
 FORMULAS = {
     ('elements', False): (('P', 't'), 'math.ceil(P/t)', 'ceiling(P/t)'),
     ('elements', True): (('N_d', 'P', 't'), 'math.ceil(P/(N_d*t))', 'ceiling(P/(N_d*t))'),

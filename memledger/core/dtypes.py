@@ -4,6 +4,8 @@ from fractions import Fraction
 
 from .choices import lookup
 
+__all__ = ["BF16_FRACTION_BITS", "BYTES_PER_ELEMENT", "SUB_BYTE_BITS", "bf16_spacing", "nbits", "nbytes", "round_to_bf16"]
+
 BYTES_PER_ELEMENT = {
     "fp32": 4,
     "bf16": 2,

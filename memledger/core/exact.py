@@ -19,6 +19,7 @@ from sympy.printing.pycode import PythonCodePrinter
 
 from .keyed import as_int
 
+__all__ = ["ExactPrinter", "evaluate_expr", "exact_function", "is_integral_polynomial", "vectorized_function"]
 
 class ExactPrinter(PythonCodePrinter):
     """Python code in which rationals are ``Fraction``s, so that evaluation stays exact."""

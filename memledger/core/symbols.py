@@ -7,6 +7,9 @@ ZeRO (Rajbhandari et al. 2020) as P = Psi, N_d = N_d.
 """
 import sympy as sp
 
+__all__ = ["B", "E", "F", "H", "L", "MODEL_NOTATION", "NOTATION", "O", "P", "S", "V", "H_kv", "N_d", "N_pos", "N_tt", "d",
+           "d_h", "k", "m", "p", "t", "v"]
+
 _INT = dict(positive=True, integer=True)
 
 B = sp.Symbol("B", **_INT)        # micro-batch size (sequences per GPU per step)

@@ -9,9 +9,14 @@ MiB (2^24 B = 16 MiB), its totals ("14 GB", "0.96 GB") decimal GB.
 """
 from decimal import Decimal
 from fractions import Fraction
+import math
 import re
 
 from .choices import LIMIT, lookup
+
+__all__ = ["ARTICLE_TENSOR_UNIT", "ARTICLE_TOTAL_UNIT", "COUNT_ERROR", "GB", "GiB", "MAX_TEXT", "MB", "MiB", "UNITS",
+           "format_bytes", "format_quantity", "in_unit", "parse_bytes", "parse_count", "parse_number", "shown",
+           "unit_size"]
 
 UNITS = {
     "B": 1,
@@ -49,12 +54,24 @@ def format_bytes(nbytes, unit: str = "GB", digits: int = 2) -> str:
     return f"{float(in_unit(nbytes, unit)):,.{digits}f} {unit}"
 
 
+#: The longest text read as a number: longer input is refused before any parsing.
+MAX_TEXT = 100
+
+
+def shown(raw: str) -> str:
+    """``raw`` as an error message quotes it: at most 60 characters."""
+    return raw if len(raw) <= 60 else raw[:57] + "..."
+
+
 def _exact_number(text: str):
     """(exact Fraction, unit text) of an ASCII number with an optional unit, or None.
 
     The decimal is read exactly (no 28-digit rounding: "2.0000000000000000000000000001"
-    is not 2), and exponents far outside a byte count are refused before any
-    arithmetic (so "1e999999999" neither overflows nor hangs)."""
+    is not 2), and exponents far outside a byte count, or text longer than
+    :data:`MAX_TEXT`, are refused before any arithmetic (so "1e999999999" neither
+    overflows nor hangs)."""
+    if len(text) > MAX_TEXT:
+        return None
     match = _QUANTITY.fullmatch(text)
     if not match:
         return None
@@ -74,10 +91,10 @@ def parse_bytes(text, name: str = "size") -> int:
     parsed = _exact_number(raw)
     unit = parsed and _UNIT_BY_LOWER.get(parsed[1].lower() or "b")
     if not unit:
-        raise ValueError(f"{name} must be a number of bytes such as 2000000000, 2e9 or 2GB, got {raw!r}")
+        raise ValueError(f"{name} must be a number of bytes such as 2000000000, 2e9 or 2GB, got {shown(raw)!r}")
     value = parsed[0] * UNITS[unit]
     if value.denominator != 1 or not 0 <= value <= LIMIT:
-        raise ValueError(f"{name} must be a whole number of bytes from 0 to 10^18, got {raw!r}")
+        raise ValueError(f"{name} must be a whole number of bytes from 0 to 10^18, got {shown(raw)!r}")
     return int(value)
 
 
@@ -86,8 +103,31 @@ def parse_count(text, name: str) -> int:
     raw = str(text).strip()
     parsed = _exact_number(raw)
     if parsed is None or parsed[1] or parsed[0].denominator != 1 or not 1 <= parsed[0] <= LIMIT:
-        raise ValueError(COUNT_ERROR.format(name=name, raw=raw))
+        raise ValueError(COUNT_ERROR.format(name=name, raw=shown(raw)))
     return int(parsed[0])
+
+
+def parse_number(value, name: str, minimum, maximum, example: str = "1.5") -> Fraction:
+    """An exact number in [``minimum``, ``maximum``] from an int, a Fraction, a finite float (read as its
+    shortest decimal: 1.1 is 11/10) or ASCII text such as ``"1.5"`` or ``"15e-1"``; ``ValueError`` naming
+    ``name`` otherwise (``TypeError`` for a bool or a non-number)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, Fraction, Decimal, str)):
+        raise TypeError(f"{name} must be a number such as {example}, got {value!r}")
+    if isinstance(value, str):
+        raw = value.strip()
+        parsed = _exact_number(raw)
+        number = parsed[0] if parsed is not None and not parsed[1] else None
+        quoted = repr(shown(raw))
+    else:
+        number = None
+        if isinstance(value, float):
+            number = Fraction(repr(value)) if math.isfinite(value) else None
+        elif not isinstance(value, Decimal) or value.is_finite():
+            number = Fraction(value)
+        quoted = str(value)
+    if number is None or not minimum <= number <= maximum:
+        raise ValueError(f"{name} must be a number from {minimum} to {maximum} such as {example}, got {quoted}")
+    return number
 
 
 def format_quantity(value, unit: str = "", digits: int = 0) -> str:

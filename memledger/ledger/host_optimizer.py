@@ -20,6 +20,7 @@ from fractions import Fraction
 from ..core.choices import check_count, lookup
 from .hardware import HOST_MEMORY_BANDWIDTH
 
+__all__ = ["host_bandwidth", "step_bytes", "step_seconds"]
 
 def step_bytes(recipe, n_elements: int) -> int:
     """Bytes one optimizer step reads and writes in host memory for ``n_elements`` parameters.

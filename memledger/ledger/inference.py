@@ -20,9 +20,9 @@ from functools import cached_property
 
 import sympy as sp
 
-from ..core.choices import check_count
+from ..core.choices import check_count, lookup
+from ..core.dtypes import BYTES_PER_ELEMENT, nbytes
 from ..core.rows import Row, Rows
-from ..core.dtypes import nbytes
 from .ledger import DEFAULT_OVERHEAD
 from ..models.parameters import widths
 from ..core.symbols import B, F, H_kv, L, S, V, d, d_h
@@ -64,7 +64,8 @@ class Inference:
         for name in ("batch_size", "seq_len", "tp"):
             object.__setattr__(self, name, check_count(name, getattr(self, name)))
         object.__setattr__(self, "overhead_bytes", check_count("overhead_bytes", self.overhead_bytes, minimum=0))
-        nbytes(self.weight_dtype), nbytes(self.kv_dtype)
+        for name in ("weight_dtype", "kv_dtype"):           # whole bytes per element (no packed 4-bit types)
+            lookup(BYTES_PER_ELEMENT, getattr(self, name), name)
         arch.check_tensor_parallel(self.tp)
 
     @cached_property

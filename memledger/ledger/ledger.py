@@ -168,6 +168,7 @@ class Ledger:
             arch.check_tensor_parallel(self.tp)
         if self.dropout is None:
             object.__setattr__(self, "dropout", arch.dropout if arch is not None else False)
+        _ = self.rows         # every row a whole number of bytes, or a ValueError naming the one that is not
 
     @property
     def params(self) -> int:
@@ -204,9 +205,19 @@ class Ledger:
 
     @cached_property
     def rows(self) -> Rows:
-        """The ledger's :class:`~memledger.core.rows.Row` s: model states, activations, overhead."""
-        return Rows(Row(spec.name, spec.group, spec.device, spec.evaluate(self.values), spec.role, spec.formula)
-                    for spec in row_specs(self.structure))
+        """The rows, each a whole number of bytes: a tensor split over tp ranks that tp does not divide (the
+        vocabulary-parallel log-softmax, B x S x V x 4 / t) is refused, naming the row."""
+        rows = []
+        for spec in row_specs(self.structure):
+            try:
+                rows.append(Row(spec.name, spec.group, spec.device, spec.evaluate(self.values), spec.role,
+                                spec.formula))
+            except ArithmeticError as e:
+                share = str(e).rsplit(" ", 1)[-1]
+                raise ValueError(f"{spec.name} would be {share} bytes per rank at tp {self.tp}: tp must divide "
+                                 "the tensors it splits (Megatron-LM pads the vocabulary to a multiple of tp; "
+                                 "memledger does not)") from None
+        return Rows(rows)
 
     @property
     def totals(self) -> dict:

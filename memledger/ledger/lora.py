@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import sympy as sp
 
 from ..activations.inventory import RECOMPUTE, Saved, inventory, per_layer_bytes
+from ..core.choices import check_choice, check_count, check_flag, lookup
 from ..core.dtypes import nbytes
 from ..core.rows import Row, Rows
 from ..states.recipe import Component
@@ -61,13 +62,20 @@ class LoraConfig:
     paged: bool = False
 
     def __post_init__(self):
-        if not isinstance(self.rank, int) or isinstance(self.rank, bool) or self.rank < 1:
-            raise ValueError(f"rank must be a positive integer, got {self.rank!r}")
+        object.__setattr__(self, "rank", check_count("rank", self.rank))
+        if isinstance(self.targets, str) or not isinstance(self.targets, (tuple, list)):
+            raise TypeError(f"targets must be a list of projection names, got {self.targets!r}")
         object.__setattr__(self, "targets", tuple(self.targets))
         if not self.targets:
             raise ValueError("targets must name at least one projection")
-        if self.base not in BASE_DTYPES:
-            raise ValueError(f"base must be one of {', '.join(BASE_DTYPES)}, got {self.base!r}")
+        if not all(isinstance(t, str) for t in self.targets):
+            raise TypeError(f"targets must be projection names (strings), got {self.targets!r}")
+        twice = sorted({t for t in self.targets if self.targets.count(t) > 1})
+        if twice:
+            raise ValueError(f"targets name {', '.join(twice)} more than once")
+        check_choice("base", self.base, BASE_DTYPES)
+        for name in ("double_quant", "dropout", "paged"):
+            check_flag(name, getattr(self, name))
         get_recipe(self.adapter_recipe)
 
     def check(self, style: str) -> None:
@@ -80,7 +88,9 @@ class LoraConfig:
 def qlora(rank: int = 64, targets=None, style: str = "llama", **changes) -> LoraConfig:
     """QLoRA as Dettmers et al. (2023) train it: NF4 base with double quantization, adapters on all
     linear layers (r = 64 in the paper), BF16 adapters with a paged 8-bit AdamW."""
-    return LoraConfig(rank=rank, targets=tuple(targets or PROJECTIONS[style]), base="nf4",
+    if targets is None:
+        targets = tuple(lookup(PROJECTIONS, style, "style"))
+    return LoraConfig(rank=rank, targets=targets, base="nf4",
                       adapter_recipe=changes.pop("adapter_recipe", "bf16-adam8bit-bnb-nomaster"),
                       paged=changes.pop("paged", True), **changes)
 
@@ -167,15 +177,19 @@ class LoraLedger:
     overhead_bytes: int = 2 * 10**9
 
     def __post_init__(self):
+        from ..models.architecture import Architecture
         from ..models.presets import get_preset
-        if isinstance(self.arch, str):
-            object.__setattr__(self, "arch", get_preset(self.arch))
+        arch = get_preset(self.arch) if isinstance(self.arch, str) else self.arch
+        if not isinstance(arch, Architecture):
+            raise TypeError(f"arch must be an Architecture or a preset name, got {self.arch!r}")
+        object.__setattr__(self, "arch", arch)
+        if not isinstance(self.config, LoraConfig):
+            raise TypeError(f"config must be a LoraConfig (or qlora()), got {self.config!r}")
         for name in ("batch_size", "seq_len"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if self.recompute not in RECOMPUTE:
-            raise ValueError(f"recompute must be one of {', '.join(RECOMPUTE)}, got {self.recompute!r}")
+            object.__setattr__(self, name, check_count(name, getattr(self, name)))
+        object.__setattr__(self, "overhead_bytes", check_count("overhead_bytes", self.overhead_bytes, minimum=0))
+        check_choice("recompute", self.recompute, RECOMPUTE)
+        check_flag("flash_attention", self.flash_attention)
         self.config.check(self.arch.style)
 
     @property

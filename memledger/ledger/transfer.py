@@ -17,6 +17,7 @@ from fractions import Fraction
 from ..core.choices import lookup
 from .hardware import LINKS
 
+__all__ = ["Traffic", "link_bandwidth", "step_traffic"]
 
 def link_bandwidth(name: str) -> int:
     """Bytes per second of a named link (one direction); ``ValueError`` if unknown."""

@@ -24,6 +24,8 @@ from ..core import keyed
 from ..core.choices import check_choice, check_count, check_flag
 from ..core.vocabulary import Norm, Style
 from .features import STYLES, Features
+
+__all__ = ["BLOCKS", "Architecture"]
 #: What each block style saves for backward: (MLP kind, norm) of :func:`memledger.activations.inventory.inventory`.
 BLOCKS = {Style.GPT.value: ("gelu", Norm.LAYERNORM.value), Style.LLAMA.value: ("swiglu", Norm.RMSNORM.value)}
 

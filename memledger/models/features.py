@@ -10,6 +10,8 @@ from typing import NamedTuple
 
 from ..core.vocabulary import Style
 
+__all__ = ["STYLES", "Features", "swiglu_width"]
+
 STYLES = tuple(s.value for s in Style)
 
 

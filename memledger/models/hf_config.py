@@ -20,66 +20,154 @@ for the parameter tensors follows the ``transformers`` modeling code:
   ``type_vocab_size`` token types, embedding LayerNorm, post-LN blocks with
   biases everywhere, the pooler, no output layer, no causal mask.
 
-Any other ``model_type`` is refused with a message naming these.
+Any other ``model_type`` is refused with a message naming these. Reading is
+bounded: a regular file (not a FIFO or a device) of at most :data:`MAX_BYTES`,
+UTF-8 JSON nested at most :data:`MAX_DEPTH` deep; every field read must have
+its JSON type (a count an integer, a flag ``true`` or ``false``), or the
+error names it.
 """
 import json
+import os
 from pathlib import Path
+import stat
+
+from ..core.choices import check_count
+
+__all__ = ["CONFIG_DIR", "MAX_BYTES", "MAX_DEPTH", "SUPPORTED", "architecture_kwargs", "load_config",
+           "shipped_configs"]
 
 SUPPORTED = ("bert", "gemma", "gpt2", "llama", "mistral", "mixtral", "qwen2")
 CONFIG_DIR = Path(__file__).with_name("configs")
+#: The largest config.json read (real ones are a few kB; tokenizer tables and weights are other files).
+MAX_BYTES = 1_000_000
+#: The deepest nesting of a config.json read (real ones nest two or three levels).
+MAX_DEPTH = 32
+
+
+def _shown(path) -> str:
+    text = str(path)
+    return repr(text if len(text) <= 60 else text[:57] + "...")
+
+
+def _depth(text: str) -> int:
+    """The deepest nesting of JSON arrays and objects in ``text`` (brackets inside strings not counted)."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for ch in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in "]}":
+            depth -= 1
+    return deepest
+
+
+def _read(path: Path) -> bytes:
+    """The bytes of a regular file of at most :data:`MAX_BYTES`, opened without blocking (a FIFO never hangs)."""
+    try:
+        if path.is_dir():
+            path = path / "config.json"
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except (OSError, ValueError) as e:        # ValueError: a NUL in the name
+        raise ValueError(f"config: cannot read {_shown(path)} ({getattr(e, 'strerror', None) or e})") from None
+    with os.fdopen(fd, "rb") as handle:
+        info = os.fstat(handle.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError(f"config: {_shown(path)} is not a regular file")
+        if info.st_size > MAX_BYTES:
+            raise ValueError(f"config: {_shown(path)} is {info.st_size:,} bytes; a config.json is at most "
+                             f"{MAX_BYTES:,}")
+        data = handle.read(MAX_BYTES + 1)
+    if len(data) > MAX_BYTES:
+        raise ValueError(f"config: {_shown(path)} is more than {MAX_BYTES:,} bytes")
+    return data
 
 
 def load_config(config) -> dict:
-    """A config dict from a dict, or from a ``config.json`` path (str or Path)."""
+    """A config dict from a dict, or from a ``config.json`` path (str or Path, a file or its folder)."""
     if isinstance(config, dict):
         return config
     if not isinstance(config, (str, Path)):
         raise TypeError(f"config must be a path to a config.json or a dict, got {type(config).__name__}")
     path = Path(config)
-    if path.is_dir():
-        path = path / "config.json"
+    raw = _read(path)
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as e:
-        raise ValueError(f"config: cannot read {str(path)!r} ({e.strerror or e})") from None
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        kind = " (it looks like UTF-16)" if raw[:2] in (b"\xff\xfe", b"\xfe\xff") else ""
+        raise ValueError(f"config: {_shown(path)} is not UTF-8 text{kind}; a config.json is UTF-8 JSON") from None
+    if _depth(text) > MAX_DEPTH:
+        raise ValueError(f"config: {_shown(path)} nests deeper than {MAX_DEPTH} levels; not a config.json")
     try:
         data = json.loads(text)
-    except ValueError as e:
-        raise ValueError(f"config: {str(path)!r} is not valid JSON ({e})") from None
+    except (ValueError, RecursionError) as e:
+        reason = "a number too long to be a count" if "int_max_str_digits" in str(e) else " ".join(str(e).split())
+        raise ValueError(f"config: {_shown(path)} is not valid JSON ({reason})") from None
     if not isinstance(data, dict):
-        raise ValueError(f"config: {str(path)!r} must hold a JSON object")
+        raise ValueError(f"config: {_shown(path)} must hold a JSON object")
     return data
 
 
 def _get(config, key, default=...):
+    """A count field (a positive integer), or ``default`` where the field is absent or null (``...``: the
+    field is required, a null refused)."""
+    value = config.get(key)
+    if value is None:
+        if default is not ...:
+            return default
+        state = "missing" if key not in config else "null"
+        raise ValueError(f"config: model_type {config.get('model_type')!r} needs {key!r} (a positive integer), "
+                         f"which is {state}")
+    try:
+        return check_count(f"config: {key}", value)
+    except TypeError:
+        raise ValueError(f"config: {key} must be a positive integer, got {_json(value)}") from None
+
+
+def _flag(config, key, default):
+    """A flag field: JSON ``true`` or ``false`` (a string "false" is not false), or ``default`` if absent."""
     value = config.get(key, default)
-    if value is ...:
-        raise ValueError(f"config: model_type {config.get('model_type')!r} needs {key!r}, which is missing")
+    if value is not None and not isinstance(value, bool):
+        raise ValueError(f"config: {key} must be true or false, got {_json(value)}")
     return value
 
 
+def _json(value) -> str:
+    text = json.dumps(value) if isinstance(value, (dict, list, str)) else repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def _refuse_flag(config, key):
-    if config.get(key):
+    if _flag(config, key, False):
         raise ValueError(f"config: {key}=true is not supported for model_type {config['model_type']!r}")
 
 
 def architecture_kwargs(config: dict) -> dict:
     """Keyword arguments of :class:`Architecture` for one config dict."""
     model_type = config.get("model_type")
-    if model_type not in SUPPORTED:
-        raise ValueError(f"config: model_type {model_type!r} is not supported; supported: {', '.join(SUPPORTED)}")
+    if not isinstance(model_type, str) or model_type not in SUPPORTED:
+        raise ValueError(f"config: model_type {_json(model_type)} is not supported; supported: {', '.join(SUPPORTED)}")
     if model_type == "gpt2":
         d = _get(config, "n_embd")
         return _normalized(dict(
             d_model=d, n_layers=_get(config, "n_layer"), n_heads=_get(config, "n_head"),
             d_ff=_get(config, "n_inner", None) or 4 * d, vocab_size=_get(config, "vocab_size"), style="gpt",
             n_positions=_get(config, "n_positions"), model_type=model_type,
-            tied_embeddings=bool(config.get("tie_word_embeddings", True))))
+            tied_embeddings=_flag(config, "tie_word_embeddings", True)))
     common = dict(d_model=_get(config, "hidden_size"), n_layers=_get(config, "num_hidden_layers"),
                   n_heads=_get(config, "num_attention_heads"), d_ff=_get(config, "intermediate_size"),
                   vocab_size=_get(config, "vocab_size"), model_type=model_type)
     if model_type == "bert":
-        if config.get("position_embedding_type", "absolute") != "absolute":
+        if config.get("position_embedding_type", "absolute") not in ("absolute", None):
             raise ValueError("config: bert with position_embedding_type other than 'absolute' is not supported")
         return dict(common, style="gpt", n_positions=_get(config, "max_position_embeddings"),
                     n_token_types=_get(config, "type_vocab_size", 2), pooler=True, embedding_norm=True,
@@ -90,7 +178,7 @@ def architecture_kwargs(config: dict) -> dict:
     head_dim = _get(config, "head_dim", None)
     kwargs = dict(common, style="llama", n_kv_heads=kv,
                   head_size=None if head_dim is None or head_dim * common["n_heads"] == common["d_model"] else head_dim,
-                  tied_embeddings=bool(config.get("tie_word_embeddings", model_type == "gemma")))
+                  tied_embeddings=_flag(config, "tie_word_embeddings", model_type == "gemma"))
     if model_type == "gemma":
         kwargs["tied_embeddings"] = True       # GemmaForCausalLM ties its output layer to the embedding
     if model_type == "qwen2":

@@ -28,6 +28,8 @@ import sympy as sp
 from .features import STYLES, Features, swiglu_width  # noqa: F401  (re-exported)
 from ..core.symbols import E, F, H, H_kv, L, N_pos, N_tt, V, d, d_h, k
 
+__all__ = ["active_param_count_expr", "block_params_expr", "block_parts", "norm_params", "param_count_expr", "param_parts",
+           "widths"]
 
 def widths(features) -> tuple:
     """(q, kv): the widths of the Q (and O) and of the K and V projections."""

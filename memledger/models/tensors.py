@@ -20,6 +20,9 @@ from .features import Features
 from .parameters import widths
 from ..core.symbols import E, F, L, N_pos, N_tt, V, d
 
+__all__ = ["PROJECTIONS", "ParamTensor", "factored_elements_expr", "largest_module_params", "module_params_exprs",
+           "parameter_tensors", "projections", "total_params_expr"]
+
 #: The linear projections of one dense block, by style: name -> (out, in) before GQA / head-size
 #: refinements (:func:`projections` applies them). LoRA targets are these names.
 PROJECTIONS = {

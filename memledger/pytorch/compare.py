@@ -29,6 +29,9 @@ from .measure import memtracker_step, saved_tensors
 from .reference import RefConfig
 from ..core.units import format_bytes
 
+__all__ = ["LADDER", "TORCH_DTYPE", "VIEWS", "SavedComparison", "architecture_of", "compare_saved", "ladder",
+           "ladder_table", "ledger_for", "memtracker_comparison", "run_options"]
+
 TORCH_DTYPE = {"bf16": "bfloat16", "fp32": "float32", "fp16": "float16", "bool": "bool", "int64": "int64"}
 VIEWS = ("Q", "K", "V")
 #: The switches of :mod:`memledger.activations.backends` that change saved activations, in the ladder's order.

@@ -22,6 +22,8 @@ from torch.utils._pytree import tree_map_only
 
 from .reference import RefConfig, Trainer, make_model
 
+__all__ = ["OUTSIDE", "live_after_forward", "memtracker_step", "saved_tensors"]
+
 OUTSIDE = "outside"
 
 

@@ -1,6 +1,6 @@
 """The plain-PyTorch reference decoder and training loops the step timeline is checked against.
 
-Fixed by ``docs/step.md`` so anyone can rebuild it: a token embedding (no
+Fixed, so that anyone can rebuild it: a token embedding (no
 positions), L blocks, a final norm, an LM head (tied to the embedding in the
 GPT decoder, untied in the LLaMA decoder), and the loss
 ``F.cross_entropy(logits.float().view(-1, V), targets.view(-1))``.
@@ -126,7 +126,7 @@ class FusedRMSNorm(nn.RMSNorm):
 
 
 class Block(nn.Module):
-    """One GPT or LLaMA block as ``docs/step.md`` specifies it."""
+    """One GPT or LLaMA block as this module fixes it."""
 
     def __init__(self, c: RefConfig):
         super().__init__()

@@ -20,6 +20,8 @@ and source, registered in :data:`memledger.states.recipes.FINETUNE_RECIPES` (and
 """
 from .recipe import Component, Recipe
 
+__all__ = ["EXTRA_RECIPES"]
+
 _BNB = "bitsandbytes optim/optimizer.py lines 518-529 (95f9af30): uint8 codes + fp32 absmax per 256"
 _BF16_W = Component("BF16 parameters", "bf16", "param", "the working weights forward and backward read")
 _BF16_G = Component("BF16 gradients", "bf16", "grad", "dLoss/dtheta, one per parameter, written by backward")

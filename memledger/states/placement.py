@@ -22,6 +22,10 @@ from ..core.choices import check_choice
 from ..core.dtypes import nbits, nbytes
 from .recipe import Recipe
 
+__all__ = ["OFFLOAD_DEVICES", "PLACEMENTS", "ZERO_SHARDS", "ZERO_STAGES", "StateSpec", "check_state_options",
+           "component_key", "component_parts", "components_bytes", "device_of", "elements_per_device",
+           "state_specs", "zero_formula"]
+
 ZERO_STAGES = (0, 1, 2, 3)
 #: Which component roles each ZeRO stage shards over the data-parallel ranks.
 ZERO_SHARDS = {0: (), 1: ("optimizer",), 2: ("optimizer", "grad"), 3: ("optimizer", "grad", "param")}

@@ -36,7 +36,7 @@ RECIPES = {r.name: r for r in [
             Component("Adam first moment m (BF16)", "bf16", "optimizer",
                       "torch.optim.AdamW keeps its moments in the parameters' dtype (zeros_like(p))"),
             Component("Adam second moment v (BF16)", "bf16", "optimizer", "likewise, in BF16")),
-           "torch/optim/adam.py, Adam._init_group: exp_avg, exp_avg_sq = torch.zeros_like(p); docs/step.md"),
+           "torch/optim/adam.py, Adam._init_group: exp_avg, exp_avg_sq = torch.zeros_like(p)"),
     Recipe("bf16-sgd-momentum", "BF16 mixed precision + SGD with momentum (12 B/param)",
            (_PARAMS, _GRADS, _MASTER, Component("SGD momentum", "fp32", "optimizer", "running gradient average")),
            "EleutherAI Transformer Math 101 (8 B of optimizer state: master + momentum)"),

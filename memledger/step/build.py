@@ -167,14 +167,24 @@ class Built:
         return step_values(ledger)
 
     def sizes(self, values):
-        """Every tensor's bytes at ``values``, in the order of ``self.names`` (exact ints, int64 array)."""
+        """Every tensor's bytes at ``values``, in the order of ``self.names``: exact ints, in an int64 array
+        where no total of the step can pass 2^63 (every tensor live at once, as many copies as any op holds),
+        else in an array of Python ints (``dtype=object``), so that no sum ever wraps around."""
         args = [values[x.name] for x in self.symbols]
         out = [0] * len(self.names)
         for indices, fn in self._groups:
             if indices:
                 for i, v in zip(indices, fn(*args)):
-                    out[i] = v
-        return np.array(out, dtype=np.int64)
+                    out[i] = int(v)
+        bound = sum(out) * self.max_count
+        return np.array(out, dtype=np.int64 if bound < 2**63 else object)
+
+    @property
+    def max_count(self) -> int:
+        """The most copies of one tensor live at once, at any op or landmark."""
+        counts = [int(self.compiled.counts.max(initial=0))] + [int(v.max(initial=0))
+                                                               for v in self.compiled.mark_counts.values()]
+        return max(counts + [1])
 
     def totals(self, sizes):
         """The GPU total after every op (an int64 array)."""
@@ -247,8 +257,13 @@ class Built:
             kind = tensor.kind if tensor.kind in ("param", "grad", "optimizer", "overhead") else "activation"
             row(q[1], kind, "whole step", self.device_of(q), tensor.expr, all_marks)
         g = self.grad_row
-        row(g.name, "grad", "backward to optimizer step", self.grad_device, sp.ceiling(
-            P / (t * N_d) if g.sharded else P / t) * g.bytes_per_param, {"after backward"})
+        grads = sp.ceiling(P / (t * N_d) if g.sharded else P / t) * g.bytes_per_param
+        if g.sharded:   # each tensor's shard rounded up, as backward writes them: the row is what they add up to
+            static = {q[1] for q in self.static}
+            marks = self.compiled.mark_counts["after backward"]
+            grads = sp.Add(*(int(marks[j]) * self.tensors[n].expr for j, n in enumerate(self.names)
+                             if marks[j] and n not in static and self.tensors[n].kind == GRAD_KIND))
+        row(g.name, "grad", "backward to optimizer step", self.grad_device, grads, {"after backward"})
         if self.structure.recompute == "full":
             row("L x layer input (checkpoint)", "activation", "forward to backward", "gpu",
                 L * self.tensors["layer input"].expr, {"after forward"})

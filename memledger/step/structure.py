@@ -11,6 +11,28 @@ from dataclasses import dataclass
 from ..models.features import Features
 from ..states.recipes import RECIPES
 
+#: The recipes whose optimizer step the timeline models op by op: ``torch.optim.AdamW`` with one gradient
+#: buffer and full-precision moments, with or without FP32 master weights (docs/step.md; checked against
+#: PyTorch's MemTracker for the first, fourth and fifth).
+MODELLED_RECIPES = ("bf16-adamw", "bf16-adamw-fp32-grads", "fp32-adamw", "bf16-pure-adamw")
+#: What the timeline lacks for each other recipe of the catalog (for its error message); others: "its optimizer".
+UNMODELLED_RECIPES = {
+    "bf16-adamw-fp32-accum": "FP32 gradient accumulation, a second gradient buffer",
+    "bf16-sgd-momentum": "SGD with momentum", "fp32-sgd-momentum": "SGD with momentum",
+    "bf16-sgd": "SGD", "fp32-sgd": "SGD",
+    "bf16-adam-8bit": "8-bit Adam", "bf16-adam8bit-bnb": "8-bit block-wise Adam",
+    "bf16-adam8bit-bnb-nomaster": "8-bit block-wise Adam", "adafactor": "Adafactor's factored second moment",
+    "bf16-adafactor": "Adafactor's factored second moment",
+}
+
+
+def check_recipe(name: str) -> None:
+    """``ValueError`` naming what the timeline lacks, unless it models recipe ``name``'s optimizer step."""
+    if name not in MODELLED_RECIPES:
+        why = UNMODELLED_RECIPES.get(name, "FP8 training" if name.startswith("fp8") else "its optimizer")
+        raise ValueError(f"the step timeline does not model recipe {name} ({why}) yet; it models "
+                         f"{', '.join(MODELLED_RECIPES)}")
+
 
 @dataclass(frozen=True)
 class Shape:
@@ -74,6 +96,7 @@ class StepStructure:
         arch = ledger.arch
         if arch is None:
             raise ValueError("the step timeline needs an architecture (a preset or --hidden/--layers/--heads)")
+        check_recipe(ledger.recipe)
         f = arch.features
         llama = arch.style == "llama"
         # LLaMA blocks may add grouped-query attention, QKV biases (Qwen2) and a tied LM head (Gemma)

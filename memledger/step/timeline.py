@@ -68,7 +68,8 @@ class Step:
 
     @cached_property
     def totals(self):
-        """The GPU total after every op of the step (int64 array; :attr:`built` has the ops)."""
+        """The GPU total after every op of the step (an int64 array, or exact Python ints where a total could pass
+        2^63; :attr:`built` has the ops)."""
         return self.built.totals(self.sizes)
 
     @cached_property

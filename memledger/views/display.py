@@ -12,7 +12,8 @@ def html_verdict(ledger, gpu_bytes: int, unit: str = "GB", peak: bool = False) -
     """A stacked bar of the GPU rows against ``gpu_bytes``, and a fits / does-not-fit line (pure HTML) that says
     what it judged (:mod:`memledger.answers.verdict`): with ``peak``, the step's peak where the timeline models the
     setup (marked on the bar), else the sum of the rows at the end of the forward pass, as the static
-    calculator, which cannot run the timeline, judges."""
+    calculator, which cannot run the timeline, judges. The block carries the judged bytes and the measure's key
+    (``data-bytes``, ``data-measure``), as ``memledger ledger --json`` prints them (``judged_bytes``, ``measure``)."""
     from ..answers.verdict import SUM_CLAUSE, describe, judge, uses_peak
     used = ledger.totals["gpu"]
     judged = judge(ledger, uses_peak(ledger) if peak else False)
@@ -33,7 +34,7 @@ def html_verdict(ledger, gpu_bytes: int, unit: str = "GB", peak: bool = False) -
     verdict = (f'<b style="color:{"green" if fits else "crimson"}">{"fits" if fits else "does not fit"}</b>: '
                f"{format_bytes(judged.bytes, unit)} per GPU against {format_bytes(gpu_bytes, unit)}{escape(clause)}")
     legend = " ".join(f'<span style="color:{c}">&#9632;</span> {g.replace("_", " ")}' for g, c in _GROUP_COLOURS.items())
-    return (f'<div class="memledger-verdict"><p>{verdict}</p>'
+    return (f'<div class="memledger-verdict" data-measure="{judged.key}" data-bytes="{judged.bytes}"><p>{verdict}</p>'
             f'<div style="position:relative;display:flex;height:22px;background:#eee;margin:6px 0">{segments}{line}</div>'
             f'<p style="font-size:85%">{legend}; {marks}</p></div>')
 

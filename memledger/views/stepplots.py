@@ -15,6 +15,7 @@ import matplotlib.pyplot as plt
 
 from .plots import GPU_LINE, PALETTE, step_timeline
 
+__all__ = ["ladder_bars", "step_timelines"]
 
 def step_timelines(steps: dict, gpu_bytes: int, unit: str = "GB", height: float = 2.6):
     """One panel per ``{label: Step}``, top to bottom, sharing the y axis; returns the figure."""

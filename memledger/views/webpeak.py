@@ -23,12 +23,12 @@ import json
 import os
 
 from ..activations.backends import conventions
-from ..answers.verdict import CLAUSES, MEASURE, SUM_NOTE, UNMODELLED_NOTE, is_nominal
+from ..answers.verdict import CLAUSES, MEASURE, SUM_NOTE, is_nominal, unmodelled
 from ..ledger.ledger import Ledger
 from ..step.cache import cache_dir, source_hash, step_record
 from ..step.structure import StepStructure
 from .bigint import BigIntPrinter
-from .controls import BY_FIELD, CLI_FLAGS, CONTROLS, defaults, ledger_settings, option_text
+from .controls import BY_FIELD, CLI_FLAGS, CONTROLS, IGNORED_WHEN, defaults, ledger_settings, option_text
 
 __all__ = ["FOLDER", "PYODIDE", "PYTHON_ARCHIVE", "STRUCTURE_FIELDS", "browser_record", "nearby_states",
            "record_js", "record_name", "site_records", "step_data", "structure_key", "structure_of"]
@@ -72,12 +72,13 @@ def structure_key(state: dict) -> str:
 
 
 def structure_of(state: dict):
-    """``state``'s :class:`StepStructure`, or the reason the step timeline does not model it (a str)."""
+    """``state``'s :class:`StepStructure`, or, where the step timeline does not model it, the note a verdict by
+    the sum gives (:func:`memledger.answers.verdict.unmodelled`, a str)."""
     ledger = Ledger(**ledger_settings(_values(state)))
     try:
         return StepStructure.of(ledger, conventions(BACKEND))
-    except ValueError as error:
-        return str(error)
+    except ValueError:
+        return unmodelled(ledger)
 
 
 def record_name(structure: StepStructure) -> str:
@@ -136,13 +137,13 @@ def nearby_states(start: dict = None) -> list:
 
 @lru_cache(maxsize=1)
 def site_records() -> tuple:
-    """(index, records): the page's key -> record name (None: not modelled) for :func:`nearby_states`, and
-    the records by name (written into the site as ``FOLDER/<name>.json``)."""
+    """(index, records): the page's key -> record name (or ``{"unmodelled": note}``) for :func:`nearby_states`,
+    and the records by name (written into the site as ``FOLDER/<name>.json``)."""
     index, records = {}, {}
     for state in nearby_states():
         structure = structure_of(state)
         if isinstance(structure, str):
-            index[structure_key(state)] = None
+            index[structure_key(state)] = {"unmodelled": structure}
             continue
         name = record_name(structure)
         records.setdefault(name, record_js(structure))
@@ -151,13 +152,16 @@ def site_records() -> tuple:
 
 
 def _unmodelled() -> dict:
-    """arch -> FlashAttention text -> the reason the timeline refuses that model, or None: the refusals depend
-    on the model's features and the attention kernel only (:meth:`StepStructure.of`)."""
+    """arch -> FlashAttention text -> recipe -> the note of a verdict by the sum where the timeline refuses that
+    combination, or None: the refusals depend on the model's features, the attention kernel and the optimizer
+    only (:meth:`StepStructure.of`; tests/views/test_webpeak.py checks it over random states)."""
     out = {}
     for arch in BY_FIELD["arch"].options:
         for flash in BY_FIELD["flash_attention"].options:
-            reason = structure_of({**defaults(), "arch": arch, "flash_attention": flash})
-            out.setdefault(arch, {})[option_text(flash)] = reason if isinstance(reason, str) else None
+            for recipe in BY_FIELD["recipe"].options:
+                reason = structure_of({**defaults(), "arch": arch, "flash_attention": flash, "recipe": recipe})
+                out.setdefault(arch, {}).setdefault(option_text(flash), {})[recipe] = \
+                    reason if isinstance(reason, str) else None
     return out
 
 
@@ -175,7 +179,9 @@ def step_data() -> dict:
         "nominal": {name: is_nominal(ledger) for name, ledger in presets.items()},
         "measures": MEASURE,
         "clauses": CLAUSES,
-        "notes": {"sum": SUM_NOTE, "unmodelled": UNMODELLED_NOTE},
-        "cli": [[c.field, CLI_FLAGS[c.field], isinstance(c.default, bool)] for c in CONTROLS],
+        "notes": {"sum": SUM_NOTE},
+        "cli": [[c.field, CLI_FLAGS[c.field], isinstance(c.default, bool),
+                 [IGNORED_WHEN[c.field][0], option_text(IGNORED_WHEN[c.field][1])] if c.field in IGNORED_WHEN else None]
+                for c in CONTROLS],
         "pyodide": PYODIDE,
     }

@@ -1,7 +1,7 @@
 """The largest batch and sequence by the ledger's sum and by the step's peak (``memledger.fit`` with
 ``measure="total"`` and ``"peak"``), and the step's tables (memledger/step/table.py).
 
-The independent values are arithmetic written here from the reference loop of docs/step.md, op by op,
+The independent values are arithmetic written here from the reference loop of memledger/pytorch/reference.py, op by op,
 for the article's shape with its parameters counted (GPT blocks of 12d^2 + 13d, a tied 32000 x d
 embedding, a final LayerNorm; Korthikanti et al. 2022), with offloading (article placement: BF16
 weights and gradients stay on the GPU) and full recomputation, on an A100 of 81,920 MiB (nvidia-smi).

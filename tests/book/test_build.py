@@ -70,7 +70,7 @@ def layer(m, B=1, S=4096, repeat_kv=False):
 
 
 def outside(m, B=1, S=4096, mask=False):
-    """What a decoder keeps outside its blocks until backward (the reference decoder of docs/step.md, checked
+    """What a decoder keeps outside its blocks until backward (the reference decoder of memledger/pytorch/reference.py, checked
     tensor by tensor in tests/pytorch/test_reference.py): input and target ids (int64), the final norm's and the LM head's
     BF16 inputs, the FP32 log-softmax of the logits, the loss and nll_loss's total weight (FP32 scalars), and
     with eager attention the (S, S) bool causal mask."""
@@ -185,7 +185,7 @@ MISTRAL_B80 = largest(lambda n: zero3_total(MISTRAL, B=n) <= H100_REAL)
 H200_CKPT = largest(lambda n: 16 * LLAMA3["P"] + LLAMA3["L"] * 2 * n * 4096 * 4096 + outside(LLAMA3, n) + OVERHEAD
                     <= 141 * GB)
 
-# --- chapters 11 and 12: one training step of the reference loop (docs/step.md), written out op by op for the
+# --- chapters 11 and 12: one training step of the reference loop (memledger/pytorch/reference.py), written out op by op for the
 # article's shape with its parameters counted: GPT blocks of 12d^2 + 13d, a tied 32000 x d embedding, a final
 # LayerNorm; the A100's 81,920 MiB as nvidia-smi reports it ---------------------------------------------------
 D, VOC, HEADS = 4096, 32000, 32
@@ -299,7 +299,7 @@ KV7 = 2 * 32 * 2048 * 4096 * 2                                                  
 WORK7 = (2 * 2048 * 4096 + 2048 * 4 * 4096 + 3 * 2048 * 11008) * 2 + 4 * 32000   # memledger.ledger.inference's buffer
 
 
-# what a whole model keeps outside its blocks (docs/step.md's reference decoder): int64 token and target ids, the
+# what a whole model keeps outside its blocks (memledger/pytorch/reference.py's decoder): int64 token and target ids, the
 # (S, S) bool causal mask, the final norm's and the LM head's BF16 inputs, the FP32 log-softmax (4BSV), two FP32
 # scalars -- the same for the article's spec and LLaMA-2 7B (d 4096, V 32000, S 2048)
 OUTSIDE = 2 * 8 * 2048 + 2048**2 + 2 * 2 * BSD + 4 * 2048 * 32000 + 8

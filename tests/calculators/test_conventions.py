@@ -10,7 +10,7 @@ from memledger.models.parameters import param_count_expr
 from memledger.calculators import (
     CONVENTIONS,
     ERRATA,
-    Setup,
+    ConventionInputs,
     accelerate,
     eleuther,
     get_convention,
@@ -21,6 +21,7 @@ from memledger.calculators import (
 from memledger.calculators.base import G, M
 from memledger.calculators.deepspeed import print_all_cold
 from memledger.core.symbols import B, F, H, L, S, V, d, t
+from memledger.ledger.ledger import Ledger
 
 
 def t5_params(d_model, d_kv, d_ff, heads, layers, vocab, buckets=32):
@@ -77,20 +78,20 @@ SW: Model with 2851M total params, 32M largest layer params.
   127.45GB |   0.78GB | offload_param=none, offload_optimizer=cpu , zero_init=0
     1.43GB |   6.09GB | offload_param=none, offload_optimizer=none, zero_init=1
   127.45GB |   6.09GB | offload_param=none, offload_optimizer=none, zero_init=0"""    # lines 88-97
-LIVE = Setup(T5_3B, largest_layer=T5_EMBEDDING, gpus_per_node=8)
-COLD = Setup(2851 * 10**6, largest_layer=32 * 10**6, gpus_per_node=8)
+LIVE = (Ledger(n_params=T5_3B, dp=8), ConventionInputs(largest_layer=T5_EMBEDDING))
+COLD = (Ledger(n_params=2851 * 10**6, dp=8), ConventionInputs(largest_layer=32 * 10**6))
 
 
 @pytest.mark.parametrize("name, setup, published", [
     ("deepspeed-zero2-docs", LIVE, ZERO2_LIVE), ("deepspeed-zero2-docs", COLD, ZERO2_COLD),
     ("deepspeed-zero3", LIVE, ZERO3_LIVE), ("deepspeed-zero3", COLD, ZERO3_COLD)])
 def test_deepspeed_docs_tables(name, setup, published):
-    assert _table(print_all_cold(get_convention(name), setup)) == _table(published)
+    assert _table(print_all_cold(get_convention(name), *setup)) == _table(published)
 
 
 def test_deepspeed_zero2_code_differs_from_its_docs_on_one_line():
     # since f4cb866c (PR #5099) the code books 2P + floor(18P/N): the docs' 15.93GB line is outdated
-    ours = _table(print_all_cold(get_convention("deepspeed-zero2"), LIVE))
+    ours = _table(print_all_cold(get_convention("deepspeed-zero2"), *LIVE))
     docs = _table(ZERO2_LIVE)
     assert ours[:-1] == docs[:-1]
     assert ours[-1] == "  127.48GB |  11.29GB | offload_optimizer=none"
@@ -100,19 +101,19 @@ def test_deepspeed_zero2_code_differs_from_its_docs_on_one_line():
 
 def test_deepspeed_zero3_t5_large_example():
     # memory.rst lines 165-183: 4 GPUs, printed with >>20 as "MB"
-    setup = Setup(T5_LARGE, largest_layer=T5_EMBEDDING, gpus_per_node=4)
+    inputs = ConventionInputs(largest_layer=T5_EMBEDDING)
     zero3 = get_convention("deepspeed-zero3")
-    case = {k: zero3.estimate(Setup(T5_LARGE, largest_layer=T5_EMBEDDING, gpus_per_node=4, offload_optimizer=o,
-                                    offload_params=p)).total("gpu")
-            for k, o, p in (("case1", False, False), ("case2", True, True), ("case3", True, False))}
-    assert (4 * setup.largest) >> 20 == 125
+    case = {k: zero3.estimate(Ledger(n_params=T5_LARGE, dp=4, zero_stage=3, offload_optimizer=o, offload_params=p),
+                              inputs).total("gpu")
+            for k, o, p in (("case1", "none", "none"), ("case2", "cpu", "cpu"), ("case3", "cpu", "none"))}
+    assert (4 * inputs.largest(Ledger(n_params=T5_LARGE))) >> 20 == 125
     assert {k: v >> 20 for k, v in case.items()} == {"case1": 3291, "case2": 125, "case3": 477}
 
 
 def test_deepspeed_zero2_and_zero3_book_different_bytes_per_param():
-    one = Setup(10**9, largest_layer=1, gpus_per_node=1)
-    assert get_convention("deepspeed-zero2").estimate(one).total("gpu") == 20 * 10**9
-    assert get_convention("deepspeed-zero3").estimate(one).total("gpu") == 18 * 10**9 + 4
+    one, inputs = Ledger(n_params=10**9), ConventionInputs(largest_layer=1)
+    assert get_convention("deepspeed-zero2").estimate(one, inputs).total("gpu") == 20 * 10**9
+    assert get_convention("deepspeed-zero3").estimate(one, inputs).total("gpu") == 18 * 10**9 + 4
 
 
 # accelerate: docs/source/usage_guides/model_size_estimator.md (16cb6eb8). bert-base-cased (BertModel):
@@ -159,7 +160,7 @@ def test_accelerate_docs_tables_follow_four_times_the_size(published):
 
 def test_accelerate_convention_on_llama_excludes_the_output_head():
     arch = get_preset("llama2-7b")
-    est = get_convention("accelerate").estimate(Setup(arch.params, arch=arch))
+    est = get_convention("accelerate").estimate(Ledger(arch))
     assert est.total("gpu") == 8 * (arch.params - arch.vocab_size * arch.d_model)
 
 
@@ -196,15 +197,15 @@ def test_eleuther_activations_are_korthikanti():
 
 
 def test_eleuther_defaults_book_18_bytes_per_param():
-    est = get_convention("eleuther").estimate(Setup(10**9))
+    est = get_convention("eleuther").estimate(Ledger(n_params=10**9))
     assert est.total("gpu") == 18 * 10**9
-    assert get_convention("eleuther-fp16-grads").estimate(Setup(10**9)).total("gpu") == 16 * 10**9
+    assert get_convention("eleuther-fp16-grads").estimate(Ledger(n_params=10**9)).total("gpu") == 16 * 10**9
     assert eleuther.OPTIMIZER_BYTES == {"adamw": 12, "sgd_momentum": 8, "muon": 8}   # lines 314-320
 
 
 def test_hf_anatomy_18_bytes():
     # model_memory_anatomy.md: "18 bytes per model parameter" = 6 + 8 + 4
-    est = get_convention("hf-anatomy").estimate(Setup(2 * 10**9))
+    est = get_convention("hf-anatomy").estimate(Ledger(n_params=2 * 10**9))
     assert [r.bytes // (2 * 10**9) for r in est.rows] == [6, 8, 4]
     # stas00/ml-engineering network/README.md line 1009: a 2B model needs 36GB (18 * 2)
     assert est.total("gpu") == 36 * 10**9
@@ -229,7 +230,7 @@ def test_bekman_llama3_8b_worked_example():
 def test_playbook_memory_table():
     # index.html lines 463-491: 16N / 20N GB (10^9 bytes)
     for billions, (gb, gb_accum) in papers.PLAYBOOK_TABLE.items():
-        setup = Setup(billions * 10**9)
+        setup = Ledger(n_params=billions * 10**9)
         assert get_convention("playbook").estimate(setup).total("gpu") == gb * 10**9
         assert get_convention("playbook-fp32-accum").estimate(setup).total("gpu") == gb_accum * 10**9
 
@@ -250,7 +251,7 @@ def test_playbook_parameter_formula_is_memledgers_gpt_count():
 def test_playbook_zero_stages():
     # index.html lines 878, 920, 957: 2P + 2P + kP/N_d, 2P + (2 + k)P/N_d, (2 + 2 + k)P/N_d, k = 12
     for stage, per in ((1, 4 * 64 + 12), (2, 2 * 64 + 14), (3, 16)):
-        est = get_convention("playbook").estimate(Setup(64 * 10**9, gpus_per_node=64, zero_stage=stage))
+        est = get_convention("playbook").estimate(Ledger(n_params=64 * 10**9, dp=64, zero_stage=stage))
         assert est.total("gpu") == per * 10**9
 
 
@@ -275,37 +276,60 @@ def test_every_erratum_carries_its_arithmetic():
 @pytest.mark.slow
 def test_estimates_are_exact_integers_for_a_real_model():
     arch = get_preset("llama2-7b")
-    setup = Setup(arch.params, arch=arch, gpus_per_node=8, nodes=2, zero_stage=3, recompute="selective")
+    ledger = Ledger(arch, dp=16, zero_stage=3, recompute="selective")
     for c in CONVENTIONS.values():
-        est = c.estimate(setup)
+        est = c.estimate(ledger, ConventionInputs(nodes=2))
         assert all(isinstance(r.bytes, int) and r.bytes >= 0 for r in est.rows), c.name
 
 
 @pytest.mark.parametrize("kwargs, field", [
-    (dict(n_params=0), "n_params"), (dict(n_params=10, gpus_per_node=0), "gpus_per_node"),
-    (dict(n_params=10, nodes=-1), "nodes"), (dict(n_params=10, buffer_factor="0.5"), "buffer_factor"),
-    (dict(n_params=10, buffer_factor="x"), "buffer_factor"), (dict(n_params=10, largest_layer=11), "largest_layer"),
-    (dict(n_params=10, zero_stage=4), "zero_stage"), (dict(n_params=10, recompute="some"), "recompute")])
-def test_bad_setup(kwargs, field):
+    (dict(gpus_per_node=0), "gpus_per_node"), (dict(nodes=-1), "nodes"), (dict(buffer_factor="0.5"), "buffer_factor"),
+    (dict(buffer_factor="x"), "buffer_factor"), (dict(largest_layer=0), "largest_layer"),
+    (dict(buffer_factor="1e999999999"), "buffer_factor"), (dict(buffer_factor="1e-999999999"), "buffer_factor"),
+    (dict(buffer_factor=Fraction(1, 2)), "buffer_factor must be a number from 1 to 1000 such as 1.5, got 1/2$")])
+def test_bad_inputs(kwargs, field):
     with pytest.raises(ValueError, match=field):
-        Setup(**kwargs)
+        ConventionInputs(**kwargs)
+
+
+@pytest.mark.parametrize("kwargs, error, field", [
+    (dict(zero_init="no"), TypeError, "zero_init"), (dict(nodes=True), TypeError, "nodes"),
+    (dict(largest_layer=10**30), ValueError, "largest_layer"), (dict(buffer_factor=[1]), TypeError, "buffer_factor")])
+def test_bad_input_types(kwargs, error, field):
+    with pytest.raises(error, match=field):
+        ConventionInputs(**kwargs)
+
+
+def test_inputs_that_contradict_the_ledger():
+    with pytest.raises(ValueError, match=r"largest_layer \(11\) must not exceed the model's parameters \(10\)"):
+        get_convention("deepspeed-zero3").estimate(Ledger(n_params=10), ConventionInputs(largest_layer=11))
+    with pytest.raises(ValueError, match=r"gpus_per_node x nodes \(8 x 1\) must equal dp \(4\)"):
+        get_convention("deepspeed-zero2").estimate(Ledger(n_params=10, dp=4), ConventionInputs(gpus_per_node=8))
+    with pytest.raises(ValueError, match=r"dp x tp \(6\) must be a multiple of nodes \(4\)"):
+        get_convention("eleuther").estimate(Ledger("gpt2", dp=3, tp=2), ConventionInputs(nodes=4))
+    with pytest.raises(TypeError, match="ledger must be a Ledger, got None"):
+        get_convention("eleuther").estimate(None)
+    with pytest.raises(TypeError, match="inputs must be ConventionInputs"):
+        get_convention("eleuther").estimate(Ledger("gpt2"), {"nodes": 2})
 
 
 def test_unknown_convention_and_missing_inputs():
     with pytest.raises(ValueError, match="unknown convention 'ds'; known: deepspeed-zero2"):
         get_convention("ds")
+    with pytest.raises(TypeError, match="convention must be a name"):
+        get_convention(["ds"])
     with pytest.raises(ValueError, match="largest layer"):
-        get_convention("deepspeed-zero3").estimate(Setup(10**9))
+        get_convention("deepspeed-zero3").estimate(Ledger(n_params=10**9))
     with pytest.raises(ValueError, match="architecture"):
-        get_convention("megatron").estimate(Setup(10**9))
+        get_convention("megatron").estimate(Ledger(n_params=10**9))
 
 
 def test_buffer_factor_and_nodes_enter_exactly():
-    s = Setup(10**9, largest_layer=10**6, gpus_per_node=8, nodes=4, buffer_factor="1.25", offload_optimizer=True,
-              offload_params=True)
-    cpu = get_convention("deepspeed-zero3").estimate(s).total("cpu")
+    s = Ledger(n_params=10**9, dp=32, zero_stage=3, offload_optimizer="cpu", offload_params="cpu")
+    inputs = ConventionInputs(largest_layer=10**6, gpus_per_node=8, nodes=4, buffer_factor="1.25")
+    cpu = get_convention("deepspeed-zero3").estimate(s, inputs).total("cpu")
     assert cpu == 10**9 * 18 * Fraction(1, 4) * Fraction(5, 4)
-    assert G in get_convention("deepspeed-zero2").items(s)[1].expr.free_symbols | {G}
+    assert G in get_convention("deepspeed-zero2").items(s, inputs)[1].expr.free_symbols | {G}
     assert M is not None
 
 
@@ -313,9 +337,9 @@ def test_buffer_factor_and_nodes_enter_exactly():
 # --- stored file id 61929569292), each reproduced by the "zero-paper" convention.
 
 def _zero_states(n_params, stage=0, gpus=1):
-    nodes, per_node = (gpus // 8, 8) if gpus >= 8 else (1, gpus)
-    return get_convention("zero-paper").estimate(Setup(n_params, gpus_per_node=per_node, nodes=nodes,
-                                                       zero_stage=stage))
+    nodes = gpus // 8 if gpus >= 8 else 1
+    return get_convention("zero-paper").estimate(Ledger(n_params=n_params, dp=gpus, zero_stage=stage),
+                                                 ConventionInputs(nodes=nodes))
 
 
 def test_zero_paper_gpt2_model_states():

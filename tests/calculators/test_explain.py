@@ -4,20 +4,21 @@ from fractions import Fraction
 import sympy as sp
 
 from memledger.models.presets import get_preset
-from memledger.calculators import CONVENTIONS, Setup, get_convention
+from memledger.calculators import CONVENTIONS, get_convention
+from memledger.ledger.ledger import Ledger
 from memledger.calculators.base import p_pp
 from memledger.calculators.explain import activation_rule, bytes_per_param, comparison_table, spread
 from memledger.calculators.megatron import shard_params
 from memledger.core.symbols import B, H, L, S, d, t
 
 ARTICLE = get_preset("article-7b")
-SETUP = Setup(ARTICLE.params, arch=ARTICLE)
+SETUP = Ledger(ARTICLE, overhead_bytes=0)
 P = 7 * 10**9
 ACT = 32 * 2048 * 4096 * 114
 
 
 def per_param(name, setup=SETUP):
-    return bytes_per_param(get_convention(name).estimate(setup), setup.n_params)
+    return bytes_per_param(get_convention(name).estimate(setup), setup.params)
 
 
 def test_bytes_per_param_on_one_gpu():
@@ -33,7 +34,7 @@ def test_bytes_per_param_on_one_gpu():
 
 def test_megatron_distributed_optimizer_on_eight_gpus():
     # dist_optimizer.md lines 16-20: 18 bytes per parameter, 6 + 12/d with the distributed optimizer
-    eight = Setup(ARTICLE.params, arch=ARTICLE, gpus_per_node=8)
+    eight = Ledger(ARTICLE, dp=8)
     shard = ARTICLE.evaluate(shard_params(ARTICLE.features).subs({t: 1, p_pp: 1}))
     for name, per in (("megatron", 18), ("megatron-distopt", 6 + Fraction(12, 8))):
         states = get_convention(name).estimate(eight).total("gpu", "model_states")

@@ -2,7 +2,7 @@
 what its source books (written out here)."""
 import pytest
 
-from memledger.calculators import Setup, get_convention
+from memledger.calculators import ConventionInputs, get_convention
 from memledger.ledger.inference import Inference
 from memledger.ledger.ledger import Ledger
 from memledger.ledger.lora import LoraConfig, LoraLedger
@@ -51,8 +51,8 @@ def test_inference_by_part():
 
 
 def test_convention_estimates_by_part():
-    one = Setup(10**9, largest_layer=1)
-    ds = gpu_parts(get_convention("deepspeed-zero2").estimate(one))
+    one = Ledger(n_params=10**9)
+    ds = gpu_parts(get_convention("deepspeed-zero2").estimate(one, ConventionInputs(largest_layer=1)))
     assert ds["weights"] == 2 * 10**9 and ds["model states, roles not split"] == 18 * 10**9   # int(18P/N)
     hf = gpu_parts(get_convention("hf-anatomy").estimate(one))
     assert (hf["weights"], hf["gradients"], hf["optimizer states"]) == (6 * 10**9, 4 * 10**9, 8 * 10**9)

@@ -17,12 +17,12 @@ import sympy as sp
 
 from memledger.activations.inventory import activation_bytes, inventory
 from memledger.models.presets import get_preset
-from memledger.calculators import ERRATA, Setup, get_convention
+from memledger.calculators import ERRATA, get_convention
+from memledger.ledger.ledger import Ledger
 from memledger.calculators import transformer_math as tm
 from memledger.calculators.base import p_pp
 from memledger.core.dtypes import nbytes
 from memledger.ledger.inference import Inference
-from memledger.ledger.ledger import Ledger
 from memledger.states.placement import state_specs
 from memledger.answers.parallelism import gather_buffer_bytes
 from memledger.answers.pipeline import stage_params
@@ -191,7 +191,7 @@ def test_zero_stages_are_memledgers_sharding(stage, recipe, grad_bytes):
 def test_the_calculator_follows_the_posts_zero_rules(stage, name, grad_bytes):
     # the companion calculator (EleutherAI/cookbook calc_transformer_mem.py), one node of 8 GPUs, no tensor parallelism
     n = 2**33
-    est = get_convention(name).estimate(Setup(n, gpus_per_node=8, zero_stage=stage))
+    est = get_convention(name).estimate(Ledger(n_params=n, dp=8, zero_stage=stage))
     post = POST_ZERO[stage].subs({M: 2 * n, O: 12 * n, G: grad_bytes * n, A: 0, tm.Live: 0, N: 8})
     assert est.total("gpu", "model_states") == post
 

@@ -4,8 +4,7 @@ import json
 import pytest
 
 from memledger.cli.main import main
-from memledger.calculators import Setup, get_convention
-from memledger.models.presets import get_preset
+from memledger.calculators import get_convention
 from memledger.ledger.ledger import Ledger
 from memledger.ledger.lora import LoraLedger, qlora
 
@@ -21,9 +20,7 @@ def test_compare_json_lists_every_convention_with_memledger_first(capsys):
     data = json.loads(out)["conventions"]
     assert code == 0 and data[0]["name"] == "memledger" and len(data) == 15
     zero3 = next(c for c in data if c["name"] == "deepspeed-zero3")
-    arch = get_preset("llama2-7b")
-    expected = get_convention("deepspeed-zero3").estimate(Setup(arch.params, arch=arch, gpus_per_node=8,
-                                                                zero_stage=3))
+    expected = get_convention("deepspeed-zero3").estimate(Ledger("llama2-7b", dp=8, zero_stage=3))
     assert zero3["gpu"]["total"] == expected.total("gpu") and zero3["reason"]
     assert zero3["gpu_minus_memledger"] == zero3["gpu"]["total"] - data[0]["gpu"]["total"]
 
@@ -76,7 +73,8 @@ def test_units(capsys, units):
     (("ledger", "--preset", "gpt2", "--lora-rank", "4", "--convention", "playbook"), "cannot be combined"),
     (("ledger", "--preset", "gpt2", "--lora-rank", "4", "--no-double-quant"), "needs --qlora"),
     (("compare", "--preset", "gpt2", "--units", "PB"), "units must be one of GB, GiB, MiB, TiB"),
-    (("compare", "--preset", "gpt2", "--buffer-factor", "0.5"), "buffer_factor must be a number >= 1"),
+    (("compare", "--preset", "gpt2", "--buffer-factor", "0.5"),
+     "buffer_factor must be a number from 1 to 1000 such as 1.5, got '0.5'"),
     (("compare", "--preset", "gpt2", "--dp", "6", "--nodes", "4"), "must be a multiple of nodes"),
     (("compare", "--preset", "gpt2", "--dp", "8", "--gpus-per-node", "3"), "must equal dp"),
     (("compare", "--preset", "gpt2", "--largest-layer", "-1"), "largest_layer must be a positive integer"),

@@ -140,7 +140,7 @@ BAD = [
     (["ledger", "--preset", "article-7b", "--overhead", "-2GB"], "overhead"),
     (["ledger", "--preset", "article-7b", "--units", "MB"], "units must be one of GB, GiB"),
     (["ledger", "--preset", "article-7b", "--gpu-memory", "lots"], "gpu_memory"),
-    (["ledger", "--preset", "article-7b", "--link", "usb"], "unknown link"),
+    (["ledger", "--preset", "article-7b", "--offload-optimizer", "cpu", "--link", "usb"], "unknown link"),
     (["ledger", "--preset", "article-7b", "--style", "bert", "--layers", "2"], "style"),
     (["ledger", "--nonsense"], "unrecognized arguments"),
     (["frobnicate"], "invalid choice"),

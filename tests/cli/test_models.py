@@ -80,7 +80,8 @@ def test_fit_text_names_its_measure(capsys):
     (["fit", "--preset", "gpt2"], "--vary"),
     (["fit", "--preset", "gpt2", "--vary", "batch", "--measure", "max"], "measure must be one of"),
     (["fit", "--preset", "gpt2", "--vary", "batch", "--measure", "peak"], "step timeline"),
-    (["infer", "--params", "7e9"], "infer needs an architecture"),
+    (["infer", "--params", "7e9"], "unrecognized arguments: --params"),
+        (["infer"], "infer needs an architecture"),
     (["infer", "--preset", "gpt2", "--dtype", "int3"], "dtype"),
 ])
 def test_bad_input_one_line_exit_2(capsys, args, message):

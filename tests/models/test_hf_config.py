@@ -156,7 +156,7 @@ def test_tied_gpt_formula_unchanged():
     ({"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 8,
       "intermediate_size": 128, "vocab_size": 100, "attention_bias": True}, "attention_bias"),
     ({"model_type": "llama", "hidden_size": "64", "num_hidden_layers": 2, "num_attention_heads": 8,
-      "intermediate_size": 128, "vocab_size": 100}, "d_model must be an integer"),
+      "intermediate_size": 128, "vocab_size": 100}, "config: hidden_size must be a positive integer, got \"64\""),
 ])
 def test_bad_configs(config, message):
     with pytest.raises((ValueError, TypeError), match=message):

@@ -12,7 +12,7 @@ TEMPLATES = [
     Ledger("article-7b", recompute="full"),
     Ledger("llama3-8b", zero_stage=3, recipe="fp32-adamw", flash_attention=True),
     Ledger("gemma-7b", recompute="selective", zero_stage=1, offload_optimizer="nvme", offload_placement="zero-offload"),
-    Ledger("qwen2.5-0.5b", recipe="bf16-adam-8bit", batch_size=1),
+    Ledger("qwen2.5-0.5b", recipe="bf16-pure-adamw", batch_size=1),
 ]
 
 

@@ -75,11 +75,11 @@ def test_parameter_breakdown_sums_to_count():
 
 
 def test_parts_bars_stack_to_each_views_total_in_one_palette():
-    from memledger.calculators import Setup, get_convention
+    from memledger.calculators import get_convention
     from memledger.ledger.inference import Inference
     from memledger.views.plots import parts_bars
-    setup = Setup(7 * 10**9, largest_layer=1)
-    views = {"ledger": Ledger("article-7b", scope="layers"), "ds": get_convention("deepspeed-zero2").estimate(setup),
+    views = {"ledger": Ledger("article-7b", scope="layers"),
+             "ds": get_convention("deepspeed-zero2").estimate(Ledger(n_params=7 * 10**9)),
              "serving": Inference("llama2-7b")}
     fig = parts_bars(views, {"A100": 80 * 10**9, "24 GB": 24 * 10**9})
     ax = fig.axes[0]

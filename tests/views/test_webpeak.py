@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from memledger.answers.verdict import judge, uses_peak
+from memledger.answers.verdict import judge, unmodelled, uses_peak
 from memledger.cli.main import main
 from memledger.core.units import LIMIT
 from memledger.ledger.ledger import Ledger
@@ -98,14 +98,14 @@ def test_the_site_records_judge_as_the_cli(tmp_path, data):
     index, records = site_records()
     assert all("name" in r["source"] or "unmodelled" in r["source"] for r in results)      # all carried
     assert {r["measure"] for r in results} == {"peak", "nominal", "total"}
-    assert len(records) > 30 and set(index.values()) - {None} == set(records)
+    assert len(records) > 25 and {v for v in index.values() if isinstance(v, str)} == set(records)
 
 
 @node
 def test_random_states_judge_as_the_cli(tmp_path, data):
     states = list(random_states(40, seed=1))
     results = check(tmp_path, data, states, against_cli=range(0, 40, 4))
-    assert sum("key" in r["source"] for r in results) > 20          # structures the site leaves to Pyodide
+    assert sum("key" in r["source"] for r in results) > 10          # structures the site leaves to Pyodide
     assert any(r["peak"] and int(r["peak"][0]) > 2**64 for r in results)    # beyond any float, still exact
 
 
@@ -128,8 +128,19 @@ def test_the_browser_builds_what_the_site_carries():
     state = defaults()
     assert json.loads(browser_record(json.dumps(as_page(state)))) == records[index[structure_key(state)]]
     assert record_name(structure_of(state)) == index[structure_key(state)]
-    assert "mixture of experts" in json.loads(browser_record(json.dumps(as_page({**state, "arch": "mixtral-8x7b"}))))[
-        "unmodelled"]
+    moe = {**state, "arch": "mixtral-8x7b"}
+    assert json.loads(browser_record(json.dumps(as_page(moe)))) == {
+        "unmodelled": unmodelled(Ledger(**ledger_settings(moe)))}
+
+
+def test_the_refusals_the_page_knows(data):
+    """The page's table of refused (model, FlashAttention, recipe) gives the note the CLI's verdict prints."""
+    for state in random_states(80, seed=3):
+        page, structure = as_page(state), structure_of(state)
+        note = data["step"]["unmodelled"][page["arch"]][page["flash_attention"]][page["recipe"]]
+        assert note == (structure if isinstance(structure, str) else None), state
+        if note:
+            assert note == unmodelled(Ledger(**ledger_settings(state)))
 
 
 def test_the_browser_build_needs_no_more_numpy_than_its_stand_in(tmp_path):

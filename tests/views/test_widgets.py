@@ -1,5 +1,12 @@
-import ipywidgets as w
+from html import unescape
+import json
+import re
+import shlex
 
+import ipywidgets as w
+import pytest
+
+from memledger.cli.main import main
 from memledger.views.controls import CONTROLS, defaults
 from memledger.views.widgets import STATIC_NOTE, controls, explorer, render
 
@@ -52,3 +59,59 @@ def test_unknown_gpu_is_an_error_not_a_crash():
 def test_static_note_says_a_kernel_is_needed():
     assert "kernel" in STATIC_NOTE
     assert isinstance(explorer().children[0], w.HTML)
+
+
+#: Settings that the explorer judges by each measure: the article's nominal 7e9 parameters, a step the timeline
+#: models (with and without recomputation, offload, FlashAttention), a mixture of experts it does not model.
+SETUPS = [
+    {},
+    dict(arch="llama2-7b", batch_size=2, seq_len=4096, zero_stage=3, dp=8, offload_optimizer="cpu"),
+    dict(arch="gpt2", batch_size=61, seq_len=1024, recipe="fp32-adamw", flash_attention=True, gpu="h200"),
+    dict(arch="llama3-8b", recompute="full", recipe="bf16-adam-8bit", gpu="rtx-4090"),
+    dict(arch="mixtral-8x7b", recompute="selective", zero_stage=3, dp=64),
+]
+
+
+def shown(html):
+    """What an explorer's HTML shows: the judged bytes and measure of its verdict, and its command line."""
+    verdict = re.search(r'class="memledger-verdict" data-measure="(\w+)" data-bytes="(\d+)"', html)
+    command = re.search(r'class="memledger-cli">On the command line: <code[^>]*>([^<]*)</code>', html)
+    return verdict and (verdict[1], int(verdict[2])), command and unescape(command[1])
+
+
+def verdict_line(html):
+    """The explorer's verdict as text: the first paragraph of the verdict block, tags dropped."""
+    paragraph = re.search(r'class="memledger-verdict"[^>]*><p>(.*?)</p>', html)[1]
+    return unescape(re.sub(r"<[^>]+>", "", paragraph))
+
+
+@pytest.mark.parametrize("changes", SETUPS, ids=lambda c: ",".join(c) or "default")
+def test_explorer_shows_the_verdict_of_its_command_line(capsys, changes):
+    html = render({**defaults(), **changes})
+    (measure, judged), command = shown(html)
+    assert main(shlex.split(command)[1:] + ["--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert (measure, judged) == (data["measure"], data["judged_bytes"])
+    assert main(shlex.split(command)[1:]) == 0
+    line = next(t for t in capsys.readouterr().out.splitlines() if t.startswith(("fits:", "does NOT fit:")))
+    assert line.replace("does NOT fit", "does not fit") == verdict_line(html) + "."       # in the same words
+
+
+def test_explorer_measures_include_the_peak_and_the_sum():
+    measures = {shown(render({**defaults(), **c}))[0][0] for c in SETUPS}
+    assert measures == {"nominal", "peak", "total"}       # the article's nominal 7e9, a modelled step, MoE
+
+
+def test_explorer_command_line_follows_the_controls():
+    box = explorer("gpt2")
+    grid, output = box.children[1], box.children[2]
+    assert shown(output.value)[1].startswith("memledger ledger --preset gpt2 --batch 1 ")
+    assert "--flash-attention" not in shown(output.value)[1]
+    next(c for c in grid.children if c.description == "batch B").value = 8
+    next(c for c in grid.children if c.description == "FlashAttention").value = True
+    assert "--batch 8 " in shown(output.value)[1] and "--flash-attention" in shown(output.value)[1]
+
+
+def test_a_refused_value_shows_the_error_and_no_command():
+    html = render({**defaults(), "recipe": "no-such-recipe"})
+    assert "unknown recipe 'no-such-recipe'" in unescape(html) and shown(html) == (None, None)

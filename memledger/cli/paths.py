@@ -1,0 +1,67 @@
+"""Which options each path of the command line reads: a given option the chosen path ignores is refused.
+
+A *path* is what one invocation computes: ``ledger`` (memledger's own ledger, with an architecture or
+``--params`` alone), ``ledger --pp``, ``ledger --convention NAME``, ``ledger --lora-rank/--qlora``,
+``step``, ``fit --vary X``, ``infer``, ``compare``. Each reads a set of options (by argparse destination);
+:func:`refuse_unread` turns any other given option into one line that names it and says why, so that an
+option is never silently ignored (the output would otherwise be the same with and without it). Some reads
+depend on the setup: ``--link`` times offload transfers, so it is read only where there are some;
+``--offload-placement`` places offloaded optimizer states; ``--scope`` changes a verdict by the sum, not
+the step's peak.
+"""
+from .options import flag
+
+__all__ = ["CONVENTION_INPUTS", "LORA", "MODEL", "OUTPUT", "PIPELINE", "STATES", "WORKLOAD", "convention_reads",
+           "refuse_unread",
+           "unread"]
+
+MODEL = ("preset", "config", "params", "hidden", "layers", "heads", "ffn", "vocab", "style")
+#: Options of the activations (an architecture needed), then of the model states and the runtime.
+ACTIVATIONS = ("batch", "seq", "recompute", "no_dropout", "flash_attention", "sp", "scope")
+STATES = ("recipe", "tp", "zero", "dp", "offload_optimizer", "offload_params", "offload_placement", "overhead")
+WORKLOAD = ACTIVATIONS + STATES
+OUTPUT = ("units", "gpu_memory", "link", "json")
+PIPELINE = ("pp", "microbatches", "interleave")
+CONVENTION_INPUTS = ("largest_layer", "gpus_per_node", "nodes", "buffer_factor", "no_zero_init")
+LORA = ("lora_rank", "lora_targets", "qlora", "lora_dropout", "adapter_recipe", "no_double_quant")
+#: A convention's reads (:data:`memledger.calculators.base.READABLE`) -> the option that sets it.
+OPTION_OF = {"batch_size": "batch", "seq_len": "seq", "recipe": "recipe", "recompute": "recompute", "tp": "tp",
+             "zero_stage": "zero", "dp": "dp", "offload_optimizer": "offload_optimizer",
+             "offload_params": "offload_params", "largest_layer": "largest_layer", "gpus_per_node": "gpus_per_node",
+             "nodes": "nodes", "buffer_factor": "buffer_factor", "zero_init": "no_zero_init"}
+#: Why a path would not read an option, where one reason covers every path that ignores it.
+WHY = {
+    "gpu_memory": "it prints no fits verdict",
+    "link": "it prints no offload transfer time",
+    "measure": "without an architecture there is no step to judge, only the sum of the model states",
+    "offload_placement": "it places offloaded optimizer states, and --offload-optimizer is none",
+}
+
+
+def convention_reads(convention) -> set:
+    """The options ``ledger --convention NAME`` reads: the model, what the convention reads, the output."""
+    reads = set(MODEL) | {"units", "json", "convention"} | {OPTION_OF[r] for r in convention.reads}
+    if convention.zero_stage is not None:
+        reads.add("zero")                   # read to be checked: an estimator named after a stage
+    return reads
+
+
+def unread(a, reads) -> list:
+    """The given options (destinations) not in ``reads``, in the parser's order; ``--units`` too under ``--json``
+    (exact integer bytes have no unit)."""
+    extra = [d for d in a.given if d not in reads]
+    if "units" in a.given and getattr(a, "json", False) and "units" not in extra:
+        extra.append("units")
+    return extra
+
+
+def refuse_unread(a, reads, where: str, why: dict = None) -> None:
+    """``ValueError`` naming every given option not in ``reads`` (destinations) and why ``where`` ignores the
+    first of them (``why``: reasons by option, over :data:`WHY`)."""
+    extra = unread(a, reads)
+    if not extra:
+        return
+    reasons = {**WHY, "units": "--json prints exact integer bytes", **(why or {})}
+    reason = reasons.get(extra[0], "")
+    flags = ", ".join(flag(d) for d in extra)
+    raise ValueError(f"{where} does not read {flags}{': ' + reason if reason else ''}")

@@ -1,0 +1,409 @@
+"""A property-based fuzz of the command line, of malformed config.json files and of the Python API (issue 19).
+
+Every command's option space is read off its own parser (a new option is fuzzed without an edit here), each
+option drawn from values a careless or curious user would type: valid choices, junk, huge and tiny numbers,
+non-ASCII digits, empty text. The contract, for every invocation (run in-process, ``memledger.cli.main.main``):
+
+* exit 0 or 2 (1 only where the output cannot be written, which these runs never hit);
+* on exit 2, one line on stderr and nothing on stdout; on exit 0 nothing on stderr;
+* ``--json`` output parses; every byte count is a non-negative integer; totals are the sums of their rows;
+  a step's landmarks are the sums of the rows live there and its peak is at least every landmark;
+  ``fit``'s answer fits and the next value does not;
+* no run over 10 s.
+
+The API raises only ``ValueError`` or ``TypeError`` on bad input, and what it accepts keeps the same
+invariants. The fast slice (a few examples, paths that need no step compiled) runs with ``-m "not slow"``;
+the slow slice draws many more, over every command, and runs with the full suite.
+"""
+import contextlib
+import io
+import json
+import os
+from pathlib import Path
+import tempfile
+import time
+
+from hypothesis import HealthCheck, given, settings, strategies as st
+import pytest
+
+import memledger as ml
+from memledger.calculators import CONVENTIONS, ConventionInputs
+from memledger.cli.main import _parser, main
+from memledger.ledger.hardware import GPU_MEMORY, LINKS
+from memledger.states.recipes import ALL_RECIPES
+
+SECONDS = 10
+CONFIGS = Path(ml.__file__).parent / "models" / "configs"
+PRESETS = ("gpt2", "llama2-7b", "article-7b", "qwen2.5-0.5b", "gemma-2b", "mixtral-8x7b", "bert-base-uncased")
+JUNK = st.sampled_from(("", " ", "x", "-1", "0", "1.5", "nan", "inf", "-inf", "1e999999999", "1e-999999999", "1e19",
+                        "\u0663", "1\n2", "9" * 200, "--json"))
+COUNT = st.one_of(st.sampled_from(("1", "2", "3", "4", "8", "16", "64", "1e3", "2048")), st.integers(1, 10**19).map(str))
+SIZE = st.sampled_from(("0", "2GB", "1.5GiB", "80GB", "1000000", "2e9", "1TB", "1e18", "1e19"))
+#: What a user would mostly type for each option (drawn most of the time; else :data:`JUNK` or another option's).
+VALID = {
+    "preset": st.sampled_from(PRESETS + ("nope",)),
+    "hidden": st.sampled_from(("64", "128", "4096", "768")), "heads": st.sampled_from(("4", "8", "32", "12")),
+    "layers": st.sampled_from(("1", "2", "5", "32")), "ffn": st.sampled_from(("128", "11008", "3072")),
+    "vocab": st.sampled_from(("100", "32000", "50257")), "params": st.sampled_from(("7e9", "1e9", "1e12", "124e6")),
+    "style": st.sampled_from(("gpt", "llama", "bert")),
+    "batch": st.one_of(st.sampled_from(("1", "2", "4", "16")), COUNT), "seq": st.one_of(
+        st.sampled_from(("1", "512", "2048", "4096")), COUNT),
+    "recipe": st.sampled_from(tuple(ALL_RECIPES) + ("lion",)),
+    "adapter_recipe": st.sampled_from(tuple(ALL_RECIPES) + ("lion",)),
+    "recompute": st.sampled_from(("none", "selective", "full", "some")),
+    "tp": st.sampled_from(("1", "2", "4", "8", "3")), "dp": st.sampled_from(("1", "2", "8", "64", "3", "7")),
+    "zero": st.sampled_from(("0", "1", "2", "3", "4")),
+    "offload_optimizer": st.sampled_from(("none", "cpu", "nvme", "disk")),
+    "offload_params": st.sampled_from(("none", "cpu", "nvme")),
+    "offload_placement": st.sampled_from(("article", "zero-offload", "x")),
+    "overhead": SIZE, "scope": st.sampled_from(("model", "layers", "x")),
+    "units": st.sampled_from(("GB", "GiB", "MiB", "TiB", "PB")),
+    "gpu_memory": st.one_of(st.sampled_from(tuple(GPU_MEMORY) + ("h100", "bogus")), SIZE),
+    "link": st.sampled_from(tuple(LINKS) + ("usb",)),
+    "measure": st.sampled_from(("auto", "peak", "total", "sum")),
+    "pp": st.sampled_from(("1", "2", "4", "32")), "microbatches": st.sampled_from(("1", "2", "8")),
+    "interleave": st.sampled_from(("1", "2")),
+    "convention": st.sampled_from(tuple(CONVENTIONS) + ("ds",)),
+    "largest_layer": st.sampled_from(("1e6", "1e8", "1e30")), "gpus_per_node": st.sampled_from(("1", "8")),
+    "nodes": st.sampled_from(("1", "2", "3")),
+    "buffer_factor": st.sampled_from(("1", "1.5", "2", "3/2", "1000", "1001")),
+    "lora_rank": st.sampled_from(("4", "16", "64")),
+    "lora_targets": st.sampled_from(("q_proj", "q_proj,v_proj", "q_proj,q_proj", "", "q_proj,", "gate_proj",
+                                     "c_attn", "k_proj,o_proj,down_proj")),
+    "vary": st.sampled_from(("batch", "seq", "layers", "dp", "zero", "x")),
+    "backend": st.sampled_from(("article", "cuda", "cpu", "tpu")),
+    "dtype": st.sampled_from(("bf16", "fp16", "fp8", "int8", "fp32", "int4")),
+    "kv_dtype": st.sampled_from(("bf16", "fp16", "fp8", "int8", "fp32", "int4")),
+    "config": st.sampled_from((str(CONFIGS / "llama3-8b.json"), str(CONFIGS), "nope.json", str(CONFIGS / "index.json"),
+                               "/dev/null")),
+}
+#: Options a model is given by (one of them, usually a preset).
+MODEL = ("preset", "config", "params", "hidden")
+
+
+def _commands():
+    """{command: [(flag, dest, takes a value)]}, read off the parser."""
+    _, commands = _parser()
+    return {name: [(action.option_strings[-1], action.dest, action.nargs != 0) for action in parser._actions
+                   if action.option_strings and action.dest != "help"]
+            for name, parser in commands.items()}
+
+
+COMMANDS = _commands()
+WEIGHTED = ("ledger",) * 5 + ("step",) * 3 + ("fit",) * 3 + ("compare", "infer", "infer", "presets", "recipes")
+
+
+def _one_in(n):
+    """True about once in ``n`` draws (hypothesis favours the ends of an integer range; a list it samples evenly)."""
+    return st.sampled_from((False,) * (n - 1) + (True,))
+
+
+CONVENTION_INPUTS = {"largest_layer", "gpus_per_node", "nodes", "buffer_factor", "no_zero_init"}
+LORA = {"lora_rank", "lora_targets", "qlora", "lora_dropout", "adapter_recipe", "no_double_quant"}
+
+
+@st.composite
+def invocations(draw, commands=WEIGHTED, fast=False):
+    """An argv: a command, a model (usually a preset), a few options with drawn values (now and then junk or
+    a value meant for another option), sometimes an unknown option. ``ledger`` runs one of its paths: its own
+    ledger, a convention, LoRA (their options are drawn for that path, mostly)."""
+    command = draw(st.sampled_from(commands))
+    dests = {dest for _, dest, _ in COMMANDS[command]}
+    path = draw(st.sampled_from(("own",) * 4 + ("convention", "lora"))) if command == "ledger" else "own"
+    if fast and path == "convention":
+        path = "own"
+    excluded = set(MODEL) | {"vary", "convention"} | (CONVENTION_INPUTS if path != "convention" else set()) | (
+        LORA if path != "lora" else set())
+    options = [o for o in COMMANDS[command] if o[1] not in excluded or draw(_one_in(20))]
+    argv = [command]
+    if "preset" in dests:
+        model = draw(st.sampled_from(("preset",) * 6 + ("config", "params", "hidden", "none")))
+        if model == "hidden":
+            argv += ["--hidden", draw(VALID["hidden"]), "--layers", draw(VALID["layers"]), "--heads",
+                     draw(VALID["heads"])]
+        elif model in VALID and model in dests:
+            argv += [f"--{model}", draw(VALID[model])]
+    if command == "fit":
+        argv += ["--vary", draw(VALID["vary"])]
+    if path == "convention":
+        argv += ["--convention", draw(VALID["convention"])]
+    if path == "lora":
+        argv += draw(st.sampled_from((["--qlora"], ["--lora-rank", "8"], ["--lora-targets", "q_proj"])))
+    chosen = draw(st.lists(st.sampled_from(options), max_size=4, unique=True)) if options else []
+    for flag, dest, valued in chosen:
+        argv.append(flag)
+        if valued:
+            kind = draw(st.sampled_from(("valid",) * 8 + ("junk", "count")))
+            argv.append(draw(JUNK if kind == "junk" else COUNT if kind == "count" else VALID.get(dest, COUNT)))
+    if "json" in dests and "--json" not in argv and draw(st.booleans()):
+        argv.append("--json")                # the invariants are checked on the JSON output
+    if fast and "measure" in dests:          # no step compiled in the fast slice: the sum judges
+        argv = [x for i, x in enumerate(argv) if x != "--measure" and (i == 0 or argv[i - 1] != "--measure")]
+        argv += ["--measure", "total"]
+    if draw(_one_in(30)):
+        argv.append(draw(st.sampled_from(("--nonsense", "--json", "-x", "extra"))))
+    return argv
+
+
+def _bytes_ok(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _check_rows(rows, totals):
+    assert all(_bytes_ok(r["bytes"]) for r in rows), rows
+    for device, total in totals.items():
+        assert total == sum(r["bytes"] for r in rows if r.get("device", "gpu") == device), (device, total)
+
+
+STEP_LIVE = {"whole step": ("before forward", "after forward", "after backward", "after step"),
+             "forward to backward": ("after forward",), "backward to optimizer step": ("after backward",)}
+
+
+def _check_json(command, argv, data):
+    """The invariants of one command's JSON object."""
+    if command == "ledger" and "conventions" not in data and "rows" in data:
+        _check_rows(data["rows"], data["totals"])
+        if "judged_bytes" in data:
+            assert data["fits"] == (data["judged_bytes"] <= data["gpu_memory"])
+            if data["measure"] == "peak":
+                assert data["judged_bytes"] == data["peak"]
+        for stage in data.get("pipeline", {}).get("stages", ()):
+            rows = [{"device": dev, "bytes": b} for _, _, dev, b in stage["rows"]]
+            _check_rows(rows, stage["totals"])
+    elif command == "compare":
+        for c in data["conventions"]:
+            gpu = c["gpu"]
+            assert all(_bytes_ok(gpu[k]) for k in ("model_states", "activations", "other", "total")), c
+            assert gpu["total"] == gpu["model_states"] + gpu["activations"] + gpu["other"] and _bytes_ok(c["cpu"])
+    elif command == "infer":
+        _check_rows(data["rows"], data["totals"])
+    elif command == "step":
+        rows, peak = data["rows"], data["peak"]["gpu"]
+        assert all(_bytes_ok(r["bytes"]) for r in rows)
+        for mark, devices in data["landmarks"].items():
+            for device, total in devices.items():
+                live = sum(r["bytes"] for r in rows if r["device"] == device and mark in STEP_LIVE.get(r["phase"], ()))
+                assert total == live, (mark, device, total, live)
+            assert peak >= devices["gpu"], (mark, peak, devices)
+    elif command == "fit":
+        if data["answer"] is not None:
+            assert data["judged_at_answer"] <= data["gpu_memory"]
+        if data["next"] is not None and data["vary"] in ("batch", "seq", "layers"):
+            assert data["next"]["judged"] > data["gpu_memory"], data
+
+
+def check_contract(argv):
+    """Run ``argv`` in-process and assert the contract; returns (status, stdout, stderr)."""
+    out, err = io.StringIO(), io.StringIO()
+    start = time.perf_counter()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            status = main(argv)
+        except SystemExit as e:              # --help, -h: argparse prints and exits 0
+            status = e.code
+    seconds = time.perf_counter() - start
+    out, err = out.getvalue(), err.getvalue()
+    assert seconds < SECONDS, (argv, seconds)
+    assert status in (0, 2), (argv, status, err)
+    if status == 2:
+        assert out == "" and err.count("\n") == 1 and err.startswith("memledger: error: "), (argv, out[:300], err)
+        assert "Traceback" not in err
+        return status, out, err
+    assert err == "", (argv, err)
+    if "--json" in argv and "-h" not in argv and "--help" not in argv:
+        data = json.loads(out)
+        _check_json(argv[0], argv, data)
+    return status, out, err
+
+
+FAST = ("ledger",) * 4 + ("infer", "fit", "fit", "presets", "recipes")
+
+
+@settings(max_examples=20, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(invocations(commands=FAST, fast=True))
+def test_cli_fast(argv):
+    check_contract(argv)
+
+
+@pytest.mark.slow
+@settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
+@given(invocations())
+def test_cli_slow(argv):
+    check_contract(argv)
+
+
+@st.composite
+def steps(draw):
+    """``step --json`` over the strategy space the timeline models: a small decoder, ZeRO, dp, tp, offload,
+    recomputation, kernels, backends (the landmark and peak invariants hold for every one)."""
+    style = draw(st.sampled_from(("gpt", "llama")))
+    heads = draw(st.sampled_from((2, 4)))
+    argv = ["step", "--hidden", str(8 * heads * draw(st.sampled_from((1, 3)))), "--heads", str(heads), "--layers",
+            draw(st.sampled_from(("1", "2", "6"))), "--style", style, "--vocab", draw(st.sampled_from(("24", "100"))),
+            "--recipe", draw(st.sampled_from(("bf16-adamw", "fp32-adamw", "bf16-pure-adamw", "bf16-adamw-fp32-grads"))),
+            "--zero", draw(st.sampled_from(("0", "1", "2", "3"))), "--dp", draw(st.sampled_from(("1", "3", "8"))),
+            "--batch", draw(st.sampled_from(("1", "3"))), "--seq", draw(st.sampled_from(("4", "6"))),
+            "--backend", draw(st.sampled_from(("article", "cuda", "cpu"))), "--json"]
+    if draw(st.booleans()):
+        argv += ["--tp", "2"] + (["--sp"] if draw(st.booleans()) else [])
+    for flag in ("--flash-attention", "--no-dropout", "--foreach"):
+        if draw(st.booleans()):
+            argv.append(flag)
+    argv += ["--recompute", draw(st.sampled_from(("none", "selective", "full")))]
+    offload = draw(st.sampled_from(("none", "cpu", "nvme")))
+    if offload != "none":
+        argv += ["--offload-optimizer", offload] + (["--offload-placement", "zero-offload"] if draw(st.booleans())
+                                                      else [])
+    if "3" == argv[argv.index("--zero") + 1] and draw(st.booleans()):
+        argv += ["--offload-params", "cpu"]
+    return argv
+
+
+@pytest.mark.slow
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(steps())
+def test_step_slow(argv):
+    check_contract(argv)
+
+
+# --- malformed config.json files, through the command line
+
+BASE = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 100, "tie_word_embeddings": False}
+GPT2 = {"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "n_inner": None, "vocab_size": 100,
+        "n_positions": 64}
+JSON_VALUES = st.recursive(st.one_of(st.none(), st.booleans(), st.integers(-10, 10**25), st.sampled_from(
+    (0.5, 64.0, float("nan"), float("inf"), 1e300)), st.text(max_size=8)),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3), max_leaves=6)
+
+
+@st.composite
+def config_files(draw):
+    """The bytes of a config.json: a real one with fields replaced, removed or added, or junk."""
+    kind = draw(st.integers(0, 9))
+    if kind == 0:
+        return draw(st.binary(max_size=64))
+    if kind == 1:
+        depth = draw(st.sampled_from((31, 32, 33, 5000)))
+        return ("[" * depth + "]" * depth).encode()
+    config = dict(draw(st.sampled_from((BASE, GPT2))))
+    for key in draw(st.lists(st.sampled_from(sorted(config) + ["head_dim", "attention_bias", "num_local_experts"]),
+                             max_size=3, unique=True)):
+        if draw(st.booleans()):
+            config[key] = draw(JSON_VALUES)
+        else:
+            config.pop(key, None)
+    text = json.dumps(config, allow_nan=True)
+    encoding = draw(st.sampled_from(("utf-8", "utf-8", "utf-8", "utf-16", "latin-1")))
+    return text.encode(encoding, errors="replace")
+
+
+def _config_run(content, extra):
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "config.json"
+        path.write_bytes(content)
+        return check_contract(["ledger", "--config", str(path), "--measure", "total", *extra])
+
+
+@settings(max_examples=12, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(config_files(), st.sampled_from(([], ["--json"], ["--batch", "2", "--json"])))
+def test_malformed_configs_fast(content, extra):
+    _config_run(content, extra)
+
+
+@pytest.mark.slow
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@given(config_files(), st.sampled_from(([], ["--json"], ["--zero", "3", "--dp", "4", "--json"])))
+def test_malformed_configs_slow(content, extra):
+    _config_run(content, extra)
+
+
+# --- the Python API
+
+ANY = st.one_of(st.none(), st.booleans(), st.integers(-2, 10**20), st.floats(allow_nan=True), st.text(max_size=6),
+                st.just([1]), st.just(2.0))
+
+
+def _field(valid):
+    return st.one_of(valid, ANY)
+
+
+LEDGER_FIELDS = {
+    "arch": _field(st.sampled_from(PRESETS)), "n_params": _field(st.sampled_from((None, 10**9, 7e9))),
+    "batch_size": _field(st.integers(1, 64)), "seq_len": _field(st.integers(1, 8192)),
+    "recipe": _field(st.sampled_from(tuple(ALL_RECIPES))), "recompute": _field(st.sampled_from(("none", "full"))),
+    "tp": _field(st.sampled_from((1, 2, 4))), "sequence_parallel": _field(st.booleans()),
+    "zero_stage": _field(st.sampled_from((0, 1, 2, 3))), "dp": _field(st.sampled_from((1, 8, 64))),
+    "offload_optimizer": _field(st.sampled_from(("none", "cpu"))), "offload_params": _field(st.just("none")),
+    "overhead_bytes": _field(st.sampled_from((0, 2 * 10**9))), "dropout": _field(st.sampled_from((None, False))),
+    "flash_attention": _field(st.booleans()), "scope": _field(st.sampled_from(("model", "layers"))),
+}
+
+
+@st.composite
+def ledger_kwargs(draw):
+    names = draw(st.lists(st.sampled_from(sorted(LEDGER_FIELDS)), max_size=4, unique=True))
+    kwargs = {"arch": draw(st.sampled_from(PRESETS))}
+    kwargs.update({name: draw(LEDGER_FIELDS[name]) for name in names})
+    return kwargs
+
+
+def _api(call):
+    """The call's result, or None where it raised ValueError or TypeError (anything else fails the test)."""
+    try:
+        return call()
+    except (ValueError, TypeError):
+        return None
+
+
+def check_api(kwargs, convention, inputs, vary):
+    ledger = _api(lambda: ml.Ledger(**kwargs))
+    if ledger is not None:
+        rows = [{"device": r.device, "bytes": r.bytes} for r in ledger.rows]
+        _check_rows(rows, ledger.totals)
+        result = _api(lambda: ml.fit(ledger, vary, 80 * 10**9, measure="total"))
+        if result is not None and result["answer"] is not None:
+            assert result["judged_at_answer"] <= 80 * 10**9
+        conv_inputs = _api(lambda: ConventionInputs(**inputs))
+        if conv_inputs is not None:
+            estimate = _api(lambda: CONVENTIONS[convention].estimate(ledger, conv_inputs))
+            if estimate is not None:
+                assert all(_bytes_ok(r.bytes) for r in estimate.rows)
+    else:
+        _api(lambda: ml.fit(kwargs.get("arch"), vary, 80 * 10**9))
+    _api(lambda: ml.LoraLedger(kwargs.get("arch"), ml.LoraConfig(rank=kwargs.get("batch_size", 8)),
+                               overhead_bytes=kwargs.get("overhead_bytes", 0)))
+    _api(lambda: ml.Inference(kwargs.get("arch"), batch_size=kwargs.get("batch_size", 1), tp=kwargs.get("tp", 1)))
+
+
+INPUTS = st.fixed_dictionaries({}, optional={"largest_layer": _field(st.sampled_from((10**6, 10**8))),
+                                             "gpus_per_node": _field(st.sampled_from((1, 8))),
+                                             "nodes": _field(st.sampled_from((1, 2))),
+                                             "buffer_factor": _field(st.sampled_from(("1.5", 2, "1e999999999"))),
+                                             "zero_init": _field(st.booleans())})
+
+
+@settings(max_examples=15, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(ledger_kwargs(), st.sampled_from(tuple(CONVENTIONS)), INPUTS, st.sampled_from(("batch", "dp", "x")))
+def test_api_fast(kwargs, convention, inputs, vary):
+    check_api(kwargs, convention, inputs, vary)
+
+
+@pytest.mark.slow
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@given(ledger_kwargs(), st.sampled_from(tuple(CONVENTIONS)), INPUTS, st.sampled_from(("batch", "seq", "layers",
+                                                                                      "dp", "zero", "x")))
+def test_api_slow(kwargs, convention, inputs, vary):
+    check_api(kwargs, convention, inputs, vary)
+
+
+@settings(max_examples=10, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(st.dictionaries(st.sampled_from(sorted(BASE) + sorted(GPT2)), JSON_VALUES, max_size=6))
+def test_config_dicts_raise_only_value_or_type_errors(changes):
+    for base in (BASE, GPT2):
+        _api(lambda base=base: ml.Architecture.from_hf_config({**base, **changes}))
+
+
+def test_the_fuzz_sees_every_command():
+    assert set(COMMANDS) == {"ledger", "step", "compare", "fit", "infer", "presets", "recipes", "claims"}
+    assert os.path.exists(CONFIGS / "llama3-8b.json")
