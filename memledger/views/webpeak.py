@@ -11,10 +11,10 @@ block. The page adds the sizes up op by op: the largest running total is the pea
 ``Ledger.peak``; the running totals are the timeline it draws.
 
 The controls reach 8,064 distinct structures (models x recipes x ZeRO x offload x recomputation x
-FlashAttention x B = 1), each ~0.15 s of SymPy to build: too many to print at every book build. The site carries the records of the structures around the calculator's starting
-state (:func:`nearby_states`: every single change of a structure-deciding control); any other
-structure is built in the reader's browser by this very module running in Pyodide
-(:func:`browser_record`), and evaluated the same way.
+FlashAttention x B = 1), each ~0.15 s of SymPy to build: too many to print at every book build. The site
+carries the records of the structures around the calculator's starting state (:func:`nearby_states`: every
+single change of a structure-deciding control); any other structure is built in the reader's browser by this
+very module running in Pyodide (:func:`browser_record`), and evaluated the same way.
 """
 from functools import lru_cache
 import hashlib
