@@ -17,11 +17,18 @@ tests/book/test_browser.py checks every page for them:
   where the vendored copy lives.
 * The themes ship template fragments in their static folders
   (``webpack-macros.html``); they are removed from the published ``_static``.
+* The calculator's step records (:func:`memledger.views.webpeak.site_records`) are written to
+  ``_static/memledger-steps/``, and memledger's own source, with the few NumPy calls the step's
+  build makes (``pyodide_numpy.py``), to ``_static/memledger-python.zip`` for Pyodide.
 """
+import json
 import posixpath
 from pathlib import Path
+import zipfile
 
+import memledger
 from memledger.views.webcalc import CSS_CLASS, SCRIPT
+from memledger.views.webpeak import FOLDER, PYTHON_ARCHIVE, site_records
 
 WIDGET_MANAGER = "html-manager/embed-amd.js"
 #: The AMD id prefix under which the widget manager's bundle names itself.
@@ -90,7 +97,23 @@ def _drop_template_fragments(app, exception):
             fragment.unlink()
 
 
+def _write_step_records(app, exception):
+    if exception is not None or app.builder.format != "html":
+        return
+    folder = Path(app.outdir, "_static", FOLDER)
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, record in site_records()[1].items():
+        (folder / f"{name}.json").write_text(json.dumps(record, separators=(",", ":")))
+    package = Path(memledger.__file__).parent
+    with zipfile.ZipFile(Path(app.outdir, "_static", PYTHON_ARCHIVE), "w", zipfile.ZIP_DEFLATED) as archive:
+        for path in sorted(package.rglob("*")):
+            if path.is_file() and path.suffix in (".py", ".json") and "__pycache__" not in path.parts:
+                archive.write(path, path.relative_to(package.parent).as_posix())
+        archive.write(Path(__file__).with_name("pyodide_numpy.py"), "numpy.py")
+
+
 def setup(app):
     app.connect("html-page-context", _fix_scripts, priority=900)
     app.connect("build-finished", _drop_template_fragments)
+    app.connect("build-finished", _write_step_records)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

@@ -1,11 +1,15 @@
-/* memledger's static calculator (see memledger/webcalc.py).
+/* memledger's static calculator (see memledger/views/webcalc.py and memledger/views/webpeak.py).
  *
  * Python prints the data into the page: the controls, each preset's symbol values, and the
  * ledger's rows part by part with their formulas (SymPy's JavaScript printer, over BigInt).
  * This script only reads inputs with the CLI's rules (memledger.units.parse_count: the same
  * limit, the same message), looks the rows up, evaluates them exactly and renders. It decides
- * nothing about which rows exist. It is loaded only on pages that hold a calculator
- * (_ext/memledger_site.py), and under Node it exports its functions for tests/test_webcalc.py.
+ * nothing about which rows exist. The verdict judges the step's peak as `memledger ledger` does:
+ * each step structure comes as a record (every tensor's size as BigInt JavaScript, the GPU count
+ * changes op by op), from the site's memledger-steps/ folder or, for a structure the site does
+ * not carry, from the library itself running in Pyodide; the running totals are the peak and the
+ * timeline drawn. It is loaded only on pages that hold a calculator (_ext/memledger_site.py), and
+ * under Node it exports its functions for tests/test_webcalc.py.
  */
 (function () {
   "use strict";
@@ -95,11 +99,7 @@
 
   /* The ledger of one setup ({field: text}): rows with exact BigInt bytes, and totals per device. */
   function ledger(data, setup) {
-    var formulas = compiled(data), v = {}, rows = [], totals = {};
-    var preset = data.bindings[setup[data.bindings_field]];
-    if (!preset) throw new Error("unknown " + data.bindings_field + " " + setup[data.bindings_field]);
-    Object.keys(preset).forEach(function (name) { v[name] = BigInt(preset[name]); });
-    data.symbols.forEach(function (s) { if (s[1] in setup) v[s[0]] = BigInt(setup[s[1]]); });
+    var formulas = compiled(data), v = bindings(data, setup), rows = [], totals = {};
     data.parts.forEach(function (part) {
       var key = part.fields.map(function (f) { return setup[f]; }).join("|");
       if (!(key in part.rows)) throw new Error("no rows for " + part.fields.join(", ") + " = " + key);
@@ -111,6 +111,83 @@
     data.devices.forEach(function (d) { totals[d[0]] = 0n; });
     rows.forEach(function (r) { totals[r.device] += r.bytes; });
     return {rows: rows, totals: totals};
+  }
+
+  /* The symbol values of one setup: the preset's, then those the controls set. */
+  function bindings(data, setup) {
+    var v = {}, preset = data.bindings[setup[data.bindings_field]];
+    if (!preset) throw new Error("unknown " + data.bindings_field + " " + setup[data.bindings_field]);
+    Object.keys(preset).forEach(function (name) { v[name] = BigInt(preset[name]); });
+    data.symbols.forEach(function (s) { if (s[1] in setup) v[s[0]] = BigInt(setup[s[1]]); });
+    return v;
+  }
+
+  /* --- the step's peak (memledger/views/webpeak.py) --------------------------------------------- */
+
+  /* The page's name of the step structure of a setup (webpeak.structure_key). */
+  function structureKey(data, setup) {
+    return data.step.fields.map(function (f) { return setup[f]; }).join("|") + "|" +
+      (BigInt(setup.batch_size) === 1n ? "B=1" : "B>1");
+  }
+
+  /* Where the record of a setup's structure is: {unmodelled: the verdict's note}, {name} (a file of the site),
+   * or {key} (a structure the site does not carry: the library builds it in the browser). */
+  function recordSource(data, setup) {
+    var reason = data.step.unmodelled[setup.arch][setup.flash_attention][setup.recipe];
+    if (reason) return {unmodelled: reason};
+    var key = structureKey(data, setup), entry = data.step.index[key];
+    if (entry === undefined) return {key: key};
+    return typeof entry === "string" ? {name: entry} : entry;
+  }
+
+  /* The step of one setup from its record: the GPU total after every op (BigInt), the peak, its op. */
+  function evaluateStep(record, data, setup) {
+    if (!record.size) record.size = new Function("ml", "v", "return [" + record.sizes.join(", ") + "];");
+    var v = bindings(data, setup);
+    v.P = BigInt(data.step.params[setup.arch]);      // the step counts the tensors (step_values)
+    var sizes = record.size(ml, v), total = 0n, totals = [], best = -1n, sample = 0;
+    record.deltas.forEach(function (changes, k) {
+      changes.forEach(function (c) { total += BigInt(c[1]) * sizes[c[0]]; });
+      totals.push(total);
+      if (total > best) { best = total; sample = k; }
+    });
+    var moment = record.moments[sample], layer = moment[1];
+    var block = layer === null ? null : (record.lumped && layer >= 3 ? Number(v.L) - 5 + layer : layer);
+    return {totals: totals, peak: best, sample: sample, phase: moment[0], block: block,
+            phases: record.moments.map(function (m) { return m[0]; })};
+  }
+
+  /* What the verdict compares with the GPU, as memledger.answers.verdict.judge: {bytes, key, clause}. */
+  function judge(data, setup, totals, step) {
+    var total = totals[data.verdict_device];
+    if (!step) return {bytes: total, key: "total", clause: "total"};
+    if (data.step.nominal[setup.arch] && total > step.peak) return {bytes: total, key: "nominal", clause: "nominal"};
+    return {bytes: step.peak, key: data.step.nominal[setup.arch] ? "nominal" : "peak", clause: "peak"};
+  }
+
+  /* The verdict's clause (memledger.answers.verdict.describe). */
+  function clause(data, judged, totals, step, reason) {
+    return fill(data.step.clauses[judged.clause], {
+      total_measure: data.step.measures.total, peak_measure: data.step.measures.peak,
+      total: size(totals[data.verdict_device], data), peak: step ? size(step.peak, data) : "",
+      note: reason || data.step.notes.sum});
+  }
+
+  /* shlex.quote */
+  function shellQuote(text) {
+    if (text === "") return "''";
+    return /[^\w@%+=:,./-]/.test(text) ? "'" + text.replace(/'/g, "'\"'\"'") + "'" : text;
+  }
+
+  /* The memledger ledger command of a setup (memledger.views.controls.cli_command). */
+  function cliCommand(data, setup) {
+    var words = ["memledger", "ledger"];
+    data.step.cli.forEach(function (c) {
+      if (c[3] && setup[c[3][0]] === c[3][1]) return;          // ignored by the ledger there (IGNORED_WHEN)
+      if (c[2]) { if (setup[c[0]] === "true") words.push(c[1]); }
+      else words.push(c[1], setup[c[0]]);
+    });
+    return words.map(shellQuote).join(" ");
   }
 
   function bitLength(n) { return n === 0n ? 0 : n.toString(2).length; }
@@ -168,13 +245,88 @@
     return {setup: setup, errors: errors};
   }
 
-  function view(data, setup) {
-    var result = ledger(data, setup), out = document.createDocumentFragment();
-    var gpu = BigInt(data.gpus[setup[data.gpu_field]]), used = result.totals[data.verdict_device];
-    var verdict = element("p", undefined, "memledger-calculator-verdict"), fits = used <= gpu;
-    verdict.appendChild(element("b", fits ? "fits" : "does not fit", fits ? "fits" : "does-not-fit"));
-    verdict.appendChild(document.createTextNode(": " + size(used, data) + " per GPU against " + size(gpu, data) +
-                                                data.verdict_clause));
+  var SVG = "http://www.w3.org/2000/svg";
+
+  function svg(tag, attributes, text) {
+    var e = document.createElementNS(SVG, tag);
+    Object.keys(attributes).forEach(function (k) { e.setAttribute(k, attributes[k]); });
+    if (text !== undefined) e.textContent = text;
+    return e;
+  }
+
+  var PHASE_COLOURS = {forward: "#eef3fa", loss: "#fbf1e6", backward: "#f6eef6", optimizer: "#eef6ee"};
+
+  /* A fraction in [0, 1] of two BigInts, as a Number. */
+  function ratio(a, b) { return b === 0n ? 0 : Number(a * 1000000n / b) / 1e6; }
+
+  /* The GPU total after every op of the step: phases shaded, the GPU's memory dashed, the peak marked. */
+  function timeline(step, gpu, data) {
+    var width = 640, height = 190, left = 64, right = 10, top = 22, bottom = 18;
+    var plotW = width - left - right, plotH = height - top - bottom, n = step.totals.length;
+    var most = step.peak > gpu ? step.peak : gpu;
+    function x(k) { return left + plotW * (k + 0.5) / n; }
+    function y(b) { return top + plotH * (1 - ratio(b, most)); }
+    var root = svg("svg", {viewBox: "0 0 " + width + " " + height, width: width, role: "img",
+                           style: "max-width: 100%; height: auto", "font-size": 11, "font-family": "sans-serif",
+                           "class": "memledger-calculator-timeline",
+                           "aria-label": "GPU memory through one training step; peak " + size(step.peak, data)});
+    var start = 0;
+    step.phases.forEach(function (phase, k) {
+      if (k + 1 < n && step.phases[k + 1] === phase) return;
+      var x0 = left + plotW * start / n, x1 = left + plotW * (k + 1) / n;
+      root.appendChild(svg("rect", {x: x0, y: top, width: x1 - x0, height: plotH, "class": "phase " + phase,
+                                    fill: PHASE_COLOURS[phase] || "#f2f2f2"}));
+      root.appendChild(svg("text", {x: (x0 + x1) / 2, y: top + plotH + 13, "text-anchor": "middle"}, phase));
+      start = k + 1;
+    });
+    root.appendChild(svg("line", {x1: left, x2: left + plotW, y1: y(gpu), y2: y(gpu), "class": "gpu",
+                                  stroke: "crimson", "stroke-width": 1.5, "stroke-dasharray": "6 4"}));
+    root.appendChild(svg("text", {x: left - 4, y: y(gpu) + 4, "text-anchor": "end"}, size(gpu, data)));
+    root.appendChild(svg("text", {x: left - 4, y: top + plotH, "text-anchor": "end"}, "0"));
+    root.appendChild(svg("polyline", {"class": "total", fill: "none", stroke: "#4C72B0", "stroke-width": 1.5,
+                                      points: step.totals.map(function (b, k) {
+      return x(k).toFixed(1) + "," + y(b).toFixed(1); }).join(" ")}));
+    var px = x(step.sample), py = y(step.peak);
+    root.appendChild(svg("circle", {cx: px, cy: py, r: 4, "class": "peak", fill: "black"}));
+    root.appendChild(svg("text", {x: px, y: Math.max(py - 7, 10), "class": "peak",
+                                  "text-anchor": px > left + plotW * 0.7 ? "end" : "middle"},
+                         "peak " + size(step.peak, data)));
+    return root;
+  }
+
+  function where(step) {
+    return step.phase + (step.block === null ? ", outside the blocks" : ", block " + step.block);
+  }
+
+  /* The output for one setup: the verdict (by the step's peak where modelled; `step` undefined while its
+   * record loads), the timeline, the command that reproduces it, and the ledger's rows. */
+  function view(data, setup, result, step, reason) {
+    var out = document.createDocumentFragment();
+    var gpu = BigInt(data.gpus[setup[data.gpu_field]]);
+    var verdict = element("p", undefined, "memledger-calculator-verdict");
+    if (step === undefined && !reason) {
+      verdict.appendChild(element("i", "judging " + data.step.measures.peak + " ..."));
+    } else {
+      var judged = judge(data, setup, result.totals, step), fits = judged.bytes <= gpu;
+      verdict.setAttribute("data-measure", judged.key);
+      verdict.setAttribute("data-judged-bytes", judged.bytes.toString());
+      verdict.appendChild(element("b", fits ? "fits" : "does not fit", fits ? "fits" : "does-not-fit"));
+      verdict.appendChild(document.createTextNode(": " + size(judged.bytes, data) + " per GPU against " +
+                                                  size(gpu, data) + clause(data, judged, result.totals, step, reason)));
+    }
+    out.appendChild(verdict);
+    if (step) {
+      out.appendChild(timeline(step, gpu, data));
+      out.appendChild(element("p", "GPU memory after each of the step's " + step.totals.length + " modelled ops; " +
+                              "the peak comes in " + where(step) + "; dashed: the GPU's memory.",
+                              "memledger-calculator-caption"));
+    }
+    var command = cliCommand(data, setup), cli = element("p", undefined, "memledger-calculator-command");
+    var code = element("code", command);
+    code.setAttribute("data-cli", command);
+    cli.appendChild(document.createTextNode("The same from the command line: "));
+    cli.appendChild(code);
+    out.appendChild(cli);
     var table = element("table", undefined, "memledger"), head = table.createTHead().insertRow();
     var body = table.createTBody(), labels = {};
     data.devices.forEach(function (d) { labels[d[0]] = d[1]; });
@@ -191,16 +343,69 @@
       var n = result.totals[d[0]];
       if (n !== 0n || d[0] === data.verdict_device) line(["total on " + d[1], "", d[1], formatInt(n), size(n, data)], "th", "total");
     });
-    out.appendChild(verdict);
     out.appendChild(table);
     return out;
   }
 
+  /* The script's own folder: records lie next to it (memledger.views.webpeak.FOLDER). */
+  var HERE = typeof document === "object" && document.currentScript ?
+    document.currentScript.src.replace(/[^/]*$/, "") : "";
+
+  /* The library in the browser, loaded once on first need (Pyodide, from the site's vendor/ folder). */
+  var python = null;
+
+  function loadPython(data) {
+    if (!python) {
+      python = new Promise(function (resolve, reject) {
+        var tag = document.createElement("script");
+        tag.src = HERE + data.step.pyodide.script;
+        tag.onload = function () { resolve(); };
+        tag.onerror = function () { reject(new Error("cannot load Pyodide from " + tag.src)); };
+        document.head.appendChild(tag);
+      }).then(function () {
+        return window.loadPyodide({indexURL: HERE + data.step.pyodide.index, stdout: function () {}});
+      }).then(function (py) {
+        return Promise.all(data.step.pyodide.archives.map(function (name) {
+          return fetch(HERE + name).then(function (r) {
+            if (!r.ok) throw new Error("cannot load " + name + ": HTTP " + r.status);
+            return r.arrayBuffer();
+          }).then(function (buffer) { py.unpackArchive(buffer, "zip", {extractDir: "/home/pyodide/lib"}); });
+        })).then(function () {
+          py.runPython(data.step.pyodide.start);
+          return py;
+        });
+      });
+    }
+    return python;
+  }
+
+  var records = {};
+
+  /* The record of a structure: a file of the site, or built by the library in the browser. */
+  function loadRecord(data, source, setup) {
+    var id = source.name || source.key;
+    if (!records[id]) {
+      records[id] = source.name ?
+        fetch(HERE + data.step.folder + "/" + source.name + ".json").then(function (r) {
+          if (!r.ok) throw new Error("cannot load the step record " + source.name + ": HTTP " + r.status);
+          return r.json();
+        }) :
+        loadPython(data).then(function (py) {
+          return JSON.parse(py.globals.get("browser_record")(JSON.stringify(setup)));
+        });
+      records[id].catch(function () { delete records[id]; });
+    }
+    return records[id];
+  }
+
   function start(root) {
     var data = JSON.parse(root.querySelector("script.memledger-calculator-data").textContent);
-    var form = root.querySelector("form"), out = root.querySelector(".memledger-calculator-out");
+    var form = root.querySelector("form"), out = root.querySelector(".memledger-calculator-out"), latest = 0;
+    function failed(message) {
+      return element("p", String(message), "memledger-calculator-error");
+    }
     function update() {
-      var content, state = read(form, data);
+      var content, state = read(form, data), token = ++latest;
       if (state.errors.length) {
         content = document.createDocumentFragment();
         state.errors.forEach(function (message) {
@@ -208,14 +413,32 @@
           p.setAttribute("role", "alert");
           content.appendChild(p);
         });
-      } else {
-        try {
-          content = view(data, state.setup);
-        } catch (error) {
-          content = element("p", String(error.message), "memledger-calculator-error");
-        }
+        out.replaceChildren(content);
+        return;
       }
-      out.replaceChildren(content);              // all at once: never half a table
+      var setup = state.setup, result, source;
+      try {
+        result = ledger(data, setup);
+        source = recordSource(data, setup);
+      } catch (error) {
+        out.replaceChildren(failed(error.message));
+        return;
+      }
+      if (source.unmodelled) {
+        out.replaceChildren(view(data, setup, result, null, source.unmodelled));   // all at once: never half a table
+        return;
+      }
+      out.replaceChildren(view(data, setup, result, undefined));
+      if (source.key && !python) {
+        out.querySelector(".memledger-calculator-verdict").appendChild(document.createTextNode(" " + data.step.pyodide.note));
+      }
+      loadRecord(data, source, setup).then(function (record) {
+        if (token !== latest) return;
+        if (record.unmodelled) out.replaceChildren(view(data, setup, result, null, record.unmodelled));
+        else out.replaceChildren(view(data, setup, result, evaluateStep(record, data, setup)));
+      }).catch(function (error) {
+        if (token === latest) out.replaceChildren(failed(error.message));
+      });
     }
     form.addEventListener("submit", function (e) { e.preventDefault(); });
     form.addEventListener("input", update);
@@ -225,7 +448,8 @@
 
   if (typeof module === "object" && module.exports) {
     module.exports = {ml: ml, ledger: ledger, parseCount: parseCount, formatInt: formatInt, formatUnit: formatUnit,
-                      pyRepr: pyRepr};
+                      pyRepr: pyRepr, structureKey: structureKey, recordSource: recordSource,
+                      evaluateStep: evaluateStep, judge: judge, cliCommand: cliCommand};
   } else {
     var begin = function () {
       Array.prototype.forEach.call(document.querySelectorAll(".memledger-calculator"), start);

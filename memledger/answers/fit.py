@@ -31,6 +31,12 @@ which neither measure counts. Every answer says which measure it used
 (``result["measure"]``, a value of :data:`MEASURE`) and explains its binding
 constraint at the first value that does not fit: where the peak happens and
 the largest tensor live there, or the largest row of the sum.
+
+:func:`fit_many` answers for a row of GPUs at once (a chapter's model x GPU grid): where the peak judges the
+largest batch or sequence, one search for all of them over NumPy arrays of candidates
+(``sweep(..., measure="peak")``, :mod:`memledger.step.sweep`; a few vectorized rounds, each narrowing every
+bracket 64-fold), and each answer then checked like :func:`fit`'s: it fits, one more does not. :func:`fit`
+itself, one GPU, stays with exact evaluations one at a time, which the command line runs without SymPy or NumPy.
 """
 from dataclasses import replace
 
@@ -38,7 +44,7 @@ from ..core.choices import LIMIT, check_choice, check_count
 from ..ledger.ledger import Ledger
 from .verdict import CHOICES, MARGIN, MEASURE, judge, leaves_margin, uses_peak
 
-__all__ = ["MEASURE", "VARY", "fit"]
+__all__ = ["MEASURE", "VARY", "fit", "fit_many"]
 
 VARY = ("batch", "seq", "layers", "dp", "zero")
 _FIELD = {"batch": "batch_size", "seq": "seq_len", "dp": "dp"}
@@ -117,14 +123,24 @@ def fit(template: Ledger, vary: str, gpu_bytes: int, measure: str = "auto", marg
         return leaves_margin(judge(_at(template, vary, value), peak).bytes, gpu_bytes, margin)
     positions = template.arch.n_positions if vary == "seq" else 0     # learned positions bound the sequence
     if positions and fits(positions):
-        answer, beyond = positions, None
+        answer = positions
     elif vary in ("batch", "seq", "layers"):
         answer = _largest(fits, limit=positions or None) or None
-        beyond = 1 if answer is None else answer + 1
     elif vary == "dp":
-        answer, beyond = _smallest_dp(fits)
+        answer, _ = _smallest_dp(fits)
     else:
         answer = next((stage for stage in (0, 1, 2, 3) if fits(stage)), None)
+    return _result(template, vary, gpu_bytes, peak, answer, margin)
+
+
+def _result(template, vary, gpu_bytes, peak, answer, margin) -> dict:
+    """:func:`fit`'s answer dictionary for ``answer`` (None: nothing fits), judged exactly there and one step beyond."""
+    positions = template.arch.n_positions if vary == "seq" else 0
+    if vary in ("batch", "seq", "layers"):
+        beyond = None if positions and answer == positions else (1 if answer is None else answer + 1)
+    elif vary == "dp":
+        beyond = _UPPER if answer is None else (None if answer == 1 else answer - 1)
+    else:
         beyond = 3 if answer is None else (None if answer == 0 else answer - 1)
     at = _at(template, vary, answer) if answer is not None else None
     over = _at(template, vary, beyond) if beyond is not None else None
@@ -137,12 +153,72 @@ def fit(template: Ledger, vary: str, gpu_bytes: int, measure: str = "auto", marg
             "next": None if over is None else {"value": beyond, "judged": judge(over, peak).bytes,
                                                 "total": over.totals["gpu"]},
             "binding": (f"the model has {positions:,} learned positions: no longer sequence can run"
-                        if positions and beyond is None else _binding(vary, answer, beyond, over, peak, gpu_bytes,
-                                                                                          margin)),
+                        if positions and beyond is None
+                        else _binding(vary, answer, beyond, over, peak, gpu_bytes, margin)),
             "ledger": at}
 
 
+def fit_many(template: Ledger, vary: str, gpu_memories, measure: str = "auto", margin: int = MARGIN) -> list:
+    """:func:`fit` for each of ``gpu_memories``, as a list of its answer dictionaries; the largest batch or sequence
+    judged by the step's peak is searched for all of them at once over NumPy arrays (the module docstring)."""
+    check_choice("vary", vary, VARY)
+    check_choice("measure", measure, CHOICES)
+    memories = [check_count("gpu_bytes", m, limit=LIMIT) for m in gpu_memories]
+    margin = check_count("margin", margin, minimum=0, limit=LIMIT)
+    if (vary not in ("batch", "seq") or template.arch is None or not uses_peak(template, measure)
+            or (vary == "seq" and template.arch.n_positions)):
+        return [fit(template, vary, m, measure, margin) for m in memories]
+    from ..ledger.ledger import sweep
+    field = _FIELD[vary]
+    nominal = judge(template, True).key == "nominal"
+
+    def judged(values):
+        peaks = sweep(template, measure="peak", **{field: values})["gpu"]
+        if nominal:                           # the larger of the peak and the exact sum
+            return [max(int(p), _at(template, vary, int(v)).totals["gpu"]) for p, v in zip(peaks, values)]
+        return [int(p) for p in peaks]
+    answers = _largest_many(judged, [memory - margin for memory in memories])     # the room a fit may fill
+    results = []
+    for memory, answer in zip(memories, answers):
+        result = _result(template, vary, memory, True, answer, margin)
+        over, room = result["next"], memory - margin
+        if (answer is not None and result["judged_at_answer"] > room) or (over and over["judged"] <= room):
+            raise RuntimeError(f"the vectorized search disagrees with the exact judgement at {vary} {answer}")
+        results.append(result)
+    return results
+
+
+def _largest_many(judged, memories) -> list:
+    """For each memory, the largest n >= 1 with judged(n) <= memory (judged non-decreasing), None if none:
+    powers of two bracket every answer, then each round evaluates up to 64 points inside every open bracket."""
+    import numpy as np
+    powers = [2**k for k in range(41)]
+    values = judged(np.array(powers, dtype=np.int64))
+    brackets = []
+    for memory in memories:
+        fitting = [p for p, v in zip(powers, values) if v <= memory]
+        if not fitting:
+            brackets.append(None)
+        elif fitting[-1] == powers[-1]:
+            raise ValueError(f"still fits at {powers[-1]}: no limit found below {_UPPER}")
+        else:
+            brackets.append([fitting[-1], 2 * fitting[-1]])       # fits at low, not at high
+    while True:
+        open_ = [b for b in brackets if b is not None and b[1] - b[0] > 1]
+        if not open_:
+            return [None if b is None else b[0] for b in brackets]
+        points = sorted({b[0] + (b[1] - b[0]) * k // 65 for b in open_ for k in range(1, 65)} - {b[0] for b in open_})
+        result = dict(zip(points, judged(np.array(points, dtype=np.int64))))
+        for b, memory in zip(brackets, memories):
+            if b is None or b[1] - b[0] <= 1:
+                continue
+            inside = [p for p in points if b[0] < p < b[1]]
+            b[0] = max([p for p in inside if result[p] <= memory], default=b[0])
+            b[1] = min([p for p in inside if result[p] > memory], default=b[1])
+
+
 def _binding(vary, answer, beyond, over, peak, gpu_bytes, margin) -> str:
+
     """What decides the boundary: the measure at the first value that does not fit, and its largest part."""
     if over is None:
         return "fits at the smallest value already"

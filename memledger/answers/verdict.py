@@ -40,7 +40,8 @@ __all__ = ["CHOICES", "MARGIN", "MEASURE", "Judgement", "assess", "describe", "j
 #: Bytes a fit must leave free on the GPU beside what it judges (about 1 GB); less is no fit.
 MARGIN = 1 * GB
 
-__all__ = ["CHOICES", "MEASURE", "SUM_CLAUSE", "SUM_NOTE", "UNMODELLED_NOTE", "Judgement", "describe", "is_nominal",
+__all__ = ["CHOICES", "CLAUSES", "MEASURE", "SUM_CLAUSE", "SUM_NOTE", "UNMODELLED_NOTE", "Judgement", "describe",
+           "is_nominal",
            "judge", "unmodelled", "uses_peak"]
 
 #: Each measure a verdict can use, as prose prints it (``result["measure"]`` of :func:`memledger.fit`).
@@ -99,6 +100,17 @@ def judge(ledger, peak: bool) -> Judgement:
     return Judgement(ledger.peak, "peak")
 
 
+#: The verdict's clause after the bytes, by which of the two it judged (:func:`describe` fills it; the static
+#: calculator too): the sum (with a note why), the peak (the sum for comparison), or the sum where a nominal
+#: parameter count makes it larger than the peak.
+CLAUSES = {
+    "total": ", {total_measure} ({note})",
+    "peak": ", {peak_measure} ({total_measure}: {total})",
+    "nominal": ", {total_measure}, larger here than {peak_measure} ({peak}), which counts the model's tensors, "
+               "not the nominal parameter count",
+}
+
+
 def unmodelled(ledger) -> str:
     """Why the step timeline has no peak for ``ledger``: :data:`UNMODELLED_NOTE`, or the recipe it does not model."""
     from ..step.structure import check_recipe
@@ -114,13 +126,14 @@ def describe(ledger, judgement: Judgement, unit: str = "GB", note: str = None) -
     followed by ``note``, by default why it is not the peak (:data:`UNMODELLED_NOTE` or :data:`SUM_NOTE`)."""
     total = ledger.totals["gpu"]
     if judgement.key == "total":
+        clause = "total"
         if note is None:
             note = unmodelled(ledger) if ledger.peak is None else SUM_NOTE
-        return f", {MEASURE['total']} ({note})"
-    if judgement.bytes == ledger.peak:
-        return f", {MEASURE['peak']} ({MEASURE['total']}: {format_bytes(total, unit)})"
-    return (f", {MEASURE['total']}, larger here than {MEASURE['peak']} ({format_bytes(ledger.peak, unit)}), "
-            "which counts the model's tensors, not the nominal parameter count")
+    else:
+        clause = "peak" if judgement.bytes == ledger.peak else "nominal"
+    return CLAUSES[clause].format(total_measure=MEASURE["total"], peak_measure=MEASURE["peak"], note=note,
+                                  total=format_bytes(total, unit),
+                                  peak=None if ledger.peak is None else format_bytes(ledger.peak, unit))
 
 
 def leaves_margin(judged_bytes: int, gpu_bytes: int, margin: int = MARGIN) -> bool:

@@ -26,7 +26,7 @@ from typing import NamedTuple
 
 from ..activations.inventory import inventory, per_layer_bytes
 from ..models.presets import get_preset
-from ..answers.fit import fit
+from ..answers.fit import fit_many
 from ..core.exact import evaluate_expr
 from ..ledger.ledger import Ledger
 from ..answers.pipeline import output_rows
@@ -101,7 +101,8 @@ def logits_bytes(arch, batch_size: int, seq_len: int) -> int:
 
 
 def fit_grid(template: Ledger, names, gpus: dict, vary: str) -> dict:
-    """``fit(template with each model, vary, gpu)`` for every model and GPU: {name: {gpu name: result}}.
+    """``fit(template with each model, vary, gpu)`` for every model and GPU: {name: {gpu name: result}}, each
+    model's GPUs in one search over the step's peak where it judges (:func:`memledger.answers.fit.fit_many`).
 
     Each model trains with its own dropout default (GPT-style and BERT blocks with dropout, LLaMA-style
     without), whatever the template's model did; a model with learned positions (BERT) is run at
@@ -112,7 +113,7 @@ def fit_grid(template: Ledger, names, gpus: dict, vary: str) -> dict:
         arch = get_preset(name)
         seq = min(template.seq_len, arch.n_positions) if arch.n_positions else template.seq_len
         model = replace(template, arch=arch, seq_len=seq, dropout=arch.dropout)
-        grid[name] = {gpu: fit(model, vary, size) for gpu, size in gpus.items()}
+        grid[name] = dict(zip(gpus, fit_many(model, vary, gpus.values())))
     return grid
 
 

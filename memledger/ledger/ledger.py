@@ -300,18 +300,23 @@ class Ledger:
         return self.table().markdown()
 
 
-def sweep(template: Ledger, **arrays) -> dict:
-    """Per-device totals of ``template``'s structure over NumPy arrays of inputs.
+def sweep(template: Ledger, measure: str = "total", **arrays) -> dict:
+    """Per-device totals of ``template``'s structure over NumPy arrays of inputs, or its step's peak.
 
     Keyword names are :data:`memledger.core.symbols.NOTATION` fields
     (``batch_size``, ``seq_len``, ``dp`` ...); the rest is taken from
     ``template``. Values must be whole numbers >= 1 (``overhead_bytes`` >= 0).
-    Returns {"gpu": array, "cpu": array, "nvme": array} in float64.
+    ``measure="total"``: {"gpu": array, "cpu": array, "nvme": array} in float64 (exact below 2^53 bytes).
+    ``measure="peak"``: {"gpu": the peak of a training step (:attr:`Ledger.peak`), exact integers} over inputs
+    that keep the step's structure (``batch_size``, ``seq_len``, ``dp``, ``overhead_bytes``; B = 1 and B > 1
+    are evaluated apart), int64 while every intermediate stays below 2^62, else Python integers
+    (:mod:`memledger.step.sweep`); a ValueError where the timeline does not model the setup.
     """
     import numpy as np
     from ..core.exact import vectorized_function
     from ..core import symbols
     fields = {field: name for name, field in FIELD_OF.items()}
+    check_choice("measure", measure, ("total", "peak"))
     unknown = set(arrays) - set(fields)
     if unknown:
         raise ValueError(f"cannot sweep over {', '.join(sorted(unknown))}; choose from {', '.join(fields)}")
@@ -320,6 +325,8 @@ def sweep(template: Ledger, **arrays) -> dict:
         low = 0 if name == "overhead_bytes" else 1
         if not (np.all(np.isfinite(values)) and np.all(values == np.round(values)) and np.all(values >= low)):
             raise ValueError(f"{name} must hold whole numbers >= {low}")
+    if measure == "peak":
+        return {"gpu": _peak_sweep(template, arrays)}
     names = tuple(FIELD_OF)
     values = [np.asarray(arrays.get(FIELD_OF[n], template.values[n]), dtype=np.float64) for n in names]
     specs = row_specs(template.structure)
@@ -328,4 +335,39 @@ def sweep(template: Ledger, **arrays) -> dict:
     out = {dev: np.zeros(shape) for dev in DEVICES}
     for spec, value in zip(specs, results):
         out[spec.device] = out[spec.device] + value
+    return out
+
+
+def _peak_sweep(template: Ledger, arrays: dict):
+    """The step's peak over ``arrays`` (checked by :func:`sweep`), B = 1 and B > 1 apart."""
+    import numpy as np
+    from dataclasses import replace
+    from ..activations.backends import conventions
+    from ..step.structure import StepStructure, step_values
+    from ..step.sweep import SWEEPABLE, peak_program
+    names = tuple(n for n in SWEEPABLE if FIELD_OF[n] in arrays)
+    if set(arrays) - {FIELD_OF[n] for n in names}:
+        raise ValueError(f"measure='peak' sweeps only inputs that keep the step's structure: "
+                         f"{', '.join(FIELD_OF[n] for n in SWEEPABLE)}; got {', '.join(sorted(arrays))}")
+    values = [np.asarray(arrays[FIELD_OF[n]]) for n in names]
+    if any(v.dtype.kind == "f" and np.any(np.abs(v) > 2**53) for v in values):
+        raise ValueError("give values above 2^53 as integers: a float64 cannot hold them exactly")
+    values = [v.astype(np.int64) if v.dtype != object else v for v in values]
+    shape = np.broadcast_shapes(*(v.shape for v in values))
+    values = [np.broadcast_to(v, shape) for v in values]
+    single = values[names.index("B")] == 1 if "B" in names else np.full(shape, template.batch_size == 1)
+    out = None
+    for is_single in (True, False):
+        mask = single == is_single
+        if not mask.any():
+            continue
+        ledger = replace(template, batch_size=1 if is_single else max(template.batch_size, 2))
+        structure = StepStructure.of(ledger, conventions("article"))
+        fixed = tuple(sorted((k, v) for k, v in step_values(ledger).items() if k not in names))
+        peaks = peak_program(structure, fixed, names).peak([v[mask] for v in values])
+        if out is None:
+            out = np.zeros(shape, dtype=peaks.dtype)
+        elif out.dtype != peaks.dtype:
+            out = out.astype(object)
+        out[mask] = peaks
     return out

@@ -139,6 +139,27 @@ class CompiledStep:
         return best, phase, block_of(layer, self.lumped, values["L"])
 
 
+def step_record(structure: StepStructure) -> dict:
+    """``structure``'s step as data for other evaluators (the static calculator, NumPy sweeps; loads SymPy):
+    ``symbols`` (names), ``sizes`` (every tensor's bytes, a SymPy expression), ``deltas[k]`` (the [tensor,
+    change] pairs of the GPU counts after op k), ``moments[k]`` (the phase and program layer of op k) and
+    ``lumped`` (blocks 2..L-3 run as one lump: a program layer >= 3 is block L-5+layer, :func:`block_of`).
+    The same programs and counts as :func:`compile_step`'s record, before printing."""
+    from sympy import sympify
+    from .build import build
+    built = build(structure)
+    gpu = [j for j, on in enumerate(built.gpu) if on]
+    deltas, previous = [], [0] * len(built.names)
+    for row in built.compiled.counts:
+        counts = [int(c) for c in row]
+        deltas.append([[j, counts[j] - previous[j]] for j in gpu if counts[j] != previous[j]])
+        previous = counts
+    moments = [[built.ops[i].phase, built.ops[i].layer if isinstance(built.ops[i].layer, int) else None]
+               for i in built.compiled.ops]
+    return {"symbols": [x.name for x in built.symbols], "sizes": [sympify(built.tensors[n].expr) for n in built.names],
+            "deltas": deltas, "moments": moments, "lumped": structure.layers is None}
+
+
 @lru_cache(maxsize=64)
 def compiled_step(structure: StepStructure) -> CompiledStep:
     """``structure``'s compiled step: from the cache, else compiled (with SymPy) and cached."""

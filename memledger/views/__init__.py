@@ -8,5 +8,7 @@ __getattr__, __dir__, __all__ = lazy(__name__, {
     'figures': (),
     'controls': (),
     'widgets': ('explorer',),
+    'bigint': (),
     'webcalc': (),
+    'webpeak': (),
 })

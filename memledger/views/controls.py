@@ -27,7 +27,7 @@ from ..states.placement import OFFLOAD_DEVICES, PLACEMENTS, ZERO_STAGES
 from ..states.recipes import DEFAULT_RECIPE, RECIPES
 from ..core.units import MiB, parse_count
 
-__all__ = ["BY_FIELD", "CLI_FLAGS", "CONTROLS", "Control", "GPU_FIELD", "SEQUENCE_CHOICES", "cli_argv",
+__all__ = ["BY_FIELD", "CLI_FLAGS", "CONTROLS", "Control", "GPU_FIELD", "IGNORED_WHEN", "SEQUENCE_CHOICES", "cli_argv",
            "cli_command", "defaults", "ledger_settings", "option_text"]
 
 #: Sequence lengths the interactive views (widget, static calculator) offer.
@@ -114,15 +114,21 @@ CLI_FLAGS = {"arch": "--preset", "batch_size": "--batch", "seq_len": "--seq", "r
              "gpu": "--gpu-memory"}
 
 
+#: A control the ledger ignores while another holds a value (the CLI refuses it then): the placement of
+#: offloaded optimizer states, with nothing offloaded.
+IGNORED_WHEN = {"offload_placement": ("offload_optimizer", "none")}
+
+
 def cli_argv(state: dict) -> list:
-    """``state`` (field -> value, as the controls hold it) as ``memledger ledger`` arguments: every control the
-    command reads (the placement only where an optimizer is offloaded, as the command line refuses it
-    otherwise); a value is checked by its control (:meth:`Control.parse`) first."""
+    """``state`` (field -> value, as the controls hold it) as ``memledger ledger`` arguments, every control
+    given but one the ledger ignores there (:data:`IGNORED_WHEN`); a value is checked by its control
+    (:meth:`Control.parse`) first."""
     argv = ["ledger"]
+    values = {control.field: control.parse(state[control.field]) for control in CONTROLS}
     for control in CONTROLS:
-        value = control.parse(state[control.field])
-        offloaded = BY_FIELD["offload_optimizer"].parse(state["offload_optimizer"]) != "none"
-        if control.field == "offload_placement" and not offloaded:
+        value = values[control.field]
+        other = IGNORED_WHEN.get(control.field)
+        if other and values[other[0]] == other[1]:
             continue
         if isinstance(value, bool):
             argv += [CLI_FLAGS[control.field]] if value else []

@@ -15,9 +15,6 @@ from itertools import product
 from functools import cache
 import json
 
-import sympy as sp
-from sympy.printing.jscode import JavascriptCodePrinter
-
 from ..models.presets import ARTICLE_PRESET
 from .controls import BY_FIELD, CONTROLS, GPU_FIELD, defaults, ledger_settings, option_text
 from ..core.table import DEVICE_LABELS
@@ -25,8 +22,11 @@ from ..ledger.table import HEADER
 from ..ledger.hardware import GPU_MEMORY
 from ..core.choices import LIMIT
 from ..ledger.ledger import FIELD_OF, Ledger
-from ..answers.verdict import SUM_CLAUSE
 from ..core.units import COUNT_ERROR, UNITS
+from .bigint import BigIntPrinter
+from .webpeak import step_data
+
+__all__ = ["CSS_CLASS", "PARTS", "SCRIPT", "BigIntPrinter", "Calculator", "calculator_data", "calculator_html"]
 
 #: The class that marks a calculator in a page, and the script that drives it (in the book's ``_static``).
 CSS_CLASS = "memledger-calculator"
@@ -40,59 +40,10 @@ PARTS = (
     ("activations", ("arch", "flash_attention", "recompute")),
     ("overhead", ()),
 )
-#: The device of the fits verdict, whose total is always shown. The verdict judges the sum of the rows at the end
-#: of the forward pass and says so (:data:`memledger.answers.verdict.SUM_CLAUSE`): the page cannot run the step timeline.
+#: The device of the fits verdict, whose total is always shown; the verdict judges what ``memledger ledger`` judges
+#: (:mod:`memledger.answers.verdict`: the step's peak where the timeline models the setup, else the sum).
 VERDICT_DEVICE = "gpu"
 UNIT = "GB"
-
-
-class BigIntPrinter(JavascriptCodePrinter):
-    """SymPy's JavaScript printer over BigInt: ``2n*ml.ceilDiv(v.P, v.N_d*v.t)``.
-
-    Symbols are read from ``v``; integer literals get the ``n`` suffix; a
-    quotient is exact (``ml.exactDiv``, which throws on a remainder, like
-    :func:`memledger.core.exact.exact_function`) or rounded by
-    ``ceiling``/``floor`` (``ml.ceilDiv``/``ml.floorDiv``).
-    """
-
-    def _print_Symbol(self, expr):
-        return f"v.{expr.name}"
-
-    def _print_Integer(self, expr):
-        return f"{expr.p}n"
-
-    def _print_Rational(self, expr):
-        raise ValueError(f"a rational outside a quotient cannot be printed over BigInt: {expr}")
-
-    def _print_Float(self, expr):
-        raise ValueError(f"a float in a byte formula: {expr}")
-
-    def _print_Pow(self, expr):
-        if not (expr.exp.is_Integer and expr.exp > 0):
-            raise ValueError(f"only positive integer powers print over BigInt: {expr}")
-        return f"{self.parenthesize(expr.base, 100)} ** {expr.exp.p}n"
-
-    def _quotient(self, expr, function):
-        numerator, denominator = sp.fraction(sp.together(expr))
-        if denominator == 1:
-            return self._print(numerator)
-        return f"ml.{function}({self._print(numerator)}, {self._print(denominator)})"
-
-    def _print_ceiling(self, expr):
-        return self._quotient(expr.args[0], "ceilDiv")
-
-    def _print_floor(self, expr):
-        return self._quotient(expr.args[0], "floorDiv")
-
-    def _print_Max(self, expr):
-        return f"ml.max({', '.join(self._print(a) for a in expr.args)})"
-
-    def _print_Min(self, expr):
-        return f"ml.min({', '.join(self._print(a) for a in expr.args)})"
-
-    def formula(self, expr) -> str:
-        """``expr`` as one JavaScript BigInt expression."""
-        return self._quotient(expr, "exactDiv")
 
 
 def _rows_by_part():
@@ -144,7 +95,7 @@ def _data() -> dict:
         "rows": [list(row) for row in table],
         "devices": [[device, label] for device, label in DEVICE_LABELS.items()],
         "verdict_device": VERDICT_DEVICE,
-        "verdict_clause": SUM_CLAUSE,          # what it judges: the sum, not the step's peak
+        "step": step_data(),                   # the verdict judges the step's peak (memledger.views.webpeak)
         "header": list(HEADER),
         "gpu_field": GPU_FIELD,
         "gpus": {name: str(n) for name, n in GPU_MEMORY.items()},

@@ -1,17 +1,21 @@
 """The built site in a real browser: every page loads cleanly, its prose holds no raw markup, and the
-static calculator shows what the Python ledger computes and refuses what the CLI refuses.
+static calculator shows what the Python ledger computes, judges the step's peak as `memledger ledger --json`
+does (its own `data-cli` command, run here), and refuses what the CLI refuses.
 
 Needs Chromium at /usr/bin/chromium (Debian: ``apt-get install -y chromium``; ``.ci/run`` installs
 it) and the ``playwright`` package (requirements.txt). Playwright's own browser download
 (``playwright install``) is not used. The site is the clean strict build of conftest.py's
 ``build``, served from 127.0.0.1; any request to another host is blocked and fails the test.
 """
-from contextlib import redirect_stderr
+from contextlib import redirect_stderr, redirect_stdout
 import functools
 import http.server
 import io
+import json
 from pathlib import Path
+import random
 import re
+import shlex
 import threading
 from html.parser import HTMLParser
 from urllib.parse import urlsplit
@@ -19,7 +23,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from memledger.cli.main import main as cli
-from memledger.views.controls import BY_FIELD, CONTROLS, defaults, ledger_settings, option_text
+from memledger.views.controls import BY_FIELD, CONTROLS, cli_command, defaults, ledger_settings, option_text
 from memledger.views.display import html_verdict
 from memledger.ledger.hardware import GPU_MEMORY
 from memledger.ledger.ledger import Ledger
@@ -186,14 +190,18 @@ class _Cells(HTMLParser):
 
 
 def python_view(values):
-    """What the library's own HTML view of this setup shows: verdict line and table cells."""
+    """What the library's own HTML view of this setup shows (the explorer's, judging the step's peak where
+    modelled): verdict line and table cells."""
     ledger = Ledger(**ledger_settings(values))
-    verdict = _Cells(html_verdict(ledger, GPU_MEMORY[values["gpu"]])).paragraphs[0]
+    verdict = _Cells(html_verdict(ledger, GPU_MEMORY[values["gpu"]], peak=True)).paragraphs[0]
     return verdict, _Cells(ledger.table().html()).rows
 
 
 _SHOWN = """root => ({
   verdict: [...root.querySelectorAll(".memledger-calculator-verdict")].map(p => p.textContent),
+  judged: [...root.querySelectorAll("[data-judged-bytes]")].map(p => [p.dataset.judgedBytes, p.dataset.measure]),
+  cli: [...root.querySelectorAll("[data-cli]")].map(e => [e.dataset.cli, e.textContent]),
+  timeline: root.querySelectorAll("svg.memledger-calculator-timeline polyline").length,
   rows: [...root.querySelectorAll(".memledger-calculator-out tr")].map(tr => [...tr.cells].map(c => c.textContent)),
   errors: [...root.querySelectorAll(".memledger-calculator-error")].map(p => p.textContent),
   invalid: [...root.querySelectorAll('[aria-invalid="true"]')].map(e => e.name),
@@ -212,6 +220,32 @@ def fill(calculator, field, value):
 
 def shown(calculator):
     return calculator.evaluate(_SHOWN)
+
+
+#: Long enough for the first structure the site does not carry: Pyodide and SymPy load, then memledger builds it.
+JUDGED_TIMEOUT_MS = 240_000
+
+
+def judged(calculator, values):
+    """What the calculator shows once it has judged ``values``: its verdict carries the exact bytes and its
+    command is ``values``'s."""
+    command = cli_command(values)
+    calculator.page.wait_for_function(
+        """([root, command]) => {
+          const v = root.querySelector("[data-judged-bytes]"), c = root.querySelector("[data-cli]");
+          return v && c && c.dataset.cli === command;
+        }""", arg=[calculator.element_handle(), command], timeout=JUDGED_TIMEOUT_MS)
+    return shown(calculator)
+
+
+def cli_json(command):
+    """What ``command`` (a ``memledger ledger ...`` line) prints with ``--json``."""
+    argv = shlex.split(command)
+    assert argv[:2] == ["memledger", "ledger"]
+    out = io.StringIO()
+    with redirect_stdout(out):
+        assert cli(argv[1:] + ["--json"]) == 0, command
+    return json.loads(out.getvalue())
 
 
 SETUPS = [
@@ -244,11 +278,33 @@ def test_calculator_shows_the_python_ledger(calculator, changes):
     for control in CONTROLS:
         fill(calculator, control.field, values[control.field])
     verdict, rows = python_view(values)
-    result = shown(calculator)
+    result = judged(calculator, values)
     assert result["errors"] == [] and result["invalid"] == []
     assert result["verdict"] == [verdict]
     assert result["rows"] == rows                            # every name, device, byte count and size
     assert not re.search(r"\de[+-]?\d", result["text"], re.I)   # never exponent notation
+
+
+def random_states(count, seed=18):
+    rng = random.Random(seed)
+    for _ in range(count):
+        yield {c.field: rng.choice([1, 1, 2, 5, 64, 4096, LIMIT]) if c.is_count else rng.choice(c.options)
+               for c in CONTROLS}
+
+
+@pytest.mark.parametrize("values", list(random_states(12)), ids=lambda v: cli_command(v).split("ledger ")[1])
+def test_calculator_judges_as_its_command(calculator, values):
+    """The page's data-judged-bytes and data-measure are what its data-cli command prints with --json; structures
+    the site does not carry are built in the browser (Pyodide)."""
+    for control in CONTROLS:
+        fill(calculator, control.field, values[control.field])
+    result = judged(calculator, values)
+    [(command, text)] = result["cli"]
+    assert command == text == cli_command(values)
+    printed = cli_json(command)
+    assert result["judged"] == [[str(printed["judged_bytes"]), printed["measure"]]]
+    assert result["timeline"] == (printed["measure"] != "total")
+    assert result["verdict"] == [python_view(values)[0]]
 
 
 def cli_message(field, text):

@@ -10,7 +10,7 @@ import pytest
 from memledger.cli.main import main
 from memledger.ledger.hardware import GPU_MEMORY
 from memledger.ledger.ledger import Ledger
-from memledger.views.controls import BY_FIELD, CONTROLS, cli_command, defaults, ledger_settings
+from memledger.views.controls import BY_FIELD, CONTROLS, IGNORED_WHEN, cli_command, defaults, ledger_settings
 
 
 def random_states(count, seed=18):
@@ -32,10 +32,10 @@ def run_json(command):
 @pytest.mark.parametrize("state", [defaults()] + list(random_states(24)))
 def test_the_command_reproduces_the_state(state):
     data = run_json(cli_command(state))
-    settings = ledger_settings(state)
-    if settings["offload_optimizer"] == "none":    # the placement is not read then, so the command leaves it out
-        settings["offload_placement"] = Ledger.offload_placement
-    expected = Ledger(**settings)
+    # a control the ledger ignores is left out of the command, so the CLI reads its default there
+    ignored = {f: BY_FIELD[f].default for f, (other, value) in IGNORED_WHEN.items() if state[other] == value}
+    expected = Ledger(**ledger_settings({**state, **ignored}))
+    assert Ledger(**ledger_settings(state)).totals == expected.totals
     assert data["inputs"] == json.loads(json.dumps(expected.inputs()))
     assert data["totals"] == expected.totals
     assert data["gpu_memory"] == GPU_MEMORY[state["gpu"]]
@@ -46,6 +46,9 @@ def test_counts_are_written_as_the_cli_reads_them():
     assert "--batch 700" in command and "--dp 8" in command
     assert "--flash-attention" not in command
     assert "--flash-attention" in cli_command({**defaults(), "flash_attention": True})
+    assert "--offload-placement" not in cli_command({**defaults(), "offload_placement": "zero-offload"})
+    assert "--offload-placement zero-offload" in cli_command({**defaults(), "offload_placement": "zero-offload",
+                                                              "offload_optimizer": "cpu"})
 
 
 def test_a_bad_value_is_refused_naming_the_field():
