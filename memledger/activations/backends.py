@@ -37,6 +37,9 @@ from dataclasses import dataclass, replace
 
 from ..core.choices import check_choice
 
+__all__ = ["ATTENTIONS", "BACKENDS", "COUNTERS", "MASKS", "RMSNORMS", "STATS", "SWITCHES", "Conventions", "conventions",
+           "conventions_table"]
+
 MASKS = ("bool", "activation")
 STATS = (None, "activation", "fp32")
 RMSNORMS = ("fused", "composite")

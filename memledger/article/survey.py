@@ -31,6 +31,10 @@ from ..core.exact import evaluate_expr
 from ..ledger.ledger import Ledger
 from ..answers.pipeline import output_rows
 
+__all__ = ["BF16", "MEASURE_LABEL", "PUBLISHED", "Published", "count_table", "counted", "fit_grid", "fit_table",
+           "headroom_table", "layer_activation_bytes", "logits_bytes", "logits_table", "serving_table",
+           "shape_table"]
+
 BF16 = 2
 
 

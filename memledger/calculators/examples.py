@@ -19,6 +19,9 @@ Each model is counted from its published configuration, not typed as a total:
 """
 from ..models.presets import get_preset
 
+__all__ = ["BERT_BUFFERS", "BERT_CASED_VOCAB", "T5_3B", "T5_BUCKETS", "T5_EMBEDDING", "T5_LARGE", "T5_VOCAB", "ZERO_GPT2",
+           "bert_base_cased", "bert_base_cased_fp32_bytes", "bert_base_cased_largest_fp32_bytes", "t5_params"]
+
 T5_BUCKETS = 32
 
 

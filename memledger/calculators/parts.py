@@ -13,6 +13,8 @@ buffers).
 or a convention's :class:`~memledger.calculators.base.Estimate`; its values
 are exact integer bytes that add up to the view's own GPU total.
 """
+
+__all__ = ["PARTS", "ROLE_PART", "gpu_parts", "gpu_total"]
 PARTS = ("weights", "gradients", "optimizer states", "model states, roles not split", "activations",
          "KV cache", "working buffer", "overhead")
 #: A model-state role (a recipe component's, a convention row's) -> its part. "mixed": one sum over several

@@ -39,6 +39,9 @@ import sympy as sp
 from ..core.symbols import B, H, L, S, d, t
 from .base import Erratum, p_pp
 
+__all__ = ["BLOG", "ERRATA", "INFERENCE_FACTOR", "N", "RULES", "Activation", "Gradient", "Live", "Model", "Optimizer",
+           "activation_rule", "inference_bytes"]
+
 #: "Total Memory_Inference ≈ 1.2 x Model Memory" ("Inference / Total Inference Memory").
 INFERENCE_FACTOR = Fraction(6, 5)
 

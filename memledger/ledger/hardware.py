@@ -26,6 +26,9 @@ nominal and per direction (the article: PCIe 4.0 x16 ~32 GB/s, NVMe 3-7 GB/s).
 from ..core.choices import lookup
 from ..core.units import GB, MiB
 
+__all__ = ["ARTICLE_GPU", "CUDA_BLOCK_ROUNDING", "GPU_MEMORY", "HOST_LINKS", "HOST_MEMORY_BANDWIDTH", "LINKS",
+           "NOMINAL_MEMORY", "NVME_LINKS", "PEAK_BF16_FLOPS", "gpu_memory"]
+
 #: Capacity per GPU, bytes, as nvidia-smi reports it (sources in the module docstring).
 GPU_MEMORY = {
     "a100-80gb": 81920 * MiB,     # the article's GPU

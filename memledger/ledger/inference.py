@@ -27,6 +27,7 @@ from .ledger import DEFAULT_OVERHEAD
 from ..models.parameters import widths
 from ..core.symbols import B, F, H_kv, L, S, V, d, d_h
 
+__all__ = ["Inference", "kv_cache_expr", "working_expr"]
 
 def kv_cache_expr(dtype_bytes=2) -> sp.Expr:
     """K and V of every layer, B x S x H_kv x d_h each: 2*L*B*S*H_kv*d_h*bytes."""

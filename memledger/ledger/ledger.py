@@ -28,6 +28,8 @@ from ..states.recipes import ALL_RECIPES, DEFAULT_RECIPE
 from .transfer import Traffic, step_traffic
 from ..core.units import GB
 
+__all__ = ["DEFAULT_OVERHEAD", "FIELD_OF", "SCOPES", "Ledger", "RowSpec", "Structure", "row_specs", "sweep"]
+
 DEFAULT_OVERHEAD = 2 * GB
 #: Symbol names of :mod:`memledger.core.symbols`, and the Ledger field that gives each its value.
 FIELD_OF = {"B": "batch_size", "S": "seq_len", "d": "d_model", "H": "n_heads", "L": "n_layers", "F": "d_ff",

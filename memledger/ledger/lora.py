@@ -45,6 +45,9 @@ from ..states.recipes import get_recipe
 from ..core.symbols import B, L, S, r
 from ..models.tensors import PROJECTIONS, parameter_tensors, projections
 
+__all__ = ["BASE_DTYPES", "NF4", "NF4_DOUBLE_QUANT", "LoraConfig", "LoraLedger", "activation_rows", "adapter_params",
+           "adapter_shapes", "qlora", "r_sym", "state_rows"]
+
 BASE_DTYPES = ("bf16", "fp16", "fp32", "nf4")
 NF4_DOUBLE_QUANT = Component("NF4 base projections (double-quantized absmax)", "nf4", "param",
                              "QLoRA: 4-bit NormalFloat, 8-bit absmax per 64, fp32 per 256 absmax",

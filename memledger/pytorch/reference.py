@@ -45,6 +45,8 @@ from torch import nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+__all__ = ["LANDMARKS", "LOOPS", "Block", "Decoder", "FusedRMSNorm", "RefConfig", "Trainer", "make_model"]
+
 LOOPS = ("fp32-adamw", "bf16-pure-adamw", "bf16-adamw")
 LANDMARKS = ("before forward", "after forward", "after backward", "after step")
 

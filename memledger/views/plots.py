@@ -17,6 +17,10 @@ from ..ledger.ledger import Ledger, sweep
 from ..core.symbols import L, S
 from ..core.units import in_unit, unit_size
 
+__all__ = ["A100_BYTES", "GPU_LINE", "PALETTE", "STEP_KINDS", "activations_vs_seq", "colour", "largest_fit_chart",
+           "layer_breakdown", "ledger_bars", "parameter_breakdown", "parts_bars", "step_timeline",
+           "zero_states_vs_dp"]
+
 A100_BYTES = GPU_MEMORY["a100-80gb"]
 
 #: The colour of each component, the same in every chapter: weights and gradients in blues,
