@@ -11,5 +11,7 @@ __getattr__, __dir__, __all__ = lazy(__name__, {
     'keyed': (),
     'compiled': (),
     'table': ('Table',),
+    'rows': ('Row', 'Rows'),
+    'vocabulary': ('Device', 'Group', 'Kind', 'Norm', 'Role', 'Style'),
     'lazy': (),
 })

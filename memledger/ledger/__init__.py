@@ -3,7 +3,7 @@ and its kin: inference, LoRA/QLoRA, host transfers, the host optimizer, GPU capa
 from ..core.lazy import lazy
 
 __getattr__, __dir__, __all__ = lazy(__name__, {
-    'ledger': ('Ledger', 'Row', 'sweep'),
+    'ledger': ('Ledger', 'sweep'),
     'inference': ('Inference',),
     'lora': ('LoraConfig', 'LoraLedger', 'qlora'),
     'transfer': ('Traffic',),
