@@ -9,7 +9,8 @@ bias) or the weight gradient first (mm, without). Read off MemTracker's
 allocation log of the reference decoder; checked by ``tests/step/test_timeline.py``.
 """
 from .norms import norm_backward, norm_forward
-from .ops import BHSS, BSd, BSF, Shape, define_grads, dropout_ops, io_names, qkv_width, widths_of
+from .ops import (BHSS, CAUSAL_MASK, INPUT_GRADIENT, BSd, BSF, Shape, block_output, define_grads, dropout_ops,
+                  io_names, qkv_width, widths_of)
 from .selective import recompute_core, recompute_flash, selective_forward_core
 from ..core.symbols import B, S
 
@@ -39,7 +40,7 @@ def layer_forward(p, c: Shape):
             p.op("QKV projection (B = 1: q, k, v stay views of it)", alloc=["Q", "K", "V"])
         else:
             qkv = p.new("QKV projection output", (B, S, qkv_width(c.gqa, c.head_dim)), a,
-                        "the fused projection's output, alive while the block's q, k, v views are", tp=True)
+                        "the fused projection's output, alive while the block's q, k, v views are")
             p.op("QKV projection", alloc=[qkv])
             if c.gqa:       # the grouped core: q folded to (B, H_kv, G*S, d/H), K and V contiguous at H_kv heads
                 p.op("q copied: a group's query heads as one batch", alloc=["Q"])
@@ -47,9 +48,9 @@ def layer_forward(p, c: Shape):
             else:
                 p.op("q, k copied for the batched matmul", alloc=["Q", "K"])
             leftovers.append(qkv)
-        raw = p.new("scores QK^T", BHSS, a, "q @ k^T, before scaling", tp=True)
-        scaled = p.new("scaled scores", BHSS, a, "scores * 1/sqrt(d/H), a Python local until the core returns", tp=True)
-        masked = p.new("masked scores", BHSS, a, "masked_fill's output, softmax's input", tp=True)
+        raw = p.new("scores QK^T", BHSS, a, "q @ k^T, before scaling")
+        scaled = p.new("scaled scores", BHSS, a, "scores * 1/sqrt(d/H), a Python local until the core returns")
+        masked = p.new("masked scores", BHSS, a, "masked_fill's output, softmax's input")
         p.op("QK^T", alloc=[raw])
         p.op("scale", alloc=[scaled])
         p.op("causal masked_fill", free=[raw], alloc=[masked])
@@ -58,7 +59,7 @@ def layer_forward(p, c: Shape):
         if drop:
             dropout_ops(p, c, "attention", "attention dropout mask", "attention dropout output")
         out4 = p.new("attention output (B, H, S, d/H)", BSq, a, "probabilities @ v, a Python local until the block "
-                     "returns", tp=True)
+                     "returns")
         p.op("probabilities @ V", alloc=([] if c.single or c.gqa else ["V"]) + [out4])
         p.op("attention core done", free=[scaled])
         p.op("heads merged (a copy)", alloc=["output projection input"])
@@ -85,10 +86,10 @@ def layer_forward(p, c: Shape):
     p.op("down projection", alloc=[dn])
     if drop:
         mdo = _dropout(p, c, "MLP residual", "MLP residual dropout mask", BSd)
-        p.op("residual add", free=[dn], alloc=["next: " + x])
+        p.op("residual add", free=[dn], alloc=[block_output(c)])
         last = [mdo]
     else:
-        p.op("residual add", alloc=["next: " + x])
+        p.op("residual add", alloc=[block_output(c)])
         last = [dn]
     p.op("block returns", free=last + leftovers + ([xm, x] if c.upcast else []))
 
@@ -119,11 +120,11 @@ def layer_backward(p, c: Shape, share, recomputed=False):
         g = p.new("gradient through the MLP dropout", BSd, a, "dX times the mask")
         p.op("MLP residual dropout backward", alloc=[g])
         p.op("mask released", free=["MLP residual dropout mask"])
-    gdi = p.new("gradient of the down-projection input", BSF, a, "dL/d(down input)", tp=True)
+    gdi = p.new("gradient of the down-projection input", BSF, a, "dL/d(down input)")
     if c.gpt:
         _linear_backward(p, c, "down projection backward", gdi, define_grads(p, ["down.weight", "down.bias"], c, share),
                          "down-projection input", [g if drop else None], recomputed)
-        gu = p.new("gradient of the GeLU input", BSF, a, "GeLU backward's output", tp=True)
+        gu = p.new("gradient of the GeLU input", BSF, a, "GeLU backward's output")
         p.op("GeLU backward", alloc=[gu])
         p.op("released", free=[gdi, "GeLU input"])
         gh = p.new("gradient of the MLP input", BSd, a, "the up projection's input gradient")
@@ -132,14 +133,14 @@ def layer_backward(p, c: Shape, share, recomputed=False):
     else:
         p.op("down projection backward", alloc=define_grads(p, ["down.weight"], c, share) + [gdi])
         p.op("released", free=[g if drop else None, "down-projection input"])
-        gs = p.new("gradient of the SiLU output", BSF, a, "dL/d(SiLU(gate)) = g * up", tp=True)
-        gup = p.new("gradient of the up-projection output", BSF, a, "dL/d(up) = g * SiLU(gate)", tp=True)
+        gs = p.new("gradient of the SiLU output", BSF, a, "dL/d(SiLU(gate)) = g * up")
+        gup = p.new("gradient of the up-projection output", BSF, a, "dL/d(up) = g * SiLU(gate)")
         p.op("SiLU(gate) * up backward", alloc=[gs, gup])
         p.op("released", free=[gdi, "up-projection output", "SiLU output"])
         gh_up = p.new("gradient of the MLP input via up", BSd, a, "the up projection's input gradient")
         p.op("up projection backward", alloc=define_grads(p, ["up.weight"], c, share) + [gh_up])
         p.op("released", free=[gup])
-        gg = p.new("gradient of the gate output", BSF, a, "SiLU backward's output", tp=True)
+        gg = p.new("gradient of the gate output", BSF, a, "SiLU backward's output")
         p.op("SiLU backward", alloc=[gg])
         p.op("released", free=[gs, "gate output"])
         gh_gate = p.new("gradient of the MLP input via gate", BSd, a, "the gate projection's input gradient")
@@ -163,9 +164,9 @@ def layer_backward(p, c: Shape, share, recomputed=False):
         g = p.new("gradient through the attention residual dropout", BSd, a, "times the mask")
         p.op("attention residual dropout backward", alloc=[g])
         p.op("mask released", free=["attention residual dropout mask"])
-    gpi = p.new("gradient of the output projection input", BSq, a, "the output projection's input gradient", tp=True)
+    gpi = p.new("gradient of the output projection input", BSq, a, "the output projection's input gradient")
     proj = define_grads(p, ["proj.weight", "proj.bias"], c, share)
-    gq, gk, gv = (p.new(f"gradient of {n}", (B, S, w), a, f"dL/d{n}", tp=True)
+    gq, gk, gv = (p.new(f"gradient of {n}", (B, S, w), a, f"dL/d{n}")
                   for n, w in (("q", BSq[2]), ("k", BSkv[2]), ("v", BSkv[2])))
     if c.attention == "flash" and c.selective:       # the projection's input is released; the kernel re-runs
         _linear_backward(p, c, "output projection backward", gpi, proj, "output projection input", (), recomputed)
@@ -184,7 +185,7 @@ def layer_backward(p, c: Shape, share, recomputed=False):
         g4 = gpi
         single = c.single and not c.gqa         # the grouped core copies q, k and v at any B
         if not single:
-            g4 = p.new("gradient of the attention output (B, H, S, d/H)", BSq, a, "heads split: a copy", tp=True)
+            g4 = p.new("gradient of the attention output (B, H, S, d/H)", BSq, a, "heads split: a copy")
             p.op("heads split", alloc=[g4])
             p.op("released", free=[gpi])
         if c.selective:
@@ -193,21 +194,21 @@ def layer_backward(p, c: Shape, share, recomputed=False):
             core = {"q": "Q", "k": "K", "v": None if single else "V", "probs": "softmax output",
                     "mask": "attention dropout mask", "dropped": "attention dropout output",
                     "frame": ["V" if single else None]}
-        gp = p.new("gradient of the probabilities", BHSS, a, "g @ v^T", tp=True)
+        gp = p.new("gradient of the probabilities", BHSS, a, "g @ v^T")
         p.op("probabilities @ V backward", alloc=[gv, gp])
         p.op("released", free=[g4, core["v"], core["dropped"] if drop else None])
         if drop:
-            gp2 = p.new("gradient through the attention dropout", BHSS, a, "times the mask", tp=True)
+            gp2 = p.new("gradient through the attention dropout", BHSS, a, "times the mask")
             p.op("attention dropout backward", alloc=[gp2])
             p.op("released", free=[gp, core["mask"]])
             gp = gp2
-        gm = p.new("gradient of the masked scores", BHSS, a, "softmax backward's output", tp=True)
+        gm = p.new("gradient of the masked scores", BHSS, a, "softmax backward's output")
         p.op("softmax backward", alloc=[gm])
         p.op("released", free=[gp, core["probs"]])
-        gsc = p.new("gradient of the scaled scores", BHSS, a, "masked_fill backward's output", tp=True)
+        gsc = p.new("gradient of the scaled scores", BHSS, a, "masked_fill backward's output")
         p.op("masked_fill backward", alloc=[gsc])
-        p.op("released", free=[gm, None if recomputed or c.selective else "@causal mask"])
-        gr = p.new("gradient of QK^T", BHSS, a, "times the scale", tp=True)
+        p.op("released", free=[gm, None if recomputed or c.selective else CAUSAL_MASK])
+        gr = p.new("gradient of QK^T", BHSS, a, "times the scale")
         p.op("scale backward", alloc=[gr])
         p.op("released", free=[gsc])
         p.op("QK^T backward", alloc=[gq, gk])
@@ -215,10 +216,9 @@ def layer_backward(p, c: Shape, share, recomputed=False):
     if c.gqa:               # split's backward concatenates; the views of the (B, S, heads, d/H) grads are free
         if c.attention != "flash":      # the eager core's q and v gradients are laid out (B, heads, S, d/H)
             gv2 = None if c.mqa else p.new("gradient of v, copied back", BSkv, a,
-                                           "(B, H_kv, S, d/H) to (B, S, H_kv*d/H): the view's backward copies",
-                                           tp=True)
+                                           "(B, H_kv, S, d/H) to (B, S, H_kv*d/H): the view's backward copies")
             gq2 = p.new("gradient of q, copied back", BSq, a, "(B, H, S, d/H) to (B, S, d): the view's backward "
-                        "copies", tp=True)
+                        "copies")
             if gv2:
                 p.op("v gradient copied back", alloc=[gv2])
                 p.op("released", free=[gv])
@@ -227,13 +227,12 @@ def layer_backward(p, c: Shape, share, recomputed=False):
             p.op("released", free=[gq])
             gq = gq2
         gqkv = p.new("gradient of the QKV projection output", (B, S, qkv_width(True, c.head_dim)), a,
-                     "split backward: torch.cat of the q, k, v gradients", tp=True)
+                     "split backward: torch.cat of the q, k, v gradients")
         p.op("q, k, v gradients concatenated", alloc=[gqkv])
         p.op("released", free=[gq, gk, gv])
     else:
-        stack = p.new("stacked q, k, v gradients", (B, S, 3 * BSq[2]), a, "torch.stack of the three gradients",
-                      tp=True)
-        gqkv = p.new("gradient of the QKV projection output", (B, S, 3 * BSq[2]), a, "permuted back: a copy", tp=True)
+        stack = p.new("stacked q, k, v gradients", (B, S, 3 * BSq[2]), a, "torch.stack of the three gradients")
+        gqkv = p.new("gradient of the QKV projection output", (B, S, 3 * BSq[2]), a, "permuted back: a copy")
         p.op("q, k, v gradients stacked", alloc=[stack])
         p.op("released", free=[gq, gk, gv])
         p.op("permuted back", alloc=[gqkv])
@@ -244,13 +243,13 @@ def layer_backward(p, c: Shape, share, recomputed=False):
     # A recomputed block's inputs (the checkpoint's x and, eager, the causal mask) are released with the
     # last tensor its recomputation saved: norm 1's input (read off MemTracker's log).
     last = [] if not recomputed else ([io_names(c)[0]] if c.upcast else []) + (
-        ["@causal mask"] if c.attention == "eager" else [])
+        [CAUSAL_MASK] if c.attention == "eager" else [])
     if fp32_composite:
-        norm_backward(p, c, "1", gn1, "prev: dX_out", define_grads(p, ["norm1.weight", "norm1.bias"], c, share),
+        norm_backward(p, c, "1", gn1, INPUT_GRADIENT, define_grads(p, ["norm1.weight", "norm1.bias"], c, share),
                       residual=gxm, also_free=last)
     else:
         gx1 = p.new("gradient of norm 1's input", BSd, a, "norm 1 backward's output")
         norm_backward(p, c, "1", gn1, gx1, define_grads(p, ["norm1.weight", "norm1.bias"], c, share),
                       also_free=last)
-        p.op("residual gradients summed", alloc=["prev: dX_out"])
+        p.op("residual gradients summed", alloc=[INPUT_GRADIENT])
         p.op("released", free=[gx1, gxm])

@@ -67,7 +67,7 @@ def compile_step(structure: StepStructure) -> dict:
         counts = [int(c) for c in row]
         deltas.append([[j, counts[j] - previous[j]] for j in gpu if counts[j] != previous[j]])
         previous = counts
-    moments = [[built.ops[i].phase, built.ops[i].layer if isinstance(built.ops[i].layer, int) else None]
+    moments = [[built.ops[i].phase.value, built.ops[i].layer if isinstance(built.ops[i].layer, int) else None]
                for i in built.compiled.ops]
     groups = {"whole": [j for j, e in enumerate(exprs) if is_integral_polynomial(e)]}
     groups["exact"] = [j for j in range(len(exprs)) if j not in set(groups["whole"])]

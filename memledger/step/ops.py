@@ -18,43 +18,84 @@ MemTracker's allocation log of the reference (PyTorch 2.13, CPU) and are
 checked against it by ``tests/step/test_timeline.py``.
 """
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from ..core.dtypes import nbytes
-from .structure import Shape  # noqa: F401  (the programs' choices; re-exported for the step modules)
+from ..core.symbols import B, F, H, S, d
 from ..models.features import Features
 from ..models.parameters import widths
-from ..core.symbols import B, F, H, S, d
+from .structure import Shape
+from .vocab import Action, Device, Kind, Lifetime, Scope
 
-GRAD_KIND = "grad"
-TRANSIENT = "transient"
+__all__ = ["BHSS", "BS", "BSF", "BSd", "CAUSAL_MASK", "EVERY_GRADIENT", "INPUT_GRADIENT", "Placement", "Program",
+           "ProgramOp", "Ref", "Shape", "Tensor", "block_output", "block_param_tensors", "block_params",
+           "define_grads", "dropout_ops", "final_input", "gradient", "io_names", "kv_width", "q_width", "qkv_width",
+           "widths_of"]
 
 
 @dataclass(frozen=True)
 class Tensor:
-    """One tensor of a program: ``expr`` bytes; ``kind`` activation/transient/grad; ``why`` it exists."""
+    """One tensor of the step: ``expr`` bytes (SymPy), what it is, how long and where it lives, ``why`` it exists."""
     name: str
     expr: object
-    kind: str
-    why: str
-    tp_sharded: bool = False
+    kind: Kind
+    lifetime: Lifetime
+    device: Device = Device.GPU
+    why: str = ""
+
+
+@dataclass(frozen=True)
+class Ref:
+    """A tensor a block's program names in another block (or outside the blocks): ``name`` in ``scope``; past the
+    blocks' ends (after the last block, before the first) it is ``edge``, the tensor outside them."""
+    scope: Scope
+    name: str
+    edge: str = None
+
+
+#: Every gradient the optimizer step collected (:attr:`Action.COLLECT_GRADIENTS`), freed as one.
+EVERY_GRADIENT = Ref(Scope.COLLECTED, "every gradient")
+#: The (S, S) causal mask the embedding's program builds once per forward; the blocks share it.
+CAUSAL_MASK = Ref(Scope.SHARED, "causal mask")
+#: The gradient a block's backward hands to the previous block (before block 0: the embedding output's).
+INPUT_GRADIENT = Ref(Scope.PREVIOUS, "dX_out", "grad of the embedding output")
+
+
+class Placement(NamedTuple):
+    """Where the step keeps the gradients backward writes, and where the optimizer step runs (its temporaries)."""
+    gradients: Device = Device.GPU
+    optimizer: Device = Device.GPU
+
+
+class ProgramOp(NamedTuple):
+    """One op of a program: the tensors (names or :class:`Ref`) its inputs release just before it runs, and
+    those it creates."""
+    label: str
+    frees: tuple
+    allocs: tuple
+    action: Action = Action.RUN
 
 
 class Program:
-    """A growing list of ops over a table of named tensors."""
+    """A growing list of ops over a table of named tensors, shared by the programs of one step."""
 
-    def __init__(self, tensors: dict):
-        self.tensors, self.ops = tensors, []
+    def __init__(self, tensors: dict, placement: Placement = None):
+        self.tensors, self.placement, self.ops = tensors, placement or Placement(), []
 
-    def new(self, name, shape, dtype, why, tp=False, kind=TRANSIENT):
-        """Define a transient (bytes = product of ``shape`` x bytes of ``dtype``) and return its name."""
+    def fork(self) -> "Program":
+        """An empty program over the same tensors."""
+        return Program(self.tensors, self.placement)
+
+    def new(self, name, shape, dtype, why, kind=Kind.TRANSIENT, device=Device.GPU):
+        """Define a temporary (bytes = product of ``shape`` x bytes of ``dtype``) and return its name."""
         size = nbytes(dtype)
         for n in shape:
             size = size * n
-        self.tensors[name] = Tensor(name, size, kind, why, tp)
+        self.tensors[name] = Tensor(name, size, kind, Lifetime.TEMPORARY, device, why)
         return name
 
-    def op(self, label, alloc=(), free=()):
-        self.ops.append((label, tuple(n for n in free if n), tuple(n for n in alloc if n)))
+    def op(self, label, alloc=(), free=(), action=Action.RUN):
+        self.ops.append(ProgramOp(label, tuple(n for n in free if n), tuple(n for n in alloc if n), action))
 
 
 BSd, BSF, BHSS, BS = (B, S, d), (B, S, F), (B, H, S, S), (B, S)
@@ -104,17 +145,18 @@ def widths_of(c) -> tuple:
 
 
 def define_grads(p, names, c, share):
-    """Define the gradients of ``names`` (block parameters) and return their tensor names."""
+    """Define the gradients of ``names`` (block parameters it has) and return their tensor names."""
     sizes = dict(block_params(c))
-    out = []
-    for n in names:
-        if n not in sizes:             # a bias the block does not have
-            continue
-        t = f"grad {n}"
-        p.tensors[t] = Tensor(t, share(sizes[n]) * nbytes(c.grad_dtype), GRAD_KIND,
-                              f"the gradient of {n}, written by backward and kept for the optimizer")
-        out.append(t)
-    return out
+    return [gradient(p, n, sizes[n], c, share) for n in names if n in sizes]
+
+
+def gradient(p, param, elements, c, share):
+    """Define ``param``'s gradient (``share`` of its ``elements``: this rank's, in the gradient dtype; written by
+    backward, kept for the optimizer step where the recipe keeps gradients) and return its name."""
+    name = f"grad {param}"
+    p.tensors[name] = Tensor(name, share(elements) * nbytes(c.grad_dtype), Kind.GRAD, Lifetime.GRADIENT,
+                             p.placement.gradients, f"the gradient of {param}")
+    return name
 
 
 def dropout_ops(p, c, where, mask, out):
@@ -129,8 +171,19 @@ def dropout_ops(p, c, where, mask, out):
 
 
 def io_names(c: Shape):
-    """(block input, attention residual sum) names: saved norm inputs, or transients under composite RMSNorm."""
+    """(block input, attention residual sum) names: saved norm inputs, or temporaries under composite RMSNorm."""
     norm = "LayerNorm" if c.gpt else "RMSNorm"
     if c.upcast:
         return "block input", "attention residual sum"
     return f"{norm} 1 input", f"{norm} 2 input"
+
+
+def final_input(c: Shape) -> str:
+    """Name of the last block's output (the final norm's input)."""
+    norm = "LayerNorm" if c.gpt else "RMSNorm"
+    return "final norm input" if c.upcast else f"final {norm} input"
+
+
+def block_output(c: Shape) -> Ref:
+    """What a block's forward returns: the next block's input (after the last block, the final norm's)."""
+    return Ref(Scope.NEXT, io_names(c)[0], final_input(c))

@@ -10,31 +10,40 @@ backward holds two more B*S*V FP32 tensors; the optimizer step of
 (``foreach=True``); with FP32 master weights the loop of ``docs/step.md``
 first converts each gradient to FP32, one parameter at a time.
 """
-from .norms import norm_backward, norm_forward
-from .ops import GRAD_KIND, TRANSIENT, BSd, Shape, Tensor, io_names
-from ..core.dtypes import nbytes
+from typing import NamedTuple
+
 from ..core.symbols import B, S, V, d
+from .norms import norm_backward, norm_forward
+from .ops import EVERY_GRADIENT, BSd, Ref, Shape, Tensor, final_input, gradient, io_names
+from .vocab import Action, Kind, Lifetime, Scope
+
+__all__ = ["LOGITS", "Param", "backward_end", "backward_start", "define_grads", "final_norm_params",
+           "forward_end", "forward_start", "head_params", "optimizer"]
 
 LOGITS = (B, S, V)
 
 
-def final_input(c: Shape) -> str:
-    """Name of the last block's output (the final norm's input)."""
-    norm = "LayerNorm" if c.gpt else "RMSNorm"
-    return "final norm input" if c.upcast else f"final {norm} input"
+class Param(NamedTuple):
+    """A parameter tensor the optimizer step walks: ``elements`` on this rank; ``lump``: the middle blocks' as one."""
+    name: str
+    elements: object
+    lump: bool = False
+
+
+def final_norm_params(c: Shape) -> list:
+    """(name, elements) of the final norm's parameters."""
+    return [("final norm.weight", d), ("final norm.bias", d)] if c.gpt else [("final norm.weight", d)]
 
 
 def head_params(c: Shape) -> list:
     """(name, elements) of the parameters outside the blocks, in ``model.parameters()`` order after the blocks."""
-    norm = [("final norm.weight", d), ("final norm.bias", d)] if c.gpt else [("final norm.weight", d)]
-    return norm if c.is_tied else norm + [("head.weight", V * d)]
+    return final_norm_params(c) + ([] if c.is_tied else [("head.weight", V * d)])
 
 
 def define_grads(p, c: Shape, share):
     """Gradient tensors of the embedding, the final norm and (untied) the LM head."""
     for name, n in [("embedding.weight", V * d)] + head_params(c):
-        p.tensors[f"grad {name}"] = Tensor(f"grad {name}", share(n) * nbytes(c.grad_dtype), GRAD_KIND,
-                                           f"the gradient of {name}")
+        gradient(p, name, n, c, share)
 
 
 def forward_start(p, c: Shape):
@@ -44,7 +53,7 @@ def forward_start(p, c: Shape):
         p.op("torch.ones(S, S)", alloc=[ones])
         p.op("triu: the causal mask", alloc=["causal mask"])
         p.op("released", free=[ones])
-    p.op("embedding", alloc=["first: " + io_names(c)[0]])
+    p.op("embedding", alloc=[Ref(Scope.FIRST, io_names(c)[0])])
 
 
 def forward_end(p, c: Shape):
@@ -66,7 +75,7 @@ def forward_end(p, c: Shape):
 
 
 def backward_start(p, c: Shape):
-    """Backward through the loss, the LM head and the final norm; ends with ``last: dX_out``."""
+    """Backward through the loss, the LM head and the final norm; ends with the last block's ``dX_out``."""
     a = c.dtype
     dl = p.new("gradient of the loss", (), "fp32", "loss.backward() seeds a 1")
     g1 = p.new("nll_loss gradient", LOGITS, "fp32", "nll_loss backward: B*S*V FP32")
@@ -84,12 +93,12 @@ def backward_start(p, c: Shape):
     gfn = p.new("gradient of the LM head input", BSd, a, "the LM head's input gradient")
     head = "LM head's contribution to the tied embedding gradient" if c.is_tied else "grad head.weight"
     if c.is_tied:
-        p.tensors[head] = Tensor(head, p.tensors["grad embedding.weight"].expr, TRANSIENT,
-                                 "waits in autograd's buffer for the embedding's contribution")
+        p.tensors[head] = Tensor(head, p.tensors["grad embedding.weight"].expr, Kind.TRANSIENT, Lifetime.TEMPORARY,
+                                 p.placement.gradients, "waits in autograd's buffer for the embedding's contribution")
     p.op("LM head backward", alloc=[head, gfn])
     p.op("released", free=[g, "LM head input"])
-    grads = [f"grad {n}" for n, _ in head_params(c) if n.startswith("final")]
-    norm_backward(p, c, "final", gfn, "last: dX_out", grads)
+    grads = [f"grad {n}" for n, _ in final_norm_params(c)]
+    norm_backward(p, c, "final", gfn, Ref(Scope.LAST, "dX_out"), grads)
 
 
 def backward_end(p, c: Shape):
@@ -107,44 +116,47 @@ def backward_end(p, c: Shape):
 
 
 def optimizer(p, params, state_dtype: str, master: bool, foreach: bool, grad_dtype: str):
-    """AdamW's step over ``params`` [(name, elements), ...] (``"@lump"`` entries stand for many blocks).
+    """AdamW's step over ``params`` (:class:`Param`; a lump stands for many blocks' tensors), its temporaries
+    in ``state_dtype`` where the optimizer runs.
 
     ``master``: BF16 gradients are first converted to FP32 masters' gradients,
     one tensor at a time (``docs/step.md``), the BF16 gradient freed after each.
-    The step's temporaries are in ``state_dtype``.
     """
-    p.op("@collect gradients")
+    where = p.placement.optimizer
+    p.op("gradients collected", action=Action.COLLECT_GRADIENTS)
     if master:
-        total = sum(n for _, n in params)
-        done, before = 0, "@gradients"
-        for name, n in params:
-            fp32 = p.new(f"FP32 gradient of {name}", (n,), "fp32", "master.grad = p.grad.float()", kind=GRAD_KIND)
-            rest = p.new(f"BF16 gradients after {name}", (total - done - n,), grad_dtype, "not yet converted",
-                         kind=GRAD_KIND)
-            if name.startswith("@"):
-                p.op(f"gradients to FP32: {name}", free=[before], alloc=[rest, fp32])
+        total = sum(x.elements for x in params)
+        done, before = 0, EVERY_GRADIENT
+        for x in params:
+            fp32 = p.new(f"FP32 gradient of {x.name}", (x.elements,), "fp32", "master.grad = p.grad.float()",
+                         Kind.GRAD, where)
+            rest = p.new(f"BF16 gradients after {x.name}", (total - done - x.elements,), grad_dtype,
+                         "not yet converted", Kind.GRAD, where)
+            if x.lump:
+                p.op(f"gradients to FP32: {x.name}", free=[before], alloc=[rest, fp32])
             else:
-                p.op(f"gradient to FP32: {name}", alloc=[fp32])
+                p.op(f"gradient to FP32: {x.name}", alloc=[fp32])
                 p.op("BF16 gradient released", free=[before], alloc=[rest])
-            done, before = done + n, rest
+            done, before = done + x.elements, rest
     if foreach:
-        one = p.new("torch.tensor(1.0)", (), "fp32", "foreach step-count increment on the CPU")
+        one = p.new("torch.tensor(1.0)", (), "fp32", "foreach step-count increment", device=where)
         p.op("step counters += 1", alloc=[one])
         p.op("released", free=[one])
-        sq = p.new("_foreach_sqrt(exp_avg_sq)", (sum(n for _, n in params),), state_dtype,
-                   "one square root per moment, all at once")
+        sq = p.new("_foreach_sqrt(exp_avg_sq)", (sum(x.elements for x in params),), state_dtype,
+                   "one square root per moment, all at once", device=where)
         p.op("_foreach_sqrt over every parameter", alloc=[sq])
         p.op("released", free=[sq])
     else:
         previous = None          # ``denom`` of the previous parameter lives until the next is assigned
-        for name, n in params:
-            if name.startswith("@"):
+        for x in params:
+            if x.lump:
                 continue
-            s1 = p.new(f"sqrt(exp_avg_sq) of {name}", (n,), state_dtype, "AdamW(foreach=False): its square root")
-            s2 = p.new(f"denom of {name}", (n,), state_dtype, "sqrt / bias correction + eps, a local until the next "
-                       "parameter's is assigned")
-            p.op(f"AdamW step: {name}", alloc=[s1, s2])
+            s1 = p.new(f"sqrt(exp_avg_sq) of {x.name}", (x.elements,), state_dtype,
+                       "AdamW(foreach=False): its square root", device=where)
+            s2 = p.new(f"denom of {x.name}", (x.elements,), state_dtype,
+                       "sqrt / bias correction + eps, a local until the next parameter's is assigned", device=where)
+            p.op(f"AdamW step: {x.name}", alloc=[s1, s2])
             p.op("released", free=[s1, previous])
             previous = s2
         p.op("step done", free=[previous])
-    p.op("@release gradients")
+    p.op("gradients released", action=Action.RELEASE_GRADIENTS)

@@ -15,8 +15,9 @@ tensor or two (``tests/step/test_timeline.py`` bounds it).
 """
 from .block import layer_backward, layer_forward
 from .selective import dropped_core
-from .ops import BS, BSd, BSF, io_names, qkv_width, widths_of
+from .ops import BS, BSd, BSF, block_output, io_names, qkv_width, widths_of
 from ..core.symbols import B, H, S
+from .vocab import Kind, Lifetime
 
 
 def _norm(p, c, k):
@@ -61,19 +62,18 @@ def checkpointed_forward(p, c):
     a = c.dtype
     x = io_names(c)[0]
     n1 = _norm(p, c, "1")
-    qkv = p.new("QKV projection output (checkpointed)", (B, S, qkv_width(c.gqa, c.head_dim)), a, "q, k, v are views of it",
-                tp=True)
+    qkv = p.new("QKV projection output (checkpointed)", (B, S, qkv_width(c.gqa, c.head_dim)), a, "q, k, v are views of it")
     p.op("QKV projection", alloc=[qkv])
     p.op("released", free=[n1])
     if c.attention == "flash":
-        out = p.new("attention output (checkpointed)", widths_of(c)[0], a, "the flash kernel's output", tp=True)
-        lse = p.new("log-sum-exp (dropped)", (B, H, S), "fp32", "not kept", tp=True)
+        out = p.new("attention output (checkpointed)", widths_of(c)[0], a, "the flash kernel's output")
+        lse = p.new("log-sum-exp (dropped)", (B, H, S), "fp32", "not kept")
         p.op("flash attention", alloc=[out, lse])
         p.op("released", free=[lse])
         pin, leftovers = None, [qkv, out]
     else:
         out4 = dropped_core(p, c)
-        pin = p.new("output projection input (checkpointed)", widths_of(c)[0], a, "heads merged (a copy)", tp=True)
+        pin = p.new("output projection input (checkpointed)", widths_of(c)[0], a, "heads merged (a copy)")
         p.op("heads merged", alloc=[pin])
         leftovers = [qkv, out4]
     po = p.new("output projection output (checkpointed)", BSd, a, "before the residual add")
@@ -82,17 +82,17 @@ def checkpointed_forward(p, c):
     p.op("released", free=[_residual_add(p, c, "", pin, po, xm)])
     n2 = _norm(p, c, "2")
     if c.gpt:
-        u = p.new("up-projection output (checkpointed)", BSF, a, "GeLU's input", tp=True)
-        g = p.new("GeLU output (checkpointed)", BSF, a, "the down projection's input", tp=True)
+        u = p.new("up-projection output (checkpointed)", BSF, a, "GeLU's input")
+        g = p.new("GeLU output (checkpointed)", BSF, a, "the down projection's input")
         p.op("up projection", alloc=[u])
         p.op("GeLU", alloc=[g])
         p.op("released", free=[u])
         last = g
     else:
-        gt = p.new("gate output (checkpointed)", BSF, a, "SiLU's input", tp=True)
-        sl = p.new("SiLU output (checkpointed)", BSF, a, "a factor", tp=True)
-        up = p.new("up-projection output (checkpointed)", BSF, a, "a factor", tp=True)
-        pr = p.new("SiLU(gate) * up (checkpointed)", BSF, a, "the down projection's input", tp=True)
+        gt = p.new("gate output (checkpointed)", BSF, a, "SiLU's input")
+        sl = p.new("SiLU output (checkpointed)", BSF, a, "a factor")
+        up = p.new("up-projection output (checkpointed)", BSF, a, "a factor")
+        pr = p.new("SiLU(gate) * up (checkpointed)", BSF, a, "the down projection's input")
         p.op("gate projection", alloc=[gt])
         p.op("SiLU", alloc=[sl])
         p.op("released", free=[gt])
@@ -102,7 +102,7 @@ def checkpointed_forward(p, c):
         last = pr
     dn = p.new("down-projection output (checkpointed)", BSd, a, "before the residual add")
     p.op("down projection", alloc=[dn])
-    held = _residual_add(p, c, "MLP ", last, dn, "next: " + x)
+    held = _residual_add(p, c, "MLP ", last, dn, block_output(c))
     p.op("block returns", free=[held, xm] + leftovers + [n2])
 
 
@@ -120,17 +120,21 @@ def _residual_add(p, c, prefix, projection_input, projection_output, result):
     return out
 
 
+def saved(p, name) -> bool:
+    """Whether ``name`` is one of this block's saved tensors."""
+    return isinstance(name, str) and p.tensors[name].lifetime is Lifetime.SAVED
+
+
 def recompute_backward(p, c, share):
     """Recompute the block's forward with saving, stopping after its last saved tensor (the transients
     still alive then are dropped), then run its backward."""
-    q = type(p)(p.tensors)
+    q = p.fork()
     layer_forward(q, c)
-    last = max(i for i, (_, _, allocs) in enumerate(q.ops)
-               if any(p.tensors.get(n) is not None and p.tensors[n].kind == "activation" for n in allocs))
+    last = max(i for i, op in enumerate(q.ops) if any(saved(p, n) for n in op.allocs))
     alive = []
-    for _, frees, allocs in q.ops[:last + 1]:
-        alive = [n for n in alive if n not in frees] + list(allocs)
+    for op in q.ops[:last + 1]:
+        alive = [n for n in alive if n not in op.frees] + list(op.allocs)
     p.ops.extend(q.ops[:last + 1])
     x = io_names(c)[0]
-    p.op("recomputation stops", free=[n for n in alive if n != x and p.tensors[n].kind == "transient"])
+    p.op("recomputation stops", free=[n for n in alive if n != x and p.tensors[n].kind is Kind.TRANSIENT])
     layer_backward(p, c, share, recomputed=True)

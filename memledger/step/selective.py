@@ -21,7 +21,7 @@ wraps the attention core, ``q, k, v -> softmax(q k^T / sqrt(d/H)) v`` (or the SD
 Read off MemTracker's allocation log of the reference (PyTorch 2.13, CPU) and checked against it by
 ``tests/step/test_selective.py``.
 """
-from .ops import BHSS, dropout_ops, widths_of
+from .ops import BHSS, CAUSAL_MASK, dropout_ops, widths_of
 from ..core.symbols import B, H, S
 
 RECOMPUTED = " (recomputed)"
@@ -34,15 +34,13 @@ def dropped_core(p, c):
     Its inputs (q, k, v views of the fused projection) are live."""
     a, drop = c.dtype, c.dropout
     BSq, BSkv = widths_of(c)
-    raw = p.new("scores QK^T (checkpointed)", BHSS, a, "q @ k^T", tp=True)
-    scaled = p.new("scaled scores (checkpointed)", BHSS, a, "a Python local until the core returns", tp=True)
-    masked = p.new("masked scores (checkpointed)", BHSS, a, "softmax's input", tp=True)
-    probs = p.new("probabilities (checkpointed)", BHSS, a, "softmax's output", tp=True)
-    out4 = p.new("attention output (B, H, S, d/H) (checkpointed)", BSq, a, "a local until the block returns",
-                 tp=True)
+    raw = p.new("scores QK^T (checkpointed)", BHSS, a, "q @ k^T")
+    scaled = p.new("scaled scores (checkpointed)", BHSS, a, "a Python local until the core returns")
+    masked = p.new("masked scores (checkpointed)", BHSS, a, "softmax's input")
+    probs = p.new("probabilities (checkpointed)", BHSS, a, "softmax's output")
+    out4 = p.new("attention output (B, H, S, d/H) (checkpointed)", BSq, a, "a local until the block returns")
     if c.gqa:
-        grouped = [p.new(f"{n} copy (checkpointed)", w, a, "the grouped core's copy, a local until it returns",
-                         tp=True) for n, w in (("q", BSq), ("k", BSkv), ("v", BSkv))]
+        grouped = [p.new(f"{n} copy (checkpointed)", w, a, "the grouped core's copy, a local until it returns") for n, w in (("q", BSq), ("k", BSkv), ("v", BSkv))]
         p.op("q copied, k, v made contiguous", alloc=grouped)
         p.op("QK^T", alloc=[raw])
         p.op("scale", alloc=[scaled])
@@ -52,7 +50,7 @@ def dropped_core(p, c):
         p.op("probabilities @ V", alloc=[out4])
         p.op("released", free=grouped + [probs, scaled])
         return out4
-    copies = [] if c.single else [p.new(f"{n} copy (checkpointed)", BSq, a, "for the batched matmul", tp=True)
+    copies = [] if c.single else [p.new(f"{n} copy (checkpointed)", BSq, a, "for the batched matmul")
                                   for n in ("q", "k", "v")]
     if copies:
         p.op("q, k copied", alloc=copies[:2])
@@ -62,8 +60,8 @@ def dropped_core(p, c):
     p.op("softmax", alloc=[probs])
     p.op("released", free=[masked])
     if drop:
-        dm = p.new("attention dropout mask (dropped)", BHSS, c.mask_dtype or a, "not kept", tp=True)
-        do = p.new("attention dropout output (checkpointed)", BHSS, a, "@ v's input", tp=True)
+        dm = p.new("attention dropout mask (dropped)", BHSS, c.mask_dtype or a, "not kept")
+        do = p.new("attention dropout output (checkpointed)", BHSS, a, "@ v's input")
         p.op("attention dropout", alloc=[dm, do])
         p.op("released", free=[dm, probs])
         probs = do
@@ -78,8 +76,7 @@ def selective_forward_core(p, c) -> list:
     projection's input; returns the locals freed when the block returns."""
     p.op("QKV projection (q, k, v: views the checkpoint keeps)", alloc=["Q", "K", "V"])
     if c.attention == "flash":
-        lse = p.new("log-sum-exp (dropped)", (B, H, S), "fp32", "not kept: the checkpointed call recomputes it",
-                    tp=True)
+        lse = p.new("log-sum-exp (dropped)", (B, H, S), "fp32", "not kept: the checkpointed call recomputes it")
         p.op("flash attention (checkpointed; its output laid out as the merged heads)",
              alloc=["output projection input", lse])
         p.op("log-sum-exp dropped", free=[lse])
@@ -91,9 +88,8 @@ def selective_forward_core(p, c) -> list:
 
 def recompute_flash(p, c) -> list:
     """The checkpointed flash call re-run before its backward: its output and log-sum-exp come back."""
-    out = p.new("flash output" + RECOMPUTED, widths_of(c)[0], c.dtype, "the re-run kernel's output (its backward reads it)",
-                tp=True)
-    lse = p.new("softmax log-sum-exp" + RECOMPUTED, (B, H, S), "fp32", "the re-run kernel's statistics", tp=True)
+    out = p.new("flash output" + RECOMPUTED, widths_of(c)[0], c.dtype, "the re-run kernel's output (its backward reads it)")
+    lse = p.new("softmax log-sum-exp" + RECOMPUTED, (B, H, S), "fp32", "the re-run kernel's statistics")
     p.op("flash attention recomputed", alloc=[out, lse])
     return [out, lse]
 
@@ -108,13 +104,11 @@ def recompute_core(p, c) -> dict:
     single = c.single and not c.gqa
     BSq, BSkv = widths_of(c)
     widths = {"q": BSq, "k": BSkv, "v": BSkv}
-    copy = {n: None if single else p.new(f"{n} copy" + RECOMPUTED, w, a, why + ": a contiguous copy",
-                                         tp=True) for n, w in widths.items()}
-    raw = p.new("scores QK^T" + RECOMPUTED, BHSS, a, why, tp=True)
-    scaled = p.new("scaled scores" + RECOMPUTED, BHSS, a, "a local of the core, dropped when recomputation stops",
-                   tp=True)
-    masked = p.new("masked scores" + RECOMPUTED, BHSS, a, "softmax's input", tp=True)
-    probs = p.new("softmax output" + RECOMPUTED, BHSS, a, why + ": softmax backward needs it", tp=True)
+    copy = {n: None if single else p.new(f"{n} copy" + RECOMPUTED, w, a, why + ": a contiguous copy") for n, w in widths.items()}
+    raw = p.new("scores QK^T" + RECOMPUTED, BHSS, a, why)
+    scaled = p.new("scaled scores" + RECOMPUTED, BHSS, a, "a local of the core, dropped when recomputation stops")
+    masked = p.new("masked scores" + RECOMPUTED, BHSS, a, "softmax's input")
+    probs = p.new("softmax output" + RECOMPUTED, BHSS, a, why + ": softmax backward needs it")
     if c.gqa:
         p.op("q copied, k, v made contiguous (recomputation)", alloc=[copy["q"], copy["k"], copy["v"]])
     elif not single:
@@ -126,11 +120,11 @@ def recompute_core(p, c) -> dict:
     p.op("released", free=[masked])
     mask = dropped = None
     if drop:
-        mask = p.new("attention dropout mask" + RECOMPUTED, BHSS, c.mask_dtype or a, why, tp=True)
-        dropped = p.new("attention dropout output" + RECOMPUTED, BHSS, a, why + ": @ v's backward needs it", tp=True)
+        mask = p.new("attention dropout mask" + RECOMPUTED, BHSS, c.mask_dtype or a, why)
+        dropped = p.new("attention dropout output" + RECOMPUTED, BHSS, a, why + ": @ v's backward needs it")
         dropout_ops(p, c, "attention (recomputed)", mask, dropped)
     if not c.gqa and not single:
         p.op("v copied (recomputation)", alloc=[copy["v"]])
     p.op("recomputation stops (@ v's inputs packed)", free=[scaled])
     return {"q": copy["q"], "k": copy["k"], "v": copy["v"], "probs": probs, "mask": mask, "dropped": dropped,
-            "frame": ["Q", "K", "V", "@causal mask"]}
+            "frame": ["Q", "K", "V", CAUSAL_MASK]}

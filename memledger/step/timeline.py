@@ -37,8 +37,10 @@ from functools import cached_property
 from ..activations.backends import Conventions, conventions
 from .build import build
 from .structure import StepStructure, block_of
+from .vocab import Action, Device, Phase
 
-DEVICES = ("gpu", "cpu", "nvme")
+__all__ = ["LANDMARKS", "Peak", "Step"]
+
 LANDMARKS = ("before forward", "after forward", "after backward", "after step")
 
 
@@ -82,7 +84,7 @@ class Step:
     def landmarks(self) -> dict:
         """{landmark: {"gpu": int, "cpu": int, "nvme": int}}: what the programs leave live there, which is
         the sum of the :attr:`rows` live there (``tests/step/test_timeline.py``)."""
-        return {name: {dev: self.built.landmark(name, self.sizes, dev) for dev in DEVICES} for name in LANDMARKS}
+        return {name: {dev.value: self.built.landmark(name, self.sizes, dev) for dev in Device} for name in LANDMARKS}
 
     @cached_property
     def peak(self) -> Peak:
@@ -91,7 +93,7 @@ class Step:
         op = self.built.ops[self.built.compiled.ops[sample]]
         layer = block_of(op.layer, self.structure.layers is None, self.values["L"])
         block = f"block {layer}" if layer is not None else "outside the blocks"
-        return Peak(total, op.phase, layer, f"{op.phase}, {block}: {op.label}", sample)
+        return Peak(total, op.phase.value, layer, f"{op.phase}, {block}: {op.label}", sample)
 
     def live_at_peak(self) -> tuple:
         """(name, bytes) of every GPU tensor live at the peak, largest first (blocks named by index)."""
@@ -100,11 +102,11 @@ class Step:
     def phase_peaks(self) -> dict:
         """The largest GPU total between landmarks: {"forward": ..., "backward": ..., "optimizer": ...}
         (forward includes the loss; backward starts after the "after forward" landmark)."""
-        marks = [i for i, op in enumerate(self.built.ops) if op.label.startswith("@landmark ")]
+        marks = [i for i, op in enumerate(self.built.ops) if op.action is Action.LANDMARK]
         out = {}
         for total, index in zip(self.totals, self.built.compiled.ops):
-            phase = "forward" if index < marks[0] else ("backward" if index < marks[1] else "optimizer")
-            out[phase] = max(out.get(phase, 0), int(total))
+            phase = Phase.FORWARD if index < marks[0] else (Phase.BACKWARD if index < marks[1] else Phase.OPTIMIZER)
+            out[phase.value] = max(out.get(phase.value, 0), int(total))
         return out
 
     def block_peaks(self) -> dict:
@@ -115,8 +117,8 @@ class Step:
         lumped, n_layers = self.structure.layers is None, self.values["L"]
         for total, index in zip(self.totals, self.built.compiled.ops):
             op = self.built.ops[index]
-            if isinstance(op.layer, int) and op.phase in ("forward", "backward"):
-                key = (op.phase, block_of(op.layer, lumped, n_layers))
+            if isinstance(op.layer, int) and op.phase in (Phase.FORWARD, Phase.BACKWARD):
+                key = (op.phase.value, block_of(op.layer, lumped, n_layers))
                 out[key] = max(out.get(key, 0), int(total))
         return out
 
@@ -127,7 +129,8 @@ class Step:
         maps each landmark to its x."""
         import numpy as np
         built, L = self.built, self.values["L"]
-        by_kind = {k: built.compiled.counts @ (self.sizes * built.gpu * mask) for k, mask in built.kind_masks().items()}
+        by_kind = {k.value: built.compiled.counts @ (self.sizes * built.gpu * mask)
+                   for k, mask in built.kind_masks().items()}
         marks = {"before forward": 0.0, "after forward": L + 1.0, "after backward": 2 * L + 2.0,
                  "after step": 2 * L + 3.0}
         return np.array(built.positions(L)), by_kind, marks

@@ -13,20 +13,38 @@ are therefore run op by op and blocks 2..L-3 as one lump, which keeps the
 program the same length for any L and the peak exact.
 """
 from dataclasses import dataclass
+from enum import StrEnum
 
-from .ops import io_names
-from .outer import final_input
+from .ops import EVERY_GRADIENT, Ref, io_names
+from .vocab import Action, Kind, Phase, Scope
 
-FORWARD, LOSS, BACKWARD, OPTIMIZER = "forward", "loss", "backward", "optimizer"
+__all__ = ["LUMP", "Compiled", "Op", "Part", "explicit_layers", "flatten", "qualified_tensors"]
+
+#: The ``layer`` of the ops that stand for blocks 2..L-3 at once.
+LUMP = "2..L-3"
+
+
+class Part(StrEnum):
+    """The programs outside the blocks."""
+    FORWARD_START = "forward start"       # the causal mask, the embedding
+    FORWARD_END = "forward end"           # the final norm, the LM head, the loss
+    BACKWARD_START = "backward start"     # back through the loss, the LM head, the final norm
+    BACKWARD_END = "backward end"         # the embedding's backward
+
+    @property
+    def backward(self) -> bool:
+        return self in (Part.BACKWARD_START, Part.BACKWARD_END)
 
 
 @dataclass(frozen=True)
 class Op:
-    phase: str
-    layer: object          # block index, None, or "2..L-3" for the lump
+    """One op of the whole step: its tensors qualified as ``(layer, name)`` (``layer`` None outside the blocks)."""
+    phase: Phase
+    layer: object          # block index, None, or LUMP
     label: str
-    frees: tuple           # qualified names
+    frees: tuple
     allocs: tuple
+    action: Action = Action.RUN
 
 
 def explicit_layers(n_layers):
@@ -34,57 +52,69 @@ def explicit_layers(n_layers):
     return list(range(n_layers)) if n_layers <= 4 else [0, 1, n_layers - 2, n_layers - 1]
 
 
-def _qualify(name, layer, n_layers, c):
-    if name.startswith("next: "):
-        return (layer + 1, name[6:]) if layer + 1 < n_layers else (None, final_input(c))
-    if name.startswith("prev: "):
-        return (layer - 1, name[6:]) if layer > 0 else (None, "grad of the embedding output")
-    if name.startswith("@causal mask"):
-        return (None, "causal mask") if layer == 0 else None
-    return (layer, name)
+def _qualify(name, layer, n_layers):
+    """``(layer, name)`` of a name a block's program uses in block ``layer``; None: nothing (a shared tensor
+    only block 0 releases)."""
+    if not isinstance(name, Ref):
+        return (layer, name)
+    if name.scope is Scope.NEXT:
+        return (layer + 1, name.name) if layer + 1 < n_layers else (None, name.edge)
+    if name.scope is Scope.PREVIOUS:
+        return (layer - 1, name.name) if layer > 0 else (None, name.edge)
+    if name.scope is Scope.SHARED:
+        return (None, name.name) if layer == 0 else None
+    raise ValueError(f"a block's program names {name}")
 
 
 def _outside(name, n_layers):
-    if name.startswith("first: "):
-        return (0, name[7:])
-    if name.startswith("last: "):
-        return (n_layers - 1, name[6:])
-    return (None, name)
+    """``(layer, name)`` of a name a program outside the blocks uses."""
+    if not isinstance(name, Ref):
+        return (None, name)
+    if name.scope is Scope.FIRST:
+        return (0, name.name)
+    if name.scope is Scope.LAST:
+        return (n_layers - 1, name.name)
+    if name.scope is Scope.COLLECTED:
+        return name
+    raise ValueError(f"a program outside the blocks names {name}")
 
 
-def flatten(n_layers: int, c, outside: dict, fwd, bwd, lumps: dict) -> list:
-    """The step's ops: ``outside`` maps "forward start" etc. to op lists; ``fwd``/``bwd`` one block's;
-    ``lumps`` names the two lump tensors ("saved", "grads") of blocks 2..L-3."""
+def flatten(n_layers: int, c, outside: dict, fwd, bwd, optimizer, lumps: dict) -> list:
+    """The step's ops: ``outside`` maps each :class:`Part` to its ops; ``fwd``/``bwd`` one block's, ``optimizer``
+    the optimizer step's; ``lumps`` names the two lump tensors ("saved", "grads") of blocks 2..L-3."""
     ops = []
 
     def add(phase, layer, program, qualify):
-        for label, frees, allocs in program:
+        for label, frees, allocs, action in program:
             q = [qualify(n) for n in frees]
-            ops.append(Op(phase, layer, label, tuple(n for n in q if n), tuple(qualify(n) for n in allocs)))
+            ops.append(Op(phase, layer, label, tuple(n for n in q if n), tuple(qualify(n) for n in allocs), action))
 
-    def outside_ops(key, phase):
-        add(phase, None, outside[key], lambda n: _outside(n, n_layers))
+    def outside_ops(part, phase):
+        add(phase, None, outside[part], lambda n: _outside(n, n_layers))
+
+    def landmark(phase, name):
+        ops.append(Op(phase, None, name, (), (), Action.LANDMARK))
 
     layers = explicit_layers(n_layers)
     x = io_names(c)[0]
-    outside_ops("forward start", FORWARD)
+    outside_ops(Part.FORWARD_START, Phase.FORWARD)
     for i in layers:
-        add(FORWARD, i, fwd, lambda n, i=i: _qualify(n, i, n_layers, c))
+        add(Phase.FORWARD, i, fwd, lambda n, i=i: _qualify(n, i, n_layers))
         if i == 1 and n_layers > 4:
-            ops.append(Op(FORWARD, f"2..{n_layers - 3}", "blocks 2 to L-3", ((2, x),),
+            ops.append(Op(Phase.FORWARD, LUMP, "blocks 2 to L-3", ((2, x),),
                           ((None, lumps["saved"]), (n_layers - 2, x))))
-    outside_ops("forward end", LOSS)
-    ops.append(Op(LOSS, None, "@landmark after forward", (), ()))
-    outside_ops("backward start", LOSS)
+    outside_ops(Part.FORWARD_END, Phase.LOSS)
+    landmark(Phase.LOSS, "after forward")
+    outside_ops(Part.BACKWARD_START, Phase.LOSS)
     for i in reversed(layers):
-        add(BACKWARD, i, bwd, lambda n, i=i: _qualify(n, i, n_layers, c))
+        add(Phase.BACKWARD, i, bwd, lambda n, i=i: _qualify(n, i, n_layers))
         if i == n_layers - 2 and n_layers > 4:
-            ops.append(Op(BACKWARD, f"{n_layers - 3}..2", "blocks L-3 to 2", ((None, lumps["saved"]),
+            ops.append(Op(Phase.BACKWARD, LUMP, "blocks L-3 to 2", ((None, lumps["saved"]),
                           (n_layers - 3, "dX_out")), ((None, lumps["grads"]), (1, "dX_out"))))
-    outside_ops("backward end", BACKWARD)
-    ops.append(Op(BACKWARD, None, "@landmark after backward", (), ()))
-    outside_ops("optimizer", OPTIMIZER)
-    ops.append(Op(OPTIMIZER, None, "@landmark after step", (), ()))
+    outside_ops(Part.BACKWARD_END, Phase.BACKWARD)
+    landmark(Phase.BACKWARD, "after backward")
+    add(Phase.OPTIMIZER, None, optimizer, lambda n: _outside(n, n_layers))
+    landmark(Phase.OPTIMIZER, "after step")
     return ops
 
 
@@ -107,19 +137,22 @@ class Compiled:
             for q in live:
                 counts[q[1]] = counts.get(q[1], 0) + 1
             return counts
+
+        def gradients():
+            return [n for n in live if kinds[n] is Kind.GRAD]
         self.marks["before forward"] = snapshot()
         for index, op in enumerate(ops):
-            if op.label.startswith("@landmark "):
-                self.marks[op.label[10:]] = snapshot()
+            if op.action is Action.LANDMARK:
+                self.marks[op.label] = snapshot()
                 continue
-            if op.label == "@collect gradients":
-                collected = tuple(n for n in live if kinds.get(n) == "grad")
+            if op.action is Action.COLLECT_GRADIENTS:
+                collected = tuple(gradients())
                 continue
-            if op.label == "@release gradients":
-                for n in [n for n in live if kinds.get(n) == "grad"]:
+            if op.action is Action.RELEASE_GRADIENTS:
+                for n in gradients():
                     del live[n]
             for n in op.frees:
-                if n == (None, "@gradients"):
+                if n == EVERY_GRADIENT:
                     for g in collected:
                         live.pop(g, None)
                 else:
@@ -146,8 +179,8 @@ class Compiled:
 
 
 def qualified_tensors(ops, static) -> set:
+    """Every ``(layer, name)`` the ops and the step's ``static`` tensors name."""
     names = set(static)
     for op in ops:
-        names.update(op.frees)
-        names.update(op.allocs)
+        names.update(n for n in op.frees + op.allocs if n != EVERY_GRADIENT)
     return names
