@@ -5,11 +5,16 @@ per-token statistics and run as one kernel each way. ``nn.RMSNorm`` without a
 fused kernel (CPU) runs as ATen's composite (``rms_norm_composite`` in
 ``aten/src/ATen/native/layer_norm.cpp``): an FP32 upcast, pow, mean, rsqrt,
 two products and a downcast forward, and their backward formulas, each a
-B*S*d FP32 temporary; read off MemTracker's allocation log of the reference
-decoder and checked by ``tests/step/test_timeline.py``.
+B*S*d FP32 temporary. Under a checkpoint (:attr:`~memledger.step.vocab.Save.DROPPED`)
+the same ops run, and what they would save dies as soon as the norm is done.
+Read off MemTracker's allocation log of the reference decoder and checked by
+``tests/step/test_timeline.py``.
 """
-from .ops import BS, BSd
 from ..core.symbols import d
+from .ops import BS, BSd
+from .vocab import Save
+
+__all__ = ["norm_backward", "norm_forward"]
 
 
 def _prefix(c, k):
@@ -23,27 +28,53 @@ def _stats(c, prefix):
     return [f"{prefix} mean", f"{prefix} rstd"] if c.gpt else [f"{prefix} rstd"]
 
 
-def norm_forward(p, c, k, out):
-    """LayerNorm, fused or composite RMSNorm ``k`` ("1", "2", "final") writing ``out``; its input is live."""
-    prefix = _prefix(c, k)
+def norm_forward(p, c, k, out, save=Save.KEPT) -> str:
+    """LayerNorm, fused or composite RMSNorm ``k`` ("1", "2", "final") writing ``out`` (its input is live);
+    returns the output's name. ``save``: KEPT, its input, statistics and output are the inventory's rows;
+    DROPPED (under a checkpoint), they are temporaries freed once no op needs them (the output is then
+    for its consumer to release)."""
+    kept = save is Save.KEPT
+
+    def tensor(row, short, shape, dtype, why):
+        """``row`` (a saved tensor's row or a temporary's name) where kept, else a checkpointed temporary."""
+        if kept:
+            return row if shape is None else p.new(row, shape, dtype, why)
+        return p.new(f"norm {k}: {short} (checkpointed)", shape or BSd, dtype, why + ", not kept")
+    prefix, a, f = _prefix(c, k), c.dtype, "fp32"
+    if not kept:
+        out = p.new(f"norm {k} output (checkpointed)", BSd, a, "the norm's output, until its consumer has run")
     if not c.composite:
-        p.op(f"norm {k}", alloc=[out] + _stats(c, prefix))
-        return
-    f = "fp32"
-    x32, rstd, xr = f"{prefix} input", f"{prefix} rstd", f"{prefix} x*rstd"
-    sq = p.new(f"norm {k}: x^2", BSd, f, "composite RMSNorm: pow(x, 2) in FP32")
-    ms = p.new(f"norm {k}: mean(x^2)", BS, f, "composite RMSNorm: its mean over d, FP32")
+        stats = _stats(c, prefix) if kept else [
+            p.new(f"norm {k} {s} (dropped)", BS, f if (not c.gpt and s == "rstd") or a == f else c.stats_dtype or a,
+                  "not kept under checkpointing") for s in (("mean", "rstd") if c.gpt else ("rstd",)) if c.stats]
+        p.op(f"norm {k}", alloc=[out] + stats)
+        if not kept:
+            p.op("statistics dropped", free=stats)
+        return out
+    x32 = tensor(f"{prefix} input", "FP32 input", None if kept else BSd, f, "the upcast input") \
+        if kept or c.upcast else None
+    sq = tensor(f"norm {k}: x^2", "x^2", BSd, f, "composite RMSNorm: pow(x, 2) in FP32")
+    ms = tensor(f"norm {k}: mean(x^2)", "mean(x^2)", BS, f, "composite RMSNorm: its mean over d, FP32")
+    rstd = tensor(f"{prefix} rstd", "rstd", None if kept else BS, f, "rsqrt")
+    xr = tensor(f"{prefix} x*rstd", "x*rstd", None if kept else BSd, f, "x*rstd")
     if c.upcast:
         p.op(f"norm {k} upcast", alloc=[x32])
     p.op(f"norm {k} rsqrt(mean(x^2))", alloc=[sq, ms, rstd])
     p.op(f"norm {k} x*rstd", free=[ms, sq], alloc=[xr])
     if c.upcast:
-        xrw = p.new(f"norm {k}: x*rstd*w", BSd, f, "composite RMSNorm: the FP32 product with the weight")
+        xrw = tensor(f"norm {k}: x*rstd*w", "x*rstd*w", BSd, f, "composite RMSNorm: the FP32 product with the weight")
         p.op(f"norm {k} weight", alloc=[xrw])
-        p.op(f"norm {k} downcast", alloc=[out])
-        p.op(f"norm {k} done", free=[xrw])
+        if kept:
+            p.op(f"norm {k} downcast", alloc=[out])
+            p.op(f"norm {k} done", free=[xrw])
+        else:               # read off MemTracker's log: the product and the upcast input go before the downcast
+            p.op("released", free=[xrw, x32])
+            p.op(f"norm {k} downcast", alloc=[out])
     else:
         p.op(f"norm {k} weight", alloc=[out])
+    if not kept:
+        p.op("released", free=[xr, rstd])
+    return out
 
 
 def norm_backward(p, c, k, g_out, g_in, grads, residual=None, also_free=()):

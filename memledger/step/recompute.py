@@ -15,53 +15,16 @@ tensor or two (``tests/step/test_timeline.py`` bounds it).
 """
 from .block import layer_backward, layer_forward
 from .selective import dropped_core
-from .ops import BS, BSd, BSF, block_output, io_names, qkv_width, widths_of
+from .ops import BSd, BSF, block_output, io_names, qkv_width, widths_of
 from ..core.symbols import B, H, S
-from .vocab import Kind, Lifetime
-
-
-def _norm(p, c, k):
-    """A norm whose saved tensors are dropped; returns its output's name."""
-    a, f = c.dtype, "fp32"
-    out = p.new(f"norm {k} output (checkpointed)", BSd, a, "the norm's output, until its consumer has run")
-    if not c.composite:
-        stats = []
-        if c.stats:
-            stats = [p.new(f"norm {k} {s} (dropped)", BS, "fp32" if not c.gpt and s == "rstd" else
-                           ("fp32" if c.dtype == "fp32" else _stat_dtype(c)), "not kept under checkpointing")
-                     for s in (("mean", "rstd") if c.gpt else ("rstd",))]
-        p.op(f"norm {k}", alloc=[out] + stats)
-        p.op("statistics dropped", free=stats)
-        return out
-    sq = p.new(f"norm {k}: x^2 (checkpointed)", BSd, f, "pow(x, 2)")
-    ms = p.new(f"norm {k}: mean(x^2) (checkpointed)", BS, f, "its mean")
-    rstd = p.new(f"norm {k}: rstd (checkpointed)", BS, f, "rsqrt")
-    xr = p.new(f"norm {k}: x*rstd (checkpointed)", BSd, f, "x*rstd")
-    if c.upcast:
-        x32 = p.new(f"norm {k}: FP32 input (checkpointed)", BSd, f, "the upcast input")
-        p.op(f"norm {k} upcast", alloc=[x32])
-    p.op(f"norm {k} rsqrt(mean(x^2))", alloc=[sq, ms, rstd])
-    p.op(f"norm {k} x*rstd", free=[ms, sq], alloc=[xr])
-    if c.upcast:
-        xrw = p.new(f"norm {k}: x*rstd*w (checkpointed)", BSd, f, "the FP32 product with the weight")
-        p.op(f"norm {k} weight", alloc=[xrw])
-        p.op("released", free=[xrw, x32])
-        p.op(f"norm {k} downcast", alloc=[out])
-    else:
-        p.op(f"norm {k} weight", alloc=[out])
-    p.op("released", free=[xr, rstd])
-    return out
-
-
-def _stat_dtype(c):
-    return c.stats_dtype or c.dtype
+from .norms import norm_forward
+from .vocab import Kind, Lifetime, Save
 
 
 def checkpointed_forward(p, c):
     """A block's forward under a non-reentrant checkpoint: only its input stays (as "layer input")."""
     a = c.dtype
-    x = io_names(c)[0]
-    n1 = _norm(p, c, "1")
+    n1 = norm_forward(p, c, "1", None, Save.DROPPED)
     qkv = p.new("QKV projection output (checkpointed)", (B, S, qkv_width(c.gqa, c.head_dim)), a, "q, k, v are views of it")
     p.op("QKV projection", alloc=[qkv])
     p.op("released", free=[n1])
@@ -80,7 +43,7 @@ def checkpointed_forward(p, c):
     xm = p.new("attention residual sum (checkpointed)", BSd, a, "x + attention")
     p.op("output projection", alloc=[po])
     p.op("released", free=[_residual_add(p, c, "", pin, po, xm)])
-    n2 = _norm(p, c, "2")
+    n2 = norm_forward(p, c, "2", None, Save.DROPPED)
     if c.gpt:
         u = p.new("up-projection output (checkpointed)", BSF, a, "GeLU's input")
         g = p.new("GeLU output (checkpointed)", BSF, a, "the down projection's input")
