@@ -4,13 +4,12 @@ from ..core.lazy import lazy
 
 __getattr__, __dir__, __all__ = lazy(__name__, {
     'timeline': ('Step', 'LANDMARKS'),
+    'vocab': (),
     'structure': (),
     'build': (),
     'ops': (),
     'block': (),
     'norms': (),
-    'recompute': (),
-    'selective': (),
     'outer': (),
     'params': (),
     'trace': (),

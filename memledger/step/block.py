@@ -1,97 +1,256 @@
-"""One block's programs for the step timeline: its forward and its backward, op by op.
+"""One block's program for the step timeline, written once: its forward under a save policy, and its backward.
 
-The GPT block (LayerNorm, fused QKV, eager attention or a flash kernel,
-GeLU MLP, dropout) and the LLaMA block (RMSNorm, SwiGLU) of ``docs/step.md``.
+The GPT block (LayerNorm, fused QKV, eager attention or a flash kernel, GeLU
+MLP, dropout) and the LLaMA block (RMSNorm, SwiGLU) of ``docs/step.md``.
 Python locals set the lifetimes: q, k, v and the attention output live until
 the block returns; autograd releases a node's saved tensors after the node
 ran, and nn.Linear's backward writes the input gradient first (addmm, with a
-bias) or the weight gradient first (mm, without). Read off MemTracker's
-allocation log of the reference decoder; checked by ``tests/step/test_timeline.py``.
+bias) or the weight gradient first (mm, without).
+
+The save policy is the ledger's ``recompute``; it decides what becomes of the tensors the forward saves
+for backward, region by region (:class:`~memledger.step.vocab.Save`):
+
+* ``none``: all are KEPT, the rows of :func:`memledger.activations.inventory.inventory`.
+* ``selective`` (Korthikanti et al. 2022, Sec. 5): the attention core, ``q, k, v -> softmax(q k^T / sqrt(d_h))
+  v`` or the SDPA call, runs under ``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)``. In forward
+  its tensors are DROPPED: they die with their last reference, a flash kernel's log-sum-exp at once; the
+  checkpoint holds its inputs q, k and v (views of the fused projection's output: the Q, K and V rows at any
+  B), and the output projection keeps the core's output. In backward, when autograd first unpacks a tensor
+  the core saved (the ``@ v`` node's, after the output projection's backward), the core is RECOMPUTED with
+  saving and stops once its last saved tensor is packed (``_StopRecomputationError``,
+  ``torch/utils/checkpoint.py``; autograd packs a node's inputs before its kernel runs, so ``@ v`` is not
+  re-run); the checkpoint's frame (q, k, v and, in block 0, the causal mask) goes after ``QK^T``'s backward.
+  A flash kernel is re-run whole before its backward.
+* ``full``: the whole block runs under the checkpoint, which keeps only its input ("layer input"); every other
+  tensor is DROPPED. Its backward re-runs the forward with saving (every tensor KEPT) up to the last tensor
+  its backward needs, drops the temporaries still alive then, and runs the backward. Known difference: a
+  recomputed tensor is freed when backward unpacks it, which can be a few ops before its node is released;
+  the program frees it at the release, so a peak inside a recomputed block can be overestimated by a tensor
+  or two (``tests/step/test_timeline.py`` bounds it).
+
+Where PyTorch's order differs between saving and dropping (MemTracker's allocation log of the reference
+decoder, PyTorch 2.13, CPU), the program says so where it happens; ``tests/step/test_timeline.py`` and
+``tests/step/test_selective.py`` check it against that log.
 """
+from typing import NamedTuple
+
+from ..core.symbols import B, H, S
 from .norms import norm_backward, norm_forward
 from .ops import (BHSS, CAUSAL_MASK, INPUT_GRADIENT, BSd, BSF, Shape, block_output, define_grads, dropout_ops,
                   io_names, qkv_width, widths_of)
-from .selective import recompute_core, recompute_flash, selective_forward_core
-from ..core.symbols import B, S
+from .vocab import Kind, Lifetime, Save
+
+__all__ = ["POLICIES", "Core", "attention_core", "block_backward", "block_forward", "flash_attention"]
+
+#: The save policy of each ``recompute``: what the forward does with (the attention core's, the rest's) tensors.
+POLICIES = {"none": (Save.KEPT, Save.KEPT), "selective": (Save.DROPPED, Save.KEPT),
+            "full": (Save.DROPPED, Save.DROPPED)}
+#: How a temporary standing for a saved tensor is marked.
+MARKS = {Save.KEPT: "", Save.DROPPED: " (checkpointed)", Save.RECOMPUTED: " (recomputed)"}
 
 
-def _dropout(p, c, where, mask, shape, alloc_out=True):
-    """A dropout call: its mask (saved) and its output (a transient); returns the output's name."""
-    out = p.new(f"{where} dropout output", shape, c.dtype, "the dropout's output, until the next op consumes it")
-    dropout_ops(p, c, where, mask, out)
+class Core(NamedTuple):
+    """The attention core's tensors its backward reads and frees: the q, k, v matmuls read (None where the
+    views are read in place), the probabilities, the dropout's mask and output (None without dropout),
+    and what goes with the checkpoint's frame after ``QK^T``'s backward."""
+    q: str
+    k: str
+    v: str
+    probs: str
+    mask: str
+    dropped: str
+    frame: tuple
+
+
+def block_forward(p, c: Shape, policy=None):
+    """One block's forward under ``policy`` ((core, rest) :class:`Save`; default: the shape's ``recompute``,
+    :data:`POLICIES`). Its input is live; its output is the next block's input."""
+    core, rest = policy or POLICIES[c.recompute]
+    kept, a = rest is Save.KEPT, c.dtype
+    x, xm = io_names(c)
+
+    def saved(row, dropped, shape, why):
+        """A tensor the block saves: its row where kept, a checkpointed temporary where dropped."""
+        return row if kept else p.new(dropped, shape, a, why)
+
+    def release(*names):
+        """Free the temporaries among ``names`` (the rows stay for backward)."""
+        names = [n for n in names if n and p.tensors[n].lifetime is Lifetime.TEMPORARY]
+        if names:
+            p.op("released", free=names)
+    n1 = norm_forward(p, c, "1", "Q/K/V projection input", rest)
+    pin, leftovers = _attention(p, c, core, rest, n1)
+    po = p.new("output projection output" + MARKS[rest], BSd, a, "the attention branch before the residual add")
+    if not kept:
+        xm = p.new("attention residual sum (checkpointed)", BSd, a, "x + attention")
+    p.op("output projection", alloc=[po])
+    held = _residual(p, c, rest, "attention residual", pin, po, xm)
+    p.op("residual done" if kept else "released", free=[held])
+    n2 = norm_forward(p, c, "2", "MLP input", rest)
+    if c.gpt:
+        u = saved("GeLU input", "up-projection output (checkpointed)", BSF, "GeLU's input")
+        h = saved("down-projection input", "GeLU output (checkpointed)", BSF, "the down projection's input")
+        p.op("up projection", alloc=[u])
+        p.op("GeLU", alloc=[h])
+        release(u)
+    else:
+        gate = saved("gate output", "gate output (checkpointed)", BSF, "SiLU's input")
+        silu = saved("SiLU output", "SiLU output (checkpointed)", BSF, "a factor")
+        up = saved("up-projection output", "up-projection output (checkpointed)", BSF, "a factor")
+        h = saved("down-projection input", "SiLU(gate) * up (checkpointed)", BSF, "the down projection's input")
+        p.op("gate projection", alloc=[gate])
+        p.op("SiLU", alloc=[silu])
+        release(gate)
+        p.op("up projection", alloc=[up])
+        p.op("SiLU(gate) * up", alloc=[h])
+        release(silu, up)
+    dn = p.new("down-projection output" + MARKS[rest], BSd, a, "the MLP branch before the residual add")
+    p.op("down projection", alloc=[dn])
+    held = _residual(p, c, rest, "MLP residual", h, dn, block_output(c))
+    temporaries = [n for n in (xm, n2) + (() if not kept else (x,)) if p.tensors[n].lifetime is Lifetime.TEMPORARY]
+    p.op("block returns", free=[held] + leftovers + temporaries)
+
+
+def _attention(p, c, core, rest, n1):
+    """The fused QKV projection and the attention core, up to the output projection's input; returns that
+    input's name and the locals freed when the block returns (the projection's output, the core's)."""
+    a = c.dtype
+    BSq = widths_of(c)[0]
+    qkv = p.new("QKV projection output" + MARKS[rest], (B, S, qkv_width(c.gqa, c.head_dim)), a,
+                "the fused projection's output, alive while the block's q, k, v views are")
+    if rest is Save.DROPPED:
+        p.op("QKV projection", alloc=[qkv])
+        p.op("released", free=[n1])
+    elif core is Save.DROPPED:
+        p.op("QKV projection (q, k, v: views the checkpoint keeps)", alloc=["Q", "K", "V"])
+        qkv = None
+    elif c.attention == "flash":
+        p.op("QKV projection (q, k, v stay views of it)", alloc=["Q", "K", "V"])
+        qkv = None
+    elif c.single and not c.gqa:
+        p.op("QKV projection (B = 1: q, k, v stay views of it)", alloc=["Q", "K", "V"])
+        qkv = None
+    else:
+        p.op("QKV projection", alloc=[qkv])
+    if c.attention == "flash":
+        out = flash_attention(p, c, core, whole_block=rest is Save.DROPPED)
+        return (None, [qkv, out]) if rest is Save.DROPPED else (out, [])
+    out = attention_core(p, c, core)
+    if rest is Save.DROPPED:
+        merged = p.new("output projection input (checkpointed)", BSq, a, "heads merged (a copy)")
+        p.op("heads merged", alloc=[merged])
+    else:
+        merged = "output projection input"
+        p.op("heads merged (a copy)", alloc=[merged])
+    return merged, [n for n in (qkv, out) if n]
+
+
+def _residual(p, c, save, where, consumed, branch, result):
+    """A branch's output (after its dropout) added to the residual stream into ``result``; returns the tensor the
+    add leaves held (the dropout's output, or the branch's). ``consumed``: the branch projection's input, which
+    a checkpointed block drops once the projection has run."""
+    kept = save is Save.KEPT
+    if not c.dropout:
+        p.op("residual add", free=[None if kept else consumed], alloc=[result])
+        return branch
+    if kept:
+        out = p.new(f"{where} dropout output", BSd, c.dtype, "the dropout's output, until the add consumes it")
+        dropout_ops(p, c, where, f"{where} dropout mask", out)
+        p.op("residual add", free=[branch], alloc=[result])
+        return out
+    short = "" if where == "attention residual" else "MLP "
+    mask = p.new(f"{short}residual dropout mask (dropped)", BSd, c.mask_dtype or c.dtype, "not kept")
+    out = p.new(f"{short}residual dropout output (checkpointed)", BSd, c.dtype, "before the add")
+    p.op("released", free=[consumed])
+    p.op("residual dropout", alloc=[mask, out])          # one op under the checkpoint, whatever the mask
+    p.op("residual add", free=[mask, branch], alloc=[result])
     return out
 
 
+def flash_attention(p, c, save, whole_block=False):
+    """The flash kernel: its output (laid out as the merged heads) and an FP32 log-sum-exp of B*H*S. KEPT:
+    both saved, returns the output; DROPPED (``whole_block``: the block's checkpoint, else the core's): the
+    log-sum-exp goes at once, returns the output; RECOMPUTED (its backward reads both): returns both."""
+    out, lse = "output projection input", "softmax log-sum-exp"
+    if save is Save.KEPT:
+        p.op("flash attention", alloc=[out, lse])
+        return out
+    if save is Save.RECOMPUTED:
+        out = p.new("flash output (recomputed)", widths_of(c)[0], c.dtype,
+                    "the re-run kernel's output (its backward reads it)")
+        lse = p.new("softmax log-sum-exp (recomputed)", (B, H, S), "fp32", "the re-run kernel's statistics")
+        p.op("flash attention recomputed", alloc=[out, lse])
+        return [out, lse]
+    lse = p.new("log-sum-exp (dropped)", (B, H, S), "fp32", "not kept: the checkpointed call recomputes it")
+    if whole_block:
+        out = p.new("attention output (checkpointed)", widths_of(c)[0], c.dtype, "the flash kernel's output")
+        p.op("flash attention", alloc=[out, lse])
+        p.op("released", free=[lse])
+    else:
+        p.op("flash attention (checkpointed; its output laid out as the merged heads)", alloc=[out, lse])
+        p.op("log-sum-exp dropped", free=[lse])
+    return out
 
-def layer_forward(p, c: Shape):
-    """One block's forward pass (no recomputation). Its input is live; its output is ``next: <input>``."""
-    a, drop = c.dtype, c.dropout
-    BSq = widths_of(c)[0]
-    x, xm = io_names(c)
-    norm_forward(p, c, "1", "Q/K/V projection input")
-    leftovers = []
-    if c.selective:
-        leftovers = selective_forward_core(p, c)
-    elif c.attention == "flash":
-        p.op("QKV projection (q, k, v stay views of it)", alloc=["Q", "K", "V"])
-        p.op("flash attention", alloc=["output projection input", "softmax log-sum-exp"])
+
+def attention_core(p, c, save):
+    """The eager core: the q, k (and v) copies the batched matmuls read, the S x S scores, softmax, dropout,
+    ``@ v``. KEPT: the copies, probabilities and dropout tensors are the saved rows; returns the (B, H, S, d_h)
+    output, a local until the block returns. DROPPED: each dies with its last reference; returns the output.
+    RECOMPUTED: re-run up to ``@ v``'s inputs; returns the :class:`Core` its backward reads. q, k, v (views
+    of the fused projection's output) are live."""
+    a, drop, gqa = c.dtype, c.dropout, c.gqa
+    kept, dropped, again = save is Save.KEPT, save is Save.DROPPED, save is Save.RECOMPUTED
+    in_place = c.single and not gqa                  # B = 1, multi-head: the matmuls read the views
+    BSq, BSkv = widths_of(c)
+    mark = MARKS[save]
+
+    def local(name, shape=BHSS, dtype=a, why="a local of the core"):
+        return p.new(name + mark, shape, dtype, why)
+    if kept:
+        q, k, v = "Q", "K", "V"
+    elif in_place:
+        q = k = v = None
     else:
-        if c.single and not c.gqa:
-            p.op("QKV projection (B = 1: q, k, v stay views of it)", alloc=["Q", "K", "V"])
+        q, k, v = (local(f"{n} copy", w, why="a contiguous copy") for n, w in (("q", BSq), ("k", BSkv), ("v", BSkv)))
+    if gqa and kept:
+        p.op("q copied: a group's query heads as one batch", alloc=[q])
+        p.op("k, v made contiguous at H_kv heads", alloc=[k, v])
+    elif gqa:
+        p.op("q copied, k, v made contiguous" + (" (recomputation)" if again else ""), alloc=[q, k, v])
+    elif not in_place and q:
+        p.op({Save.KEPT: "q, k copied for the batched matmul", Save.DROPPED: "q, k copied",
+              Save.RECOMPUTED: "q, k copied (recomputation)"}[save], alloc=[q, k])
+    step = " (recomputed)" if again else ""
+    raw, scaled, masked = local("scores QK^T"), local("scaled scores"), local("masked scores")
+    probs = "softmax output" if kept else local("softmax output" if again else "probabilities")
+    p.op("QK^T" + step, alloc=[raw])
+    p.op("scale" + step, alloc=[scaled], free=[q, k] if dropped and not gqa else [])
+    p.op("causal masked_fill" + step, free=[raw], alloc=[masked])
+    p.op("softmax" + step, alloc=[probs])
+    p.op("softmax done" if kept else "released", free=[masked])
+    mask = out = None
+    if drop and not (dropped and gqa):              # the grouped core under a checkpoint books no dropout
+        mask = "attention dropout mask" if kept else p.new(
+            "attention dropout mask" + (" (recomputed)" if again else " (dropped)"), BHSS, c.mask_dtype or a,
+            "the attention dropout's mask")
+        out = "attention dropout output" if kept else local("attention dropout output", why="@ v's input")
+        if dropped:                                  # one op under the checkpoint, whatever the mask
+            p.op("attention dropout", alloc=[mask, out])
+            p.op("released", free=[mask, probs])
         else:
-            qkv = p.new("QKV projection output", (B, S, qkv_width(c.gqa, c.head_dim)), a,
-                        "the fused projection's output, alive while the block's q, k, v views are")
-            p.op("QKV projection", alloc=[qkv])
-            if c.gqa:       # the grouped core: q folded to (B, H_kv, G*S, d/H), K and V contiguous at H_kv heads
-                p.op("q copied: a group's query heads as one batch", alloc=["Q"])
-                p.op("k, v made contiguous at H_kv heads", alloc=["K", "V"])
-            else:
-                p.op("q, k copied for the batched matmul", alloc=["Q", "K"])
-            leftovers.append(qkv)
-        raw = p.new("scores QK^T", BHSS, a, "q @ k^T, before scaling")
-        scaled = p.new("scaled scores", BHSS, a, "scores * 1/sqrt(d/H), a Python local until the core returns")
-        masked = p.new("masked scores", BHSS, a, "masked_fill's output, softmax's input")
-        p.op("QK^T", alloc=[raw])
-        p.op("scale", alloc=[scaled])
-        p.op("causal masked_fill", free=[raw], alloc=[masked])
-        p.op("softmax", alloc=["softmax output"])
-        p.op("softmax done", free=[masked])
-        if drop:
-            dropout_ops(p, c, "attention", "attention dropout mask", "attention dropout output")
-        out4 = p.new("attention output (B, H, S, d/H)", BSq, a, "probabilities @ v, a Python local until the block "
-                     "returns")
-        p.op("probabilities @ V", alloc=([] if c.single or c.gqa else ["V"]) + [out4])
+            dropout_ops(p, c, "attention" + step, mask, out)
+    if again:
+        if not gqa and not in_place:
+            p.op("v copied (recomputation)", alloc=[v])
+        p.op("recomputation stops (@ v's inputs packed)", free=[scaled])
+        return Core(q, k, v, probs, mask, out, ("Q", "K", "V", CAUSAL_MASK))
+    result = local("attention output (B, H, S, d/H)", BSq, why="probabilities @ v, a local until the block returns")
+    p.op("probabilities @ V", alloc=([v] if not gqa and not c.single else []) + [result])
+    if kept:
         p.op("attention core done", free=[scaled])
-        p.op("heads merged (a copy)", alloc=["output projection input"])
-        leftovers.append(out4)
-    po = p.new("output projection output", BSd, a, "the attention branch before the residual add")
-    p.op("output projection", alloc=[po])
-    if drop:
-        dout = _dropout(p, c, "attention residual", "attention residual dropout mask", BSd)
-        p.op("residual add", free=[po], alloc=[xm])
-        p.op("residual done", free=[dout])
     else:
-        p.op("residual add", alloc=[xm])
-        p.op("residual done", free=[po])
-    norm_forward(p, c, "2", "MLP input")
-    if c.gpt:
-        p.op("up projection", alloc=["GeLU input"])
-        p.op("GeLU", alloc=["down-projection input"])
-    else:
-        p.op("gate projection", alloc=["gate output"])
-        p.op("SiLU", alloc=["SiLU output"])
-        p.op("up projection", alloc=["up-projection output"])
-        p.op("SiLU(gate) * up", alloc=["down-projection input"])
-    dn = p.new("down-projection output", BSd, a, "the MLP branch before the residual add")
-    p.op("down projection", alloc=[dn])
-    if drop:
-        mdo = _dropout(p, c, "MLP residual", "MLP residual dropout mask", BSd)
-        p.op("residual add", free=[dn], alloc=[block_output(c)])
-        last = [mdo]
-    else:
-        p.op("residual add", alloc=[block_output(c)])
-        last = [dn]
-    p.op("block returns", free=last + leftovers + ([xm, x] if c.upcast else []))
+        p.op("released", free=([q, k, v] if gqa else [v]) + [out or probs, scaled])
+    return result
 
 
 def _linear_backward(p, c, label, g_in, grads, saved_input, frees=(), recomputed=False):
@@ -111,9 +270,28 @@ def _linear_backward(p, c, label, g_in, grads, saved_input, frees=(), recomputed
     p.op("released", free=list(frees) + [saved_input])
 
 
-def layer_backward(p, c: Shape, share, recomputed=False):
-    """One block's backward pass: ``dX_out`` (live) -> ``prev: dX_out``; frees the block's saved tensors."""
+def _recompute_forward(p, c):
+    """Full recomputation: the block's forward re-run with saving, stopping after its last saved tensor; the
+    temporaries still alive then are dropped (the block's input stays)."""
+    q = p.fork()
+    block_forward(q, c, (Save.KEPT, Save.KEPT))
+    last = max(i for i, op in enumerate(q.ops) if any(
+        isinstance(n, str) and p.tensors[n].lifetime is Lifetime.SAVED for n in op.allocs))
+    alive = []
+    for op in q.ops[:last + 1]:
+        alive = [n for n in alive if n not in op.frees] + list(op.allocs)
+    p.ops.extend(q.ops[:last + 1])
+    x = io_names(c)[0]
+    p.op("recomputation stops", free=[n for n in alive if n != x and p.tensors[n].kind is Kind.TRANSIENT])
+
+
+def block_backward(p, c: Shape, share):
+    """One block's backward pass: ``dX_out`` (live) -> the previous block's; frees the block's saved tensors.
+    Under full recomputation the forward is re-run first; under selective, the core before its backward."""
     a, drop = c.dtype, c.dropout
+    recomputed, selective = c.recompute == "full", c.recompute == "selective"
+    if recomputed:
+        _recompute_forward(p, c)
     BSq, BSkv = widths_of(c)
     g = "dX_out"
     if drop:
@@ -168,9 +346,9 @@ def layer_backward(p, c: Shape, share, recomputed=False):
     proj = define_grads(p, ["proj.weight", "proj.bias"], c, share)
     gq, gk, gv = (p.new(f"gradient of {n}", (B, S, w), a, f"dL/d{n}")
                   for n, w in (("q", BSq[2]), ("k", BSkv[2]), ("v", BSkv[2])))
-    if c.attention == "flash" and c.selective:       # the projection's input is released; the kernel re-runs
+    if c.attention == "flash" and selective:       # the projection's input is released; the kernel re-runs
         _linear_backward(p, c, "output projection backward", gpi, proj, "output projection input", (), recomputed)
-        again = recompute_flash(p, c)
+        again = flash_attention(p, c, Save.RECOMPUTED)
         p.op("flash attention backward", alloc=[gq, gk, gv])
         p.op("recomputed output released", free=again)
         p.op("released", free=[g if drop else None, gpi, "Q", "K", "V"])
@@ -188,31 +366,30 @@ def layer_backward(p, c: Shape, share, recomputed=False):
             g4 = p.new("gradient of the attention output (B, H, S, d/H)", BSq, a, "heads split: a copy")
             p.op("heads split", alloc=[g4])
             p.op("released", free=[gpi])
-        if c.selective:
-            core = recompute_core(p, c)
+        if selective:
+            core = attention_core(p, c, Save.RECOMPUTED)
         else:       # the saved rows; the copies of a batched matmul are the Q, K (and V) rows themselves
-            core = {"q": "Q", "k": "K", "v": None if single else "V", "probs": "softmax output",
-                    "mask": "attention dropout mask", "dropped": "attention dropout output",
-                    "frame": ["V" if single else None]}
+            core = Core("Q", "K", None if single else "V", "softmax output", "attention dropout mask",
+                        "attention dropout output", ("V" if single else None,))
         gp = p.new("gradient of the probabilities", BHSS, a, "g @ v^T")
         p.op("probabilities @ V backward", alloc=[gv, gp])
-        p.op("released", free=[g4, core["v"], core["dropped"] if drop else None])
+        p.op("released", free=[g4, core.v, core.dropped if drop else None])
         if drop:
             gp2 = p.new("gradient through the attention dropout", BHSS, a, "times the mask")
             p.op("attention dropout backward", alloc=[gp2])
-            p.op("released", free=[gp, core["mask"]])
+            p.op("released", free=[gp, core.mask])
             gp = gp2
         gm = p.new("gradient of the masked scores", BHSS, a, "softmax backward's output")
         p.op("softmax backward", alloc=[gm])
-        p.op("released", free=[gp, core["probs"]])
+        p.op("released", free=[gp, core.probs])
         gsc = p.new("gradient of the scaled scores", BHSS, a, "masked_fill backward's output")
         p.op("masked_fill backward", alloc=[gsc])
-        p.op("released", free=[gm, None if recomputed or c.selective else CAUSAL_MASK])
+        p.op("released", free=[gm, None if recomputed or selective else CAUSAL_MASK])
         gr = p.new("gradient of QK^T", BHSS, a, "times the scale")
         p.op("scale backward", alloc=[gr])
         p.op("released", free=[gsc])
         p.op("QK^T backward", alloc=[gq, gk])
-        p.op("released", free=[gr, core["k"], core["q"]] + core["frame"])
+        p.op("released", free=[gr, core.k, core.q, *core.frame])
     if c.gqa:               # split's backward concatenates; the views of the (B, S, heads, d/H) grads are free
         if c.attention != "flash":      # the eager core's q and v gradients are laid out (B, heads, S, d/H)
             gv2 = None if c.mqa else p.new("gradient of v, copied back", BSkv, a,

@@ -19,11 +19,10 @@ from ..core.symbols import L, N_d, O, P, t
 from ..states.placement import ZERO_SHARDS, device_of, state_specs
 from ..states.recipes import RECIPES
 from . import outer
-from .block import layer_backward, layer_forward
+from .block import block_backward, block_forward
 from .ops import BSd, Placement, Program, Tensor, block_params, io_names
 from .outer import Param
 from .params import param_tensors, zero3_units
-from .recompute import checkpointed_forward, recompute_backward
 from .structure import StepStructure, step_values
 from .trace import LUMP, Compiled, Part, explicit_layers, flatten, qualified_tensors
 from .vocab import Device, Kind, Lifetime, Phase
@@ -77,16 +76,13 @@ class Built:
             q = p.fork()
             fn(q, c)
             outside[part] = q.ops
-        fwd, bwd = p.fork(), p.fork()
         if s.recompute == "full":
             x = io_names(c)[0]
             tensors["layer input"] = Tensor("layer input", tensors[x].expr if x in tensors else 0, Kind.ACTIVATION,
                                             Lifetime.SAVED, why="the checkpoint")
-            checkpointed_forward(fwd, c)
-            recompute_backward(bwd, c, share)
-        else:
-            layer_forward(fwd, c)
-            layer_backward(bwd, c, share)
+        fwd, bwd = p.fork(), p.fork()
+        block_forward(fwd, c)
+        block_backward(bwd, c, share)
         if s.zero_stage == 3:
             zero3_units(tensors, outside, fwd, bwd, c, recipe, s)
         layers = explicit_layers(s.layers or 5)

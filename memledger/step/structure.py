@@ -51,7 +51,7 @@ class Shape:
     mqa: bool = False       # H_kv = 1 (multi-query): the eager core's V gradient needs no copy back
     qkv_bias: bool = None   # None: as the style says (GPT yes, LLaMA no); True: LLaMA with QKV biases (Qwen2)
     tied: bool = None       # None: as the style says (GPT tied, LLaMA untied); True: a tied LLaMA decoder (Gemma)
-    selective: bool = False  # selective recomputation: the attention core checkpointed (memledger.step.selective)
+    recompute: str = "none"  # the save policy: none, selective or full recomputation (memledger.step.block)
     head_dim: bool = False  # a head size d_h other than d/H: Q and the output projection's input H*d_h wide
 
     @property
@@ -120,7 +120,7 @@ class StepStructure:
         shape = Shape(arch.style, kernel, bool(ledger.dropout), conv.rmsnorm, act, conv.norm_stats is not None,
                       ledger.batch_size == 1, grad, opts["mask_dtype"], opts["norm_stats"], gqa,
                       gqa and arch.kv_heads == 1, True if llama and f.has_qkv_bias else None,
-                      True if llama and f.is_tied else None, ledger.recompute == "selective", f.head_dim)
+                      True if llama and f.is_tied else None, ledger.recompute, f.head_dim)
         return cls(shape, ledger.recipe, ledger.zero_stage, ledger.offload_optimizer, ledger.offload_params,
                    ledger.offload_placement, ledger.recompute, ledger.tp > 1, ledger.sequence_parallel, conv,
                    arch.n_layers if arch.n_layers <= 4 else None)
