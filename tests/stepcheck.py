@@ -73,7 +73,7 @@ def block_totals_agree(step, measured):
     ATen op, the timeline after groups of them; a tensor released as the block's frame exits is seen by
     MemTracker after the block, hence ops that only free are not compared). Exact without recomputation
     (with it, a recomputed tensor is freed when unpacked, a few ops before the timeline frees it:
-    memledger/step/recompute.py)."""
+    memledger/step/block.py)."""
     import re
 
     def sequences(samples):

@@ -1,44 +1,42 @@
 """One block's program for the step timeline, written once: its forward under a save policy, and its backward.
 
-The GPT block (LayerNorm, fused QKV, eager attention or a flash kernel, GeLU
-MLP, dropout) and the LLaMA block (RMSNorm, SwiGLU) of ``docs/step.md``.
-Python locals set the lifetimes: q, k, v and the attention output live until
-the block returns; autograd releases a node's saved tensors after the node
-ran, and nn.Linear's backward writes the input gradient first (addmm, with a
+The GPT block (LayerNorm, fused QKV, eager attention or a flash kernel, GeLU MLP, dropout) and the LLaMA
+block (RMSNorm, SwiGLU) of the reference decoder (:mod:`memledger.pytorch.reference`). Python locals set
+the lifetimes: q, k, v and the attention output live until the block returns; autograd releases a node's
+saved tensors after the node ran, and nn.Linear's backward writes the input gradient first (addmm, with a
 bias) or the weight gradient first (mm, without).
 
-The save policy is the ledger's ``recompute``; it decides what becomes of the tensors the forward saves
-for backward, region by region (:class:`~memledger.step.vocab.Save`):
+The save policy is the ledger's ``recompute`` (:data:`POLICIES`); it decides, region by region, what
+becomes of the tensors the forward saves for backward (:class:`~memledger.step.vocab.Save`):
 
 * ``none``: all are KEPT, the rows of :func:`memledger.activations.inventory.inventory`.
-* ``selective`` (Korthikanti et al. 2022, Sec. 5): the attention core, ``q, k, v -> softmax(q k^T / sqrt(d_h))
-  v`` or the SDPA call, runs under ``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)``. In forward
-  its tensors are DROPPED: they die with their last reference, a flash kernel's log-sum-exp at once; the
-  checkpoint holds its inputs q, k and v (views of the fused projection's output: the Q, K and V rows at any
-  B), and the output projection keeps the core's output. In backward, when autograd first unpacks a tensor
-  the core saved (the ``@ v`` node's, after the output projection's backward), the core is RECOMPUTED with
-  saving and stops once its last saved tensor is packed (``_StopRecomputationError``,
-  ``torch/utils/checkpoint.py``; autograd packs a node's inputs before its kernel runs, so ``@ v`` is not
-  re-run); the checkpoint's frame (q, k, v and, in block 0, the causal mask) goes after ``QK^T``'s backward.
-  A flash kernel is re-run whole before its backward.
-* ``full``: the whole block runs under the checkpoint, which keeps only its input ("layer input"); every other
-  tensor is DROPPED. Its backward re-runs the forward with saving (every tensor KEPT) up to the last tensor
-  its backward needs, drops the temporaries still alive then, and runs the backward. Known difference: a
-  recomputed tensor is freed when backward unpacks it, which can be a few ops before its node is released;
-  the program frees it at the release, so a peak inside a recomputed block can be overestimated by a tensor
-  or two (``tests/step/test_timeline.py`` bounds it).
+* ``selective`` (Korthikanti et al. 2022, Sec. 5): the attention core, ``softmax(q k^T / sqrt(d_h)) v``
+  or the SDPA call, runs under ``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)``. In forward
+  its tensors are DROPPED, each with its last reference (a flash kernel's log-sum-exp at once); the
+  checkpoint holds q, k and v (views of the fused projection's output: the Q, K and V rows at any B), the
+  output projection keeps the core's output. In backward, when autograd first unpacks a tensor the core
+  saved (``@ v``'s, after the output projection's backward), the core is RECOMPUTED with saving and stops
+  once its last saved tensor is packed (``_StopRecomputationError``, ``torch/utils/checkpoint.py``: autograd
+  packs a node's inputs before its kernel runs, so ``@ v`` is not re-run); the checkpoint's frame (q, k, v
+  and, in block 0, the causal mask) goes after ``QK^T``'s backward. A flash kernel is re-run whole.
+* ``full``: the whole block runs under the checkpoint, which keeps only its input ("layer input"); every
+  other tensor is DROPPED. Its backward re-runs the forward with saving (all KEPT) up to the last tensor
+  its backward needs, drops the temporaries alive then, and runs the backward. A recomputed tensor is freed
+  when backward unpacks it, which can be a few ops before its node is released; the program frees it at
+  the release, so a peak inside a recomputed block can be overestimated by a tensor or two.
 
-Where PyTorch's order differs between saving and dropping (MemTracker's allocation log of the reference
-decoder, PyTorch 2.13, CPU), the program says so where it happens; ``tests/step/test_timeline.py`` and
-``tests/step/test_selective.py`` check it against that log.
+Where PyTorch's order differs between saving and dropping, the program says so where it happens. Read off
+MemTracker's allocation log of the reference decoder (PyTorch 2.13, CPU); checked against it by
+``tests/step/test_timeline.py`` and ``tests/step/test_selective.py``.
 """
 from typing import NamedTuple
 
 from ..core.symbols import B, H, S
 from .norms import norm_backward, norm_forward
-from .ops import (BHSS, CAUSAL_MASK, INPUT_GRADIENT, BSd, BSF, Shape, block_output, define_grads, dropout_ops,
-                  io_names, qkv_width, widths_of)
-from .vocab import Kind, Lifetime, Save
+from .ops import (BHSS, CAUSAL_MASK, INPUT_GRADIENT, BSd, BSF, block_output, define_grads, dropout_ops, io_names,
+                  qkv_width, widths_of)
+from .structure import Shape
+from .vocab import Lifetime, Save
 
 __all__ = ["POLICIES", "Core", "attention_core", "block_backward", "block_forward", "flash_attention"]
 
@@ -116,22 +114,22 @@ def _attention(p, c, core, rest, n1):
     input's name and the locals freed when the block returns (the projection's output, the core's)."""
     a = c.dtype
     BSq = widths_of(c)[0]
-    qkv = p.new("QKV projection output" + MARKS[rest], (B, S, qkv_width(c.gqa, c.head_dim)), a,
-                "the fused projection's output, alive while the block's q, k, v views are")
-    if rest is Save.DROPPED:
-        p.op("QKV projection", alloc=[qkv])
-        p.op("released", free=[n1])
-    elif core is Save.DROPPED:
-        p.op("QKV projection (q, k, v: views the checkpoint keeps)", alloc=["Q", "K", "V"])
-        qkv = None
-    elif c.attention == "flash":
-        p.op("QKV projection (q, k, v stay views of it)", alloc=["Q", "K", "V"])
-        qkv = None
-    elif c.single and not c.gqa:
-        p.op("QKV projection (B = 1: q, k, v stay views of it)", alloc=["Q", "K", "V"])
-        qkv = None
+    views = None          # q, k and v, views of the projection's output, are the saved rows Q, K and V
+    if core is Save.KEPT and c.attention == "flash":
+        views = "QKV projection (q, k, v stay views of it)"
+    elif core is Save.KEPT and c.single and not c.gqa:
+        views = "QKV projection (B = 1: q, k, v stay views of it)"
+    elif core is Save.DROPPED and rest is Save.KEPT:
+        views = "QKV projection (q, k, v: views the checkpoint keeps)"
+    qkv = None
+    if views:
+        p.op(views, alloc=["Q", "K", "V"])
     else:
+        qkv = p.new("QKV projection output" + MARKS[rest], (B, S, qkv_width(c)), a,
+                    "the fused projection's output, alive while the block's q, k, v views are")
         p.op("QKV projection", alloc=[qkv])
+        if rest is Save.DROPPED:
+            p.op("released", free=[n1])
     if c.attention == "flash":
         out = flash_attention(p, c, core, whole_block=rest is Save.DROPPED)
         return (None, [qkv, out]) if rest is Save.DROPPED else (out, [])
@@ -217,7 +215,7 @@ def attention_core(p, c, save):
         p.op("k, v made contiguous at H_kv heads", alloc=[k, v])
     elif gqa:
         p.op("q copied, k, v made contiguous" + (" (recomputation)" if again else ""), alloc=[q, k, v])
-    elif not in_place and q:
+    elif not in_place:
         p.op({Save.KEPT: "q, k copied for the batched matmul", Save.DROPPED: "q, k copied",
               Save.RECOMPUTED: "q, k copied (recomputation)"}[save], alloc=[q, k])
     step = " (recomputed)" if again else ""
@@ -282,7 +280,7 @@ def _recompute_forward(p, c):
         alive = [n for n in alive if n not in op.frees] + list(op.allocs)
     p.ops.extend(q.ops[:last + 1])
     x = io_names(c)[0]
-    p.op("recomputation stops", free=[n for n in alive if n != x and p.tensors[n].kind is Kind.TRANSIENT])
+    p.op("recomputation stops", free=[n for n in alive if n != x and p.tensors[n].lifetime is Lifetime.TEMPORARY])
 
 
 def block_backward(p, c: Shape, share):
@@ -403,7 +401,7 @@ def block_backward(p, c: Shape, share):
             p.op("q gradient copied back", alloc=[gq2])
             p.op("released", free=[gq])
             gq = gq2
-        gqkv = p.new("gradient of the QKV projection output", (B, S, qkv_width(True, c.head_dim)), a,
+        gqkv = p.new("gradient of the QKV projection output", (B, S, qkv_width(c)), a,
                      "split backward: torch.cat of the q, k, v gradients")
         p.op("q, k, v gradients concatenated", alloc=[gqkv])
         p.op("released", free=[gq, gk, gv])

@@ -24,7 +24,7 @@ from .ops import BSd, Placement, Program, Tensor, block_params, io_names
 from .outer import Param
 from .params import param_tensors, zero3_units
 from .structure import StepStructure, step_values
-from .trace import LUMP, Compiled, Part, explicit_layers, flatten, qualified_tensors
+from .trace import GRADIENT_LUMP, LUMP, SAVED_LUMP, Compiled, Part, explicit_layers, flatten, qualified_tensors
 from .vocab import Device, Kind, Lifetime, Phase
 
 __all__ = ["IDS", "Built", "build"]
@@ -39,7 +39,7 @@ class Built:
     """The programs and rows of one :class:`StepStructure`, and the compiled sizes."""
 
     def __init__(self, s: StepStructure):
-        self.s = c = s.shape
+        self.shape = c = s.shape
         self.structure = s
         conv = s.conventions
         recipe = self.recipe = RECIPES[s.recipe]
@@ -87,21 +87,19 @@ class Built:
             zero3_units(tensors, outside, fwd, bwd, c, recipe, s)
         layers = explicit_layers(s.layers or 5)
         opt = p.fork()
-        state_dtype = next((x.dtype for x in recipe.components if "second moment" in x.name), None)
-        master = any(x.name == "FP32 master weights" for x in recipe.components) and c.grad_dtype != "fp32"
-        if state_dtype is not None:
+        moments, master = outer.adamw(recipe)
+        if moments is not None:
             params = [Param(x.name, share(x.elements), x.lump) for x in param_tensors(c, layers)] \
                 if not grad_sharded else [Param("flat partition", sp.ceiling(P / (t * N_d)))]
-            outer.optimizer(opt, params, state_dtype, master, conv.foreach, c.grad_dtype)
+            outer.optimizer(opt, params, moments, master and c.grad_dtype != "fp32", conv.foreach, c.grad_dtype)
         saved = sum((tensors[r.name].expr for r in layer_rows), sp.Integer(0)) if s.recompute != "full" \
             else tensors["layer input"].expr
         grads = sum((tensors[f"grad {n}"].expr for n, _ in block_params(c)
                      if f"grad {n}" in tensors), sp.Integer(0))
-        lumps = {"saved": "saved tensors of blocks 2..L-3", "grads": "gradients of blocks 2..L-3"}
-        tensors[lumps["saved"]] = Tensor(lumps["saved"], (L - 4) * saved, Kind.ACTIVATION, Lifetime.SAVED)
-        tensors[lumps["grads"]] = Tensor(lumps["grads"], (L - 4) * grads, Kind.GRAD, Lifetime.GRADIENT,
-                                         placement.gradients)
-        self.ops = flatten(s.layers or 5, c, outside, fwd.ops, bwd.ops, opt.ops, lumps)
+        tensors[SAVED_LUMP] = Tensor(SAVED_LUMP, (L - 4) * saved, Kind.ACTIVATION, Lifetime.SAVED)
+        tensors[GRADIENT_LUMP] = Tensor(GRADIENT_LUMP, (L - 4) * grads, Kind.GRAD, Lifetime.GRADIENT,
+                                        placement.gradients)
+        self.ops = flatten(s.layers or 5, c, outside, fwd.ops, bwd.ops, opt.ops)
         self.tensors, self.layer_rows, self.outside_rows, self.placement = tensors, layer_rows, outside_rows, placement
         self._static_rows(recipe)
         names = sorted(qualified_tensors(self.ops, self.static), key=str)
@@ -120,7 +118,7 @@ class Built:
 
     def _static_rows(self, recipe):
         """Model states (no backward-written gradient), step counters, ids, overhead: live the whole step."""
-        s, c, conv = self.structure, self.s, self.structure.conventions
+        s, c, conv = self.structure, self.shape, self.structure.conventions
         t_ = self.tensors
         self.static = []
 
@@ -133,7 +131,7 @@ class Built:
             if spec is not self.grad_row:
                 static(spec.name, spec.expr(), Kind(spec.role), Device(spec.device),
                        "a model state (the recipe's component)")
-        if conv.step_counters and any("moment" in x.name for x in recipe.components):
+        if conv.step_counters and outer.adamw(recipe)[0] is not None:
             count = len(block_params(c)) * L + len(outer.head_params(c)) + 1
             static("Adam step counters", 4 * count, Kind.OPTIMIZER,
                    Device.CPU if conv.step_counters == "host" else self.placement.optimizer,
@@ -218,8 +216,9 @@ class Built:
         return tuple(sorted(((label[n], b) for n, b in named.items()), key=lambda kv: -kv[1]))
 
     def rows(self, values) -> list:
-        """The step's rows with the landmarks each is live at (see docs/step.md): the tensors live the whole
-        step, the gradients backward writes, the saved activations (L x each block's), the temporaries."""
+        """The step's rows with the landmarks each is live at (:attr:`memledger.step.timeline.Step.rows`): the
+        tensors live the whole step, the gradients backward writes, the saved activations (L x each block's),
+        the temporaries."""
         out = []
 
         def row(name, kind, phase, device, expr, live):

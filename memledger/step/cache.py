@@ -24,6 +24,8 @@ from ..activations.backends import conventions
 from ..core.keyed import as_int
 from .structure import StepStructure, block_of, step_values
 
+__all__ = ["CompiledStep", "cache_dir", "compile_step", "compiled_step", "record_path", "source_hash", "step_peak"]
+
 PACKAGE = Path(__file__).parent
 FORMAT = 2          # bump when the record's layout changes
 

@@ -1,21 +1,25 @@
 """What one training step allocates and frees, op by op: the programs' building blocks.
 
-A program is a list of ops ``(label, frees, allocs)``: the named tensors an
-op's inputs release just before it runs (Python references dropped, autograd
-nodes released after they ran) and the tensors it creates. The total after
-each op is a moment of the step; :mod:`memledger.step.timeline` evaluates every moment
+A program is a list of ops (:class:`ProgramOp`): the tensors an op's inputs
+release just before it runs (Python references dropped, autograd nodes
+released after they ran) and the tensors it creates. The total after each op
+is a moment of the step; :mod:`memledger.step.timeline` evaluates every moment
 and takes the largest, the peak (PyTorch's ``MemTracker`` samples the same
 moments: after every op).
 
-The programs follow the reference decoder of ``docs/step.md``
-(:mod:`memledger.pytorch.reference`): :mod:`memledger.step.block` (one block),
-:mod:`memledger.step.norms` (the norms), :mod:`memledger.step.outer` (embedding,
-loss, optimizer), :mod:`memledger.step.recompute` (full recomputation). Saved
-tensors are the rows of :func:`memledger.activations.inventory.inventory` and
-:func:`memledger.activations.outside.outside_inventory`, by name; every other tensor is a
-transient defined with its shape and reason. The sequences were read off
-MemTracker's allocation log of the reference (PyTorch 2.13, CPU) and are
-checked against it by ``tests/step/test_timeline.py``.
+Every tensor is a :class:`Tensor` of one table: its bytes (SymPy), what it is,
+how long and where it lives (:mod:`memledger.step.vocab`). Saved tensors are
+the rows of :func:`memledger.activations.inventory.inventory` and
+:func:`memledger.activations.outside.outside_inventory`, by name; every other
+one is a temporary defined with its shape. A program names its own block's
+tensors by name and another block's by a :class:`Ref`.
+
+The programs follow the reference decoder (:mod:`memledger.pytorch.reference`):
+:mod:`memledger.step.block` (one block, under its save policy),
+:mod:`memledger.step.norms` (the norms), :mod:`memledger.step.outer`
+(embedding, loss, optimizer). The sequences were read off MemTracker's
+allocation log of the reference (PyTorch 2.13, CPU) and are checked against it
+by ``tests/step/test_timeline.py``.
 """
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -28,9 +32,8 @@ from .structure import Shape
 from .vocab import Action, Device, Kind, Lifetime, Scope
 
 __all__ = ["BHSS", "BS", "BSF", "BSd", "CAUSAL_MASK", "EVERY_GRADIENT", "INPUT_GRADIENT", "Placement", "Program",
-           "ProgramOp", "Ref", "Shape", "Tensor", "block_output", "block_param_tensors", "block_params",
-           "define_grads", "dropout_ops", "final_input", "gradient", "io_names", "kv_width", "q_width", "qkv_width",
-           "widths_of"]
+           "ProgramOp", "Ref", "Tensor", "block_output", "block_params", "define_grads", "dropout_ops", "final_input",
+           "gradient", "io_names", "qkv_width", "widths_of"]
 
 
 @dataclass(frozen=True)
@@ -101,47 +104,32 @@ class Program:
 BSd, BSF, BHSS, BS = (B, S, d), (B, S, F), (B, H, S, S), (B, S)
 
 
-def q_width(head_dim: bool = False):
-    """The width of Q and of the output projection's input: d, or H*d_h where a config gives the head size
-    (Gemma-7B: 16 x 256 = 4096 != d = 3072; :func:`memledger.models.parameters.widths`)."""
-    return widths(Features(head_dim=head_dim))[0]
+def widths_of(c: Shape) -> tuple:
+    """(B, S, width of Q and of the output projection's input), (B, S, width of K and of V): d, or H*d_h where
+    a config gives the head size (Gemma-7B: 16 x 256 = 4096 != d = 3072); K and V H_kv*d/H (H_kv*d_h) wide
+    with grouped-query attention (Ainslie et al. 2023); :func:`memledger.models.parameters.widths`."""
+    q, kv = widths(Features(gqa=c.gqa, head_dim=c.head_dim))
+    return (B, S, q), (B, S, kv)
 
 
-def kv_width(gqa: bool = False, head_dim: bool = False):
-    """The width of K (and of V): that of Q, or H_kv*d/H (H_kv*d_h) with grouped-query attention (Ainslie et al.
-    2023)."""
-    return widths(Features(gqa=gqa, head_dim=head_dim))[1]
+def qkv_width(c: Shape):
+    """The fused QKV projection's output width: (H + 2 H_kv) * d/H (3d multi-head; d_h for d/H where given)."""
+    (_, _, q), (_, _, kv) = widths_of(c)
+    return q + 2 * kv
 
 
-def qkv_width(gqa: bool = False, head_dim: bool = False):
-    """The fused QKV projection's output width: (H + 2 H_kv) * d/H = d + 2 * :func:`kv_width` (3d multi-head;
-    H*d_h for d with a given head size)."""
-    return q_width(head_dim) + 2 * kv_width(gqa, head_dim)
-
-
-def block_param_tensors(style: str, gqa: bool = False, qkv_bias: bool = False, head_dim: bool = False) -> list:
-    """(name, elements) of one block's parameter tensors in ``model.parameters()`` order; ``gqa``: the fused
-    QKV weight is (d + 2 H_kv d/H) x d (:func:`memledger.models.parameters.block_parts`); ``qkv_bias``: a LLaMA
-    block's fused QKV projection has a bias (Qwen2); ``head_dim``: Q is H*d_h wide, and the output projection
-    (H*d_h) x d (Gemma-7B)."""
-    qkv, q = qkv_width(gqa, head_dim), q_width(head_dim)
-    if style == "gpt":
+def block_params(c: Shape) -> list:
+    """(name, elements) of one block's parameter tensors in ``model.parameters()`` order
+    (:mod:`memledger.pytorch.reference`'s ``Block``): the fused QKV weight (H + 2 H_kv) d/H x d, a bias on it in
+    GPT blocks and where a LLaMA block has one (Qwen2), the output projection (H*d_h) x d."""
+    qkv, q = qkv_width(c), widths_of(c)[0][2]
+    if c.gpt:
         return [("norm1.weight", d), ("norm1.bias", d), ("norm2.weight", d), ("norm2.bias", d),
                 ("qkv.weight", qkv * d), ("qkv.bias", qkv), ("proj.weight", q * d), ("proj.bias", d),
                 ("up.weight", d * F), ("up.bias", F), ("down.weight", d * F), ("down.bias", d)]
     return [("norm1.weight", d), ("norm2.weight", d), ("qkv.weight", qkv * d)] + (
-        [("qkv.bias", qkv)] if qkv_bias else []) + [("proj.weight", q * d), ("gate.weight", d * F),
-                                                    ("up.weight", d * F), ("down.weight", d * F)]
-
-
-def block_params(c) -> list:
-    """:func:`block_param_tensors` of a :class:`~memledger.step.structure.Shape`."""
-    return block_param_tensors(c.style, c.gqa, bool(c.qkv_bias) and not c.gpt, c.head_dim)
-
-
-def widths_of(c) -> tuple:
-    """(B, S, q width), (B, S, k and v width) of a :class:`~memledger.step.structure.Shape`."""
-    return (B, S, q_width(c.head_dim)), (B, S, kv_width(c.gqa, c.head_dim))
+        [("qkv.bias", qkv)] if c.qkv_bias else []) + [("proj.weight", q * d), ("gate.weight", d * F),
+                                                      ("up.weight", d * F), ("down.weight", d * F)]
 
 
 def define_grads(p, names, c, share):

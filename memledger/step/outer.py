@@ -1,23 +1,22 @@
 """The step's programs outside the blocks: embedding, final norm, LM head and loss, and the optimizer.
 
-Same form as :mod:`memledger.step.ops` (ops of frees and allocations over named
-tensors). The loss keeps the logits' FP32 copy and ``log_softmax``'s output
-next to every saved activation at the end of the forward pass, and its
-backward holds two more B*S*V FP32 tensors; the optimizer step of
-``torch.optim.AdamW`` (``torch/optim/adam.py``) allocates, per parameter,
-``exp_avg_sq.sqrt()`` and its quotient by the bias correction
-(``foreach=False``), or one ``_foreach_sqrt`` copy of every moment at once
-(``foreach=True``); with FP32 master weights the loop of ``docs/step.md``
-first converts each gradient to FP32, one parameter at a time.
+Same form as :mod:`memledger.step.block` (ops over the step's tensors). The loss keeps the logits' FP32
+copy and ``log_softmax``'s output next to every saved activation at the end of the forward pass, and its
+backward holds two more B*S*V FP32 tensors; the optimizer step of ``torch.optim.AdamW``
+(``torch/optim/adam.py``) allocates, per parameter, ``exp_avg_sq.sqrt()`` and its quotient by the bias
+correction (``foreach=False``), or one ``_foreach_sqrt`` copy of every moment at once (``foreach=True``);
+with FP32 master weights the reference's loop (:meth:`memledger.pytorch.reference.Trainer.step`) first
+converts each gradient to FP32, one parameter at a time.
 """
 from typing import NamedTuple
 
 from ..core.symbols import B, S, V, d
 from .norms import norm_backward, norm_forward
-from .ops import EVERY_GRADIENT, BSd, Ref, Shape, Tensor, final_input, gradient, io_names
+from .ops import EVERY_GRADIENT, BSd, Ref, Tensor, final_input, gradient, io_names
+from .structure import Shape
 from .vocab import Action, Kind, Lifetime, Scope
 
-__all__ = ["LOGITS", "Param", "backward_end", "backward_start", "define_grads", "final_norm_params",
+__all__ = ["LOGITS", "Param", "adamw", "backward_end", "backward_start", "define_grads", "final_norm_params",
            "forward_end", "forward_start", "head_params", "optimizer"]
 
 LOGITS = (B, S, V)
@@ -115,12 +114,20 @@ def backward_end(p, c: Shape):
     p.op("loss released", free=["gradient of the loss", "loss"])
 
 
+def adamw(recipe) -> tuple:
+    """(dtype of AdamW's moments, whether FP32 master weights take the update) of ``recipe``, read off its
+    components by their names in :mod:`memledger.states.recipes`; (None, False) for a recipe without Adam's
+    second moment."""
+    moments = next((x.dtype for x in recipe.components if "second moment" in x.name), None)
+    return moments, any(x.name == "FP32 master weights" for x in recipe.components)
+
+
 def optimizer(p, params, state_dtype: str, master: bool, foreach: bool, grad_dtype: str):
     """AdamW's step over ``params`` (:class:`Param`; a lump stands for many blocks' tensors), its temporaries
     in ``state_dtype`` where the optimizer runs.
 
     ``master``: BF16 gradients are first converted to FP32 masters' gradients,
-    one tensor at a time (``docs/step.md``), the BF16 gradient freed after each.
+    one tensor at a time, the BF16 gradient freed after each.
     """
     where = p.placement.optimizer
     p.op("gradients collected", action=Action.COLLECT_GRADIENTS)

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from ..models.features import Features
 from ..states.recipes import RECIPES
 
+__all__ = ["MODELLED_RECIPES", "Shape", "StepStructure", "block_of", "check_recipe", "step_values", "unmodelled"]
+
 #: The recipes whose optimizer step the timeline models op by op: ``torch.optim.AdamW`` with one gradient
 #: buffer and full-precision moments, with or without FP32 master weights (docs/step.md; checked against
 #: PyTorch's MemTracker for the first, fourth and fifth).

@@ -9,6 +9,9 @@ from fractions import Fraction
 from ..core.table import DEVICE_LABELS, Table
 from ..core.units import format_bytes
 
+__all__ = ["PHASE_NAMES", "backends_table", "kind_at_peak", "live_table", "states_per_param_at_peak",
+           "step_table", "sum_and_peak_table"]
+
 PHASE_NAMES = {"forward": "forward (with the loss)", "backward": "backward", "optimizer": "optimizer step"}
 
 

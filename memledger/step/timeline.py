@@ -1,4 +1,4 @@
-"""One training step, phase by phase: the landmarks, the transients and the peak (docs/step.md).
+"""One training step, phase by phase: the landmarks, the transients and the peak (README.md, "One training step").
 
     step = Ledger("llama2-7b", recipe="bf16-pure-adamw", overhead_bytes=0).step(backend="cpu")
     step.landmarks["after forward"]   # {"gpu": ..., "cpu": ..., "nvme": ...}
@@ -10,7 +10,7 @@ rows: the model states of :mod:`memledger.states.placement` (gradients only afte
 backward), Adam's per-tensor step counters, the saved activations of
 :func:`memledger.activations.inventory.inventory` (L blocks) and
 :func:`memledger.activations.outside.outside_inventory`, the input and target ids, the
-runtime overhead. Between landmarks the programs of :mod:`memledger.step.ops`
+runtime overhead. Between landmarks the programs of :mod:`memledger.step.block`
 and :mod:`memledger.step.outer` allocate and free transients op by op; the peak
 is the largest total after any op, with its phase and block.
 
@@ -21,8 +21,8 @@ SDPA's ``enable_gqa`` and the inventory's ``gqa=True``), optionally with QKV
 biases (Qwen2) and a tied LM head (Gemma); in either style a head size d_h
 other than d/H (Gemma-7B: Q and the output projection's input H*d_h wide, K
 and V H_kv*d_h); no, selective (the attention core checkpointed and
-recomputed in backward, :mod:`memledger.step.selective`) or full
-recomputation, one GPU rank. Refused with a ValueError naming the feature:
+recomputed in backward) or full recomputation (the save policies of
+:mod:`memledger.step.block`), one GPU rank. Refused with a ValueError naming the feature:
 mixture of experts, learned positions and BERT's encoder parts, the math SDPA
 kernel. ZeRO shards the states
 as the ledger does (and the gradients as backward writes them); ZeRO-3
@@ -76,7 +76,7 @@ class Step:
 
     @cached_property
     def rows(self) -> list:
-        """Named rows: {"name", "kind", "phase", "device", "bytes", "formula", "live"} (see docs/step.md);
+        """Named rows: {"name", "kind", "phase", "device", "bytes", "formula", "live"} (``memledger step --json``);
         "live" is the set of landmarks the row is live at."""
         return self.built.rows(self.values)
 
@@ -140,7 +140,7 @@ class Step:
         return self.peak.bytes <= gpu_bytes
 
     def to_dict(self) -> dict:
-        """The JSON object of ``memledger step`` (docs/step.md)."""
+        """The JSON object of ``memledger step --json``: inputs, landmarks, peak (with what is live there), rows."""
         inputs = self.ledger.inputs()
         inputs["n_params"] = self.values["P"]
         inputs["backend"] = self.conventions.name

@@ -18,10 +18,13 @@ from enum import StrEnum
 from .ops import EVERY_GRADIENT, Ref, io_names
 from .vocab import Action, Kind, Phase, Scope
 
-__all__ = ["LUMP", "Compiled", "Op", "Part", "explicit_layers", "flatten", "qualified_tensors"]
+__all__ = ["GRADIENT_LUMP", "LUMP", "SAVED_LUMP", "Compiled", "Op", "Part", "explicit_layers", "flatten",
+           "qualified_tensors"]
 
-#: The ``layer`` of the ops that stand for blocks 2..L-3 at once.
+#: The ``layer`` of the ops that stand for blocks 2..L-3 at once, and the two tensors that stand for theirs.
 LUMP = "2..L-3"
+SAVED_LUMP = "saved tensors of blocks 2..L-3"
+GRADIENT_LUMP = "gradients of blocks 2..L-3"
 
 
 class Part(StrEnum):
@@ -79,9 +82,9 @@ def _outside(name, n_layers):
     raise ValueError(f"a program outside the blocks names {name}")
 
 
-def flatten(n_layers: int, c, outside: dict, fwd, bwd, optimizer, lumps: dict) -> list:
+def flatten(n_layers: int, c, outside: dict, fwd, bwd, optimizer) -> list:
     """The step's ops: ``outside`` maps each :class:`Part` to its ops; ``fwd``/``bwd`` one block's, ``optimizer``
-    the optimizer step's; ``lumps`` names the two lump tensors ("saved", "grads") of blocks 2..L-3."""
+    the optimizer step's."""
     ops = []
 
     def add(phase, layer, program, qualify):
@@ -102,15 +105,15 @@ def flatten(n_layers: int, c, outside: dict, fwd, bwd, optimizer, lumps: dict) -
         add(Phase.FORWARD, i, fwd, lambda n, i=i: _qualify(n, i, n_layers))
         if i == 1 and n_layers > 4:
             ops.append(Op(Phase.FORWARD, LUMP, "blocks 2 to L-3", ((2, x),),
-                          ((None, lumps["saved"]), (n_layers - 2, x))))
+                          ((None, SAVED_LUMP), (n_layers - 2, x))))
     outside_ops(Part.FORWARD_END, Phase.LOSS)
     landmark(Phase.LOSS, "after forward")
     outside_ops(Part.BACKWARD_START, Phase.LOSS)
     for i in reversed(layers):
         add(Phase.BACKWARD, i, bwd, lambda n, i=i: _qualify(n, i, n_layers))
         if i == n_layers - 2 and n_layers > 4:
-            ops.append(Op(Phase.BACKWARD, LUMP, "blocks L-3 to 2", ((None, lumps["saved"]),
-                          (n_layers - 3, "dX_out")), ((None, lumps["grads"]), (1, "dX_out"))))
+            ops.append(Op(Phase.BACKWARD, LUMP, "blocks L-3 to 2", ((None, SAVED_LUMP),
+                          (n_layers - 3, "dX_out")), ((None, GRADIENT_LUMP), (1, "dX_out"))))
     outside_ops(Part.BACKWARD_END, Phase.BACKWARD)
     landmark(Phase.BACKWARD, "after backward")
     add(Phase.OPTIMIZER, None, optimizer, lambda n: _outside(n, n_layers))

@@ -1,7 +1,7 @@
 """The step timeline's vocabulary: what a tensor is, where it lives, how long, and what an op does.
 
 Every tensor of a step's programs carries these as fields (:class:`memledger.step.ops.Tensor`); nothing is
-read off a tensor's or an op's name. The values are the strings of ``memledger step --json`` (docs/step.md):
+read off a tensor's or an op's name. The values are the strings of ``memledger step --json``:
 a :class:`enum.StrEnum` member is its value in JSON, in f-strings and in comparisons. Free of SymPy, so that
 the command line's compiled peak (:mod:`memledger.step.cache`) reads it without loading SymPy.
 """

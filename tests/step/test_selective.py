@@ -1,4 +1,4 @@
-"""Selective recomputation in the step timeline (memledger/step/selective.py).
+"""Selective recomputation in the step timeline (memledger/step/block.py, the save policy).
 
 Fast tests: what the blocks keep at the end of the forward pass is the ledger's selective inventory
 (Korthikanti et al. 2022, Sec. 5: 34 B*S*d per GPT layer under the article's conventions), the core's
