@@ -344,17 +344,15 @@ def block_backward(p, c: Shape, share):
     proj = define_grads(p, ["proj.weight", "proj.bias"], c, share)
     gq, gk, gv = (p.new(f"gradient of {n}", (B, S, w), a, f"dL/d{n}")
                   for n, w in (("q", BSq[2]), ("k", BSkv[2]), ("v", BSkv[2])))
-    if c.attention == "flash" and selective:       # the projection's input is released; the kernel re-runs
-        _linear_backward(p, c, "output projection backward", gpi, proj, "output projection input", (), recomputed)
-        again = flash_attention(p, c, Save.RECOMPUTED)
+    if c.attention == "flash":      # selective: the projection's input is released, then the kernel re-runs
+        kept = [] if selective else ["softmax log-sum-exp", "output projection input"]
+        _linear_backward(p, c, "output projection backward", gpi, proj, "output projection input" if selective
+                         else None, (), recomputed)
+        again = flash_attention(p, c, Save.RECOMPUTED) if selective else []
         p.op("flash attention backward", alloc=[gq, gk, gv])
-        p.op("recomputed output released", free=again)
-        p.op("released", free=[g if drop else None, gpi, "Q", "K", "V"])
-    elif c.attention == "flash":
-        _linear_backward(p, c, "output projection backward", gpi, proj, None, (), recomputed)
-        p.op("flash attention backward", alloc=[gq, gk, gv])
-        p.op("released", free=[g if drop else None, gpi, "Q", "K", "V", "softmax log-sum-exp",
-                               "output projection input"])
+        if again:
+            p.op("recomputed output released", free=again)
+        p.op("released", free=[g if drop else None, gpi, "Q", "K", "V"] + kept)
     else:
         _linear_backward(p, c, "output projection backward", gpi, proj, "output projection input",
                          [g if drop else None], recomputed)

@@ -23,14 +23,13 @@ from .block import block_backward, block_forward
 from .ops import BSd, Placement, Program, Tensor, block_params, io_names
 from .outer import Param
 from .params import param_tensors, zero3_units
-from .structure import StepStructure, step_values
-from .trace import GRADIENT_LUMP, LUMP, SAVED_LUMP, Compiled, Part, explicit_layers, flatten, qualified_tensors
-from .vocab import Device, Kind, Lifetime, Phase
+from .structure import StepStructure
+from .trace import GRADIENT_LUMP, LUMP, SAVED_LUMP, Compiled, Part, explicit_layers, flatten
+from .vocab import LANDMARKS, Device, Kind, Lifetime, Phase
 
 __all__ = ["IDS", "Built", "build"]
 
 IDS = ("input ids", "target ids")
-LANDMARK_NAMES = ("before forward", "after forward", "after backward", "after step")
 #: The kinds in the order the figure stacks them.
 KIND_ORDER = (Kind.PARAM, Kind.OPTIMIZER, Kind.GRAD, Kind.ACTIVATION, Kind.TRANSIENT, Kind.OVERHEAD)
 
@@ -42,7 +41,7 @@ class Built:
         self.shape = c = s.shape
         self.structure = s
         conv = s.conventions
-        recipe = self.recipe = RECIPES[s.recipe]
+        recipe = RECIPES[s.recipe]
         sharded = ZERO_SHARDS[s.zero_stage]
         grad_sharded = "grad" in sharded
         on = (s.offload_optimizer, s.offload_params, s.offload_placement)
@@ -102,9 +101,7 @@ class Built:
         self.ops = flatten(s.layers or 5, c, outside, fwd.ops, bwd.ops, opt.ops)
         self.tensors, self.layer_rows, self.outside_rows, self.placement = tensors, layer_rows, outside_rows, placement
         self._static_rows(recipe)
-        names = sorted(qualified_tensors(self.ops, self.static), key=str)
-        self.kinds = {n: tensors[n[1]].kind for n in names}
-        self.compiled = Compiled(self.ops, self.static, self.kinds)
+        self.compiled = Compiled(self.ops, self.static, tensors)
         self.names = self.compiled.names
         self.masks = {dev: np.array([self.tensors[n].device is dev for n in self.names], dtype=np.int64)
                       for dev in Device}
@@ -140,10 +137,6 @@ class Built:
             static(name, t_[name].expr, Kind.ACTIVATION, why=t_[name].why)
         static("CUDA context + workspace", O, Kind.OVERHEAD,
                why="the runtime's context and workspaces (the article's 1-2 GB)")
-
-    def values(self, ledger) -> dict:
-        """Symbol name -> number (:func:`memledger.step.structure.step_values`)."""
-        return step_values(ledger)
 
     def sizes(self, values):
         """Every tensor's bytes at ``values``, in the order of ``self.names``: exact ints, in an int64 array
@@ -226,7 +219,7 @@ class Built:
                         "bytes": evaluate_expr(expr, values), "formula": str(expr), "live": live})
         for _, name in self.static:
             x = self.tensors[name]
-            row(name, x.kind, Lifetime.STEP, x.device, x.expr, set(LANDMARK_NAMES))
+            row(name, x.kind, Lifetime.STEP, x.device, x.expr, set(LANDMARKS))
         g = self.grad_row
         grads = sp.ceiling(P / (t * N_d) if g.sharded else P / t) * g.bytes_per_param
         if g.sharded:   # each tensor's shard rounded up, as backward writes them: the row is what they add up to

@@ -36,12 +36,10 @@ from functools import cached_property
 
 from ..activations.backends import Conventions, conventions
 from .build import build
-from .structure import StepStructure, block_of
-from .vocab import Action, Device, Phase
+from .structure import StepStructure, block_of, step_values
+from .vocab import LANDMARKS, Action, Device, Phase
 
 __all__ = ["LANDMARKS", "Peak", "Step"]
-
-LANDMARKS = ("before forward", "after forward", "after backward", "after step")
 
 
 @dataclass(frozen=True)
@@ -62,7 +60,7 @@ class Step:
         self.conventions: Conventions = conventions(backend, **changes)
         self.structure = StepStructure.of(ledger, self.conventions)
         self.built = build(self.structure)
-        self.values = self.built.values(ledger)
+        self.values = step_values(ledger)
 
     @cached_property
     def sizes(self):

@@ -18,8 +18,7 @@ from enum import StrEnum
 from .ops import EVERY_GRADIENT, Ref, io_names
 from .vocab import Action, Kind, Phase, Scope
 
-__all__ = ["GRADIENT_LUMP", "LUMP", "SAVED_LUMP", "Compiled", "Op", "Part", "explicit_layers", "flatten",
-           "qualified_tensors"]
+__all__ = ["GRADIENT_LUMP", "LUMP", "SAVED_LUMP", "Compiled", "Op", "Part", "explicit_layers", "flatten"]
 
 #: The ``layer`` of the ops that stand for blocks 2..L-3 at once, and the two tensors that stand for theirs.
 LUMP = "2..L-3"
@@ -56,30 +55,18 @@ def explicit_layers(n_layers):
 
 
 def _qualify(name, layer, n_layers):
-    """``(layer, name)`` of a name a block's program uses in block ``layer``; None: nothing (a shared tensor
-    only block 0 releases)."""
+    """``(layer, name)`` of a name a program uses in block ``layer`` (None: outside the blocks); None for a shared
+    tensor named by a block other than its last user, block 0; :data:`EVERY_GRADIENT` as itself."""
     if not isinstance(name, Ref):
         return (layer, name)
-    if name.scope is Scope.NEXT:
-        return (layer + 1, name.name) if layer + 1 < n_layers else (None, name.edge)
-    if name.scope is Scope.PREVIOUS:
-        return (layer - 1, name.name) if layer > 0 else (None, name.edge)
-    if name.scope is Scope.SHARED:
-        return (None, name.name) if layer == 0 else None
-    raise ValueError(f"a block's program names {name}")
-
-
-def _outside(name, n_layers):
-    """``(layer, name)`` of a name a program outside the blocks uses."""
-    if not isinstance(name, Ref):
-        return (None, name)
-    if name.scope is Scope.FIRST:
-        return (0, name.name)
-    if name.scope is Scope.LAST:
-        return (n_layers - 1, name.name)
-    if name.scope is Scope.COLLECTED:
-        return name
-    raise ValueError(f"a program outside the blocks names {name}")
+    scope, n = name.scope, name.name
+    if scope is Scope.NEXT:
+        return (layer + 1, n) if layer + 1 < n_layers else (None, name.edge)
+    if scope is Scope.PREVIOUS:
+        return (layer - 1, n) if layer > 0 else (None, name.edge)
+    if scope is Scope.SHARED:
+        return (None, n) if layer == 0 else None
+    return {Scope.FIRST: (0, n), Scope.LAST: (n_layers - 1, n), Scope.COLLECTED: name}[scope]
 
 
 def flatten(n_layers: int, c, outside: dict, fwd, bwd, optimizer) -> list:
@@ -87,13 +74,14 @@ def flatten(n_layers: int, c, outside: dict, fwd, bwd, optimizer) -> list:
     the optimizer step's."""
     ops = []
 
-    def add(phase, layer, program, qualify):
+    def add(phase, layer, program):
         for label, frees, allocs, action in program:
-            q = [qualify(n) for n in frees]
-            ops.append(Op(phase, layer, label, tuple(n for n in q if n), tuple(qualify(n) for n in allocs), action))
+            q = [_qualify(n, layer, n_layers) for n in frees]
+            ops.append(Op(phase, layer, label, tuple(n for n in q if n),
+                          tuple(_qualify(n, layer, n_layers) for n in allocs), action))
 
     def outside_ops(part, phase):
-        add(phase, None, outside[part], lambda n: _outside(n, n_layers))
+        add(phase, None, outside[part])
 
     def landmark(phase, name):
         ops.append(Op(phase, None, name, (), (), Action.LANDMARK))
@@ -102,7 +90,7 @@ def flatten(n_layers: int, c, outside: dict, fwd, bwd, optimizer) -> list:
     x = io_names(c)[0]
     outside_ops(Part.FORWARD_START, Phase.FORWARD)
     for i in layers:
-        add(Phase.FORWARD, i, fwd, lambda n, i=i: _qualify(n, i, n_layers))
+        add(Phase.FORWARD, i, fwd)
         if i == 1 and n_layers > 4:
             ops.append(Op(Phase.FORWARD, LUMP, "blocks 2 to L-3", ((2, x),),
                           ((None, SAVED_LUMP), (n_layers - 2, x))))
@@ -110,29 +98,30 @@ def flatten(n_layers: int, c, outside: dict, fwd, bwd, optimizer) -> list:
     landmark(Phase.LOSS, "after forward")
     outside_ops(Part.BACKWARD_START, Phase.LOSS)
     for i in reversed(layers):
-        add(Phase.BACKWARD, i, bwd, lambda n, i=i: _qualify(n, i, n_layers))
+        add(Phase.BACKWARD, i, bwd)
         if i == n_layers - 2 and n_layers > 4:
             ops.append(Op(Phase.BACKWARD, LUMP, "blocks L-3 to 2", ((None, SAVED_LUMP),
                           (n_layers - 3, "dX_out")), ((None, GRADIENT_LUMP), (1, "dX_out"))))
     outside_ops(Part.BACKWARD_END, Phase.BACKWARD)
     landmark(Phase.BACKWARD, "after backward")
-    add(Phase.OPTIMIZER, None, optimizer, lambda n: _outside(n, n_layers))
+    add(Phase.OPTIMIZER, None, optimizer)
     landmark(Phase.OPTIMIZER, "after step")
     return ops
 
 
 class Compiled:
-    """The step's op list, run once without numbers: after every op, how many of each tensor are live.
+    """The step's op list, run once without numbers: after every op, how many of each tensor are live
+    (``static``: the ``(layer, name)`` live the whole step; ``tensors``: the table, for their kinds).
 
     ``counts[k, j]``: copies of tensor ``names[j]`` (a name of the tensor table; several blocks' tensors
-    of the same name add up) live after sample k; ``ops[k]``: the op of sample k; ``marks``: the counts
+    of the same name add up) live after sample k; ``ops[k]``: the op of sample k; ``mark_counts``: the counts
     at each landmark. The total after op k is ``counts[k] @ sizes`` for any numbers.
     """
 
-    def __init__(self, ops, static, kinds):
+    def __init__(self, ops, static, tensors):
         import numpy as np
         live = {n: True for n in static}
-        rows, self.ops, self.live, self.marks = [], [], [], {}
+        rows, self.ops, self.live, marks = [], [], [], {}
         collected = ()
 
         def snapshot():
@@ -142,11 +131,11 @@ class Compiled:
             return counts
 
         def gradients():
-            return [n for n in live if kinds[n] is Kind.GRAD]
-        self.marks["before forward"] = snapshot()
+            return [n for n in live if tensors[n[1]].kind is Kind.GRAD]
+        marks["before forward"] = snapshot()
         for index, op in enumerate(ops):
             if op.action is Action.LANDMARK:
-                self.marks[op.label] = snapshot()
+                marks[op.label] = snapshot()
                 continue
             if op.action is Action.COLLECT_GRADIENTS:
                 collected = tuple(gradients())
@@ -167,23 +156,14 @@ class Compiled:
             rows.append(snapshot())
             self.ops.append(index)
             self.live.append(tuple(live))
-        self.names = sorted({n for r in rows + list(self.marks.values()) for n in r})
+        self.names = sorted({n for r in rows + list(marks.values()) for n in r})
         position = {n: j for j, n in enumerate(self.names)}
-        self.counts = np.zeros((len(rows), len(self.names)), dtype=np.int64)
-        for k, r in enumerate(rows):
-            for n, m in r.items():
-                self.counts[k, position[n]] = m
-        self.mark_counts = {}
-        for key, r in self.marks.items():
-            vector = np.zeros(len(self.names), dtype=np.int64)
-            for n, m in r.items():
-                vector[position[n]] = m
-            self.mark_counts[key] = vector
 
-
-def qualified_tensors(ops, static) -> set:
-    """Every ``(layer, name)`` the ops and the step's ``static`` tensors name."""
-    names = set(static)
-    for op in ops:
-        names.update(n for n in op.frees + op.allocs if n != EVERY_GRADIENT)
-    return names
+        def matrix(snapshots):
+            out = np.zeros((len(snapshots), len(self.names)), dtype=np.int64)
+            for k, r in enumerate(snapshots):
+                for n, m in r.items():
+                    out[k, position[n]] = m
+            return out
+        self.counts = matrix(rows)
+        self.mark_counts = dict(zip(marks, matrix(list(marks.values()))))

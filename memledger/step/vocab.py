@@ -7,7 +7,10 @@ the command line's compiled peak (:mod:`memledger.step.cache`) reads it without 
 """
 from enum import StrEnum
 
-__all__ = ["Action", "Device", "Kind", "Lifetime", "Phase", "Save", "Scope"]
+__all__ = ["LANDMARKS", "Action", "Device", "Kind", "Lifetime", "Phase", "Save", "Scope"]
+
+#: The moments at which the live set is exact (docstring of :mod:`memledger.step.timeline`).
+LANDMARKS = ("before forward", "after forward", "after backward", "after step")
 
 
 class Kind(StrEnum):
