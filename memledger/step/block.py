@@ -3,33 +3,28 @@
 The GPT block (LayerNorm, fused QKV, eager attention or a flash kernel, GeLU MLP, dropout) and the LLaMA
 block (RMSNorm, SwiGLU) of the reference decoder (:mod:`memledger.pytorch.reference`). Python locals set
 the lifetimes: q, k, v and the attention output live until the block returns; autograd releases a node's
-saved tensors after the node ran, and nn.Linear's backward writes the input gradient first (addmm, with a
+saved tensors after the node ran; nn.Linear's backward writes the input gradient first (addmm, with a
 bias) or the weight gradient first (mm, without).
 
-The save policy is the ledger's ``recompute`` (:data:`POLICIES`); it decides, region by region, what
-becomes of the tensors the forward saves for backward (:class:`~memledger.step.vocab.Save`):
-
-* ``none``: all are KEPT, the rows of :func:`memledger.activations.inventory.inventory`.
-* ``selective`` (Korthikanti et al. 2022, Sec. 5): the attention core, ``softmax(q k^T / sqrt(d_h)) v``
-  or the SDPA call, runs under ``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)``. In forward
-  its tensors are DROPPED, each with its last reference (a flash kernel's log-sum-exp at once); the
-  checkpoint holds q, k and v (views of the fused projection's output: the Q, K and V rows at any B), the
-  output projection keeps the core's output. In backward, when autograd first unpacks a tensor the core
-  saved (``@ v``'s, after the output projection's backward), the core is RECOMPUTED with saving and stops
-  once its last saved tensor is packed (``_StopRecomputationError``, ``torch/utils/checkpoint.py``: autograd
-  packs a node's inputs before its kernel runs, so ``@ v`` is not re-run); the checkpoint's frame (q, k, v
-  and, in block 0, the causal mask) goes after ``QK^T``'s backward. A flash kernel is re-run whole.
-* ``full``: the whole block runs under the checkpoint, which keeps only its input ("layer input"); every
-  other tensor is DROPPED. Its backward re-runs the forward with saving (all KEPT) up to the last tensor
-  its backward needs, drops the temporaries alive then, and runs the backward. A recomputed tensor is freed
-  when backward unpacks it, which can be a few ops before its node is released; the program frees it at
-  the release, so a peak inside a recomputed block can be overestimated by a tensor or two.
+The save policy, the ledger's ``recompute`` (:data:`POLICIES`), says what becomes of the tensors the
+forward saves for backward, per region (:class:`~memledger.step.vocab.Save`): ``none`` keeps them all (the
+rows of :func:`memledger.activations.inventory.inventory`). ``selective`` (Korthikanti et al. 2022, Sec. 5)
+runs the attention core under ``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)``: in forward
+its tensors are dropped with their last reference, the checkpoint holding q, k and v (the Q, K and V rows,
+views of the fused projection's output); in backward, once autograd unpacks a tensor the core saved (``@
+v``'s), the core is recomputed with saving up to its last saved tensor (``_StopRecomputationError``,
+``torch/utils/checkpoint.py``), and the checkpoint's frame (q, k, v, block 0's causal mask) goes after
+``QK^T``'s backward; a flash kernel is re-run whole. ``full`` runs the whole block under the checkpoint,
+which keeps only its input ("layer input"); its backward re-runs the forward with saving up to the last
+tensor the backward needs, drops the temporaries alive then, and runs the backward (a recomputed tensor is
+freed when unpacked, a few ops before the program frees it: a peak inside a recomputed block can be
+overestimated by a tensor or two).
 
 Where PyTorch's order differs between saving and dropping, the program says so where it happens. Read off
 MemTracker's allocation log of the reference decoder (PyTorch 2.13, CPU); checked against it by
 ``tests/step/test_timeline.py`` and ``tests/step/test_selective.py``.
 """
-from typing import NamedTuple
+from collections import namedtuple
 
 from ..core.symbols import B, H, S
 from .norms import norm_backward, norm_forward
@@ -47,17 +42,10 @@ POLICIES = {"none": (Save.KEPT, Save.KEPT), "selective": (Save.DROPPED, Save.KEP
 MARKS = {Save.KEPT: "", Save.DROPPED: " (checkpointed)", Save.RECOMPUTED: " (recomputed)"}
 
 
-class Core(NamedTuple):
-    """The attention core's tensors its backward reads and frees: the q, k, v matmuls read (None where the
-    views are read in place), the probabilities, the dropout's mask and output (None without dropout),
-    and what goes with the checkpoint's frame after ``QK^T``'s backward."""
-    q: str
-    k: str
-    v: str
-    probs: str
-    mask: str
-    dropped: str
-    frame: tuple
+#: The attention core's tensors its backward reads and frees: the q, k, v its matmuls read (None where they read
+#: the views in place), the probabilities, the dropout's mask and output (None without dropout), and what goes
+#: with the checkpoint's frame after ``QK^T``'s backward.
+Core = namedtuple("Core", "q k v probs mask dropped frame")
 
 
 def block_forward(p, c: Shape, policy=None):

@@ -93,8 +93,7 @@ class Built:
             outer.optimizer(opt, params, moments, master and c.grad_dtype != "fp32", conv.foreach, c.grad_dtype)
         saved = sum((tensors[r.name].expr for r in layer_rows), sp.Integer(0)) if s.recompute != "full" \
             else tensors["layer input"].expr
-        grads = sum((tensors[f"grad {n}"].expr for n, _ in block_params(c)
-                     if f"grad {n}" in tensors), sp.Integer(0))
+        grads = sum((tensors[f"grad {n}"].expr for n, _ in block_params(c)), sp.Integer(0))
         tensors[SAVED_LUMP] = Tensor(SAVED_LUMP, (L - 4) * saved, Kind.ACTIVATION, Lifetime.SAVED)
         tensors[GRADIENT_LUMP] = Tensor(GRADIENT_LUMP, (L - 4) * grads, Kind.GRAD, Lifetime.GRADIENT,
                                         placement.gradients)

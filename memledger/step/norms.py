@@ -34,13 +34,14 @@ def norm_forward(p, c, k, out, save=Save.KEPT) -> str:
     DROPPED (under a checkpoint), they are temporaries freed once no op needs them (the output is then
     for its consumer to release)."""
     kept = save is Save.KEPT
-
-    def tensor(row, short, shape, dtype, why):
-        """``row`` (a saved tensor's row or a temporary's name) where kept, else a checkpointed temporary."""
-        if kept:
-            return row if shape is None else p.new(row, shape, dtype, why)
-        return p.new(f"norm {k}: {short} (checkpointed)", shape or BSd, dtype, why + ", not kept")
     prefix, a, f = _prefix(c, k), c.dtype, "fp32"
+
+    def saved(row, short, shape):
+        """What the norm saves: its inventory row, or a temporary under a checkpoint."""
+        return row if kept else p.new(f"norm {k}: {short} (checkpointed)", shape, f, "not kept")
+
+    def temporary(short, shape):
+        return p.new(f"norm {k}: {short}" + ("" if kept else " (checkpointed)"), shape, f, "composite RMSNorm, FP32")
     if not kept:
         out = p.new(f"norm {k} output (checkpointed)", BSd, a, "the norm's output, until its consumer has run")
     if not c.composite:
@@ -51,18 +52,15 @@ def norm_forward(p, c, k, out, save=Save.KEPT) -> str:
         if not kept:
             p.op("statistics dropped", free=stats)
         return out
-    x32 = tensor(f"{prefix} input", "FP32 input", None if kept else BSd, f, "the upcast input") \
-        if kept or c.upcast else None
-    sq = tensor(f"norm {k}: x^2", "x^2", BSd, f, "composite RMSNorm: pow(x, 2) in FP32")
-    ms = tensor(f"norm {k}: mean(x^2)", "mean(x^2)", BS, f, "composite RMSNorm: its mean over d, FP32")
-    rstd = tensor(f"{prefix} rstd", "rstd", None if kept else BS, f, "rsqrt")
-    xr = tensor(f"{prefix} x*rstd", "x*rstd", None if kept else BSd, f, "x*rstd")
+    x32 = saved(f"{prefix} input", "FP32 input", BSd) if kept or c.upcast else None
+    sq, ms = temporary("x^2", BSd), temporary("mean(x^2)", BS)
+    rstd, xr = saved(f"{prefix} rstd", "rstd", BS), saved(f"{prefix} x*rstd", "x*rstd", BSd)
     if c.upcast:
         p.op(f"norm {k} upcast", alloc=[x32])
     p.op(f"norm {k} rsqrt(mean(x^2))", alloc=[sq, ms, rstd])
     p.op(f"norm {k} x*rstd", free=[ms, sq], alloc=[xr])
     if c.upcast:
-        xrw = tensor(f"norm {k}: x*rstd*w", "x*rstd*w", BSd, f, "composite RMSNorm: the FP32 product with the weight")
+        xrw = temporary("x*rstd*w", BSd)
         p.op(f"norm {k} weight", alloc=[xrw])
         if kept:
             p.op(f"norm {k} downcast", alloc=[out])

@@ -15,27 +15,18 @@ LANDMARKS = ("before forward", "after forward", "after backward", "after step")
 
 class Kind(StrEnum):
     """What a tensor holds: a row's ``kind``, and the stacked layers of the timeline's figure."""
-    PARAM = "param"
-    GRAD = "grad"
-    OPTIMIZER = "optimizer"
-    ACTIVATION = "activation"
-    TRANSIENT = "transient"
-    OVERHEAD = "overhead"
+    PARAM, GRAD, OPTIMIZER, ACTIVATION, TRANSIENT, OVERHEAD = (
+        "param", "grad", "optimizer", "activation", "transient", "overhead")
 
 
 class Device(StrEnum):
     """Where a tensor's bytes live."""
-    GPU = "gpu"
-    CPU = "cpu"
-    NVME = "nvme"
+    GPU, CPU, NVME = "gpu", "cpu", "nvme"
 
 
 class Phase(StrEnum):
     """The part of the step an op runs in (the loss is the forward's end and the backward's start)."""
-    FORWARD = "forward"
-    LOSS = "loss"
-    BACKWARD = "backward"
-    OPTIMIZER = "optimizer"
+    FORWARD, LOSS, BACKWARD, OPTIMIZER = "forward", "loss", "backward", "optimizer"
 
 
 class Lifetime(StrEnum):
