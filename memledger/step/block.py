@@ -28,7 +28,7 @@ from collections import namedtuple
 
 from ..core.symbols import B, H, S
 from .norms import norm_backward, norm_forward
-from .ops import (BHSS, CAUSAL_MASK, INPUT_GRADIENT, BSd, BSF, block_output, define_grads, dropout_ops, io_names,
+from .ops import (BHSS, CAUSAL_MASK, INPUT_GRADIENT, BSd, BSF, block_output, define_grads, dropout_ops, residual_names,
                   qkv_width, widths_of)
 from .structure import Shape
 from .vocab import Lifetime, Save
@@ -53,7 +53,7 @@ def block_forward(p, c: Shape, policy=None):
     :data:`POLICIES`). Its input is live; its output is the next block's input."""
     core, rest = policy or POLICIES[c.recompute]
     kept, a = rest is Save.KEPT, c.dtype
-    x, xm = io_names(c)
+    x, xm = residual_names(c)
 
     def saved(row, dropped, shape, why):
         """A tensor the block saves: its row where kept, a checkpointed temporary where dropped."""
@@ -267,7 +267,7 @@ def _recompute_forward(p, c):
     for op in q.ops[:last + 1]:
         alive = [n for n in alive if n not in op.frees] + list(op.allocs)
     p.ops.extend(q.ops[:last + 1])
-    x = io_names(c)[0]
+    x = residual_names(c)[0]
     p.op("recomputation stops", free=[n for n in alive if n != x and p.tensors[n].lifetime is Lifetime.TEMPORARY])
 
 
@@ -403,7 +403,7 @@ def block_backward(p, c: Shape, share):
                      "Q/K/V projection input", [gqkv], recomputed)
     # A recomputed block's inputs (the checkpoint's x and, eager, the causal mask) are released with the
     # last tensor its recomputation saved: norm 1's input (read off MemTracker's log).
-    last = [] if not recomputed else ([io_names(c)[0]] if c.upcast else []) + (
+    last = [] if not recomputed else ([residual_names(c)[0]] if c.upcast else []) + (
         [CAUSAL_MASK] if c.attention == "eager" else [])
     if fp32_composite:
         norm_backward(p, c, "1", gn1, INPUT_GRADIENT, define_grads(p, ["norm1.weight", "norm1.bias"], c, share),

@@ -20,7 +20,7 @@ from ..states.placement import ZERO_SHARDS, device_of, state_specs
 from ..states.recipes import RECIPES
 from . import outer
 from .block import block_backward, block_forward
-from .ops import BSd, Placement, Program, Tensor, block_params, io_names
+from .ops import BSd, Placement, Program, Tensor, block_params, residual_names
 from .outer import Param
 from .params import param_tensors, zero3_units
 from .structure import StepStructure
@@ -76,7 +76,7 @@ class Built:
             fn(q, c)
             outside[part] = q.ops
         if s.recompute == "full":
-            x = io_names(c)[0]
+            x = residual_names(c)[0]
             tensors["layer input"] = Tensor("layer input", tensors[x].expr if x in tensors else 0, Kind.ACTIVATION,
                                             Lifetime.SAVED, why="the checkpoint")
         fwd, bwd = p.fork(), p.fork()

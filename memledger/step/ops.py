@@ -33,7 +33,7 @@ from .vocab import Action, Device, Kind, Lifetime, Scope
 
 __all__ = ["BHSS", "BS", "BSF", "BSd", "CAUSAL_MASK", "EVERY_GRADIENT", "INPUT_GRADIENT", "Placement", "Program",
            "ProgramOp", "Ref", "Tensor", "block_output", "block_params", "define_grads", "dropout_ops", "final_input",
-           "gradient", "io_names", "qkv_width", "widths_of"]
+           "gradient", "residual_names", "qkv_width", "widths_of"]
 
 
 @dataclass(frozen=True)
@@ -158,8 +158,9 @@ def dropout_ops(p, c, where, mask, out):
         p.op(f"{where} dropout", alloc=[out])
 
 
-def io_names(c: Shape):
-    """(block input, attention residual sum) names: saved norm inputs, or temporaries under composite RMSNorm."""
+def residual_names(c: Shape):
+    """The residual stream's two tensors in a block, (its input, the attention residual sum): the norms' saved
+    inputs, or temporaries where composite RMSNorm saves an FP32 copy instead."""
     norm = "LayerNorm" if c.gpt else "RMSNorm"
     if c.upcast:
         return "block input", "attention residual sum"
@@ -174,4 +175,4 @@ def final_input(c: Shape) -> str:
 
 def block_output(c: Shape) -> Ref:
     """What a block's forward returns: the next block's input (after the last block, the final norm's)."""
-    return Ref(Scope.NEXT, io_names(c)[0], final_input(c))
+    return Ref(Scope.NEXT, residual_names(c)[0], final_input(c))

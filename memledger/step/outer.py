@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 from ..core.symbols import B, S, V, d
 from .norms import norm_backward, norm_forward
-from .ops import EVERY_GRADIENT, BSd, Ref, Tensor, final_input, gradient, io_names
+from .ops import EVERY_GRADIENT, BSd, Ref, Tensor, final_input, gradient, residual_names
 from .structure import Shape
 from .vocab import Action, Kind, Lifetime, Scope
 
@@ -52,7 +52,7 @@ def forward_start(p, c: Shape):
         p.op("torch.ones(S, S)", alloc=[ones])
         p.op("triu: the causal mask", alloc=["causal mask"])
         p.op("released", free=[ones])
-    p.op("embedding", alloc=[Ref(Scope.FIRST, io_names(c)[0])])
+    p.op("embedding", alloc=[Ref(Scope.FIRST, residual_names(c)[0])])
 
 
 def forward_end(p, c: Shape):

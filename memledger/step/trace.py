@@ -15,7 +15,7 @@ program the same length for any L and the peak exact.
 from dataclasses import dataclass
 from enum import StrEnum
 
-from .ops import EVERY_GRADIENT, Ref, io_names
+from .ops import EVERY_GRADIENT, Ref, residual_names
 from .vocab import Action, Kind, Phase, Scope
 
 __all__ = ["GRADIENT_LUMP", "LUMP", "SAVED_LUMP", "Compiled", "Op", "Part", "explicit_layers", "flatten"]
@@ -87,7 +87,7 @@ def flatten(n_layers: int, c, outside: dict, fwd, bwd, optimizer) -> list:
         ops.append(Op(phase, None, name, (), (), Action.LANDMARK))
 
     layers = explicit_layers(n_layers)
-    x = io_names(c)[0]
+    x = residual_names(c)[0]
     outside_ops(Part.FORWARD_START, Phase.FORWARD)
     for i in layers:
         add(Phase.FORWARD, i, fwd)
