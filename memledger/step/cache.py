@@ -24,7 +24,8 @@ from ..activations.backends import conventions
 from ..core.keyed import as_int
 from .structure import StepStructure, block_of, step_values
 
-__all__ = ["CompiledStep", "cache_dir", "compile_step", "compiled_step", "record_path", "source_hash", "step_peak"]
+__all__ = ["CompiledStep", "cache_dir", "compile_step", "compiled_step", "record_path", "source_hash", "step_peak",
+           "step_record"]
 
 PACKAGE = Path(__file__).parent
 FORMAT = 2          # bump when the record's layout changes
@@ -52,17 +53,14 @@ def record_path(structure: StepStructure) -> Path:
     return cache_dir() / f"step-{key}.json"
 
 
-def compile_step(structure: StepStructure) -> dict:
-    """The record of ``structure`` (loads SymPy): ``symbols``; ``whole`` and ``exact``, each a pair of tensor
-    indices and a Python list expression of their bytes (integer polynomials in plain ints; the others over
-    ``Fraction`` arguments, ``math.ceil`` for ceilings); ``deltas[k]``, the [tensor, change] pairs of the GPU
-    counts after op k; ``moments[k]``, the phase and program layer of op k."""
+def step_record(structure: StepStructure) -> dict:
+    """``structure``'s step as data for other evaluators (the static calculator, NumPy sweeps; loads SymPy):
+    ``symbols`` (names), ``sizes`` (every tensor's bytes, a SymPy expression), ``deltas[k]`` (the [tensor,
+    change] pairs of the GPU counts after op k), ``moments[k]`` (the phase and program layer of op k) and
+    ``lumped`` (blocks 2..L-3 run as one lump: a program layer >= 3 is block L-5+layer, :func:`block_of`)."""
     from sympy import sympify
-    from ..core.exact import ExactPrinter, is_integral_polynomial
     from .build import build
     built = build(structure)
-    printer = ExactPrinter()
-    exprs = [sympify(built.tensors[n].expr) for n in built.names]
     gpu = [j for j, on in enumerate(built.gpu) if on]
     deltas, previous = [], [0] * len(built.names)
     for row in built.compiled.counts:
@@ -71,10 +69,22 @@ def compile_step(structure: StepStructure) -> dict:
         previous = counts
     moments = [[built.ops[i].phase.value, built.ops[i].layer if isinstance(built.ops[i].layer, int) else None]
                for i in built.compiled.ops]
+    return {"symbols": [x.name for x in built.symbols], "sizes": [sympify(built.tensors[n].expr) for n in built.names],
+            "deltas": deltas, "moments": moments, "lumped": structure.layers is None}
+
+
+def compile_step(structure: StepStructure) -> dict:
+    """The record of ``structure`` printed as plain Python: :func:`step_record`'s ``symbols``, ``deltas`` and
+    ``moments``; ``whole`` and ``exact``, each a pair of tensor indices and a Python list expression of their
+    bytes (integer polynomials in plain ints; the others over ``Fraction`` arguments, ``math.ceil`` for
+    ceilings)."""
+    from ..core.exact import ExactPrinter, is_integral_polynomial
+    step = step_record(structure)
+    printer, exprs = ExactPrinter(), step["sizes"]
     groups = {"whole": [j for j, e in enumerate(exprs) if is_integral_polynomial(e)]}
     groups["exact"] = [j for j in range(len(exprs)) if j not in set(groups["whole"])]
-    record = {"format": FORMAT, "structure": repr(structure), "symbols": [x.name for x in built.symbols],
-              "size_count": len(exprs), "deltas": deltas, "moments": moments}
+    record = {"format": FORMAT, "structure": repr(structure), "symbols": step["symbols"], "size_count": len(exprs),
+              "deltas": step["deltas"], "moments": step["moments"]}
     for group, indices in groups.items():
         record[group] = [indices, "[" + ", ".join(printer.doprint(exprs[j]) for j in indices) + "]"]
     return record
@@ -139,27 +149,6 @@ class CompiledStep:
                 best, sample = total, k
         phase, layer = self.moments[sample]
         return best, phase, block_of(layer, self.lumped, values["L"])
-
-
-def step_record(structure: StepStructure) -> dict:
-    """``structure``'s step as data for other evaluators (the static calculator, NumPy sweeps; loads SymPy):
-    ``symbols`` (names), ``sizes`` (every tensor's bytes, a SymPy expression), ``deltas[k]`` (the [tensor,
-    change] pairs of the GPU counts after op k), ``moments[k]`` (the phase and program layer of op k) and
-    ``lumped`` (blocks 2..L-3 run as one lump: a program layer >= 3 is block L-5+layer, :func:`block_of`).
-    The same programs and counts as :func:`compile_step`'s record, before printing."""
-    from sympy import sympify
-    from .build import build
-    built = build(structure)
-    gpu = [j for j, on in enumerate(built.gpu) if on]
-    deltas, previous = [], [0] * len(built.names)
-    for row in built.compiled.counts:
-        counts = [int(c) for c in row]
-        deltas.append([[j, counts[j] - previous[j]] for j in gpu if counts[j] != previous[j]])
-        previous = counts
-    moments = [[built.ops[i].phase, built.ops[i].layer if isinstance(built.ops[i].layer, int) else None]
-               for i in built.compiled.ops]
-    return {"symbols": [x.name for x in built.symbols], "sizes": [sympify(built.tensors[n].expr) for n in built.names],
-            "deltas": deltas, "moments": moments, "lumped": structure.layers is None}
 
 
 @lru_cache(maxsize=64)

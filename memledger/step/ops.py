@@ -31,7 +31,7 @@ from ..models.parameters import widths
 from .structure import Shape
 from .vocab import Action, Device, Kind, Lifetime, Scope
 
-__all__ = ["BHSS", "BS", "BSF", "BSd", "CAUSAL_MASK", "EVERY_GRADIENT", "INPUT_GRADIENT", "Placement", "Program",
+__all__ = ["BHSS", "BS", "BSF", "BSd", "CAUSAL_MASK", "INPUT_GRADIENT", "Placement", "Program",
            "ProgramOp", "Ref", "Tensor", "block_output", "block_params", "define_grads", "dropout_ops", "final_input",
            "gradient", "residual_names", "qkv_width", "widths_of"]
 
@@ -56,8 +56,6 @@ class Ref:
     edge: str = None
 
 
-#: Every gradient the optimizer step collected (:attr:`Action.COLLECT_GRADIENTS`), freed as one.
-EVERY_GRADIENT = Ref(Scope.COLLECTED, "every gradient")
 #: The (S, S) causal mask the embedding's program builds once per forward; the blocks share it.
 CAUSAL_MASK = Ref(Scope.SHARED, "causal mask")
 #: The gradient a block's backward hands to the previous block (before block 0: the embedding output's).

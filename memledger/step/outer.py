@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 from ..core.symbols import B, S, V, d
 from .norms import norm_backward, norm_forward
-from .ops import EVERY_GRADIENT, BSd, Ref, Tensor, final_input, gradient, residual_names
+from .ops import BSd, Ref, Tensor, final_input, gradient, residual_names
 from .structure import Shape
 from .vocab import Action, Kind, Lifetime, Scope
 
@@ -133,17 +133,18 @@ def optimizer(p, params, state_dtype: str, master: bool, foreach: bool, grad_dty
     p.op("gradients collected", action=Action.COLLECT_GRADIENTS)
     if master:
         total = sum(x.elements for x in params)
-        done, before = 0, EVERY_GRADIENT
+        done, before = 0, None          # None: the gradients as collected, none converted yet
         for x in params:
             fp32 = p.new(f"FP32 gradient of {x.name}", (x.elements,), "fp32", "master.grad = p.grad.float()",
                          Kind.GRAD, where)
             rest = p.new(f"BF16 gradients after {x.name}", (total - done - x.elements,), grad_dtype,
                          "not yet converted", Kind.GRAD, where)
+            released = dict(free=[before]) if before else dict(action=Action.FREE_COLLECTED_GRADIENTS)
             if x.lump:
-                p.op(f"gradients to FP32: {x.name}", free=[before], alloc=[rest, fp32])
+                p.op(f"gradients to FP32: {x.name}", alloc=[rest, fp32], **released)
             else:
                 p.op(f"gradient to FP32: {x.name}", alloc=[fp32])
-                p.op("BF16 gradient released", free=[before], alloc=[rest])
+                p.op("BF16 gradient released", alloc=[rest], **released)
             done, before = done + x.elements, rest
     if foreach:
         one = p.new("torch.tensor(1.0)", (), "fp32", "foreach step-count increment", device=where)

@@ -15,7 +15,7 @@ program the same length for any L and the peak exact.
 from dataclasses import dataclass
 from enum import StrEnum
 
-from .ops import EVERY_GRADIENT, Ref, residual_names
+from .ops import Ref, residual_names
 from .vocab import Action, Kind, Phase, Scope
 
 __all__ = ["GRADIENT_LUMP", "LUMP", "SAVED_LUMP", "Compiled", "Op", "Part", "explicit_layers", "flatten"]
@@ -56,7 +56,7 @@ def explicit_layers(n_layers):
 
 def _qualify(name, layer, n_layers):
     """``(layer, name)`` of a name a program uses in block ``layer`` (None: outside the blocks); None for a shared
-    tensor named by a block other than its last user, block 0; :data:`EVERY_GRADIENT` as itself."""
+    tensor named by a block other than its last user, block 0."""
     if not isinstance(name, Ref):
         return (layer, name)
     scope, n = name.scope, name.name
@@ -66,7 +66,7 @@ def _qualify(name, layer, n_layers):
         return (layer - 1, n) if layer > 0 else (None, name.edge)
     if scope is Scope.SHARED:
         return (None, n) if layer == 0 else None
-    return {Scope.FIRST: (0, n), Scope.LAST: (n_layers - 1, n), Scope.COLLECTED: name}[scope]
+    return (0, n) if scope is Scope.FIRST else (n_layers - 1, n)
 
 
 def flatten(n_layers: int, c, outside: dict, fwd, bwd, optimizer) -> list:
@@ -143,12 +143,11 @@ class Compiled:
             if op.action is Action.RELEASE_GRADIENTS:
                 for n in gradients():
                     del live[n]
-            for n in op.frees:
-                if n == EVERY_GRADIENT:
-                    for g in collected:
-                        live.pop(g, None)
-                else:
+            if op.action is Action.FREE_COLLECTED_GRADIENTS:
+                for n in collected:
                     del live[n]
+            for n in op.frees:
+                del live[n]
             for n in op.allocs:
                 if n in live:
                     raise ValueError(f"{n} allocated twice")

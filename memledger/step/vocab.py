@@ -44,14 +44,14 @@ class Scope(StrEnum):
     FIRST = "block 0's"                  # named from outside the blocks
     LAST = "block L-1's"
     SHARED = "shared by every block"     # lives outside the blocks; block 0, its last user, releases it
-    COLLECTED = "collected"              # every gradient live when the optimizer step collected them
 
 
 class Action(StrEnum):
     """What an op does besides freeing and allocating tensors."""
     RUN = "run"                                  # a moment of the step (the total after it is sampled)
     LANDMARK = "landmark"                        # no moment: the live set is recorded under the op's label
-    COLLECT_GRADIENTS = "collect gradients"      # no moment: the live gradients become the COLLECTED scope
+    COLLECT_GRADIENTS = "collect gradients"      # no moment: the live gradients are noted as collected
+    FREE_COLLECTED_GRADIENTS = "free collected"  # a moment: the gradients collected are freed as one
     RELEASE_GRADIENTS = "release gradients"      # a moment: every live gradient is freed (zero_grad)
 
 
