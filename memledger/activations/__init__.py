@@ -6,6 +6,6 @@ __getattr__, __dir__, __all__ = lazy(__name__, {
     'inventory': ('ARTICLE_INVENTORY', 'RELABELLED', 'Saved', 'activation_bytes', 'closed_form', 'inventory',
                   'per_layer_bytes', 'quadratic_share'),
     'outside': ('outside_inventory',),
-    'backends': ('BACKENDS', 'conventions'),
+    'backends': ('BACKENDS', 'Backend', 'get_backend'),
     'flops': (),
 })

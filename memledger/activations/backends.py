@@ -37,7 +37,7 @@ from dataclasses import dataclass, replace
 
 from ..core.choices import check_choice
 
-__all__ = ["ATTENTIONS", "BACKENDS", "COUNTERS", "MASKS", "RMSNORMS", "STATS", "SWITCHES", "Conventions", "conventions",
+__all__ = ["ATTENTIONS", "BACKENDS", "COUNTERS", "MASKS", "RMSNORMS", "STATS", "SWITCHES", "Backend", "get_backend",
            "conventions_table"]
 
 MASKS = ("bool", "activation")
@@ -48,7 +48,7 @@ COUNTERS = (None, "device", "host")
 
 
 @dataclass(frozen=True)
-class Conventions:
+class Backend:
     """One backend's conventions (see the module docstring for each field)."""
     name: str = "article"
     dropout_mask: str = "bool"
@@ -100,15 +100,15 @@ SWITCHES = {
 }
 
 BACKENDS = {
-    "article": Conventions(),
-    "cuda": Conventions("cuda", "bool", "fp32", "fused", "reference", "host", foreach=True),
-    "cpu": Conventions("cpu", "activation", "activation", "composite", "reference", "device", cpu=True),
+    "article": Backend(),
+    "cuda": Backend("cuda", "bool", "fp32", "fused", "reference", "host", foreach=True),
+    "cpu": Backend("cpu", "activation", "activation", "composite", "reference", "device", cpu=True),
 }
 
 
-def conventions(backend="article", **changes) -> Conventions:
-    """The named backend's conventions, with any field changed (``conventions("cuda", foreach=True)``)."""
-    if isinstance(backend, Conventions):
+def get_backend(backend="article", **changes) -> Backend:
+    """The named backend's conventions, with any field changed (``get_backend("cuda", foreach=True)``)."""
+    if isinstance(backend, Backend):
         base = backend
     else:
         check_choice("backend", backend, tuple(BACKENDS))
@@ -120,7 +120,7 @@ def conventions_table(names=("article", "cuda", "cpu")):
     """Every switch, its value under each named backend, and what it models (a
     :class:`memledger.views.display.Table`)."""
     from ..core.table import Table
-    chosen = [conventions(n) for n in names]
+    chosen = [get_backend(n) for n in names]
     show = lambda v: "not booked" if v is None else str(v)            # noqa: E731
     return Table(("switch",) + tuple(names) + ("what it models",),
                  [(field,) + tuple(show(getattr(c, field)) for c in chosen) + (SWITCHES[field],)

@@ -344,7 +344,7 @@ def _peak_sweep(template: Ledger, arrays: dict):
     """The step's peak over ``arrays`` (checked by :func:`sweep`), B = 1 and B > 1 apart."""
     import numpy as np
     from dataclasses import replace
-    from ..activations.backends import conventions
+    from ..activations.backends import get_backend
     from ..step.structure import StepStructure, step_values
     from ..step.sweep import SWEEPABLE, peak_program
     names = tuple(n for n in SWEEPABLE if FIELD_OF[n] in arrays)
@@ -364,7 +364,7 @@ def _peak_sweep(template: Ledger, arrays: dict):
         if not mask.any():
             continue
         ledger = replace(template, batch_size=1 if is_single else max(template.batch_size, 2))
-        structure = StepStructure.of(ledger, conventions("article"))
+        structure = StepStructure.of(ledger, get_backend("article"))
         fixed = tuple(sorted((k, v) for k, v in step_values(ledger).items() if k not in names))
         peaks = peak_program(structure, fixed, names).peak([v[mask] for v in values])
         if out is None:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 
 from ..activations.inventory import inventory, kept_rows
 from ..models.architecture import Architecture
-from ..activations.backends import BACKENDS, SWITCHES, conventions
+from ..activations.backends import BACKENDS, SWITCHES, get_backend
 from ..core.table import Table
 from ..ledger.ledger import Ledger
 from ..activations.outside import outside_inventory
@@ -145,7 +145,7 @@ def ladder(c: RefConfig, loop: str, batch: int, seq: int, layer: int = 1) -> lis
     switches that change this block)."""
     measured = sum(b for b, _, _ in saved_tensors(c, loop, batch, seq)[layer])
     ledger, dtype = ledger_for(c, loop, batch, seq), run_options(c, loop)["dtype"]
-    target = conventions("cpu", dropout_mask="bool" if c.native_dropout else "activation", rmsnorm=c.rmsnorm)
+    target = get_backend("cpu", dropout_mask="bool" if c.native_dropout else "activation", rmsnorm=c.rmsnorm)
 
     def predicted(conv):
         options = conv.inventory_options(c.style, dtype, bool(c.dropout))

@@ -20,7 +20,7 @@ import math
 import os
 from pathlib import Path
 
-from ..activations.backends import conventions
+from ..activations.backends import get_backend
 from ..core.keyed import as_int
 from .structure import StepStructure, block_of, step_values
 
@@ -168,9 +168,9 @@ def compiled_step(structure: StepStructure) -> CompiledStep:
 
 def step_peak(ledger, backend="article", **changes):
     """(bytes, phase, block) of ``ledger``'s step peak under ``backend``'s conventions (changed as in
-    :func:`memledger.activations.backends.conventions`), or None where the timeline does not model the setup (the
+    :func:`memledger.activations.backends.get_backend`), or None where the timeline does not model the setup (the
     reasons of :meth:`StepStructure.of`)."""
-    conv = conventions(backend, **changes)
+    conv = get_backend(backend, **changes)
     if ledger.arch is None:
         return None
     try:

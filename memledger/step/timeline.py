@@ -34,7 +34,7 @@ block. Tensor parallelism divides the sharded tensors by t (Megatron-LM).
 from dataclasses import dataclass
 from functools import cached_property
 
-from ..activations.backends import Conventions, conventions
+from ..activations.backends import Backend, get_backend
 from .build import build
 from .structure import StepStructure, block_of, step_values
 from .vocab import LANDMARKS, Action, Device, Phase
@@ -57,7 +57,7 @@ class Step:
 
     def __init__(self, ledger, backend="article", **changes):
         self.ledger = ledger
-        self.conventions: Conventions = conventions(backend, **changes)
+        self.conventions: Backend = get_backend(backend, **changes)
         self.structure = StepStructure.of(ledger, self.conventions)
         self.built = build(self.structure)
         self.values = step_values(ledger)

@@ -21,7 +21,7 @@ import hashlib
 import json
 import os
 
-from ..activations.backends import conventions
+from ..activations.backends import get_backend
 from ..answers.verdict import CLAUSES, MEASURE, SUM_NOTE, is_nominal, unmodelled
 from ..ledger.ledger import Ledger
 from ..step.cache import cache_dir, source_hash, step_record
@@ -75,7 +75,7 @@ def structure_of(state: dict):
     the sum gives (:func:`memledger.answers.verdict.unmodelled`, a str)."""
     ledger = Ledger(**ledger_settings(_values(state)))
     try:
-        return StepStructure.of(ledger, conventions(BACKEND))
+        return StepStructure.of(ledger, get_backend(BACKEND))
     except ValueError:
         return unmodelled(ledger)
 

@@ -14,7 +14,7 @@ from memledger.models.architecture import Architecture
 from memledger.ledger.ledger import Ledger
 from memledger.step.cache import compiled_step, record_path, step_peak
 from memledger.step.structure import StepStructure, step_values
-from memledger.activations.backends import conventions
+from memledger.activations.backends import get_backend
 
 SMALL_GPT = Architecture(256, 3, 4, 1024, 1000, "gpt")
 SMALL_LLAMA = Architecture(256, 2, 4, 688, 1000, "llama")
@@ -89,7 +89,7 @@ def test_command_line_judges_a_gqa_preset_by_its_peak(capsys):
 
 
 def _structure(**kwargs):
-    return StepStructure.of(Ledger("llama2-7b", **kwargs), conventions("article"))
+    return StepStructure.of(Ledger("llama2-7b", **kwargs), get_backend("article"))
 
 
 def test_record_is_cached_and_read_back(tmp_path, monkeypatch):

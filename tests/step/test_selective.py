@@ -11,7 +11,7 @@ import pytest
 
 from memledger.activations.inventory import inventory, per_layer_bytes
 from memledger.models.architecture import Architecture
-from memledger.activations.backends import conventions
+from memledger.activations.backends import get_backend
 from memledger.ledger.ledger import Ledger
 from memledger.activations.outside import outside_inventory
 from memledger.step.timeline import LANDMARKS, Step
@@ -46,7 +46,7 @@ def test_after_forward_is_the_selective_inventory(arch, backend, flash):
     conventions that is the ledger's own activation row (its sum at the end of the forward pass)."""
     ledger = Ledger(arch, batch_size=3, seq_len=1024, overhead_bytes=0, recompute="selective", flash_attention=flash)
     step = Step(ledger, backend)
-    conv = conventions(backend)
+    conv = get_backend(backend)
     dtype = "bf16"
     options = conv.inventory_options(arch.style, dtype, ledger.dropout, flash)
     mlp, norm = ("gelu", "LayerNorm") if arch.style == "gpt" else ("swiglu", "RMSNorm")

@@ -51,11 +51,11 @@ def test_broadcasting_and_a_grid():
 
 def test_few_ops_can_be_the_peak():
     """The exact dominance test leaves a fraction of the ops to evaluate (the speed of the sweep)."""
-    from memledger.activations.backends import conventions
+    from memledger.activations.backends import get_backend
     from memledger.step.structure import StepStructure, step_values
     ledger = Ledger("llama2-7b", recompute="full", batch_size=2)
     fixed = tuple(sorted((k, v) for k, v in step_values(ledger).items() if k not in ("B", "S")))
-    program = peak_program(StepStructure.of(ledger, conventions("article")), fixed, ("B", "S"))
+    program = peak_program(StepStructure.of(ledger, get_backend("article")), fixed, ("B", "S"))
     assert program.candidates < len(program.rows) / 4
 
 

@@ -11,7 +11,7 @@ import sympy as sp
 
 from memledger.activations.inventory import closed_form
 from memledger.models.architecture import Architecture
-from memledger.activations.backends import conventions
+from memledger.activations.backends import get_backend
 from memledger.ledger.ledger import Ledger
 from memledger.activations.outside import outside_inventory
 from memledger.models.parameters import block_params_expr
@@ -129,9 +129,9 @@ def test_math_kernel_is_refused():
 
 def test_bad_backend():
     with pytest.raises(ValueError, match="backend"):
-        conventions("gpu")
+        get_backend("gpu")
     with pytest.raises(ValueError, match="foreach"):
-        conventions("cuda", foreach="yes")
+        get_backend("cuda", foreach="yes")
 
 
 def test_json_contract():
