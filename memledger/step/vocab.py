@@ -1,4 +1,5 @@
-"""The step timeline's vocabulary: what a tensor is, where it lives, how long, and what an op does.
+"""The step timeline's vocabulary: what a tensor is and where it lives (memledger's :class:`Kind` and
+:class:`Device`, :mod:`memledger.core.vocabulary`), how long, and what an op does.
 
 Every tensor of a step's programs carries these as fields (:class:`memledger.step.ops.Tensor`); nothing is
 read off a tensor's or an op's name. The values are the strings of ``memledger step --json``:
@@ -7,21 +8,12 @@ the command line's compiled peak (:mod:`memledger.step.cache`) reads it without 
 """
 from enum import StrEnum
 
+from ..core.vocabulary import Device, Kind
+
 __all__ = ["LANDMARKS", "Action", "Device", "Kind", "Lifetime", "Phase", "Save", "Scope"]
 
 #: The moments at which the live set is exact (docstring of :mod:`memledger.step.timeline`).
 LANDMARKS = ("before forward", "after forward", "after backward", "after step")
-
-
-class Kind(StrEnum):
-    """What a tensor holds: a row's ``kind``, and the stacked layers of the timeline's figure."""
-    PARAM, GRAD, OPTIMIZER, ACTIVATION, TRANSIENT, OVERHEAD = (
-        "param", "grad", "optimizer", "activation", "transient", "overhead")
-
-
-class Device(StrEnum):
-    """Where a tensor's bytes live."""
-    GPU, CPU, NVME = "gpu", "cpu", "nvme"
 
 
 class Phase(StrEnum):
