@@ -75,3 +75,20 @@ def pytest_collection_modifyitems(config, items):
         for i, item in enumerate(cases):
             if i not in keep:
                 item.add_marker(pytest.mark.slow)
+
+
+#: Debian's Chromium, driven by Playwright (never its own browser download), for the site and JupyterLab tests.
+CHROMIUM = Path("/usr/bin/chromium")
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+        "--disable-component-update", "--no-first-run"]
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not CHROMIUM.exists():
+        pytest.skip("needs Chromium at /usr/bin/chromium (apt-get install -y chromium)")
+    sync_api = pytest.importorskip("playwright.sync_api")
+    with sync_api.sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
+        yield chromium
+        chromium.close()

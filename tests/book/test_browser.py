@@ -31,9 +31,6 @@ from memledger.core.units import LIMIT
 
 pytestmark = pytest.mark.slow
 
-CHROMIUM = Path("/usr/bin/chromium")
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update", "--no-first-run"]
 CALCULATOR_PAGE = "book/09_together.html"
 #: Text that must never reach a reader: unrendered glue, math delimiters, Markdown table rules.
 RAW = re.compile(r"\{glue|\$|\\\(|\\\[|\|")
@@ -54,17 +51,6 @@ def site(build):
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):
     def log_message(self, *args):
         pass
-
-
-@pytest.fixture(scope="module")
-def browser():
-    if not CHROMIUM.exists():
-        pytest.skip("needs Chromium at /usr/bin/chromium (apt-get install -y chromium)")
-    sync_api = pytest.importorskip("playwright.sync_api")
-    with sync_api.sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
-        yield chromium
-        chromium.close()
 
 
 class Watched:

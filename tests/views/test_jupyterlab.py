@@ -41,9 +41,6 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 BOOK = ROOT / "book"
-CHROMIUM = Path("/usr/bin/chromium")
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update", "--no-first-run"]                # as tests/test_browser.py
 SETTINGS = {
     "@jupyterlab/notebook-extension/tracker": {"windowingMode": "none"},
     "@jupyterlab/docmanager-extension/plugin": {"autosave": False},
@@ -113,17 +110,6 @@ def lab():
             server.kill()
             server.wait(STOP_S)
         shutil.rmtree(home, ignore_errors=True)
-
-
-@pytest.fixture(scope="module")
-def browser():
-    if not CHROMIUM.exists():
-        pytest.skip("needs Chromium at /usr/bin/chromium (apt-get install -y chromium)")
-    sync_api = pytest.importorskip("playwright.sync_api")
-    with sync_api.sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
-        yield chromium
-        chromium.close()
 
 
 class _Verdict(HTMLParser):
