@@ -20,7 +20,7 @@ from ..states.recipes import ALL_RECIPES
 from . import compare as cli_compare, models as cli_models, step as cli_step
 from .options import add, build_ledger, fill_defaults, given_options, gpu_bytes, host_link, ledger_options, one_of
 from .options import output_options
-from .paths import MODEL, PIPELINE, WORKLOAD, refuse_unread
+from .paths import FRAMEWORK, MODEL, PIPELINE, WORKLOAD, refuse_unread
 
 __all__ = ["COMMANDS", "main"]
 
@@ -77,6 +77,7 @@ def _ledger(a):
     if path == "lora":
         return cli_compare.lora(a, ledger)
     reads = set(MODEL) | set(WORKLOAD) | {"units", "gpu_memory", "link", "json", "measure"} | set(PIPELINE)
+    reads |= set(FRAMEWORK) if a.pp is None else set()      # issue 15: pipeline stages book no framework's buffers
     where = "memledger ledger"
     if ledger.arch is None:
         reads -= {"measure"} | set(PIPELINE)
@@ -87,6 +88,7 @@ def _ledger(a):
     if not traffic.pcie_bytes:
         reads.discard("link")
     refuse_unread(a, reads, where, {"pp": "pipeline stages split the layers: give an architecture",
+                                    "framework": "pipeline stages book no framework's buffers",
                                     "link": "there is no offload transfer to time"})
     from ..answers.verdict import CHOICES
     from ..core.choices import check_choice

@@ -1,0 +1,51 @@
+"""``--framework`` and each framework's options on the command line (issue 15): read by ledger, step and fit,
+refused elsewhere and with another framework, in one line (exit 2)."""
+import json
+
+from memledger.cli.main import main
+
+SMALL = ["--hidden", "128", "--layers", "2", "--heads", "4", "--ffn", "512", "--vocab", "2000", "--style", "llama",
+         "--batch", "2", "--seq", "16"]
+
+
+def run(capsys, *args):
+    code = main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def refused(capsys, *args, message=""):
+    code, out, err = run(capsys, *args)
+    assert (code, out) == (2, "") and err.count("\n") == 1 and "Traceback" not in err, err
+    assert message in err, err
+
+
+def test_step_names_each_bucket(capsys):
+    code, out, err = run(capsys, "step", *SMALL, "--framework", "ddp", "--ddp-bucket-mb", "0.25", "--backend", "cpu",
+                         "--overhead", "0", "--json")
+    assert (code, err) == (0, "")
+    data = json.loads(out)
+    buckets = [r for r in data["rows"] if r["name"].startswith("DDP gradient bucket ")]
+    assert len(buckets) > 2 and {r["kind"] for r in buckets} == {"grad"}
+    assert {r["name"] for r in buckets} <= {x["name"] for x in data["peak"]["live"]}
+    assert data["inputs"]["framework"] == "ddp" and data["inputs"]["ddp_bucket_mb"] == 0.25
+
+
+def test_ledger_books_the_buckets_and_judges_the_frameworks_peak(capsys):
+    code, out, err = run(capsys, "ledger", *SMALL, "--framework", "ddp", "--json")
+    data = json.loads(out)
+    rows = {r["name"]: r["bytes"] for r in data["rows"]}
+    assert rows["DDP gradient buckets"] == rows["BF16 gradients"]
+    code, out, err = run(capsys, "step", *SMALL, "--framework", "ddp", "--json")
+    assert data["peak"] == json.loads(out)["peak"]["gpu"]
+
+
+def test_options_refused(capsys):
+    refused(capsys, "step", *SMALL, "--ddp-bucket-mb", "5", message="ddp_bucket_mb is an option of framework ddp")
+    refused(capsys, "ledger", *SMALL, "--gradient-as-bucket-view",
+            message="gradient_as_bucket_view is an option of framework ddp")
+    refused(capsys, "step", *SMALL, "--framework", "ddp", "--ddp-bucket-mb", "-1", message="positive number of MiB")
+    refused(capsys, "compare", *SMALL, "--framework", "ddp", message="does not read --framework")
+    refused(capsys, "ledger", *SMALL, "--framework", "ddp", "--pp", "2", message="does not read --framework")
+    refused(capsys, "fit", *SMALL, "--framework", "ddp", "--vary", "zero", message="framework ddp runs at zero")
+    refused(capsys, "step", *SMALL, "--framework", "ddp", "--zero", "1", message="zero_stage must be 0")
