@@ -13,10 +13,12 @@ from ..ledger.ledger import Ledger
 from ..models.architecture import Architecture
 from ..models.hf_config import SUPPORTED
 from ..models.presets import get_preset, preset_names
+from ..states.frameworks import DEEPSPEED_DEFAULTS
 from ..states.placement import OFFLOAD_DEVICES, PLACEMENTS, ZERO_STAGES
 from ..states.recipes import ALL_RECIPES
 
-__all__ = ["UNITS", "UNITS_HELP", "add", "architecture_from_args", "build_ledger", "check_units", "fill_defaults",
+__all__ = ["DEEPSPEED_COUNTS", "UNITS", "UNITS_HELP", "add", "architecture_from_args", "build_ledger", "check_units",
+           "fill_defaults",
            "flag", "framework_fields", "framework_options", "given_options", "gpu_bytes", "host_link",
            "ledger_options", "model_options", "one_of", "output_options", "parse_mib", "zero_stage"]
 
@@ -91,14 +93,43 @@ def framework_options(parser):
         "the first bucket 1 MiB)")
     add(fw, "--gradient-as-bucket-view", "DDP's gradient_as_bucket_view=True: gradients are views into its "
         "buckets (needs --framework ddp)", switch=True)
+    for name, what in DEEPSPEED_COUNTS.items():
+        add(fw, flag(name), f"DeepSpeed's {what} in elements (needs --framework deepspeed; default: "
+            f"{DEEPSPEED_DEFAULTS[what]:.0e})")
+    add(fw, "--deepspeed-no-contiguous-gradients", "DeepSpeed's contiguous_gradients=false (needs --framework "
+        "deepspeed)", switch=True)
+    add(fw, "--deepspeed-overlap-comm", "DeepSpeed's overlap_comm: on or off (needs --framework deepspeed; default: "
+        "on at stage 3 only)")
+    add(fw, "--megatron-no-gradient-accumulation-fusion", "Megatron-LM's --no-gradient-accumulation-fusion (needs "
+        "--framework megatron)", switch=True)
+
+
+#: The DeepSpeed counts given on the command line: option destination -> DeepSpeed's config key.
+DEEPSPEED_COUNTS = {"deepspeed_reduce_bucket_size": "reduce_bucket_size",
+                    "deepspeed_prefetch_bucket_size": "stage3_prefetch_bucket_size",
+                    "deepspeed_max_live_parameters": "stage3_max_live_parameters",
+                    "deepspeed_param_persistence_threshold": "stage3_param_persistence_threshold"}
 
 
 def framework_fields(a) -> dict:
     """The Ledger fields of the framework options given (defaults where a command has none)."""
     cap = getattr(a, "ddp_bucket_mb", None)
-    return dict(framework=getattr(a, "framework", None) or Ledger.framework,
-                ddp_bucket_mb=None if cap is None else parse_mib(cap, "ddp_bucket_mb"),
-                gradient_as_bucket_view=bool(getattr(a, "gradient_as_bucket_view", False)))
+    fields = dict(framework=getattr(a, "framework", None) or Ledger.framework,
+                  ddp_bucket_mb=None if cap is None else parse_mib(cap, "ddp_bucket_mb"),
+                  gradient_as_bucket_view=bool(getattr(a, "gradient_as_bucket_view", False)))
+    for name in DEEPSPEED_COUNTS:
+        value = getattr(a, name, None)
+        fields[name] = None if value is None else parse_count(value, name.removeprefix("deepspeed_"))
+    if getattr(a, "deepspeed_no_contiguous_gradients", False):
+        fields["deepspeed_contiguous_gradients"] = False
+    overlap = getattr(a, "deepspeed_overlap_comm", None)
+    if overlap is not None:
+        if overlap not in ("on", "off"):
+            raise ValueError(f"deepspeed_overlap_comm must be on or off, got {shown(overlap)!r}")
+        fields["deepspeed_overlap_comm"] = overlap == "on"
+    if getattr(a, "megatron_no_gradient_accumulation_fusion", False):
+        fields["megatron_gradient_accumulation_fusion"] = False
+    return fields
 
 
 def parse_mib(text, field: str) -> float:

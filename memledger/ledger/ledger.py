@@ -23,7 +23,7 @@ from ..models.architecture import Architecture
 from ..models.presets import get_preset
 from ..core.choices import RECOMPUTE, check_choice, check_count, check_flag, lookup
 from ..models.features import Features
-from ..states.frameworks import check_framework
+from ..states.frameworks import check_framework, framework_buffers
 from ..states.placement import OFFLOAD_DEVICES, PLACEMENTS, ZERO_STAGES, check_state_options, component_key, state_specs
 from ..states.recipes import ALL_RECIPES, DEFAULT_RECIPE
 from .transfer import Traffic, step_traffic
@@ -155,6 +155,13 @@ class Ledger:
     framework: str = "plain"
     ddp_bucket_mb: Optional[float] = None
     gradient_as_bucket_view: bool = False
+    deepspeed_reduce_bucket_size: Optional[int] = None          # None: DeepSpeed's default (DEEPSPEED_DEFAULTS)
+    deepspeed_contiguous_gradients: Optional[bool] = None
+    deepspeed_overlap_comm: Optional[bool] = None
+    deepspeed_prefetch_bucket_size: Optional[int] = None
+    deepspeed_max_live_parameters: Optional[int] = None
+    deepspeed_param_persistence_threshold: Optional[int] = None
+    megatron_gradient_accumulation_fusion: Optional[bool] = None  # None: on, as Megatron-LM's default
 
     def __post_init__(self):
         arch = get_preset(self.arch) if isinstance(self.arch, str) else self.arch
@@ -237,7 +244,15 @@ class Ledger:
                 raise ValueError(f"{spec.name} would be {share} bytes per rank at tp {self.tp}: tp must divide "
                                  "the tensors it splits (Megatron-LM pads the vocabulary to a multiple of tp; "
                                  "memledger does not)") from None
+        rows += [Row(b.name, Group.MODEL_STATES, Device.GPU, b.bytes, b.role, b.formula + " (from source)")
+                 for b in self.framework_buffers if b.live == "whole step" and not b.booked]
         return Rows(rows)
+
+    @cached_property
+    def framework_buffers(self) -> list:
+        """DeepSpeed's or Megatron-LM's buffers read from their sources (:mod:`memledger.states.frameworks`);
+        those live the whole step are rows too, the others transients beside the sum."""
+        return framework_buffers(self)
 
     @property
     def totals(self) -> dict:
@@ -297,6 +312,7 @@ class Ledger:
             "totals": self.totals,
             "model_states_by_role": self.by_role(),
             "traffic": asdict(self.traffic),
+            "framework_buffers": [b._asdict() for b in self.framework_buffers],
         }
 
     def by_role(self, device: Optional[str] = None) -> dict:

@@ -49,3 +49,25 @@ def test_options_refused(capsys):
     refused(capsys, "ledger", *SMALL, "--framework", "ddp", "--pp", "2", message="does not read --framework")
     refused(capsys, "fit", *SMALL, "--framework", "ddp", "--vary", "zero", message="framework ddp runs at zero")
     refused(capsys, "step", *SMALL, "--framework", "ddp", "--zero", "1", message="zero_stage must be 0")
+
+
+def test_deepspeed_and_megatron_from_source(capsys):
+    code, out, err = run(capsys, "ledger", *SMALL, "--framework", "deepspeed", "--zero", "3", "--dp", "8",
+                         "--deepspeed-reduce-bucket-size", "2e8", "--json")
+    assert (code, err) == (0, "")
+    data = json.loads(out)
+    rows = {r["name"]: r for r in data["rows"]}
+    assert rows["DeepSpeed IPG bucket (reduce_bucket_size, BF16)"]["bytes"] == 4 * 10 ** 8
+    assert rows["DeepSpeed IPG bucket (reduce_bucket_size, BF16)"]["formula"].endswith("(from source)")
+    assert {b["live"] for b in data["framework_buffers"]} >= {"whole step", "optimizer step"}
+    assert data["totals"]["gpu"] == sum(r["bytes"] for r in data["rows"] if r["device"] == "gpu")
+    code, out, err = run(capsys, "ledger", *SMALL, "--framework", "megatron", "--recipe", "bf16-adamw-fp32-grads",
+                         "--zero", "1", "--dp", "8", "--megatron-no-gradient-accumulation-fusion")
+    assert code == 0 and "Megatron weight gradient before main_grad accumulation" in out
+    refused(capsys, "step", *SMALL, "--framework", "deepspeed", "--zero", "1",
+            message="the step timeline does not run framework deepspeed")
+    refused(capsys, "ledger", *SMALL, "--deepspeed-reduce-bucket-size", "5", message="an option of framework deepspeed")
+    refused(capsys, "ledger", *SMALL, "--framework", "ddp", "--megatron-no-gradient-accumulation-fusion",
+            message="an option of framework megatron, not of ddp")
+    refused(capsys, "ledger", *SMALL, "--framework", "deepspeed", "--zero", "1", "--deepspeed-overlap-comm", "maybe",
+            message="on or off")
