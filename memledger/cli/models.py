@@ -79,8 +79,9 @@ def fit(a):
     if a.vary == "layers" and a.preset is None and a.config is None and (a.hidden or a.heads):
         a.layers = "1"                      # a shape's layer count is what the search sets
     ledger = build_ledger(a)
-    if ledger.framework == "ddp" and a.vary in ("zero", "tp"):
-        raise ValueError(f"{where}: framework ddp runs at zero stage 0 and tp 1")
+    if ledger.framework != "plain" and a.vary == "zero":        # issue 15: each framework has its own stages
+        raise ValueError(f"{where}: framework {ledger.framework} runs its own ZeRO stages; give --zero, or use "
+                         "--framework plain")
     reads = set(MODEL) | set(WORKLOAD) | set(FRAMEWORK) | {"units", "gpu_memory", "json", "measure", "vary"}
     if ledger.arch is None:
         reads.discard("measure")

@@ -38,6 +38,11 @@ def test_ledger_books_the_buckets_and_judges_the_frameworks_peak(capsys):
     assert rows["DDP gradient buckets"] == rows["BF16 gradients"]
     code, out, err = run(capsys, "step", *SMALL, "--framework", "ddp", "--json")
     assert data["peak"] == json.loads(out)["peak"]["gpu"]
+    view = ("--framework", "ddp", "--gradient-as-bucket-view")       # the compiled peak (cache) is the step's
+    code, out, err = run(capsys, "ledger", *SMALL, *view, "--json")
+    peak = json.loads(out)["peak"]
+    code, out, err = run(capsys, "step", *SMALL, *view, "--json")
+    assert peak == json.loads(out)["peak"]["gpu"]
 
 
 def test_options_refused(capsys):
@@ -47,7 +52,7 @@ def test_options_refused(capsys):
     refused(capsys, "step", *SMALL, "--framework", "ddp", "--ddp-bucket-mb", "-1", message="positive number of MiB")
     refused(capsys, "compare", *SMALL, "--framework", "ddp", message="does not read --framework")
     refused(capsys, "ledger", *SMALL, "--framework", "ddp", "--pp", "2", message="does not read --framework")
-    refused(capsys, "fit", *SMALL, "--framework", "ddp", "--vary", "zero", message="framework ddp runs at zero")
+    refused(capsys, "fit", *SMALL, "--framework", "ddp", "--vary", "zero", message="framework ddp runs its own ZeRO")
     refused(capsys, "step", *SMALL, "--framework", "ddp", "--zero", "1", message="zero_stage must be 0")
 
 

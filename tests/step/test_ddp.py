@@ -92,7 +92,7 @@ def test_options_of_another_framework_are_refused():
 
 # ---- against PyTorch's DDP, real tensors (slow: a few seconds each) --------------------------------------------
 
-CASES = [  # (style, L, loop, bucket_cap_mb, view, B, S)
+CASES = [  # (style, L, loop, bucket_cap_mb, view, B, S[, recompute])
     ("llama", 2, "fp32-adamw", None, False, 2, 16),
     ("llama", 2, "fp32-adamw", None, True, 2, 16),
     ("llama", 2, "bf16-adamw", 0.25, False, 2, 16),
@@ -101,12 +101,15 @@ CASES = [  # (style, L, loop, bucket_cap_mb, view, B, S)
     ("llama", 6, "bf16-adamw", 0.1, False, 2, 16),
     ("gpt", 3, "fp32-adamw", 0.05, True, 2, 16),             # tied embedding: its gradient is ready last
     ("gpt", 3, "bf16-adamw", None, False, 2, 16),
+    ("llama", 3, "bf16-adamw", 0.1, True, 2, 16, "full"),      # checkpointed blocks: the same ready order
+    ("gpt", 3, "bf16-adamw", 0.1, False, 2, 16, "selective"),
 ]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("style, L, loop, cap, view, B, S", CASES)
-def test_ddp_step_is_pytorchs(style, L, loop, cap, view, B, S):
+@pytest.mark.parametrize("case", CASES, ids=lambda case: "-".join(map(str, case)))
+def test_ddp_step_is_pytorchs(case):
+    style, L, loop, cap, view, B, S, recompute = case + ("none",) * (8 - len(case))
     torch = pytest.importorskip("torch")
     from memledger.pytorch.compare import architecture_of
     from memledger.pytorch.ddp import ddp_step
@@ -114,12 +117,12 @@ def test_ddp_step_is_pytorchs(style, L, loop, cap, view, B, S):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        c = RefConfig(128, L, 4, 512, 2000, style)
+        c = RefConfig(128, L, 4, 512, 2000, style, recompute=recompute)
         measured = ddp_step(c, loop, B, S, bucket_cap_mb=cap, gradient_as_bucket_view=view)
     finally:
         torch.set_num_threads(threads)
     step = ddp_ledger(architecture_of(c), batch_size=B, seq_len=S, recipe=loop, dropout=False, ddp_bucket_mb=cap,
-                      gradient_as_bucket_view=view).step("cpu")
+                      gradient_as_bucket_view=view, recompute=recompute).step("cpu")
     assert [b for _, b, _, _ in step.ddp_buckets] == measured["buckets"]
     for mark in ("before forward", "after forward", "after backward", "after step"):
         assert step.landmarks[mark]["gpu"] == measured[mark], mark
