@@ -76,3 +76,18 @@ def test_deepspeed_and_megatron_from_source(capsys):
             message="an option of framework megatron, not of ddp")
     refused(capsys, "ledger", *SMALL, "--framework", "deepspeed", "--zero", "1", "--deepspeed-overlap-comm", "maybe",
             message="on or off")
+
+
+def test_fit_judges_the_frameworks_peak(capsys):
+    """fit --vary batch judges DDP's peak: the buckets (P x 2 bytes, beside the BF16 gradients) on top of the plain
+    loop's peak, at every batch."""
+    shape = ["--hidden", "1024", "--layers", "4", "--heads", "8", "--style", "llama", "--overhead", "0"]
+    judged = {}
+    for framework in ("plain", "ddp"):
+        code, out, err = run(capsys, "fit", *shape, "--framework", framework, "--vary", "batch", "--gpu-memory", "2GB",
+                             "--json")
+        assert (code, err) == (0, "")
+        judged[framework] = json.loads(out)["next"]["judged"]
+    code, out, err = run(capsys, "ledger", *shape, "--framework", "ddp", "--json")
+    buckets = {r["name"]: r["bytes"] for r in json.loads(out)["rows"]}["DDP gradient buckets"]
+    assert judged["ddp"] - judged["plain"] == buckets > 0
