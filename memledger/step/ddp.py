@@ -1,10 +1,13 @@
 """PyTorch's ``DistributedDataParallel`` in the step: its gradient buckets.
 
 DDP's reducer keeps every gradient a second time, in flat buckets it allocates once and keeps for the whole run
-(``torch/csrc/distributed/c10d/reducer.cpp``, ``Reducer::initialize_buckets``: ``bucket.gradients =
+(``torch/csrc/distributed/c10d/reducer.hpp``, PyTorch 2.13, lines 347-358: ``Bucket::gradients``, "gradients of
+the bucket flattened into a 1-dimensional tensor"; ``reducer.cpp`` (pytorch/pytorch@ad78a7b3, cited by function:
+the snapshot is too large to bring here for line numbers), ``Reducer::initialize_buckets``: ``bucket.gradients =
 at::empty({offset}, options)``, offset the sum of the bucket's parameters' elements, in their dtype). After the
 first iteration the buckets are rebuilt in the order the gradients became ready in backward
-(``Reducer::rebuild_buckets``, ``compute_bucket_assignment_by_size``): a bucket closes as soon as it holds at least
+(``Reducer::rebuild_buckets``, ``compute_bucket_assignment_by_size``, declared in reducer.hpp lines 606-612;
+with tensor indices, as the rebuild passes them, the buckets keep that order): a bucket closes as soon as it holds at least
 its limit (the gradient that crosses it included), the first limit ``first_bucket_bytes_cap``, every later one
 ``bucket_bytes_cap``. ``torch/nn/parallel/distributed.py`` (PyTorch 2.13, ``_BucketCapacityConfig.create``, lines
 86-115): ``bucket_cap_mb=None`` gives 25 MiB (``_DEFAULT_BUCKET_CAP_MB``, line 31) with a first bucket of
