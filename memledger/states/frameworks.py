@@ -38,7 +38,7 @@ FRAMEWORK_OPTIONS = {"ddp": ("ddp_bucket_mb", "gradient_as_bucket_view"),
                      "megatron": ("megatron_gradient_accumulation_fusion",)}
 _DEFAULTS = {"gradient_as_bucket_view": False}
 #: The recipes each framework is modelled with: DeepSpeed's bf16 ZeRO (BF16 parameters and gradients, FP32
-#: master partition, Adam); Megatron-LM's bf16 (FP32 main_grad: arguments.py lines 1206-1216 force
+#: master partition, Adam); Megatron-LM's bf16 (FP32 main_grad: arguments.py lines 1204-1217 force
 #: accumulate_allreduce_grads_in_fp32 with --bf16) and fp32 (distrib_optimizer docs: 18 and 16 bytes/param).
 RECIPES_OF = {"deepspeed": ("bf16-adamw",), "megatron": ("bf16-adamw-fp32-grads", "fp32-adamw")}
 
@@ -206,7 +206,7 @@ def deepspeed_buffers(ledger) -> list:
 
 def megatron_buffers(ledger) -> list:
     """Megatron-LM's buffers, per rank. Its DDP keeps every gradient in one contiguous main_grad buffer
-    (megatron/core/distributed/param_and_grad_buffer.py lines 1190-1194: grad_data, FP32 with --bf16) and, with
+    (megatron/core/distributed/param_and_grad_buffer.py lines 1190-1195: grad_data, FP32 with --bf16) and, with
     the distributed optimizer, the BF16 parameters in one contiguous buffer (lines 1182-1189: param_data); the
     optimizer's FP32 main parameters and Adam's states are sharded over the data-parallel ranks
     (megatron/core/optimizer/distrib_optimizer.py; docs/user-guide/features/dist_optimizer.md: 18 bytes per
@@ -219,7 +219,7 @@ def megatron_buffers(ledger) -> list:
     P, t = ledger.params, ledger.tp
     grad = 4
     out = [Buffer("Megatron main_grad buffer (contiguous, FP32)", grad * ceil(P / t), "4*ceiling(P/t)",
-                  "whole step", src + ":1190-1194", booked="FP32 gradients")]
+                  "whole step", src + ":1190-1195", booked="FP32 gradients")]
     if ledger.zero_stage == 1:
         pb = 2 if ledger.recipe.startswith("bf16") else 4
         out.append(Buffer("Megatron param buffer (contiguous; distributed optimizer)", pb * ceil(P / t),

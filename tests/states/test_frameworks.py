@@ -32,7 +32,7 @@ def test_deepspeed_defaults_are_the_published_ones():
     True (528), overlap_comm false (510: stages 1 and 2; config.py 383-386 turns it on at stage 3),
     stage3_max_live_parameters 1e9 (564), stage3_param_persistence_threshold 1e5 (583). The docs give
     stage3_prefetch_bucket_size 5e8 (576); the engine reads 5e7 (config.py line 215: Field(pp_int(5e7))), which
-    is what runs."""
+    is what runs; sub_group_size 1e9 is config.py's (line 175; the docs' example at line 474 writes 1e12)."""
     published = {"reduce_bucket_size": 5e8, "allgather_bucket_size": 5e8, "contiguous_gradients": True,
                  "stage3_max_live_parameters": 1e9, "stage3_param_persistence_threshold": 1e5,
                  "stage3_prefetch_bucket_size": 5e7, "sub_group_size": 1e9}
