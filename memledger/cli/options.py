@@ -133,13 +133,13 @@ def framework_fields(a) -> dict:
 
 
 def parse_mib(text, field: str) -> float:
-    """A positive number of MiB (``25``, ``0.5``); one clear line otherwise."""
+    """A number of MiB >= 0 (``25``, ``0.5``); one clear line otherwise."""
     try:
         value = float(text)
     except ValueError:
         raise ValueError(f"{field} must be a number of MiB, got {shown(text)!r}") from None
-    if not 0 < value <= 2 ** 40:
-        raise ValueError(f"{field} must be a positive number of MiB, got {shown(text)!r}")
+    if not 0 <= value <= 2 ** 40:
+        raise ValueError(f"{field} must be a number of MiB >= 0, got {shown(text)!r}")
     return int(value) if value.is_integer() else value
 
 

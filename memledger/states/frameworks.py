@@ -64,8 +64,8 @@ def check_framework(ledger, recipe) -> None:
     cap = ledger.ddp_bucket_mb
     if cap is not None and (isinstance(cap, bool) or not isinstance(cap, Real)):
         raise TypeError(f"ddp_bucket_mb must be a number of MiB, got {cap!r}")
-    if cap is not None and not 0 < cap <= 2 ** 40:
-        raise ValueError(f"ddp_bucket_mb must be a positive number of MiB, got {cap!r}")
+    if cap is not None and not 0 <= cap <= 2 ** 40:         # 0: every gradient its own bucket, as in PyTorch
+        raise ValueError(f"ddp_bucket_mb must be a number of MiB >= 0, got {cap!r}")
     for framework, fields in FRAMEWORK_OPTIONS.items():
         for field in fields:
             if ledger.framework != framework and getattr(ledger, field) != _DEFAULTS.get(field):

@@ -49,7 +49,7 @@ def test_options_refused(capsys):
     refused(capsys, "step", *SMALL, "--ddp-bucket-mb", "5", message="ddp_bucket_mb is an option of framework ddp")
     refused(capsys, "ledger", *SMALL, "--gradient-as-bucket-view",
             message="gradient_as_bucket_view is an option of framework ddp")
-    refused(capsys, "step", *SMALL, "--framework", "ddp", "--ddp-bucket-mb", "-1", message="positive number of MiB")
+    refused(capsys, "step", *SMALL, "--framework", "ddp", "--ddp-bucket-mb", "-1", message="number of MiB >= 0")
     refused(capsys, "compare", *SMALL, "--framework", "ddp", message="does not read --framework")
     refused(capsys, "ledger", *SMALL, "--framework", "ddp", "--pp", "2", message="does not read --framework")
     refused(capsys, "fit", *SMALL, "--framework", "ddp", "--vary", "zero", message="framework ddp runs its own ZeRO")

@@ -29,7 +29,7 @@ def test_bucket_limits_are_pytorchs_defaults():
     torch = pytest.importorskip("torch")
     import torch.distributed as dist
     from torch.nn.parallel.distributed import _BucketCapacityConfig
-    for cap in (None, 25, 0.25, 100):
+    for cap in (None, 25, 0.25, 100, 0):
         config = _BucketCapacityConfig.create(bucket_cap_mb=cap, bucket_cap_mb_list=None, use_python_reducer=False)
         assert bucket_limits(cap) == (config.first_bucket_bytes_cap, config.bucket_bytes_cap)
     assert bucket_limits(None)[0] == dist._DEFAULT_FIRST_BUCKET_BYTES
