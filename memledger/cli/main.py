@@ -20,7 +20,7 @@ from ..states.recipes import ALL_RECIPES
 from . import compare as cli_compare, models as cli_models, step as cli_step
 from .options import add, build_ledger, fill_defaults, given_options, gpu_bytes, host_link, ledger_options, one_of
 from .options import output_options
-from .paths import MODEL, PIPELINE, WORKLOAD, refuse_unread
+from .paths import FRAMEWORK, MODEL, PIPELINE, WORKLOAD, refuse_unread
 
 __all__ = ["COMMANDS", "main"]
 
@@ -77,6 +77,7 @@ def _ledger(a):
     if path == "lora":
         return cli_compare.lora(a, ledger)
     reads = set(MODEL) | set(WORKLOAD) | {"units", "gpu_memory", "link", "json", "measure"} | set(PIPELINE)
+    reads |= set(FRAMEWORK) if a.pp is None else set()      # issue 15: pipeline stages book no framework's buffers
     where = "memledger ledger"
     if ledger.arch is None:
         reads -= {"measure"} | set(PIPELINE)
@@ -87,6 +88,7 @@ def _ledger(a):
     if not traffic.pcie_bytes:
         reads.discard("link")
     refuse_unread(a, reads, where, {"pp": "pipeline stages split the layers: give an architecture",
+                                    "framework": "pipeline stages book no framework's buffers",
                                     "link": "there is no offload transfer to time"})
     from ..answers.verdict import CHOICES
     from ..core.choices import check_choice
@@ -109,6 +111,7 @@ def _ledger(a):
         data["traffic"]["pcie_seconds"] = float(traffic.pcie_seconds(link))
         return json.dumps(data, indent=2)
     lines = [ledger.table(a.units).text(), "", _verdict(ledger, memory, a.measure, a.units)]
+    lines += framework_lines(ledger, a.units)
     if traffic.pcie_bytes:
         lines.append(f"Per step over {link}: GPU->CPU {format_bytes(traffic.gpu_to_cpu, a.units)}, "
                      f"CPU->GPU {format_bytes(traffic.cpu_to_gpu, a.units)}: "
@@ -123,6 +126,16 @@ def _ledger(a):
                      f"at {format_bytes(NVME_LINKS[slow], digits=0)}/s, {float(traffic.nvme_seconds(fast)):.1f} s "
                      f"at {format_bytes(NVME_LINKS[fast], digits=0)}/s.")
     return "\n".join(lines)
+
+
+def framework_lines(ledger, unit: str) -> list:
+    """DeepSpeed's or Megatron-LM's buffers beyond the rows (transients, or rows already booked), from source."""
+    extra = [b for b in ledger.framework_buffers if b.live != "whole step" or b.booked]
+    if not extra:
+        return []
+    lines = ["", f"{ledger.framework} buffers read from its source, beside the sum (live when; row already booked):"]
+    return lines + [f"  {format_bytes(b.bytes, unit):>12}  {b.name} ({b.live}{'; = ' + b.booked if b.booked else ''})"
+                    for b in extra]
 
 
 def _judged(ledger, measure: str):

@@ -6,7 +6,7 @@ each function takes the parsed arguments and returns the text to print.
 from ..core.units import format_bytes, parse_bytes, parse_count
 from .options import (DEFAULT_OVERHEAD, add, architecture_from_args, build_ledger, check_units, gpu_bytes,
                       ledger_options, model_options, output_options)
-from .paths import MODEL, WORKLOAD, refuse_unread
+from .paths import FRAMEWORK, MODEL, WORKLOAD, refuse_unread
 
 __all__ = ["add_parsers", "fit", "infer", "pipeline_section", "pipeline_text"]
 
@@ -79,7 +79,10 @@ def fit(a):
     if a.vary == "layers" and a.preset is None and a.config is None and (a.hidden or a.heads):
         a.layers = "1"                      # a shape's layer count is what the search sets
     ledger = build_ledger(a)
-    reads = set(MODEL) | set(WORKLOAD) | {"units", "gpu_memory", "json", "measure", "vary"}
+    if ledger.framework != "plain" and a.vary == "zero":        # issue 15: each framework has its own stages
+        raise ValueError(f"{where}: framework {ledger.framework} runs its own ZeRO stages; give --zero, or use "
+                         "--framework plain")
+    reads = set(MODEL) | set(WORKLOAD) | set(FRAMEWORK) | {"units", "gpu_memory", "json", "measure", "vary"}
     if ledger.arch is None:
         reads.discard("measure")
     if ledger.offload_optimizer == "none":

@@ -11,7 +11,7 @@ the step's peak.
 """
 from .options import flag
 
-__all__ = ["CONVENTION_INPUTS", "LORA", "MODEL", "OUTPUT", "PIPELINE", "STATES", "WORKLOAD", "convention_reads",
+__all__ = ["CONVENTION_INPUTS", "FRAMEWORK", "LORA", "MODEL", "OUTPUT", "PIPELINE", "STATES", "WORKLOAD", "convention_reads",
            "refuse_unread",
            "unread"]
 
@@ -20,6 +20,10 @@ MODEL = ("preset", "config", "params", "hidden", "layers", "heads", "ffn", "voca
 ACTIVATIONS = ("batch", "seq", "recompute", "no_dropout", "flash_attention", "sp", "scope")
 STATES = ("recipe", "tp", "zero", "dp", "offload_optimizer", "offload_params", "offload_placement", "overhead")
 WORKLOAD = ACTIVATIONS + STATES
+#: The framework and its options (issue 15): read by ledger (not --pp), step and fit; refused elsewhere.
+FRAMEWORK = ("framework", "ddp_bucket_mb", "gradient_as_bucket_view", "deepspeed_reduce_bucket_size",
+             "deepspeed_prefetch_bucket_size", "deepspeed_max_live_parameters", "deepspeed_param_persistence_threshold",
+             "deepspeed_no_contiguous_gradients", "deepspeed_overlap_comm", "megatron_no_gradient_accumulation_fusion")
 OUTPUT = ("units", "gpu_memory", "link", "json")
 PIPELINE = ("pp", "microbatches", "interleave")
 CONVENTION_INPUTS = ("largest_layer", "gpus_per_node", "nodes", "buffer_factor", "no_zero_init")

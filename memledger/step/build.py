@@ -14,11 +14,12 @@ import sympy as sp
 
 from ..activations.inventory import inventory, kept_rows
 from ..activations.outside import outside_inventory
+from ..core.dtypes import nbytes
 from ..core.exact import evaluate_expr, exact_function, integer_function, is_integral_polynomial
 from ..core.symbols import L, N_d, O, P, t
 from ..states.placement import ZERO_SHARDS, device_of, state_specs
 from ..states.recipes import RECIPES
-from . import outer
+from . import ddp, outer
 from .block import block_backward, block_forward
 from .ops import BSd, Placement, Program, Tensor, block_params, residual_names
 from .outer import Param
@@ -90,7 +91,8 @@ class Built:
         if moments is not None:
             params = [Param(x.name, share(x.elements), x.lump) for x in param_tensors(c, layers)] \
                 if not grad_sharded else [Param("flat partition", sp.ceiling(P / (t * N_d)))]
-            outer.optimizer(opt, params, moments, master and c.grad_dtype != "fp32", conv.foreach, c.grad_dtype)
+            outer.optimizer(opt, params, moments, master and c.grad_dtype != "fp32", conv.foreach, c.grad_dtype,
+                            kept=s.bucket_view)
         saved = sum((tensors[r.name].expr for r in layer_rows), sp.Integer(0)) if s.recompute != "full" \
             else tensors["layer input"].expr
         grads = sum((tensors[f"grad {n}"].expr for n, _ in block_params(c)), sp.Integer(0))
@@ -98,6 +100,8 @@ class Built:
         tensors[GRADIENT_LUMP] = Tensor(GRADIENT_LUMP, (L - 4) * grads, Kind.GRAD, Lifetime.GRADIENT,
                                         placement.gradients)
         self.ops = flatten(s.layers or 5, c, outside, fwd.ops, bwd.ops, opt.ops)
+        if s.bucket_view:               # DDP: each gradient copied into its bucket as it is written
+            self.ops = ddp.bucket_views(self.ops, tensors)
         self.tensors, self.layer_rows, self.outside_rows, self.placement = tensors, layer_rows, outside_rows, placement
         self._static_rows(recipe)
         self.compiled = Compiled(self.ops, self.static, tensors)
@@ -134,6 +138,9 @@ class Built:
                    "one 0-d FP32 step tensor per parameter tensor (torch.optim.Adam)")
         for name in IDS:
             static(name, t_[name].expr, Kind.ACTIVATION, why=t_[name].why)
+        if s.framework == "ddp":
+            static(ddp.BUCKETS, P * nbytes(c.grad_dtype), Kind.GRAD, why="DDP's flat gradient buckets, "
+                   "allocated once (torch/csrc/distributed/c10d/reducer.cpp: initialize_buckets)")
         static("CUDA context + workspace", O, Kind.OVERHEAD,
                why="the runtime's context and workspaces (the article's 1-2 GB)")
 
@@ -221,11 +228,14 @@ class Built:
             row(name, x.kind, Lifetime.STEP, x.device, x.expr, set(LANDMARKS))
         g = self.grad_row
         grads = sp.ceiling(P / (t * N_d) if g.sharded else P / t) * g.bytes_per_param
+        name = g.name
+        if self.structure.bucket_view:  # DDP: the gradients are views into its buckets (rows of their own)
+            grads, name = sp.Integer(0), g.name + " (views into DDP's gradient buckets)"
         if g.sharded:   # each tensor's shard rounded up, as backward writes them: the row is what they add up to
             marks = self.compiled.mark_counts["after backward"]
             grads = sp.Add(*(int(marks[j]) * self.tensors[n].expr for j, n in enumerate(self.names)
                              if marks[j] and self.tensors[n].lifetime is Lifetime.GRADIENT))
-        row(g.name, Kind.GRAD, Lifetime.GRADIENT, self.placement.gradients, grads, {"after backward"})
+        row(name, Kind.GRAD, Lifetime.GRADIENT, self.placement.gradients, grads, {"after backward"})
         blocks = ["layer input"] if self.structure.recompute == "full" else [r.name for r in self.layer_rows]
         for name in blocks:
             row("L x layer input (checkpoint)" if name == "layer input" else f"L x {name}", Kind.ACTIVATION,

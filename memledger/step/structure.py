@@ -92,6 +92,8 @@ class StepStructure:
     conventions: object
     layers: object          # L when L <= 4, else None (any larger L gives the same program)
     prefetch: bool = True
+    framework: str = "plain"    # issue 15: "ddp" adds its gradient buckets (memledger.step.ddp)
+    bucket_view: bool = False   # DDP's gradient_as_bucket_view
 
     @classmethod
     def of(cls, ledger, conv):
@@ -125,7 +127,15 @@ class StepStructure:
                       True if llama and f.is_tied else None, ledger.recompute, f.head_dim)
         return cls(shape, ledger.recipe, ledger.zero_stage, ledger.offload_optimizer, ledger.offload_params,
                    ledger.offload_placement, ledger.recompute, ledger.tp > 1, ledger.sequence_parallel, conv,
-                   arch.n_layers if arch.n_layers <= 4 else None)
+                   arch.n_layers if arch.n_layers <= 4 else None, True, *_framework(ledger))
+
+
+def _framework(ledger) -> tuple:
+    """(framework, DDP's gradient_as_bucket_view) of ``ledger``, for the step."""
+    if ledger.framework not in ("plain", "ddp"):
+        raise ValueError(f"the step timeline does not run framework {ledger.framework} op by op; its buffers are "
+                         "ledger rows (memledger ledger --framework ...)")
+    return ledger.framework, ledger.framework == "ddp" and ledger.gradient_as_bucket_view
 
 
 def unmodelled(f: Features) -> str:
