@@ -26,7 +26,8 @@ from ..core.table import Table
 from ..core.units import MiB
 
 __all__ = ["K_LARGE_BUFFER", "K_MIN_BLOCK_SIZE", "K_MIN_LARGE_ALLOC", "K_ROUND_LARGE", "K_SMALL_BUFFER",
-           "K_SMALL_SIZE", "MEASURES", "allocation", "allocation_table", "block_size", "measures_table", "pool",
+           "K_SMALL_SIZE", "MEASURES", "allocation", "allocation_table", "block_size", "expandable_mapped",
+           "measures_table", "pool",
            "round_size", "segment_size"]
 
 #: ``kMinBlockSize`` (line 118): every request is rounded up to a multiple of 512 bytes.
@@ -83,6 +84,13 @@ def block_size(nbytes: int, expandable: bool = False) -> int:
     if pool(nbytes) == "small" or expandable or remaining > K_SMALL_SIZE:
         return size
     return size + remaining
+
+
+def expandable_mapped(nbytes: int) -> int:
+    """With ``expandable_segments:True``: what a lone request maps in a fresh segment, its rounded size rounded up
+    to whole pages of 2 MiB (small pool) or 20 MiB (large pool) ("Note [Expandable Segments]")."""
+    page = K_SMALL_BUFFER if pool(nbytes) == "small" else K_LARGE_BUFFER
+    return _up(round_size(nbytes), page)
 
 
 def allocation(nbytes: int, expandable: bool = False) -> dict:

@@ -4,8 +4,8 @@ and requests worked by hand through ``round_size()``, ``get_allocation_size()`` 
 import pytest
 
 from memledger.ledger import allocator
-from memledger.ledger.allocator import allocation, allocation_table, block_size, measures_table, pool, round_size, \
-    segment_size
+from memledger.ledger.allocator import allocation, allocation_table, block_size, expandable_mapped, measures_table, \
+    pool, round_size, segment_size
 
 #: name -> value, as the source prints them (lines 48-49 and 118-125)
 SOURCE = {
@@ -44,6 +44,9 @@ def test_pool_segment_and_block(nbytes, where, segment, block):
 
 def test_expandable_segments_split_every_block():
     assert block_size(11 * 1048576 + 1, expandable=True) == 11 * 1048576 + 512
+    # pages: 2 MiB in the small pool, 20 MiB in the large (the note's "2MiB pages for our small pool and 20MiB
+    # pages for our large pool")
+    assert expandable_mapped(1000) == 2097152 and expandable_mapped(2004 * 1048576) == 101 * 20971520
 
 
 def test_bad_sizes_are_refused():
