@@ -176,3 +176,25 @@ def test_the_browser_build_needs_no_more_numpy_than_its_stand_in(tmp_path):
                           capture_output=True, text=True, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads(done.stdout) == [record_js(structure_of(s)) for s in states]
+
+
+@node
+def test_the_pages_verdict_sentence_is_pythons_at_the_margin(tmp_path, data):
+    """Over, under the margin (no fit), at the margin (fits): the script's words are memledger.answers.verdict's."""
+    from memledger.answers.verdict import MARGIN, sentence
+    gpu = 85_899_345_920
+    cases = [gpu + 1, gpu, gpu - MARGIN + 1, gpu - MARGIN, 1]
+    harness = tmp_path / "sentence.js"
+    harness.write_text(f"""
+const calc = require({json.dumps(str(ROOT / "_static" / SCRIPT))});
+const request = JSON.parse(require("fs").readFileSync(0, "utf8"));
+process.stdout.write(JSON.stringify(request.cases.map(
+  n => calc.sentence(request.data, BigInt(n), BigInt(request.gpu), ", a clause").text)));
+""")
+    done = subprocess.run(["node", str(harness)], capture_output=True, text=True,
+                          input=json.dumps({"data": data, "cases": [str(n) for n in cases], "gpu": str(gpu)}))
+    assert done.returncode == 0, done.stderr
+    said = json.loads(done.stdout)
+    assert said == [sentence(n, gpu, ", a clause") for n in cases]
+    assert [s.split(";")[0].split(":")[0].split(",")[0] for s in said] == [
+        "does not fit", "no fit", "no fit", "fits", "fits"]
