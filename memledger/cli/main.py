@@ -21,6 +21,7 @@ from . import compare as cli_compare, models as cli_models, step as cli_step
 from .options import add, build_ledger, fill_defaults, given_options, gpu_bytes, host_link, ledger_options, one_of
 from .options import output_options
 from .paths import FRAMEWORK, MODEL, PIPELINE, WORKLOAD, refuse_unread
+from .verdict import judged_by, verdict_line
 
 __all__ = ["COMMANDS", "main"]
 
@@ -90,7 +91,7 @@ def _ledger(a):
     refuse_unread(a, reads, where, {"pp": "pipeline stages split the layers: give an architecture",
                                     "framework": "pipeline stages book no framework's buffers",
                                     "link": "there is no offload transfer to time"})
-    from ..answers.verdict import CHOICES
+    from ..answers.verdict import CHOICES, MARGIN, leaves_margin
     from ..core.choices import check_choice
     check_choice("measure", a.measure, CHOICES)
     link = host_link(a.link)
@@ -102,15 +103,16 @@ def _ledger(a):
         if pipe is not None:
             data["pipeline"] = pipe
         data["gpu_memory"] = memory
-        judged = _judged(ledger, a.measure)
-        data["fits"] = judged.bytes <= memory
+        judged = judged_by(ledger, a.measure)
+        data["fits"] = leaves_margin(judged.bytes, memory)         # with the margin free (answers.verdict)
+        data["margin"] = MARGIN
         data["measure"] = judged.key
         data["judged_bytes"] = judged.bytes
         data["peak"] = None if a.measure == "total" else ledger.peak      # total: the step is not evaluated
         data["traffic"]["link"] = link
         data["traffic"]["pcie_seconds"] = float(traffic.pcie_seconds(link))
         return json.dumps(data, indent=2)
-    lines = [ledger.table(a.units).text(), "", _verdict(ledger, memory, a.measure, a.units)]
+    lines = [ledger.table(a.units).text(), "", verdict_line(ledger, memory, a.measure, a.units)]
     lines += framework_lines(ledger, a.units)
     if traffic.pcie_bytes:
         lines.append(f"Per step over {link}: GPU->CPU {format_bytes(traffic.gpu_to_cpu, a.units)}, "
@@ -136,27 +138,6 @@ def framework_lines(ledger, unit: str) -> list:
     lines = ["", f"{ledger.framework} buffers read from its source, beside the sum (live when; row already booked):"]
     return lines + [f"  {format_bytes(b.bytes, unit):>12}  {b.name} ({b.live}{'; = ' + b.booked if b.booked else ''})"
                     for b in extra]
-
-
-def _judged(ledger, measure: str):
-    """What the verdict compares with the GPU (:mod:`memledger.answers.verdict`); the sum without an architecture."""
-    from ..answers.verdict import judge, uses_peak
-    return judge(ledger, ledger.arch is not None and uses_peak(ledger, measure))
-
-
-def _verdict(ledger, memory: int, measure: str, units: str) -> str:
-    """The fits line, in the explorer's words: the step's peak where the timeline models the setup (``--measure
-    auto``), else the sum of the rows at the end of the forward pass, and the other one for comparison."""
-    from ..answers.verdict import describe
-    judged = _judged(ledger, measure)
-    head = (f"{'fits' if judged.bytes <= memory else 'does NOT fit'}: {format_bytes(judged.bytes, units)} per GPU "
-            f"against {format_bytes(memory, units)}")
-    if not ledger.arch:
-        return f"{head}, the model states (without an architecture no activations are booked)."
-    note = None
-    if measure == "total":              # the sum was asked for: the step is not evaluated
-        note = "as asked; a run fits or fails by its peak: --measure auto, or see memledger step"
-    return f"{head}{describe(ledger, judged, units, note)}."
 
 
 def _presets(a):

@@ -4,12 +4,14 @@ Every ``memledger ledger`` option, plus ``--backend`` (the conventions of
 :mod:`memledger.activations.backends`: article, cuda or cpu) and ``--foreach`` (AdamW's
 multi-tensor step). Text by default; ``--json`` prints the object of
 the README: inputs, landmarks {gpu, cpu, nvme}, peak {gpu, phase, detail},
-rows {name, kind, phase, device, bytes, formula}. The fits verdict compares
-the peak with the GPU's memory (:data:`memledger.ledger.hardware.GPU_MEMORY`).
+rows {name, kind, phase, device, bytes, formula}. The verdict compares
+the peak with the GPU's memory (:data:`memledger.ledger.hardware.GPU_MEMORY`) in the words of
+:func:`memledger.answers.verdict.sentence`: a fit leaves :data:`~memledger.answers.verdict.MARGIN` free.
 Unlike ``ledger`` this command imports SymPy (the step's programs are built
 from the library's formulas on first use).
 """
 from ..activations.backends import BACKENDS
+from ..answers.verdict import CLAUSES, MARGIN, MEASURE, leaves_margin, sentence
 from ..core.units import format_bytes
 from .options import add, build_ledger, gpu_bytes, ledger_options, output_options
 from .paths import FRAMEWORK, MODEL, WORKLOAD, refuse_unread
@@ -41,7 +43,8 @@ def step(a) -> str:
         import json
         data = result.to_dict()
         data["gpu_memory"] = memory
-        data["fits"] = result.fits(memory)
+        data["fits"] = leaves_margin(result.peak.bytes, memory)     # with the margin free (answers.verdict)
+        data["margin"] = MARGIN
         return json.dumps(data, indent=2)
     return text(result, memory, a.units)
 
@@ -59,9 +62,10 @@ def text(result, memory: int, unit: str = "GB") -> str:
     lines += [f"  {size(b):>12}  {name}" for name, b in live[:12]]
     if len(live) > 12:
         lines.append(f"  {size(sum(b for _, b in live[12:])):>12}  {len(live) - 12} smaller tensors")
-    verdict = "fits" if result.fits(memory) else "does NOT fit"
     counted = result.values["P"]
     note = "" if result.ledger.params == counted else (
-        f" (parameters counted from the shape: {counted:,}; the nominal {result.ledger.params:,} is not used)")
-    lines += ["", f"The step's peak, {size(result.peak.bytes)} per GPU, {verdict} in {size(memory)}{note}."]
+        f"; parameters counted from the shape: {counted:,}, the nominal {result.ledger.params:,} is not used")
+    clause = CLAUSES["peak"].format(peak_measure=MEASURE["peak"], total_measure=MEASURE["total"],
+                                    total=size(result.ledger.totals["gpu"])) + note
+    lines += ["", f"{sentence(result.peak.bytes, memory, clause, unit)}."]
     return "\n".join(lines)
