@@ -18,7 +18,7 @@ from ..core.exact import evaluate_expr, exact_function, is_integral_polynomial
 from ..core.symbols import L, N_d, O, P, t
 from ..states.placement import ZERO_SHARDS, device_of, state_specs
 from ..states.recipes import RECIPES
-from . import outer
+from . import outer, tensor
 from .block import block_backward, block_forward
 from .ops import BSd, Placement, Program, Tensor, block_params, residual_names
 from .outer import Param
@@ -72,6 +72,7 @@ class Built:
         outside = {}
         for part, fn in [(Part.FORWARD_START, outer.forward_start), (Part.FORWARD_END, outer.forward_end),
                          (Part.BACKWARD_START, outer.backward_start), (Part.BACKWARD_END, outer.backward_end)]:
+            fn = tensor.OUTSIDE.get(part.value, fn) if s.tensor_parallel else fn
             q = p.fork()
             fn(q, c)
             outside[part] = q.ops
@@ -82,15 +83,21 @@ class Built:
         fwd, bwd = p.fork(), p.fork()
         block_forward(fwd, c)
         block_backward(bwd, c, share)
+        if s.tensor_parallel:       # DTensor's collectives, and the gradients it leaves whole
+            tensor.collectives(fwd, bwd, tensors)
+            tensor.whole_gradients(tensors, c.grad_dtype)
         if s.zero_stage == 3:
             zero3_units(tensors, outside, fwd, bwd, c, recipe, s)
         layers = explicit_layers(s.layers or 5)
         opt = p.fork()
         moments, master = outer.adamw(recipe)
         if moments is not None:
-            params = [Param(x.name, share(x.elements), x.lump) for x in param_tensors(c, layers)] \
+            rank = tensor.param_share(share) if s.tensor_parallel else (lambda name, n: share(n))
+            params = [Param(x.name, rank(x.name, x.elements), x.lump) for x in param_tensors(c, layers)] \
                 if not grad_sharded else [Param("flat partition", sp.ceiling(P / (t * N_d)))]
             outer.optimizer(opt, params, moments, master and c.grad_dtype != "fp32", conv.foreach, c.grad_dtype)
+            if s.tensor_parallel and not conv.foreach:
+                tensor.redistribute_embedding_gradient(opt.ops, tensors, c.grad_dtype)
         saved = sum((tensors[r.name].expr for r in layer_rows), sp.Integer(0)) if s.recompute != "full" \
             else tensors["layer input"].expr
         grads = sum((tensors[f"grad {n}"].expr for n, _ in block_params(c)), sp.Integer(0))
@@ -132,6 +139,10 @@ class Built:
             static("Adam step counters", 4 * count, Kind.OPTIMIZER,
                    Device.CPU if conv.step_counters == "host" else self.placement.optimizer,
                    "one 0-d FP32 step tensor per parameter tensor (torch.optim.Adam)")
+        if s.tensor_parallel:
+            per = sum(spec.bytes_per_param for spec in specs if spec is not self.grad_row and spec.device == "gpu")
+            static(tensor.WHOLE_ROW, per * tensor.beyond_share(c), Kind.PARAM,
+                   why="the norms (GPT: and the row-wise biases) are replicated: whole on every rank")
         for name in IDS:
             static(name, t_[name].expr, Kind.ACTIVATION, why=t_[name].why)
         static("CUDA context + workspace", O, Kind.OVERHEAD,
@@ -221,7 +232,7 @@ class Built:
             row(name, x.kind, Lifetime.STEP, x.device, x.expr, set(LANDMARKS))
         g = self.grad_row
         grads = sp.ceiling(P / (t * N_d) if g.sharded else P / t) * g.bytes_per_param
-        if g.sharded:   # each tensor's shard rounded up, as backward writes them: the row is what they add up to
+        if g.sharded or self.structure.tensor_parallel:   # each tensor's shard rounded up, as backward writes them: the row is what they add up to
             marks = self.compiled.mark_counts["after backward"]
             grads = sp.Add(*(int(marks[j]) * self.tensors[n].expr for j, n in enumerate(self.names)
                              if marks[j] and self.tensors[n].lifetime is Lifetime.GRADIENT))
