@@ -67,14 +67,18 @@ class Built:
                           ("final norm input", "the last block's output, until the LM head has run")]:
             tensors[name] = Tensor(name, BSd[0] * BSd[1] * BSd[2] * (4 if c.dtype == "fp32" else 2) /
                                    (t if s.sequence_parallel else 1), Kind.TRANSIENT, Lifetime.TEMPORARY, why=why)
+        if s.tensor_parallel and s.sequence_parallel:       # DTensor saves the all-gathered inputs
+            tensor.sequence_parallel_rows(tensors, layer_rows, outside_rows, c)
         p = Program(tensors, placement)
         outer.define_grads(p, c, share)
         outside = {}
         for part, fn in [(Part.FORWARD_START, outer.forward_start), (Part.FORWARD_END, outer.forward_end),
                          (Part.BACKWARD_START, outer.backward_start), (Part.BACKWARD_END, outer.backward_end)]:
-            fn = tensor.OUTSIDE.get(part.value, fn) if s.tensor_parallel else fn
             q = p.fork()
-            fn(q, c)
+            if s.tensor_parallel:
+                tensor.OUTSIDE[part.value](q, c, s.sequence_parallel)
+            else:
+                fn(q, c)
             outside[part] = q.ops
         if s.recompute == "full":
             x = residual_names(c)[0]
@@ -84,7 +88,7 @@ class Built:
         block_forward(fwd, c)
         block_backward(bwd, c, share)
         if s.tensor_parallel:       # DTensor's collectives, and the gradients it leaves whole
-            tensor.collectives(fwd, bwd, tensors)
+            tensor.collectives(fwd, bwd, tensors, s.sequence_parallel)
             tensor.whole_gradients(tensors, c.grad_dtype)
         if s.zero_stage == 3:
             zero3_units(tensors, outside, fwd, bwd, c, recipe, s)

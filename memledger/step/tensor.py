@@ -36,11 +36,26 @@ from .structure import Shape
 from .vocab import Kind, Lifetime, Scope
 
 __all__ = ["LOGITS", "OUTSIDE", "WHOLE", "backward_start", "collectives", "forward_end", "forward_start",
-           "WHOLE_ROW", "beyond_share", "param_share", "redistribute_embedding_gradient", "whole_elements",
+           "WHOLE_ROW", "backward_end", "beyond_share", "sequence_parallel_block", "sequence_parallel_rows", "param_share", "redistribute_embedding_gradient", "whole_elements",
            "whole_gradients"]
 
 #: One rank's logits: vocabulary-parallel.
 LOGITS = (B, S, V / t)
+#: A sequence-parallel activation: the rank's S/t positions.
+BSd_t = (B, S / t, d)
+#: Under SP the norms' outputs are the rank's S/t positions; what a column-wise layer saves is its own
+#: all-gathered copy of the whole sequence (DTensor's ``redistribute(Shard(1) -> Replicate())`` output, an
+#: input of the matmul autograd keeps): {the row it becomes: the norm's output}.
+SP_NORM_OUTPUT = {"Q/K/V projection input": "norm 1 output (S/t)", "MLP input": "norm 2 output (S/t)",
+                  "LM head input": "final norm output (S/t)"}
+#: The up projection's own gathered copy of the MLP input (the gate projection's is the "MLP input" row).
+UP_COPY = "MLP input, the up projection's all-gathered copy"
+#: Temporaries of a block on the rank's S/t positions under SP (besides the norms'): the residual stream's
+#: gradients and the row-wise layers' reduce-scattered outputs.
+SP_TEMPORARIES = ("output projection output", "down-projection output", "gradient of norm 2's input",
+                  "gradient of the attention residual sum", "gradient of norm 1's input",
+                  "gradient of the MLP input via up", "gradient of the MLP input via gate", "gradient of the MLP input",
+                  "gradient of norm 1's output")
 #: Parameters a tensor-parallel plan leaves whole on every rank: the norms, the row-wise layers' biases.
 WHOLE = ("norm1.weight", "norm1.bias", "norm2.weight", "norm2.bias", "final norm.weight", "final norm.bias",
          "proj.bias", "down.bias")
@@ -78,9 +93,9 @@ def _mask_partition(p, where):
     return mask, shifted
 
 
-def forward_start(p, c: Shape):
+def forward_start(p, c: Shape, sequence_parallel=False):
     """The causal mask (eager attention) and the vocabulary-parallel embedding: the masked lookup is a partial
-    sum, all-reduced into the first block's input."""
+    sum, all-reduced into the first block's input (reduce-scattered on the sequence under SP)."""
     if c.attention == "eager":
         ones = p.new("ones (S, S)", (S, S), "bool", "torch.ones before .triu(1)")
         p.op("torch.ones(S, S)", alloc=[ones])
@@ -95,19 +110,29 @@ def forward_start(p, c: Shape):
     p.op("embedding (the rank's rows)", free=[zero], alloc=[partial])
     p.op("released", free=[shifted])
     p.op("embedding: output[mask] = 0", alloc=[fill])
-    p.op("all-reduce (sum): the embedding", free=[mask, fill], alloc=[Ref(Scope.FIRST, residual_names(c)[0])])
-    p.op("released", free=[partial])
+    first = Ref(Scope.FIRST, residual_names(c)[0])
+    if sequence_parallel:
+        p.op("split", free=[mask, fill])
+        _reduce_scatter(p, partial, first, "the embedding")
+    else:
+        p.op("all-reduce (sum): the embedding", free=[mask, fill], alloc=[first])
+        p.op("released", free=[partial])
 
 
-def forward_end(p, c: Shape):
+def forward_end(p, c: Shape, sequence_parallel=False):
     """Final norm, column-wise LM head (vocabulary-sharded logits), FP32 upcast, ``loss_parallel``'s
     log-softmax (all-reduced max and sum) and NLL (masked gather, all-reduced)."""
     a, f = c.dtype, "fp32"
-    norm_forward(p, c, "final", "LM head input")
+    out = p.new(SP_NORM_OUTPUT["LM head input"], BSd_t, a, "all-gathered by the LM head") \
+        if sequence_parallel else "LM head input"
+    norm_forward(p, c, "final", out)
+    if sequence_parallel:
+        _all_gather(p, "LM head input", "the LM head's input")
     logits = p.new("logits", LOGITS, a, "the LM head's output: the rank's V/t columns")
     p.op("LM head", alloc=[logits])
-    if c.upcast:
-        p.op("final norm input released", free=[final_input(c)])
+    if c.upcast or sequence_parallel:
+        p.op("final norm input released", free=[final_input(c) if c.upcast else None,
+                                                 out if sequence_parallel else None])
     src = logits
     if a != "fp32":
         src = p.new("logits in FP32", LOGITS, f, "logits.float(): cross-entropy runs in FP32")
@@ -158,7 +183,7 @@ def forward_end(p, c: Shape):
     p.op("loss computed", free=[src])
 
 
-def backward_start(p, c: Shape):
+def backward_start(p, c: Shape, sequence_parallel=False):
     """``_nll_loss_and_log_softmax_backward`` (the log-softmax's own backward computes nothing), the FP32
     upcast's and the LM head's backward (its input gradient all-reduced) and the final norm's."""
     a, f = c.dtype, "fp32"
@@ -199,13 +224,58 @@ def backward_start(p, c: Shape):
         p.op("released", free=[g])
         g = gb
     partial = p.new("gradient of the LM head input (partial sum)", BSd, a, "the rank's columns' contribution")
-    gfn = p.new("gradient of the LM head input", BSd, a, "all-reduced")
+    gfn = p.new("gradient of the LM head input", BSd_t if sequence_parallel else BSd, a,
+                "reduce-scattered on the sequence" if sequence_parallel else "all-reduced")
     p.op("LM head backward", alloc=["grad head.weight", partial])
     p.op("released", free=[g, "LM head input"])
-    p.op("all-reduce (sum): the LM head's input gradient", alloc=[gfn])
-    p.op("released", free=[partial])
+    if sequence_parallel:
+        _reduce_scatter(p, partial, gfn, "the LM head's input gradient")
+    else:
+        p.op("all-reduce (sum): the LM head's input gradient", alloc=[gfn])
+        p.op("released", free=[partial])
     grads = [f"grad {n}" for n, _ in final_norm_params(c)]
     norm_backward(p, c, "final", gfn, Ref(Scope.LAST, "dX_out"), grads)
+
+
+def backward_end(p, c: Shape, sequence_parallel=False):
+    """The embedding's backward: ``embedding_dense_backward`` on Replicate inputs, the whole V x d gradient
+    (:func:`whole_gradients`); under SP its input gradient is first all-gathered."""
+    g = "grad of the embedding output"
+    if sequence_parallel:
+        g = _all_gather(p, p.new("grad of the embedding output, all-gathered", BSd, c.dtype, "the whole sequence"),
+                        "the embedding's output gradient")
+        p.op("embedding backward", free=["grad of the embedding output"], alloc=["grad embedding.weight"])
+        p.op("released", free=[g])
+    else:
+        p.op("embedding backward", alloc=["grad embedding.weight"])
+        p.op("released", free=[g])
+    p.op("loss released", free=["gradient of the loss", "loss"])
+
+
+def _all_gather(p, out, what):
+    """``all_gather_into_tensor`` (the ranks' shards stacked on dim 0), then ``torch.cat`` into the Shard(1)
+    layout: ``out``, the whole sequence; the stacked buffer is released."""
+    stacked = _like(p, f"all-gather output: {what}", out, "the ranks' shards on dim 0")
+    p.op(f"all-gather: {what}", alloc=[stacked])
+    p.op("cat: the sequence in order", alloc=[out])
+    p.op("released", free=[stacked])
+    return out
+
+
+def _reduce_scatter(p, partial, out, what):
+    """A partial sum reduce-scattered on the sequence: its shards made contiguous (``torch.cat`` of a split on
+    dim 1: a copy of the whole), reduce-scattered into ``out`` (S/t); the copy and the partial sum released."""
+    flat = _like(p, f"reduce-scatter input: {what}", partial, "cat of the split on the sequence")
+    p.op(f"cat: {what} split on the sequence", alloc=[flat])
+    p.op(f"reduce-scatter: {what}", alloc=[out])
+    p.op("released", free=[flat])
+    p.op("released", free=[partial])
+
+
+def _like(p, name, other: str, why):
+    """A temporary ``name`` of ``other``'s size."""
+    p.tensors[name] = Tensor(name, p.tensors[other].expr, Kind.TRANSIENT, Lifetime.TEMPORARY, why=why)
+    return name
 
 
 def _all_reduced(ops, tensors, labels, after: int):
@@ -230,11 +300,106 @@ def _all_reduced(ops, tensors, labels, after: int):
     return out
 
 
-def collectives(fwd, bwd, tensors):
-    """A block's all-reduces: after each row-wise layer's forward (its output), and after each column-wise
-    layer's backward has released its inputs (its input gradient)."""
+def collectives(fwd, bwd, tensors, sequence_parallel=False):
+    """A block's collectives. Without SP: all-reduces after each row-wise layer's forward (its output), and
+    after each column-wise layer's backward has released its inputs (its input gradient). With SP
+    (:func:`sequence_parallel_block`): reduce-scatters there, and all-gathers before each column-wise layer's
+    forward (its input) and each row-wise layer's backward (its output gradient)."""
+    if sequence_parallel:
+        sequence_parallel_block(fwd, bwd, tensors)
+        return
     fwd.ops[:] = _all_reduced(fwd.ops, tensors, ROW_FORWARD, 0)
     bwd.ops[:] = _all_reduced(bwd.ops, tensors, COLUMN_BACKWARD, 1)
+
+
+def sequence_parallel_rows(tensors, layer_rows, outside_rows, c: Shape):
+    """Under SP, what DTensor saves: each column-wise layer's all-gathered input, the whole sequence (the QKV
+    projection's, the gate's, the up projection's, the LM head's), where Megatron-LM saves the S/t shard and
+    gathers it again in backward (the ledger's rows, Korthikanti et al. 2022 Sec. 4.2.2)."""
+    from ..activations.inventory import Saved
+    whole = B * S * d * nbytes(c.dtype)
+    for name in SP_NORM_OUTPUT:
+        if name in tensors:
+            x = tensors[name]
+            tensors[name] = Tensor(name, whole, x.kind, x.lifetime, x.device,
+                                   "the column-wise layer's all-gathered input (DTensor saves it whole)")
+    tensors[UP_COPY] = Tensor(UP_COPY, whole, Kind.ACTIVATION, Lifetime.SAVED, why="saved by the up projection")
+    k = next(i for i, r in enumerate(layer_rows) if r.name == "MLP input")
+    layer_rows.insert(k + 1, Saved(UP_COPY, "the up projection's matmul saves its own gathered input",
+                                   (B, S, d), c.dtype, block="mlp"))
+
+
+def sequence_parallel_block(fwd, bwd, tensors):
+    """A block's forward and backward under SP (``SequenceParallel`` norms; column-wise layers with
+    ``input_layouts=Shard(1)``, row-wise with ``output_layouts=Shard(1)``), as MemTracker saw them."""
+    def temporary(name, expr, why):
+        tensors[name] = Tensor(name, expr, Kind.TRANSIENT, Lifetime.TEMPORARY, why=why)
+        return name
+    for name in SP_TEMPORARIES:
+        if name in tensors:
+            x = tensors[name]
+            tensors[name] = Tensor(name, x.expr.subs(S, S / t), x.kind, x.lifetime, x.device, x.why)
+    for name, x in list(tensors.items()):
+        if x.lifetime is Lifetime.TEMPORARY and name.startswith("norm ") and "S/t" not in name:
+            tensors[name] = Tensor(name, x.expr.subs(S, S / t), x.kind, x.lifetime, x.device, x.why)
+    whole = tensors["Q/K/V projection input"].expr
+    outputs = {row: temporary(n, whole / t, "the norm's output, the rank's positions")
+               for row, n in SP_NORM_OUTPUT.items() if row != "LM head input"}
+    gathered = {"QKV": "Q/K/V projection input", "gate projection": "MLP input", "up projection": UP_COPY}
+    out = []
+    for op in fwd.ops:
+        op = op._replace(allocs=tuple(outputs.get(n, n) if isinstance(n, str) else n for n in op.allocs))
+        column = next((k for k in gathered if op.label.startswith(k) and "backward" not in op.label), None)
+        if column:
+            what = f"the {column} input"
+            stacked = temporary(f"all-gather output: {what}", whole, "the ranks' shards on dim 0")
+            out += [ProgramOp(f"all-gather: {what}", (), (stacked,)),
+                    ProgramOp("cat: the sequence in order", (), (gathered[column],)),
+                    ProgramOp("released", (stacked,), ())]
+        if op.label == "block returns":
+            op = op._replace(frees=op.frees + (outputs["MLP input"],))
+        if op.label in ROW_FORWARD:
+            name = next(n for n in op.allocs if isinstance(n, str) and tensors[n].lifetime is Lifetime.TEMPORARY)
+            partial = temporary(f"{name} (partial sum)", whole, "the rank's share, before the reduce-scatter")
+            flat = temporary(f"reduce-scatter input: {name}", whole, "cat of the split on the sequence")
+            out += [op._replace(allocs=tuple(partial if n == name else n for n in op.allocs)),
+                    ProgramOp("cat: split on the sequence", (), (flat,)),
+                    ProgramOp("reduce-scatter", (), (name,)), ProgramOp("released", (flat,), ()),
+                    ProgramOp("released", (partial,), ())]
+            continue
+        out.append(op)
+        if column == "QKV":
+            out.append(ProgramOp("released", (outputs["Q/K/V projection input"],), ()))
+    fwd.ops[:] = out
+    out, pending = [], {}
+    row_grads = {"down projection backward": "gradient of the block output", "output projection backward":
+                 "gradient of the attention residual sum"}
+    for k, op in enumerate(bwd.ops):
+        if op.label in row_grads:
+            what = row_grads[op.label]
+            stacked = temporary(f"all-gather output: {what}", whole, "the ranks' shards on dim 0")
+            copy = temporary(f"{what}, all-gathered", whole, "the row-wise layer's output gradient, whole")
+            out += [ProgramOp(f"all-gather: {what}", (), (stacked,)),
+                    ProgramOp("cat: the sequence in order", (), (copy,)), ProgramOp("released", (stacked,), ())]
+            pending[k + 1] = ("free", copy)
+        if op.label in COLUMN_BACKWARD:
+            name = next(n for n in op.allocs if isinstance(n, str) and tensors[n].lifetime is Lifetime.TEMPORARY)
+            partial = temporary(f"{name} (partial sum)", whole, "the rank's share, before the reduce-scatter")
+            op = op._replace(allocs=tuple(partial if n == name else n for n in op.allocs))
+            pending[k + 1] = ("scatter", name, partial)
+        if op.label == "up projection backward":
+            pending.setdefault(("up", k + 1), UP_COPY)
+        if ("up", k) in pending:
+            op = op._replace(frees=op.frees + (pending.pop(("up", k)),))
+        if k in pending and pending[k][0] == "free":
+            op = op._replace(frees=op.frees + (pending.pop(k)[1],))
+        out.append(op)
+        if k in pending:
+            _, name, partial = pending.pop(k)
+            flat = temporary(f"reduce-scatter input: {name}", whole, "cat of the split on the sequence")
+            out += [ProgramOp("cat: split on the sequence", (), (flat,)), ProgramOp("reduce-scatter", (), (name,)),
+                    ProgramOp("released", (flat,), ()), ProgramOp("released", (partial,), ())]
+    bwd.ops[:] = out
 
 
 def whole_gradients(tensors, grad_dtype: str):
@@ -283,6 +448,6 @@ def redistribute_embedding_gradient(ops, tensors, dtype: str):
                 ProgramOp("released", tuple(names[1:]), ())]
 
 
-#: The programs outside the blocks under tensor parallelism (``backward_end`` is the plain one: only the
-#: embedding gradient's size differs, :func:`whole_gradients`).
-OUTSIDE = {"forward start": forward_start, "forward end": forward_end, "backward start": backward_start}
+#: The programs outside the blocks under tensor parallelism (each takes ``sequence_parallel``).
+OUTSIDE = {"forward start": forward_start, "forward end": forward_end, "backward start": backward_start,
+           "backward end": backward_end}
