@@ -88,7 +88,7 @@ class Built:
         block_forward(fwd, c)
         block_backward(bwd, c, share)
         if s.tensor_parallel:       # DTensor's collectives, and the gradients it leaves whole
-            tensor.collectives(fwd, bwd, tensors, s.sequence_parallel)
+            tensor.collectives(fwd, bwd, tensors, s.sequence_parallel, c.gpt)
             tensor.whole_gradients(tensors, c.grad_dtype)
         if s.zero_stage == 3:
             zero3_units(tensors, outside, fwd, bwd, c, recipe, s)

@@ -226,7 +226,13 @@ def backward_start(p, c: Shape, sequence_parallel=False):
     partial = p.new("gradient of the LM head input (partial sum)", BSd, a, "the rank's columns' contribution")
     gfn = p.new("gradient of the LM head input", BSd_t if sequence_parallel else BSd, a,
                 "reduce-scattered on the sequence" if sequence_parallel else "all-reduced")
-    p.op("LM head backward", alloc=["grad head.weight", partial])
+    head = "grad head.weight"
+    if c.is_tied:
+        head = "LM head's contribution to the tied embedding gradient"
+        x = p.tensors["grad embedding.weight"]
+        p.tensors[head] = Tensor(head, x.expr, Kind.TRANSIENT, Lifetime.TEMPORARY, x.device,
+                                 "waits in autograd's buffer for the embedding's contribution")
+    p.op("LM head backward", alloc=[head, partial])
     p.op("released", free=[g, "LM head input"])
     if sequence_parallel:
         _reduce_scatter(p, partial, gfn, "the LM head's input gradient")
@@ -244,8 +250,13 @@ def backward_end(p, c: Shape, sequence_parallel=False):
     if sequence_parallel:
         g = _all_gather(p, p.new("grad of the embedding output, all-gathered", BSd, c.dtype, "the whole sequence"),
                         "the embedding's output gradient")
-        p.op("embedding backward", free=["grad of the embedding output"], alloc=["grad embedding.weight"])
+        p.op("released", free=["grad of the embedding output"])
+    if c.is_tied:
+        dense = p.new("embedding gradient (dense)", (V, d), c.grad_dtype, "embedding_dense_backward's output")
+        p.op("embedding backward", alloc=[dense])
         p.op("released", free=[g])
+        p.op("tied weight: both gradients summed", alloc=["grad embedding.weight"])
+        p.op("released", free=[dense, "LM head's contribution to the tied embedding gradient"])
     else:
         p.op("embedding backward", alloc=["grad embedding.weight"])
         p.op("released", free=[g])
@@ -300,13 +311,13 @@ def _all_reduced(ops, tensors, labels, after: int):
     return out
 
 
-def collectives(fwd, bwd, tensors, sequence_parallel=False):
+def collectives(fwd, bwd, tensors, sequence_parallel=False, gpt=False):
     """A block's collectives. Without SP: all-reduces after each row-wise layer's forward (its output), and
     after each column-wise layer's backward has released its inputs (its input gradient). With SP
     (:func:`sequence_parallel_block`): reduce-scatters there, and all-gathers before each column-wise layer's
     forward (its input) and each row-wise layer's backward (its output gradient)."""
     if sequence_parallel:
-        sequence_parallel_block(fwd, bwd, tensors)
+        sequence_parallel_block(fwd, bwd, tensors, gpt)
         return
     fwd.ops[:] = _all_reduced(fwd.ops, tensors, ROW_FORWARD, 0)
     bwd.ops[:] = _all_reduced(bwd.ops, tensors, COLUMN_BACKWARD, 1)
@@ -323,13 +334,15 @@ def sequence_parallel_rows(tensors, layer_rows, outside_rows, c: Shape):
             x = tensors[name]
             tensors[name] = Tensor(name, whole, x.kind, x.lifetime, x.device,
                                    "the column-wise layer's all-gathered input (DTensor saves it whole)")
+    if c.gpt:               # one column-wise layer in the MLP: its copy is the MLP input row
+        return
     tensors[UP_COPY] = Tensor(UP_COPY, whole, Kind.ACTIVATION, Lifetime.SAVED, why="saved by the up projection")
     k = next(i for i, r in enumerate(layer_rows) if r.name == "MLP input")
     layer_rows.insert(k + 1, Saved(UP_COPY, "the up projection's matmul saves its own gathered input",
                                    (B, S, d), c.dtype, block="mlp"))
 
 
-def sequence_parallel_block(fwd, bwd, tensors):
+def sequence_parallel_block(fwd, bwd, tensors, gpt=False):
     """A block's forward and backward under SP (``SequenceParallel`` norms; column-wise layers with
     ``input_layouts=Shard(1)``, row-wise with ``output_layouts=Shard(1)``), as MemTracker saw them."""
     def temporary(name, expr, why):
@@ -346,6 +359,8 @@ def sequence_parallel_block(fwd, bwd, tensors):
     outputs = {row: temporary(n, whole / t, "the norm's output, the rank's positions")
                for row, n in SP_NORM_OUTPUT.items() if row != "LM head input"}
     gathered = {"QKV": "Q/K/V projection input", "gate projection": "MLP input", "up projection": UP_COPY}
+    if gpt:
+        gathered["up projection"] = "MLP input"
     out = []
     for op in fwd.ops:
         op = op._replace(allocs=tuple(outputs.get(n, n) if isinstance(n, str) else n for n in op.allocs))
@@ -387,7 +402,7 @@ def sequence_parallel_block(fwd, bwd, tensors):
             partial = temporary(f"{name} (partial sum)", whole, "the rank's share, before the reduce-scatter")
             op = op._replace(allocs=tuple(partial if n == name else n for n in op.allocs))
             pending[k + 1] = ("scatter", name, partial)
-        if op.label == "up projection backward":
+        if op.label == "up projection backward" and not gpt:
             pending.setdefault(("up", k + 1), UP_COPY)
         if ("up", k) in pending:
             op = op._replace(frees=op.frees + (pending.pop(("up", k)),))
