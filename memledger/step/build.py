@@ -88,8 +88,8 @@ class Built:
         block_forward(fwd, c)
         block_backward(bwd, c, share)
         if s.tensor_parallel:       # DTensor's collectives, and the gradients it leaves whole
-            tensor.collectives(fwd, bwd, tensors, s.sequence_parallel, c.gpt)
-            tensor.whole_gradients(tensors, c.grad_dtype)
+            tensor.collectives(fwd, bwd, tensors, c, s.sequence_parallel)
+            tensor.whole_gradients(tensors, c.grad_dtype, c.is_tied)
         if s.zero_stage == 3:
             zero3_units(tensors, outside, fwd, bwd, c, recipe, s)
         layers = explicit_layers(s.layers or 5)
@@ -100,7 +100,7 @@ class Built:
             params = [Param(x.name, rank(x.name, x.elements), x.lump) for x in param_tensors(c, layers)] \
                 if not grad_sharded else [Param("flat partition", sp.ceiling(P / (t * N_d)))]
             outer.optimizer(opt, params, moments, master and c.grad_dtype != "fp32", conv.foreach, c.grad_dtype)
-            if s.tensor_parallel and not conv.foreach:
+            if s.tensor_parallel and not conv.foreach and not c.is_tied:
                 tensor.redistribute_embedding_gradient(opt.ops, tensors, c.grad_dtype)
         saved = sum((tensors[r.name].expr for r in layer_rows), sp.Integer(0)) if s.recompute != "full" \
             else tensors["layer input"].expr

@@ -251,12 +251,15 @@ def backward_end(p, c: Shape, sequence_parallel=False):
         g = _all_gather(p, p.new("grad of the embedding output, all-gathered", BSd, c.dtype, "the whole sequence"),
                         "the embedding's output gradient")
         p.op("released", free=["grad of the embedding output"])
-    if c.is_tied:
+    if c.is_tied:           # the Replicate gradient is redistributed to the head's Shard(0) before the sum
         dense = p.new("embedding gradient (dense)", (V, d), c.grad_dtype, "embedding_dense_backward's output")
+        rows = p.new("embedding gradient, the rank's rows", (sp.ceiling(V * d / t),), c.grad_dtype,
+                     "redistribute(Replicate -> Shard(0)): a contiguous copy")
         p.op("embedding backward", alloc=[dense])
         p.op("released", free=[g])
+        p.op("the rank's rows", alloc=[rows])
         p.op("tied weight: both gradients summed", alloc=["grad embedding.weight"])
-        p.op("released", free=[dense, "LM head's contribution to the tied embedding gradient"])
+        p.op("released", free=[dense, rows, "LM head's contribution to the tied embedding gradient"])
     else:
         p.op("embedding backward", alloc=["grad embedding.weight"])
         p.op("released", free=[g])
@@ -311,16 +314,34 @@ def _all_reduced(ops, tensors, labels, after: int):
     return out
 
 
-def collectives(fwd, bwd, tensors, sequence_parallel=False, gpt=False):
+def collectives(fwd, bwd, tensors, c: Shape, sequence_parallel=False):
     """A block's collectives. Without SP: all-reduces after each row-wise layer's forward (its output), and
     after each column-wise layer's backward has released its inputs (its input gradient). With SP
     (:func:`sequence_parallel_block`): reduce-scatters there, and all-gathers before each column-wise layer's
     forward (its input) and each row-wise layer's backward (its output gradient)."""
     if sequence_parallel:
-        sequence_parallel_block(fwd, bwd, tensors, gpt)
-        return
-    fwd.ops[:] = _all_reduced(fwd.ops, tensors, ROW_FORWARD, 0)
-    bwd.ops[:] = _all_reduced(bwd.ops, tensors, COLUMN_BACKWARD, 1)
+        sequence_parallel_block(fwd, bwd, tensors, c.gpt)
+    else:
+        fwd.ops[:] = _all_reduced(fwd.ops, tensors, ROW_FORWARD, 0)
+        bwd.ops[:] = _all_reduced(bwd.ops, tensors, COLUMN_BACKWARD, 1)
+    if c.gpt:
+        _partial_biases(fwd.ops, tensors, d * nbytes(c.dtype))
+
+
+def _partial_biases(ops, tensors, size):
+    """A row-wise layer's bias is Replicate and its matmul's output Partial: ``addmm`` reads the bias
+    redistributed Replicate -> Partial (divided by t on every rank), a d-element temporary, released once
+    the layer has run."""
+    k = 0
+    while k < len(ops):
+        if ops[k].label in ROW_FORWARD:
+            name = f"{ops[k].label} bias / t"
+            tensors[name] = Tensor(name, size, Kind.TRANSIENT, Lifetime.TEMPORARY,
+                                   why="redistribute(Replicate -> Partial) of the bias")
+            ops.insert(k, ProgramOp("bias / t", (), (name,)))
+            ops[k + 2] = ops[k + 2]._replace(frees=ops[k + 2].frees + (name,))
+            k += 2
+        k += 1
 
 
 def sequence_parallel_rows(tensors, layer_rows, outside_rows, c: Shape):
@@ -417,14 +438,17 @@ def sequence_parallel_block(fwd, bwd, tensors, gpt=False):
     bwd.ops[:] = out
 
 
-def whole_gradients(tensors, grad_dtype: str):
-    """The gradients a rank holds whole: the replicated parameters' (:data:`WHOLE`) and the vocabulary-parallel
-    embedding's, which DTensor's embedding backward returns Replicate."""
+def whole_gradients(tensors, grad_dtype: str, tied=False):
+    """The gradients a rank holds whole: the replicated parameters' (:data:`WHOLE`) and, untied, the
+    vocabulary-parallel embedding's, which DTensor's embedding backward returns Replicate (tied, the sum
+    with the LM head's Shard(0) gradient is Shard(0))."""
     for name, x in list(tensors.items()):
         if x.lifetime is Lifetime.GRADIENT and name.startswith("grad ") and _whole(name):
             elements = d if "norm" in name or name.endswith(("proj.bias", "down.bias")) else None
             if elements is not None:
                 tensors[name] = Tensor(name, elements * nbytes(grad_dtype), x.kind, x.lifetime, x.device, x.why)
+    if tied:
+        return
     x = tensors["grad embedding.weight"]
     tensors[x.name] = Tensor(x.name, V * d * nbytes(grad_dtype), x.kind, x.lifetime, x.device,
                              "whole on every rank: DTensor's embedding backward returns it Replicate")
