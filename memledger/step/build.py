@@ -143,10 +143,11 @@ class Built:
             static("Adam step counters", 4 * count, Kind.OPTIMIZER,
                    Device.CPU if conv.step_counters == "host" else self.placement.optimizer,
                    "one 0-d FP32 step tensor per parameter tensor (torch.optim.Adam)")
-        if s.tensor_parallel:
-            per = sum(spec.bytes_per_param for spec in specs if spec is not self.grad_row and spec.device == "gpu")
-            static(tensor.WHOLE_ROW, per * tensor.beyond_share(c), Kind.PARAM,
-                   why="the norms (GPT: and the row-wise biases) are replicated: whole on every rank")
+        for device in dict.fromkeys(spec.device for spec in specs) if s.tensor_parallel else ():
+            per = sum(spec.bytes_per_param for spec in specs if spec is not self.grad_row and spec.device == device
+                      and not spec.sharded)         # ZeRO-sharded states x TP: not run against PyTorch here
+            static(tensor.WHOLE_ROW + ("" if device == "gpu" else f" ({device})"), per * tensor.beyond_share(c),
+                   Kind.PARAM, Device(device), "the norms (GPT: and the row-wise biases) are whole on every rank")
         for name in IDS:
             static(name, t_[name].expr, Kind.ACTIVATION, why=t_[name].why)
         static("CUDA context + workspace", O, Kind.OVERHEAD,
@@ -236,7 +237,8 @@ class Built:
             row(name, x.kind, Lifetime.STEP, x.device, x.expr, set(LANDMARKS))
         g = self.grad_row
         grads = sp.ceiling(P / (t * N_d) if g.sharded else P / t) * g.bytes_per_param
-        if g.sharded or self.structure.tensor_parallel:   # each tensor's shard rounded up, as backward writes them: the row is what they add up to
+        # sharded (each tensor's shard rounded up) or tensor-parallel (some whole): what backward writes adds up to it
+        if g.sharded or self.structure.tensor_parallel:
             marks = self.compiled.mark_counts["after backward"]
             grads = sp.Add(*(int(marks[j]) * self.tensors[n].expr for j, n in enumerate(self.names)
                              if marks[j] and self.tensors[n].lifetime is Lifetime.GRADIENT))

@@ -35,9 +35,10 @@ from .outer import final_norm_params
 from .structure import Shape
 from .vocab import Kind, Lifetime, Scope
 
-__all__ = ["LOGITS", "OUTSIDE", "WHOLE", "backward_start", "collectives", "forward_end", "forward_start",
-           "WHOLE_ROW", "backward_end", "beyond_share", "sequence_parallel_block", "sequence_parallel_rows", "param_share", "redistribute_embedding_gradient", "whole_elements",
-           "whole_gradients"]
+__all__ = ["BSd_t", "COLUMN_BACKWARD", "LOGITS", "OUTSIDE", "ROW_FORWARD", "SP_NORM_OUTPUT", "SP_TEMPORARIES",
+           "UP_COPY", "WHOLE", "WHOLE_ROW", "backward_end", "backward_start", "beyond_share", "collectives",
+           "forward_end", "forward_start", "param_share", "redistribute_embedding_gradient", "sequence_parallel_block",
+           "sequence_parallel_rows", "whole_elements", "whole_gradients"]
 
 #: One rank's logits: vocabulary-parallel.
 LOGITS = (B, S, V / t)
