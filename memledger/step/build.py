@@ -68,7 +68,7 @@ class Built:
             tensors[name] = Tensor(name, BSd[0] * BSd[1] * BSd[2] * (4 if c.dtype == "fp32" else 2) /
                                    (t if s.sequence_parallel else 1), Kind.TRANSIENT, Lifetime.TEMPORARY, why=why)
         if s.tensor_parallel and s.sequence_parallel:       # DTensor saves the all-gathered inputs
-            tensor.sequence_parallel_rows(tensors, layer_rows, outside_rows, c)
+            tensor.sequence_parallel_rows(tensors, layer_rows, c)
         p = Program(tensors, placement)
         outer.define_grads(p, c, share)
         outside = {}

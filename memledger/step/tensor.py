@@ -345,7 +345,7 @@ def _partial_biases(ops, tensors, size):
         k += 1
 
 
-def sequence_parallel_rows(tensors, layer_rows, outside_rows, c: Shape):
+def sequence_parallel_rows(tensors, layer_rows, c: Shape):
     """Under SP, what DTensor saves: each column-wise layer's all-gathered input, the whole sequence (the QKV
     projection's, the gate's, the up projection's, the LM head's), where Megatron-LM saves the S/t shard and
     gathers it again in backward (the ledger's rows, Korthikanti et al. 2022 Sec. 4.2.2)."""
