@@ -19,7 +19,7 @@ from ..core.exact import evaluate_expr, exact_function, integer_function, is_int
 from ..core.symbols import L, N_d, O, P, t
 from ..states.placement import ZERO_SHARDS, device_of, state_specs
 from ..states.recipes import RECIPES
-from . import ddp, outer
+from . import ddp, outer, tensor
 from .block import block_backward, block_forward
 from .ops import BSd, Placement, Program, Tensor, block_params, residual_names
 from .outer import Param
@@ -68,13 +68,18 @@ class Built:
                           ("final norm input", "the last block's output, until the LM head has run")]:
             tensors[name] = Tensor(name, BSd[0] * BSd[1] * BSd[2] * (4 if c.dtype == "fp32" else 2) /
                                    (t if s.sequence_parallel else 1), Kind.TRANSIENT, Lifetime.TEMPORARY, why=why)
+        if s.tensor_parallel and s.sequence_parallel:       # DTensor saves the all-gathered inputs
+            tensor.sequence_parallel_rows(tensors, layer_rows, c)
         p = Program(tensors, placement)
         outer.define_grads(p, c, share)
         outside = {}
         for part, fn in [(Part.FORWARD_START, outer.forward_start), (Part.FORWARD_END, outer.forward_end),
                          (Part.BACKWARD_START, outer.backward_start), (Part.BACKWARD_END, outer.backward_end)]:
             q = p.fork()
-            fn(q, c)
+            if s.tensor_parallel:
+                tensor.OUTSIDE[part.value](q, c, s.sequence_parallel)
+            else:
+                fn(q, c)
             outside[part] = q.ops
         if s.recompute == "full":
             x = residual_names(c)[0]
@@ -83,16 +88,22 @@ class Built:
         fwd, bwd = p.fork(), p.fork()
         block_forward(fwd, c)
         block_backward(bwd, c, share)
+        if s.tensor_parallel:       # DTensor's collectives, and the gradients it leaves whole
+            tensor.collectives(fwd, bwd, tensors, c, s.sequence_parallel)
+            tensor.whole_gradients(tensors, c.grad_dtype, c.is_tied)
         if s.zero_stage == 3:
             zero3_units(tensors, outside, fwd, bwd, c, recipe, s)
         layers = explicit_layers(s.layers or 5)
         opt = p.fork()
         moments, master = outer.adamw(recipe)
         if moments is not None:
-            params = [Param(x.name, share(x.elements), x.lump) for x in param_tensors(c, layers)] \
+            rank = tensor.param_share(share) if s.tensor_parallel else (lambda name, n: share(n))
+            params = [Param(x.name, rank(x.name, x.elements), x.lump) for x in param_tensors(c, layers)] \
                 if not grad_sharded else [Param("flat partition", sp.ceiling(P / (t * N_d)))]
             outer.optimizer(opt, params, moments, master and c.grad_dtype != "fp32", conv.foreach, c.grad_dtype,
                             kept=s.bucket_view)
+            if s.tensor_parallel and not conv.foreach and not c.is_tied:
+                tensor.redistribute_embedding_gradient(opt.ops, tensors, c.grad_dtype)
         saved = sum((tensors[r.name].expr for r in layer_rows), sp.Integer(0)) if s.recompute != "full" \
             else tensors["layer input"].expr
         grads = sum((tensors[f"grad {n}"].expr for n, _ in block_params(c)), sp.Integer(0))
@@ -136,6 +147,11 @@ class Built:
             static("Adam step counters", 4 * count, Kind.OPTIMIZER,
                    Device.CPU if conv.step_counters == "host" else self.placement.optimizer,
                    "one 0-d FP32 step tensor per parameter tensor (torch.optim.Adam)")
+        for device in dict.fromkeys(spec.device for spec in specs) if s.tensor_parallel else ():
+            per = sum(spec.bytes_per_param for spec in specs if spec is not self.grad_row and spec.device == device
+                      and not spec.sharded)         # ZeRO-sharded states x TP: not run against PyTorch here
+            static(tensor.WHOLE_ROW + ("" if device == "gpu" else f" ({device})"), per * tensor.beyond_share(c),
+                   Kind.PARAM, Device(device), "the norms (GPT: and the row-wise biases) are whole on every rank")
         for name in IDS:
             static(name, t_[name].expr, Kind.ACTIVATION, why=t_[name].why)
         if s.framework == "ddp":
@@ -231,7 +247,8 @@ class Built:
         name = g.name
         if self.structure.bucket_view:  # DDP: the gradients are views into its buckets (rows of their own)
             grads, name = sp.Integer(0), g.name + " (views into DDP's gradient buckets)"
-        if g.sharded:   # each tensor's shard rounded up, as backward writes them: the row is what they add up to
+        # sharded (each tensor's shard rounded up) or tensor-parallel (some whole): what backward writes adds up to it
+        if g.sharded or self.structure.tensor_parallel:
             marks = self.compiled.mark_counts["after backward"]
             grads = sp.Add(*(int(marks[j]) * self.tensors[n].expr for j, n in enumerate(self.names)
                              if marks[j] and self.tensors[n].lifetime is Lifetime.GRADIENT))

@@ -55,6 +55,7 @@ class Shape:
     tied: bool = None       # None: as the style says (GPT tied, LLaMA untied); True: a tied LLaMA decoder (Gemma)
     recompute: str = "none"  # the save policy: none, selective or full recomputation (memledger.step.block)
     head_dim: bool = False  # a head size d_h other than d/H: Q and the output projection's input H*d_h wide
+    tp: bool = False        # tensor parallelism as DTensor runs it: a block at H/t heads, F/t (memledger.step.tensor)
 
     @property
     def gpt(self):
@@ -124,7 +125,7 @@ class StepStructure:
         shape = Shape(arch.style, kernel, bool(ledger.dropout), conv.rmsnorm, act, conv.norm_stats is not None,
                       ledger.batch_size == 1, grad, opts["mask_dtype"], opts["norm_stats"], gqa,
                       gqa and arch.kv_heads == 1, True if llama and f.has_qkv_bias else None,
-                      True if llama and f.is_tied else None, ledger.recompute, f.head_dim)
+                      True if llama and f.is_tied else None, ledger.recompute, f.head_dim, ledger.tp > 1)
         return cls(shape, ledger.recipe, ledger.zero_stage, ledger.offload_optimizer, ledger.offload_params,
                    ledger.offload_placement, ledger.recompute, ledger.tp > 1, ledger.sequence_parallel, conv,
                    arch.n_layers if arch.n_layers <= 4 else None, True, *_framework(ledger))

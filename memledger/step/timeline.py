@@ -29,7 +29,12 @@ as the ledger does (and the gradients as backward writes them); ZeRO-3
 gathers each block's parameters (and, in backward, its gradients) before
 running it, two blocks with prefetch (DeepSpeed's stage-3 prefetch bucket,
 FSDP's ``forward_prefetch``/``backward_prefetch``); the gathered unit is one
-block. Tensor parallelism divides the sharded tensors by t (Megatron-LM).
+block. Tensor (and sequence) parallelism is DTensor's ``parallelize_module`` as
+:mod:`memledger.step.tensor` writes it: blocks at H/t heads and F/t, the
+vocabulary-parallel embedding and loss, every all-reduce, reduce-scatter and
+all-gather buffer, the norms and the untied embedding's gradient whole on every
+rank; under SP each column-wise layer saves its own all-gathered input (checked
+to the byte against ``tp_step`` by ``tests/step/test_tensor.py``).
 """
 from dataclasses import dataclass
 from functools import cached_property
