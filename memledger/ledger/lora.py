@@ -230,6 +230,11 @@ class LoraLedger:
                 "rows": [r.to_dict() for r in self.rows],
                 "model_states_by_role": self.by_role(), "totals": self.totals}
 
+    def step(self, backend="article", **conventions):
+        """The step timeline of this run (:class:`memledger.step.lora.LoraStep`): landmarks, transients, peak."""
+        from ..step.lora import LoraStep
+        return LoraStep(self, backend, **conventions)
+
     def table(self, unit: str = "GB"):
         """Rows and totals as a :class:`memledger.views.display.Table` (text, Markdown, HTML)."""
         from .table import ledger_table
