@@ -233,7 +233,10 @@ class LoraLedger:
     def step(self, backend="article", **conventions):
         """The step timeline of this run (:class:`memledger.step.lora.LoraStep`): landmarks, transients, peak."""
         from ..step.lora import LoraStep
-        return LoraStep(self, backend, **conventions)
+        from .ledger import Ledger
+        ledger = Ledger(self.arch, batch_size=self.batch_size, seq_len=self.seq_len, recipe="bf16-pure-adamw",
+                        overhead_bytes=self.overhead_bytes, dropout=False, flash_attention=self.flash_attention)
+        return LoraStep(self, ledger, backend, **conventions)
 
     def table(self, unit: str = "GB"):
         """Rows and totals as a :class:`memledger.views.display.Table` (text, Markdown, HTML)."""

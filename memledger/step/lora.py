@@ -663,13 +663,11 @@ ADAPTER_RECIPES = ("bf16-pure-adamw", "bf16-adamw", "bf16-adamw32-bnb")
 class LoraStep(Step):
     """The step timeline of a :class:`memledger.ledger.lora.LoraLedger` (``LoraLedger(...).step(backend)``)."""
 
-    def __init__(self, lora_ledger, backend="article", **changes):
-        from ..ledger.ledger import Ledger
+    def __init__(self, lora_ledger, ledger, backend="article", **changes):
+        """``ledger``: a :class:`memledger.ledger.ledger.Ledger` of the same model and workload (its values)."""
         config, arch = lora_ledger.config, lora_ledger.arch
         self.ledger = lora_ledger
         self.conventions = conv = get_backend(backend, **changes)
-        if "lm_head" in config.targets:
-            raise ValueError("an lm_head adapter is not modelled in the step (the block projections are)")
         if config.base not in ("bf16", "nf4"):
             raise ValueError(f"the LoRA step models a BF16 base (or NF4 under QLoRA), got base {config.base}")
         if config.adapter_recipe not in ADAPTER_RECIPES:
@@ -680,9 +678,6 @@ class LoraStep(Step):
         if conv.kernel(arch.style, False, lora_ledger.flash_attention) != "flash":
             raise ValueError("the LoRA step models the SDPA flash kernel: use --backend cpu or cuda, or "
                              "--flash-attention")
-        ledger = Ledger(arch, batch_size=lora_ledger.batch_size, seq_len=lora_ledger.seq_len,
-                        recipe="bf16-pure-adamw", overhead_bytes=lora_ledger.overhead_bytes, dropout=False,
-                        flash_attention=lora_ledger.flash_attention)
         base = StepStructure.of(ledger, conv)
         grad_dtype = next(x.dtype for x in get_recipe(config.adapter_recipe).components if x.role == "grad")
         shape = replace(base.shape, grad_dtype=grad_dtype)

@@ -1,0 +1,110 @@
+"""LoRA and QLoRA in the step (memledger/step/lora.py) against MemTracker's run of the reference
+(memledger/pytorch/lora.py) under the CPU backend: landmarks, phase peaks, block peaks and the peak, to the byte.
+
+One difference is MemTracker's own: its module tracker keeps the autograd graph's nodes alive after backward
+(its gradient hooks), so the embedding's output, a leaf the graph's AccumulateGrad node holds, and that leaf's
+``.grad`` outlive the graph there. Plain PyTorch frees both with the loss (:func:`test_the_leaf_goes_with_the_graph`,
+weak references on real tensors): the step models PyTorch, and the comparison adds the two B*S*d tensors to the
+step's totals after backward (the "after backward" and "after step" landmarks, the optimizer's phase).
+"""
+import gc
+import weakref
+
+import pytest
+
+from memledger.ledger.lora import LoraConfig, LoraLedger, qlora
+from memledger.step.vocab import LANDMARKS
+
+torch = pytest.importorskip("torch")
+
+ALL = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+QV = ("q_proj", "v_proj")
+LLAMA2_7B = dict(d=4096, L=32, H=32, F=11008, V=32000)
+SMALL = dict(d=64, L=3, H=4, F=160, V=1000)
+
+
+def against_memtracker(shape, batch, seq, rank, targets, dropout=0.0, nf4=False, loop="bf16-pure-adamw", kv=None):
+    """The step of a LoRA (QLoRA with ``nf4``) run beside MemTracker's measurement of the reference."""
+    from memledger.pytorch.compare import architecture_of
+    from memledger.pytorch.lora import LoraRef
+    from memledger.pytorch.measure import memtracker_step
+    from memledger.pytorch.reference import RefConfig
+    c = RefConfig(shape["d"], shape["L"], shape["H"], shape["F"], shape["V"], "llama", n_kv_heads=kv)
+    measured = memtracker_step(c, loop, batch, seq, blocks=True,
+                               lora=LoraRef(rank, targets, dropout=dropout, qlora=nf4))
+    config = LoraConfig(rank, targets, base="nf4" if nf4 else "bf16", adapter_recipe=loop, dropout=dropout > 0)
+    step = LoraLedger(architecture_of(c), config, batch, seq, overhead_bytes=0).step("cpu")
+    held = 2 * batch * seq * shape["d"] * 2            # the leaf and its .grad, kept by MemTracker (docstring)
+    after = {"after backward", "after step"}
+    for landmark in LANDMARKS:
+        assert step.landmarks[landmark]["gpu"] + held * (landmark in after) == measured[landmark], landmark
+    ours = step.phase_peaks()
+    ours["optimizer"] += held
+    assert ours == measured["phase peaks"]
+    assert step.peak.bytes == measured["peak"]
+    blocks = step.block_peaks()
+    assert blocks == {k: measured["block peaks"][k] for k in blocks}
+    return step, measured
+
+
+def test_lora_small_q_v_equals_memtracker():
+    step, _ = against_memtracker(SMALL, 2, 16, 8, QV)
+    assert step.peak.phase == "loss"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("targets, dropout, nf4, loop, kv, batch", [
+    (ALL, 0.0, False, "bf16-pure-adamw", None, 2), (QV, 0.1, False, "bf16-adamw", None, 1),
+    (ALL, 0.1, True, "bf16-adamw", 2, 1), (("o_proj", "down_proj"), 0.1, True, "bf16-pure-adamw", None, 2),
+    (("k_proj", "gate_proj", "up_proj"), 0.0, True, "bf16-adamw", 2, 2)])
+def test_lora_small_variants_equal_memtracker(targets, dropout, nf4, loop, kv, batch):
+    against_memtracker(dict(SMALL, L=6), batch, 16, 8, targets, dropout, nf4, loop, kv)
+
+
+def test_the_leaf_goes_with_the_graph():
+    """Without MemTracker, the embedding's output (a leaf: ``requires_grad_``) and its ``.grad`` are gone once
+    the loss is: what the step models."""
+    from memledger.pytorch.lora import LoraRef, make_lora_model
+    from memledger.pytorch.reference import RefConfig, Trainer
+    model = make_lora_model(RefConfig(32, 2, 4, 64, 100, "llama"), LoraRef(4), "bf16-pure-adamw")
+    leaves = []
+    model.embed.register_forward_hook(lambda module, args, out: leaves.append(weakref.ref(out)))
+    trainer = Trainer(model, "bf16-pure-adamw")
+    ids = torch.randint(0, 100, (2, 8))
+    alive = {}
+    trainer.step(ids, ids, lambda name: alive.__setitem__(name, bool(leaves) and leaves[0]() is not None))
+    gc.collect()
+    assert alive == {"before forward": False, "after forward": True, "after backward": False, "after step": False}
+    assert all(p.requires_grad == ("lora_" in n) for n, p in model.named_parameters())
+
+
+GRID = [(b, r, t, drop, nf4) for b in (1, 2) for r in (8, 64) for t in (QV, ALL) for drop in (0.0, 0.1)
+        for nf4 in (False, True)]
+
+
+@pytest.mark.slow
+@pytest.mark.sample(2)
+@pytest.mark.parametrize("batch, rank, targets, dropout, nf4", GRID)
+def test_llama2_7b_lora_equals_memtracker(batch, rank, targets, dropout, nf4):
+    """LLaMA-2 7B's shape at S 4096: LoRA r 8/64 on q, v and on every projection, with and without dropout,
+    QLoRA; BF16 adapters, FP32 masters (bf16-adamw)."""
+    against_memtracker(LLAMA2_7B, batch, 4096, rank, targets, dropout, nf4, "bf16-adamw")
+
+
+def test_qlora_preset_is_the_paper_s_and_runs_in_the_step():
+    """qlora.py's defaults: r 64 on every projection, NF4 with double quantization, BF16 adapters under
+    paged_adamw_32bit (a fused in-place update), LoRA dropout (0.1 for 7B-13B)."""
+    config = qlora()
+    assert (config.rank, config.targets, config.base, config.adapter_recipe, config.dropout) == (
+        64, ALL, "nf4", "bf16-adamw32-bnb", True)
+    step = LoraLedger("llama2-7b", config, 1, 4096, overhead_bytes=0).step("cpu")
+    assert step.peak.bytes > step.landmarks["after forward"]["gpu"]
+
+
+@pytest.mark.parametrize("config, message", [
+    (LoraConfig(8, QV, base="fp32"), "BF16 base"),
+    (LoraConfig(8, QV, adapter_recipe="fp32-adamw"), "adapter_recipe"),
+])
+def test_unmodelled_lora_runs_are_refused_in_one_line(config, message):
+    with pytest.raises(ValueError, match=message):
+        LoraLedger("llama2-7b", config, 1, 4096).step("cpu")
