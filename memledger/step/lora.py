@@ -690,6 +690,13 @@ class LoraStep(Step):
         self.values["P"] = ledger.evaluate(self.built.adapter_params.subs(r, config.rank))
 
     def to_dict(self) -> dict:
-        out = super().to_dict()
-        out["inputs"]["trainable_params"] = out["inputs"].pop("n_params")
-        return out
+        """The JSON object of ``memledger step --lora-rank ...``: the LoRA ledger's inputs (with the backend),
+        landmarks, peak (with what is live there), rows."""
+        inputs = self.ledger.to_dict()["inputs"] | {"backend": self.conventions.name, "conventions": {
+            k: v for k, v in vars(self.conventions).items() if k != "name"}}
+        return {"inputs": inputs, "landmarks": self.landmarks,
+                "peak": {"gpu": self.peak.bytes, "phase": self.peak.phase, "layer": self.peak.layer,
+                         "detail": self.peak.detail,
+                         "live": [{"name": n, "bytes": b} for n, b in self.live_at_peak()]},
+                "rows": [{k: row[k] for k in ("name", "kind", "phase", "device", "bytes", "formula")}
+                         for row in self.rows]}
