@@ -47,12 +47,14 @@ TARGETS = {"q_proj": "qkv", "k_proj": "qkv", "v_proj": "qkv", "o_proj": "proj", 
 @dataclass(frozen=True)
 class LoraRef:
     """Adapters of ``rank`` on ``targets`` (:data:`TARGETS`), scaling ``alpha / rank``, dropout ``p``; ``qlora``:
-    the block projections in NF4."""
+    the block projections in NF4; ``fp32_adapters``: the adapters in FP32 on a 16-bit base (PEFT's
+    ``autocast_adapter_dtype=True``, ``get_peft_model``'s default)."""
     rank: int = 8
     targets: tuple = ("q_proj", "v_proj")
     alpha: float = 16.0
     dropout: float = 0.0
     qlora: bool = False
+    fp32_adapters: bool = False
 
     def __post_init__(self):
         unknown = [t for t in self.targets if t not in TARGETS]
@@ -108,8 +110,9 @@ class Adapter(nn.Module):
 
     def __init__(self, inp: int, out: int, lora: LoraRef):
         super().__init__()
-        self.lora_A = nn.Linear(inp, lora.rank, bias=False)
-        self.lora_B = nn.Linear(lora.rank, out, bias=False)
+        dtype = torch.float32 if lora.fp32_adapters else None
+        self.lora_A = nn.Linear(inp, lora.rank, bias=False, dtype=dtype)
+        self.lora_B = nn.Linear(lora.rank, out, bias=False, dtype=dtype)
         self.p, self.scaling = lora.dropout, lora.alpha / lora.rank
 
     def forward(self, x):
@@ -119,9 +122,18 @@ class Adapter(nn.Module):
 
 
 def _adapted(base, adapter, x):
-    """PEFT's ``Linear.forward``: the frozen base, plus the adapter's output where there is one."""
-    result = base(x)
-    return result if adapter is None else result + adapter(x)
+    """PEFT's ``Linear.forward``: the frozen base, plus the adapter's output where there is one, the input cast to
+    the adapter's dtype and the sum back to the base's (copies only where the dtypes differ)."""
+    return _plus(base(x), adapter, x)
+
+
+def _plus(result, adapter, x):
+    if adapter is None:
+        return result
+    dtype = result.dtype
+    x = x.to(adapter.lora_A.weight.dtype)
+    result = result + adapter(x)
+    return result.to(dtype)
 
 
 class LoraBlock(Block):
@@ -154,7 +166,7 @@ class LoraBlock(Block):
         del qkv
         for i, t in enumerate(self.widths):
             if t in fused:
-                parts[i] = parts[i] + self.adapters[t](h)
+                parts[i] = _plus(parts[i], self.adapters[t], h)
         return torch.cat(parts, dim=-1)
 
     def forward(self, x, mask):
@@ -204,7 +216,8 @@ def make_lora_model(c: RefConfig, lora: LoraRef, loop: str) -> LoraDecoder:
     if loop not in LOOPS:
         raise ValueError(f"loop must be one of {', '.join(LOOPS)}, got {loop!r}")
     before = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float32 if loop == "fp32-adamw" else torch.bfloat16)
+    fp32 = loop == "fp32-adamw" and not lora.fp32_adapters       # FP32 adapters: a BF16 base, AdamW on them
+    torch.set_default_dtype(torch.float32 if fp32 else torch.bfloat16)
     try:
         return LoraDecoder(c, lora)
     finally:

@@ -69,6 +69,7 @@ class LoraSpec(NamedTuple):
     dropout: bool           # LoRA dropout on each adapter's input
     qlora: bool             # the block projections in NF4
     fused_optimizer: bool   # bitsandbytes' in-place 32-bit update (no temporaries)
+    fp32_adapters: bool = False   # FP32 adapters on the 16-bit base: PEFT's casts (input to FP32, sum back)
 
 
 @dataclass(frozen=True)
@@ -89,8 +90,9 @@ def _base_shapes(c) -> dict:
 
 
 def _kept_inputs(c, spec: LoraSpec) -> set:
-    """Inventory rows kept only for weight gradients that adapters (without dropout) still need."""
-    if spec.dropout:
+    """Inventory rows kept only for weight gradients that adapters (without dropout, in the base's dtype: FP32
+    adapters read an FP32 copy) still need."""
+    if spec.dropout or spec.fp32_adapters:
         return set()
     kept = set()
     if set(QKV) & set(spec.targets):
@@ -114,15 +116,23 @@ def lora_rows(c, spec: LoraSpec, opts: dict) -> list:
         if row.weight_grad_of and row.name != "output projection input" and row.name not in kept:
             continue              # the flash kernel saves its output, the output projection's input, anyway
         out.append(row)
+    ad = _adapter_dtype(c, spec)
     for t in spec.targets:
         _, inp = adapter_shape(c, t)
         if spec.dropout:
             out += [Saved(f"LoRA {t} dropout mask", "the adapter's dropout backward needs the mask", (B, S, inp),
-                          opts["mask_dtype"]),
+                          "bool" if opts["mask_dtype"] == "bool" else ad),
                     Saved(f"LoRA {t} dropout output", "A's weight gradient needs its (dropped) input", (B, S, inp),
-                          c.dtype)]
-        out.append(Saved(f"LoRA {t} A output", "B's weight gradient needs its input, A x", (B, S, r), c.dtype))
+                          ad)]
+        elif spec.fp32_adapters:
+            out.append(Saved(f"LoRA {t} input (FP32 copy)", "A's weight gradient needs its input, cast to FP32 "
+                             "(PEFT's _cast_input_dtype)", (B, S, inp), "fp32"))
+        out.append(Saved(f"LoRA {t} A output", "B's weight gradient needs its input, A x", (B, S, r), ad))
     return out
+
+
+def _adapter_dtype(c, spec):
+    return "fp32" if spec.fp32_adapters else c.dtype
 
 
 def _prefix(k):
@@ -230,42 +240,84 @@ def _base_backward(p, c, spec, base, g_in, frees=()):
 
 
 def _adapter_forward(p, c, spec, t, x):
-    """An adapter on input ``x`` (live): returns (B's output, the scaled delta), both live."""
-    out, _ = adapter_shape(c, t)
-    src = x
+    """An adapter on input ``x`` (live; FP32 adapters first copy it to FP32): returns its output's name and the
+    temporaries the sum with the base frees (:func:`_adapter_sum`)."""
+    out, inp = adapter_shape(c, t)
+    ad = _adapter_dtype(c, spec)
+    src, cast = x, None
+    if spec.fp32_adapters:
+        src = f"LoRA {t} input (FP32 copy)"
+        if spec.dropout:
+            cast = p.new(src, (B, S, inp), "fp32", "x.to(float32), until the adapter's call returns")
+        p.op(f"LoRA {t}: input to FP32", alloc=[src])
     if spec.dropout:
         src = f"LoRA {t} dropout output"
         dropout_ops(p, c, f"LoRA {t}", f"LoRA {t} dropout mask", src)
-    b = p.new(f"LoRA {t} B output", (B, S, out), c.dtype, "lora_B's output, until the scaling")
-    delta = p.new(f"LoRA {t} delta", (B, S, out), c.dtype, "lora_B(lora_A(x)) * scaling")
+    b = p.new(f"LoRA {t} B output", (B, S, out), ad, "lora_B's output, until the scaling")
+    delta = p.new(f"LoRA {t} delta", (B, S, out), ad, "lora_B(lora_A(x)) * scaling")
     p.op(f"LoRA {t} A", alloc=[f"LoRA {t} A output"])
     p.op(f"LoRA {t} B", alloc=[b])
     p.op(f"LoRA {t} scaling", alloc=[delta])
-    return b, delta
+    return b, delta, cast
 
 
-def _adapter_backward(p, c, spec, t, x, share, last_reader):
-    """An adapter's backward from its output gradient (live, not freed here): returns the gradient of its
-    input (live). ``x``: its saved input (without dropout), freed here if ``last_reader``."""
+def _adapter_sum(p, c, spec, t, adapter, out, raw=None, after=()):
+    """``result + delta`` into ``out`` (PEFT's ``Linear.forward``); ``raw``: the base's output, freed by the add
+    (the local is reassigned); ``after``: freed when the call returns. FP32 adapters: the sum is FP32 (type
+    promotion), then cast back to the base's dtype."""
+    b, delta, cast = adapter
+    if not spec.fp32_adapters:
+        p.op(f"{t} + adapter", free=[b, delta, raw], alloc=[out])
+        if after:
+            p.op("released", free=list(after))
+        return
+    width, _ = adapter_shape(c, t)
+    s32 = p.new(f"LoRA {t} sum (FP32)", (B, S, width), "fp32", "the base's output plus the FP32 delta, promoted")
+    p.op(f"{t} + adapter (FP32)", free=[b, delta, raw], alloc=[s32])
+    p.op(f"{t}: back to {c.dtype}", alloc=[out])
+    p.op("released", free=[s32, cast] + list(after))
+
+
+def _adapter_backward(p, c, spec, t, x, share, last_reader, g_out=None):
+    """An adapter's backward from its output gradient: returns (the gradient of its input, the gradient its base
+    reads: None where it is the same tensor). ``x``: its saved input (without dropout, in the base's dtype),
+    freed here if ``last_reader``; ``g_out``: the output gradient, freed here once read (FP32 adapters only:
+    otherwise the base reads it too)."""
     out, inp = adapter_shape(c, t)
-    a = c.dtype
-    gs = p.new(f"LoRA {t} scaled gradient", (B, S, out), a, "mul backward: g * scaling")
-    ga = p.new(f"LoRA {t} gradient of A output", (B, S, r), a, "lora_B's input gradient")
-    gx = p.new(f"LoRA {t} input gradient", (B, S, inp), a, "lora_A's input gradient")
+    a, ad = c.dtype, _adapter_dtype(c, spec)
+    gb = None
+    if spec.fp32_adapters:
+        g32 = p.new(f"LoRA {t} output gradient in FP32", (B, S, out), "fp32", ".to() backward: the sum's gradient")
+        gb = p.new(f"LoRA {t} base's share of the gradient", (B, S, out), a, "add backward: cast to the base's dtype")
+        p.op(f"LoRA {t}: back-to-{a} backward", alloc=[g32])
+        p.op("released", free=[g_out])
+        p.op(f"LoRA {t}: add backward", alloc=[gb])
+    gs = p.new(f"LoRA {t} scaled gradient", (B, S, out), ad, "mul backward: g * scaling")
+    ga = p.new(f"LoRA {t} gradient of A output", (B, S, r), ad, "lora_B's input gradient")
+    gx = p.new(f"LoRA {t} input gradient", (B, S, inp), ad, "lora_A's input gradient")
     grad_b = gradient(p, f"{t}.lora_B", out * r, c, share)
     grad_a = gradient(p, f"{t}.lora_A", r * inp, c, share)
     p.op(f"LoRA {t} scaling backward", alloc=[gs])
+    if spec.fp32_adapters:
+        p.op("released", free=[g32])
     p.op(f"LoRA {t} B backward", alloc=[grad_b, ga])
     p.op("released", free=[gs, f"LoRA {t} A output"])
     p.op(f"LoRA {t} A backward", alloc=[grad_a, gx])
     if not spec.dropout:
-        p.op("released", free=[ga] + ([x] if last_reader else []))
-        return gx
-    p.op("released", free=[ga, f"LoRA {t} dropout output"])
-    g = p.new(f"LoRA {t} gradient through dropout", (B, S, inp), a, "times the mask")
-    p.op(f"LoRA {t} dropout backward", alloc=[g])
-    p.op("released", free=[gx, f"LoRA {t} dropout mask"])
-    return g
+        saved = f"LoRA {t} input (FP32 copy)" if spec.fp32_adapters else (x if last_reader else None)
+        p.op("released", free=[ga, saved])
+    else:
+        p.op("released", free=[ga, f"LoRA {t} dropout output"])
+        g = p.new(f"LoRA {t} gradient through dropout", (B, S, inp), ad, "times the mask")
+        p.op(f"LoRA {t} dropout backward", alloc=[g])
+        p.op("released", free=[gx, f"LoRA {t} dropout mask"])
+        gx = g
+    if spec.fp32_adapters:
+        g = p.new(f"LoRA {t} input gradient in {a}", (B, S, inp), a, "x.to(float32) backward: cast back")
+        p.op(f"LoRA {t}: input cast backward", alloc=[g])
+        p.op("released", free=[gx])
+        gx = g
+    return gx, gb
 
 
 class _Sum:
@@ -305,14 +357,12 @@ def lora_block_forward(p, c, spec: LoraSpec):
         _base_forward(p, c, spec, "qkv", base)
         sums = []
         for t in fused:
-            b, delta = _adapter_forward(p, c, spec, t, h1)
+            adapter = _adapter_forward(p, c, spec, t, h1)
             out, _ = adapter_shape(c, t)
-            s = p.new(f"{t} slice + adapter", (B, S, out), a, "the slice plus the adapter's output")
+            s_ = p.new(f"{t} slice + adapter", (B, S, out), a, "the slice plus the adapter's output")
             last = len(fused) == 3 and t == "v_proj"     # every slice replaced: the base output goes
-            p.op(f"{t} slice + adapter", free=[b, delta], alloc=[s])
-            sums.append(s)
-            if last:
-                p.op("released", free=[base])
+            _adapter_sum(p, c, spec, t, adapter, s_, after=[base] if last else ())
+            sums.append(s_)
         p.op("torch.cat: the fused output again (q, k, v: views of it)", alloc=["Q", "K", "V"])
         p.op("released", free=sums + ([] if len(fused) == 3 else [base]))
     if h1 in temps:
@@ -323,10 +373,10 @@ def lora_block_forward(p, c, spec: LoraSpec):
     _base_forward(p, c, spec, "proj", po)
     branch = po
     if "o_proj" in T:
-        b, delta = _adapter_forward(p, c, spec, "o_proj", "output projection input")
+        adapter = _adapter_forward(p, c, spec, "o_proj", "output projection input")
         branch = p.new("o_proj output + adapter", BSd, a, "the attention branch")
-        p.op("o_proj + adapter", free=[b, delta], alloc=[branch])
-        p.op("residual add", free=[po], alloc=[xm])
+        _adapter_sum(p, c, spec, "o_proj", adapter, branch, raw=po)
+        p.op("residual add", alloc=[xm])
     else:
         p.op("residual add", alloc=[xm])
     p.op("residual done", free=[branch])
@@ -334,28 +384,23 @@ def lora_block_forward(p, c, spec: LoraSpec):
     _norm_forward(p, c, "2", h2)
 
     def projection(base, t, out, shape):
-        """A frozen MLP projection (and its adapter) writing ``out``; returns what dies with the call."""
+        """A frozen MLP projection (and its adapter) writing ``out``."""
         if t not in T:
             _base_forward(p, c, spec, base, out)
             return
         raw = p.new(f"{base} output (frozen)", shape, a, "the base's output, before the adapter's is added")
         _base_forward(p, c, spec, base, raw)
-        b, delta = _adapter_forward(p, c, spec, t, h2 if base != "down" else prod)
-        p.op(f"{t} + adapter", free=[b, delta], alloc=[out])
-        return raw
+        _adapter_sum(p, c, spec, t, _adapter_forward(p, c, spec, t, h2 if base != "down" else prod), out, raw=raw)
     prod = "down-projection input" if "down-projection input" in kept else p.new(
         "SiLU(gate) * up", BSF, a, "not kept: only the frozen down projection's weight gradient would read it")
-    raw = projection("gate", "gate_proj", "gate output", BSF)
-    p.op("SiLU", free=[raw], alloc=["SiLU output"])
-    raw = projection("up", "up_proj", "up-projection output", BSF)
-    p.op("SiLU(gate) * up", free=[raw], alloc=[prod])
+    projection("gate", "gate_proj", "gate output", BSF)
+    p.op("SiLU", alloc=["SiLU output"])
+    projection("up", "up_proj", "up-projection output", BSF)
+    p.op("SiLU(gate) * up", alloc=[prod])
     dn = p.new("down-projection output", BSd, a, "the MLP branch before the residual add")
-    raw = projection("down", "down_proj", dn, BSd)
+    projection("down", "down_proj", dn, BSd)
     temporary = [prod] if prod not in ("down-projection input",) else []
-    if raw:
-        p.op("residual add", free=[raw] + temporary, alloc=[Ref(Scope.NEXT, x, _final_input(c))])
-    else:
-        p.op("residual add", free=temporary, alloc=[Ref(Scope.NEXT, x, _final_input(c))])
+    p.op("residual add", free=temporary, alloc=[Ref(Scope.NEXT, x, _final_input(c))])
     leftovers = [dn] + [n for n in (xm, x) if p.tensors[n].lifetime is Lifetime.TEMPORARY] + temps
     p.op("block returns", free=leftovers)
 
@@ -372,10 +417,12 @@ def lora_block_backward(p, c, spec: LoraSpec, share):
     prod = "down-projection input"
     # the MLP: down, SiLU(gate) * up, up, SiLU, gate
     g_prod = _Sum(p, "gradient of the down-projection input", BSF, a)
+    gb = None
     if "down_proj" in T:
-        g_prod.add(_adapter_backward(p, c, spec, "down_proj", prod, share, True))
+        gx, gb = _adapter_backward(p, c, spec, "down_proj", prod, share, True)
+        g_prod.add(gx)
     g = p.new("gradient of the down-projection input (frozen down)", BSF, a, "the frozen down projection's")
-    _base_backward(p, c, spec, "down", g)
+    _base_backward(p, c, spec, "down", g, [gb])
     g_prod.add(g)
     gs = p.new("gradient of the SiLU output", BSF, a, "dL/d(SiLU(gate)) = g * up")
     gup = p.new("gradient of the up-projection output", BSF, a, "dL/d(up) = g * SiLU(gate)")
@@ -384,18 +431,22 @@ def lora_block_backward(p, c, spec: LoraSpec, share):
     h2 = "MLP input"
     g_h2 = _Sum(p, "gradient of the MLP input", BSd, a)
     mlp_readers = [t for t in ("gate_proj", "up_proj") if t in T]
+    gb = gup
     if "up_proj" in T:
-        g_h2.add(_adapter_backward(p, c, spec, "up_proj", h2, share, mlp_readers == ["up_proj"]))
+        gx, gb = _adapter_backward(p, c, spec, "up_proj", h2, share, mlp_readers == ["up_proj"], gup)
+        g_h2.add(gx)
     g = p.new("gradient of the MLP input via up (frozen)", BSd, a, "the frozen up projection's")
-    _base_backward(p, c, spec, "up", g, [gup])
+    _base_backward(p, c, spec, "up", g, [gb or gup])
     g_h2.add(g)
     gg = p.new("gradient of the gate output", BSF, a, "SiLU backward's output")
     p.op("SiLU backward", alloc=[gg])
     p.op("released", free=[gs, "gate output"])
+    gb = gg
     if "gate_proj" in T:
-        g_h2.add(_adapter_backward(p, c, spec, "gate_proj", h2, share, True))
+        gx, gb = _adapter_backward(p, c, spec, "gate_proj", h2, share, True, gg)
+        g_h2.add(gx)
     g = p.new("gradient of the MLP input via gate (frozen)", BSd, a, "the frozen gate projection's")
-    _base_backward(p, c, spec, "gate", g, [gg])
+    _base_backward(p, c, spec, "gate", g, [gb or gg])
     g_h2.add(g)
     gn2 = p.new("gradient of norm 2's input", BSd, a, "norm 2 backward's output")
     _norm_backward(p, c, "2", g_h2.value, gn2)
@@ -404,10 +455,12 @@ def lora_block_backward(p, c, spec: LoraSpec, share):
     p.op("released", free=[gn2, "dX_out"])
     # attention: the output projection, the flash kernel, q, k, v
     g_pi = _Sum(p, "gradient of the output projection input", BSq, a)
+    gb = None
     if "o_proj" in T:
-        g_pi.add(_adapter_backward(p, c, spec, "o_proj", "output projection input", share, False))
+        gx, gb = _adapter_backward(p, c, spec, "o_proj", "output projection input", share, False)
+        g_pi.add(gx)
     g = p.new("gradient of the output projection input (frozen)", BSq, a, "the frozen output projection's")
-    _base_backward(p, c, spec, "proj", g)
+    _base_backward(p, c, spec, "proj", g, [gb])
     g_pi.add(g)
     BSkv = widths_of(c)[1]
     gq, gk, gv = (p.new(f"gradient of {n}", (B, S, w), a, f"dL/d{n}")
@@ -428,14 +481,17 @@ def lora_block_backward(p, c, spec: LoraSpec, share):
     h1 = "Q/K/V projection input"
     g_h1 = _Sum(p, "gradient of norm 1's output", BSd, a)
     fused = [t for t in QKV if t in T]
+    slices = []
     for t in reversed(fused):
-        g_h1.add(_adapter_backward(p, c, spec, t, h1, share, t == fused[0]))
+        gx, gb = _adapter_backward(p, c, spec, t, h1, share, t == fused[0])
+        g_h1.add(gx)
+        slices.append(gb)
     g = p.new("gradient of norm 1's output (frozen QKV)", BSd, a, "the frozen QKV projection's")
     if fused:
         gbase = p.new("gradient of the frozen QKV output", (B, S, qkv_width(c)), a,
                       "split backward: the slices' gradients concatenated")
         p.op("split backward", alloc=[gbase])
-        p.op("released", free=[gqkv])
+        p.op("released", free=[gqkv] + slices)
         _base_backward(p, c, spec, "qkv", g, [gbase])
     else:
         _base_backward(p, c, spec, "qkv", g, [gqkv])
@@ -657,7 +713,7 @@ def build_lora(s: LoraStructure) -> LoraBuilt:
 
 #: Adapter recipes the LoRA step models: torch.optim.AdamW (with or without FP32 masters) and bitsandbytes'
 #: fused 32-bit AdamW (QLoRA's ``paged_adamw_32bit``).
-ADAPTER_RECIPES = ("bf16-pure-adamw", "bf16-adamw", "bf16-adamw32-bnb")
+ADAPTER_RECIPES = ("fp32-adamw", "bf16-pure-adamw", "bf16-adamw", "bf16-adamw32-bnb")
 
 
 class LoraStep(Step):
@@ -671,7 +727,7 @@ class LoraStep(Step):
         if config.base not in ("bf16", "nf4"):
             raise ValueError(f"the LoRA step models a BF16 base (or NF4 under QLoRA), got base {config.base}")
         if config.adapter_recipe not in ADAPTER_RECIPES:
-            raise ValueError(f"the LoRA step models adapters in the base's dtype: adapter_recipe must be one of "
+            raise ValueError(f"the LoRA step models FP32 or BF16 adapters under AdamW: adapter_recipe must be one of "
                              f"{', '.join(ADAPTER_RECIPES)}, got {config.adapter_recipe}")
         if arch.style != "llama" or lora_ledger.recompute != "none":
             raise ValueError("the LoRA step models LLaMA blocks without recomputation")
@@ -682,7 +738,8 @@ class LoraStep(Step):
         grad_dtype = next(x.dtype for x in get_recipe(config.adapter_recipe).components if x.role == "grad")
         shape = replace(base.shape, grad_dtype=grad_dtype)
         spec = LoraSpec(tuple(t for t in BLOCK_TARGETS if t in config.targets), config.dropout,
-                        config.base == "nf4", config.adapter_recipe.endswith("-bnb"))
+                        config.base == "nf4", config.adapter_recipe.endswith("-bnb"),
+                        config.adapter_recipe.startswith("fp32"))
         fields = {f: getattr(base, f) for f in base.__dataclass_fields__}
         self.structure = LoraStructure(**(fields | {"shape": shape, "recipe": config.adapter_recipe, "lora": spec}))
         self.built = build_lora(self.structure)

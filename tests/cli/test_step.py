@@ -29,6 +29,13 @@ def test_step_lora_json_is_the_python_step(capsys):
     assert data["inputs"]["trainable_params"] == 6 * 8 * (256 + 256 + 256 + 256 + 688 + 256)
 
 
+def test_step_lora_defaults_to_peft_s_fp32_adapters(capsys):
+    code, out, _ = run(capsys, "step", *SHAPE, "--seq", "128", "--lora-rank", "8", "--backend", "cpu", "--json")
+    step = LoraLedger(ARCH, LoraConfig(8, ("q_proj", "v_proj")), 1, 128).step("cpu")
+    assert code == 0 and json.loads(out)["peak"]["gpu"] == step.peak.bytes
+    assert json.loads(out)["inputs"]["adapter_recipe"] == "fp32-adamw"
+
+
 def test_step_qlora_is_the_preset(capsys):
     code, out, _ = run(capsys, "step", *SHAPE, "--seq", "128", "--qlora", "--backend", "cuda", "--json")
     assert code == 0 and json.loads(out)["peak"]["gpu"] == LoraLedger(ARCH, qlora(), 1, 128).step("cuda").peak.bytes
@@ -38,7 +45,7 @@ def test_step_qlora_is_the_preset(capsys):
     (("--qlora", "--recipe", "fp32-adamw"), "--qlora quantizes a 16-bit base to NF4 and computes in BF16; --recipe "
                                             "fp32-adamw gives an FP32 base"),
     (("--lora-rank", "8", "--adapter-recipe", "bf16-adamw", "--recipe", "fp32-adamw"), "models a BF16 base"),
-    (("--lora-rank", "8"), "adapter_recipe must be one of"),
+    (("--lora-rank", "8", "--adapter-recipe", "adafactor"), "adapter_recipe must be one of"),
     (("--lora-rank", "8", "--zero", "2"), "does not read --zero"),
     (("--qlora", "--lora-dropout", "1.5"), "--lora-dropout must be a probability in [0, 1)"),
     (("--qlora", "--recompute", "full"), "without recomputation"),
