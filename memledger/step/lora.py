@@ -26,9 +26,14 @@ The programs of :mod:`memledger.pytorch.lora`'s reference (PEFT's ``LoraLayer`` 
   :mod:`memledger.step.outer` models it; bitsandbytes' 32-bit optimizers update in place in one fused
   kernel, ``optimizer_update_32bit``, and allocate no temporaries).
 
+* **FP32 adapters** on the BF16 base (PEFT's ``autocast_adapter_dtype=True``, ``get_peft_model``'s default):
+  each adapter copies its input to FP32 (``_cast_input_dtype``; kept for A's weight gradient instead of the
+  16-bit input), the sum with the base's output is FP32 (type promotion) and is cast back; backward casts
+  the output gradient to FP32, gives the base a 16-bit copy, and casts the input gradient back.
+
 Scope: LLaMA blocks (multi-head or grouped-query), the SDPA flash kernel, composite (CPU) or fused RMSNorm,
-no recomputation, one GPU, a 16-bit base, adapters in the base's dtype. Read off MemTracker's allocation log
-of the reference (PyTorch 2.13, CPU); checked by ``tests/step/test_lora.py``.
+no recomputation, one GPU, a BF16 (or NF4) base, FP32 adapters or adapters in the base's dtype. Read off
+MemTracker's allocation log of the reference (PyTorch 2.13, CPU); checked by ``tests/step/test_lora.py``.
 """
 from dataclasses import dataclass, replace
 from typing import NamedTuple
