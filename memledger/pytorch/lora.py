@@ -3,8 +3,11 @@
 The LLaMA decoder of :mod:`memledger.pytorch.reference` with every base parameter frozen
 (``requires_grad=False``) and adapters as PEFT's ``LoraLayer`` computes them
 (``peft/tuners/lora/layer.py``, ``Linear.forward``): ``result = result + lora_B(lora_A(dropout(x))) *
-scaling``, A (r x in) and B (out x r) bias-free linears in the model's dtype, ``scaling = alpha / r``,
-``dropout`` an ``nn.Dropout(p)`` per adapted projection (p = 0: no call at all, PEFT's ``nn.Identity``).
+scaling``, A (r x in) and B (out x r) bias-free linears in the model's dtype, or in FP32 (``fp32_adapters``:
+PEFT's ``autocast_adapter_dtype``; then, as ``Linear.forward`` does, the input is cast to the adapter's dtype
+and the sum back to the base's), ``scaling = alpha / r``, ``dropout`` an ``nn.Dropout(p)`` per adapted
+projection (p = 0: no call at all, PEFT's ``nn.Identity``). The frozen tensors are held as buffers (the same
+bytes; MemTracker hooks every parameter's gradient, which a frozen one cannot take).
 
 * **Targets** by Hugging Face names (:data:`TARGETS`). The reference fuses q, k and v into one frozen
   ``qkv`` projection: an adapter on ``q_proj`` (``k_proj``, ``v_proj``) adds its output to the q (k, v)
@@ -24,8 +27,9 @@ scaling``, A (r x in) and B (out x r) bias-free linears in the model's dtype, ``
   reference allocates what those kernels allocate (one FP32 absmax, one BF16 weight) without computing
   NF4's values: it checks memory, not numbers. Embeddings, norms and the LM head stay in the model dtype.
 
-The loop is :class:`memledger.pytorch.reference.Trainer` over the trainable parameters only (the adapters),
-``bf16-pure-adamw`` or ``bf16-adamw`` (FP32 masters of the adapters).
+The loop is :class:`memledger.pytorch.reference.Trainer` over the trainable parameters only (the adapters):
+``bf16-pure-adamw``, ``bf16-adamw`` (FP32 masters of the adapters) or, with FP32 adapters on the BF16 base,
+``fp32-adamw``.
 """
 from dataclasses import dataclass
 import math
