@@ -14,7 +14,7 @@ import sympy as sp
 
 from ..activations.inventory import inventory, kept_rows
 from ..activations.outside import outside_inventory
-from ..core.exact import evaluate_expr, exact_function, is_integral_polynomial
+from ..core.exact import evaluate_expr, exact_function, integer_function, is_integral_polynomial
 from ..core.symbols import L, N_d, O, P, t
 from ..states.placement import ZERO_SHARDS, device_of, state_specs
 from ..states.recipes import RECIPES
@@ -109,7 +109,7 @@ class Built:
         whole = [i for i, e in enumerate(exprs) if is_integral_polynomial(e)]
         other = [i for i in range(len(exprs)) if i not in set(whole)]
         self.symbols = tuple(sorted(set().union(*(e.free_symbols for e in exprs)), key=lambda x: x.name))
-        self._groups = [(whole, sp.lambdify(self.symbols, [exprs[i] for i in whole], modules="math", cse=True)),
+        self._groups = [(whole, integer_function(self.symbols, [exprs[i] for i in whole])),
                         (other, exact_function(self.symbols, tuple(exprs[i] for i in other)))]
 
     def _static_rows(self, recipe):
