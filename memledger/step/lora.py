@@ -44,7 +44,7 @@ import sympy as sp
 from ..activations.backends import get_backend
 from ..activations.inventory import Saved, inventory
 from ..activations.outside import outside_inventory
-from ..core.exact import exact_function, is_integral_polynomial
+from ..core.exact import exact_function, integer_function, is_integral_polynomial
 from ..core.dtypes import nbytes
 from ..core.symbols import B, F, L, O, S, V, d, r
 from ..states.recipes import get_recipe
@@ -648,7 +648,7 @@ class LoraBuilt(Built):
         whole = [i for i, e in enumerate(exprs) if is_integral_polynomial(e)]
         other = [i for i in range(len(exprs)) if i not in set(whole)]
         self.symbols = tuple(sorted(set().union(*(e.free_symbols for e in exprs)), key=lambda x: x.name))
-        self._groups = [(whole, sp.lambdify(self.symbols, [exprs[i] for i in whole], modules="math", cse=True)),
+        self._groups = [(whole, integer_function(self.symbols, [exprs[i] for i in whole])),
                         (other, exact_function(self.symbols, tuple(exprs[i] for i in other)))]
 
     def _lora_static(self, recipe, spec, per_block):
