@@ -82,8 +82,8 @@ class NF4Linear(torch.autograd.Function):
         return w
 
     @staticmethod
-    def forward(ctx, x, packed, absmax, absmax2, shape):
-        out = F.linear(x, NF4Linear._weight(x, packed, absmax, shape))
+    def forward(ctx, x, packed, absmax, absmax2, shape, bias=None):
+        out = F.linear(x, NF4Linear._weight(x, packed, absmax, shape), bias)
         ctx.save_for_backward(packed, absmax, absmax2)
         ctx.shape = shape
         return out
@@ -91,22 +91,24 @@ class NF4Linear(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         packed, absmax, _ = ctx.saved_tensors
-        return torch.matmul(grad, NF4Linear._weight(grad, packed, absmax, ctx.shape)), None, None, None, None
+        return torch.matmul(grad, NF4Linear._weight(grad, packed, absmax, ctx.shape)), None, None, None, None, None
 
 
 class QuantLinear(nn.Module):
-    """A frozen bias-free linear (out x in) stored as NF4 with double-quantized absmax (bitsandbytes' ``Linear4bit``)."""
+    """A frozen linear (out x in) stored as NF4 with double-quantized absmax (bitsandbytes' ``Linear4bit``; a bias
+    stays in the model's dtype)."""
 
-    def __init__(self, inp: int, out: int):
+    def __init__(self, inp: int, out: int, bias: bool = False):
         super().__init__()
         self.shape = (out, inp)
         packed, absmax, absmax2 = nf4_sizes(out * inp)
         self.packed = nn.Parameter(torch.empty(packed, dtype=torch.uint8), requires_grad=False)
         self.absmax = nn.Parameter(torch.empty(absmax, dtype=torch.uint8), requires_grad=False)
         self.absmax2 = nn.Parameter(torch.empty(absmax2, dtype=torch.float32), requires_grad=False)
+        self.bias = nn.Parameter(torch.empty(out), requires_grad=False) if bias else None
 
     def forward(self, x):
-        return NF4Linear.apply(x, self.packed, self.absmax, self.absmax2, self.shape)
+        return NF4Linear.apply(x, self.packed, self.absmax, self.absmax2, self.shape, self.bias)
 
 
 class Adapter(nn.Module):
@@ -155,7 +157,7 @@ class LoraBlock(Block):
         if lora.qlora:
             for name in ("qkv", "proj", "gate", "up", "down"):
                 linear = getattr(self, name)
-                setattr(self, name, QuantLinear(linear.in_features, linear.out_features))
+                setattr(self, name, QuantLinear(linear.in_features, linear.out_features, linear.bias is not None))
         self.adapters = nn.ModuleDict({t: Adapter(*shapes[t], lora) for t in lora.targets if t in shapes})
 
     def _adapter(self, target):

@@ -24,7 +24,7 @@ SMALL = dict(d=64, L=3, H=4, F=160, V=1000)
 
 
 def against_memtracker(shape, batch, seq, rank, targets, dropout=0.0, nf4=False, loop="bf16-pure-adamw", kv=None,
-                       rmsnorm="composite"):
+                       rmsnorm="composite", **refinements):
     """The step of a LoRA (QLoRA with ``nf4``) run beside MemTracker's measurement of the reference (``rmsnorm``:
     the reference's and the step's RMSNorm, composite as on CPU or fused as the CUDA kernel); ``loop``: the
     adapters' recipe (``fp32-adamw``: FP32 adapters on the BF16 base, PEFT's default)."""
@@ -32,7 +32,8 @@ def against_memtracker(shape, batch, seq, rank, targets, dropout=0.0, nf4=False,
     from memledger.pytorch.lora import LoraRef
     from memledger.pytorch.measure import memtracker_step
     from memledger.pytorch.reference import RefConfig
-    c = RefConfig(shape["d"], shape["L"], shape["H"], shape["F"], shape["V"], "llama", n_kv_heads=kv, rmsnorm=rmsnorm)
+    c = RefConfig(shape["d"], shape["L"], shape["H"], shape["F"], shape["V"], "llama", n_kv_heads=kv, rmsnorm=rmsnorm,
+                  **refinements)
     measured = memtracker_step(c, loop, batch, seq, blocks=True,
                                lora=LoraRef(rank, targets, dropout=dropout, qlora=nf4,
                                             fp32_adapters=loop == "fp32-adamw"))
@@ -68,6 +69,15 @@ def test_lora_small_variants_equal_memtracker(targets, dropout, nf4, loop, kv, b
     """Every projection, dropout, NF4, FP32 masters, FP32 adapters, grouped-query attention, fused RMSNorm; L = 6
     (blocks 2..L-3 as one lump in the step)."""
     against_memtracker(dict(SMALL, L=6), batch, 16, 8, targets, dropout, nf4, loop, kv, rmsnorm)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("refinements, nf4, loop", [
+    (dict(tied=True, head_dim=32, kv=2), False, "fp32-adamw"), (dict(qkv_bias=True), True, "bf16-adamw")])
+def test_lora_on_refined_llama_blocks_equals_memtracker(refinements, nf4, loop):
+    """A tied LM head, a head size other than d/H, grouped-query attention (Gemma); QKV biases (Qwen2), kept in
+    BF16 beside the NF4 weights as bitsandbytes' Linear4bit keeps them."""
+    against_memtracker(dict(SMALL, L=5), 2, 16, 8, ALL, 0.1, nf4, loop, **refinements)
 
 
 def test_the_leaf_goes_with_the_graph():
