@@ -14,9 +14,9 @@ from ..activations.backends import BACKENDS
 from ..answers.verdict import CLAUSES, MARGIN, MEASURE, leaves_margin, sentence
 from ..core.units import format_bytes
 from .options import add, build_ledger, gpu_bytes, ledger_options, output_options
-from .paths import FRAMEWORK, MODEL, WORKLOAD, refuse_unread
+from .paths import FRAMEWORK, LORA, MODEL, WORKLOAD, refuse_unread
 
-__all__ = ["add_parser", "step", "text"]
+__all__ = ["LORA_STEP_READS", "add_parser", "lora_step", "output", "step", "text"]
 
 
 def add_parser(sub, formatter):
@@ -28,16 +28,24 @@ def add_parser(sub, formatter):
     add(conv, "--backend", f"{', '.join(BACKENDS)}: what kernels keep (dropout masks, norm statistics, attention "
         "kernel, RMSNorm, Adam step counters); article: the article's conventions", "article")
     add(conv, "--foreach", "AdamW(foreach=True): one temporary per moment at once", switch=True)
+    from .compare import lora_options
+    lora_options(step)
 
 
 def step(a) -> str:
     """``memledger step``: every ledger option but --scope (the step runs the whole model), plus the backend."""
     ledger = build_ledger(a)
+    if any(d in a.given for d in LORA):
+        return lora_step(a, ledger)
     reads = set(MODEL) | set(WORKLOAD) | set(FRAMEWORK) | {"units", "gpu_memory", "json", "backend", "foreach"}
     if ledger.offload_optimizer == "none":
         reads.discard("offload_placement")
     refuse_unread(a, reads, "memledger step")
-    result = ledger.step(a.backend, foreach=a.foreach)
+    return output(ledger.step(a.backend, foreach=a.foreach), a)
+
+
+def output(result, a) -> str:
+    """A step's JSON object (with the GPU, the verdict with the margin free, the margin) or its text."""
     memory = gpu_bytes(a.gpu_memory)
     if a.json:
         import json
@@ -47,6 +55,31 @@ def step(a) -> str:
         data["margin"] = MARGIN
         return json.dumps(data, indent=2)
     return text(result, memory, a.units)
+
+
+#: What the LoRA step reads: the model, one GPU's workload, --recipe for the base's precision, the LoRA options.
+LORA_STEP_READS = set(MODEL) | {"batch", "seq", "recompute", "flash_attention", "overhead", "recipe", "units",
+                                "gpu_memory", "json", "backend", "foreach"} | set(LORA)
+
+
+def lora_step(a, ledger) -> str:
+    """``step --lora-rank R`` / ``--qlora``: the step of a LoRA or QLoRA run (:class:`memledger.step.lora.LoraStep`);
+    ``--recipe`` gives the frozen base's precision (its weights' dtype)."""
+    from ..ledger.lora import LoraLedger
+    from ..states.recipes import get_recipe
+    from .compare import lora_config
+    refused = [d for d in a.given if d not in LORA_STEP_READS]
+    refuse_unread(a, LORA_STEP_READS, "the LoRA step", {d: "the LoRA step runs on one GPU, without ZeRO, "
+                                                          "offload or parallelism" for d in refused})
+    if ledger.arch is None:
+        raise ValueError("LoRA needs an architecture: --preset, --config or a shape")
+    base = next(c.dtype for c in get_recipe(ledger.recipe).components if c.role == "param")
+    if a.qlora and "recipe" in a.given and base not in ("bf16", "fp16"):
+        raise ValueError(f"--qlora quantizes a 16-bit base to NF4 and computes in BF16; --recipe {ledger.recipe} "
+                         f"gives an {base.upper()} base")
+    config = lora_config(a, ledger.arch, base)
+    return output(LoraLedger(ledger.arch, config, ledger.batch_size, ledger.seq_len, ledger.recompute,
+                             ledger.flash_attention, ledger.overhead_bytes).step(a.backend, foreach=a.foreach), a)
 
 
 def text(result, memory: int, unit: str = "GB") -> str:
@@ -63,7 +96,7 @@ def text(result, memory: int, unit: str = "GB") -> str:
     if len(live) > 12:
         lines.append(f"  {size(sum(b for _, b in live[12:])):>12}  {len(live) - 12} smaller tensors")
     counted = result.values["P"]
-    note = "" if result.ledger.params == counted else (
+    note = "" if getattr(result.ledger, "params", counted) == counted else (
         f"; parameters counted from the shape: {counted:,}, the nominal {result.ledger.params:,} is not used")
     clause = CLAUSES["peak"].format(peak_measure=MEASURE["peak"], total_measure=MEASURE["total"],
                                     total=size(result.ledger.totals["gpu"])) + note

@@ -253,7 +253,7 @@ class Trainer:
 
     def __init__(self, model: Decoder, loop: str, foreach: bool = False):
         self.model, self.loop = model, loop
-        self.params = list(model.parameters())
+        self.params = [p for p in model.parameters() if p.requires_grad]      # a frozen base (LoRA) has none
         self.masters = []
         if loop == "bf16-adamw":
             with torch.no_grad():
