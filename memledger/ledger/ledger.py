@@ -120,7 +120,9 @@ class Ledger:
     ``arch``: an :class:`Architecture` or a preset name; without one, give
     ``n_params`` and get model states only. ``n_params`` with ``arch`` overrides
     the architecture's count. ``dropout=None`` follows the architecture
-    (GPT-style yes, LLaMA-style no).
+    (GPT-style yes, LLaMA-style no). ``loss_chunks`` n > 1: torchtune's chunked
+    cross-entropy (:mod:`memledger.step.loss`), modelled by the step's peak; the sum
+    books the tensors the unchunked loss keeps.
     """
     arch: Union[Architecture, str, None] = None
     n_params: Optional[int] = None
@@ -139,6 +141,7 @@ class Ledger:
     dropout: Optional[bool] = None
     flash_attention: bool = False
     scope: str = "model"
+    loss_chunks: int = 1
 
     def __post_init__(self):
         arch = get_preset(self.arch) if isinstance(self.arch, str) else self.arch
@@ -147,7 +150,8 @@ class Ledger:
         object.__setattr__(self, "arch", arch)
         if arch is None and self.n_params is None:
             raise ValueError("give an architecture (a preset or d_model/n_layers/n_heads) or n_params")
-        for name in ("batch_size", "seq_len", "tp", "dp") + (("n_params",) if self.n_params is not None else ()):
+        counts = ("batch_size", "seq_len", "tp", "dp", "loss_chunks")
+        for name in counts + (("n_params",) if self.n_params is not None else ()):
             object.__setattr__(self, name, check_count(name, getattr(self, name)))
         object.__setattr__(self, "overhead_bytes", check_count("overhead_bytes", self.overhead_bytes, minimum=0))
         recipe = lookup(ALL_RECIPES, self.recipe, "recipe")
@@ -164,6 +168,11 @@ class Ledger:
         for name in ("sequence_parallel", "flash_attention"):
             check_flag(name, getattr(self, name))
         check_flag("dropout", self.dropout, allow_none=True)
+        if self.loss_chunks > self.seq_len:
+            raise ValueError(f"loss_chunks ({self.loss_chunks}) must not exceed the tokens of a sequence "
+                             f"(seq_len {self.seq_len}): each chunk needs at least one")
+        if self.loss_chunks > 1 and arch is None:
+            raise ValueError("loss_chunks needs an architecture: the chunked loss splits the LM head's logits")
         if self.sequence_parallel and self.tp == 1:
             raise ValueError("sequence_parallel needs tensor parallelism: tp must be > 1")
         if arch is not None:

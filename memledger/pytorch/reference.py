@@ -71,7 +71,10 @@ class RefConfig:
     under tensor parallelism of degree t (:mod:`memledger.pytorch.distributed`): the fused QKV
     projection is split column-wise, so each rank views its local output with H/t query and
     H_kv/t key/value heads (1, the default: the whole block). Only the views change; the model
-    built is the same.
+    built is the same. ``loss_chunks``: n > 1 runs torchtune's chunked cross-entropy (:meth:`Decoder.loss`):
+    the LM head on n chunks of the sequence, each chunk's logits upcast to FP32 and summed by
+    ``F.cross_entropy(reduction="sum")``, the sum divided by the counted tokens (1, the default: one
+    ``F.cross_entropy`` on all the FP32 logits).
     """
     d: int
     L: int
@@ -89,6 +92,7 @@ class RefConfig:
     tied: bool = False
     head_dim: int = None
     tp: int = 1
+    loss_chunks: int = 1
 
     def __post_init__(self):
         if self.attention not in (None, "eager", "sdpa"):
@@ -97,6 +101,8 @@ class RefConfig:
             raise ValueError(f"H ({self.H}) must be divisible by n_kv_heads ({self.kv_heads})")
         if self.tp < 1 or self.H % self.tp or self.kv_heads % self.tp:
             raise ValueError(f"tp ({self.tp}) must divide H ({self.H}) and n_kv_heads ({self.kv_heads})")
+        if not isinstance(self.loss_chunks, int) or self.loss_chunks < 1:
+            raise ValueError(f"loss_chunks must be a whole number >= 1, got {self.loss_chunks!r}")
         if self.style == "gpt" and (self.kv_heads != self.H or self.qkv_bias or self.tied):
             raise ValueError("n_kv_heads, qkv_bias, tied: refinements of LLaMA blocks (GPT blocks are tied and "
                              "biased, multi-head)")
@@ -230,10 +236,26 @@ class Decoder(nn.Module):
                 x = checkpoint(block, x, mask, use_reentrant=False)
             else:
                 x = block(x, mask)
-        return self.head(self.norm(x))
+        h = self.norm(x)
+        if self.c.loss_chunks > 1:      # torchtune TransformerDecoder.chunked_output: one head call per chunk
+            return [self.head(chunk) for chunk in h.tensor_split(self.c.loss_chunks, dim=1)]
+        return self.head(h)
 
     def loss(self, ids, targets):
-        return F.cross_entropy(self(ids).float().view(-1, self.c.V), targets.view(-1))
+        """``F.cross_entropy`` on the FP32 logits; with ``loss_chunks`` n > 1 torchtune's
+        ``CEWithChunkedOutputLoss.forward`` (``torchtune/modules/loss/ce_chunked_output_loss.py`` l. 84-102, its
+        default ``ignore_index`` -100): tokens counted, labels split like the logits, one FP32
+        ``F.cross_entropy(..., reduction="sum")`` per chunk (l. 48-50), summed, divided by the count."""
+        if self.c.loss_chunks == 1:
+            return F.cross_entropy(self(ids).float().view(-1, self.c.V), targets.view(-1))
+        logits = self(ids)
+        total_elements = (targets != -100).sum()
+        labels = [chunk.reshape(-1) for chunk in targets.tensor_split(self.c.loss_chunks, dim=1)]
+        logits = [chunk.reshape(-1, chunk.size(-1)) for chunk in logits]
+        total_loss = 0.0
+        for logits_chunk, labels_chunk in zip(logits, labels):
+            total_loss += F.cross_entropy(logits_chunk.float(), labels_chunk, ignore_index=-100, reduction="sum")
+        return total_loss / total_elements
 
 
 def make_model(c: RefConfig, loop: str) -> Decoder:

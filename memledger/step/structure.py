@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from ..models.features import Features
 from ..states.recipes import RECIPES
 
-__all__ = ["MODELLED_RECIPES", "Shape", "StepStructure", "block_of", "check_recipe", "step_values", "unmodelled"]
+__all__ = ["MAX_LOSS_CHUNKS", "MODELLED_RECIPES", "Shape", "StepStructure", "block_of", "check_loss_chunks",
+           "check_recipe", "step_values", "unmodelled"]
 
 #: The recipes whose optimizer step the timeline models op by op: ``torch.optim.AdamW`` with one gradient
 #: buffer and full-precision moments, with or without FP32 master weights (docs/step.md; checked against
@@ -55,6 +56,7 @@ class Shape:
     tied: bool = None       # None: as the style says (GPT tied, LLaMA untied); True: a tied LLaMA decoder (Gemma)
     recompute: str = "none"  # the save policy: none, selective or full recomputation (memledger.step.block)
     head_dim: bool = False  # a head size d_h other than d/H: Q and the output projection's input H*d_h wide
+    loss_chunks: int = 1    # n > 1: torchtune's chunked cross-entropy (memledger.step.loss)
 
     @property
     def gpt(self):
@@ -122,10 +124,22 @@ class StepStructure:
         shape = Shape(arch.style, kernel, bool(ledger.dropout), conv.rmsnorm, act, conv.norm_stats is not None,
                       ledger.batch_size == 1, grad, opts["mask_dtype"], opts["norm_stats"], gqa,
                       gqa and arch.kv_heads == 1, True if llama and f.has_qkv_bias else None,
-                      True if llama and f.is_tied else None, ledger.recompute, f.head_dim)
+                      True if llama and f.is_tied else None, ledger.recompute, f.head_dim,
+                      check_loss_chunks(ledger.loss_chunks))
         return cls(shape, ledger.recipe, ledger.zero_stage, ledger.offload_optimizer, ledger.offload_params,
                    ledger.offload_placement, ledger.recompute, ledger.tp > 1, ledger.sequence_parallel, conv,
                    arch.n_layers if arch.n_layers <= 4 else None)
+
+
+#: The most loss chunks the timeline runs op by op (each chunk is a few ops and tensors of its own).
+MAX_LOSS_CHUNKS = 64
+
+
+def check_loss_chunks(n: int) -> int:
+    """``n``, or ``ValueError`` where the timeline would not run n chunks op by op."""
+    if n > MAX_LOSS_CHUNKS:
+        raise ValueError(f"the step timeline runs up to {MAX_LOSS_CHUNKS} loss chunks op by op, not loss_chunks {n}")
+    return n
 
 
 def unmodelled(f: Features) -> str:
