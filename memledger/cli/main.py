@@ -20,7 +20,7 @@ from ..states.recipes import ALL_RECIPES
 from . import compare as cli_compare, models as cli_models, step as cli_step
 from .options import add, build_ledger, fill_defaults, given_options, gpu_bytes, host_link, ledger_options, one_of
 from .options import output_options
-from .paths import MODEL, PIPELINE, WORKLOAD, refuse_unread
+from .paths import LOSS, MODEL, PIPELINE, WORKLOAD, refuse_unread
 
 __all__ = ["COMMANDS", "main"]
 
@@ -83,6 +83,8 @@ def _ledger(a):
         where = "a ledger without an architecture (--params alone)"
     if ledger.offload_optimizer == "none":
         reads.discard("offload_placement")
+    if ledger.arch is not None and a.measure != "total" and _uses_peak(ledger, a.measure):
+        reads |= set(LOSS)                  # the chunked loss changes the verdict by the peak, not the sum
     traffic = ledger.traffic
     if not traffic.pcie_bytes:
         reads.discard("link")
@@ -123,6 +125,11 @@ def _ledger(a):
                      f"at {format_bytes(NVME_LINKS[slow], digits=0)}/s, {float(traffic.nvme_seconds(fast)):.1f} s "
                      f"at {format_bytes(NVME_LINKS[fast], digits=0)}/s.")
     return "\n".join(lines)
+
+
+def _uses_peak(ledger, measure: str) -> bool:
+    from ..answers.verdict import uses_peak
+    return uses_peak(ledger, measure)
 
 
 def _judged(ledger, measure: str):

@@ -12,7 +12,7 @@ from the library's formulas on first use).
 from ..activations.backends import BACKENDS
 from ..core.units import format_bytes
 from .options import add, build_ledger, gpu_bytes, ledger_options, output_options
-from .paths import MODEL, WORKLOAD, refuse_unread
+from .paths import LOSS, MODEL, WORKLOAD, refuse_unread
 
 __all__ = ["add_parser", "step", "text"]
 
@@ -31,7 +31,7 @@ def add_parser(sub, formatter):
 def step(a) -> str:
     """``memledger step``: every ledger option but --scope (the step runs the whole model), plus the backend."""
     ledger = build_ledger(a)
-    reads = set(MODEL) | set(WORKLOAD) | {"units", "gpu_memory", "json", "backend", "foreach"}
+    reads = set(MODEL) | set(WORKLOAD) | set(LOSS) | {"units", "gpu_memory", "json", "backend", "foreach"}
     if ledger.offload_optimizer == "none":
         reads.discard("offload_placement")
     refuse_unread(a, reads, "memledger step")
