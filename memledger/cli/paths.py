@@ -30,12 +30,13 @@ OPTION_OF = {"batch_size": "batch", "seq_len": "seq", "recipe": "recipe", "recom
              "offload_params": "offload_params", "largest_layer": "largest_layer", "gpus_per_node": "gpus_per_node",
              "nodes": "nodes", "buffer_factor": "buffer_factor", "zero_init": "no_zero_init"}
 #: What only the step's peak reads (the sums book the unchunked loss's tensors).
-LOSS = ("loss_chunks",)
+LOSS = ("loss_chunks", "loss_impl")
 #: Why a path would not read an option, where one reason covers every path that ignores it.
 WHY = {
     "gpu_memory": "it prints no fits verdict",
     "link": "it prints no offload transfer time",
     "loss_chunks": "the chunked loss changes the step's peak (memledger step), not the sums this path prints",
+    "loss_impl": "the loss's implementation changes the step's peak (memledger step), not the sums this path prints",
     "measure": "without an architecture there is no step to judge, only the sum of the model states",
     "offload_placement": "it places offloaded optimizer states, and --offload-optimizer is none",
 }

@@ -26,6 +26,7 @@ from ..models.features import Features
 from ..states.placement import OFFLOAD_DEVICES, PLACEMENTS, ZERO_STAGES, check_state_options, component_key, state_specs
 from ..states.recipes import ALL_RECIPES, DEFAULT_RECIPE
 from .transfer import Traffic, step_traffic
+from ..step.structure import check_loss_impl
 from ..core.units import GB
 
 __all__ = ["DEFAULT_OVERHEAD", "FIELD_OF", "SCOPES", "Ledger", "RowSpec", "Structure", "row_specs", "sweep"]
@@ -122,7 +123,8 @@ class Ledger:
     the architecture's count. ``dropout=None`` follows the architecture
     (GPT-style yes, LLaMA-style no). ``loss_chunks`` n > 1: torchtune's chunked
     cross-entropy (:mod:`memledger.step.loss`), modelled by the step's peak; the sum
-    books the tensors the unchunked loss keeps.
+    books the tensors the unchunked loss keeps. ``loss_impl``: ``"torchtune"`` (FP32 upcast per
+    chunk) or ``"litgpt"`` (LitGPT's ``chunked_cross_entropy``: no upcast, S a multiple of the chunks).
     """
     arch: Union[Architecture, str, None] = None
     n_params: Optional[int] = None
@@ -142,6 +144,7 @@ class Ledger:
     flash_attention: bool = False
     scope: str = "model"
     loss_chunks: int = 1
+    loss_impl: str = "torchtune"
 
     def __post_init__(self):
         arch = get_preset(self.arch) if isinstance(self.arch, str) else self.arch
@@ -171,7 +174,8 @@ class Ledger:
         if self.loss_chunks > self.seq_len:
             raise ValueError(f"loss_chunks ({self.loss_chunks}) must not exceed the tokens of a sequence "
                              f"(seq_len {self.seq_len}): each chunk needs at least one")
-        if self.loss_chunks > 1 and arch is None:
+        check_loss_impl(self.loss_impl, self.loss_chunks, self.seq_len)
+        if (self.loss_chunks > 1 or self.loss_impl != "torchtune") and arch is None:
             raise ValueError("loss_chunks needs an architecture: the chunked loss splits the LM head's logits")
         if self.sequence_parallel and self.tp == 1:
             raise ValueError("sequence_parallel needs tensor parallelism: tp must be > 1")

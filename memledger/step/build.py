@@ -70,7 +70,7 @@ class Built:
         p = Program(tensors, placement)
         outer.define_grads(p, c, share)
         outside = {}
-        chunked = c.loss_chunks > 1             # torchtune's chunked cross-entropy (memledger.step.loss)
+        chunked = c.loss_chunks > 1 or c.loss_impl == "litgpt"      # memledger.step.loss
         if chunked:
             outside_rows = [r for r in outside_rows if r.name not in loss.replaced_rows(c)]
         for part, fn in [(Part.FORWARD_START, outer.forward_start),

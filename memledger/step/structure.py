@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from ..models.features import Features
 from ..states.recipes import RECIPES
 
-__all__ = ["MAX_LOSS_CHUNKS", "MODELLED_RECIPES", "Shape", "StepStructure", "block_of", "check_loss_chunks",
+__all__ = ["LOSS_IMPLS", "MAX_LOSS_CHUNKS", "MODELLED_RECIPES", "REFUSED_LOSSES", "Shape", "StepStructure", "block_of",
+           "check_loss_chunks", "check_loss_impl",
            "check_recipe", "step_values", "unmodelled"]
 
 #: The recipes whose optimizer step the timeline models op by op: ``torch.optim.AdamW`` with one gradient
@@ -57,6 +58,7 @@ class Shape:
     recompute: str = "none"  # the save policy: none, selective or full recomputation (memledger.step.block)
     head_dim: bool = False  # a head size d_h other than d/H: Q and the output projection's input H*d_h wide
     loss_chunks: int = 1    # n > 1: torchtune's chunked cross-entropy (memledger.step.loss)
+    loss_impl: str = "torchtune"  # or "litgpt": LitGPT's chunked_cross_entropy, no FP32 upcast
 
     @property
     def gpt(self):
@@ -125,7 +127,7 @@ class StepStructure:
                       ledger.batch_size == 1, grad, opts["mask_dtype"], opts["norm_stats"], gqa,
                       gqa and arch.kv_heads == 1, True if llama and f.has_qkv_bias else None,
                       True if llama and f.is_tied else None, ledger.recompute, f.head_dim,
-                      check_loss_chunks(ledger.loss_chunks))
+                      check_loss_chunks(ledger.loss_chunks), ledger.loss_impl)
         return cls(shape, ledger.recipe, ledger.zero_stage, ledger.offload_optimizer, ledger.offload_params,
                    ledger.offload_placement, ledger.recompute, ledger.tp > 1, ledger.sequence_parallel, conv,
                    arch.n_layers if arch.n_layers <= 4 else None)
@@ -140,6 +142,28 @@ def check_loss_chunks(n: int) -> int:
     if n > MAX_LOSS_CHUNKS:
         raise ValueError(f"the step timeline runs up to {MAX_LOSS_CHUNKS} loss chunks op by op, not loss_chunks {n}")
     return n
+
+
+#: The cross-entropies the timeline runs op by op: torchtune's (each chunk upcast to FP32; without chunks the
+#: reference decoder's own ``F.cross_entropy(logits.float())``) and LitGPT's ``chunked_cross_entropy`` (no upcast).
+LOSS_IMPLS = ("torchtune", "litgpt")
+#: Fused linear cross-entropy kernels, refused by name: what they keep is not measured here.
+REFUSED_LOSSES = {
+    "liger": "Liger's LigerFusedLinearCrossEntropyLoss runs Triton kernels (CUDA), which no run here can measure",
+    "cce": "Apple's Cut Cross-Entropy runs Triton kernels (CUDA), which no run here can measure",
+}
+
+
+def check_loss_impl(impl: str, chunks: int, seq_len: int) -> None:
+    """``ValueError`` naming ``loss_impl`` unless it is one of :data:`LOSS_IMPLS` (LitGPT's chunks: ``split`` by a
+    chunk size, so S a multiple of the chunks)."""
+    if impl in REFUSED_LOSSES:
+        raise ValueError(f"loss_impl {impl!r} is not modelled: {REFUSED_LOSSES[impl]}")
+    if impl not in LOSS_IMPLS:
+        raise ValueError(f"loss_impl must be one of {', '.join(LOSS_IMPLS)}, got {impl!r}")
+    if impl == "litgpt" and seq_len % chunks:
+        raise ValueError(f"loss_impl 'litgpt' splits the sequence by a chunk size: seq_len ({seq_len}) must be a "
+                         f"multiple of loss_chunks ({chunks})")
 
 
 def unmodelled(f: Features) -> str:

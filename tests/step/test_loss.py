@@ -1,10 +1,11 @@
-"""torchtune's chunked cross-entropy in the step (memledger/step/loss.py), against PyTorch's MemTracker.
+"""torchtune's and LitGPT's chunked cross-entropy in the step (memledger/step/loss.py), against PyTorch's MemTracker.
 
-The reference decoder runs ``CEWithChunkedOutputLoss`` as torchtune does (memledger/pytorch/reference.py,
-``RefConfig(loss_chunks=n)``); every landmark, each phase's peak, the peak and each block's peaks of the step
-are MemTracker's to the byte. One small case runs in the fast loop (chunks of unequal length, B > 1: the
-strided chunks are copied); the full-scale grid (LLaMA-2 7B and LLaMA-3 8B's 128k vocabulary, B 1-2, S 4096-8192,
-1, 8 and 16 chunks, with and without full recomputation) is slow (about a minute a case).
+The reference decoder runs ``CEWithChunkedOutputLoss`` as torchtune does, or LitGPT's ``chunked_cross_entropy``
+(memledger/pytorch/reference.py, ``RefConfig(loss_chunks=n, loss_impl=...)``); every landmark, each phase's
+peak, the peak and each block's peaks of the step are MemTracker's to the byte. One small case runs in the fast
+loop (chunks of unequal length, B > 1: the strided chunks are copied); the full-scale grid (LLaMA-2 7B and
+LLaMA-3 8B's 128k vocabulary, B 1-2, S 4096-8192, 1, 8 and 16 chunks, with and without full recomputation;
+LitGPT's 128-token chunks) is slow (one to two minutes a case).
 """
 import json
 import subprocess
@@ -18,12 +19,15 @@ from memledger.step.timeline import Step
 from stepcheck import LLAMA3_8B, LLAMA7B, against_memtracker, landmarks_are_sums_of_rows, peaks_agree
 
 
-@pytest.mark.parametrize("style, B, S, n", [("llama", 2, 13, 5), ("gpt", 1, 16, 4)])
+@pytest.mark.parametrize("style, B, S, n, impl", [("llama", 2, 13, 5, "torchtune"), ("gpt", 1, 16, 4, "torchtune"),
+                                                  ("llama", 2, 16, 4, "litgpt"), ("llama", 1, 16, 1, "litgpt"),
+                                                  ("gpt", 1, 16, 2, "litgpt")])
 @pytest.mark.sample(1)
-def test_small_chunked_loss_equals_memtracker(style, B, S, n):
-    """13 tokens in 5 chunks (3, 3, 3, 2, 2 tokens): landmarks, phase peaks, peak and block peaks are MemTracker's."""
+def test_small_chunked_loss_equals_memtracker(style, B, S, n, impl):
+    """13 tokens in 5 chunks (3, 3, 3, 2, 2 tokens), B = 2: landmarks, phase peaks, peak and block peaks are
+    MemTracker's; the other cases (slow): a tied GPT decoder, LitGPT's BF16 loss with and without chunks."""
     F_ = 128 if style == "llama" else 256
-    step, measured = against_memtracker(style, F_, "bf16-adamw", B, S, 2, 0.0, "none", loss_chunks=n)
+    step, measured = against_memtracker(style, F_, "bf16-adamw", B, S, 2, 0.0, "none", loss_chunks=n, loss_impl=impl)
     peaks_agree(step, measured, op_by_op=True)
     landmarks_are_sums_of_rows(step)
 
@@ -32,6 +36,7 @@ FULL = [(LLAMA7B, 1, 4096, 8, "none"), (LLAMA7B, 2, 4096, 16, "none"), (LLAMA7B,
         (LLAMA7B, 2, 8192, 8, "full"), (LLAMA7B, 1, 8192, 16, "full"),
         (LLAMA3_8B, 1, 8192, 1, "none"), (LLAMA3_8B, 1, 8192, 8, "none"), (LLAMA3_8B, 1, 8192, 16, "none"),
         (LLAMA3_8B, 2, 4096, 16, "full"), (LLAMA3_8B, 1, 8192, 16, "full")]
+LITGPT = [(LLAMA3_8B, 1, 8192, 1, "none"), (LLAMA3_8B, 1, 8192, 64, "none"), (LLAMA7B, 2, 4096, 32, "full")]
 
 
 @pytest.mark.slow
@@ -44,6 +49,16 @@ def test_full_scale_chunked_loss_equals_memtracker(arch, B, S, n, recompute):
     peaks_agree(step, measured)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("arch, B, S, n, recompute", LITGPT)
+def test_full_scale_litgpt_loss_equals_memtracker(arch, B, S, n, recompute):
+    """LitGPT's BF16 cross-entropy (its fine-tuning default: chunks of 128 tokens, 64 at S = 8192; none)."""
+    step, measured = against_memtracker("llama", arch.d_ff, "bf16-adamw", B, S, arch.n_layers, 0.0, recompute,
+                                        d_=arch.d_model, H=arch.n_heads, V_=arch.vocab_size, kv=arch.n_kv_heads,
+                                        loss_chunks=n, loss_impl="litgpt")
+    peaks_agree(step, measured)
+
+
 @pytest.mark.parametrize("B", [1, 2])
 def test_chunks_keep_their_tensors_in_rows(B):
     """Each landmark is the sum of the rows live there; the chunks' log-softmax outputs add up to the unchunked
@@ -51,7 +66,7 @@ def test_chunks_keep_their_tensors_in_rows(B):
     step = Step(Ledger(LLAMA3_8B, batch_size=B, seq_len=4099, loss_chunks=8, overhead_bytes=0), "cpu")
     landmarks_are_sums_of_rows(step)
     rows = {r["name"]: r["bytes"] for r in step.rows if "after forward" in r["live"]}
-    logsoftmax = sum(b for name, b in rows.items() if name.startswith("log-softmax output (FP32), chunk"))
+    logsoftmax = sum(b for name, b in rows.items() if name.startswith("log-softmax output, chunk"))
     assert logsoftmax == 4 * B * 4099 * 128256
     assert ("LM head input" in rows) == (B == 1)
     assert sum(b for name, b in rows.items() if name.startswith("LM head input")) == 2 * B * 4099 * 4096
@@ -59,7 +74,11 @@ def test_chunks_keep_their_tensors_in_rows(B):
 
 @pytest.mark.parametrize("kwargs, field", [(dict(loss_chunks=0), "loss_chunks"),
                                            (dict(loss_chunks=9, seq_len=8), "loss_chunks"),
-                                           (dict(loss_chunks=2.5), "loss_chunks")])
+                                           (dict(loss_chunks=2.5), "loss_chunks"),
+                                           (dict(loss_impl="liger"), "loss_impl 'liger' is not modelled"),
+                                           (dict(loss_impl="cce"), "loss_impl 'cce' is not modelled"),
+                                           (dict(loss_impl="megatron"), "loss_impl"),
+                                           (dict(loss_impl="litgpt", loss_chunks=3, seq_len=4096), "loss_impl")])
 def test_bad_chunks_are_refused(kwargs, field):
     with pytest.raises(ValueError, match=field):
         Ledger(LLAMA7B, **kwargs)
