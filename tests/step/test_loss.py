@@ -29,7 +29,24 @@ def test_small_chunked_loss_equals_memtracker(style, B, S, n, impl):
     F_ = 128 if style == "llama" else 256
     step, measured = against_memtracker(style, F_, "bf16-adamw", B, S, 2, 0.0, "none", loss_chunks=n, loss_impl=impl)
     peaks_agree(step, measured, op_by_op=True)
+    loss_totals_agree(step, measured)
     landmarks_are_sums_of_rows(step)
+
+
+def loss_totals_agree(step, measured):
+    """Op by op through the loss (the final norm, the head, the loss and their backward): the totals the
+    timeline reaches after each op that allocates are totals MemTracker reaches between the last block's forward
+    and the last block's backward, in the same order (MemTracker samples after every ATen op)."""
+    def in_block(mods):
+        return any(m.startswith("Decoder.blocks.") for m in mods)
+    trace = measured["trace"]
+    start = max(i for i, (_, bw, opt, mods, _) in enumerate(trace) if bw is False and not opt and in_block(mods))
+    end = min(i for i, (_, bw, opt, mods, _) in enumerate(trace) if bw and not opt and in_block(mods))
+    theirs = [total for total, bw, _, _, _ in trace[start + 1:end] if bw is not None]
+    ours = [int(total) for total, index in zip(step.totals, step.built.compiled.ops)
+            if step.built.ops[index].phase == "loss" and step.built.ops[index].allocs]
+    rest = iter(theirs)
+    assert all(any(t == u for u in rest) for t in ours)
 
 
 FULL = [(LLAMA7B, 1, 4096, 8, "none"), (LLAMA7B, 2, 4096, 16, "none"), (LLAMA7B, 1, 8192, 1, "none"),
