@@ -29,6 +29,10 @@ GPT decoder, untied in the LLaMA decoder), and the loss
   ``F.scaled_dot_product_attention``'s docstring) copy K and V to H heads
   instead: that is ``inventory(..., repeat_kv=True)``, not modelled here.
 
+The loss may also run chunked, as torchtune's ``CEWithChunkedOutputLoss`` or LitGPT's
+``chunked_cross_entropy`` (``RefConfig(loss_chunks=n, loss_impl=...)``, :meth:`Decoder.loss`;
+:mod:`memledger.step.loss` models it).
+
 Under tensor parallelism (``RefConfig(tp=t)``, :mod:`memledger.pytorch.distributed`) a block views
 its column-split fused QKV output with H/t query and H_kv/t key/value heads.
 
@@ -220,7 +224,8 @@ class Block(nn.Module):
 
 
 class Decoder(nn.Module):
-    """Embedding, blocks, final norm, LM head (tied in GPT, untied in LLaMA), FP32 cross-entropy."""
+    """Embedding, blocks, final norm, LM head (tied in GPT, untied in LLaMA), FP32 cross-entropy (or, with
+    ``loss_chunks``/``loss_impl``, torchtune's or LitGPT's chunked cross-entropy: :meth:`loss`)."""
 
     def __init__(self, c: RefConfig):
         super().__init__()

@@ -149,8 +149,11 @@ def check_loss_chunks(n: int) -> int:
 LOSS_IMPLS = ("torchtune", "litgpt")
 #: Fused linear cross-entropy kernels, refused by name: what they keep is not measured here.
 REFUSED_LOSSES = {
-    "liger": "Liger's LigerFusedLinearCrossEntropyLoss runs Triton kernels (CUDA), which no run here can measure",
-    "cce": "Apple's Cut Cross-Entropy runs Triton kernels (CUDA), which no run here can measure",
+    "liger": "Liger's LigerFusedLinearCrossEntropyLoss computes the logits' gradients chunk by chunk inside its "
+             "forward with Triton kernels (src/liger_kernel/ops/fused_linear_cross_entropy.py), CUDA only: no run "
+             "here can measure what it allocates",
+    "cce": "Apple's Cut Cross-Entropy computes the loss in Triton kernels without materializing the logits, CUDA "
+           "only: no run here can measure what it allocates",
 }
 
 
