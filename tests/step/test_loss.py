@@ -120,3 +120,16 @@ def test_cli_step_reads_chunks_and_compare_refuses_them():
     assert peaks[1] < peaks[0]
     run = _cli("compare", "--preset", "llama2-7b", "--loss-chunks", "8")
     assert run.returncode == 2 and "--loss-chunks" in run.stderr and len(run.stderr.strip().splitlines()) == 1
+
+
+def test_ledger_reads_chunks_only_where_its_verdict_is_the_peak():
+    """``ledger`` judges by the step's peak unless ``--measure total``: there the chunks change nothing printed."""
+    assert _cli("ledger", "--preset", "llama2-7b", "--loss-chunks", "8").returncode == 0
+    run = _cli("ledger", "--preset", "llama2-7b", "--loss-chunks", "8", "--measure", "total")
+    assert run.returncode == 2 and "--loss-chunks" in run.stderr and len(run.stderr.strip().splitlines()) == 1
+
+
+def test_fit_cannot_search_sequences_shorter_than_the_chunks():
+    from memledger.answers.fit import fit
+    with pytest.raises(ValueError, match="loss_chunks"):
+        fit(Ledger(LLAMA7B, loss_chunks=8), "seq", 80 * 10**9)
