@@ -117,6 +117,9 @@ def fit(template: Ledger, vary: str, gpu_bytes: int, measure: str = "auto", marg
     if vary == "dp" and template.zero_stage == 0:
         raise ValueError("dp does not change per-GPU memory at ZeRO stage 0 (every rank holds all states); "
                          "choose --zero 1, 2 or 3")
+    if vary == "seq" and template.loss_chunks > 1:
+        raise ValueError(f"vary='seq' cannot search below loss_chunks ({template.loss_chunks}) tokens: vary batch, or "
+                         "drop loss_chunks")
     peak = uses_peak(template, measure)
 
     def fits(value):

@@ -20,7 +20,7 @@ from ..states.recipes import ALL_RECIPES
 from . import compare as cli_compare, models as cli_models, step as cli_step
 from .options import add, build_ledger, fill_defaults, given_options, gpu_bytes, host_link, ledger_options, one_of
 from .options import output_options
-from .paths import FRAMEWORK, MODEL, PIPELINE, WORKLOAD, refuse_unread
+from .paths import FRAMEWORK, LOSS, MODEL, PIPELINE, WORKLOAD, refuse_unread
 from .verdict import judged_by, verdict_line
 
 __all__ = ["COMMANDS", "main"]
@@ -85,6 +85,9 @@ def _ledger(a):
         where = "a ledger without an architecture (--params alone)"
     if ledger.offload_optimizer == "none":
         reads.discard("offload_placement")
+    from ..answers.verdict import uses_peak
+    if ledger.arch is not None and a.measure != "total" and uses_peak(ledger, a.measure):
+        reads |= set(LOSS)                  # the chunked loss changes the verdict by the peak, not the sum
     traffic = ledger.traffic
     if not traffic.pcie_bytes:
         reads.discard("link")

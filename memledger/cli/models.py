@@ -6,7 +6,7 @@ each function takes the parsed arguments and returns the text to print.
 from ..core.units import format_bytes, parse_bytes, parse_count
 from .options import (DEFAULT_OVERHEAD, add, architecture_from_args, build_ledger, check_units, gpu_bytes,
                       ledger_options, model_options, output_options)
-from .paths import FRAMEWORK, MODEL, WORKLOAD, refuse_unread
+from .paths import FRAMEWORK, LOSS, MODEL, WORKLOAD, refuse_unread
 from .verdict import verdict_line
 from ..answers.verdict import MARGIN, assess, leaves_margin
 
@@ -88,6 +88,8 @@ def fit(a):
     reads = set(MODEL) | set(WORKLOAD) | set(FRAMEWORK) | {"units", "gpu_memory", "json", "measure", "vary"}
     if ledger.arch is None:
         reads.discard("measure")
+    elif uses_peak(ledger, a.measure):
+        reads |= set(LOSS)                  # the chunked loss changes the peak, not the sum
     if ledger.offload_optimizer == "none":
         reads.discard("offload_placement")
     if "scope" in a.given and uses_peak(ledger, a.measure) and not is_nominal(ledger):

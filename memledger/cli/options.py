@@ -80,6 +80,10 @@ def ledger_options(parser, overhead: str = DEFAULT_OVERHEAD, scope: bool = True)
         "(only BF16 params stay); needs --offload-optimizer", Ledger.offload_placement)
     add(run, "--overhead", "runtime overhead (CUDA context, workspace), e.g. 2GB or 1500000000", overhead)
     framework_options(parser)
+    add(run, "--loss-chunks", "torchtune's chunked cross-entropy in N chunks of the sequence (the step's peak)",
+        str(Ledger.loss_chunks))
+    add(run, "--loss-impl", "torchtune (each chunk upcast to FP32) or litgpt (LitGPT's chunked_cross_entropy, no "
+        "upcast); liger and cce are refused by name", Ledger.loss_impl)
     if scope:
         add(run, "--scope", "model (the blocks and what lies outside them) or layers (the blocks only, as the "
             "article books them)", Ledger.scope)
@@ -233,7 +237,8 @@ def build_ledger(a) -> Ledger:
         offload_optimizer=a.offload_optimizer, offload_params=a.offload_params,
         offload_placement=a.offload_placement, overhead_bytes=parse_bytes(a.overhead, "overhead"),
         dropout=False if a.no_dropout else None, flash_attention=a.flash_attention,
-        scope=getattr(a, "scope", Ledger.scope), **framework_fields(a))
+        scope=getattr(a, "scope", Ledger.scope), loss_chunks=parse_count(a.loss_chunks, "loss_chunks"),
+        loss_impl=a.loss_impl, **framework_fields(a))
 
 
 def gpu_bytes(text: str) -> int:

@@ -11,9 +11,8 @@ the step's peak.
 """
 from .options import flag
 
-__all__ = ["CONVENTION_INPUTS", "FRAMEWORK", "LORA", "MODEL", "OUTPUT", "PIPELINE", "STATES", "WORKLOAD", "convention_reads",
-           "refuse_unread",
-           "unread"]
+__all__ = ["CONVENTION_INPUTS", "FRAMEWORK", "LORA", "LOSS", "MODEL", "OUTPUT", "PIPELINE", "STATES", "WORKLOAD",
+           "convention_reads", "refuse_unread", "unread"]
 
 MODEL = ("preset", "config", "params", "hidden", "layers", "heads", "ffn", "vocab", "style")
 #: Options of the activations (an architecture needed), then of the model states and the runtime.
@@ -33,10 +32,14 @@ OPTION_OF = {"batch_size": "batch", "seq_len": "seq", "recipe": "recipe", "recom
              "zero_stage": "zero", "dp": "dp", "offload_optimizer": "offload_optimizer",
              "offload_params": "offload_params", "largest_layer": "largest_layer", "gpus_per_node": "gpus_per_node",
              "nodes": "nodes", "buffer_factor": "buffer_factor", "zero_init": "no_zero_init"}
+#: What only the step's peak reads (the sums book the unchunked loss's tensors).
+LOSS = ("loss_chunks", "loss_impl")
 #: Why a path would not read an option, where one reason covers every path that ignores it.
 WHY = {
     "gpu_memory": "it prints no fits verdict",
     "link": "it prints no offload transfer time",
+    "loss_chunks": "the chunked loss changes the step's peak (memledger step), not the sums this path prints",
+    "loss_impl": "the loss's implementation changes the step's peak (memledger step), not the sums this path prints",
     "measure": "without an architecture there is no step to judge, only the sum of the model states",
     "offload_placement": "it places offloaded optimizer states, and --offload-optimizer is none",
 }

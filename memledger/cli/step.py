@@ -14,7 +14,7 @@ from ..activations.backends import BACKENDS
 from ..answers.verdict import CLAUSES, MARGIN, MEASURE, leaves_margin, sentence
 from ..core.units import format_bytes
 from .options import add, build_ledger, gpu_bytes, ledger_options, output_options
-from .paths import FRAMEWORK, LORA, MODEL, WORKLOAD, refuse_unread
+from .paths import FRAMEWORK, LORA, LOSS, MODEL, WORKLOAD, refuse_unread
 
 __all__ = ["LORA_STEP_READS", "add_parser", "lora_step", "output", "step", "text"]
 
@@ -37,7 +37,7 @@ def step(a) -> str:
     ledger = build_ledger(a)
     if any(d in a.given for d in LORA):
         return lora_step(a, ledger)
-    reads = set(MODEL) | set(WORKLOAD) | set(FRAMEWORK) | {"units", "gpu_memory", "json", "backend", "foreach"}
+    reads = set(MODEL) | set(WORKLOAD) | set(FRAMEWORK) | set(LOSS) | {"units", "gpu_memory", "json", "backend", "foreach"}
     if ledger.offload_optimizer == "none":
         reads.discard("offload_placement")
     refuse_unread(a, reads, "memledger step")

@@ -27,6 +27,7 @@ from ..states.frameworks import check_framework, framework_buffers
 from ..states.placement import OFFLOAD_DEVICES, PLACEMENTS, ZERO_STAGES, check_state_options, component_key, state_specs
 from ..states.recipes import ALL_RECIPES, DEFAULT_RECIPE
 from .transfer import Traffic, step_traffic
+from ..step.structure import check_loss_impl
 from ..core.units import GB
 
 __all__ = ["DEFAULT_OVERHEAD", "FIELD_OF", "SCOPES", "Ledger", "RowSpec", "Structure", "row_specs", "sweep"]
@@ -132,7 +133,10 @@ class Ledger:
     ``arch``: an :class:`Architecture` or a preset name; without one, give
     ``n_params`` and get model states only. ``n_params`` with ``arch`` overrides
     the architecture's count. ``dropout=None`` follows the architecture
-    (GPT-style yes, LLaMA-style no).
+    (GPT-style yes, LLaMA-style no). ``loss_chunks`` n > 1: torchtune's chunked
+    cross-entropy (:mod:`memledger.step.loss`), modelled by the step's peak; the sum
+    books the tensors the unchunked loss keeps. ``loss_impl``: ``"torchtune"`` (FP32 upcast per
+    chunk) or ``"litgpt"`` (LitGPT's ``chunked_cross_entropy``: no upcast, S a multiple of the chunks).
     """
     arch: Union[Architecture, str, None] = None
     n_params: Optional[int] = None
@@ -151,6 +155,8 @@ class Ledger:
     dropout: Optional[bool] = None
     flash_attention: bool = False
     scope: str = "model"
+    loss_chunks: int = 1
+    loss_impl: str = "torchtune"
     # ---- the framework (issue 15): memledger.states.frameworks ----
     framework: str = "plain"
     ddp_bucket_mb: Optional[float] = None
@@ -170,7 +176,8 @@ class Ledger:
         object.__setattr__(self, "arch", arch)
         if arch is None and self.n_params is None:
             raise ValueError("give an architecture (a preset or d_model/n_layers/n_heads) or n_params")
-        for name in ("batch_size", "seq_len", "tp", "dp") + (("n_params",) if self.n_params is not None else ()):
+        counts = ("batch_size", "seq_len", "tp", "dp", "loss_chunks")
+        for name in counts + (("n_params",) if self.n_params is not None else ()):
             object.__setattr__(self, name, check_count(name, getattr(self, name)))
         object.__setattr__(self, "overhead_bytes", check_count("overhead_bytes", self.overhead_bytes, minimum=0))
         recipe = lookup(ALL_RECIPES, self.recipe, "recipe")
@@ -187,6 +194,12 @@ class Ledger:
         for name in ("sequence_parallel", "flash_attention"):
             check_flag(name, getattr(self, name))
         check_flag("dropout", self.dropout, allow_none=True)
+        if self.loss_chunks > self.seq_len:
+            raise ValueError(f"loss_chunks ({self.loss_chunks}) must not exceed the tokens of a sequence "
+                             f"(seq_len {self.seq_len}): each chunk needs at least one")
+        check_loss_impl(self.loss_impl, self.loss_chunks, self.seq_len)
+        if (self.loss_chunks > 1 or self.loss_impl != "torchtune") and arch is None:
+            raise ValueError("loss_chunks needs an architecture: the chunked loss splits the LM head's logits")
         if self.sequence_parallel and self.tp == 1:
             raise ValueError("sequence_parallel needs tensor parallelism: tp must be > 1")
         if arch is not None:

@@ -41,7 +41,8 @@ LADDER = ("dropout_mask", "norm_stats", "attention", "rmsnorm")
 def ledger_for(c: RefConfig, loop: str, batch: int, seq: int) -> Ledger:
     """The ledger of the reference decoder ``c`` run by ``loop`` (no overhead: PyTorch allocates none)."""
     return Ledger(architecture_of(c), batch_size=batch, seq_len=seq, recipe=loop, overhead_bytes=0,
-                  dropout=bool(c.dropout), recompute=c.recompute)
+                  dropout=bool(c.dropout), recompute=c.recompute, loss_chunks=c.loss_chunks,
+                  loss_impl=c.loss_impl)
 
 
 def architecture_of(c: RefConfig) -> Architecture:

@@ -29,6 +29,10 @@ GPT decoder, untied in the LLaMA decoder), and the loss
   ``F.scaled_dot_product_attention``'s docstring) copy K and V to H heads
   instead: that is ``inventory(..., repeat_kv=True)``, not modelled here.
 
+The loss may also run chunked, as torchtune's ``CEWithChunkedOutputLoss`` or LitGPT's
+``chunked_cross_entropy`` (``RefConfig(loss_chunks=n, loss_impl=...)``, :meth:`Decoder.loss`;
+:mod:`memledger.step.loss` models it).
+
 Under tensor parallelism (``RefConfig(tp=t)``, :mod:`memledger.pytorch.distributed`) a block views
 its column-split fused QKV output with H/t query and H_kv/t key/value heads.
 
@@ -45,9 +49,11 @@ from torch import nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-__all__ = ["LANDMARKS", "LOOPS", "Block", "Decoder", "FusedRMSNorm", "RefConfig", "Trainer", "make_model"]
+__all__ = ["LANDMARKS", "LOOPS", "LOSS_IMPLS", "Block", "Decoder", "FusedRMSNorm", "RefConfig", "Trainer", "make_model"]
 
 LOOPS = ("fp32-adamw", "bf16-pure-adamw", "bf16-adamw")
+#: The cross-entropies the decoder runs: torchtune's (FP32 upcast per chunk) and LitGPT's (no upcast).
+LOSS_IMPLS = ("torchtune", "litgpt")
 LANDMARKS = ("before forward", "after forward", "after backward", "after step")
 
 
@@ -71,7 +77,13 @@ class RefConfig:
     under tensor parallelism of degree t (:mod:`memledger.pytorch.distributed`): the fused QKV
     projection is split column-wise, so each rank views its local output with H/t query and
     H_kv/t key/value heads (1, the default: the whole block). Only the views change; the model
-    built is the same.
+    built is the same. ``loss_chunks``: n > 1 runs torchtune's chunked cross-entropy (:meth:`Decoder.loss`):
+    the LM head on n chunks of the sequence, each chunk's logits upcast to FP32 and summed by
+    ``F.cross_entropy(reduction="sum")``, the sum divided by the counted tokens (1, the default: one
+    ``F.cross_entropy`` on all the FP32 logits). ``loss_impl="litgpt"``: LitGPT's ``chunked_cross_entropy``
+    instead, on the logits as the model returns them (BF16: no upcast), the head applied per chunk of S/n
+    tokens (``split``; S a multiple of n), one ``reduction="none"`` cross-entropy per chunk, concatenated,
+    summed, divided by the counted tokens.
     """
     d: int
     L: int
@@ -89,6 +101,8 @@ class RefConfig:
     tied: bool = False
     head_dim: int = None
     tp: int = 1
+    loss_chunks: int = 1
+    loss_impl: str = "torchtune"
 
     def __post_init__(self):
         if self.attention not in (None, "eager", "sdpa"):
@@ -97,6 +111,10 @@ class RefConfig:
             raise ValueError(f"H ({self.H}) must be divisible by n_kv_heads ({self.kv_heads})")
         if self.tp < 1 or self.H % self.tp or self.kv_heads % self.tp:
             raise ValueError(f"tp ({self.tp}) must divide H ({self.H}) and n_kv_heads ({self.kv_heads})")
+        if not isinstance(self.loss_chunks, int) or self.loss_chunks < 1:
+            raise ValueError(f"loss_chunks must be a whole number >= 1, got {self.loss_chunks!r}")
+        if self.loss_impl not in LOSS_IMPLS:
+            raise ValueError(f"loss_impl must be one of {', '.join(LOSS_IMPLS)}, got {self.loss_impl!r}")
         if self.style == "gpt" and (self.kv_heads != self.H or self.qkv_bias or self.tied):
             raise ValueError("n_kv_heads, qkv_bias, tied: refinements of LLaMA blocks (GPT blocks are tied and "
                              "biased, multi-head)")
@@ -206,7 +224,8 @@ class Block(nn.Module):
 
 
 class Decoder(nn.Module):
-    """Embedding, blocks, final norm, LM head (tied in GPT, untied in LLaMA), FP32 cross-entropy."""
+    """Embedding, blocks, final norm, LM head (tied in GPT, untied in LLaMA), FP32 cross-entropy (or, with
+    ``loss_chunks``/``loss_impl``, torchtune's or LitGPT's chunked cross-entropy: :meth:`loss`)."""
 
     def __init__(self, c: RefConfig):
         super().__init__()
@@ -230,10 +249,44 @@ class Decoder(nn.Module):
                 x = checkpoint(block, x, mask, use_reentrant=False)
             else:
                 x = block(x, mask)
-        return self.head(self.norm(x))
+        h = self.norm(x)
+        n = self.c.loss_chunks
+        if n > 1 and self.c.loss_impl == "litgpt":     # litgpt/model.py GPT.forward: x.split(lm_head_chunk_size)
+            return [self.head(chunk) for chunk in h.split(S // n, dim=1)]
+        if n > 1:                       # torchtune TransformerDecoder.chunked_output: one head call per chunk
+            return [self.head(chunk) for chunk in h.tensor_split(n, dim=1)]
+        return self.head(h)
 
     def loss(self, ids, targets):
-        return F.cross_entropy(self(ids).float().view(-1, self.c.V), targets.view(-1))
+        """``F.cross_entropy`` on the FP32 logits; with ``loss_chunks`` n > 1 torchtune's
+        ``CEWithChunkedOutputLoss.forward`` (``torchtune/modules/loss/ce_chunked_output_loss.py`` l. 84-102, its
+        default ``ignore_index`` -100): tokens counted, labels split like the logits, one FP32
+        ``F.cross_entropy(..., reduction="sum")`` per chunk (l. 48-50), summed, divided by the count."""
+        if self.c.loss_impl == "litgpt":
+            return self._litgpt_loss(ids, targets)
+        if self.c.loss_chunks == 1:
+            return F.cross_entropy(self(ids).float().view(-1, self.c.V), targets.view(-1))
+        logits = self(ids)
+        total_elements = (targets != -100).sum()
+        labels = [chunk.reshape(-1) for chunk in targets.tensor_split(self.c.loss_chunks, dim=1)]
+        logits = [chunk.reshape(-1, chunk.size(-1)) for chunk in logits]
+        total_loss = 0.0
+        for logits_chunk, labels_chunk in zip(logits, labels):
+            total_loss += F.cross_entropy(logits_chunk.float(), labels_chunk, ignore_index=-100, reduction="sum")
+        return total_loss / total_elements
+
+    def _litgpt_loss(self, ids, targets):
+        """LitGPT's ``chunked_cross_entropy`` (``litgpt/utils.py`` l. 302-337, at 26857050), default
+        ``ignore_index`` -100, on the logits in their own dtype."""
+        logits = self(ids)
+        if self.c.loss_chunks == 1:             # chunk_size 0: one cross-entropy, no upcast
+            return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-100)
+        logit_chunks = [chunk.reshape(-1, chunk.size(-1)) for chunk in logits]
+        target_chunks = [chunk.reshape(-1) for chunk in targets.split(logits[0].size(1), dim=1)]
+        loss_chunks = [F.cross_entropy(logit_chunk, target_chunk, ignore_index=-100, reduction="none")
+                       for logit_chunk, target_chunk in zip(logit_chunks, target_chunks)]
+        non_masked_elems = (targets != -100).sum()
+        return torch.cat(loss_chunks).sum() / non_masked_elems.maximum(torch.ones_like(non_masked_elems))
 
 
 def make_model(c: RefConfig, loop: str) -> Decoder:

@@ -19,7 +19,7 @@ from ..core.exact import evaluate_expr, exact_function, integer_function, is_int
 from ..core.symbols import L, N_d, O, P, t
 from ..states.placement import ZERO_SHARDS, device_of, state_specs
 from ..states.recipes import RECIPES
-from . import ddp, outer, tensor
+from . import ddp, loss, outer, tensor
 from .block import block_backward, block_forward
 from .ops import BSd, Placement, Program, Tensor, block_params, residual_names
 from .outer import Param
@@ -73,8 +73,13 @@ class Built:
         p = Program(tensors, placement)
         outer.define_grads(p, c, share)
         outside = {}
-        for part, fn in [(Part.FORWARD_START, outer.forward_start), (Part.FORWARD_END, outer.forward_end),
-                         (Part.BACKWARD_START, outer.backward_start), (Part.BACKWARD_END, outer.backward_end)]:
+        chunked = c.loss_chunks > 1 or c.loss_impl == "litgpt"      # memledger.step.loss
+        if chunked:
+            outside_rows = [r for r in outside_rows if r.name not in loss.replaced_rows(c)]
+        for part, fn in [(Part.FORWARD_START, outer.forward_start),
+                         (Part.FORWARD_END, loss.chunked_forward_end if chunked else outer.forward_end),
+                         (Part.BACKWARD_START, loss.chunked_backward_start if chunked else outer.backward_start),
+                         (Part.BACKWARD_END, outer.backward_end)]:
             q = p.fork()
             if s.tensor_parallel:
                 tensor.OUTSIDE[part.value](q, c, s.sequence_parallel)
@@ -260,6 +265,9 @@ class Built:
         for r in self.outside_rows:
             if r.name not in IDS:
                 row(r.name, Kind.ACTIVATION, Lifetime.SAVED, Device.GPU, self.tensors[r.name].expr, {"after forward"})
+        for name in loss.saved_names(self.shape):          # what the chunked loss keeps for backward
+            x = self.tensors[name]
+            row(name, Kind.ACTIVATION, Lifetime.SAVED, x.device, x.expr, {"after forward"})
         seen = set()
         for op in self.ops:
             for _, name in op.allocs:

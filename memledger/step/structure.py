@@ -11,7 +11,9 @@ from dataclasses import dataclass
 from ..models.features import Features
 from ..states.recipes import RECIPES
 
-__all__ = ["MODELLED_RECIPES", "Shape", "StepStructure", "block_of", "check_recipe", "step_values", "unmodelled"]
+__all__ = ["LOSS_IMPLS", "MAX_LOSS_CHUNKS", "MODELLED_RECIPES", "REFUSED_LOSSES", "Shape", "StepStructure", "block_of",
+           "check_loss_chunks", "check_loss_impl",
+           "check_recipe", "step_values", "unmodelled"]
 
 #: The recipes whose optimizer step the timeline models op by op: ``torch.optim.AdamW`` with one gradient
 #: buffer and full-precision moments, with or without FP32 master weights (docs/step.md; checked against
@@ -56,6 +58,8 @@ class Shape:
     recompute: str = "none"  # the save policy: none, selective or full recomputation (memledger.step.block)
     head_dim: bool = False  # a head size d_h other than d/H: Q and the output projection's input H*d_h wide
     tp: bool = False        # tensor parallelism as DTensor runs it: a block at H/t heads, F/t (memledger.step.tensor)
+    loss_chunks: int = 1    # n > 1: torchtune's chunked cross-entropy (memledger.step.loss)
+    loss_impl: str = "torchtune"  # or "litgpt": LitGPT's chunked_cross_entropy, no FP32 upcast
 
     @property
     def gpt(self):
@@ -125,7 +129,11 @@ class StepStructure:
         shape = Shape(arch.style, kernel, bool(ledger.dropout), conv.rmsnorm, act, conv.norm_stats is not None,
                       ledger.batch_size == 1, grad, opts["mask_dtype"], opts["norm_stats"], gqa,
                       gqa and arch.kv_heads == 1, True if llama and f.has_qkv_bias else None,
-                      True if llama and f.is_tied else None, ledger.recompute, f.head_dim, ledger.tp > 1)
+                      True if llama and f.is_tied else None, ledger.recompute, f.head_dim, ledger.tp > 1,
+                      check_loss_chunks(ledger.loss_chunks), ledger.loss_impl)
+        if ledger.tp > 1 and (ledger.loss_chunks > 1 or ledger.loss_impl != "torchtune"):
+            raise ValueError("the step timeline runs a chunked loss on one rank's whole vocabulary; under tensor "
+                             "parallelism (tp > 1) it runs DTensor's loss_parallel: give loss_chunks 1 or tp 1")
         return cls(shape, ledger.recipe, ledger.zero_stage, ledger.offload_optimizer, ledger.offload_params,
                    ledger.offload_placement, ledger.recompute, ledger.tp > 1, ledger.sequence_parallel, conv,
                    arch.n_layers if arch.n_layers <= 4 else None, True, *_framework(ledger))
@@ -137,6 +145,42 @@ def _framework(ledger) -> tuple:
         raise ValueError(f"the step timeline does not run framework {ledger.framework} op by op; its buffers are "
                          "ledger rows (memledger ledger --framework ...)")
     return ledger.framework, ledger.framework == "ddp" and ledger.gradient_as_bucket_view
+
+
+#: The most loss chunks the timeline runs op by op (each chunk is a few ops and tensors of its own).
+MAX_LOSS_CHUNKS = 64
+
+
+def check_loss_chunks(n: int) -> int:
+    """``n``, or ``ValueError`` where the timeline would not run n chunks op by op."""
+    if n > MAX_LOSS_CHUNKS:
+        raise ValueError(f"the step timeline runs up to {MAX_LOSS_CHUNKS} loss chunks op by op, not loss_chunks {n}")
+    return n
+
+
+#: The cross-entropies the timeline runs op by op: torchtune's (each chunk upcast to FP32; without chunks the
+#: reference decoder's own ``F.cross_entropy(logits.float())``) and LitGPT's ``chunked_cross_entropy`` (no upcast).
+LOSS_IMPLS = ("torchtune", "litgpt")
+#: Fused linear cross-entropy kernels, refused by name: what they keep is not measured here.
+REFUSED_LOSSES = {
+    "liger": "Liger's LigerFusedLinearCrossEntropyLoss computes the logits' gradients chunk by chunk inside its "
+             "forward with Triton kernels (src/liger_kernel/ops/fused_linear_cross_entropy.py), CUDA only: no run "
+             "here can measure what it allocates",
+    "cce": "Apple's Cut Cross-Entropy computes the loss in Triton kernels without materializing the logits, CUDA "
+           "only: no run here can measure what it allocates",
+}
+
+
+def check_loss_impl(impl: str, chunks: int, seq_len: int) -> None:
+    """``ValueError`` naming ``loss_impl`` unless it is one of :data:`LOSS_IMPLS` (LitGPT's chunks: ``split`` by a
+    chunk size, so S a multiple of the chunks)."""
+    if impl in REFUSED_LOSSES:
+        raise ValueError(f"loss_impl {impl!r} is not modelled: {REFUSED_LOSSES[impl]}")
+    if impl not in LOSS_IMPLS:
+        raise ValueError(f"loss_impl must be one of {', '.join(LOSS_IMPLS)}, got {impl!r}")
+    if impl == "litgpt" and seq_len % chunks:
+        raise ValueError(f"loss_impl 'litgpt' splits the sequence by a chunk size: seq_len ({seq_len}) must be a "
+                         f"multiple of loss_chunks ({chunks})")
 
 
 def unmodelled(f: Features) -> str:
