@@ -12,13 +12,19 @@ Plain Python only: the command line imports this without SymPy.
 """
 import operator
 
-__all__ = ["LIMIT", "RECOMPUTE", "check_choice", "check_count", "check_flag", "lookup"]
+__all__ = ["FRAMEWORKS", "FSDP_DTYPES", "LIMIT", "RECOMPUTE", "check_choice", "check_count", "check_flag", "lookup"]
 
 #: The largest count or size accepted (an exabyte): the same limit everywhere (CLI, API, calculator).
 LIMIT = 10**18
 
 #: Recomputation modes of the activation inventory (Korthikanti et al. 2022).
 RECOMPUTE = ("none", "selective", "full")
+
+#: How the step runs across ranks: "plain" (one loop, ZeRO arithmetic on top) or a framework's own buffers
+#: ("fsdp2": PyTorch's ``fully_shard``, docs/fsdp2.md). The one list every input check reads.
+FRAMEWORKS = ("plain", "fsdp2")
+#: FSDP2's ``MixedPrecisionPolicy`` dtypes by name; None: no cast (``MixedPrecisionPolicy()``'s default).
+FSDP_DTYPES = ("bf16", "fp16", "fp32", None)
 
 
 def lookup(table, name, field: str):

@@ -21,7 +21,7 @@ from ..core.rows import DEVICES, Row, Rows
 from ..core.vocabulary import Device, Group, Role
 from ..models.architecture import Architecture
 from ..models.presets import get_preset
-from ..core.choices import RECOMPUTE, check_choice, check_count, check_flag, lookup
+from ..core.choices import FRAMEWORKS, RECOMPUTE, check_choice, check_count, check_flag, lookup
 from ..models.features import Features
 from ..states.placement import OFFLOAD_DEVICES, PLACEMENTS, ZERO_STAGES, check_state_options, component_key, state_specs
 from ..states.recipes import ALL_RECIPES, DEFAULT_RECIPE
@@ -139,6 +139,10 @@ class Ledger:
     dropout: Optional[bool] = None
     flash_attention: bool = False
     scope: str = "model"
+    framework: str = "plain"
+    fsdp_param_dtype: Optional[str] = "bf16"
+    fsdp_reduce_dtype: Optional[str] = "fp32"
+    reshard_after_forward: bool = True
 
     def __post_init__(self):
         arch = get_preset(self.arch) if isinstance(self.arch, str) else self.arch
@@ -170,6 +174,15 @@ class Ledger:
             arch.check_tensor_parallel(self.tp)
         if self.dropout is None:
             object.__setattr__(self, "dropout", arch.dropout if arch is not None else False)
+        check_choice("framework", self.framework, FRAMEWORKS)
+        if self.framework == "fsdp2":
+            from .frameworks import check_fsdp2
+            check_fsdp2(self)
+            return
+        for name, default in (("fsdp_param_dtype", "bf16"), ("fsdp_reduce_dtype", "fp32"),
+                              ("reshard_after_forward", True)):
+            if getattr(self, name) != default:
+                raise ValueError(f"{name} is an option of framework fsdp2, not of {self.framework}")
         _ = self.rows         # every row a whole number of bytes, or a ValueError naming the one that is not
 
     @property
@@ -209,6 +222,9 @@ class Ledger:
     def rows(self) -> Rows:
         """The rows, each a whole number of bytes: a tensor split over tp ranks that tp does not divide (the
         vocabulary-parallel log-softmax, B x S x V x 4 / t) is refused, naming the row."""
+        if self.framework != "plain":
+            raise ValueError(f"the ledger's sum books the plain loop; under framework {self.framework} use the "
+                             "step timeline (Ledger.step(), memledger step --framework)")
         rows = []
         for spec in row_specs(self.structure):
             try:
@@ -251,7 +267,10 @@ class Ledger:
         return self.judged_bytes(peak) <= gpu_bytes
 
     def judged_bytes(self, peak: bool = False) -> int:
-        """What :meth:`fits` compares with the GPU: the GPU total, or (``peak``) the step's peak."""
+        """What :meth:`fits` compares with the GPU: the GPU total, or (``peak``) the step's peak (a framework's
+        step: always its peak, the ledger's sum booking the plain loop)."""
+        if self.framework != "plain":
+            return self.peak
         if not peak or self.peak is None:
             return self.totals["gpu"]
         nominal = self.n_params is not None or self.arch.n_params is not None

@@ -18,7 +18,7 @@ from ..core.exact import evaluate_expr, exact_function, is_integral_polynomial
 from ..core.symbols import L, N_d, O, P, t
 from ..states.placement import ZERO_SHARDS, device_of, state_specs
 from ..states.recipes import RECIPES
-from . import outer
+from . import fsdp2, outer
 from .block import block_backward, block_forward
 from .ops import BSd, Placement, Program, Tensor, block_params, residual_names
 from .outer import Param
@@ -84,12 +84,15 @@ class Built:
         block_backward(bwd, c, share)
         if s.zero_stage == 3:
             zero3_units(tensors, outside, fwd, bwd, c, recipe, s)
+        self.fsdp = fsdp2.wrap(tensors, outside, fwd, bwd, c, s) if s.framework == "fsdp2" else None
         layers = explicit_layers(s.layers or 5)
         opt = p.fork()
         moments, master = outer.adamw(recipe)
         if moments is not None:
             params = [Param(x.name, share(x.elements), x.lump) for x in param_tensors(c, layers)] \
                 if not grad_sharded else [Param("flat partition", sp.ceiling(P / (t * N_d)))]
+            if self.fsdp:
+                params = self.fsdp.optimizer_params(layers)
             outer.optimizer(opt, params, moments, master and c.grad_dtype != "fp32", conv.foreach, c.grad_dtype)
         saved = sum((tensors[r.name].expr for r in layer_rows), sp.Integer(0)) if s.recompute != "full" \
             else tensors["layer input"].expr
@@ -97,7 +100,9 @@ class Built:
         tensors[SAVED_LUMP] = Tensor(SAVED_LUMP, (L - 4) * saved, Kind.ACTIVATION, Lifetime.SAVED)
         tensors[GRADIENT_LUMP] = Tensor(GRADIENT_LUMP, (L - 4) * grads, Kind.GRAD, Lifetime.GRADIENT,
                                         placement.gradients)
-        self.ops = flatten(s.layers or 5, c, outside, fwd.ops, bwd.ops, opt.ops)
+        if self.fsdp:
+            tensors[GRADIENT_LUMP] = self.fsdp.gradient_lump()
+        self.ops = flatten(s.layers or 5, c, outside, fwd.ops, bwd.ops, opt.ops, self.fsdp and self.fsdp.lump)
         self.tensors, self.layer_rows, self.outside_rows, self.placement = tensors, layer_rows, outside_rows, placement
         self._static_rows(recipe)
         self.compiled = Compiled(self.ops, self.static, tensors)
@@ -123,10 +128,12 @@ class Built:
             self.static.append((None, name))
         specs = state_specs(recipe, s.zero_stage, s.offload_optimizer, s.offload_params, s.offload_placement)
         self.grad_row = next(spec for spec in specs if spec.role == "grad")     # the one backward writes
-        for spec in specs:
+        for spec in specs if not self.fsdp else ():
             if spec is not self.grad_row:
                 static(spec.name, spec.expr(), Kind(spec.role), Device(spec.device),
                        "a model state (the recipe's component)")
+        for name, expr, kind, why in self.fsdp.static() if self.fsdp else ():
+            static(name, expr, kind, why=why)
         if conv.step_counters and outer.adamw(recipe)[0] is not None:
             count = len(block_params(c)) * L + len(outer.head_params(c)) + 1
             static("Adam step counters", 4 * count, Kind.OPTIMIZER,
@@ -136,6 +143,12 @@ class Built:
             static(name, t_[name].expr, Kind.ACTIVATION, why=t_[name].why)
         static("CUDA context + workspace", O, Kind.OVERHEAD,
                why="the runtime's context and workspaces (the article's 1-2 GB)")
+
+    def _live_sum(self, landmark, which):
+        """The bytes (SymPy) of the tensors ``which`` selects that are live at ``landmark``."""
+        marks = self.compiled.mark_counts[landmark]
+        return sp.Add(*(int(marks[j]) * self.tensors[n].expr for j, n in enumerate(self.names)
+                        if marks[j] and which(self.tensors[n])))
 
     def sizes(self, values):
         """Every tensor's bytes at ``values``, in the order of ``self.names``: exact ints, in an int64 array
@@ -221,11 +234,14 @@ class Built:
             row(name, x.kind, Lifetime.STEP, x.device, x.expr, set(LANDMARKS))
         g = self.grad_row
         grads = sp.ceiling(P / (t * N_d) if g.sharded else P / t) * g.bytes_per_param
-        if g.sharded:   # each tensor's shard rounded up, as backward writes them: the row is what they add up to
-            marks = self.compiled.mark_counts["after backward"]
-            grads = sp.Add(*(int(marks[j]) * self.tensors[n].expr for j, n in enumerate(self.names)
-                             if marks[j] and self.tensors[n].lifetime is Lifetime.GRADIENT))
-        row(g.name, Kind.GRAD, Lifetime.GRADIENT, self.placement.gradients, grads, {"after backward"})
+        if g.sharded or self.fsdp:   # each tensor's shard rounded up, as backward writes them: what they add up to
+            grads = self._live_sum("after backward", lambda x: x.lifetime is Lifetime.GRADIENT)
+        row(self.fsdp.name("sharded gradients", "block") + ", every unit" if self.fsdp else g.name, Kind.GRAD,
+            Lifetime.GRADIENT, self.placement.gradients, grads, {"after backward"})
+        if self.fsdp and not self.fsdp.reshard:     # every unit's parameters stay unsharded after forward
+            kept = self._live_sum("after forward", lambda x: x.kind is Kind.PARAM and x.lifetime is Lifetime.TEMPORARY)
+            row(self.fsdp.name("unsharded parameters", "block") + ", every unit (not resharded)", Kind.PARAM,
+                Lifetime.SAVED, Device.GPU, kept, {"after forward"})
         blocks = ["layer input"] if self.structure.recompute == "full" else [r.name for r in self.layer_rows]
         for name in blocks:
             row("L x layer input (checkpoint)" if name == "layer input" else f"L x {name}", Kind.ACTIVATION,

@@ -92,6 +92,8 @@ class StepStructure:
     conventions: object
     layers: object          # L when L <= 4, else None (any larger L gives the same program)
     prefetch: bool = True
+    framework: str = "plain"
+    fsdp: object = None     # framework fsdp2: (param dtype, reduce dtype, original dtype, reshard after forward)
 
     @classmethod
     def of(cls, ledger, conv):
@@ -114,6 +116,11 @@ class StepStructure:
         recipe = RECIPES[ledger.recipe]
         act = next(c.dtype for c in recipe.components if c.role == "param")
         grad = next(c.dtype for c in recipe.components if c.role == "grad")
+        fsdp = None
+        if ledger.framework == "fsdp2":     # compute (and the unsharded gradients) in the policy's param dtype
+            original = act
+            act = grad = ledger.fsdp_param_dtype or original
+            fsdp = (act, ledger.fsdp_reduce_dtype or act, original, ledger.reshard_after_forward)
         kernel = conv.kernel(arch.style, ledger.dropout, ledger.flash_attention)
         if kernel == "math":
             raise ValueError("the math SDPA kernel (CPU, LLaMA blocks with dropout) is not modelled op by op; "
@@ -125,7 +132,7 @@ class StepStructure:
                       True if llama and f.is_tied else None, ledger.recompute, f.head_dim)
         return cls(shape, ledger.recipe, ledger.zero_stage, ledger.offload_optimizer, ledger.offload_params,
                    ledger.offload_placement, ledger.recompute, ledger.tp > 1, ledger.sequence_parallel, conv,
-                   arch.n_layers if arch.n_layers <= 4 else None)
+                   arch.n_layers if arch.n_layers <= 4 else None, framework=ledger.framework, fsdp=fsdp)
 
 
 def unmodelled(f: Features) -> str:
