@@ -11,7 +11,7 @@ the step's peak.
 """
 from .options import flag
 
-__all__ = ["CONVENTION_INPUTS", "LORA", "MODEL", "OUTPUT", "PIPELINE", "STATES", "WORKLOAD", "convention_reads",
+__all__ = ["CONVENTION_INPUTS", "FRAMEWORK", "LORA", "MODEL", "OUTPUT", "PIPELINE", "STATES", "WORKLOAD", "convention_reads",
            "refuse_unread",
            "unread"]
 
@@ -19,7 +19,9 @@ MODEL = ("preset", "config", "params", "hidden", "layers", "heads", "ffn", "voca
 #: Options of the activations (an architecture needed), then of the model states and the runtime.
 ACTIVATIONS = ("batch", "seq", "recompute", "no_dropout", "flash_attention", "sp", "scope")
 STATES = ("recipe", "tp", "zero", "dp", "offload_optimizer", "offload_params", "offload_placement", "overhead")
-WORKLOAD = ACTIVATIONS + STATES
+#: How the step runs across ranks (``--framework`` and its options; read where the step is, refused by the sums).
+FRAMEWORK = ("framework", "fsdp_param_dtype", "fsdp_reduce_dtype", "no_reshard_after_forward")
+WORKLOAD = ACTIVATIONS + STATES + FRAMEWORK
 OUTPUT = ("units", "gpu_memory", "link", "json")
 PIPELINE = ("pp", "microbatches", "interleave")
 CONVENTION_INPUTS = ("largest_layer", "gpus_per_node", "nodes", "buffer_factor", "no_zero_init")

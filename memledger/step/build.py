@@ -208,16 +208,26 @@ class Built:
                 x[m] = start + width * (j + 1) / len(members)
         return x
 
-    def live_at(self, sample, sizes):
+    def live_at(self, sample, sizes, n_layers=None):
         """(name, bytes) of the GPU tensors live just after sample ``sample``, largest first; a tensor live in
-        several blocks is one entry ("softmax output, 4 blocks"), the lumped middle blocks one more."""
+        several blocks is one entry ("softmax output, 4 blocks"), the lumped middle blocks one more; a
+        framework's per-block buffer names its blocks ("FSDP2 all-gather output (BF16), block 12"; given
+        ``n_layers``)."""
         size = dict(zip(self.names, (int(b) for b in sizes * self.gpu)))
-        named, blocks = {}, {}
+        named, blocks, which = {}, {}, {}
         for layer, name in self.compiled.live[sample]:
             if size.get(name):
                 named[name] = named.get(name, 0) + size[name]
                 blocks[name] = blocks.get(name, 0) + (layer is not None)
+                if self.fsdp and isinstance(layer, int) and n_layers is not None:
+                    which.setdefault(name, []).append(self.fsdp.block_index(name, layer, self.structure.layers
+                                                                            is None, n_layers))
+        indexed = self.fsdp.block_names if self.fsdp else ()
         label = {n: n + (f", {k} block{'s' if k > 1 else ''}" if k else "") for n, k in blocks.items()}
+        for n in set(indexed) & set(which):
+            if blocks[n] == len(which[n]):
+                label[n] = n + (", block " if len(which[n]) == 1 else ", blocks ") + ", ".join(
+                    map(str, sorted(which[n])))
         return tuple(sorted(((label[n], b) for n, b in named.items()), key=lambda kv: -kv[1]))
 
     def rows(self, values) -> list:

@@ -9,9 +9,10 @@ and ``reduce_dtype`` (None: p).
 * resident: FP32 (o) shards o P^/N (``_fsdp_param.py:307``), AdamW's moments on them (rank 0's chunks are
   whole: 2 o P^/N), no persistent BF16 copy; sharded gradients o P^/N after backward;
 * pre-forward of u: the all-gather input, a cast copy p P^_u/N when p != o (``_fsdp_collectives.py:419``,
-  freed on return), the all-gather output p P^_u (``:351``), then in ``wait_for_unshard`` the previous unit's
-  output is freed (``_fsdp_param_group.py:432``) and the unsharded parameters p P^_u copied out (``:463``);
-  the output is kept until the next unit's copy-out (``:483``) or the root's post-forward;
+  freed on return), the all-gather output p P^_u (``:351``), then in ``wait_for_unshard`` the unsharded
+  parameters p P^_u copied out (``:463``) and the previous unit's output freed as the call returns (dropped
+  at ``_fsdp_param_group.py:432`` but held by the local ``prev_all_gather_state``); each output is kept until
+  the next unit's copy-out (``:483``) or the root's post-forward;
 * post-forward: the unsharded parameters freed when ``reshard_after_forward`` (``_fsdp_param.py:827``);
 * pre-backward (a hook on the unit's output gradient): re-gather if resharded (the output freed after the
   copy-out), then prefetch the unit before it in forward order (its all-gather output only,
@@ -32,6 +33,7 @@ from ..core.symbols import F, L, N_d, V, d
 from .ops import ProgramOp, Ref, Tensor, block_params, qkv_width
 from .outer import Param, head_params
 from .params import param_tensors
+from .structure import block_of
 from .trace import GRADIENT_LUMP, Part
 from .vocab import Kind, Lifetime, Phase, Scope
 
@@ -86,6 +88,19 @@ class FSDP2:
         return f"FSDP2 {role} ({_label(dtype)})" + (", root" if unit == "root" else "")
 
     @property
+    def block_names(self) -> tuple:
+        """The names of a block's FSDP2 buffers (a step names the blocks they are live in)."""
+        return tuple(self.name(role, "block") for role in UNIT_TENSORS)
+
+    def block_index(self, name, layer, lumped, n_layers):
+        """The model block of buffer ``name`` at program ``layer``: in a lumped program (L > 4) layer 2 holds
+        the all-gather buffers of block L-3 (gathered as the lump ends, prefetched by block L-2) and the
+        reduce-scatter input of block 2 (the lump's last post-backward)."""
+        if lumped and layer == 2:
+            return 2 if "reduce-scatter" in name else n_layers - 3
+        return block_of(layer, lumped, n_layers)
+
+    @property
     def total_shards(self):
         """P^/N: every parameter's rank-0 shard."""
         return L * self.shards["block"] + self.shards["root"]
@@ -134,8 +149,10 @@ class FSDP2:
         return ops
 
     def _copy_out(self, unit, free=()):
-        return [ProgramOp("FSDP2 copy-out: unsharded parameters", tuple(free),
-                          (self.name("unsharded parameters", unit),))]
+        """``wait_for_unshard``: the unsharded parameters copied out; ``free`` (in forward, the previous unit's
+        all-gather output) dies as the call returns, its local ``prev_all_gather_state`` holding it to then."""
+        ops = [ProgramOp("FSDP2 copy-out: unsharded parameters", (), (self.name("unsharded parameters", unit),))]
+        return ops + ([ProgramOp("previous all-gather output released", tuple(free), ())] if free else [])
 
     def _reduce(self, unit, grads, previous):
         """post_backward of ``unit``: reshard, the previous reduce-scatter input freed, reduce-scatter."""

@@ -95,7 +95,7 @@ class Step:
 
     def live_at_peak(self) -> tuple:
         """(name, bytes) of every GPU tensor live at the peak, largest first (blocks named by index)."""
-        return self.built.live_at(self.peak.sample, self.sizes)
+        return self.built.live_at(self.peak.sample, self.sizes, self.values["L"])
 
     def phase_peaks(self) -> dict:
         """The largest GPU total between landmarks: {"forward": ..., "backward": ..., "optimizer": ...}
