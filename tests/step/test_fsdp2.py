@@ -121,4 +121,4 @@ def test_bad_input_is_refused():
     with pytest.raises(ValueError, match="fsdp_param_dtype"):
         Ledger(LLAMA7B, recipe="fp32-adamw", framework="fsdp2", dp=8, fsdp_param_dtype="int8")
     with pytest.raises(ValueError, match="plain loop"):
-        Ledger(GPT7B, recipe="fp32-adamw", framework="fsdp2", dp=8).totals
+        _ = Ledger(GPT7B, recipe="fp32-adamw", framework="fsdp2", dp=8).totals
