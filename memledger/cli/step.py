@@ -51,6 +51,11 @@ def text(result, memory: int, unit: str = "GB") -> str:
     def size(n):
         return format_bytes(n, unit)
     lines = [f"{'landmark':<16} {'GPU':>12} {'CPU':>12} {'NVMe':>12}"]
+    led = result.ledger
+    if led.framework == "fsdp2":
+        lines[:0] = [f"framework fsdp2: fully_shard per block and the root over {led.dp} ranks, MixedPrecisionPolicy("
+                     f"param_dtype={led.fsdp_param_dtype}, reduce_dtype={led.fsdp_reduce_dtype}), "
+                     f"reshard_after_forward={led.reshard_after_forward}", ""]
     for name, devices in result.landmarks.items():
         lines.append(f"{name:<16} {size(devices['gpu']):>12} {size(devices['cpu']):>12} {size(devices['nvme']):>12}")
     lines += ["", "largest GPU total per phase: " + ", ".join(f"{k} {size(v)}" for k, v in result.phase_peaks().items()),
