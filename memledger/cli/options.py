@@ -90,6 +90,8 @@ def ledger_options(parser, overhead: str = DEFAULT_OVERHEAD, scope: bool = True)
         Ledger.fsdp_reduce_dtype)
     add(frame, "--no-reshard-after-forward", "fsdp2: keep every unit's parameters unsharded from forward to "
         "backward (reshard_after_forward=False)", switch=True)
+    add(frame, "--dp-replicate", "fsdp2: HSDP, R replicas of a dp/R-rank shard group (a 2-D mesh)",
+        str(Ledger.dp_replicate))
     if scope:
         add(run, "--scope", "model (the blocks and what lies outside them) or layers (the blocks only, as the "
             "article books them)", Ledger.scope)
@@ -184,7 +186,8 @@ def build_ledger(a) -> Ledger:
             raise ValueError(f"{', '.join(needs)} need an architecture (activations); --params alone gives "
                              "model states only")
     check_units(a)
-    fsdp = [flag(d) for d in ("fsdp_param_dtype", "fsdp_reduce_dtype", "no_reshard_after_forward") if d in a.given]
+    fsdp = [flag(d) for d in ("fsdp_param_dtype", "fsdp_reduce_dtype", "no_reshard_after_forward", "dp_replicate")
+            if d in a.given]
     if fsdp and a.framework != "fsdp2":
         raise ValueError(f"{', '.join(fsdp)}: an option of --framework fsdp2, not of --framework {a.framework}")
     return Ledger(
@@ -200,7 +203,7 @@ def build_ledger(a) -> Ledger:
         scope=getattr(a, "scope", Ledger.scope), framework=a.framework,
         fsdp_param_dtype=fsdp_dtype(a.fsdp_param_dtype, "fsdp_param_dtype"),
         fsdp_reduce_dtype=fsdp_dtype(a.fsdp_reduce_dtype, "fsdp_reduce_dtype"),
-        reshard_after_forward=not a.no_reshard_after_forward)
+        reshard_after_forward=not a.no_reshard_after_forward, dp_replicate=parse_count(a.dp_replicate, "dp_replicate"))
 
 
 def gpu_bytes(text: str) -> int:

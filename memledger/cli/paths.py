@@ -20,7 +20,7 @@ MODEL = ("preset", "config", "params", "hidden", "layers", "heads", "ffn", "voca
 ACTIVATIONS = ("batch", "seq", "recompute", "no_dropout", "flash_attention", "sp", "scope")
 STATES = ("recipe", "tp", "zero", "dp", "offload_optimizer", "offload_params", "offload_placement", "overhead")
 #: How the step runs across ranks (``--framework`` and its options; read where the step is, refused by the sums).
-FRAMEWORK = ("framework", "fsdp_param_dtype", "fsdp_reduce_dtype", "no_reshard_after_forward")
+FRAMEWORK = ("framework", "fsdp_param_dtype", "fsdp_reduce_dtype", "no_reshard_after_forward", "dp_replicate")
 WORKLOAD = ACTIVATIONS + STATES + FRAMEWORK
 OUTPUT = ("units", "gpu_memory", "link", "json")
 PIPELINE = ("pp", "microbatches", "interleave")

@@ -2,9 +2,11 @@
 TypeError naming the field).
 
 FSDP2 (PyTorch's ``fully_shard``, docs/fsdp2.md) shards the model states itself: ZeRO stages, offload and
-tensor parallelism are other setups. Its parameters are the optimizer's (no master copy): the recipe says
-their dtype and the optimizer's, ``fp32-adamw`` (FP32 shards, as torchtitan and torchtune keep them) or
-``bf16-pure-adamw``; ``MixedPrecisionPolicy(param_dtype, reduce_dtype)`` says the compute and reduce dtypes.
+tensor parallelism are other setups. HSDP: ``dp_replicate`` replicas of a ``dp / dp_replicate``-rank shard
+group (a 2-D mesh; FSDP2 shards over the second dimension and all-reduces across the first). Its parameters
+are the optimizer's (no master copy): the recipe says their dtype and the optimizer's, ``fp32-adamw`` (FP32
+shards, as torchtitan and torchtune keep them) or ``bf16-pure-adamw``; ``MixedPrecisionPolicy(param_dtype,
+reduce_dtype)`` says the compute and reduce dtypes.
 """
 from ..core.choices import FSDP_DTYPES, check_choice, check_flag
 
@@ -29,8 +31,11 @@ def check_fsdp2(ledger) -> None:
                          "offload_params must be none")
     if ledger.tp != 1:
         raise ValueError(f"framework fsdp2: FSDP2 x tensor parallelism is not modelled; tp must be 1, got {ledger.tp}")
-    if ledger.dp < 2:
-        raise ValueError("framework fsdp2 shards over dp ranks: dp must be at least 2")
+    if ledger.dp % ledger.dp_replicate:
+        raise ValueError(f"framework fsdp2: dp_replicate ({ledger.dp_replicate}) must divide dp ({ledger.dp})")
+    if ledger.dp // ledger.dp_replicate < 2:
+        raise ValueError("framework fsdp2 shards over dp ranks (dp / dp_replicate under HSDP): dp must be at least 2"
+                         + (f" x dp_replicate ({ledger.dp_replicate})" if ledger.dp_replicate > 1 else ""))
     if ledger.recipe not in FSDP2_RECIPES:
         raise ValueError(f"framework fsdp2: recipe must be one of {', '.join(FSDP2_RECIPES)} (the sharded "
                          f"parameters are the masters; fsdp_param_dtype is the compute dtype), got {ledger.recipe}")

@@ -143,6 +143,7 @@ class Ledger:
     fsdp_param_dtype: Optional[str] = "bf16"
     fsdp_reduce_dtype: Optional[str] = "fp32"
     reshard_after_forward: bool = True
+    dp_replicate: int = 1
 
     def __post_init__(self):
         arch = get_preset(self.arch) if isinstance(self.arch, str) else self.arch
@@ -151,7 +152,8 @@ class Ledger:
         object.__setattr__(self, "arch", arch)
         if arch is None and self.n_params is None:
             raise ValueError("give an architecture (a preset or d_model/n_layers/n_heads) or n_params")
-        for name in ("batch_size", "seq_len", "tp", "dp") + (("n_params",) if self.n_params is not None else ()):
+        counts = ("batch_size", "seq_len", "tp", "dp", "dp_replicate")
+        for name in counts + (("n_params",) if self.n_params is not None else ()):
             object.__setattr__(self, name, check_count(name, getattr(self, name)))
         object.__setattr__(self, "overhead_bytes", check_count("overhead_bytes", self.overhead_bytes, minimum=0))
         recipe = lookup(ALL_RECIPES, self.recipe, "recipe")
@@ -180,7 +182,7 @@ class Ledger:
             check_fsdp2(self)
             return
         for name, default in (("fsdp_param_dtype", "bf16"), ("fsdp_reduce_dtype", "fp32"),
-                              ("reshard_after_forward", True)):
+                              ("reshard_after_forward", True), ("dp_replicate", 1)):
             if getattr(self, name) != default:
                 raise ValueError(f"{name} is an option of framework fsdp2, not of {self.framework}")
         _ = self.rows         # every row a whole number of bytes, or a ValueError naming the one that is not

@@ -103,6 +103,8 @@ class Built:
         if self.fsdp:
             tensors[GRADIENT_LUMP] = self.fsdp.gradient_lump()
         self.ops = flatten(s.layers or 5, c, outside, fwd.ops, bwd.ops, opt.ops, self.fsdp and self.fsdp.lump)
+        if self.fsdp:
+            self.ops = self.fsdp.finalize(self.ops)
         self.tensors, self.layer_rows, self.outside_rows, self.placement = tensors, layer_rows, outside_rows, placement
         self._static_rows(recipe)
         self.compiled = Compiled(self.ops, self.static, tensors)

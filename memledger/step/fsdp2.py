@@ -26,6 +26,8 @@ and ``reduce_dtype`` (None: p).
 ``reshard_after_forward`` applies to every unit, the root included (as torchtitan passes it and
 ``memledger.pytorch.distributed.fsdp_step`` runs it; PyTorch's own default None keeps the root unsharded).
 """
+from dataclasses import replace
+
 import sympy as sp
 
 from ..core.dtypes import nbytes
@@ -42,6 +44,7 @@ __all__ = ["UNIT_TENSORS", "FSDP2", "dim0", "shard", "wrap"]
 #: The per-unit buffers, by role (their names carry the dtype and, for the root, ", root").
 UNIT_TENSORS = ("all-gather input", "all-gather output", "unsharded parameters", "reduce-scatter input",
                 "reduce-scatter output", "sharded gradients")
+_CLEARED = "finalize_backward; reduce-scatter states cleared (final callback)"
 _MATRIX_ROWS = {"qkv.weight": None, "proj.weight": d, "gate.weight": F, "up.weight": F, "down.weight": d,
                 "embedding.weight": V, "head.weight": V}
 
@@ -75,7 +78,8 @@ class FSDP2:
 
     def __init__(self, c, s):
         self.c, self.s = c, s
-        self.param, self.reduce, self.original, self.reshard = s.fsdp
+        self.param, self.reduce, self.original, self.reshard, self.hsdp = s.fsdp
+        self.held = self.hsdp and self.reduce != self.original    # HSDP keeps each reduce-dtype output
         self.p, self.r, self.o = nbytes(self.param), nbytes(self.reduce), nbytes(self.original)
         self.cast = self.param != self.original
         self.units = unit_params(c)
@@ -127,6 +131,10 @@ class FSDP2:
                 kind = Kind.PARAM if role in UNIT_TENSORS[:3] else Kind.GRAD
                 life = Lifetime.GRADIENT if role == "sharded gradients" else Lifetime.TEMPORARY
                 tensors[name] = Tensor(name, size, kind, life, why=why[role])
+        held = "FSDP2 reduce-scatter outputs, blocks 2..L-3"
+        tensors[held] = Tensor(held, (L - 4) * self.r * self.shards["block"], Kind.GRAD, Lifetime.TEMPORARY,
+                               why="HSDP: kept by each group's all-reduce state (_fsdp_param_group.py:759)")
+        self.held_lump = held
         lump = "FSDP2 unsharded parameters, blocks 2..L-3"
         tensors[lump] = Tensor(lump, (L - 4) * self.p * self.shards["block"] * N_d, Kind.PARAM, Lifetime.TEMPORARY,
                                why="kept after forward (reshard_after_forward=False)")
@@ -164,8 +172,9 @@ class FSDP2:
             ops.append(ProgramOp("reduce-scatter output: the sharded gradients", (), (sg,)))
         else:
             ops += [ProgramOp("reduce-scatter output", (), (rs_out,)),
-                    ProgramOp(f"sharded gradients cast to {_label(self.original)}", (), (sg,)),
-                    ProgramOp("reduce-scatter output released", (rs_out,), ())]
+                    ProgramOp(f"sharded gradients cast to {_label(self.original)}", (), (sg,))]
+            if not self.held:      # HSDP: kept by the group's all-reduce state until finalize_backward
+                ops.append(ProgramOp("reduce-scatter output released", (rs_out,), ()))
         ops.append(ProgramOp("last unsharded gradient released", (grads[-1],), ()))
         return ops
 
@@ -208,8 +217,7 @@ class FSDP2:
         grads = [f"grad {n}" for n, _ in self.units[root]]
         at = _index(ops, "loss released")
         ops[at:at] = self._reduce(root, grads, Ref(Scope.FIRST, self.name("reduce-scatter input", "block"))) + [
-            ProgramOp("reduce-scatter states cleared (final callback)", (self.name("reduce-scatter input", root),),
-                      ())]
+            ProgramOp(_CLEARED, (self.name("reduce-scatter input", root),), ())]
 
     def lump(self, phase, n_layers):
         """(frees, allocs) the lumped blocks 2..L-3 add to the plain lump op, qualified ``(layer, name)``."""
@@ -219,9 +227,23 @@ class FSDP2:
         if phase is Phase.FORWARD:
             allocs = ((n_layers - 3, ag),) + (() if self.reshard else ((None, self.unsharded_lump),))
             return ((1, ag),), allocs
+        held = ((None, self.held_lump),) if self.held else ()
         if self.reshard:
-            return ((n_layers - 2, rs), (n_layers - 3, ag)), ((2, rs), (1, ag))
-        return ((n_layers - 2, rs), (None, self.unsharded_lump)), ((2, rs),)
+            return ((n_layers - 2, rs), (n_layers - 3, ag)), ((2, rs), (1, ag)) + held
+        return ((n_layers - 2, rs), (None, self.unsharded_lump)), ((2, rs),) + held
+
+    def finalize(self, ops) -> list:
+        """HSDP with a reduce dtype other than the shards': ``finalize_backward`` (the root's final callback,
+        after the root's post-backward, ``_fsdp_state.py:420``) drops every group's all-reduce state, the
+        reduce-dtype outputs held since each unit's reduce-scatter. Adds those frees to the flat op list."""
+        if not self.held:
+            return ops
+        out = self.name("reduce-scatter output", "block")
+        held = sorted({n for op in ops for n in op.allocs if n[1] in (out, self.held_lump)}, key=str)
+        at = next(i for i, op in enumerate(ops) if op.label == _CLEARED)
+        ops[at] = replace(ops[at], frees=ops[at].frees + tuple(held)
+                          + ((None, self.name("reduce-scatter output", "root")),))
+        return ops
 
     def optimizer_params(self, layers) -> list:
         """AdamW's parameters on this rank: each parameter's rank-0 shard, in ``model.parameters()`` order."""

@@ -93,7 +93,7 @@ class StepStructure:
     layers: object          # L when L <= 4, else None (any larger L gives the same program)
     prefetch: bool = True
     framework: str = "plain"
-    fsdp: object = None     # framework fsdp2: (param dtype, reduce dtype, original dtype, reshard after forward)
+    fsdp: object = None     # framework fsdp2: (param dtype, reduce dtype, original dtype, reshard after forward, HSDP)
 
     @classmethod
     def of(cls, ledger, conv):
@@ -120,7 +120,8 @@ class StepStructure:
         if ledger.framework == "fsdp2":     # compute (and the unsharded gradients) in the policy's param dtype
             original = act
             act = grad = ledger.fsdp_param_dtype or original
-            fsdp = (act, ledger.fsdp_reduce_dtype or act, original, ledger.reshard_after_forward)
+            fsdp = (act, ledger.fsdp_reduce_dtype or act, original, ledger.reshard_after_forward,
+                    ledger.dp_replicate > 1)
         kernel = conv.kernel(arch.style, ledger.dropout, ledger.flash_attention)
         if kernel == "math":
             raise ValueError("the math SDPA kernel (CPU, LLaMA blocks with dropout) is not modelled op by op; "
@@ -147,9 +148,12 @@ def unmodelled(f: Features) -> str:
 
 def step_values(ledger) -> dict:
     """Symbol name -> number for the step: the ledger's values, with P the architecture's counted
-    parameters (the timeline books tensors, not a nominal count such as the article's 7x10^9)."""
+    parameters (the timeline books tensors, not a nominal count such as the article's 7x10^9); under FSDP2
+    N_d is the shard group's size."""
     values = dict(ledger.values)
     values["P"] = ledger.arch.computed_params
+    if ledger.framework == "fsdp2":         # FSDP2 shards over its shard group (HSDP: dp / dp_replicate ranks)
+        values["N_d"] = ledger.dp // ledger.dp_replicate
     return values
 
 

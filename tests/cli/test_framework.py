@@ -35,6 +35,10 @@ def test_step_honours_every_fsdp2_option(capsys):
     assert any(r["name"].startswith("FSDP2 unsharded parameters (FP32)") for r in data["rows"])
     text = answered(capsys, "step", *SMALL, *FSDP2)
     assert text.startswith("framework fsdp2: fully_shard per block and the root over 8 ranks")
+    hsdp = json.loads(answered(capsys, "step", *SMALL, "--framework", "fsdp2", "--dp", "16", "--dp-replicate", "4",
+                               "--json"))
+    shard = json.loads(answered(capsys, "step", *SMALL, "--framework", "fsdp2", "--dp", "4", "--json"))
+    assert hsdp["peak"]["gpu"] == shard["peak"]["gpu"]        # reduce fp32 = the shards': as FSDP2 over 4
 
 
 def test_fit_judges_the_fsdp2_peak(capsys):
@@ -53,5 +57,8 @@ def test_refused_in_one_line(capsys):
     refused(capsys, "step", *SMALL, "--framework", "fsdp2", message="dp must be at least 2")
     refused(capsys, "step", *SMALL, *FSDP2, "--recipe", "bf16-adamw", message="recipe must be one of")
     refused(capsys, "step", *SMALL, "--framework", "ddp3", message="framework must be one of")
+    refused(capsys, "step", *SMALL, "--dp-replicate", "2", message="--dp-replicate: an option of --framework fsdp2")
+    refused(capsys, "step", *SMALL, *FSDP2, "--dp-replicate", "3", message="dp_replicate (3) must divide dp (8)")
+    refused(capsys, "step", *SMALL, *FSDP2, "--dp-replicate", "8", message="dp must be at least 2 x dp_replicate")
     refused(capsys, "ledger", *SMALL, *FSDP2, message="memledger ledger sums the plain loop")
     refused(capsys, "compare", *SMALL, *FSDP2, message="booked by memledger step only")

@@ -21,14 +21,14 @@ SMALL_GPT = dict(d=64, L=6, H=4, F=256, V=1000, style="gpt")
 
 
 def fsdp2_ledger(arch, B, S, N, recompute="none", reshard=True, param="bf16", reduce="fp32", loop="fp32-adamw",
-                 dropout=False):
+                 dropout=False, replicate=1):
     return Ledger(arch, batch_size=B, seq_len=S, recipe=loop, overhead_bytes=0, dropout=dropout, recompute=recompute,
                   framework="fsdp2", dp=N, fsdp_param_dtype=param, fsdp_reduce_dtype=reduce,
-                  reshard_after_forward=reshard)
+                  reshard_after_forward=reshard, dp_replicate=replicate)
 
 
 def against_fsdp2(shape, B, S, N, recompute="none", reshard=True, param="bf16", reduce="fp32", loop="fp32-adamw",
-                  dropout=0.0):
+                  dropout=0.0, replicate=1):
     """Landmarks and every phase peak of memledger's FSDP2 step equal FSDPMemTracker's, byte for byte."""
     pytest.importorskip("torch")
     from memledger.pytorch.compare import architecture_of
@@ -36,9 +36,9 @@ def against_fsdp2(shape, B, S, N, recompute="none", reshard=True, param="bf16", 
     from memledger.pytorch.reference import RefConfig
     c = RefConfig(**shape, recompute=recompute, dropout=dropout)
     measured = fsdp_step(c, loop, batch=B, seq=S, world=N, param_dtype=param, reduce_dtype=reduce, reshard=reshard,
-                         track_first=False)
+                         replicate=replicate, track_first=False)
     step = fsdp2_ledger(architecture_of(c), B, S, N, recompute, reshard, param, reduce, loop,
-                        dropout > 0).step("cpu")
+                        dropout > 0, replicate).step("cpu")
     assert {k: step.landmarks[k]["gpu"] for k in LANDMARKS} == {k: measured[k] for k in LANDMARKS}
     assert step.phase_peaks() == measured["phase peaks"]
     assert step.peak.bytes == measured["peak"]
@@ -82,6 +82,8 @@ def test_issue_figures_llama2_7b_world_8():
     (ODD, 2, 16, 8, dict(loop="bf16-pure-adamw")),                       # BF16 shards: no all-gather cast
     (SMALL_GPT, 2, 16, 8, dict()),
     (SMALL_GPT, 2, 16, 1024, dict(dropout=0.1, recompute="selective", reshard=False)),
+    (ODD, 2, 16, 8, dict(replicate=2, reduce="bf16")),       # HSDP: the BF16 outputs held to finalize_backward
+    (ODD, 2, 16, 16, dict(replicate=4)),                     # HSDP (4, 4): FSDP2 over 4 ranks
 ])
 def test_small_shapes_match_fsdp_mem_tracker(shape, B, S, N, options):
     against_fsdp2(shape, B, S, N, **options)
