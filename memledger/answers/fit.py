@@ -125,6 +125,8 @@ def fit(template: Ledger, vary: str, gpu_bytes: int, measure: str = "auto", marg
     if vary == "dp" and template.zero_stage == 0 and template.framework == "plain":
         raise ValueError("dp does not change per-GPU memory at ZeRO stage 0 (every rank holds all states); "
                          "choose --zero 1, 2 or 3")
+    if vary == "dp" and template.dp_replicate > 1:
+        raise ValueError("vary='dp' is not searched under HSDP (dp must stay a multiple of dp_replicate)")
     peak = uses_peak(template, measure)
 
     def fits(value):

@@ -368,6 +368,8 @@ def _peak_sweep(template: Ledger, arrays: dict):
     from ..activations.backends import get_backend
     from ..step.structure import StepStructure, step_values
     from ..step.sweep import SWEEPABLE, peak_program
+    if template.dp_replicate > 1 and "dp" in arrays:
+        raise ValueError("measure='peak' does not sweep dp under HSDP (the shard group is dp / dp_replicate)")
     names = tuple(n for n in SWEEPABLE if FIELD_OF[n] in arrays)
     if set(arrays) - {FIELD_OF[n] for n in names}:
         raise ValueError(f"measure='peak' sweeps only inputs that keep the step's structure: "
