@@ -20,7 +20,7 @@ def check_fsdp2(ledger) -> None:
     """``ValueError``/``TypeError`` unless ``ledger`` is a setup the FSDP2 step models."""
     check_choice("fsdp_param_dtype", ledger.fsdp_param_dtype, FSDP_DTYPES)
     check_choice("fsdp_reduce_dtype", ledger.fsdp_reduce_dtype, FSDP_DTYPES)
-    check_flag("reshard_after_forward", ledger.reshard_after_forward)
+    check_flag("reshard_after_forward", ledger.reshard_after_forward, allow_none=True)
     if ledger.arch is None:
         raise ValueError("framework fsdp2 needs an architecture (a preset or --hidden/--layers/--heads)")
     if ledger.zero_stage != 0:

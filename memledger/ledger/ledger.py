@@ -142,7 +142,7 @@ class Ledger:
     framework: str = "plain"
     fsdp_param_dtype: Optional[str] = "bf16"
     fsdp_reduce_dtype: Optional[str] = "fp32"
-    reshard_after_forward: bool = True
+    reshard_after_forward: Optional[bool] = True
     dp_replicate: int = 1
 
     def __post_init__(self):

@@ -250,9 +250,9 @@ class Built:
             grads = self._live_sum("after backward", lambda x: x.lifetime is Lifetime.GRADIENT)
         row(self.fsdp.name("sharded gradients", "block") + ", every unit" if self.fsdp else g.name, Kind.GRAD,
             Lifetime.GRADIENT, self.placement.gradients, grads, {"after backward"})
-        if self.fsdp and not self.fsdp.reshard:     # every unit's parameters stay unsharded after forward
+        if self.fsdp and not (self.fsdp.reshard and self.fsdp.root_reshard):    # units kept unsharded after forward
             kept = self._live_sum("after forward", lambda x: x.kind is Kind.PARAM and x.lifetime is Lifetime.TEMPORARY)
-            row(self.fsdp.name("unsharded parameters", "block") + ", every unit (not resharded)", Kind.PARAM,
+            row(self.fsdp.name("unsharded parameters", "block") + ", units not resharded", Kind.PARAM,
                 Lifetime.SAVED, Device.GPU, kept, {"after forward"})
         blocks = ["layer input"] if self.structure.recompute == "full" else [r.name for r in self.layer_rows]
         for name in blocks:

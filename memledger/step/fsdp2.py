@@ -23,8 +23,9 @@ and ``reduce_dtype`` (None: p).
   but the last parameter's (``:606``, ``:580``), the output r P^_u/N (``:612``; cast to o when r != o,
   ``:696``), the last gradient freed; the root's input is cleared in the final callback (``_fsdp_state.py:431``).
 
-``reshard_after_forward`` applies to every unit, the root included (as torchtitan passes it and
-``memledger.pytorch.distributed.fsdp_step`` runs it; PyTorch's own default None keeps the root unsharded).
+``reshard_after_forward`` True or False applies to every unit, the root included (as torchtitan passes True
+and ``memledger.pytorch.distributed.fsdp_step`` runs it); None is PyTorch's own default: True for the blocks,
+False for the root (``_fully_shard.py:246,260``), whose parameters then stay unsharded through the step.
 """
 from dataclasses import replace
 
@@ -78,7 +79,9 @@ class FSDP2:
 
     def __init__(self, c, s):
         self.c, self.s = c, s
-        self.param, self.reduce, self.original, self.reshard, self.hsdp = s.fsdp
+        self.param, self.reduce, self.original, reshard, self.hsdp = s.fsdp
+        # None: PyTorch's default, True for every block and False for the root (_fully_shard.py:246, 260)
+        self.reshard, self.root_reshard = (True, False) if reshard is None else (reshard, reshard)
         self.held = self.hsdp and self.reduce != self.original    # HSDP keeps each reduce-dtype output
         self.p, self.r, self.o = nbytes(self.param), nbytes(self.reduce), nbytes(self.original)
         self.cast = self.param != self.original
@@ -204,11 +207,12 @@ class FSDP2:
         ops = outside[Part.FORWARD_END]
         at = _index(ops, "LM head") + 1
         at += at < len(ops) and ops[at].label == "final norm input released"
-        ops[at:at] = [ProgramOp("FSDP2 root post-forward", ((u,) if self.reshard else ()) + (last_out,), ())]
+        ops[at:at] = [ProgramOp("FSDP2 root post-forward", ((u,) if self.root_reshard else ()) + (last_out,), ())]
         pre = []
-        if self.reshard:
+        if self.root_reshard:
             pre = self._gather(root) + self._copy_out(root) + [
                 ProgramOp("all-gather output released", (self.name("all-gather output", root),), ())]
+        if self.reshard:
             pre += self._gather("block", lambda n: Ref(Scope.LAST, n))
         ops = outside[Part.BACKWARD_START]
         at = _index(ops, "LM head backward")

@@ -35,8 +35,9 @@ def against_fsdp2(shape, B, S, N, recompute="none", reshard=True, param="bf16", 
     from memledger.pytorch.distributed import fsdp_step
     from memledger.pytorch.reference import RefConfig
     c = RefConfig(**shape, recompute=recompute, dropout=dropout)
-    measured = fsdp_step(c, loop, batch=B, seq=S, world=N, param_dtype=param, reduce_dtype=reduce, reshard=reshard,
-                         replicate=replicate, track_first=False)
+    pytorch_default = dict(reshard=True, root_reshard=False) if reshard is None else dict(reshard=reshard)
+    measured = fsdp_step(c, loop, batch=B, seq=S, world=N, param_dtype=param, reduce_dtype=reduce,
+                         replicate=replicate, track_first=False, **pytorch_default)
     step = fsdp2_ledger(architecture_of(c), B, S, N, recompute, reshard, param, reduce, loop,
                         dropout > 0, replicate).step("cpu")
     assert {k: step.landmarks[k]["gpu"] for k in LANDMARKS} == {k: measured[k] for k in LANDMARKS}
@@ -84,6 +85,7 @@ def test_issue_figures_llama2_7b_world_8():
     (SMALL_GPT, 2, 16, 1024, dict(dropout=0.1, recompute="selective", reshard=False)),
     (ODD, 2, 16, 8, dict(replicate=2, reduce="bf16")),       # HSDP: the BF16 outputs held to finalize_backward
     (ODD, 2, 16, 16, dict(replicate=4)),                     # HSDP (4, 4): FSDP2 over 4 ranks
+    (ODD, 2, 16, 8, dict(reshard=None, param=None, reduce=None)),   # fully_shard's defaults: root kept, no cast
 ])
 def test_small_shapes_match_fsdp_mem_tracker(shape, B, S, N, options):
     against_fsdp2(shape, B, S, N, **options)
