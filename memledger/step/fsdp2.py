@@ -40,7 +40,7 @@ from .structure import block_of
 from .trace import GRADIENT_LUMP, Part
 from .vocab import Kind, Lifetime, Phase, Scope
 
-__all__ = ["UNIT_TENSORS", "FSDP2", "dim0", "shard", "wrap"]
+__all__ = ["UNIT_TENSORS", "FSDP2", "dim0", "shard", "unit_params", "wrap"]
 
 #: The per-unit buffers, by role (their names carry the dtype and, for the root, ", root").
 UNIT_TENSORS = ("all-gather input", "all-gather output", "unsharded parameters", "reduce-scatter input",
@@ -75,7 +75,8 @@ def _label(dtype):
 
 
 class FSDP2:
-    """The FSDP2 tensors of one step structure (``s.fsdp`` = (param dtype, reduce dtype, original, reshard))."""
+    """The FSDP2 tensors of one step structure (``s.fsdp`` = (param dtype, reduce dtype, original dtype,
+    reshard after forward: True, False or None, HSDP))."""
 
     def __init__(self, c, s):
         self.c, self.s = c, s
