@@ -28,7 +28,7 @@ def fsdp2_ledger(arch, B, S, N, recompute="none", reshard=True, param="bf16", re
 
 
 def against_fsdp2(shape, B, S, N, recompute="none", reshard=True, param="bf16", reduce="fp32", loop="fp32-adamw",
-                  dropout=0.0, replicate=1):
+                  dropout=0.0, replicate=1, foreach=False):
     """Landmarks and every phase peak of memledger's FSDP2 step equal FSDPMemTracker's, byte for byte."""
     pytest.importorskip("torch")
     from memledger.pytorch.compare import architecture_of
@@ -37,9 +37,9 @@ def against_fsdp2(shape, B, S, N, recompute="none", reshard=True, param="bf16", 
     c = RefConfig(**shape, recompute=recompute, dropout=dropout)
     pytorch_default = dict(reshard=True, root_reshard=False) if reshard is None else dict(reshard=reshard)
     measured = fsdp_step(c, loop, batch=B, seq=S, world=N, param_dtype=param, reduce_dtype=reduce,
-                         replicate=replicate, track_first=False, **pytorch_default)
+                         replicate=replicate, foreach=foreach, track_first=False, **pytorch_default)
     step = fsdp2_ledger(architecture_of(c), B, S, N, recompute, reshard, param, reduce, loop,
-                        dropout > 0, replicate).step("cpu")
+                        dropout > 0, replicate).step("cpu", foreach=foreach)
     assert {k: step.landmarks[k]["gpu"] for k in LANDMARKS} == {k: measured[k] for k in LANDMARKS}
     assert step.phase_peaks() == measured["phase peaks"]
     assert step.peak.bytes == measured["peak"]
@@ -86,6 +86,7 @@ def test_issue_figures_llama2_7b_world_8():
     (ODD, 2, 16, 8, dict(replicate=2, reduce="bf16")),       # HSDP: the BF16 outputs held to finalize_backward
     (ODD, 2, 16, 16, dict(replicate=4)),                     # HSDP (4, 4): FSDP2 over 4 ranks
     (ODD, 2, 16, 8, dict(reshard=None, param=None, reduce=None)),   # fully_shard's defaults: root kept, no cast
+    (ODD, 2, 16, 8, dict(foreach=True)),                     # AdamW(foreach=True) on the DTensor shards
 ])
 def test_small_shapes_match_fsdp_mem_tracker(shape, B, S, N, options):
     against_fsdp2(shape, B, S, N, **options)
