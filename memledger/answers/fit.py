@@ -78,20 +78,28 @@ def _largest(fits, start=1, limit=None):
     return low
 
 
-def _smallest_dp(fits):
-    """(smallest dp that fits, the dp just below it); (None, _UPPER) if none up to _UPPER."""
-    if fits(1):
-        return 1, None
-    high = 2
-    while high <= _UPPER and not fits(high):
+def _smallest_dp(fits, start=1, upper=_UPPER):
+    """(smallest dp >= ``start`` that fits, the dp just below it); (None, ``upper``) if none up to ``upper``."""
+    if fits(start):
+        return start, None
+    high = 2 * start
+    while high <= upper and not fits(high):
         high *= 2
-    if high > _UPPER:
-        return None, _UPPER
+    if high > upper:
+        return None, upper
     low = high // 2                            # not fits(low), fits(high)
     while high - low > 1:
         mid = (low + high) // 2
         low, high = (low, mid) if fits(mid) else (mid, high)
     return high, high - 1
+
+
+def _dp_range(template: Ledger) -> tuple:
+    """The dp a search tries: from 1 (FSDP2: 2, it shards over at least two ranks) up to _UPPER (FSDP2: d, past
+    which its dim-0 padding of every norm weight to dp elements makes the unsharded buffers grow with dp)."""
+    if template.framework == "fsdp2":
+        return 2, template.arch.d_model
+    return 1, _UPPER
 
 
 def fit(template: Ledger, vary: str, gpu_bytes: int, measure: str = "auto", margin: int = MARGIN) -> dict:
@@ -114,12 +122,14 @@ def fit(template: Ledger, vary: str, gpu_bytes: int, measure: str = "auto", marg
         raise ValueError(f"vary={vary!r} needs an architecture (activations); --params alone has none")
     if vary == "layers" and template.n_params is not None:
         raise ValueError("vary='layers' changes the parameter count; drop the n_params override")
-    if vary == "dp" and template.zero_stage == 0:
+    if vary == "dp" and template.zero_stage == 0 and template.framework == "plain":
         raise ValueError("dp does not change per-GPU memory at ZeRO stage 0 (every rank holds all states); "
                          "choose --zero 1, 2 or 3")
     if vary == "seq" and template.loss_chunks > 1:
         raise ValueError(f"vary='seq' cannot search below loss_chunks ({template.loss_chunks}) tokens: vary batch, or "
                          "drop loss_chunks")
+    if vary == "dp" and template.dp_replicate > 1:
+        raise ValueError("vary='dp' is not searched under HSDP (dp must stay a multiple of dp_replicate)")
     peak = uses_peak(template, measure)
 
     def fits(value):
@@ -130,7 +140,7 @@ def fit(template: Ledger, vary: str, gpu_bytes: int, measure: str = "auto", marg
     elif vary in ("batch", "seq", "layers"):
         answer = _largest(fits, limit=positions or None) or None
     elif vary == "dp":
-        answer, _ = _smallest_dp(fits)
+        answer, _ = _smallest_dp(fits, *_dp_range(template))
     else:
         answer = next((stage for stage in (0, 1, 2, 3) if fits(stage)), None)
     return _result(template, vary, gpu_bytes, peak, answer, margin)
@@ -142,19 +152,23 @@ def _result(template, vary, gpu_bytes, peak, answer, margin) -> dict:
     if vary in ("batch", "seq", "layers"):
         beyond = None if positions and answer == positions else (1 if answer is None else answer + 1)
     elif vary == "dp":
-        beyond = _UPPER if answer is None else (None if answer == 1 else answer - 1)
+        first = 2 if template.framework == "fsdp2" else 1
+        beyond = _dp_range(template)[1] if answer is None else (None if answer == first else answer - 1)
     else:
         beyond = 3 if answer is None else (None if answer == 0 else answer - 1)
     at = _at(template, vary, answer) if answer is not None else None
     over = _at(template, vary, beyond) if beyond is not None else None
     key = judge(at or over, peak).key
+
+    def total(ledger):          # a framework's step has no ledger sum (the sum books the plain loop)
+        return ledger.totals["gpu"] if ledger.framework == "plain" else None
     return {"vary": vary, "answer": answer, "measure": MEASURE[key], "measure_key": key, "gpu_memory": gpu_bytes,
             "margin": margin,
             "judged_at_answer": judge(at, peak).bytes if at else None,
-            "total_at_answer": at.totals["gpu"] if at else None,
+            "total_at_answer": total(at) if at else None,
             "peak_at_answer": at.peak if at and peak else None,
             "next": None if over is None else {"value": beyond, "judged": judge(over, peak).bytes,
-                                                "total": over.totals["gpu"]},
+                                                "total": total(over)},
             "binding": (f"the model has {positions:,} learned positions: no longer sequence can run"
                         if positions and beyond is None
                         else _binding(vary, answer, beyond, over, peak, gpu_bytes, margin)),

@@ -146,6 +146,9 @@ def compare(a) -> str:
     from ..calculators.compare import compare as run, compare_table
     check_units(a)
     ledger, inputs = _conventions_ledger(a)
+    if ledger.framework == "fsdp2":
+        raise ValueError("memledger compare sets other tools' sums beside memledger's; --framework fsdp2 is booked "
+                         "by memledger step only")
     reads = set(MODEL) | set(WORKLOAD) | set(CONVENTION_INPUTS) | {"units", "json"}
     refuse_unread(a, _placement(reads, ledger), "memledger compare")
     rows = run(ledger, inputs)

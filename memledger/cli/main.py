@@ -75,6 +75,9 @@ def _ledger(a):
     if path == "convention":
         return cli_compare.convention(a)
     ledger = build_ledger(a)
+    if ledger.framework == "fsdp2":
+        raise ValueError("memledger ledger sums rows; --framework fsdp2 has shards and buffers of its own that only "
+                         "the step books: use memledger step (or fit)")
     if path == "lora":
         return cli_compare.lora(a, ledger)
     reads = set(MODEL) | set(WORKLOAD) | {"units", "gpu_memory", "link", "json", "measure"} | set(PIPELINE)

@@ -81,6 +81,8 @@ def fit(a):
         raise ValueError(f"{where} searches over --{searched}: leave --{searched} out")
     if a.vary == "layers" and a.preset is None and a.config is None and (a.hidden or a.heads):
         a.layers = "1"                      # a shape's layer count is what the search sets
+    if a.vary == "dp" and a.framework == "fsdp2":
+        a.dp = "2"                          # the search starts where FSDP2 shards: 2 ranks
     ledger = build_ledger(a)
     if ledger.framework != "plain" and a.vary == "zero":        # issue 15: each framework has its own stages
         raise ValueError(f"{where}: framework {ledger.framework} runs its own ZeRO stages; give --zero, or use "
@@ -100,7 +102,8 @@ def fit(a):
     at = result.pop("ledger")
     if a.json:
         import json
-        result["ledger"] = None if at is None else at.to_dict()
+        result["ledger"] = None if at is None else at.to_dict() if at.framework == "plain" else {
+            "inputs": at.inputs()}        # a framework's ledger has no sum: its step is what fit judged
         return json.dumps(result, indent=2)
     if result["answer"] is None:
         return f"Nothing fits in {format_bytes(result['gpu_memory'], a.units)}: {result['binding']}."

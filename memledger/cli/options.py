@@ -6,9 +6,10 @@ options were *given* (:func:`given_options`); each option's default is kept besi
 shown by ``--help``) and filled in afterwards (:func:`fill_defaults`). :mod:`memledger.cli.paths` then
 refuses, in one line, a given option the chosen path does not read.
 """
-from ..core.choices import FRAMEWORKS, RECOMPUTE, lookup
+from ..core.choices import FRAMEWORKS, FSDP_DTYPES, RECOMPUTE, lookup
 from ..core.units import format_bytes, parse_bytes, parse_count, shown
 from ..ledger.hardware import GPU_MEMORY, HOST_LINKS, NVME_LINKS
+from ..states.frameworks import FSDP2_RECIPES
 from ..ledger.ledger import Ledger
 from ..models.architecture import Architecture
 from ..models.hf_config import SUPPORTED
@@ -18,9 +19,8 @@ from ..states.placement import OFFLOAD_DEVICES, PLACEMENTS, ZERO_STAGES
 from ..states.recipes import ALL_RECIPES
 
 __all__ = ["DEEPSPEED_COUNTS", "UNITS", "UNITS_HELP", "add", "architecture_from_args", "build_ledger", "check_units",
-           "fill_defaults",
-           "flag", "framework_fields", "framework_options", "given_options", "gpu_bytes", "host_link",
-           "ledger_options", "model_options", "one_of", "output_options", "parse_mib", "zero_stage"]
+           "fill_defaults", "flag", "framework_fields", "framework_options", "fsdp_dtype", "given_options", "gpu_bytes",
+           "host_link", "ledger_options", "model_options", "one_of", "output_options", "parse_mib", "zero_stage"]
 
 UNITS = ("GB", "GiB", "MiB", "TiB")
 UNITS_HELP = "GB (10^9 bytes), GiB (2^30), MiB (2^20) or TiB (2^40)"
@@ -66,7 +66,8 @@ def ledger_options(parser, overhead: str = DEFAULT_OVERHEAD, scope: bool = True)
     run = parser.add_argument_group("workload and strategy")
     add(run, "--batch", "micro-batch size B", str(Ledger.batch_size))
     add(run, "--seq", "sequence length S", str(Ledger.seq_len))
-    add(run, "--recipe", f"one of: {one_of(ALL_RECIPES)}", Ledger.recipe)
+    add(run, "--recipe", f"one of: {one_of(ALL_RECIPES)} (under --framework fsdp2: {one_of(FSDP2_RECIPES)}, "
+        f"default {FSDP2_RECIPES[0]})", Ledger.recipe)
     add(run, "--recompute", one_of(RECOMPUTE), Ledger.recompute)
     add(run, "--no-dropout", "train without dropout", switch=True)
     add(run, "--flash-attention", "no S x S tensors saved", switch=True)
@@ -92,7 +93,18 @@ def ledger_options(parser, overhead: str = DEFAULT_OVERHEAD, scope: bool = True)
 def framework_options(parser):
     """``--framework`` and each framework's own options (:mod:`memledger.states.frameworks`)."""
     fw = parser.add_argument_group("framework (issue 15)")
-    add(fw, "--framework", f"one of: {one_of(FRAMEWORKS)}; plain: memledger's own loop", Ledger.framework)
+    add(fw, "--framework", f"one of: {one_of(FRAMEWORKS)}; plain: memledger's own loop (ZeRO's arithmetic on top); "
+        "fsdp2: PyTorch's fully_shard per block and the root over --dp ranks (its shards, all-gather and "
+        "reduce-scatter buffers; step and fit)", Ledger.framework)
+    dtypes = one_of(d or "none" for d in FSDP_DTYPES)
+    add(fw, "--fsdp-param-dtype", f"fsdp2 MixedPrecisionPolicy param_dtype: {dtypes} (none: no cast, "
+        "PyTorch's own default; bf16: torchtitan's and torchtune's)", Ledger.fsdp_param_dtype)
+    add(fw, "--fsdp-reduce-dtype", f"fsdp2 MixedPrecisionPolicy reduce_dtype: {dtypes} (none: the param dtype)",
+        Ledger.fsdp_reduce_dtype)
+    add(fw, "--no-reshard-after-forward", "fsdp2: keep every unit's parameters unsharded from forward to "
+        "backward (reshard_after_forward=False)", switch=True)
+    add(fw, "--dp-replicate", "fsdp2: HSDP, R replicas of a dp/R-rank shard group (a 2-D mesh)",
+        str(Ledger.dp_replicate))
     add(fw, "--ddp-bucket-mb", "DDP's bucket_cap_mb in MiB (needs --framework ddp; default: PyTorch's 25 MiB, "
         "the first bucket 1 MiB)")
     add(fw, "--gradient-as-bucket-view", "DDP's gradient_as_bucket_view=True: gradients are views into its "
@@ -133,6 +145,11 @@ def framework_fields(a) -> dict:
         fields["deepspeed_overlap_comm"] = overlap == "on"
     if getattr(a, "megatron_no_gradient_accumulation_fusion", False):
         fields["megatron_gradient_accumulation_fusion"] = False
+    if hasattr(a, "fsdp_param_dtype"):
+        fields.update(fsdp_param_dtype=fsdp_dtype(a.fsdp_param_dtype, "fsdp_param_dtype"),
+                      fsdp_reduce_dtype=fsdp_dtype(a.fsdp_reduce_dtype, "fsdp_reduce_dtype"),
+                      reshard_after_forward=not a.no_reshard_after_forward,
+                      dp_replicate=parse_count(a.dp_replicate, "dp_replicate"))
     return fields
 
 
@@ -213,6 +230,14 @@ def host_link(text: str) -> str:
     return text
 
 
+def fsdp_dtype(text, field: str):
+    """``--fsdp-param-dtype``/``--fsdp-reduce-dtype``: a dtype name, ``none`` for None (no cast)."""
+    value = None if text == "none" else text
+    if value not in FSDP_DTYPES:
+        raise ValueError(f"{field} must be one of {one_of(d or 'none' for d in FSDP_DTYPES)}, got {shown(text)!r}")
+    return value
+
+
 def build_ledger(a) -> Ledger:
     """The :class:`Ledger` that parsed ``ledger`` arguments describe; refuses options it would ignore."""
     arch = architecture_from_args(a)
@@ -228,11 +253,16 @@ def build_ledger(a) -> Ledger:
             raise ValueError(f"{', '.join(needs)} need an architecture (activations); --params alone gives "
                              "model states only")
     check_units(a)
+    fsdp = [flag(d) for d in ("fsdp_param_dtype", "fsdp_reduce_dtype", "no_reshard_after_forward", "dp_replicate")
+            if d in a.given]
+    if fsdp and a.framework != "fsdp2":
+        raise ValueError(f"{', '.join(fsdp)}: an option of --framework fsdp2, not of --framework {a.framework}")
     return Ledger(
         arch=arch,
         n_params=None if a.params is None else parse_count(a.params, "n_params"),
         batch_size=parse_count(a.batch, "batch_size"), seq_len=parse_count(a.seq, "seq_len"),
-        recipe=a.recipe, recompute=a.recompute, tp=parse_count(a.tp, "tp"), sequence_parallel=a.sp,
+        recipe=a.recipe if "recipe" in a.given or a.framework != "fsdp2" else FSDP2_RECIPES[0],
+        recompute=a.recompute, tp=parse_count(a.tp, "tp"), sequence_parallel=a.sp,
         zero_stage=zero_stage(a.zero), dp=parse_count(a.dp, "dp"),
         offload_optimizer=a.offload_optimizer, offload_params=a.offload_params,
         offload_placement=a.offload_placement, overhead_bytes=parse_bytes(a.overhead, "overhead"),

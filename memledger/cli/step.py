@@ -87,6 +87,13 @@ def text(result, memory: int, unit: str = "GB") -> str:
     def size(n):
         return format_bytes(n, unit)
     lines = [f"{'landmark':<16} {'GPU':>12} {'CPU':>12} {'NVMe':>12}"]
+    led = result.ledger
+    if led.framework == "fsdp2":
+        lines[:0] = [f"framework fsdp2: fully_shard per block and the root over {led.dp} ranks, MixedPrecisionPolicy("
+                     f"param_dtype={led.fsdp_param_dtype}, reduce_dtype={led.fsdp_reduce_dtype}), "
+                     f"reshard_after_forward={led.reshard_after_forward}"
+                     + (f"; HSDP: {led.dp_replicate} replicas of {led.dp // led.dp_replicate} ranks"
+                        if led.dp_replicate > 1 else ""), ""]
     for name, devices in result.landmarks.items():
         lines.append(f"{name:<16} {size(devices['gpu']):>12} {size(devices['cpu']):>12} {size(devices['nvme']):>12}")
     lines += ["", "largest GPU total per phase: " + ", ".join(f"{k} {size(v)}" for k, v in result.phase_peaks().items()),
@@ -98,7 +105,10 @@ def text(result, memory: int, unit: str = "GB") -> str:
     counted = result.values["P"]
     note = "" if getattr(result.ledger, "params", counted) == counted else (
         f"; parameters counted from the shape: {counted:,}, the nominal {result.ledger.params:,} is not used")
-    clause = CLAUSES["peak"].format(peak_measure=MEASURE["peak"], total_measure=MEASURE["total"],
-                                    total=size(result.ledger.totals["gpu"])) + note
+    if getattr(result.ledger, "framework", "plain") == "fsdp2":        # FSDP2 books no sum of rows
+        clause = f", {MEASURE['peak']} under FSDP2" + note
+    else:
+        clause = CLAUSES["peak"].format(peak_measure=MEASURE["peak"], total_measure=MEASURE["total"],
+                                        total=size(result.ledger.totals["gpu"])) + note
     lines += ["", f"{sentence(result.peak.bytes, memory, clause, unit)}."]
     return "\n".join(lines)

@@ -12,7 +12,7 @@ Plain Python only: the command line imports this without SymPy.
 """
 import operator
 
-__all__ = ["FRAMEWORKS", "LIMIT", "RECOMPUTE", "check_choice", "check_count", "check_flag", "lookup"]
+__all__ = ["FRAMEWORKS", "FSDP_DTYPES", "LIMIT", "RECOMPUTE", "check_choice", "check_count", "check_flag", "lookup"]
 
 #: The largest count or size accepted (an exabyte): the same limit everywhere (CLI, API, calculator).
 LIMIT = 10**18
@@ -21,8 +21,11 @@ LIMIT = 10**18
 RECOMPUTE = ("none", "selective", "full")
 
 #: How a training step runs across GPUs (issue 15): ``plain`` (one loop, ZeRO's arithmetic on top), PyTorch's
-#: DistributedDataParallel, DeepSpeed's ZeRO engine, Megatron-LM's distributed optimizer.
-FRAMEWORKS = ("plain", "ddp", "deepspeed", "megatron")
+#: DistributedDataParallel, PyTorch's ``fully_shard`` (FSDP2, docs/fsdp2.md), DeepSpeed's ZeRO engine,
+#: Megatron-LM's distributed optimizer. The one list every input check reads.
+FRAMEWORKS = ("plain", "ddp", "fsdp2", "deepspeed", "megatron")
+#: FSDP2's ``MixedPrecisionPolicy`` dtypes by name; None: no cast (``MixedPrecisionPolicy()``'s default).
+FSDP_DTYPES = ("bf16", "fp16", "fp32", None)
 
 
 def lookup(table, name, field: str):

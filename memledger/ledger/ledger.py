@@ -168,6 +168,10 @@ class Ledger:
     deepspeed_max_live_parameters: Optional[int] = None
     deepspeed_param_persistence_threshold: Optional[int] = None
     megatron_gradient_accumulation_fusion: Optional[bool] = None  # None: on, as Megatron-LM's default
+    fsdp_param_dtype: Optional[str] = "bf16"                     # fsdp2: MixedPrecisionPolicy (states.frameworks)
+    fsdp_reduce_dtype: Optional[str] = "fp32"
+    reshard_after_forward: Optional[bool] = True
+    dp_replicate: int = 1
 
     def __post_init__(self):
         arch = get_preset(self.arch) if isinstance(self.arch, str) else self.arch
@@ -176,7 +180,7 @@ class Ledger:
         object.__setattr__(self, "arch", arch)
         if arch is None and self.n_params is None:
             raise ValueError("give an architecture (a preset or d_model/n_layers/n_heads) or n_params")
-        counts = ("batch_size", "seq_len", "tp", "dp", "loss_chunks")
+        counts = ("batch_size", "seq_len", "tp", "dp", "loss_chunks", "dp_replicate")
         for name in counts + (("n_params",) if self.n_params is not None else ()):
             object.__setattr__(self, name, check_count(name, getattr(self, name)))
         object.__setattr__(self, "overhead_bytes", check_count("overhead_bytes", self.overhead_bytes, minimum=0))
@@ -207,6 +211,8 @@ class Ledger:
         check_framework(self, ALL_RECIPES[self.recipe])
         if self.dropout is None:
             object.__setattr__(self, "dropout", arch.dropout if arch is not None else False)
+        if self.framework == "fsdp2":     # FSDP2 books no sum of rows (its step is the answer)
+            return
         _ = self.rows         # every row a whole number of bytes, or a ValueError naming the one that is not
 
     @property
@@ -247,6 +253,9 @@ class Ledger:
     def rows(self) -> Rows:
         """The rows, each a whole number of bytes: a tensor split over tp ranks that tp does not divide (the
         vocabulary-parallel log-softmax, B x S x V x 4 / t) is refused, naming the row."""
+        if self.framework == "fsdp2":
+            raise ValueError("the ledger's sum does not book FSDP2's shards and buffers; under framework fsdp2 use "
+                             "the step timeline (Ledger.step(), memledger step --framework fsdp2)")
         rows = []
         for spec in row_specs(self.structure):
             try:
@@ -297,7 +306,10 @@ class Ledger:
         return self.judged_bytes(peak) <= gpu_bytes
 
     def judged_bytes(self, peak: bool = False) -> int:
-        """What :meth:`fits` compares with the GPU: the GPU total, or (``peak``) the step's peak."""
+        """What :meth:`fits` compares with the GPU: the GPU total, or (``peak``) the step's peak (a framework's
+        step under fsdp2: always its peak, the ledger booking no sum for FSDP2)."""
+        if self.framework == "fsdp2":
+            return self.peak
         if not peak or self.peak is None:
             return self.totals["gpu"]
         nominal = self.n_params is not None or self.arch.n_params is not None
@@ -394,6 +406,8 @@ def _peak_sweep(template: Ledger, arrays: dict):
     from ..activations.backends import get_backend
     from ..step.structure import StepStructure, step_values
     from ..step.sweep import SWEEPABLE, peak_program
+    if template.dp_replicate > 1 and "dp" in arrays:
+        raise ValueError("measure='peak' does not sweep dp under HSDP (the shard group is dp / dp_replicate)")
     names = tuple(n for n in SWEEPABLE if FIELD_OF[n] in arrays)
     if set(arrays) - {FIELD_OF[n] for n in names}:
         raise ValueError(f"measure='peak' sweeps only inputs that keep the step's structure: "

@@ -4,8 +4,13 @@ Megatron-LM allocate, read from their sources (they cannot run here: every buffe
 ``plain`` is memledger's own loop (ZeRO's arithmetic on top). ``ddp``: PyTorch's ``DistributedDataParallel``
 (its gradient buckets: :mod:`memledger.step.ddp`, measured against PyTorch). ``deepspeed``: DeepSpeed's ZeRO
 engine, stages 1-3 (:func:`deepspeed_buffers`). ``megatron``: Megatron-LM's DDP and distributed optimizer
-(:func:`megatron_buffers`). An option of one framework given with another is refused (``ValueError`` naming the
-field), never ignored.
+(:func:`megatron_buffers`). ``fsdp2``: PyTorch's ``fully_shard`` (docs/fsdp2.md; its step:
+:mod:`memledger.step.fsdp2`, measured against FSDPMemTracker): it shards the model states itself, so ZeRO stages,
+offload and tensor parallelism are other setups; HSDP is ``dp_replicate`` replicas of a ``dp / dp_replicate``-rank
+shard group; its sharded parameters are the optimizer's (no master copy), ``fp32-adamw`` (FP32 shards, as
+torchtitan and torchtune keep them) or ``bf16-pure-adamw``, and ``MixedPrecisionPolicy(param_dtype,
+reduce_dtype)`` gives the compute and reduce dtypes. An option of one framework given with another is refused
+(``ValueError`` naming the field), never ignored.
 
 Sources: deepspeedai/DeepSpeed at edaa7221 (2026-08-22), NVIDIA/Megatron-LM at d98e8a64 (2026-08-22); files and
 lines at each rule below.
@@ -14,10 +19,11 @@ from math import ceil
 from numbers import Real
 from typing import NamedTuple
 
-from ..core.choices import FRAMEWORKS, check_choice, check_flag
+from ..core.choices import FRAMEWORKS, FSDP_DTYPES, check_choice, check_flag
 
-__all__ = ["DEEPSPEED_DEFAULTS", "DEEPSPEED_SOURCE", "FRAMEWORKS", "FRAMEWORK_OPTIONS", "Buffer", "MEGATRON_SOURCE",
-           "check_framework", "deepspeed_buffers", "framework_buffers", "megatron_buffers", "param_tensor_numels"]
+__all__ = ["DEEPSPEED_DEFAULTS", "DEEPSPEED_SOURCE", "FRAMEWORKS", "FRAMEWORK_OPTIONS", "FSDP2_RECIPES", "Buffer",
+           "MEGATRON_SOURCE", "check_framework", "check_fsdp2", "deepspeed_buffers", "framework_buffers",
+           "megatron_buffers", "param_tensor_numels"]
 
 DEEPSPEED_SOURCE = "deepspeedai/DeepSpeed@edaa7221"
 MEGATRON_SOURCE = "NVIDIA/Megatron-LM@d98e8a64"
@@ -35,8 +41,10 @@ FRAMEWORK_OPTIONS = {"ddp": ("ddp_bucket_mb", "gradient_as_bucket_view"),
                      "deepspeed": ("deepspeed_reduce_bucket_size", "deepspeed_contiguous_gradients",
                                    "deepspeed_overlap_comm", "deepspeed_prefetch_bucket_size",
                                    "deepspeed_max_live_parameters", "deepspeed_param_persistence_threshold"),
-                     "megatron": ("megatron_gradient_accumulation_fusion",)}
-_DEFAULTS = {"gradient_as_bucket_view": False}
+                     "megatron": ("megatron_gradient_accumulation_fusion",),
+                     "fsdp2": ("fsdp_param_dtype", "fsdp_reduce_dtype", "reshard_after_forward", "dp_replicate")}
+_DEFAULTS = {"gradient_as_bucket_view": False, "fsdp_param_dtype": "bf16", "fsdp_reduce_dtype": "fp32",
+             "reshard_after_forward": True, "dp_replicate": 1}
 #: The recipes each framework is modelled with: DeepSpeed's bf16 ZeRO (BF16 parameters and gradients, FP32
 #: master partition, Adam); Megatron-LM's bf16 (FP32 main_grad: arguments.py lines 1204-1217 force
 #: accumulate_allreduce_grads_in_fp32 with --bf16) and fp32 (distrib_optimizer docs: 18 and 16 bytes/param).
@@ -78,6 +86,8 @@ def check_framework(ledger, recipe) -> None:
             raise ValueError(f"{field} must be a whole number of elements >= 0, got {value!r}")
     if ledger.framework == "ddp":
         _check_ddp(ledger, recipe)
+    if ledger.framework == "fsdp2":
+        check_fsdp2(ledger)
     if ledger.framework in RECIPES_OF:
         _check_from_source(ledger)
     if ledger.framework == "deepspeed" and ledger.zero_stage != 3:
@@ -85,6 +95,35 @@ def check_framework(ledger, recipe) -> None:
             if getattr(ledger, field) is not None:
                 raise ValueError(f"{field} is a ZeRO stage 3 option (stage3_...), and zero_stage is "
                                  f"{ledger.zero_stage}")
+
+
+#: The recipes FSDP2's step models: the sharded parameters are the masters, AdamW's moments in their dtype.
+FSDP2_RECIPES = ("fp32-adamw", "bf16-pure-adamw")
+
+
+def check_fsdp2(ledger) -> None:
+    """``ValueError``/``TypeError`` unless ``ledger`` is a setup the FSDP2 step models."""
+    check_choice("fsdp_param_dtype", ledger.fsdp_param_dtype, FSDP_DTYPES)
+    check_choice("fsdp_reduce_dtype", ledger.fsdp_reduce_dtype, FSDP_DTYPES)
+    check_flag("reshard_after_forward", ledger.reshard_after_forward, allow_none=True)
+    if ledger.arch is None:
+        raise ValueError("framework fsdp2 needs an architecture (a preset or --hidden/--layers/--heads)")
+    if ledger.zero_stage != 0:
+        raise ValueError(f"framework fsdp2 shards the model states itself: zero_stage must be 0, got "
+                         f"{ledger.zero_stage}")
+    if ledger.offload_optimizer != "none" or ledger.offload_params != "none":
+        raise ValueError("framework fsdp2: offload (CPUOffloadPolicy) is not modelled; offload_optimizer and "
+                         "offload_params must be none")
+    if ledger.tp != 1:
+        raise ValueError(f"framework fsdp2: FSDP2 x tensor parallelism is not modelled; tp must be 1, got {ledger.tp}")
+    if ledger.dp % ledger.dp_replicate:
+        raise ValueError(f"framework fsdp2: dp_replicate ({ledger.dp_replicate}) must divide dp ({ledger.dp})")
+    if ledger.dp // ledger.dp_replicate < 2:
+        raise ValueError("framework fsdp2 shards over dp ranks (dp / dp_replicate under HSDP): dp must be at least 2"
+                         + (f" x dp_replicate ({ledger.dp_replicate})" if ledger.dp_replicate > 1 else ""))
+    if ledger.recipe not in FSDP2_RECIPES:
+        raise ValueError(f"framework fsdp2: recipe must be one of {', '.join(FSDP2_RECIPES)} (the sharded "
+                         f"parameters are the masters; fsdp_param_dtype is the compute dtype), got {ledger.recipe}")
 
 
 def _check_from_source(ledger) -> None:

@@ -19,7 +19,7 @@ from ..core.exact import evaluate_expr, exact_function, integer_function, is_int
 from ..core.symbols import L, N_d, O, P, t
 from ..states.placement import ZERO_SHARDS, device_of, state_specs
 from ..states.recipes import RECIPES
-from . import ddp, loss, outer, tensor
+from . import ddp, fsdp2, loss, outer, tensor
 from .block import block_backward, block_forward
 from .ops import BSd, Placement, Program, Tensor, block_params, residual_names
 from .outer import Param
@@ -37,6 +37,8 @@ KIND_ORDER = (Kind.PARAM, Kind.OPTIMIZER, Kind.GRAD, Kind.ACTIVATION, Kind.TRANS
 
 class Built:
     """The programs and rows of one :class:`StepStructure`, and the compiled sizes."""
+
+    fsdp = None         # framework fsdp2: its units and buffers (memledger.step.fsdp2), set by __init__
 
     def __init__(self, s: StepStructure):
         self.shape = c = s.shape
@@ -98,6 +100,7 @@ class Built:
             tensor.whole_gradients(tensors, c.grad_dtype, c.is_tied)
         if s.zero_stage == 3:
             zero3_units(tensors, outside, fwd, bwd, c, recipe, s)
+        self.fsdp = fsdp2.wrap(tensors, outside, fwd, bwd, c, s) if s.framework == "fsdp2" else None
         layers = explicit_layers(s.layers or 5)
         opt = p.fork()
         moments, master = outer.adamw(recipe)
@@ -105,6 +108,8 @@ class Built:
             rank = tensor.param_share(share) if s.tensor_parallel else (lambda name, n: share(n))
             params = [Param(x.name, rank(x.name, x.elements), x.lump) for x in param_tensors(c, layers)] \
                 if not grad_sharded else [Param("flat partition", sp.ceiling(P / (t * N_d)))]
+            if self.fsdp:
+                params = self.fsdp.optimizer_params(layers)
             outer.optimizer(opt, params, moments, master and c.grad_dtype != "fp32", conv.foreach, c.grad_dtype,
                             kept=s.bucket_view)
             if s.tensor_parallel and not conv.foreach and not c.is_tied:
@@ -115,7 +120,11 @@ class Built:
         tensors[SAVED_LUMP] = Tensor(SAVED_LUMP, (L - 4) * saved, Kind.ACTIVATION, Lifetime.SAVED)
         tensors[GRADIENT_LUMP] = Tensor(GRADIENT_LUMP, (L - 4) * grads, Kind.GRAD, Lifetime.GRADIENT,
                                         placement.gradients)
-        self.ops = flatten(s.layers or 5, c, outside, fwd.ops, bwd.ops, opt.ops)
+        if self.fsdp:
+            tensors[GRADIENT_LUMP] = self.fsdp.gradient_lump()
+        self.ops = flatten(s.layers or 5, c, outside, fwd.ops, bwd.ops, opt.ops, self.fsdp and self.fsdp.lump)
+        if self.fsdp:
+            self.ops = self.fsdp.finalize(self.ops)
         if s.bucket_view:               # DDP: each gradient copied into its bucket as it is written
             self.ops = ddp.bucket_views(self.ops, tensors)
         self.tensors, self.layer_rows, self.outside_rows, self.placement = tensors, layer_rows, outside_rows, placement
@@ -143,10 +152,12 @@ class Built:
             self.static.append((None, name))
         specs = state_specs(recipe, s.zero_stage, s.offload_optimizer, s.offload_params, s.offload_placement)
         self.grad_row = next(spec for spec in specs if spec.role == "grad")     # the one backward writes
-        for spec in specs:
+        for spec in specs if not self.fsdp else ():
             if spec is not self.grad_row:
                 static(spec.name, spec.expr(), Kind(spec.role), Device(spec.device),
                        "a model state (the recipe's component)")
+        for name, expr, kind, why in self.fsdp.static() if self.fsdp else ():
+            static(name, expr, kind, why=why)
         if conv.step_counters and outer.adamw(recipe)[0] is not None:
             count = len(block_params(c)) * L + len(outer.head_params(c)) + 1
             static("Adam step counters", 4 * count, Kind.OPTIMIZER,
@@ -164,6 +175,12 @@ class Built:
                    "allocated once (torch/csrc/distributed/c10d/reducer.cpp: initialize_buckets)")
         static("CUDA context + workspace", O, Kind.OVERHEAD,
                why="the runtime's context and workspaces (the article's 1-2 GB)")
+
+    def _live_sum(self, landmark, which):
+        """The bytes (SymPy) of the tensors ``which`` selects that are live at ``landmark``."""
+        marks = self.compiled.mark_counts[landmark]
+        return sp.Add(*(int(marks[j]) * self.tensors[n].expr for j, n in enumerate(self.names)
+                        if marks[j] and which(self.tensors[n])))
 
     def sizes(self, values):
         """Every tensor's bytes at ``values``, in the order of ``self.names``: exact ints, in an int64 array
@@ -223,16 +240,26 @@ class Built:
                 x[m] = start + width * (j + 1) / len(members)
         return x
 
-    def live_at(self, sample, sizes):
+    def live_at(self, sample, sizes, n_layers=None):
         """(name, bytes) of the GPU tensors live just after sample ``sample``, largest first; a tensor live in
-        several blocks is one entry ("softmax output, 4 blocks"), the lumped middle blocks one more."""
+        several blocks is one entry ("softmax output, 4 blocks"), the lumped middle blocks one more; a
+        framework's per-block buffer names its blocks ("FSDP2 all-gather output (BF16), block 12"; given
+        ``n_layers``)."""
         size = dict(zip(self.names, (int(b) for b in sizes * self.gpu)))
-        named, blocks = {}, {}
+        named, blocks, which = {}, {}, {}
         for layer, name in self.compiled.live[sample]:
             if size.get(name):
                 named[name] = named.get(name, 0) + size[name]
                 blocks[name] = blocks.get(name, 0) + (layer is not None)
+                if self.fsdp and isinstance(layer, int) and n_layers is not None:
+                    which.setdefault(name, []).append(self.fsdp.block_index(name, layer, self.structure.layers
+                                                                            is None, n_layers))
+        indexed = self.fsdp.block_names if self.fsdp else ()
         label = {n: n + (f", {k} block{'s' if k > 1 else ''}" if k else "") for n, k in blocks.items()}
+        for n in set(indexed) & set(which):
+            if blocks[n] == len(which[n]):
+                label[n] = n + (", block " if len(which[n]) == 1 else ", blocks ") + ", ".join(
+                    map(str, sorted(which[n])))
         return tuple(sorted(((label[n], b) for n, b in named.items()), key=lambda kv: -kv[1]))
 
     def rows(self, values) -> list:
@@ -249,15 +276,18 @@ class Built:
             row(name, x.kind, Lifetime.STEP, x.device, x.expr, set(LANDMARKS))
         g = self.grad_row
         grads = sp.ceiling(P / (t * N_d) if g.sharded else P / t) * g.bytes_per_param
-        name = g.name
+        name = self.fsdp.name("sharded gradients", "block") + ", every unit" if self.fsdp else g.name
         if self.structure.bucket_view:  # DDP: the gradients are views into its buckets (rows of their own)
             grads, name = sp.Integer(0), g.name + " (views into DDP's gradient buckets)"
-        # sharded (each tensor's shard rounded up) or tensor-parallel (some whole): what backward writes adds up to it
-        if g.sharded or self.structure.tensor_parallel:
-            marks = self.compiled.mark_counts["after backward"]
-            grads = sp.Add(*(int(marks[j]) * self.tensors[n].expr for j, n in enumerate(self.names)
-                             if marks[j] and self.tensors[n].lifetime is Lifetime.GRADIENT))
+        # sharded (each tensor's shard rounded up), FSDP2's shards or tensor-parallel (some whole): what backward
+        # writes adds up to it
+        if g.sharded or self.fsdp or self.structure.tensor_parallel:
+            grads = self._live_sum("after backward", lambda x: x.lifetime is Lifetime.GRADIENT)
         row(name, Kind.GRAD, Lifetime.GRADIENT, self.placement.gradients, grads, {"after backward"})
+        if self.fsdp and not (self.fsdp.reshard and self.fsdp.root_reshard):    # units kept unsharded after forward
+            kept = self._live_sum("after forward", lambda x: x.kind is Kind.PARAM and x.lifetime is Lifetime.TEMPORARY)
+            row(self.fsdp.name("unsharded parameters", "block") + ", units not resharded", Kind.PARAM,
+                Lifetime.SAVED, Device.GPU, kept, {"after forward"})
         blocks = ["layer input"] if self.structure.recompute == "full" else [r.name for r in self.layer_rows]
         for name in blocks:
             row("L x layer input (checkpoint)" if name == "layer input" else f"L x {name}", Kind.ACTIVATION,

@@ -99,6 +99,7 @@ class StepStructure:
     prefetch: bool = True
     framework: str = "plain"    # issue 15: "ddp" adds its gradient buckets (memledger.step.ddp)
     bucket_view: bool = False   # DDP's gradient_as_bucket_view
+    fsdp: object = None     # framework fsdp2: (param dtype, reduce dtype, original dtype, reshard after forward, HSDP)
 
     @classmethod
     def of(cls, ledger, conv):
@@ -121,6 +122,12 @@ class StepStructure:
         recipe = RECIPES[ledger.recipe]
         act = next(c.dtype for c in recipe.components if c.role == "param")
         grad = next(c.dtype for c in recipe.components if c.role == "grad")
+        fsdp = None
+        if ledger.framework == "fsdp2":     # compute (and the unsharded gradients) in the policy's param dtype
+            original = act
+            act = grad = ledger.fsdp_param_dtype or original
+            fsdp = (act, ledger.fsdp_reduce_dtype or act, original, ledger.reshard_after_forward,
+                    ledger.dp_replicate > 1)
         kernel = conv.kernel(arch.style, ledger.dropout, ledger.flash_attention)
         if kernel == "math":
             raise ValueError("the math SDPA kernel (CPU, LLaMA blocks with dropout) is not modelled op by op; "
@@ -136,14 +143,18 @@ class StepStructure:
                              "parallelism (tp > 1) it runs DTensor's loss_parallel: give loss_chunks 1 or tp 1")
         return cls(shape, ledger.recipe, ledger.zero_stage, ledger.offload_optimizer, ledger.offload_params,
                    ledger.offload_placement, ledger.recompute, ledger.tp > 1, ledger.sequence_parallel, conv,
-                   arch.n_layers if arch.n_layers <= 4 else None, True, *_framework(ledger))
+                   arch.n_layers if arch.n_layers <= 4 else None, True, *_framework(ledger), fsdp=fsdp)
 
 
 def _framework(ledger) -> tuple:
-    """(framework, DDP's gradient_as_bucket_view) of ``ledger``, for the step."""
-    if ledger.framework not in ("plain", "ddp"):
+    """(framework, DDP's gradient_as_bucket_view) of ``ledger``, for the step; a chunked loss runs in the plain
+    loop only (not checked against PyTorch's DDP or FSDP2)."""
+    if ledger.framework not in ("plain", "ddp", "fsdp2"):
         raise ValueError(f"the step timeline does not run framework {ledger.framework} op by op; its buffers are "
                          "ledger rows (memledger ledger --framework ...)")
+    if ledger.framework != "plain" and (ledger.loss_chunks > 1 or ledger.loss_impl != "torchtune"):
+        raise ValueError(f"the step timeline runs a chunked loss in the plain loop only, not under framework "
+                         f"{ledger.framework}: give loss_chunks 1")
     return ledger.framework, ledger.framework == "ddp" and ledger.gradient_as_bucket_view
 
 
@@ -195,9 +206,12 @@ def unmodelled(f: Features) -> str:
 
 def step_values(ledger) -> dict:
     """Symbol name -> number for the step: the ledger's values, with P the architecture's counted
-    parameters (the timeline books tensors, not a nominal count such as the article's 7x10^9)."""
+    parameters (the timeline books tensors, not a nominal count such as the article's 7x10^9); under FSDP2
+    N_d is the shard group's size."""
     values = dict(ledger.values)
     values["P"] = ledger.arch.computed_params
+    if ledger.framework == "fsdp2":         # FSDP2 shards over its shard group (HSDP: dp / dp_replicate ranks)
+        values["N_d"] = ledger.dp // ledger.dp_replicate
     return values
 
 

@@ -110,7 +110,7 @@ class Step:
 
     def live_at_peak(self) -> tuple:
         """(name, bytes) of every GPU tensor live at the peak, largest first (blocks named by index)."""
-        live = self.built.live_at(self.peak.sample, self.sizes)
+        live = self.built.live_at(self.peak.sample, self.sizes, self.values["L"])
         return ddp.expand_live(live, self.ddp_buckets) if self.ddp_buckets else live
 
     def phase_peaks(self) -> dict:

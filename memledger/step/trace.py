@@ -56,29 +56,32 @@ def explicit_layers(n_layers):
 
 def _qualify(name, layer, n_layers):
     """``(layer, name)`` of a name a program uses in block ``layer`` (None: outside the blocks); None for a shared
-    tensor named by a block other than its last user, block 0."""
+    tensor named by a block other than its last user, block 0, and past the blocks' ends where a :class:`Ref` has
+    no ``edge`` (nothing there)."""
     if not isinstance(name, Ref):
         return (layer, name)
     scope, n = name.scope, name.name
     if scope is Scope.NEXT:
-        return (layer + 1, n) if layer + 1 < n_layers else (None, name.edge)
+        return (layer + 1, n) if layer + 1 < n_layers else ((None, name.edge) if name.edge else None)
     if scope is Scope.PREVIOUS:
-        return (layer - 1, n) if layer > 0 else (None, name.edge)
+        return (layer - 1, n) if layer > 0 else ((None, name.edge) if name.edge else None)
     if scope is Scope.SHARED:
         return (None, n) if layer == 0 else None
     return (0, n) if scope is Scope.FIRST else (n_layers - 1, n)
 
 
-def flatten(n_layers: int, c, outside: dict, fwd, bwd, optimizer) -> list:
+def flatten(n_layers: int, c, outside: dict, fwd, bwd, optimizer, lump=None) -> list:
     """The step's ops: ``outside`` maps each :class:`Part` to its ops; ``fwd``/``bwd`` one block's, ``optimizer``
-    the optimizer step's."""
+    the optimizer step's; ``lump(phase, n_layers)``: (frees, allocs) a framework adds to the lumped blocks' op
+    (:mod:`memledger.step.fsdp2`)."""
     ops = []
+    extra = lump or (lambda phase, n: ((), ()))
 
     def add(phase, layer, program):
         for label, frees, allocs, action in program:
             q = [_qualify(n, layer, n_layers) for n in frees]
-            ops.append(Op(phase, layer, label, tuple(n for n in q if n),
-                          tuple(_qualify(n, layer, n_layers) for n in allocs), action))
+            a = [_qualify(n, layer, n_layers) for n in allocs]
+            ops.append(Op(phase, layer, label, tuple(n for n in q if n), tuple(n for n in a if n), action))
 
     def outside_ops(part, phase):
         add(phase, None, outside[part])
@@ -92,16 +95,18 @@ def flatten(n_layers: int, c, outside: dict, fwd, bwd, optimizer) -> list:
     for i in layers:
         add(Phase.FORWARD, i, fwd)
         if i == 1 and n_layers > 4:
-            ops.append(Op(Phase.FORWARD, LUMP, "blocks 2 to L-3", ((2, x),),
-                          ((None, SAVED_LUMP), (n_layers - 2, x))))
+            frees, allocs = extra(Phase.FORWARD, n_layers)
+            ops.append(Op(Phase.FORWARD, LUMP, "blocks 2 to L-3", ((2, x),) + frees,
+                          ((None, SAVED_LUMP), (n_layers - 2, x)) + allocs))
     outside_ops(Part.FORWARD_END, Phase.LOSS)
     landmark(Phase.LOSS, "after forward")
     outside_ops(Part.BACKWARD_START, Phase.LOSS)
     for i in reversed(layers):
         add(Phase.BACKWARD, i, bwd)
         if i == n_layers - 2 and n_layers > 4:
+            frees, allocs = extra(Phase.BACKWARD, n_layers)
             ops.append(Op(Phase.BACKWARD, LUMP, "blocks L-3 to 2", ((None, SAVED_LUMP),
-                          (n_layers - 3, "dX_out")), ((None, GRADIENT_LUMP), (1, "dX_out"))))
+                          (n_layers - 3, "dX_out")) + frees, ((None, GRADIENT_LUMP), (1, "dX_out")) + allocs))
     outside_ops(Part.BACKWARD_END, Phase.BACKWARD)
     landmark(Phase.BACKWARD, "after backward")
     add(Phase.OPTIMIZER, None, optimizer)

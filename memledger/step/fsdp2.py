@@ -1,0 +1,289 @@
+"""FSDP2's step (PyTorch's ``fully_shard`` on every block, then on the root): its buffers around the plain
+step's programs, as ``torch/distributed/fsdp/_fully_shard/`` (PyTorch 2.13) allocates them (docs/fsdp2.md).
+
+N = dp ranks, unit u = a block or the root (embedding, final norm, LM head). A parameter with dim 0 n0 and
+n elements is padded to n^ = ceil(n0/N) N (n/n0) (``_fsdp_param.py:304``); P^_u = sum of n^ over the unit.
+o, p, r: bytes of the original (sharded) dtype, the ``MixedPrecisionPolicy``'s ``param_dtype`` (None: o)
+and ``reduce_dtype`` (None: p).
+
+* resident: FP32 (o) shards o P^/N (``_fsdp_param.py:307``), AdamW's moments on them (rank 0's chunks are
+  whole: 2 o P^/N), no persistent BF16 copy; sharded gradients o P^/N after backward;
+* pre-forward of u: the all-gather input, a cast copy p P^_u/N when p != o (``_fsdp_collectives.py:419``,
+  freed on return), the all-gather output p P^_u (``:351``), then in ``wait_for_unshard`` the unsharded
+  parameters p P^_u copied out (``:463``) and the previous unit's output freed as the call returns (dropped
+  at ``_fsdp_param_group.py:432`` but held by the local ``prev_all_gather_state``); each output is kept until
+  the next unit's copy-out (``:483``) or the root's post-forward;
+* post-forward: the unsharded parameters freed when ``reshard_after_forward`` (``_fsdp_param.py:827``);
+* pre-backward (a hook on the unit's output gradient): re-gather if resharded (the output freed after the
+  copy-out), then prefetch the unit before it in forward order (its all-gather output only,
+  ``_fsdp_param_group.py:795``);
+* post-backward (when the unit's input gradient is complete; the root's in the final callback,
+  ``_fsdp_state.py:415``): unsharded parameters freed, the previous unit's reduce-scatter input freed
+  (``:655``), the reduce-scatter input r P^_u (``_fsdp_collectives.py:597``), the unsharded gradients freed
+  but the last parameter's (``:606``, ``:580``), the output r P^_u/N (``:612``; cast to o when r != o,
+  ``:696``), the last gradient freed; the root's input is cleared in the final callback (``_fsdp_state.py:431``).
+
+``reshard_after_forward`` True or False applies to every unit, the root included (as torchtitan passes True
+and ``memledger.pytorch.distributed.fsdp_step`` runs it); None is PyTorch's own default: True for the blocks,
+False for the root (``_fully_shard.py:246,260``), whose parameters then stay unsharded through the step.
+"""
+from dataclasses import replace
+
+import sympy as sp
+
+from ..core.dtypes import nbytes
+from ..core.symbols import F, L, N_d, V, d
+from .ops import ProgramOp, Ref, Tensor, block_params, qkv_width
+from .outer import Param, head_params
+from .params import param_tensors
+from .structure import block_of
+from .trace import GRADIENT_LUMP, Part
+from .vocab import Kind, Lifetime, Phase, Scope
+
+__all__ = ["UNIT_TENSORS", "FSDP2", "dim0", "shard", "unit_params", "wrap"]
+
+#: The per-unit buffers, by role (their names carry the dtype and, for the root, ", root").
+UNIT_TENSORS = ("all-gather input", "all-gather output", "unsharded parameters", "reduce-scatter input",
+                "reduce-scatter output", "sharded gradients")
+_CLEARED = "finalize_backward; reduce-scatter states cleared (final callback)"
+_MATRIX_ROWS = {"qkv.weight": None, "proj.weight": d, "gate.weight": F, "up.weight": F, "down.weight": d,
+                "embedding.weight": V, "head.weight": V}
+
+
+def dim0(name: str, n, c):
+    """Dim 0 of parameter ``name`` (``n`` elements): a weight's output features (nn.Linear stores
+    (out, in)), the vocabulary of the embedding and head; a vector's length."""
+    key = name.rsplit(" ", 1)[-1] if name.startswith("block ") else name
+    if key in _MATRIX_ROWS:
+        return qkv_width(c) if key == "qkv.weight" else _MATRIX_ROWS[key]
+    return n
+
+
+def shard(name: str, n, c):
+    """Rank 0's elements of ``name``: ceil(n0/N) rows (``torch.chunk``: rank 0's chunk is whole) = n^/N."""
+    rows = dim0(name, n, c)
+    return sp.ceiling(rows / N_d) * sp.cancel(n / rows)
+
+
+def unit_params(c) -> dict:
+    """{"block": [(name, n)], "root": [(name, n)]} in registration order (the group's parameter order)."""
+    return {"block": block_params(c), "root": [("embedding.weight", V * d)] + head_params(c)}
+
+
+def _label(dtype):
+    return {"bf16": "BF16", "fp16": "FP16", "fp32": "FP32"}[dtype]
+
+
+class FSDP2:
+    """The FSDP2 tensors of one step structure (``s.fsdp`` = (param dtype, reduce dtype, original dtype,
+    reshard after forward: True, False or None, HSDP))."""
+
+    def __init__(self, c, s):
+        self.c, self.s = c, s
+        self.param, self.reduce, self.original, reshard, self.hsdp = s.fsdp
+        # None: PyTorch's default, True for every block and False for the root (_fully_shard.py:246, 260)
+        self.reshard, self.root_reshard = (True, False) if reshard is None else (reshard, reshard)
+        self.held = self.hsdp and self.reduce != self.original    # HSDP keeps each reduce-dtype output
+        self.p, self.r, self.o = nbytes(self.param), nbytes(self.reduce), nbytes(self.original)
+        self.cast = self.param != self.original
+        self.units = unit_params(c)
+        self.shards = {u: sum((shard(n, e, c) for n, e in ps), sp.Integer(0)) for u, ps in self.units.items()}
+
+    def name(self, role, unit):
+        dtype = {"all-gather input": self.param, "all-gather output": self.param, "unsharded parameters": self.param,
+                 "reduce-scatter input": self.reduce, "reduce-scatter output": self.reduce,
+                 "sharded gradients": self.original}[role]
+        return f"FSDP2 {role} ({_label(dtype)})" + (", root" if unit == "root" else "")
+
+    @property
+    def block_names(self) -> tuple:
+        """The names of a block's FSDP2 buffers (a step names the blocks they are live in)."""
+        return tuple(self.name(role, "block") for role in UNIT_TENSORS)
+
+    def block_index(self, name, layer, lumped, n_layers):
+        """The model block of buffer ``name`` at program ``layer``: in a lumped program (L > 4) layer 2 holds
+        the all-gather buffers of block L-3 (gathered as the lump ends, prefetched by block L-2) and the
+        reduce-scatter input of block 2 (the lump's last post-backward)."""
+        if lumped and layer == 2:
+            return 2 if "reduce-scatter" in name else n_layers - 3
+        return block_of(layer, lumped, n_layers)
+
+    @property
+    def total_shards(self):
+        """P^/N: every parameter's rank-0 shard."""
+        return L * self.shards["block"] + self.shards["root"]
+
+    def define(self, tensors):
+        """Add every unit's buffers to the step's tensor table; the lumped blocks' sharded gradients."""
+        why = {"all-gather input": "the shards cast to the param dtype (foreach copy), freed as the all-gather "
+                                   "returns (_fsdp_collectives.py:419)",
+               "all-gather output": "the unit's gathered flat parameters, padded (_fsdp_collectives.py:351)",
+               "unsharded parameters": "the unit's parameters, copied out of the all-gather output "
+                                       "(_fsdp_collectives.py:463)",
+               "reduce-scatter input": "the unit's gradients, padded, in the reduce dtype (_fsdp_collectives.py:597),"
+                                       " kept until the next unit's reduce-scatter (_fsdp_param_group.py:655)",
+               "reduce-scatter output": "this rank's reduced shard before its cast to the sharded dtype "
+                                        "(_fsdp_collectives.py:612)",
+               "sharded gradients": "this rank's gradient shards (views of the reduce-scatter output, "
+                                    "_fsdp_collectives.py:704)"}
+        for unit, n in self.shards.items():
+            sizes = {"all-gather input": self.p * n, "all-gather output": self.p * n * N_d,
+                     "unsharded parameters": self.p * n * N_d, "reduce-scatter input": self.r * n * N_d,
+                     "reduce-scatter output": self.r * n, "sharded gradients": self.o * n}
+            for role, size in sizes.items():
+                name = self.name(role, unit)
+                kind = Kind.PARAM if role in UNIT_TENSORS[:3] else Kind.GRAD
+                life = Lifetime.GRADIENT if role == "sharded gradients" else Lifetime.TEMPORARY
+                tensors[name] = Tensor(name, size, kind, life, why=why[role])
+        held = "FSDP2 reduce-scatter outputs, blocks 2..L-3"
+        tensors[held] = Tensor(held, (L - 4) * self.r * self.shards["block"], Kind.GRAD, Lifetime.TEMPORARY,
+                               why="HSDP: kept by each group's all-reduce state (_fsdp_param_group.py:759)")
+        self.held_lump = held
+        lump = "FSDP2 unsharded parameters, blocks 2..L-3"
+        tensors[lump] = Tensor(lump, (L - 4) * self.p * self.shards["block"] * N_d, Kind.PARAM, Lifetime.TEMPORARY,
+                               why="kept after forward (reshard_after_forward=False)")
+        self.unsharded_lump = lump
+
+    def gradient_lump(self) -> Tensor:
+        """What the lumped blocks 2..L-3 leave after their backward: their sharded gradients."""
+        return Tensor(GRADIENT_LUMP, (L - 4) * self.o * self.shards["block"], Kind.GRAD, Lifetime.GRADIENT,
+                      why="their sharded gradients")
+
+    # ---- the programs -------------------------------------------------------------------------------------
+
+    def _gather(self, unit, ref=lambda n: n):
+        """All-gather of ``unit``: the input copy (when cast), the output, the input freed on return."""
+        ag_in, ag_out = (ref(self.name(r, unit)) for r in UNIT_TENSORS[:2])
+        ops = [ProgramOp("FSDP2 all-gather input (cast copy of the shards)", (), (ag_in,))] if self.cast else []
+        ops.append(ProgramOp("FSDP2 all-gather output", (), (ag_out,)))
+        if self.cast:
+            ops.append(ProgramOp("all-gather input released", (ag_in,), ()))
+        return ops
+
+    def _copy_out(self, unit, free=()):
+        """``wait_for_unshard``: the unsharded parameters copied out; ``free`` (in forward, the previous unit's
+        all-gather output) dies as the call returns, its local ``prev_all_gather_state`` holding it to then."""
+        ops = [ProgramOp("FSDP2 copy-out: unsharded parameters", (), (self.name("unsharded parameters", unit),))]
+        return ops + ([ProgramOp("previous all-gather output released", tuple(free), ())] if free else [])
+
+    def _reduce(self, unit, grads, previous):
+        """post_backward of ``unit``: reshard, the previous reduce-scatter input freed, reduce-scatter."""
+        rs_in, rs_out, sg = (self.name(r, unit) for r in UNIT_TENSORS[3:])
+        ops = [ProgramOp("FSDP2 post-backward: reshard; reduce-scatter input",
+                         (self.name("unsharded parameters", unit), previous), (rs_in,)),
+               ProgramOp("unsharded gradients released (but the last parameter's)", tuple(grads[:-1]), ())]
+        if self.reduce == self.original:
+            ops.append(ProgramOp("reduce-scatter output: the sharded gradients", (), (sg,)))
+        else:
+            ops += [ProgramOp("reduce-scatter output", (), (rs_out,)),
+                    ProgramOp(f"sharded gradients cast to {_label(self.original)}", (), (sg,))]
+            if not self.held:      # HSDP: kept by the group's all-reduce state until finalize_backward
+                ops.append(ProgramOp("reduce-scatter output released", (rs_out,), ()))
+        ops.append(ProgramOp("last unsharded gradient released", (grads[-1],), ()))
+        return ops
+
+    def wrap_blocks(self, fwd, bwd):
+        """FSDP2's hooks around one block's forward and backward programs."""
+        block = "block"
+        u, ag_out = self.name("unsharded parameters", block), self.name("all-gather output", block)
+        previous_out = Ref(Scope.PREVIOUS, ag_out, self.name("all-gather output", "root"))
+        pre = self._gather(block) + self._copy_out(block, [previous_out])
+        post = [ProgramOp("FSDP2 post-forward: reshard", (u,), ())] if self.reshard else []
+        fwd.ops[:] = pre + fwd.ops + post
+        pre = []
+        if self.reshard:        # re-gathered (prefetched by the unit after it), then the unit before prefetched
+            pre = self._copy_out(block) + [ProgramOp("all-gather output released", (ag_out,), ())]
+            pre += self._gather(block, lambda n: Ref(Scope.PREVIOUS, n))
+        grads = [f"grad {n}" for n, _ in self.units[block]]
+        post = self._reduce(block, grads, Ref(Scope.NEXT, self.name("reduce-scatter input", block)))
+        bwd.ops[:] = pre + bwd.ops + post
+
+    def wrap_outside(self, outside):
+        """The root's hooks: pre-forward before the embedding, post-forward after the LM head, pre-backward on
+        the logits' gradient, post-backward in the final callback (before the loss is released)."""
+        root = "root"
+        u = self.name("unsharded parameters", root)
+        last_out = Ref(Scope.LAST, self.name("all-gather output", "block"))
+        outside[Part.FORWARD_START][:0] = self._gather(root) + self._copy_out(root)
+        ops = outside[Part.FORWARD_END]
+        at = _index(ops, "LM head") + 1
+        at += at < len(ops) and ops[at].label == "final norm input released"
+        ops[at:at] = [ProgramOp("FSDP2 root post-forward", ((u,) if self.root_reshard else ()) + (last_out,), ())]
+        pre = []
+        if self.root_reshard:
+            pre = self._gather(root) + self._copy_out(root) + [
+                ProgramOp("all-gather output released", (self.name("all-gather output", root),), ())]
+        if self.reshard:
+            pre += self._gather("block", lambda n: Ref(Scope.LAST, n))
+        ops = outside[Part.BACKWARD_START]
+        at = _index(ops, "LM head backward")
+        ops[at:at] = pre
+        ops = outside[Part.BACKWARD_END]
+        grads = [f"grad {n}" for n, _ in self.units[root]]
+        at = _index(ops, "loss released")
+        ops[at:at] = self._reduce(root, grads, Ref(Scope.FIRST, self.name("reduce-scatter input", "block"))) + [
+            ProgramOp(_CLEARED, (self.name("reduce-scatter input", root),), ())]
+
+    def lump(self, phase, n_layers):
+        """(frees, allocs) the lumped blocks 2..L-3 add to the plain lump op, qualified ``(layer, name)``."""
+        block = "block"
+        ag, u, rs = (self.name(r, block) for r in ("all-gather output", "unsharded parameters",
+                                                    "reduce-scatter input"))
+        if phase is Phase.FORWARD:
+            allocs = ((n_layers - 3, ag),) + (() if self.reshard else ((None, self.unsharded_lump),))
+            return ((1, ag),), allocs
+        held = ((None, self.held_lump),) if self.held else ()
+        if self.reshard:
+            return ((n_layers - 2, rs), (n_layers - 3, ag)), ((2, rs), (1, ag)) + held
+        return ((n_layers - 2, rs), (None, self.unsharded_lump)), ((2, rs),) + held
+
+    def finalize(self, ops) -> list:
+        """HSDP with a reduce dtype other than the shards': ``finalize_backward`` (the root's final callback,
+        after the root's post-backward, ``_fsdp_state.py:420``) drops every group's all-reduce state, the
+        reduce-dtype outputs held since each unit's reduce-scatter. Adds those frees to the flat op list."""
+        if not self.held:
+            return ops
+        out = self.name("reduce-scatter output", "block")
+        held = sorted({n for op in ops for n in op.allocs if n[1] in (out, self.held_lump)}, key=str)
+        at = next(i for i, op in enumerate(ops) if op.label == _CLEARED)
+        ops[at] = replace(ops[at], frees=ops[at].frees + tuple(held)
+                          + ((None, self.name("reduce-scatter output", "root")),))
+        return ops
+
+    def optimizer_params(self, layers) -> list:
+        """AdamW's parameters on this rank: each parameter's rank-0 shard, in ``model.parameters()`` order."""
+        c = self.c
+        out = []
+        for x in param_tensors(c, layers):
+            if x.lump:
+                out.append(Param(x.name, (L - 2) * self.shards["block"], lump=True))
+            else:
+                out.append(Param(x.name, shard(x.name, x.elements, c)))
+        return out
+
+    def static(self) -> list:
+        """(name, bytes, kind, why) of what FSDP2 keeps the whole step, besides the step counters and ids."""
+        o = _label(self.original)
+        return [(f"FSDP2 sharded parameters ({o})", self.o * self.total_shards, Kind.PARAM,
+                 "every parameter's padded shard (_fsdp_param.py:307), the optimizer's parameters"),
+                (f"AdamW exp_avg on the shards ({o})", self.o * self.total_shards, Kind.OPTIMIZER,
+                 "zeros_like of rank 0's shards (torch/optim/adamw.py)"),
+                (f"AdamW exp_avg_sq on the shards ({o})", self.o * self.total_shards, Kind.OPTIMIZER,
+                 "zeros_like of rank 0's shards (torch/optim/adamw.py)")]
+
+
+def _index(ops, label):
+    for i, op in enumerate(ops):
+        if op.label == label:
+            return i
+    raise AssertionError(f"no op {label!r} in the program FSDP2 hooks into")
+
+
+def wrap(tensors, outside, fwd, bwd, c, s) -> FSDP2:
+    """Add FSDP2's tensors and hooks to a step's programs; returns the :class:`FSDP2` (for the lump, the
+    optimizer's shards and the static rows)."""
+    f = FSDP2(c, s)
+    f.define(tensors)
+    f.wrap_blocks(fwd, bwd)
+    f.wrap_outside(outside)
+    return f

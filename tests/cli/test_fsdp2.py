@@ -1,0 +1,64 @@
+"""``--framework fsdp2`` and its options on the command line (memledger/cli/options.py, paths.py): read by step
+and fit, refused in one line (exit 2) by the sums and wherever the framework is not fsdp2."""
+import json
+
+from memledger.cli.main import main
+from memledger.ledger.ledger import Ledger
+from memledger.models.architecture import Architecture
+
+SMALL = ["--hidden", "64", "--layers", "2", "--heads", "4", "--style", "llama", "--vocab", "128"]
+FSDP2 = ["--framework", "fsdp2", "--dp", "8"]
+
+
+def refused(capsys, *args, message=""):
+    """Exit 2, nothing on stdout, one line on stderr containing ``message``."""
+    code = main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    assert (code, out) == (2, ""), (code, out[:200], err)
+    assert err.count("\n") == 1 and err.startswith("memledger: error: ") and message in err, err
+
+
+def answered(capsys, *args):
+    code = main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    assert (code, err) == (0, ""), err
+    return out
+
+
+def test_step_honours_every_fsdp2_option(capsys):
+    data = json.loads(answered(capsys, "step", *SMALL, *FSDP2, "--fsdp-param-dtype", "none", "--fsdp-reduce-dtype",
+                               "bf16", "--no-reshard-after-forward", "--backend", "cpu", "--json"))
+    want = Ledger(Architecture(64, 2, 4, style="llama", vocab_size=128), recipe="fp32-adamw", framework="fsdp2",
+                  dp=8, fsdp_param_dtype=None, fsdp_reduce_dtype="bf16", reshard_after_forward=False).step("cpu")
+    assert data["peak"]["gpu"] == want.peak.bytes
+    assert data["inputs"]["framework"] == "fsdp2" and data["inputs"]["recipe"] == "fp32-adamw"
+    assert any(r["name"].startswith("FSDP2 unsharded parameters (FP32)") for r in data["rows"])
+    text = answered(capsys, "step", *SMALL, *FSDP2)
+    assert text.startswith("framework fsdp2: fully_shard per block and the root over 8 ranks")
+    hsdp = json.loads(answered(capsys, "step", *SMALL, "--framework", "fsdp2", "--dp", "16", "--dp-replicate", "4",
+                               "--json"))
+    shard = json.loads(answered(capsys, "step", *SMALL, "--framework", "fsdp2", "--dp", "4", "--json"))
+    assert hsdp["peak"]["gpu"] == shard["peak"]["gpu"]        # reduce fp32 = the shards': as FSDP2 over 4
+
+
+def test_fit_judges_the_fsdp2_peak(capsys):
+    data = json.loads(answered(capsys, "fit", *SMALL, *FSDP2, "--vary", "batch", "--json"))
+    assert data["measure_key"] == "peak" and data["total_at_answer"] is None
+    data = json.loads(answered(capsys, "fit", *SMALL, "--framework", "fsdp2", "--vary", "dp", "--json"))
+    assert data["answer"] == 2
+
+
+def test_refused_in_one_line(capsys):
+    refused(capsys, "step", *SMALL, "--no-reshard-after-forward", message="--no-reshard-after-forward: an option "
+            "of --framework fsdp2")
+    refused(capsys, "step", *SMALL, "--fsdp-param-dtype", "bf16", message="--framework fsdp2")
+    refused(capsys, "step", *SMALL, *FSDP2, "--fsdp-reduce-dtype", "int8", message="fsdp_reduce_dtype must be")
+    refused(capsys, "step", *SMALL, *FSDP2, "--zero", "3", message="zero_stage must be 0")
+    refused(capsys, "step", *SMALL, "--framework", "fsdp2", message="dp must be at least 2")
+    refused(capsys, "step", *SMALL, *FSDP2, "--recipe", "bf16-adamw", message="recipe must be one of")
+    refused(capsys, "step", *SMALL, "--framework", "ddp3", message="framework must be one of")
+    refused(capsys, "step", *SMALL, "--dp-replicate", "2", message="--dp-replicate: an option of --framework fsdp2")
+    refused(capsys, "step", *SMALL, *FSDP2, "--dp-replicate", "3", message="dp_replicate (3) must divide dp (8)")
+    refused(capsys, "step", *SMALL, *FSDP2, "--dp-replicate", "8", message="dp must be at least 2 x dp_replicate")
+    refused(capsys, "ledger", *SMALL, *FSDP2, message="only the step books")
+    refused(capsys, "compare", *SMALL, *FSDP2, message="booked by memledger step only")
