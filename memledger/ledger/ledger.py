@@ -139,6 +139,7 @@ class Ledger:
     dropout: Optional[bool] = None
     flash_attention: bool = False
     scope: str = "model"
+    offload_activations: bool = False
 
     def __post_init__(self):
         arch = get_preset(self.arch) if isinstance(self.arch, str) else self.arch
@@ -164,6 +165,10 @@ class Ledger:
         for name in ("sequence_parallel", "flash_attention"):
             check_flag(name, getattr(self, name))
         check_flag("dropout", self.dropout, allow_none=True)
+        check_flag("offload_activations", self.offload_activations)
+        if self.offload_activations and arch is None:
+            raise ValueError("offload_activations: nothing is saved for backward without an architecture (model "
+                             "states only); give a preset or --hidden/--layers/--heads")
         if self.sequence_parallel and self.tp == 1:
             raise ValueError("sequence_parallel needs tensor parallelism: tp must be > 1")
         if arch is not None:

@@ -37,6 +37,7 @@ Loops (:data:`LOOPS`): ``fp32-adamw``, ``bf16-pure-adamw`` and ``bf16-adamw``
 :mod:`memledger.pytorch.measure`. PyTorch is imported here only: ``import
 memledger`` works without it.
 """
+from contextlib import nullcontext
 from dataclasses import dataclass
 import math
 
@@ -44,6 +45,8 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
+
+from .offload import OffloadSaved
 
 __all__ = ["LANDMARKS", "LOOPS", "Block", "Decoder", "FusedRMSNorm", "RefConfig", "Trainer", "make_model"]
 
@@ -71,7 +74,9 @@ class RefConfig:
     under tensor parallelism of degree t (:mod:`memledger.pytorch.distributed`): the fused QKV
     projection is split column-wise, so each rank views its local output with H/t query and
     H_kv/t key/value heads (1, the default: the whole block). Only the views change; the model
-    built is the same.
+    built is the same. ``offload_activations``: each block runs under ``save_on_cpu(pin_memory=True)``'s
+    hooks (:class:`memledger.pytorch.offload.OffloadSaved`, FSDP's ``offload_wrapper``): its saved tensors
+    are host copies, copied back node by node in backward; under full recomputation the checkpoint's input.
     """
     d: int
     L: int
@@ -89,6 +94,7 @@ class RefConfig:
     tied: bool = False
     head_dim: int = None
     tp: int = 1
+    offload_activations: bool = False
 
     def __post_init__(self):
         if self.attention not in (None, "eager", "sdpa"):
@@ -226,10 +232,11 @@ class Decoder(nn.Module):
             mask = torch.ones(S, S, dtype=torch.bool, device=ids.device).triu(1)   # built once, shared
         x = self.embed(ids)
         for block in self.blocks:
-            if self.c.recompute == "full":
-                x = checkpoint(block, x, mask, use_reentrant=False)
-            else:
-                x = block(x, mask)
+            with OffloadSaved() if self.c.offload_activations else nullcontext():
+                if self.c.recompute == "full":
+                    x = checkpoint(block, x, mask, use_reentrant=False)
+                else:
+                    x = block(x, mask)
         return self.head(self.norm(x))
 
     def loss(self, ids, targets):

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from ..models.features import Features
 from ..states.recipes import RECIPES
 
-__all__ = ["MODELLED_RECIPES", "Shape", "StepStructure", "block_of", "check_recipe", "step_values", "unmodelled"]
+__all__ = ["MODELLED_RECIPES", "Shape", "StepStructure", "block_of", "check_offload", "check_recipe", "step_values",
+           "unmodelled"]
 
 #: The recipes whose optimizer step the timeline models op by op: ``torch.optim.AdamW`` with one gradient
 #: buffer and full-precision moments, with or without FP32 master weights (docs/step.md; checked against
@@ -92,6 +93,7 @@ class StepStructure:
     conventions: object
     layers: object          # L when L <= 4, else None (any larger L gives the same program)
     prefetch: bool = True
+    offload_activations: bool = False   # the blocks' saved tensors as pinned host copies (memledger.step.offload)
 
     @classmethod
     def of(cls, ledger, conv):
@@ -123,9 +125,28 @@ class StepStructure:
                       ledger.batch_size == 1, grad, opts["mask_dtype"], opts["norm_stats"], gqa,
                       gqa and arch.kv_heads == 1, True if llama and f.has_qkv_bias else None,
                       True if llama and f.is_tied else None, ledger.recompute, f.head_dim)
+        offloaded = getattr(ledger, "offload_activations", False)
+        if offloaded:
+            check_offload(shape, ledger.recompute, ledger.zero_stage, ledger.tp > 1)
         return cls(shape, ledger.recipe, ledger.zero_stage, ledger.offload_optimizer, ledger.offload_params,
                    ledger.offload_placement, ledger.recompute, ledger.tp > 1, ledger.sequence_parallel, conv,
-                   arch.n_layers if arch.n_layers <= 4 else None)
+                   arch.n_layers if arch.n_layers <= 4 else None, offload_activations=offloaded)
+
+
+def check_offload(c: Shape, recompute: str, zero_stage: int, tensor_parallel: bool) -> None:
+    """``ValueError`` naming what of the setup activation offloading (:mod:`memledger.step.offload`) is not
+    modelled for."""
+    lacks = [what for what, off in [
+        ("GPT blocks", c.gpt), ("the eager attention core (the article backend's; use --backend cpu)",
+                                not c.gpt and c.attention != "flash"),
+        ("a fused RMSNorm kernel (use --backend cpu)", not c.gpt and not c.composite),
+        ("FP32 activations", c.dtype == "fp32"), ("grouped-query attention", c.gqa),
+        ("QKV biases", bool(c.qkv_bias)), ("dropout", c.dropout), ("a head size other than d/H", c.head_dim),
+        ("selective recomputation", recompute == "selective"), ("ZeRO-3", zero_stage == 3),
+        ("tensor parallelism", tensor_parallel)] if off]
+    if lacks:
+        raise ValueError(f"offload_activations is modelled for the reference decoder's LLaMA block with 16-bit "
+                         f"activations under the CPU backend, no or full recomputation; not for {', '.join(lacks)}")
 
 
 def unmodelled(f: Features) -> str:
