@@ -35,6 +35,7 @@ WHY = {
     "link": "it prints no offload transfer time",
     "measure": "without an architecture there is no step to judge, only the sum of the model states",
     "offload_placement": "it places offloaded optimizer states, and --offload-optimizer is none",
+    "offload_activations": "it books the activations on the GPU; memledger step --backend cpu models them offloaded",
 }
 
 

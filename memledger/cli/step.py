@@ -31,7 +31,7 @@ def add_parser(sub, formatter):
 def step(a) -> str:
     """``memledger step``: every ledger option but --scope (the step runs the whole model), plus the backend."""
     ledger = build_ledger(a)
-    reads = set(MODEL) | set(WORKLOAD) | {"units", "gpu_memory", "json", "backend", "foreach"}
+    reads = set(MODEL) | set(WORKLOAD) | {"units", "gpu_memory", "json", "backend", "foreach", "offload_activations"}
     if ledger.offload_optimizer == "none":
         reads.discard("offload_placement")
     refuse_unread(a, reads, "memledger step")

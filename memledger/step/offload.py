@@ -84,9 +84,10 @@ def offloaded_forward(p, c, block_forward):
     policy, the block's input released when the block returns, and the host copies made (:data:`HOST`)."""
     q = p.fork()
     block_forward(q, c, (Save.DROPPED, Save.DROPPED))
-    last = q.ops[-1]
-    x = residual_names(c)[0]
-    q.ops[-1] = ProgramOp(last.label, last.frees + (x,), last.allocs + (HOST,), last.action)
+    last, x = q.ops[-1], residual_names(c)[0]
+    q.ops[-1] = ProgramOp(last.label, last.frees + (x,), last.allocs, last.action)
+    first = next(i for i, op in enumerate(q.ops) if op.allocs)     # the host copies: counted from the block's start
+    q.ops[first] = q.ops[first]._replace(allocs=q.ops[first].allocs + (HOST,))
     p.ops.extend(q.ops)
 
 

@@ -12,7 +12,7 @@ import pytest
 from memledger.ledger.ledger import Ledger
 from memledger.step.timeline import LANDMARKS, Step
 
-from stepcheck import GPT7B, LLAMA7B, landmarks_are_sums_of_rows
+from stepcheck import GPT7B, LLAMA7B, block_totals_agree, landmarks_are_sums_of_rows
 
 
 def offloaded_against_memtracker(recompute, B, S, L=3, d=64, H=4, F_=96, V_=1000, loop="bf16-pure-adamw"):
@@ -22,7 +22,7 @@ def offloaded_against_memtracker(recompute, B, S, L=3, d=64, H=4, F_=96, V_=1000
     from memledger.pytorch.measure import memtracker_step
     from memledger.pytorch.reference import RefConfig
     c = RefConfig(d, L, H, F_, V_, "llama", recompute=recompute, offload_activations=True)
-    measured = memtracker_step(c, loop, B, S, blocks=True)
+    measured = memtracker_step(c, loop, B, S, blocks=True, trace=d < 1024)
     step = Step(Ledger(architecture_of(c), batch_size=B, seq_len=S, recipe=loop, overhead_bytes=0,
                        recompute=recompute, offload_activations=True), "cpu")
     for landmark in LANDMARKS:
@@ -33,13 +33,16 @@ def offloaded_against_memtracker(recompute, B, S, L=3, d=64, H=4, F_=96, V_=1000
     assert step.peak.bytes == measured["peak"]
     ours = step.block_peaks()
     assert ours == {k: measured["block peaks"][k] for k in ours}
+    if d < 1024 and recompute == "none":         # op by op: exact without recomputation (tests/stepcheck.py)
+        block_totals_agree(step, measured)
     landmarks_are_sums_of_rows(step)
     return step, measured
 
 
 @pytest.mark.parametrize("recompute", ["none", "full"])
 def test_small_offloaded_step_is_memtrackers(recompute):
-    """Three blocks, d = 64: every landmark (GPU and host), phase peak and block peak to the byte."""
+    """Three blocks, d = 64: every landmark (GPU and host), phase peak and block peak to the byte, and (without
+    recomputation) op by op the totals inside each block are totals MemTracker reaches there, in order."""
     offloaded_against_memtracker(recompute, 2, 16)
 
 
@@ -85,3 +88,33 @@ def test_unmodelled_offloading_is_refused_by_name(changes, named):
 def test_nothing_saved_is_refused():
     with pytest.raises(ValueError, match="offload_activations: nothing is saved"):
         Ledger(n_params=7 * 10**9, offload_activations=True)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["ledger", "--params", "7e9", "--offload-activations"], "--offload-activations need an architecture"),
+    (["ledger", "--preset", "llama2-7b", "--offload-activations"], "does not read --offload-activations"),
+    (["compare", "--preset", "llama2-7b", "--offload-activations"], "does not read --offload-activations"),
+    (["fit", "--preset", "llama2-7b", "--vary", "batch", "--offload-activations"],
+     "does not read --offload-activations"),
+    (["step", "--preset", "llama2-7b", "--offload-activations"], "not for the eager attention core")])
+def test_command_line_refuses_what_it_does_not_model(args, message, capsys):
+    """Nothing saved (no architecture), a path that books activations on the GPU, a setup not modelled: one
+    line on stderr, exit 2."""
+    from memledger.cli.main import main
+    assert main(args) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and message in err and err.count("\n") == 1
+
+
+def test_command_line_step_offloads(capsys):
+    """``memledger step --offload-activations --backend cpu --json``: the host holds the L x host rows after
+    forward, the GPU none of the blocks' saved tensors (the Python step's numbers)."""
+    import json
+    from memledger.cli.main import main
+    assert main(["step", "--preset", "llama2-7b", "--recipe", "bf16-pure-adamw", "--seq", "4096", "--overhead", "0",
+                 "--backend", "cpu", "--offload-activations", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    step = Step(Ledger("llama2-7b", seq_len=4096, recipe="bf16-pure-adamw", overhead_bytes=0,
+                       offload_activations=True), "cpu")
+    assert data["landmarks"] == step.landmarks and data["peak"]["gpu"] == step.peak.bytes
+    assert data["landmarks"]["after forward"]["cpu"] == sum(r["bytes"] for r in data["rows"] if r["device"] == "cpu")
