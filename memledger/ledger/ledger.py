@@ -28,7 +28,8 @@ from ..states.recipes import ALL_RECIPES, DEFAULT_RECIPE
 from .transfer import Traffic, step_traffic
 from ..core.units import GB
 
-__all__ = ["DEFAULT_OVERHEAD", "FIELD_OF", "SCOPES", "Ledger", "RowSpec", "Structure", "row_specs", "sweep"]
+__all__ = ["DEFAULT_OVERHEAD", "FIELD_OF", "SCOPES", "Ledger", "RowSpec", "Structure", "activation_dtype", "row_specs",
+           "sweep"]
 
 DEFAULT_OVERHEAD = 2 * GB
 #: Symbol names of :mod:`memledger.core.symbols`, and the Ledger field that gives each its value.
@@ -79,6 +80,15 @@ class Structure(NamedTuple):
 SCOPES = ("model", "layers")
 
 
+def activation_dtype(recipe) -> str:
+    """The dtype of the activations a recipe's model saves: its weights' (``"fp32"`` for FP32 training, which
+    saves 4-byte tensors: the step timeline's FP32 loop, measured by MemTracker), else the ledger's 16-bit
+    ``"bf16"``; FP8 recipes keep 16-bit activations around their FP8 matrix multiplies (Transformer Engine
+    under BF16 autocast), whatever their master weights."""
+    weights = next((c.dtype for c in recipe.components if c.role == "param"), "bf16")
+    return "fp32" if weights == "fp32" and not recipe.name.startswith("fp8") else "bf16"
+
+
 @lru_cache(maxsize=256)
 def row_specs(s: Structure) -> tuple:
     """Every :class:`RowSpec` of a structure: model states, activations, overhead."""
@@ -100,14 +110,16 @@ def row_specs(s: Structure) -> tuple:
                 specs.append(RowSpec("gathered parameters + gradients (largest layer)", Group.MODEL_STATES, Device.GPU,
                                      component_key(gathered, unit), 1, Role.GATHERED))
         f = s.arch.features
-        refinements = (f.gqa, f.head_dim, f.moe) if (f.gqa or f.head_dim or f.moe) else ()
+        dtype = activation_dtype(recipe)
+        refinements = (f.gqa, f.head_dim, f.moe) if (f.gqa or f.head_dim or f.moe or dtype == "fp32") else ()
         specs.append(RowSpec("activations", Group.ACTIVATIONS, Device.GPU,
                              ("activations", s.arch.mlp, s.arch.norm, s.dropout, s.flash_attention, s.recompute,
-                              s.tensor_parallel, s.sequence_parallel) + refinements))
+                              s.tensor_parallel, s.sequence_parallel) + refinements + (
+                                 (dtype,) if dtype == "fp32" else ())))
         if s.scope == "model" and s.arch.causal:
             attention = "flash" if s.flash_attention else "eager"
             specs += [RowSpec(name, Group.ACTIVATIONS, Device.GPU, formulas.outside_key(
-                s.arch.style, attention, name, s.tensor_parallel, s.sequence_parallel))
+                s.arch.style, attention, name, s.tensor_parallel, s.sequence_parallel, dtype))
                 for name in formulas.outside_names(s.arch.style, attention)]
     specs.append(RowSpec("CUDA context + workspace", Group.OVERHEAD, Device.GPU, ("symbol", "O")))
     return tuple(specs)
