@@ -132,7 +132,9 @@ class Ledger:
     ``arch``: an :class:`Architecture` or a preset name; without one, give
     ``n_params`` and get model states only. ``n_params`` with ``arch`` overrides
     the architecture's count. ``dropout=None`` follows the architecture
-    (GPT-style yes, LLaMA-style no).
+    (GPT-style yes, LLaMA-style no). ``offload_activations``: the blocks' saved tensors as pinned host
+    copies (``save_on_cpu``), read by the step timeline (:meth:`step` with ``backend="cpu"``,
+    :mod:`memledger.step.offload`); the sum of :attr:`rows` still books the activations on the GPU.
     """
     arch: Union[Architecture, str, None] = None
     n_params: Optional[int] = None

@@ -10,12 +10,16 @@ copies into it; the device tensor then lives only as long as Python references h
 node's unpack hook copies its saved tensors back (``tensor.to(device, non_blocking=True)``): device
 copies that live while that node's backward runs. The host copies go when the node has run.
 
-torchtune's ``OffloadActivations`` (torchtune/training/_activation_offloading.py, ``pack_tensor``, lines
-144-210) differs, and is not what this module runs: it keeps tensors under ``min_offload_size`` (1,024 bytes,
-line 71), ``nn.Parameter`` and ``nn.Buffer`` instances on the device (lines 153-163), leaves the output head
-unoffloaded (``get_act_offloading_ctx_manager``, lines 410-433), and with ``use_streams`` (the default) keeps
-up to ``max_fwd_stash_size`` (5) offloaded activations alive on the device until their copy has finished
-(lines 190-204) and each unpacked tensor until the next node has run.
+torchtune's ``OffloadActivations`` (torchtune/training/_activation_offloading.py at bd2a0fc, ``pack_tensor``,
+lines 137-211) differs, and is not what this module runs: it keeps on the device tensors under
+``min_offload_size`` (1,024 bytes, line 71), tensors not on the accelerator, and ``nn.Parameter`` and
+``nn.Buffer`` instances (lines 154-164: a norm's weight, which autograd hands to the hook as the parameter;
+``nn.Linear``'s transposed weight is a plain view and is offloaded, measured with the reference decoder);
+it copies into ``torch.empty_like(..., pin_memory=True, device="cpu")`` (lines 182-183); its recipes leave
+the output head unoffloaded (``get_act_offloading_ctx_manager``, lines 409-434); and with ``use_streams``
+(the default) it copies on a second stream, keeping up to ``max_fwd_stash_size`` (5) offloaded activations
+alive on the device until their copy has finished (lines 168-204) and each tensor brought back until the
+next node has run (line 297 and the node hook after it).
 
 Where the model itself runs on the CPU (the fake-tensor measurement of :mod:`memledger.pytorch.measure`:
 the CPU backend stands for the accelerator), the host copies are made on the fake ``meta`` device instead,
