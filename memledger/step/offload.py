@@ -11,8 +11,9 @@ how torchtune's ``OffloadActivations`` differs). Per block:
   rebinds it after the block returns. Host per block: sum over saving nodes of the saved tensor's bytes.
 * backward: each node copies the tensors it saved back to the GPU before it runs (``unpack``: GPU
   copies that live while that node runs) and they go once it has run; the host copies go with the block.
-* full recomputation: only the checkpoint's input is saved (``_NoopSaveInputs``: ``ctx.save_for_backward``, torch/utils/checkpoint.py line 271 in PyTorch 2.13),
-  hence offloaded; its GPU copy comes back before the block's forward is re-run.
+* full recomputation: only the checkpoint's input is saved (``_NoopSaveInputs``: ``ctx.save_for_backward``,
+  torch/utils/checkpoint.py line 271 in PyTorch 2.13), hence offloaded; its GPU copy comes back before the
+  block's forward is re-run, and goes when the re-run stops.
 
 Modelled for the reference decoder's LLaMA block under the CPU backend's conventions (composite RMSNorm
 with a 16-bit input, the flash kernel, multi-head attention, no QKV bias), no or full recomputation, one
