@@ -15,8 +15,8 @@ how torchtune's ``OffloadActivations`` differs). Per block:
   torch/utils/checkpoint.py line 271 in PyTorch 2.13), hence offloaded; its GPU copy comes back before the
   block's forward is re-run, and goes when the re-run stops.
 
-Modelled for the reference decoder's LLaMA block under the CPU backend's conventions (composite RMSNorm
-with a 16-bit input, the flash kernel, multi-head attention, no QKV bias), no or full recomputation, one
+Modelled for the reference decoder's LLaMA block under the CPU backend's conventions (composite RMSNorm,
+16-bit or FP32 activations, the flash kernel, multi-head attention, no QKV bias), no or full recomputation, one
 GPU rank; anything else is refused by name (:func:`memledger.step.structure.check_offload`). Read off
 MemTracker's allocation log (PyTorch 2.13, CPU) and checked by ``tests/step/test_offload.py``.
 """
@@ -104,11 +104,13 @@ def offloaded_backward(p, c, block_backward, share):
     checkpoint's input copied back first); the host copies go when the block is done."""
     q = p.fork()
     block_backward(q, c, share)
-    if c.recompute == "full":   # the copy is the recomputation's input only: it goes when the re-run stops
-        x = residual_names(c)[0]
+    if c.recompute == "full":   # the copy is the re-run's input: with a 16-bit input (its FP32 copy saved) it
+        x = residual_names(c)[0]    # goes when the re-run stops; an FP32 input norm 1 saves, until its backward
         p.op("checkpoint input copied back", alloc=[x])
         for op in q.ops:
-            frees = op.frees + (x,) if op.label == "recomputation stops" else tuple(n for n in op.frees if n != x)
+            frees = op.frees
+            if c.upcast:
+                frees = op.frees + (x,) if op.label == "recomputation stops" else tuple(n for n in op.frees if n != x)
             p.ops.append(ProgramOp(op.label, frees, op.allocs, op.action))
     else:
         t = p.tensors

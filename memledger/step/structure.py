@@ -140,13 +140,13 @@ def check_offload(c: Shape, recompute: str, zero_stage: int, tensor_parallel: bo
         ("GPT blocks", c.gpt), ("the eager attention core (the article backend's; use --backend cpu)",
                                 not c.gpt and c.attention != "flash"),
         ("a fused RMSNorm kernel (use --backend cpu)", not c.gpt and not c.composite),
-        ("FP32 activations", c.dtype == "fp32"), ("grouped-query attention", c.gqa),
+        ("grouped-query attention", c.gqa),
         ("QKV biases", bool(c.qkv_bias)), ("dropout", c.dropout), ("a head size other than d/H", c.head_dim),
         ("selective recomputation", recompute == "selective"), ("ZeRO-3", zero_stage == 3),
         ("tensor parallelism", tensor_parallel)] if off]
     if lacks:
-        raise ValueError(f"offload_activations is modelled for the reference decoder's LLaMA block with 16-bit "
-                         f"activations under the CPU backend, no or full recomputation; not for {', '.join(lacks)}")
+        raise ValueError(f"offload_activations is modelled for the reference decoder's LLaMA block under the CPU "
+                         f"backend, no or full recomputation; not for {', '.join(lacks)}")
 
 
 def unmodelled(f: Features) -> str:

@@ -39,11 +39,15 @@ def offloaded_against_memtracker(recompute, B, S, L=3, d=64, H=4, F_=96, V_=1000
     return step, measured
 
 
-@pytest.mark.parametrize("recompute", ["none", "full"])
-def test_small_offloaded_step_is_memtrackers(recompute):
-    """Three blocks, d = 64: every landmark (GPU and host), phase peak and block peak to the byte, and (without
-    recomputation) op by op the totals inside each block are totals MemTracker reaches there, in order."""
-    offloaded_against_memtracker(recompute, 2, 16)
+@pytest.mark.parametrize("recompute, loop, B, L", [("none", "bf16-pure-adamw", 2, 3), ("full", "bf16-pure-adamw", 2, 3),
+                                                   ("none", "fp32-adamw", 1, 6), ("full", "fp32-adamw", 1, 6),
+                                                   ("none", "bf16-adamw", 2, 6), ("full", "bf16-adamw", 1, 3)])
+@pytest.mark.sample(2)
+def test_small_offloaded_step_is_memtrackers(recompute, loop, B, L):
+    """d = 64, 3 or 6 blocks (6: the middle ones lumped), FP32 or BF16: every landmark (GPU and host), phase peak
+    and block peak to the byte, and (without recomputation) op by op the totals inside each block are totals
+    MemTracker reaches there, in order."""
+    offloaded_against_memtracker(recompute, B, 16, L, loop=loop)
 
 
 @pytest.mark.slow
@@ -76,13 +80,14 @@ def test_offloading_moves_the_blocks_saved_tensors_to_the_host():
     assert off.landmarks["after forward"]["cpu"] == sum(r["bytes"] for r in host) > blocks
 
 
-@pytest.mark.parametrize("changes, named", [
-    ({"arch": GPT7B}, "GPT blocks"), ({"recompute": "selective"}, "selective recomputation"),
-    ({"recipe": "fp32-adamw"}, "FP32 activations"), ({"arch": "llama3-8b"}, "grouped-query attention")])
-def test_unmodelled_offloading_is_refused_by_name(changes, named):
+@pytest.mark.parametrize("changes, backend, named", [
+    ({"arch": GPT7B}, "cpu", "GPT blocks"), ({"recompute": "selective"}, "cpu", "selective recomputation"),
+    ({}, "cuda", "a fused RMSNorm kernel"), ({}, "article", "the eager attention core"),
+    ({"arch": "llama3-8b"}, "cpu", "grouped-query attention")])
+def test_unmodelled_offloading_is_refused_by_name(changes, backend, named):
     ledger = Ledger(**({"arch": LLAMA7B, "offload_activations": True, "overhead_bytes": 0} | changes))
     with pytest.raises(ValueError, match=named):
-        Step(ledger, "cpu")
+        Step(ledger, backend)
 
 
 def test_nothing_saved_is_refused():
