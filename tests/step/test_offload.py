@@ -4,8 +4,8 @@ The reference decoder with ``offload_activations`` runs each block under ``save_
 hooks (memledger/pytorch/offload.py: the host copies on the fake ``meta`` device, since the model runs on the
 CPU); MemTracker counts each device apart. Every landmark on the GPU and on the host, each phase's peak, the
 peak and each block's forward and backward peak equal MemTracker's to the byte, with no and with full
-recomputation (then only the checkpoints are offloaded). The LLaMA-2 7B shapes run in the slow suite (about a
-minute each); one small shape runs in the fast loop.
+recomputation (then only the checkpoints are offloaded). The LLaMA-2 7B shapes run in the slow suite (one to two
+minutes each); two small shapes run in the fast loop.
 """
 import pytest
 
