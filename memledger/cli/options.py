@@ -85,6 +85,8 @@ def ledger_options(parser, overhead: str = DEFAULT_OVERHEAD, scope: bool = True)
         str(Ledger.loss_chunks))
     add(run, "--loss-impl", "torchtune (each chunk upcast to FP32) or litgpt (LitGPT's chunked_cross_entropy, no "
         "upcast); liger and cce are refused by name", Ledger.loss_impl)
+    add(run, "--offload-activations", "the blocks' saved tensors as pinned host copies (save_on_cpu; memledger "
+        "step --backend cpu)", switch=True)
     if scope:
         add(run, "--scope", "model (the blocks and what lies outside them) or layers (the blocks only, as the "
             "article books them)", Ledger.scope)
@@ -247,8 +249,8 @@ def build_ledger(a) -> Ledger:
     if arch is None and a.params is None:
         raise ValueError("give a model: --preset NAME, --config FILE, --params N, or --hidden D --layers L --heads H")
     if arch is None:
-        needs = [flag(d) for d in ("batch", "seq", "recompute", "flash_attention", "no_dropout", "sp", "scope")
-                 if d in a.given]
+        needs = [flag(d) for d in ("batch", "seq", "recompute", "flash_attention", "no_dropout", "sp", "scope",
+                                   "offload_activations") if d in a.given]
         if needs:
             raise ValueError(f"{', '.join(needs)} need an architecture (activations); --params alone gives "
                              "model states only")
@@ -268,7 +270,8 @@ def build_ledger(a) -> Ledger:
         offload_placement=a.offload_placement, overhead_bytes=parse_bytes(a.overhead, "overhead"),
         dropout=False if a.no_dropout else None, flash_attention=a.flash_attention,
         scope=getattr(a, "scope", Ledger.scope), loss_chunks=parse_count(a.loss_chunks, "loss_chunks"),
-        loss_impl=a.loss_impl, **framework_fields(a))
+        loss_impl=a.loss_impl, offload_activations=bool(getattr(a, "offload_activations", False)),
+        **framework_fields(a))
 
 
 def gpu_bytes(text: str) -> int:

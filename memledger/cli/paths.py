@@ -43,6 +43,7 @@ WHY = {
     "loss_impl": "the loss's implementation changes the step's peak (memledger step), not the sums this path prints",
     "measure": "without an architecture there is no step to judge, only the sum of the model states",
     "offload_placement": "it places offloaded optimizer states, and --offload-optimizer is none",
+    "offload_activations": "it books the activations on the GPU; memledger step --backend cpu models them offloaded",
 }
 
 

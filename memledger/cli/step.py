@@ -37,7 +37,8 @@ def step(a) -> str:
     ledger = build_ledger(a)
     if any(d in a.given for d in LORA):
         return lora_step(a, ledger)
-    reads = set(MODEL) | set(WORKLOAD) | set(FRAMEWORK) | set(LOSS) | {"units", "gpu_memory", "json", "backend", "foreach"}
+    reads = set(MODEL) | set(WORKLOAD) | set(FRAMEWORK) | set(LOSS) | {"units", "gpu_memory", "json", "backend",
+                                                                        "foreach", "offload_activations"}
     if ledger.offload_optimizer == "none":
         reads.discard("offload_placement")
     refuse_unread(a, reads, "memledger step")

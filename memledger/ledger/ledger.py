@@ -30,7 +30,8 @@ from .transfer import Traffic, step_traffic
 from ..step.structure import check_loss_impl
 from ..core.units import GB
 
-__all__ = ["DEFAULT_OVERHEAD", "FIELD_OF", "SCOPES", "Ledger", "RowSpec", "Structure", "row_specs", "sweep"]
+__all__ = ["DEFAULT_OVERHEAD", "FIELD_OF", "SCOPES", "Ledger", "RowSpec", "Structure", "activation_dtype", "row_specs",
+           "sweep"]
 
 DEFAULT_OVERHEAD = 2 * GB
 #: Symbol names of :mod:`memledger.core.symbols`, and the Ledger field that gives each its value.
@@ -83,6 +84,15 @@ class Structure(NamedTuple):
 SCOPES = ("model", "layers")
 
 
+def activation_dtype(recipe) -> str:
+    """The dtype of the activations a recipe's model saves: its weights' (``"fp32"`` for FP32 training, which
+    saves 4-byte tensors: the step timeline's FP32 loop, measured by MemTracker), else the ledger's 16-bit
+    ``"bf16"``; FP8 recipes keep 16-bit activations around their FP8 matrix multiplies (Transformer Engine
+    under BF16 autocast), whatever their master weights."""
+    weights = next((c.dtype for c in recipe.components if c.role == "param"), "bf16")
+    return "fp32" if weights == "fp32" and not recipe.name.startswith("fp8") else "bf16"
+
+
 @lru_cache(maxsize=256)
 def row_specs(s: Structure) -> tuple:
     """Every :class:`RowSpec` of a structure: model states, activations, overhead."""
@@ -104,14 +114,16 @@ def row_specs(s: Structure) -> tuple:
                 specs.append(RowSpec("gathered parameters + gradients (largest layer)", Group.MODEL_STATES, Device.GPU,
                                      component_key(gathered, unit), 1, Role.GATHERED))
         f = s.arch.features
-        refinements = (f.gqa, f.head_dim, f.moe) if (f.gqa or f.head_dim or f.moe) else ()
+        dtype = activation_dtype(recipe)
+        refinements = (f.gqa, f.head_dim, f.moe) if (f.gqa or f.head_dim or f.moe or dtype == "fp32") else ()
         specs.append(RowSpec("activations", Group.ACTIVATIONS, Device.GPU,
                              ("activations", s.arch.mlp, s.arch.norm, s.dropout, s.flash_attention, s.recompute,
-                              s.tensor_parallel, s.sequence_parallel) + refinements))
+                              s.tensor_parallel, s.sequence_parallel) + refinements + (
+                                 (dtype,) if dtype == "fp32" else ())))
         if s.scope == "model" and s.arch.causal:
             attention = "flash" if s.flash_attention else "eager"
             specs += [RowSpec(name, Group.ACTIVATIONS, Device.GPU, formulas.outside_key(
-                s.arch.style, attention, name, s.tensor_parallel, s.sequence_parallel))
+                s.arch.style, attention, name, s.tensor_parallel, s.sequence_parallel, dtype))
                 for name in formulas.outside_names(s.arch.style, attention)]
     specs += framework_specs(s, recipe)
     specs.append(RowSpec("CUDA context + workspace", Group.OVERHEAD, Device.GPU, ("symbol", "O")))
@@ -137,6 +149,9 @@ class Ledger:
     cross-entropy (:mod:`memledger.step.loss`), modelled by the step's peak; the sum
     books the tensors the unchunked loss keeps. ``loss_impl``: ``"torchtune"`` (FP32 upcast per
     chunk) or ``"litgpt"`` (LitGPT's ``chunked_cross_entropy``: no upcast, S a multiple of the chunks).
+    ``offload_activations``: the blocks' saved tensors as pinned host
+    copies (``save_on_cpu``), read by the step timeline (:meth:`step` with ``backend="cpu"``,
+    :mod:`memledger.step.offload`); the sum of :attr:`rows` still books the activations on the GPU.
     """
     arch: Union[Architecture, str, None] = None
     n_params: Optional[int] = None
@@ -172,6 +187,7 @@ class Ledger:
     fsdp_reduce_dtype: Optional[str] = "fp32"
     reshard_after_forward: Optional[bool] = True
     dp_replicate: int = 1
+    offload_activations: bool = False
 
     def __post_init__(self):
         arch = get_preset(self.arch) if isinstance(self.arch, str) else self.arch
@@ -204,6 +220,10 @@ class Ledger:
         check_loss_impl(self.loss_impl, self.loss_chunks, self.seq_len)
         if (self.loss_chunks > 1 or self.loss_impl != "torchtune") and arch is None:
             raise ValueError("loss_chunks needs an architecture: the chunked loss splits the LM head's logits")
+        check_flag("offload_activations", self.offload_activations)
+        if self.offload_activations and arch is None:
+            raise ValueError("offload_activations: nothing is saved for backward without an architecture (model "
+                             "states only); give a preset or --hidden/--layers/--heads")
         if self.sequence_parallel and self.tp == 1:
             raise ValueError("sequence_parallel needs tensor parallelism: tp must be > 1")
         if arch is not None:

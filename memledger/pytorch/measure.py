@@ -155,7 +155,8 @@ def memtracker_step(c: RefConfig, loop: str, batch: int, seq: int, foreach: bool
     The optimizer state is created first (zero gradients, one ``opt.step()``),
     so the tracked step is a second step. Returns {"before forward": int, ...,
     "after step": int, "peak": int, "phase peaks": {"forward": int,
-    "backward": int, "optimizer": int}} in CPU bytes, and with ``trace`` the
+    "backward": int, "optimizer": int}, "host": {landmark: int}} in CPU bytes (the host: the ``meta`` device's,
+    where :mod:`memledger.pytorch.offload` puts offloaded activations), and with ``trace`` the
     list of (total, in backward, in optimizer, modules, op) after every op. ``lora``: a
     :class:`memledger.pytorch.lora.LoraRef` (the frozen decoder with adapters). The
     phase peaks reset MemTracker's ``_peak_mem`` at each landmark. With ``blocks``, "block peaks":
@@ -163,7 +164,8 @@ def memtracker_step(c: RefConfig, loop: str, batch: int, seq: int, foreach: bool
     """
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    cpu = torch.device("cpu")
+    cpu, meta = torch.device("cpu"), torch.device("meta")
+    host = {}
     with FakeTensorMode():
         if lora is None:
             model = make_model(c, loop)
@@ -181,7 +183,9 @@ def memtracker_step(c: RefConfig, loop: str, batch: int, seq: int, foreach: bool
         phases = {"after forward": "forward", "after backward": "backward", "after step": "optimizer"}
 
         def landmark(name):
-            total = tracker.get_tracker_snapshot("current")[cpu]["Total"]
+            snapshot = tracker.get_tracker_snapshot("current")
+            total = snapshot[cpu]["Total"]
+            host[name] = snapshot.get(meta, {"Total": 0})["Total"]
             if name in phases:
                 phase_peaks[phases[name]] = max(tracker._peak_mem[cpu], total)
             result[name] = tracker._peak_mem[cpu] = total
@@ -191,6 +195,7 @@ def memtracker_step(c: RefConfig, loop: str, batch: int, seq: int, foreach: bool
         with tracker:
             trainer.step(ids, targets, landmark)
         result["peak"] = max(phase_peaks.values())
+        result["host"] = host
         result["phase peaks"] = phase_peaks
         if trace:
             result["trace"] = tracker.trace

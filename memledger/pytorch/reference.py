@@ -41,6 +41,7 @@ Loops (:data:`LOOPS`): ``fp32-adamw``, ``bf16-pure-adamw`` and ``bf16-adamw``
 :mod:`memledger.pytorch.measure`. PyTorch is imported here only: ``import
 memledger`` works without it.
 """
+from contextlib import nullcontext
 from dataclasses import dataclass
 import math
 
@@ -48,6 +49,8 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
+
+from .offload import OffloadSaved
 
 __all__ = ["LANDMARKS", "LOOPS", "LOSS_IMPLS", "Block", "Decoder", "FusedRMSNorm", "RefConfig", "Trainer", "make_model"]
 
@@ -84,6 +87,9 @@ class RefConfig:
     instead, on the logits as the model returns them (BF16: no upcast), the head applied per chunk of S/n
     tokens (``split``; S a multiple of n), one ``reduction="none"`` cross-entropy per chunk, concatenated,
     summed, divided by the counted tokens.
+    ``offload_activations``: each block runs under ``save_on_cpu(pin_memory=True)``'s
+    hooks (:class:`memledger.pytorch.offload.OffloadSaved`, FSDP's ``offload_wrapper``): its saved tensors
+    are host copies, copied back node by node in backward; under full recomputation the checkpoint's input.
     """
     d: int
     L: int
@@ -103,6 +109,7 @@ class RefConfig:
     tp: int = 1
     loss_chunks: int = 1
     loss_impl: str = "torchtune"
+    offload_activations: bool = False
 
     def __post_init__(self):
         if self.attention not in (None, "eager", "sdpa"):
@@ -245,10 +252,11 @@ class Decoder(nn.Module):
             mask = torch.ones(S, S, dtype=torch.bool, device=ids.device).triu(1)   # built once, shared
         x = self.embed(ids)
         for block in self.blocks:
-            if self.c.recompute == "full":
-                x = checkpoint(block, x, mask, use_reentrant=False)
-            else:
-                x = block(x, mask)
+            with OffloadSaved() if self.c.offload_activations else nullcontext():
+                if self.c.recompute == "full":
+                    x = checkpoint(block, x, mask, use_reentrant=False)
+                else:
+                    x = block(x, mask)
         h = self.norm(x)
         n = self.c.loss_chunks
         if n > 1 and self.c.loss_impl == "litgpt":     # litgpt/model.py GPT.forward: x.split(lm_head_chunk_size)

@@ -19,7 +19,7 @@ from ..core.exact import evaluate_expr, exact_function, integer_function, is_int
 from ..core.symbols import L, N_d, O, P, t
 from ..states.placement import ZERO_SHARDS, device_of, state_specs
 from ..states.recipes import RECIPES
-from . import ddp, fsdp2, loss, outer, tensor
+from . import ddp, fsdp2, loss, offload, outer, tensor
 from .block import block_backward, block_forward
 from .ops import BSd, Placement, Program, Tensor, block_params, residual_names
 from .outer import Param
@@ -93,8 +93,13 @@ class Built:
             tensors["layer input"] = Tensor("layer input", tensors[x].expr if x in tensors else 0, Kind.ACTIVATION,
                                             Lifetime.SAVED, why="the checkpoint")
         fwd, bwd = p.fork(), p.fork()
-        block_forward(fwd, c)
-        block_backward(bwd, c, share)
+        if s.offload_activations:        # the saved tensors as pinned host copies (memledger.step.offload)
+            offload.define_host(tensors, c, s.recompute == "full")
+            offload.offloaded_forward(fwd, c, block_forward)
+            offload.offloaded_backward(bwd, c, block_backward, share)
+        else:
+            block_forward(fwd, c)
+            block_backward(bwd, c, share)
         if s.tensor_parallel:       # DTensor's collectives, and the gradients it leaves whole
             tensor.collectives(fwd, bwd, tensors, c, s.sequence_parallel)
             tensor.whole_gradients(tensors, c.grad_dtype, c.is_tied)
@@ -117,7 +122,11 @@ class Built:
         saved = sum((tensors[r.name].expr for r in layer_rows), sp.Integer(0)) if s.recompute != "full" \
             else tensors["layer input"].expr
         grads = sum((tensors[f"grad {n}"].expr for n, _ in block_params(c)), sp.Integer(0))
-        tensors[SAVED_LUMP] = Tensor(SAVED_LUMP, (L - 4) * saved, Kind.ACTIVATION, Lifetime.SAVED)
+        if s.offload_activations:
+            tensors[SAVED_LUMP] = Tensor(SAVED_LUMP, (L - 4) * tensors[offload.HOST].expr, Kind.ACTIVATION,
+                                         Lifetime.SAVED, Device.CPU)
+        else:
+            tensors[SAVED_LUMP] = Tensor(SAVED_LUMP, (L - 4) * saved, Kind.ACTIVATION, Lifetime.SAVED)
         tensors[GRADIENT_LUMP] = Tensor(GRADIENT_LUMP, (L - 4) * grads, Kind.GRAD, Lifetime.GRADIENT,
                                         placement.gradients)
         if self.fsdp:
@@ -289,6 +298,10 @@ class Built:
             row(self.fsdp.name("unsharded parameters", "block") + ", units not resharded", Kind.PARAM,
                 Lifetime.SAVED, Device.GPU, kept, {"after forward"})
         blocks = ["layer input"] if self.structure.recompute == "full" else [r.name for r in self.layer_rows]
+        if self.structure.offload_activations:
+            blocks = []
+            for name, expr in offload.host_rows(self.tensors, self.shape, self.structure.recompute == "full"):
+                row(f"L x {name}", Kind.ACTIVATION, Lifetime.SAVED, Device.CPU, L * expr, {"after forward"})
         for name in blocks:
             row("L x layer input (checkpoint)" if name == "layer input" else f"L x {name}", Kind.ACTIVATION,
                 Lifetime.SAVED, Device.GPU, L * self.tensors[name].expr, {"after forward"})

@@ -12,8 +12,7 @@ from ..models.features import Features
 from ..states.recipes import RECIPES
 
 __all__ = ["LOSS_IMPLS", "MAX_LOSS_CHUNKS", "MODELLED_RECIPES", "REFUSED_LOSSES", "Shape", "StepStructure", "block_of",
-           "check_loss_chunks", "check_loss_impl",
-           "check_recipe", "step_values", "unmodelled"]
+           "check_loss_chunks", "check_loss_impl", "check_offload", "check_recipe", "step_values", "unmodelled"]
 
 #: The recipes whose optimizer step the timeline models op by op: ``torch.optim.AdamW`` with one gradient
 #: buffer and full-precision moments, with or without FP32 master weights (docs/step.md; checked against
@@ -100,6 +99,7 @@ class StepStructure:
     framework: str = "plain"    # issue 15: "ddp" adds its gradient buckets (memledger.step.ddp)
     bucket_view: bool = False   # DDP's gradient_as_bucket_view
     fsdp: object = None     # framework fsdp2: (param dtype, reduce dtype, original dtype, reshard after forward, HSDP)
+    offload_activations: bool = False   # the blocks' saved tensors as pinned host copies (memledger.step.offload)
 
     @classmethod
     def of(cls, ledger, conv):
@@ -141,9 +141,13 @@ class StepStructure:
         if ledger.tp > 1 and (ledger.loss_chunks > 1 or ledger.loss_impl != "torchtune"):
             raise ValueError("the step timeline runs a chunked loss on one rank's whole vocabulary; under tensor "
                              "parallelism (tp > 1) it runs DTensor's loss_parallel: give loss_chunks 1 or tp 1")
+        offloaded = getattr(ledger, "offload_activations", False)
+        if offloaded:
+            check_offload(shape, ledger.recompute, ledger.zero_stage, ledger.tp > 1, ledger.framework)
         return cls(shape, ledger.recipe, ledger.zero_stage, ledger.offload_optimizer, ledger.offload_params,
                    ledger.offload_placement, ledger.recompute, ledger.tp > 1, ledger.sequence_parallel, conv,
-                   arch.n_layers if arch.n_layers <= 4 else None, True, *_framework(ledger), fsdp=fsdp)
+                   arch.n_layers if arch.n_layers <= 4 else None, True, *_framework(ledger), fsdp=fsdp,
+                   offload_activations=offloaded)
 
 
 def _framework(ledger) -> tuple:
@@ -192,6 +196,23 @@ def check_loss_impl(impl: str, chunks: int, seq_len: int) -> None:
     if impl == "litgpt" and seq_len % chunks:
         raise ValueError(f"loss_impl 'litgpt' splits the sequence by a chunk size: seq_len ({seq_len}) must be a "
                          f"multiple of loss_chunks ({chunks})")
+
+
+def check_offload(c: Shape, recompute: str, zero_stage: int, tensor_parallel: bool,
+                  framework: str = "plain") -> None:
+    """``ValueError`` naming what of the setup activation offloading (:mod:`memledger.step.offload`) is not
+    modelled for."""
+    lacks = [what for what, off in [
+        ("GPT blocks", c.gpt), ("the eager attention core (the article backend's; use --backend cpu)",
+                                not c.gpt and c.attention != "flash"),
+        ("a fused RMSNorm kernel (use --backend cpu)", not c.gpt and not c.composite),
+        ("grouped-query attention", c.gqa),
+        ("QKV biases", bool(c.qkv_bias)), ("dropout", c.dropout), ("a head size other than d/H", c.head_dim),
+        ("selective recomputation", recompute == "selective"), ("ZeRO-3", zero_stage == 3),
+        ("tensor parallelism", tensor_parallel), (f"framework {framework}", framework != "plain")] if off]
+    if lacks:
+        raise ValueError(f"offload_activations is modelled for the reference decoder's LLaMA block under the CPU "
+                         f"backend, no or full recomputation; not for {', '.join(lacks)}")
 
 
 def unmodelled(f: Features) -> str:
