@@ -25,6 +25,7 @@ from ..core.choices import RECOMPUTE, check_choice, check_count, check_flag, loo
 from ..models.features import Features
 from ..states.placement import OFFLOAD_DEVICES, PLACEMENTS, ZERO_STAGES, check_state_options, component_key, state_specs
 from ..states.recipes import ALL_RECIPES, DEFAULT_RECIPE
+from .in_backward import check_in_backward
 from .transfer import Traffic, step_traffic
 from ..core.units import GB
 
@@ -139,6 +140,7 @@ class Ledger:
     dropout: Optional[bool] = None
     flash_attention: bool = False
     scope: str = "model"
+    optimizer_in_backward: bool = False     # torchtune's optimizer_in_bwd: the step's peak honours it
 
     def __post_init__(self):
         arch = get_preset(self.arch) if isinstance(self.arch, str) else self.arch
@@ -170,6 +172,8 @@ class Ledger:
             arch.check_tensor_parallel(self.tp)
         if self.dropout is None:
             object.__setattr__(self, "dropout", arch.dropout if arch is not None else False)
+        if self.optimizer_in_backward:
+            check_in_backward(self, recipe)
         _ = self.rows         # every row a whole number of bytes, or a ValueError naming the one that is not
 
     @property

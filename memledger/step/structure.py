@@ -9,29 +9,37 @@ projection instead of being copied for the batched matmul.
 from dataclasses import dataclass
 
 from ..models.features import Features
-from ..states.recipes import RECIPES
+from ..states.recipes import ALL_RECIPES as RECIPES
 
-__all__ = ["MODELLED_RECIPES", "Shape", "StepStructure", "block_of", "check_recipe", "step_values", "unmodelled"]
+__all__ = ["MODELLED_RECIPES", "OPTIMIZER_OF", "Shape", "StepStructure", "block_of", "check_implementation",
+           "check_recipe", "step_values", "unmodelled"]
 
-#: The recipes whose optimizer step the timeline models op by op: ``torch.optim.AdamW`` with one gradient
-#: buffer and full-precision moments, with or without FP32 master weights (docs/step.md; checked against
-#: PyTorch's MemTracker for the first, fourth and fifth).
-MODELLED_RECIPES = ("bf16-adamw", "bf16-adamw-fp32-grads", "fp32-adamw", "bf16-pure-adamw")
+#: The optimizer each recipe the timeline models runs (``torch.optim.AdamW``, ``SGD`` with ``momentum`` 0 or not,
+#: ``Adafactor``; :mod:`memledger.step.optim`), with one gradient buffer, with or without FP32 master weights
+#: (docs/step.md; checked against PyTorch's MemTracker, tests/step/test_optim.py).
+OPTIMIZER_OF = {"bf16-adamw": "adamw", "bf16-adamw-fp32-grads": "adamw", "fp32-adamw": "adamw",
+                "bf16-pure-adamw": "adamw", "bf16-sgd": "sgd", "fp32-sgd": "sgd", "bf16-sgd-momentum": "sgd-momentum",
+                "fp32-sgd-momentum": "sgd-momentum", "bf16-pure-sgd-momentum": "sgd-momentum",
+                "adafactor": "adafactor"}
+MODELLED_RECIPES = tuple(OPTIMIZER_OF)
+_CUDA_ONLY = "its kernels run on CUDA only (no reference run here), not modelled op by op"
 #: What the timeline lacks for each other recipe of the catalog (for its error message); others: "its optimizer".
 UNMODELLED_RECIPES = {
     "bf16-adamw-fp32-accum": "FP32 gradient accumulation, a second gradient buffer",
-    "bf16-sgd-momentum": "SGD with momentum", "fp32-sgd-momentum": "SGD with momentum",
-    "bf16-sgd": "SGD", "fp32-sgd": "SGD",
-    "bf16-adam-8bit": "8-bit Adam", "bf16-adam8bit-bnb": "8-bit block-wise Adam",
-    "bf16-adam8bit-bnb-nomaster": "8-bit block-wise Adam", "adafactor": "Adafactor's factored second moment",
-    "bf16-adafactor": "Adafactor's factored second moment",
+    "bf16-adam-8bit": "8-bit Adam: bitsandbytes' block-wise kernels; " + _CUDA_ONLY,
+    "bf16-adam8bit-bnb": "8-bit block-wise Adam: bitsandbytes' kernels; " + _CUDA_ONLY,
+    "bf16-adam8bit-bnb-nomaster": "8-bit block-wise Adam: bitsandbytes' kernels; " + _CUDA_ONLY,
+    "bf16-adamw32-bnb": "bitsandbytes' 32-bit (paged) AdamW; " + _CUDA_ONLY,
+    "bf16-adafactor": "transformers' Adafactor: FP32 states and FP32 copies of each BF16 gradient and parameter "
+                      "inside step(); the step models torch.optim.Adafactor, whose states take the gradient's dtype",
 }
 
 
 def check_recipe(name: str) -> None:
     """``ValueError`` naming what the timeline lacks, unless it models recipe ``name``'s optimizer step."""
     if name not in MODELLED_RECIPES:
-        why = UNMODELLED_RECIPES.get(name, "FP8 training" if name.startswith("fp8") else "its optimizer")
+        why = UNMODELLED_RECIPES.get(name, "FP8 GEMMs: Transformer Engine or FP8 kernels, which need an FP8 GPU; not "
+                                           "modelled op by op" if name.startswith("fp8") else "its optimizer")
         raise ValueError(f"the step timeline does not model recipe {name} ({why}) yet; it models "
                          f"{', '.join(MODELLED_RECIPES)}")
 
@@ -92,6 +100,7 @@ class StepStructure:
     conventions: object
     layers: object          # L when L <= 4, else None (any larger L gives the same program)
     prefetch: bool = True
+    in_backward: bool = False   # torchtune's optimizer in backward (memledger.step.optim.in_backward)
 
     @classmethod
     def of(cls, ledger, conv):
@@ -123,9 +132,26 @@ class StepStructure:
                       ledger.batch_size == 1, grad, opts["mask_dtype"], opts["norm_stats"], gqa,
                       gqa and arch.kv_heads == 1, True if llama and f.has_qkv_bias else None,
                       True if llama and f.is_tied else None, ledger.recompute, f.head_dim)
+        check_implementation(ledger, conv)
         return cls(shape, ledger.recipe, ledger.zero_stage, ledger.offload_optimizer, ledger.offload_params,
                    ledger.offload_placement, ledger.recompute, ledger.tp > 1, ledger.sequence_parallel, conv,
-                   arch.n_layers if arch.n_layers <= 4 else None)
+                   arch.n_layers if arch.n_layers <= 4 else None,
+                   in_backward=getattr(ledger, "optimizer_in_backward", False))
+
+
+def check_implementation(ledger, conv) -> None:
+    """``ValueError`` where the optimizer has no such implementation: Adafactor has no fused kernel, and its
+    ``foreach=None`` default is the for-loop on every device (``torch/optim/_adafactor.py``), so the cuda
+    backend's foreach (AdamW's and SGD's default there) does not apply to it, and foreach asked elsewhere is
+    not modelled; Adafactor's factored moments need whole matrices (no ZeRO, no tensor parallelism)."""
+    if OPTIMIZER_OF[ledger.recipe] != "adafactor":
+        return
+    if getattr(conv, "fused", False):
+        raise ValueError("fused: torch.optim.Adafactor has no fused implementation")
+    if conv.foreach and conv.name != "cuda":
+        raise ValueError("foreach: Adafactor's foreach step is not modelled (its default is the for-loop)")
+    if ledger.zero_stage or ledger.tp > 1:
+        raise ValueError("the step models Adafactor's factored moments on whole matrices: no ZeRO, tp 1")
 
 
 def unmodelled(f: Features) -> str:

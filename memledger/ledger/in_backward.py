@@ -1,0 +1,29 @@
+"""What the optimizer stepped in backward (torchtune's ``optimizer_in_bwd``) can apply to.
+
+torchtune ``torchtune/training/memory.py`` ``register_optim_in_bwd_hooks`` gives every parameter its own
+optimizer, stepped in the parameter's post-accumulate-grad hook, then ``zero_grad()``: a gradient lives only
+from the backward op that writes it to its step (:func:`memledger.step.optim.in_backward`). So it steps the
+model's own parameters (no FP32 master copies a loop would convert gradients into), once per backward (no
+gradient accumulation over micro-batches: torchtune's recipes refuse ``gradient_accumulation_steps`` > 1 with
+it), on one device (memledger does not model it with ZeRO, tensor parallelism or offloading), for an
+optimizer the step models.
+"""
+from ..core.choices import check_flag
+
+__all__ = ["check_in_backward"]
+
+
+def check_in_backward(ledger, recipe) -> None:
+    """``ValueError`` naming what ``optimizer_in_backward`` cannot apply to in ``ledger``."""
+    from ..step.structure import OPTIMIZER_OF
+    check_flag("optimizer_in_backward", ledger.optimizer_in_backward)
+    if ledger.arch is None:
+        raise ValueError("optimizer_in_backward changes the step's peak: give an architecture")
+    if any(c.name == "FP32 master weights" for c in recipe.components):
+        raise ValueError(f"optimizer_in_backward steps the model's own parameters: recipe {recipe.name} keeps FP32 "
+                         "master weights (use a recipe without them, e.g. bf16-pure-adamw)")
+    if recipe.name not in OPTIMIZER_OF:
+        raise ValueError(f"optimizer_in_backward: the step does not model recipe {recipe.name}'s optimizer")
+    if ledger.zero_stage or ledger.tp > 1 or "cpu" in (ledger.offload_optimizer, ledger.offload_params) or \
+            "nvme" in (ledger.offload_optimizer, ledger.offload_params):
+        raise ValueError("optimizer_in_backward is modelled on one device: no ZeRO, tp 1, no offload")
