@@ -77,6 +77,8 @@ def ledger_options(parser, overhead: str = DEFAULT_OVERHEAD, scope: bool = True)
     add(run, "--offload-placement", f"{one_of(PLACEMENTS)}: article (grads stay on the GPU) or zero-offload "
         "(only BF16 params stay); needs --offload-optimizer", Ledger.offload_placement)
     add(run, "--overhead", "runtime overhead (CUDA context, workspace), e.g. 2GB or 1500000000", overhead)
+    add(run, "--optimizer-in-backward", "one optimizer per parameter, stepped in backward as its gradient is "
+        "ready (torchtune's optimizer_in_bwd); judged by the step's peak", switch=True)
     if scope:
         add(run, "--scope", "model (the blocks and what lies outside them) or layers (the blocks only, as the "
             "article books them)", Ledger.scope)
@@ -172,7 +174,7 @@ def build_ledger(a) -> Ledger:
         offload_optimizer=a.offload_optimizer, offload_params=a.offload_params,
         offload_placement=a.offload_placement, overhead_bytes=parse_bytes(a.overhead, "overhead"),
         dropout=False if a.no_dropout else None, flash_attention=a.flash_attention,
-        scope=getattr(a, "scope", Ledger.scope))
+        scope=getattr(a, "scope", Ledger.scope), optimizer_in_backward=bool(getattr(a, "optimizer_in_backward", False)))
 
 
 def gpu_bytes(text: str) -> int:

@@ -163,7 +163,7 @@ class Ledger:
         check_choice("offload_params", self.offload_params, OFFLOAD_DEVICES)
         check_choice("offload_placement", self.offload_placement, PLACEMENTS)
         check_state_options(self.zero_stage, self.offload_params)
-        for name in ("sequence_parallel", "flash_attention"):
+        for name in ("sequence_parallel", "flash_attention", "optimizer_in_backward"):
             check_flag(name, getattr(self, name))
         check_flag("dropout", self.dropout, allow_none=True)
         if self.sequence_parallel and self.tp == 1:

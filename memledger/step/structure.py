@@ -22,14 +22,14 @@ OPTIMIZER_OF = {"bf16-adamw": "adamw", "bf16-adamw-fp32-grads": "adamw", "fp32-a
                 "fp32-sgd-momentum": "sgd-momentum", "bf16-pure-sgd-momentum": "sgd-momentum",
                 "adafactor": "adafactor"}
 MODELLED_RECIPES = tuple(OPTIMIZER_OF)
-_CUDA_ONLY = "its kernels run on CUDA only (no reference run here), not modelled op by op"
+_CUDA_ONLY = "bitsandbytes' kernels run on CUDA only, so no reference run here: not modelled op by op"
 #: What the timeline lacks for each other recipe of the catalog (for its error message); others: "its optimizer".
 UNMODELLED_RECIPES = {
     "bf16-adamw-fp32-accum": "FP32 gradient accumulation, a second gradient buffer",
-    "bf16-adam-8bit": "8-bit Adam: bitsandbytes' block-wise kernels; " + _CUDA_ONLY,
-    "bf16-adam8bit-bnb": "8-bit block-wise Adam: bitsandbytes' kernels; " + _CUDA_ONLY,
-    "bf16-adam8bit-bnb-nomaster": "8-bit block-wise Adam: bitsandbytes' kernels; " + _CUDA_ONLY,
-    "bf16-adamw32-bnb": "bitsandbytes' 32-bit (paged) AdamW; " + _CUDA_ONLY,
+    "bf16-adam-8bit": "8-bit Adam; " + _CUDA_ONLY,
+    "bf16-adam8bit-bnb": "8-bit block-wise Adam; " + _CUDA_ONLY,
+    "bf16-adam8bit-bnb-nomaster": "8-bit block-wise Adam; " + _CUDA_ONLY,
+    "bf16-adamw32-bnb": "32-bit (paged) AdamW; " + _CUDA_ONLY,
     "bf16-adafactor": "transformers' Adafactor: FP32 states and FP32 copies of each BF16 gradient and parameter "
                       "inside step(); the step models torch.optim.Adafactor, whose states take the gradient's dtype",
 }
