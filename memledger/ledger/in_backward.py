@@ -1,12 +1,14 @@
 """What the optimizer stepped in backward (torchtune's ``optimizer_in_bwd``) can apply to.
 
-torchtune ``torchtune/training/memory.py`` ``register_optim_in_bwd_hooks`` gives every parameter its own
-optimizer, stepped in the parameter's post-accumulate-grad hook, then ``zero_grad()``: a gradient lives only
-from the backward op that writes it to its step (:func:`memledger.step.optim.in_backward`). So it steps the
-model's own parameters (no FP32 master copies a loop would convert gradients into), once per backward (no
-gradient accumulation over micro-batches: torchtune's recipes refuse ``gradient_accumulation_steps`` > 1 with
-it), on one device (memledger does not model it with ZeRO, tensor parallelism or offloading), for an
-optimizer the step models.
+pytorch/torchtune (bd2a0fc7c) ``torchtune/training/memory.py`` ``register_optim_in_bwd_hooks`` (lines 222-245)
+gives every parameter its own optimizer, stepped in the parameter's post-accumulate-grad hook, then
+``zero_grad()``: a gradient lives only from the backward op that writes it to its step
+(:func:`memledger.step.optim.in_backward`). So it steps the model's own parameters (no FP32 master copies a
+loop would convert gradients into), once per backward (no gradient accumulation:
+``recipes/full_finetune_single_device.py`` lines 157-160 raise "Gradient accumulation is not supported with
+optimizer_in_bwd: True"; the Ledger has no accumulation field, and pipeline micro-batches are refused by
+the command line), on one device (memledger does not model it with ZeRO, tensor parallelism or offloading),
+for an optimizer the step models.
 """
 from ..core.choices import check_flag
 

@@ -121,7 +121,9 @@ class Ledger:
     ``arch``: an :class:`Architecture` or a preset name; without one, give
     ``n_params`` and get model states only. ``n_params`` with ``arch`` overrides
     the architecture's count. ``dropout=None`` follows the architecture
-    (GPT-style yes, LLaMA-style no).
+    (GPT-style yes, LLaMA-style no). ``optimizer_in_backward``: torchtune's optimizer stepped in backward
+    (:mod:`memledger.ledger.in_backward`): the step's peak (:attr:`peak`, :meth:`step`) honours it; the rows,
+    the sum at the end of the forward pass, do not change.
     """
     arch: Union[Architecture, str, None] = None
     n_params: Optional[int] = None

@@ -7,10 +7,12 @@ and the optimizer stepped in backward (torchtune's ``optimizer_in_bwd``).
 * Implementations: for-loop (``foreach=False``), ``foreach=True`` and ``fused=True`` (AdamW and SGD;
   Adafactor has no fused kernel, and its ``foreach=None`` default is the for-loop on every device).
 * :func:`in_backward_hooks`: one optimizer per parameter, stepped in the parameter's
-  ``register_post_accumulate_grad_hook`` and its gradient then set to None: torchtune
-  ``torchtune/training/memory.py`` ``register_optim_in_bwd_hooks`` (``optim_dict[param].step();
-  optim_dict[param].zero_grad()``), as its recipes build ``optim_dict = {p: config.instantiate(cfg_optimizer,
-  [p]) for p in model.parameters()}`` (``recipes/full_finetune_single_device.py``).
+  ``register_post_accumulate_grad_hook`` and its gradient then set to None: pytorch/torchtune (bd2a0fc7c)
+  ``torchtune/training/memory.py`` ``register_optim_in_bwd_hooks`` (lines 222-245: ``optim_dict[param].step();
+  optim_dict[param].zero_grad()``, the hook registered on every parameter that requires a gradient), its
+  ``optim_dict`` one optimizer per parameter (``p: config.instantiate(cfg_optimizer, [p])``, the docstring of
+  ``OptimizerInBackwardWrapper``, lines 72 and 82; ``create_optim_in_bwd_wrapper``, line 200, only wraps it
+  for checkpoints).
 * :class:`ScalarsAnswered`: Adafactor reads scalars off tensors (``step_t.item()``, ``param.norm(2).item()``),
   which fake tensors cannot give; this dispatch mode answers ``aten._local_scalar_dense`` with 1.0 so that
   the step runs under ``FakeTensorMode``. The scalars decide values, never what is allocated.

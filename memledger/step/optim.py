@@ -17,7 +17,8 @@ the fused kernels, SGD, Adafactor, and torchtune's optimizer stepped in backward
   assigned (``var_estimate`` until ``update``, the same tensor, is: after ``row_var.mean``), all in the
   gradient's dtype. Its state: ``row_var``, ``col_var`` (matrices), ``variance`` (vectors)
   in the gradient's dtype (``p.grad.new_zeros``), one ``step`` per tensor on the host.
-* Optimizer in backward (torchtune ``torchtune/training/memory.py`` ``register_optim_in_bwd_hooks``): one
+* Optimizer in backward (pytorch/torchtune bd2a0fc7c, ``torchtune/training/memory.py`` lines 222-245,
+  ``register_optim_in_bwd_hooks``): one
   optimizer per parameter, stepped in the parameter's post-accumulate-grad hook, then its gradient set to None:
   each gradient is stepped and freed as soon as backward writes it (:func:`in_backward`), so no gradient
   outlives its op and the optimizer phase does nothing.
