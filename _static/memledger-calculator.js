@@ -173,6 +173,16 @@
       note: reason || data.step.notes.sum});
   }
 
+  /* The verdict sentence (memledger.answers.verdict.sentence, standing and assess): {standing, assessment, text}. */
+  function sentence(data, judged, gpu, clauseText) {
+    var room = gpu - judged, margin = BigInt(data.step.margin);
+    var standing = room < 0n ? "over" : room < margin ? "tight" : "fits";
+    var assessment = fill(data.step.assessments[standing], {
+      over: size(-room, data), room: size(room, data), margin: size(margin, data)});
+    return {standing: standing, assessment: assessment, text: fill(data.step.sentence, {
+      assessment: assessment, judged: size(judged, data), gpu: size(gpu, data), clause: clauseText})};
+  }
+
   /* shlex.quote */
   function shellQuote(text) {
     if (text === "") return "''";
@@ -307,12 +317,12 @@
     if (step === undefined && !reason) {
       verdict.appendChild(element("i", "judging " + data.step.measures.peak + " ..."));
     } else {
-      var judged = judge(data, setup, result.totals, step), fits = judged.bytes <= gpu;
+      var judged = judge(data, setup, result.totals, step), said = sentence(data, judged.bytes, gpu,
+                                                                           clause(data, judged, result.totals, step, reason));
       verdict.setAttribute("data-measure", judged.key);
       verdict.setAttribute("data-judged-bytes", judged.bytes.toString());
-      verdict.appendChild(element("b", fits ? "fits" : "does not fit", fits ? "fits" : "does-not-fit"));
-      verdict.appendChild(document.createTextNode(": " + size(judged.bytes, data) + " per GPU against " +
-                                                  size(gpu, data) + clause(data, judged, result.totals, step, reason)));
+      verdict.appendChild(element("b", said.assessment, said.standing === "fits" ? "fits" : "does-not-fit"));
+      verdict.appendChild(document.createTextNode(said.text.slice(said.assessment.length)));
     }
     out.appendChild(verdict);
     if (step) {
@@ -449,7 +459,8 @@
   if (typeof module === "object" && module.exports) {
     module.exports = {ml: ml, ledger: ledger, parseCount: parseCount, formatInt: formatInt, formatUnit: formatUnit,
                       pyRepr: pyRepr, structureKey: structureKey, recordSource: recordSource,
-                      evaluateStep: evaluateStep, judge: judge, cliCommand: cliCommand};
+                      evaluateStep: evaluateStep, judge: judge, cliCommand: cliCommand, clause: clause,
+                      sentence: sentence};
   } else {
     var begin = function () {
       Array.prototype.forEach.call(document.querySelectorAll(".memledger-calculator"), start);

@@ -90,10 +90,14 @@ def bubble_fraction(p, m, v=1):
 
 
 def embedding_rows(features="gpt", dropout=True) -> list:
-    """Saved per micro-batch by the input embedding (first stage)."""
+    """Saved per micro-batch by the input embedding (first stage). The ids are replicated on every
+    tensor-parallel rank; under sequence parallelism Megatron-LM scatters the embedding's output to S/t
+    before its dropout (``scatter_to_sequence_parallel_region`` in ``LanguageModelEmbedding.forward``,
+    megatron/core/models/common/embeddings/language_model_embedding.py), so the mask is split
+    (:meth:`~memledger.activations.inventory.Saved.rank_bytes`)."""
     f = Features.of(features)
     rows = [Saved("input token ids", "the embedding's backward scatters into the rows these ids name",
-                  (B, S), "int64", block="embedding")]
+                  (B, S), "int64", block="embedding", replicated=True)]
     if f.embedding_norm:
         rows.append(Saved("embedding LayerNorm input", "LayerNorm backward needs its input", (B, S, d),
                           block="embedding"))
@@ -161,7 +165,8 @@ def stage_activation_specs(layer_expr, n_layers, p, m, v=1, stage=0, features="g
               layers_in_flight(n_layers, p, m, v, stage) * layer_expr)]
     if stage == 0:
         n = microbatches_in_flight(p, m, v, 0)
-        specs += [(f"{r.name} x {n} micro-batches", n * r.bytes) for r in embedding_rows(features, dropout)]
+        specs += [(f"{r.name} x {n} micro-batches", n * r.rank_bytes(tp > 1, sequence_parallel).subs(t, tp))
+                  for r in embedding_rows(features, dropout)]
     if stage == p - 1:
         specs += [(r.name, r.rank_bytes(tp > 1, sequence_parallel).subs(t, tp)) for r in output_rows(features)]
     return specs

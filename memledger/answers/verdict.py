@@ -35,14 +35,12 @@ from typing import NamedTuple
 
 from ..core.units import GB, format_bytes
 
-__all__ = ["CHOICES", "MARGIN", "MEASURE", "Judgement", "assess", "describe", "judge", "leaves_margin", "uses_peak"]
-
 #: Bytes a fit must leave free on the GPU beside what it judges (about 1 GB); less is no fit.
 MARGIN = 1 * GB
 
-__all__ = ["CHOICES", "CLAUSES", "MEASURE", "SUM_CLAUSE", "SUM_NOTE", "UNMODELLED_NOTE", "Judgement", "describe",
-           "is_nominal",
-           "judge", "unmodelled", "uses_peak"]
+__all__ = ["ASSESSMENTS", "CHOICES", "CLAUSES", "MARGIN", "MEASURE", "SENTENCE", "SUM_CLAUSE", "SUM_NOTE",
+           "UNMODELLED_NOTE", "Judgement", "assess", "describe", "is_nominal", "judge", "leaves_margin", "sentence",
+           "standing", "unmodelled", "uses_peak"]
 
 #: Each measure a verdict can use, as prose prints it (``result["measure"]`` of :func:`memledger.fit`).
 MEASURE = {
@@ -141,12 +139,35 @@ def leaves_margin(judged_bytes: int, gpu_bytes: int, margin: int = MARGIN) -> bo
     return judged_bytes + margin <= gpu_bytes
 
 
+#: The verdict in words, by :func:`standing` (:func:`assess` fills it; the static calculator too): over the GPU,
+#: in it with less than the margin to spare (no fit), or in it with the margin to spare.
+ASSESSMENTS = {
+    "over": "does not fit: {over} over",
+    "tight": "no fit: {room} to spare, under the {margin} margin",
+    "fits": "fits, {room} to spare",
+}
+#: One verdict sentence, the same in ``memledger ledger``/``step``/``fit``, the explorer and the static calculator:
+#: the assessment, then the bytes judged against the GPU and the measure's clause (:data:`CLAUSES`).
+SENTENCE = "{assessment}; {judged} per GPU against {gpu}{clause}"
+
+
+def standing(judged_bytes: int, gpu_bytes: int, margin: int = MARGIN) -> str:
+    """The key of :data:`ASSESSMENTS`: ``"over"`` (more than the GPU), ``"tight"`` (less than ``margin`` left)
+    or ``"fits"``."""
+    room = gpu_bytes - judged_bytes
+    return "over" if room < 0 else "tight" if room < margin else "fits"
+
+
 def assess(judged_bytes: int, gpu_bytes: int, unit: str = "GB", margin: int = MARGIN) -> str:
     """The verdict in words: ``"fits, 3.20 GB to spare"``; ``"no fit: 0.05 GB to spare, under the 1.00 GB
     margin"``; ``"does not fit: 2.10 GB over"``."""
     room = gpu_bytes - judged_bytes
-    if room < 0:
-        return f"does not fit: {format_bytes(-room, unit)} over"
-    if room < margin:
-        return f"no fit: {format_bytes(room, unit)} to spare, under the {format_bytes(margin, unit)} margin"
-    return f"fits, {format_bytes(room, unit)} to spare"
+    return ASSESSMENTS[standing(judged_bytes, gpu_bytes, margin)].format(
+        over=format_bytes(-room, unit), room=format_bytes(room, unit), margin=format_bytes(margin, unit))
+
+
+def sentence(judged_bytes: int, gpu_bytes: int, clause: str, unit: str = "GB", margin: int = MARGIN) -> str:
+    """:data:`SENTENCE` for ``judged_bytes`` on a GPU of ``gpu_bytes``, ``clause`` after it (:func:`describe`):
+    ``"does not fit: 45.58 GB over; 125.48 GB per GPU against 79.90 GB, the peak of a training step (...)"``."""
+    return SENTENCE.format(assessment=assess(judged_bytes, gpu_bytes, unit, margin),
+                           judged=format_bytes(judged_bytes, unit), gpu=format_bytes(gpu_bytes, unit), clause=clause)

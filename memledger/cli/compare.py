@@ -12,7 +12,8 @@ from ..core.units import format_bytes, parse_count, shown
 from .options import add, build_ledger, check_units, flag, ledger_options, output_options
 from .paths import CONVENTION_INPUTS, LORA, MODEL, WORKLOAD, convention_reads, refuse_unread
 
-__all__ = ["add_options", "add_parser", "compare", "convention", "convention_inputs", "lora", "wants"]
+__all__ = ["add_options", "add_parser", "compare", "convention", "convention_inputs", "lora", "lora_config",
+           "lora_dropout", "lora_options", "wants"]
 
 
 def add_parser(sub, formatter):
@@ -38,13 +39,36 @@ def add_options(parser, compare: bool = False):
     add(conv, "--no-zero-init", "DeepSpeed ZeRO-3 without zero.Init", switch=True)
     if compare:
         return
+    lora_options(parser)
+
+
+def lora_options(parser):
+    """The LoRA / QLoRA options (``ledger`` and ``step``)."""
     lora = parser.add_argument_group("LoRA / QLoRA (frozen base, rank-r adapters)")
     add(lora, "--lora-rank", "adapter rank r (LoRA; default 16, QLoRA 64)")
-    add(lora, "--lora-targets", "comma-separated projections (default q_proj,v_proj; QLoRA: all)")
-    add(lora, "--qlora", "NF4 base, BF16 adapters, paged 8-bit AdamW (r 64)", switch=True)
-    add(lora, "--lora-dropout", "adapters with dropout on their input", switch=True)
-    add(lora, "--adapter-recipe", "the adapters' recipe (default fp32-adamw; QLoRA bf16-adam8bit-bnb-nomaster)")
+    add(lora, "--lora-targets", "comma-separated projections q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,"
+        "down_proj (default q_proj,v_proj; QLoRA: all)")
+    add(lora, "--qlora", "QLoRA as qlora.py trains it: NF4 base, r 64 on every projection, BF16 adapters under "
+        "paged_adamw_32bit, LoRA dropout", switch=True)
+    action = lora.add_argument("--lora-dropout", nargs="?", const="0.1", default=None,
+                               help="dropout p on each adapter's input (alone: 0.1, QLoRA's for 7B-13B; "
+                               "0: none; the bytes do not depend on p)")
+    action.fallback = None
+    add(lora, "--adapter-recipe", "the adapters' recipe (default fp32-adamw; QLoRA bf16-adamw32-bnb)")
     add(lora, "--no-double-quant", "QLoRA without double quantization", switch=True)
+
+
+def lora_dropout(text):
+    """``--lora-dropout [p]``: None (not given), or whether the adapters drop out (0 <= p < 1)."""
+    if text is None:
+        return None
+    try:
+        p = float(text)
+    except ValueError:
+        p = -1.0
+    if not 0 <= p < 1:
+        raise ValueError(f"--lora-dropout must be a probability in [0, 1), got {shown(text)!r}")
+    return p > 0
 
 
 def wants(a) -> str:
@@ -144,35 +168,58 @@ def lora_targets(text):
 
 
 #: What the LoRA ledger reads: the model, one GPU's workload without a recipe (the adapters have theirs).
-LORA_READS = set(MODEL) | {"batch", "seq", "recompute", "flash_attention", "overhead", "units", "json"} | set(LORA)
+LORA_READS = set(MODEL) | {"batch", "seq", "recompute", "flash_attention", "overhead", "units", "json",
+                           "gpu_memory", "measure"} | set(LORA)
 
 
-def lora(a, ledger) -> str:
-    """``ledger --lora-rank R`` / ``--qlora``: the LoRA or QLoRA ledger."""
-    from ..ledger.lora import LoraConfig, LoraLedger, qlora
-    refused = [d for d in a.given if d not in LORA_READS]
-    if refused:
-        flags = [flag(d) for d in refused]
-        raise ValueError(f"{', '.join(flags)} {'is' if len(flags) == 1 else 'are'} not modelled with LoRA (one GPU, "
-                         "the base's dropout, the blocks' activations only, no verdict; the adapters' recipe is "
-                         "--adapter-recipe)")
-    if ledger.arch is None:
-        raise ValueError("LoRA needs an architecture: --preset, --config or a shape")
-    refuse_unread(a, LORA_READS, "the LoRA ledger")
+def lora_config(a, arch, base: str = "bf16"):
+    """The :class:`memledger.ledger.lora.LoraConfig` the LoRA options give (``base``: the frozen base's dtype
+    without --qlora)."""
+    from ..ledger.lora import LoraConfig, qlora
     targets = lora_targets(a.lora_targets)
-    options = {"dropout": a.lora_dropout}
+    options = {}
+    dropout = lora_dropout(a.lora_dropout)
+    if dropout is not None:
+        options["dropout"] = dropout
     if a.adapter_recipe:
         options["adapter_recipe"] = a.adapter_recipe
     rank = parse_count(a.lora_rank, "lora_rank") if a.lora_rank else None
     if a.qlora:
-        config = qlora(rank or 64, targets, ledger.arch.style, double_quant=not a.no_double_quant, **options)
-    else:
-        if a.no_double_quant:
-            raise ValueError("--no-double-quant needs --qlora")
-        config = LoraConfig(rank or 16, targets or ("q_proj", "v_proj"), **options)
+        return qlora(rank or 64, targets, arch.style, double_quant=not a.no_double_quant, **options)
+    if a.no_double_quant:
+        raise ValueError("--no-double-quant needs --qlora")
+    return LoraConfig(rank or 16, targets or ("q_proj", "v_proj"), base=base, **options)
+
+
+def lora(a, ledger) -> str:
+    """``ledger --lora-rank R`` / ``--qlora``: the LoRA or QLoRA ledger."""
+    from ..ledger.lora import LoraLedger
+    refused = [d for d in a.given if d not in LORA_READS]
+    if refused:
+        flags = [flag(d) for d in refused]
+        raise ValueError(f"{', '.join(flags)} {'is' if len(flags) == 1 else 'are'} not modelled with LoRA (one GPU, "
+                         "the base's dropout, the blocks' activations only; the adapters' recipe is "
+                         "--adapter-recipe)")
+    if ledger.arch is None:
+        raise ValueError("LoRA needs an architecture: --preset, --config or a shape")
+    refuse_unread(a, LORA_READS, "the LoRA ledger")
+    config = lora_config(a, ledger.arch)
     result = LoraLedger(ledger.arch, config, ledger.batch_size, ledger.seq_len, ledger.recompute,
                         ledger.flash_attention, ledger.overhead_bytes)
+    from ..answers.verdict import CHOICES
+    from ..core.choices import check_choice
+    from .options import gpu_bytes
+    check_choice("measure", getattr(a, "measure", "auto"), CHOICES)
+    memory = gpu_bytes(a.gpu_memory)
+    peak = None if getattr(a, "measure", "auto") == "total" else result.peak     # total: no step evaluated
+    judged = result.totals["gpu"] if peak is None else peak
     if a.json:
         import json
-        return json.dumps(result.to_dict(), indent=2)
-    return result.table(a.units).text()
+        return json.dumps(result.to_dict() | {"peak": peak, "judged_bytes": judged, "gpu_memory": memory,
+                                              "measure": "total" if peak is None else "peak",
+                                              "fits": judged <= memory}, indent=2)
+    how = (f"the step's peak, {format_bytes(judged, a.units)} (memledger step --backend cuda with these options)"
+           if peak is not None else f"the sum, {format_bytes(judged, a.units)}" + (
+               "" if a.measure == "total" else " (the step does not model this run)"))
+    verdict = "fits" if judged <= memory else "does NOT fit"
+    return result.table(a.units).text() + f"\n\nJudged by {how}: {verdict} in {format_bytes(memory, a.units)}."

@@ -20,7 +20,8 @@ from ..states.recipes import ALL_RECIPES
 from . import compare as cli_compare, models as cli_models, step as cli_step
 from .options import add, build_ledger, fill_defaults, given_options, gpu_bytes, host_link, ledger_options, one_of
 from .options import output_options
-from .paths import IN_BACKWARD_WHY, MODEL, PIPELINE, WORKLOAD, in_backward_reads, refuse_unread
+from .paths import FRAMEWORK, IN_BACKWARD_WHY, MODEL, PIPELINE, WORKLOAD, in_backward_reads, refuse_unread
+from .verdict import judged_by, verdict_line
 
 __all__ = ["COMMANDS", "main"]
 
@@ -77,6 +78,7 @@ def _ledger(a):
     if path == "lora":
         return cli_compare.lora(a, ledger)
     reads = set(MODEL) | set(WORKLOAD) | {"units", "gpu_memory", "link", "json", "measure"} | set(PIPELINE)
+    reads |= set(FRAMEWORK) if a.pp is None else set()      # issue 15: pipeline stages book no framework's buffers
     where = "memledger ledger"
     if ledger.arch is None:
         reads -= {"measure"} | set(PIPELINE)
@@ -88,8 +90,9 @@ def _ledger(a):
         reads.discard("link")
     reads |= in_backward_reads(a)
     refuse_unread(a, reads, where, {"pp": "pipeline stages split the layers: give an architecture",
+                                    "framework": "pipeline stages book no framework's buffers",
                                     "link": "there is no offload transfer to time", **IN_BACKWARD_WHY})
-    from ..answers.verdict import CHOICES
+    from ..answers.verdict import CHOICES, MARGIN, leaves_margin
     from ..core.choices import check_choice
     check_choice("measure", a.measure, CHOICES)
     link = host_link(a.link)
@@ -101,15 +104,17 @@ def _ledger(a):
         if pipe is not None:
             data["pipeline"] = pipe
         data["gpu_memory"] = memory
-        judged = _judged(ledger, a.measure)
-        data["fits"] = judged.bytes <= memory
+        judged = judged_by(ledger, a.measure)
+        data["fits"] = leaves_margin(judged.bytes, memory)         # with the margin free (answers.verdict)
+        data["margin"] = MARGIN
         data["measure"] = judged.key
         data["judged_bytes"] = judged.bytes
         data["peak"] = None if a.measure == "total" else ledger.peak      # total: the step is not evaluated
         data["traffic"]["link"] = link
         data["traffic"]["pcie_seconds"] = float(traffic.pcie_seconds(link))
         return json.dumps(data, indent=2)
-    lines = [ledger.table(a.units).text(), "", _verdict(ledger, memory, a.measure, a.units)]
+    lines = [ledger.table(a.units).text(), "", verdict_line(ledger, memory, a.measure, a.units)]
+    lines += framework_lines(ledger, a.units)
     if traffic.pcie_bytes:
         lines.append(f"Per step over {link}: GPU->CPU {format_bytes(traffic.gpu_to_cpu, a.units)}, "
                      f"CPU->GPU {format_bytes(traffic.cpu_to_gpu, a.units)}: "
@@ -126,25 +131,14 @@ def _ledger(a):
     return "\n".join(lines)
 
 
-def _judged(ledger, measure: str):
-    """What the verdict compares with the GPU (:mod:`memledger.answers.verdict`); the sum without an architecture."""
-    from ..answers.verdict import judge, uses_peak
-    return judge(ledger, ledger.arch is not None and uses_peak(ledger, measure))
-
-
-def _verdict(ledger, memory: int, measure: str, units: str) -> str:
-    """The fits line, in the explorer's words: the step's peak where the timeline models the setup (``--measure
-    auto``), else the sum of the rows at the end of the forward pass, and the other one for comparison."""
-    from ..answers.verdict import describe
-    judged = _judged(ledger, measure)
-    head = (f"{'fits' if judged.bytes <= memory else 'does NOT fit'}: {format_bytes(judged.bytes, units)} per GPU "
-            f"against {format_bytes(memory, units)}")
-    if not ledger.arch:
-        return f"{head}, the model states (without an architecture no activations are booked)."
-    note = None
-    if measure == "total":              # the sum was asked for: the step is not evaluated
-        note = "as asked; a run fits or fails by its peak: --measure auto, or see memledger step"
-    return f"{head}{describe(ledger, judged, units, note)}."
+def framework_lines(ledger, unit: str) -> list:
+    """DeepSpeed's or Megatron-LM's buffers beyond the rows (transients, or rows already booked), from source."""
+    extra = [b for b in ledger.framework_buffers if b.live != "whole step" or b.booked]
+    if not extra:
+        return []
+    lines = ["", f"{ledger.framework} buffers read from its source, beside the sum (live when; row already booked):"]
+    return lines + [f"  {format_bytes(b.bytes, unit):>12}  {b.name} ({b.live}{'; = ' + b.booked if b.booked else ''})"
+                    for b in extra]
 
 
 def _presets(a):

@@ -6,7 +6,9 @@ each function takes the parsed arguments and returns the text to print.
 from ..core.units import format_bytes, parse_bytes, parse_count
 from .options import (DEFAULT_OVERHEAD, add, architecture_from_args, build_ledger, check_units, gpu_bytes,
                       ledger_options, model_options, output_options)
-from .paths import IN_BACKWARD_WHY, MODEL, WORKLOAD, in_backward_reads, refuse_unread
+from .paths import FRAMEWORK, IN_BACKWARD_WHY, MODEL, WORKLOAD, in_backward_reads, refuse_unread
+from .verdict import verdict_line
+from ..answers.verdict import MARGIN, assess, leaves_margin
 
 __all__ = ["add_parsers", "fit", "infer", "pipeline_section", "pipeline_text"]
 
@@ -47,7 +49,8 @@ def pipeline_section(a, ledger, memory):
     v = parse_count(a.interleave, "interleave") if a.interleave is not None else 1
     stages = stage_ledgers(ledger, p, m, v)
     for s in stages:
-        s["fits"] = s["totals"]["gpu"] <= memory
+        s["fits"] = leaves_margin(s["totals"]["gpu"], memory)      # with the margin free (answers.verdict)
+        s["assessment"] = assess(s["totals"]["gpu"], memory, a.units)
         s["rows"] = [r.to_dict() for r in s["rows"]]
     return {"schedule": schedule_summary(p, m, v), "stages": stages}
 
@@ -60,8 +63,8 @@ def pipeline_text(pipe, units):
     for s in pipe["stages"]:
         lines.append(f"stage {s['stage']} ({s['n_params']:,} parameters):")
         lines += [f"  {r['name']:<58} {r['device']:<4} {format_bytes(r['bytes'], units):>14}" for r in s["rows"]]
-        verdict = "fits" if s["fits"] else "does NOT fit"
-        lines.append(f"  {'total on the GPU':<58} {'gpu':<4} {format_bytes(s['totals']['gpu'], units):>14}  {verdict}")
+        lines.append(f"  {'total on the GPU':<58} {'gpu':<4} {format_bytes(s['totals']['gpu'], units):>14}  "
+                     f"{s['assessment']}")
     return "\n".join(lines)
 
 
@@ -79,7 +82,10 @@ def fit(a):
     if a.vary == "layers" and a.preset is None and a.config is None and (a.hidden or a.heads):
         a.layers = "1"                      # a shape's layer count is what the search sets
     ledger = build_ledger(a)
-    reads = set(MODEL) | set(WORKLOAD) | {"units", "gpu_memory", "json", "measure", "vary"}
+    if ledger.framework != "plain" and a.vary == "zero":        # issue 15: each framework has its own stages
+        raise ValueError(f"{where}: framework {ledger.framework} runs its own ZeRO stages; give --zero, or use "
+                         "--framework plain")
+    reads = set(MODEL) | set(WORKLOAD) | set(FRAMEWORK) | {"units", "gpu_memory", "json", "measure", "vary"}
     if ledger.arch is None:
         reads.discard("measure")
     if ledger.offload_optimizer == "none":
@@ -99,8 +105,9 @@ def fit(a):
     if result["answer"] is None:
         return f"Nothing fits in {format_bytes(result['gpu_memory'], a.units)}: {result['binding']}."
     kind = "smallest" if a.vary in ("dp", "zero") else "largest"
-    return (f"The {kind} {a.vary} that fits in {format_bytes(result['gpu_memory'], a.units)}: {result['answer']} "
-            f"({result['measure']}: {format_bytes(result['judged_at_answer'], a.units)} per GPU).\n"
+    return (f"The {kind} {a.vary} that fits in {format_bytes(result['gpu_memory'], a.units)} with "
+            f"{format_bytes(result['margin'], a.units)} free: {result['answer']}.\n"
+            f"There: {verdict_line(at, result['gpu_memory'], a.measure, a.units)}\n"
             f"Binding: {result['binding']}.")
 
 
@@ -118,10 +125,10 @@ def infer(a):
     if a.json:
         import json
         data = inference.to_dict()
-        data["gpu_memory"], data["fits"] = memory, inference.total <= memory
+        data["gpu_memory"], data["fits"] = memory, leaves_margin(inference.total, memory)
+        data["margin"] = MARGIN
         return json.dumps(data, indent=2)
     lines = [f"{name:<40} {format_bytes(b, a.units):>14}" for name, b in ((r.name, r.bytes) for r in inference.rows)]
-    verdict = "fits" if inference.total <= memory else "does NOT fit"
-    lines.append(f"{'total per GPU':<40} {format_bytes(inference.total, a.units):>14}  {verdict} in "
-                 f"{format_bytes(memory, a.units)}")
+    lines.append(f"{'total per GPU':<40} {format_bytes(inference.total, a.units):>14}  "
+                 f"{assess(inference.total, memory, a.units)} in {format_bytes(memory, a.units)}")
     return "\n".join(lines)

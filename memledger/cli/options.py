@@ -6,19 +6,21 @@ options were *given* (:func:`given_options`); each option's default is kept besi
 shown by ``--help``) and filled in afterwards (:func:`fill_defaults`). :mod:`memledger.cli.paths` then
 refuses, in one line, a given option the chosen path does not read.
 """
-from ..core.choices import RECOMPUTE, lookup
+from ..core.choices import FRAMEWORKS, RECOMPUTE, lookup
 from ..core.units import format_bytes, parse_bytes, parse_count, shown
 from ..ledger.hardware import GPU_MEMORY, HOST_LINKS, NVME_LINKS
 from ..ledger.ledger import Ledger
 from ..models.architecture import Architecture
 from ..models.hf_config import SUPPORTED
 from ..models.presets import get_preset, preset_names
+from ..states.frameworks import DEEPSPEED_DEFAULTS
 from ..states.placement import OFFLOAD_DEVICES, PLACEMENTS, ZERO_STAGES
 from ..states.recipes import ALL_RECIPES
 
-__all__ = ["UNITS", "UNITS_HELP", "add", "architecture_from_args", "build_ledger", "check_units", "fill_defaults",
-           "flag", "given_options", "gpu_bytes", "host_link", "ledger_options", "model_options", "one_of",
-           "output_options", "zero_stage"]
+__all__ = ["DEEPSPEED_COUNTS", "UNITS", "UNITS_HELP", "add", "architecture_from_args", "build_ledger", "check_units",
+           "fill_defaults",
+           "flag", "framework_fields", "framework_options", "given_options", "gpu_bytes", "host_link",
+           "ledger_options", "model_options", "one_of", "output_options", "parse_mib", "zero_stage"]
 
 UNITS = ("GB", "GiB", "MiB", "TiB")
 UNITS_HELP = "GB (10^9 bytes), GiB (2^30), MiB (2^20) or TiB (2^40)"
@@ -79,9 +81,68 @@ def ledger_options(parser, overhead: str = DEFAULT_OVERHEAD, scope: bool = True)
     add(run, "--overhead", "runtime overhead (CUDA context, workspace), e.g. 2GB or 1500000000", overhead)
     add(run, "--optimizer-in-backward", "one optimizer per parameter, stepped in backward as its gradient is "
         "ready (torchtune's optimizer_in_bwd); judged by the step's peak", switch=True)
+    framework_options(parser)
     if scope:
         add(run, "--scope", "model (the blocks and what lies outside them) or layers (the blocks only, as the "
             "article books them)", Ledger.scope)
+
+
+def framework_options(parser):
+    """``--framework`` and each framework's own options (:mod:`memledger.states.frameworks`)."""
+    fw = parser.add_argument_group("framework (issue 15)")
+    add(fw, "--framework", f"one of: {one_of(FRAMEWORKS)}; plain: memledger's own loop", Ledger.framework)
+    add(fw, "--ddp-bucket-mb", "DDP's bucket_cap_mb in MiB (needs --framework ddp; default: PyTorch's 25 MiB, "
+        "the first bucket 1 MiB)")
+    add(fw, "--gradient-as-bucket-view", "DDP's gradient_as_bucket_view=True: gradients are views into its "
+        "buckets (needs --framework ddp)", switch=True)
+    for name, what in DEEPSPEED_COUNTS.items():
+        add(fw, flag(name), f"DeepSpeed's {what} in elements (needs --framework deepspeed; default: "
+            f"{DEEPSPEED_DEFAULTS[what]:.0e})")
+    add(fw, "--deepspeed-no-contiguous-gradients", "DeepSpeed's contiguous_gradients=false (needs --framework "
+        "deepspeed)", switch=True)
+    add(fw, "--deepspeed-overlap-comm", "DeepSpeed's overlap_comm: on or off (needs --framework deepspeed; default: "
+        "on at stage 3 only)")
+    add(fw, "--megatron-no-gradient-accumulation-fusion", "Megatron-LM's --no-gradient-accumulation-fusion (needs "
+        "--framework megatron)", switch=True)
+
+
+#: The DeepSpeed counts given on the command line: option destination -> DeepSpeed's config key.
+DEEPSPEED_COUNTS = {"deepspeed_reduce_bucket_size": "reduce_bucket_size",
+                    "deepspeed_prefetch_bucket_size": "stage3_prefetch_bucket_size",
+                    "deepspeed_max_live_parameters": "stage3_max_live_parameters",
+                    "deepspeed_param_persistence_threshold": "stage3_param_persistence_threshold"}
+
+
+def framework_fields(a) -> dict:
+    """The Ledger fields of the framework options given (defaults where a command has none)."""
+    cap = getattr(a, "ddp_bucket_mb", None)
+    fields = dict(framework=getattr(a, "framework", None) or Ledger.framework,
+                  ddp_bucket_mb=None if cap is None else parse_mib(cap, "ddp_bucket_mb"),
+                  gradient_as_bucket_view=bool(getattr(a, "gradient_as_bucket_view", False)))
+    for name in DEEPSPEED_COUNTS:
+        value = getattr(a, name, None)
+        fields[name] = None if value is None else parse_count(value, name.removeprefix("deepspeed_"))
+    if getattr(a, "deepspeed_no_contiguous_gradients", False):
+        fields["deepspeed_contiguous_gradients"] = False
+    overlap = getattr(a, "deepspeed_overlap_comm", None)
+    if overlap is not None:
+        if overlap not in ("on", "off"):
+            raise ValueError(f"deepspeed_overlap_comm must be on or off, got {shown(overlap)!r}")
+        fields["deepspeed_overlap_comm"] = overlap == "on"
+    if getattr(a, "megatron_no_gradient_accumulation_fusion", False):
+        fields["megatron_gradient_accumulation_fusion"] = False
+    return fields
+
+
+def parse_mib(text, field: str) -> float:
+    """A number of MiB >= 0 (``25``, ``0.5``); one clear line otherwise."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"{field} must be a number of MiB, got {shown(text)!r}") from None
+    if not 0 <= value <= 2 ** 40:
+        raise ValueError(f"{field} must be a number of MiB >= 0, got {shown(text)!r}")
+    return int(value) if value.is_integer() else value
 
 
 def output_options(parser, verdict: bool = True, link: bool = True):
@@ -174,7 +235,8 @@ def build_ledger(a) -> Ledger:
         offload_optimizer=a.offload_optimizer, offload_params=a.offload_params,
         offload_placement=a.offload_placement, overhead_bytes=parse_bytes(a.overhead, "overhead"),
         dropout=False if a.no_dropout else None, flash_attention=a.flash_attention,
-        scope=getattr(a, "scope", Ledger.scope), optimizer_in_backward=bool(getattr(a, "optimizer_in_backward", False)))
+        scope=getattr(a, "scope", Ledger.scope), **framework_fields(a),
+        optimizer_in_backward=bool(getattr(a, "optimizer_in_backward", False)))
 
 
 def gpu_bytes(text: str) -> int:

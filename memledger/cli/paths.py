@@ -11,14 +11,18 @@ the step's peak.
 """
 from .options import flag
 
-__all__ = ["CONVENTION_INPUTS", "IN_BACKWARD_WHY", "LORA", "MODEL", "OUTPUT", "PIPELINE", "STATES", "WORKLOAD",
-           "convention_reads", "in_backward_reads", "refuse_unread", "unread"]
+__all__ = ["CONVENTION_INPUTS", "FRAMEWORK", "IN_BACKWARD_WHY", "LORA", "MODEL", "OUTPUT", "PIPELINE", "STATES",
+           "WORKLOAD", "convention_reads", "in_backward_reads", "refuse_unread", "unread"]
 
 MODEL = ("preset", "config", "params", "hidden", "layers", "heads", "ffn", "vocab", "style")
 #: Options of the activations (an architecture needed), then of the model states and the runtime.
 ACTIVATIONS = ("batch", "seq", "recompute", "no_dropout", "flash_attention", "sp", "scope")
 STATES = ("recipe", "tp", "zero", "dp", "offload_optimizer", "offload_params", "offload_placement", "overhead")
 WORKLOAD = ACTIVATIONS + STATES
+#: The framework and its options (issue 15): read by ledger (not --pp), step and fit; refused elsewhere.
+FRAMEWORK = ("framework", "ddp_bucket_mb", "gradient_as_bucket_view", "deepspeed_reduce_bucket_size",
+             "deepspeed_prefetch_bucket_size", "deepspeed_max_live_parameters", "deepspeed_param_persistence_threshold",
+             "deepspeed_no_contiguous_gradients", "deepspeed_overlap_comm", "megatron_no_gradient_accumulation_fusion")
 OUTPUT = ("units", "gpu_memory", "link", "json")
 PIPELINE = ("pp", "microbatches", "interleave")
 CONVENTION_INPUTS = ("largest_layer", "gpus_per_node", "nodes", "buffer_factor", "no_zero_init")

@@ -5,17 +5,19 @@ Every ``memledger ledger`` option, plus ``--backend`` (the conventions of
 ``--foreach`` (the multi-tensor step), ``--no-foreach`` (the for-loop) or ``--fused`` (one kernel).
 Text by default; ``--json`` prints the object of
 the README: inputs, landmarks {gpu, cpu, nvme}, peak {gpu, phase, detail},
-rows {name, kind, phase, device, bytes, formula}. The fits verdict compares
-the peak with the GPU's memory (:data:`memledger.ledger.hardware.GPU_MEMORY`).
+rows {name, kind, phase, device, bytes, formula}. The verdict compares
+the peak with the GPU's memory (:data:`memledger.ledger.hardware.GPU_MEMORY`) in the words of
+:func:`memledger.answers.verdict.sentence`: a fit leaves :data:`~memledger.answers.verdict.MARGIN` free.
 Unlike ``ledger`` this command imports SymPy (the step's programs are built
 from the library's formulas on first use).
 """
 from ..activations.backends import BACKENDS
+from ..answers.verdict import CLAUSES, MARGIN, MEASURE, leaves_margin, sentence
 from ..core.units import format_bytes
 from .options import add, build_ledger, flag, gpu_bytes, ledger_options, output_options
-from .paths import MODEL, WORKLOAD, refuse_unread
+from .paths import FRAMEWORK, LORA, MODEL, WORKLOAD, refuse_unread
 
-__all__ = ["add_parser", "implementation", "step", "text"]
+__all__ = ["LORA_STEP_READS", "add_parser", "implementation", "lora_step", "output", "step", "text"]
 
 
 def add_parser(sub, formatter):
@@ -30,23 +32,32 @@ def add_parser(sub, formatter):
     add(conv, "--no-foreach", "the optimizer's for-loop (foreach=False; the cuda backend's default is foreach)",
         switch=True)
     add(conv, "--fused", "AdamW/SGD(fused=True): one kernel, no temporaries", switch=True)
+    from .compare import lora_options
+    lora_options(step)
 
 
 def step(a) -> str:
     """``memledger step``: every ledger option but --scope (the step runs the whole model), plus the backend."""
     ledger = build_ledger(a)
-    reads = set(MODEL) | set(WORKLOAD) | {"units", "gpu_memory", "json", "backend", "foreach", "no_foreach", "fused",
-                                          "optimizer_in_backward"}
+    if any(d in a.given for d in LORA):
+        return lora_step(a, ledger)
+    reads = set(MODEL) | set(WORKLOAD) | set(FRAMEWORK) | {"units", "gpu_memory", "json", "backend", "foreach",
+                                                           "no_foreach", "fused", "optimizer_in_backward"}
     if ledger.offload_optimizer == "none":
         reads.discard("offload_placement")
     refuse_unread(a, reads, "memledger step")
-    result = ledger.step(a.backend, **implementation(a, ledger.recipe))
+    return output(ledger.step(a.backend, **implementation(a, ledger.recipe)), a)
+
+
+def output(result, a) -> str:
+    """A step's JSON object (with the GPU, the verdict with the margin free, the margin) or its text."""
     memory = gpu_bytes(a.gpu_memory)
     if a.json:
         import json
         data = result.to_dict()
         data["gpu_memory"] = memory
-        data["fits"] = result.fits(memory)
+        data["fits"] = leaves_margin(result.peak.bytes, memory)     # with the margin free (answers.verdict)
+        data["margin"] = MARGIN
         return json.dumps(data, indent=2)
     return text(result, memory, a.units)
 
@@ -64,6 +75,31 @@ def implementation(a, recipe: str) -> dict:
         {"foreach": False, "fused": True} if a.fused else {}
 
 
+#: What the LoRA step reads: the model, one GPU's workload, --recipe for the base's precision, the LoRA options.
+LORA_STEP_READS = set(MODEL) | {"batch", "seq", "recompute", "flash_attention", "overhead", "recipe", "units",
+                                "gpu_memory", "json", "backend", "foreach"} | set(LORA)
+
+
+def lora_step(a, ledger) -> str:
+    """``step --lora-rank R`` / ``--qlora``: the step of a LoRA or QLoRA run (:class:`memledger.step.lora.LoraStep`);
+    ``--recipe`` gives the frozen base's precision (its weights' dtype)."""
+    from ..ledger.lora import LoraLedger
+    from ..states.recipes import get_recipe
+    from .compare import lora_config
+    refused = [d for d in a.given if d not in LORA_STEP_READS]
+    refuse_unread(a, LORA_STEP_READS, "the LoRA step", {d: "the LoRA step runs on one GPU, without ZeRO, "
+                                                          "offload or parallelism" for d in refused})
+    if ledger.arch is None:
+        raise ValueError("LoRA needs an architecture: --preset, --config or a shape")
+    base = next(c.dtype for c in get_recipe(ledger.recipe).components if c.role == "param")
+    if a.qlora and "recipe" in a.given and base not in ("bf16", "fp16"):
+        raise ValueError(f"--qlora quantizes a 16-bit base to NF4 and computes in BF16; --recipe {ledger.recipe} "
+                         f"gives an {base.upper()} base")
+    config = lora_config(a, ledger.arch, base)
+    return output(LoraLedger(ledger.arch, config, ledger.batch_size, ledger.seq_len, ledger.recompute,
+                             ledger.flash_attention, ledger.overhead_bytes).step(a.backend, foreach=a.foreach), a)
+
+
 def text(result, memory: int, unit: str = "GB") -> str:
     """The landmarks per device, the phase peaks, the peak and what is live there, the verdict."""
     def size(n):
@@ -77,9 +113,10 @@ def text(result, memory: int, unit: str = "GB") -> str:
     lines += [f"  {size(b):>12}  {name}" for name, b in live[:12]]
     if len(live) > 12:
         lines.append(f"  {size(sum(b for _, b in live[12:])):>12}  {len(live) - 12} smaller tensors")
-    verdict = "fits" if result.fits(memory) else "does NOT fit"
     counted = result.values["P"]
-    note = "" if result.ledger.params == counted else (
-        f" (parameters counted from the shape: {counted:,}; the nominal {result.ledger.params:,} is not used)")
-    lines += ["", f"The step's peak, {size(result.peak.bytes)} per GPU, {verdict} in {size(memory)}{note}."]
+    note = "" if getattr(result.ledger, "params", counted) == counted else (
+        f"; parameters counted from the shape: {counted:,}, the nominal {result.ledger.params:,} is not used")
+    clause = CLAUSES["peak"].format(peak_measure=MEASURE["peak"], total_measure=MEASURE["total"],
+                                    total=size(result.ledger.totals["gpu"])) + note
+    lines += ["", f"{sentence(result.peak.bytes, memory, clause, unit)}."]
     return "\n".join(lines)

@@ -12,13 +12,17 @@ Plain Python only: the command line imports this without SymPy.
 """
 import operator
 
-__all__ = ["LIMIT", "RECOMPUTE", "check_choice", "check_count", "check_flag", "lookup"]
+__all__ = ["FRAMEWORKS", "LIMIT", "RECOMPUTE", "check_choice", "check_count", "check_flag", "lookup"]
 
 #: The largest count or size accepted (an exabyte): the same limit everywhere (CLI, API, calculator).
 LIMIT = 10**18
 
 #: Recomputation modes of the activation inventory (Korthikanti et al. 2022).
 RECOMPUTE = ("none", "selective", "full")
+
+#: How a training step runs across GPUs (issue 15): ``plain`` (one loop, ZeRO's arithmetic on top), PyTorch's
+#: DistributedDataParallel, DeepSpeed's ZeRO engine, Megatron-LM's distributed optimizer.
+FRAMEWORKS = ("plain", "ddp", "deepspeed", "megatron")
 
 
 def lookup(table, name, field: str):

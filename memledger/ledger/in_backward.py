@@ -26,8 +26,10 @@ def check_in_backward(ledger, recipe) -> None:
                          "master weights (use a recipe without them, e.g. bf16-pure-adamw)")
     if recipe.name not in OPTIMIZER_OF:
         raise ValueError(f"optimizer_in_backward: the step does not model recipe {recipe.name}'s optimizer")
-    if ledger.zero_stage or ledger.tp > 1 or (ledger.offload_optimizer, ledger.offload_params) != ("none", "none"):
-        raise ValueError("optimizer_in_backward is modelled on one device: no ZeRO, tp 1, no offload")
+    if ledger.zero_stage or ledger.tp > 1 or (ledger.offload_optimizer, ledger.offload_params) != ("none", "none") \
+            or getattr(ledger, "framework", "plain") != "plain":
+        raise ValueError("optimizer_in_backward is modelled on one device: no ZeRO, tp 1, no offload, no framework's "
+                         "buffers (framework plain)")
     from ..activations.backends import get_backend
     from ..step.structure import StepStructure
     try:

@@ -23,6 +23,7 @@ from ..models.architecture import Architecture
 from ..models.presets import get_preset
 from ..core.choices import RECOMPUTE, check_choice, check_count, check_flag, lookup
 from ..models.features import Features
+from ..states.frameworks import check_framework, framework_buffers
 from ..states.placement import OFFLOAD_DEVICES, PLACEMENTS, ZERO_STAGES, check_state_options, component_key, state_specs
 from ..states.recipes import ALL_RECIPES, DEFAULT_RECIPE
 from .in_backward import check_in_backward
@@ -74,6 +75,8 @@ class Structure(NamedTuple):
     tensor_parallel: bool
     sequence_parallel: bool
     scope: str = "layers"
+    framework: str = "plain"        # issue 15: FRAMEWORKS; DDP's buckets are a row unless gradients are views
+    ddp_view: bool = False
 
 
 #: "model": the blocks and the tensors outside them; "layers": the blocks only, as the article books them.
@@ -110,8 +113,17 @@ def row_specs(s: Structure) -> tuple:
             specs += [RowSpec(name, Group.ACTIVATIONS, Device.GPU, formulas.outside_key(
                 s.arch.style, attention, name, s.tensor_parallel, s.sequence_parallel))
                 for name in formulas.outside_names(s.arch.style, attention)]
+    specs += framework_specs(s, recipe)
     specs.append(RowSpec("CUDA context + workspace", Group.OVERHEAD, Device.GPU, ("symbol", "O")))
     return tuple(specs)
+
+
+def framework_specs(s: Structure, recipe) -> list:
+    """The buffers a framework adds to the model states (:mod:`memledger.states.frameworks`)."""
+    if s.framework == "ddp" and not s.ddp_view:     # the gradients a second time, in DDP's buckets
+        return [RowSpec("DDP gradient buckets", Group.MODEL_STATES, Device.GPU, ("elements", False),
+                        recipe.grad_bytes, Role.GRAD)]
+    return []
 
 
 @dataclass(frozen=True)
@@ -142,6 +154,17 @@ class Ledger:
     dropout: Optional[bool] = None
     flash_attention: bool = False
     scope: str = "model"
+    # ---- the framework (issue 15): memledger.states.frameworks ----
+    framework: str = "plain"
+    ddp_bucket_mb: Optional[float] = None
+    gradient_as_bucket_view: bool = False
+    deepspeed_reduce_bucket_size: Optional[int] = None          # None: DeepSpeed's default (DEEPSPEED_DEFAULTS)
+    deepspeed_contiguous_gradients: Optional[bool] = None
+    deepspeed_overlap_comm: Optional[bool] = None
+    deepspeed_prefetch_bucket_size: Optional[int] = None
+    deepspeed_max_live_parameters: Optional[int] = None
+    deepspeed_param_persistence_threshold: Optional[int] = None
+    megatron_gradient_accumulation_fusion: Optional[bool] = None  # None: on, as Megatron-LM's default
     optimizer_in_backward: bool = False     # torchtune's optimizer_in_bwd: the step's peak honours it
 
     def __post_init__(self):
@@ -172,6 +195,7 @@ class Ledger:
             raise ValueError("sequence_parallel needs tensor parallelism: tp must be > 1")
         if arch is not None:
             arch.check_tensor_parallel(self.tp)
+        check_framework(self, ALL_RECIPES[self.recipe])
         if self.dropout is None:
             object.__setattr__(self, "dropout", arch.dropout if arch is not None else False)
         if self.optimizer_in_backward:
@@ -187,7 +211,8 @@ class Ledger:
     def structure(self) -> Structure:
         return Structure(self.recipe, self.zero_stage, self.offload_optimizer, self.offload_params,
                          self.offload_placement, self.arch, self.dropout, self.flash_attention, self.recompute,
-                         self.tp > 1, self.sequence_parallel, self.scope)
+                         self.tp > 1, self.sequence_parallel, self.scope,
+                         self.framework, self.framework == "ddp" and self.gradient_as_bucket_view)
 
     @cached_property
     def values(self) -> dict:
@@ -225,7 +250,15 @@ class Ledger:
                 raise ValueError(f"{spec.name} would be {share} bytes per rank at tp {self.tp}: tp must divide "
                                  "the tensors it splits (Megatron-LM pads the vocabulary to a multiple of tp; "
                                  "memledger does not)") from None
+        rows += [Row(b.name, Group.MODEL_STATES, Device.GPU, b.bytes, b.role, b.formula + " (from source)")
+                 for b in self.framework_buffers if b.live == "whole step" and not b.booked]
         return Rows(rows)
+
+    @cached_property
+    def framework_buffers(self) -> list:
+        """DeepSpeed's or Megatron-LM's buffers read from their sources (:mod:`memledger.states.frameworks`);
+        those live the whole step are rows too, the others transients beside the sum."""
+        return framework_buffers(self)
 
     @property
     def totals(self) -> dict:
@@ -285,6 +318,7 @@ class Ledger:
             "totals": self.totals,
             "model_states_by_role": self.by_role(),
             "traffic": asdict(self.traffic),
+            "framework_buffers": [b._asdict() for b in self.framework_buffers],
         }
 
     def by_role(self, device: Optional[str] = None) -> dict:

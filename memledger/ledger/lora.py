@@ -33,6 +33,7 @@ booked on the GPU), and LoRA dropout (``--lora_dropout 0.1`` in ``scripts/finetu
 the paper's Appendix for 7B-13B, 0.05 for 33B-65B: a mask and a dropped copy of each adapted input).
 """
 from dataclasses import dataclass
+from functools import cached_property
 
 import sympy as sp
 
@@ -96,6 +97,9 @@ def qlora(rank: int = 64, targets=None, style: str = "llama", **changes) -> Lora
     """QLoRA as Dettmers et al. (2023) train it: NF4 base with double quantization, adapters on all
     linear layers (r = 64 in the paper), BF16 adapters with ``paged_adamw_32bit`` (FP32 moments) and
     LoRA dropout (see the module docstring); ``changes`` override any of them."""
+    if "base" in changes:
+        raise ValueError(f"QLoRA's base is NF4 (4-bit weights computed in BF16); base={changes['base']!r} cannot "
+                         "be given")
     if targets is None:
         targets = tuple(lookup(PROJECTIONS, style, "style"))
     return LoraConfig(rank=rank, targets=targets, base="nf4",
@@ -229,6 +233,27 @@ class LoraLedger:
                            "trainable_params": adapter_params(self.arch, c)},
                 "rows": [r.to_dict() for r in self.rows],
                 "model_states_by_role": self.by_role(), "totals": self.totals}
+
+    @cached_property
+    def peak(self):
+        """The GPU peak of the step under CUDA's conventions (:meth:`step`: SDPA's flash kernel, fused RMSNorm,
+        AdamW's foreach), or None where the step does not model the run (then the sum judges)."""
+        try:
+            return self.step("cuda").peak.bytes
+        except ValueError:
+            return None
+
+    def judged_bytes(self) -> int:
+        """What a fits verdict compares with the GPU: the step's :attr:`peak` where modelled, else the sum."""
+        return self.totals["gpu"] if self.peak is None else self.peak
+
+    def step(self, backend="article", **conventions):
+        """The step timeline of this run (:class:`memledger.step.lora.LoraStep`): landmarks, transients, peak."""
+        from ..step.lora import LoraStep
+        from .ledger import Ledger
+        ledger = Ledger(self.arch, batch_size=self.batch_size, seq_len=self.seq_len, recipe="bf16-pure-adamw",
+                        overhead_bytes=self.overhead_bytes, dropout=False, flash_attention=self.flash_attention)
+        return LoraStep(self, ledger, backend, **conventions)
 
     def table(self, unit: str = "GB"):
         """Rows and totals as a :class:`memledger.views.display.Table` (text, Markdown, HTML)."""

@@ -279,10 +279,13 @@ def tp_plan(model, sequence_parallel: bool = False) -> dict:
 
 
 def _parallelize(model, mesh, sequence_parallel):
+    """``parallelize_module`` with :func:`tp_plan`. A tied LM head (GPT, Gemma) is tied again afterwards:
+    ``parallelize_module`` gives the embedding and the head a DTensor parameter each (both Shard(0) on the
+    vocabulary), so the head is pointed back at the embedding's, one parameter as in the model."""
     from torch.distributed.tensor.parallel import parallelize_module
-    if model.c.style == "gpt" or model.c.tied:
-        raise ValueError("tensor parallelism is run on untied LLaMA decoders (a tied head would be sharded twice)")
     parallelize_module(model, mesh, tp_plan(model, sequence_parallel))
+    if model.c.style == "gpt" or model.c.tied:
+        model.head.weight = model.embed.weight
 
 
 def tp_step(c: RefConfig, loop: str = "bf16-pure-adamw", batch: int = 1, seq: int = 2048, *,

@@ -138,7 +138,7 @@ def _tracker_class():
             if self.blocks is not None and not self._in_opt:
                 total = self._curr_mem_snap.get(torch.device("cpu"), {"Total": 0})["Total"]
                 for name in self._mod_tracker.parents:
-                    if name.startswith("Decoder.blocks.") and name.count(".") == 2:
+                    if name.split(".")[0].endswith("Decoder") and ".blocks." in name and name.count(".") == 2:
                         key = ("backward" if self._mod_tracker.is_bw else "forward", int(name.split(".")[2]))
                         self.blocks[key] = max(self.blocks.get(key, 0), total)
             if self.trace is not None:
@@ -149,14 +149,16 @@ def _tracker_class():
 
 
 def memtracker_step(c: RefConfig, loop: str, batch: int, seq: int, foreach: bool = False,
-                    trace: bool = False, blocks: bool = False, fused: bool = False, in_backward: bool = False) -> dict:
+                    trace: bool = False, blocks: bool = False, lora=None, fused: bool = False,
+                    in_backward: bool = False) -> dict:
     """MemTracker totals of one steady-state training step under ``FakeTensorMode``.
 
     The optimizer state is created first (zero gradients, one ``opt.step()``),
     so the tracked step is a second step. Returns {"before forward": int, ...,
     "after step": int, "peak": int, "phase peaks": {"forward": int,
     "backward": int, "optimizer": int}} in CPU bytes, and with ``trace`` the
-    list of (total, in backward, in optimizer, modules, op) after every op. ``fused``, ``in_backward``: the
+    list of (total, in backward, in optimizer, modules, op) after every op. ``lora``: a
+    :class:`memledger.pytorch.lora.LoraRef` (the frozen decoder with adapters). ``fused``, ``in_backward``: the
     optimizer's implementation and torchtune's optimizer in backward (:class:`~memledger.pytorch.reference.Trainer`);
     Adafactor's ``.item()`` calls are answered by :class:`~memledger.pytorch.optimizers.ScalarsAnswered`. The
     phase peaks reset MemTracker's ``_peak_mem`` at each landmark. With ``blocks``, "block peaks":
@@ -171,7 +173,11 @@ def memtracker_step(c: RefConfig, loop: str, batch: int, seq: int, foreach: bool
     cpu = torch.device("cpu")
     scalars = ScalarsAnswered() if LOOP_OPTIMIZERS[loop][2] == "adafactor" else nullcontext()
     with FakeTensorMode(), scalars:
-        model = make_model(c, loop)
+        if lora is None:
+            model = make_model(c, loop)
+        else:
+            from .lora import make_lora_model
+            model = make_lora_model(c, lora, loop)
         trainer = Trainer(model, loop, foreach=foreach, fused=fused, in_backward=in_backward)
         trainer.init_state()
         ids, targets = _inputs(c, batch, seq)

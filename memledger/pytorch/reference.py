@@ -261,7 +261,7 @@ class Trainer:
     def __init__(self, model: Decoder, loop: str, foreach: bool = False, fused: bool = False,
                  in_backward: bool = False):
         self.model, self.loop = model, loop
-        self.params = list(model.parameters())
+        self.params = [p for p in model.parameters() if p.requires_grad]      # a frozen base (LoRA) has none
         self.masters = []
         _, masters, kind = LOOP_OPTIMIZERS[loop]
         if foreach and fused:

@@ -28,8 +28,8 @@ from collections import namedtuple
 
 from ..core.symbols import B, H, S
 from .norms import norm_backward, norm_forward
-from .ops import (BHSS, CAUSAL_MASK, INPUT_GRADIENT, BSd, BSF, block_output, define_grads, dropout_ops, residual_names,
-                  qkv_width, widths_of)
+from .ops import (BHSS, CAUSAL_MASK, INPUT_GRADIENT, BSd, BSF, block_output, define_grads, dropout_ops, per_rank,
+                  residual_names, qkv_width, widths_of)
 from .structure import Shape
 from .vocab import Lifetime, Save
 
@@ -74,16 +74,18 @@ def block_forward(p, c: Shape, policy=None):
     p.op("residual done" if kept else "released", free=[held])
     n2 = norm_forward(p, c, "2", "MLP input", rest)
     if c.gpt:
-        u = saved("GeLU input", "up-projection output (checkpointed)", BSF, "GeLU's input")
-        h = saved("down-projection input", "GeLU output (checkpointed)", BSF, "the down projection's input")
+        u = saved("GeLU input", "up-projection output (checkpointed)", per_rank(c, BSF), "GeLU's input")
+        h = saved("down-projection input", "GeLU output (checkpointed)", per_rank(c, BSF),
+                  "the down projection's input")
         p.op("up projection", alloc=[u])
         p.op("GeLU", alloc=[h])
         release(u)
     else:
-        gate = saved("gate output", "gate output (checkpointed)", BSF, "SiLU's input")
-        silu = saved("SiLU output", "SiLU output (checkpointed)", BSF, "a factor")
-        up = saved("up-projection output", "up-projection output (checkpointed)", BSF, "a factor")
-        h = saved("down-projection input", "SiLU(gate) * up (checkpointed)", BSF, "the down projection's input")
+        gate = saved("gate output", "gate output (checkpointed)", per_rank(c, BSF), "SiLU's input")
+        silu = saved("SiLU output", "SiLU output (checkpointed)", per_rank(c, BSF), "a factor")
+        up = saved("up-projection output", "up-projection output (checkpointed)", per_rank(c, BSF), "a factor")
+        h = saved("down-projection input", "SiLU(gate) * up (checkpointed)", per_rank(c, BSF),
+                  "the down projection's input")
         p.op("gate projection", alloc=[gate])
         p.op("SiLU", alloc=[silu])
         release(gate)
@@ -164,10 +166,12 @@ def flash_attention(p, c, save, whole_block=False):
     if save is Save.RECOMPUTED:
         out = p.new("flash output (recomputed)", widths_of(c)[0], c.dtype,
                     "the re-run kernel's output (its backward reads it)")
-        lse = p.new("softmax log-sum-exp (recomputed)", (B, H, S), "fp32", "the re-run kernel's statistics")
+        lse = p.new("softmax log-sum-exp (recomputed)", per_rank(c, (B, H, S)), "fp32",
+                    "the re-run kernel's statistics")
         p.op("flash attention recomputed", alloc=[out, lse])
         return [out, lse]
-    lse = p.new("log-sum-exp (dropped)", (B, H, S), "fp32", "not kept: the checkpointed call recomputes it")
+    lse = p.new("log-sum-exp (dropped)", per_rank(c, (B, H, S)), "fp32",
+                "not kept: the checkpointed call recomputes it")
     if whole_block:
         out = p.new("attention output (checkpointed)", widths_of(c)[0], c.dtype, "the flash kernel's output")
         p.op("flash attention", alloc=[out, lse])
@@ -190,8 +194,8 @@ def attention_core(p, c, save):
     BSq, BSkv = widths_of(c)
     mark = MARKS[save]
 
-    def local(name, shape=BHSS, dtype=a, why="a local of the core"):
-        return p.new(name + mark, shape, dtype, why)
+    def local(name, shape=None, dtype=a, why="a local of the core"):
+        return p.new(name + mark, shape or per_rank(c, BHSS), dtype, why)
     if kept:
         q, k, v = "Q", "K", "V"
     elif in_place:
@@ -217,7 +221,8 @@ def attention_core(p, c, save):
     mask = out = None
     if drop and not (dropped and gqa):              # the grouped core under a checkpoint books no dropout
         mask = "attention dropout mask" if kept else p.new(
-            "attention dropout mask" + (" (recomputed)" if again else " (dropped)"), BHSS, c.mask_dtype or a,
+            "attention dropout mask" + (" (recomputed)" if again else " (dropped)"), per_rank(c, BHSS),
+            c.mask_dtype or a,
             "the attention dropout's mask")
         out = "attention dropout output" if kept else local("attention dropout output", why="@ v's input")
         if dropped:                                  # one op under the checkpoint, whatever the mask
@@ -284,11 +289,11 @@ def block_backward(p, c: Shape, share):
         g = p.new("gradient through the MLP dropout", BSd, a, "dX times the mask")
         p.op("MLP residual dropout backward", alloc=[g])
         p.op("mask released", free=["MLP residual dropout mask"])
-    gdi = p.new("gradient of the down-projection input", BSF, a, "dL/d(down input)")
+    gdi = p.new("gradient of the down-projection input", per_rank(c, BSF), a, "dL/d(down input)")
     if c.gpt:
         _linear_backward(p, c, "down projection backward", gdi, define_grads(p, ["down.weight", "down.bias"], c, share),
                          "down-projection input", [g if drop else None], recomputed)
-        gu = p.new("gradient of the GeLU input", BSF, a, "GeLU backward's output")
+        gu = p.new("gradient of the GeLU input", per_rank(c, BSF), a, "GeLU backward's output")
         p.op("GeLU backward", alloc=[gu])
         p.op("released", free=[gdi, "GeLU input"])
         gh = p.new("gradient of the MLP input", BSd, a, "the up projection's input gradient")
@@ -297,14 +302,14 @@ def block_backward(p, c: Shape, share):
     else:
         p.op("down projection backward", alloc=define_grads(p, ["down.weight"], c, share) + [gdi])
         p.op("released", free=[g if drop else None, "down-projection input"])
-        gs = p.new("gradient of the SiLU output", BSF, a, "dL/d(SiLU(gate)) = g * up")
-        gup = p.new("gradient of the up-projection output", BSF, a, "dL/d(up) = g * SiLU(gate)")
+        gs = p.new("gradient of the SiLU output", per_rank(c, BSF), a, "dL/d(SiLU(gate)) = g * up")
+        gup = p.new("gradient of the up-projection output", per_rank(c, BSF), a, "dL/d(up) = g * SiLU(gate)")
         p.op("SiLU(gate) * up backward", alloc=[gs, gup])
         p.op("released", free=[gdi, "up-projection output", "SiLU output"])
         gh_up = p.new("gradient of the MLP input via up", BSd, a, "the up projection's input gradient")
         p.op("up projection backward", alloc=define_grads(p, ["up.weight"], c, share) + [gh_up])
         p.op("released", free=[gup])
-        gg = p.new("gradient of the gate output", BSF, a, "SiLU backward's output")
+        gg = p.new("gradient of the gate output", per_rank(c, BSF), a, "SiLU backward's output")
         p.op("SiLU backward", alloc=[gg])
         p.op("released", free=[gs, "gate output"])
         gh_gate = p.new("gradient of the MLP input via gate", BSd, a, "the gate projection's input gradient")
@@ -355,21 +360,21 @@ def block_backward(p, c: Shape, share):
         else:       # the saved rows; the copies of a batched matmul are the Q, K (and V) rows themselves
             core = Core("Q", "K", None if single else "V", "softmax output", "attention dropout mask",
                         "attention dropout output", ("V" if single else None,))
-        gp = p.new("gradient of the probabilities", BHSS, a, "g @ v^T")
+        gp = p.new("gradient of the probabilities", per_rank(c, BHSS), a, "g @ v^T")
         p.op("probabilities @ V backward", alloc=[gv, gp])
         p.op("released", free=[g4, core.v, core.dropped if drop else None])
         if drop:
-            gp2 = p.new("gradient through the attention dropout", BHSS, a, "times the mask")
+            gp2 = p.new("gradient through the attention dropout", per_rank(c, BHSS), a, "times the mask")
             p.op("attention dropout backward", alloc=[gp2])
             p.op("released", free=[gp, core.mask])
             gp = gp2
-        gm = p.new("gradient of the masked scores", BHSS, a, "softmax backward's output")
+        gm = p.new("gradient of the masked scores", per_rank(c, BHSS), a, "softmax backward's output")
         p.op("softmax backward", alloc=[gm])
         p.op("released", free=[gp, core.probs])
-        gsc = p.new("gradient of the scaled scores", BHSS, a, "masked_fill backward's output")
+        gsc = p.new("gradient of the scaled scores", per_rank(c, BHSS), a, "masked_fill backward's output")
         p.op("masked_fill backward", alloc=[gsc])
         p.op("released", free=[gm, None if recomputed or selective else CAUSAL_MASK])
-        gr = p.new("gradient of QK^T", BHSS, a, "times the scale")
+        gr = p.new("gradient of QK^T", per_rank(c, BHSS), a, "times the scale")
         p.op("scale backward", alloc=[gr])
         p.op("released", free=[gsc])
         p.op("QK^T backward", alloc=[gq, gk])

@@ -14,11 +14,12 @@ import sympy as sp
 
 from ..activations.inventory import inventory, kept_rows
 from ..activations.outside import outside_inventory
-from ..core.exact import evaluate_expr, exact_function, is_integral_polynomial
+from ..core.dtypes import nbytes
+from ..core.exact import evaluate_expr, exact_function, integer_function, is_integral_polynomial
 from ..core.symbols import L, N_d, O, P, t
 from ..states.placement import ZERO_SHARDS, device_of, state_specs
 from ..states.recipes import ALL_RECIPES as RECIPES
-from . import optim, outer
+from . import ddp, optim, outer, tensor
 from .block import block_backward, block_forward
 from .ops import BSd, Placement, Program, Tensor, block_params, residual_names
 from .outer import Param
@@ -67,13 +68,18 @@ class Built:
                           ("final norm input", "the last block's output, until the LM head has run")]:
             tensors[name] = Tensor(name, BSd[0] * BSd[1] * BSd[2] * (4 if c.dtype == "fp32" else 2) /
                                    (t if s.sequence_parallel else 1), Kind.TRANSIENT, Lifetime.TEMPORARY, why=why)
+        if s.tensor_parallel and s.sequence_parallel:       # DTensor saves the all-gathered inputs
+            tensor.sequence_parallel_rows(tensors, layer_rows, c)
         p = Program(tensors, placement)
         outer.define_grads(p, c, share)
         outside = {}
         for part, fn in [(Part.FORWARD_START, outer.forward_start), (Part.FORWARD_END, outer.forward_end),
                          (Part.BACKWARD_START, outer.backward_start), (Part.BACKWARD_END, outer.backward_end)]:
             q = p.fork()
-            fn(q, c)
+            if s.tensor_parallel:
+                tensor.OUTSIDE[part.value](q, c, s.sequence_parallel)
+            else:
+                fn(q, c)
             outside[part] = q.ops
         if s.recompute == "full":
             x = residual_names(c)[0]
@@ -82,6 +88,9 @@ class Built:
         fwd, bwd = p.fork(), p.fork()
         block_forward(fwd, c)
         block_backward(bwd, c, share)
+        if s.tensor_parallel:       # DTensor's collectives, and the gradients it leaves whole
+            tensor.collectives(fwd, bwd, tensors, c, s.sequence_parallel)
+            tensor.whole_gradients(tensors, c.grad_dtype, c.is_tied)
         if s.zero_stage == 3:
             zero3_units(tensors, outside, fwd, bwd, c, recipe, s)
         layers = explicit_layers(s.layers or 5)
@@ -91,13 +100,16 @@ class Built:
         kind, impl = OPTIMIZER_OF[s.recipe], "fused" if conv.fused else ("foreach" if conv.foreach else "for-loop")
         if kind == "adafactor":
             impl = "for-loop"                   # its default on every device (memledger.step.structure)
-        params = [Param(x.name, share(x.elements), x.lump) for x in param_tensors(c, layers)] \
+        rank = tensor.param_share(share) if s.tensor_parallel else (lambda name, n: share(n))
+        params = [Param(x.name, rank(x.name, x.elements), x.lump) for x in param_tensors(c, layers)] \
             if not grad_sharded else [Param("flat partition", sp.ceiling(P / (t * N_d)))]
         others = None if kind == "adamw" and impl != "fused" else \
             (lambda q: optim.temporaries(q, c, kind, impl, params, moments, c.grad_dtype, placement.optimizer))
         if not s.in_backward:
             outer.optimizer(opt, params, moments, master and c.grad_dtype != "fp32", conv.foreach, c.grad_dtype,
-                            others)
+                            kept=s.bucket_view, others=others)
+            if s.tensor_parallel and not conv.foreach and not c.is_tied and others is None:
+                tensor.redistribute_embedding_gradient(opt.ops, tensors, c.grad_dtype)
         saved = sum((tensors[r.name].expr for r in layer_rows), sp.Integer(0)) if s.recompute != "full" \
             else tensors["layer input"].expr
         grads = sum((tensors[f"grad {n}"].expr for n, _ in block_params(c)), sp.Integer(0))
@@ -105,6 +117,8 @@ class Built:
         tensors[GRADIENT_LUMP] = Tensor(GRADIENT_LUMP, (L - 4) * grads, Kind.GRAD, Lifetime.GRADIENT,
                                         placement.gradients)
         self.ops = flatten(s.layers or 5, c, outside, fwd.ops, bwd.ops, opt.ops)
+        if s.bucket_view:               # DDP: each gradient copied into its bucket as it is written
+            self.ops = ddp.bucket_views(self.ops, tensors)
         if s.in_backward:
             self.ops = optim.in_backward(self.ops, tensors, lambda layer, name: optim.one_parameter(
                 p.fork(), c, kind, impl, name, moments, c.grad_dtype, placement.optimizer))
@@ -119,7 +133,7 @@ class Built:
         whole = [i for i, e in enumerate(exprs) if is_integral_polynomial(e)]
         other = [i for i in range(len(exprs)) if i not in set(whole)]
         self.symbols = tuple(sorted(set().union(*(e.free_symbols for e in exprs)), key=lambda x: x.name))
-        self._groups = [(whole, sp.lambdify(self.symbols, [exprs[i] for i in whole], modules="math", cse=True)),
+        self._groups = [(whole, integer_function(self.symbols, [exprs[i] for i in whole])),
                         (other, exact_function(self.symbols, tuple(exprs[i] for i in other)))]
 
     def _static_rows(self, recipe):
@@ -147,8 +161,16 @@ class Built:
                    Device.CPU if host else self.placement.optimizer,
                    f"one 0-d FP32 step tensor per parameter tensor (torch.optim.{'Adam' if kind == 'adamw' else 'Adafactor'}"
                    f"{', fused: on the device' if conv.fused and kind == 'adamw' else ''})")
+        for device in dict.fromkeys(spec.device for spec in specs) if s.tensor_parallel else ():
+            per = sum(spec.bytes_per_param for spec in specs if spec is not self.grad_row and spec.device == device
+                      and not spec.sharded)         # ZeRO-sharded states x TP: not run against PyTorch here
+            static(tensor.WHOLE_ROW + ("" if device == "gpu" else f" ({device})"), per * tensor.beyond_share(c),
+                   Kind.PARAM, Device(device), "the norms (GPT: and the row-wise biases) are whole on every rank")
         for name in IDS:
             static(name, t_[name].expr, Kind.ACTIVATION, why=t_[name].why)
+        if s.framework == "ddp":
+            static(ddp.BUCKETS, P * nbytes(c.grad_dtype), Kind.GRAD, why="DDP's flat gradient buckets, "
+                   "allocated once (torch/csrc/distributed/c10d/reducer.cpp: initialize_buckets)")
         static("CUDA context + workspace", O, Kind.OVERHEAD,
                why="the runtime's context and workspaces (the article's 1-2 GB)")
 
@@ -236,11 +258,15 @@ class Built:
             row(name, x.kind, Lifetime.STEP, x.device, x.expr, set(LANDMARKS))
         g = self.grad_row
         grads = sp.ceiling(P / (t * N_d) if g.sharded else P / t) * g.bytes_per_param
-        if g.sharded:   # each tensor's shard rounded up, as backward writes them: the row is what they add up to
+        name = g.name
+        if self.structure.bucket_view:  # DDP: the gradients are views into its buckets (rows of their own)
+            grads, name = sp.Integer(0), g.name + " (views into DDP's gradient buckets)"
+        # sharded (each tensor's shard rounded up) or tensor-parallel (some whole): what backward writes adds up to it
+        if g.sharded or self.structure.tensor_parallel:
             marks = self.compiled.mark_counts["after backward"]
             grads = sp.Add(*(int(marks[j]) * self.tensors[n].expr for j, n in enumerate(self.names)
                              if marks[j] and self.tensors[n].lifetime is Lifetime.GRADIENT))
-        row(g.name, Kind.GRAD, Lifetime.GRADIENT, self.placement.gradients, grads, {"after backward"})
+        row(name, Kind.GRAD, Lifetime.GRADIENT, self.placement.gradients, grads, {"after backward"})
         blocks = ["layer input"] if self.structure.recompute == "full" else [r.name for r in self.layer_rows]
         for name in blocks:
             row("L x layer input (checkpoint)" if name == "layer input" else f"L x {name}", Kind.ACTIVATION,

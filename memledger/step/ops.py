@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from ..core.dtypes import nbytes
-from ..core.symbols import B, F, H, S, d
+from ..core.symbols import B, F, H, S, d, t
 from ..models.features import Features
 from ..models.parameters import widths
 from .structure import Shape
@@ -33,7 +33,7 @@ from .vocab import Action, Device, Kind, Lifetime, Scope
 
 __all__ = ["BHSS", "BS", "BSF", "BSd", "CAUSAL_MASK", "INPUT_GRADIENT", "Placement", "Program",
            "ProgramOp", "Ref", "Tensor", "block_output", "block_params", "define_grads", "dropout_ops", "final_input",
-           "gradient", "residual_names", "qkv_width", "widths_of"]
+           "gradient", "per_rank", "residual_names", "qkv_width", "widths_of"]
 
 
 @dataclass(frozen=True)
@@ -107,7 +107,15 @@ def widths_of(c: Shape) -> tuple:
     a config gives the head size (Gemma-7B: 16 x 256 = 4096 != d = 3072); K and V H_kv*d/H (H_kv*d_h) wide
     with grouped-query attention (Ainslie et al. 2023); :func:`memledger.models.parameters.widths`."""
     q, kv = widths(Features(gqa=c.gqa, head_dim=c.head_dim))
+    if c.tp:                    # column-wise QKV: the rank's H/t and H_kv/t heads (memledger.step.tensor)
+        q, kv = q / t, kv / t
     return (B, S, q), (B, S, kv)
+
+
+def per_rank(c: Shape, shape: tuple) -> tuple:
+    """``shape`` on one tensor-parallel rank: F and H divided by t (the column-wise MLP and QKV
+    projections' outputs, the attention core's heads); as is without tensor parallelism."""
+    return tuple(n.subs({F: F / t, H: H / t}) for n in shape) if c.tp else shape
 
 
 def qkv_width(c: Shape):
@@ -120,7 +128,8 @@ def block_params(c: Shape) -> list:
     """(name, elements) of one block's parameter tensors in ``model.parameters()`` order
     (:mod:`memledger.pytorch.reference`'s ``Block``): the fused QKV weight (H + 2 H_kv) d/H x d, a bias on it in
     GPT blocks and where a LLaMA block has one (Qwen2), the output projection (H*d_h) x d."""
-    qkv, q = qkv_width(c), widths_of(c)[0][2]
+    whole = t if c.tp else 1        # the whole tensors (a tensor-parallel rank's share: ``share``)
+    qkv, q = qkv_width(c) * whole, widths_of(c)[0][2] * whole
     if c.gpt:
         return [("norm1.weight", d), ("norm1.bias", d), ("norm2.weight", d), ("norm2.bias", d),
                 ("qkv.weight", qkv * d), ("qkv.bias", qkv), ("proj.weight", q * d), ("proj.bias", d),

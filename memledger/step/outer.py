@@ -122,13 +122,15 @@ def adamw(recipe) -> tuple:
     return moments, any(x.name == "FP32 master weights" for x in recipe.components)
 
 
-def optimizer(p, params, state_dtype: str, master: bool, foreach: bool, grad_dtype: str, others=None):
+def optimizer(p, params, state_dtype: str, master: bool, foreach: bool, grad_dtype: str, kept: bool = False,
+              others=None):
     """AdamW's step over ``params`` (:class:`Param`; a lump stands for many blocks' tensors), its temporaries
     in ``state_dtype`` where the optimizer runs.
 
     ``master``: BF16 gradients are first converted to FP32 masters' gradients,
-    one tensor at a time, the BF16 gradient freed after each. ``others(p)``: another optimizer's temporaries
-    (:func:`memledger.step.optim.temporaries`) instead of AdamW's.
+    one tensor at a time, the BF16 gradient freed after each; ``kept``: ``p.grad = None`` frees nothing (the
+    gradients are views into DDP's buckets, :mod:`memledger.step.ddp`). ``others(p)``: another optimizer's
+    temporaries (:func:`memledger.step.optim.temporaries`) instead of AdamW's.
     """
     where = p.placement.optimizer
     p.op("gradients collected", action=Action.COLLECT_GRADIENTS)
@@ -138,8 +140,8 @@ def optimizer(p, params, state_dtype: str, master: bool, foreach: bool, grad_dty
         for x in params:
             fp32 = p.new(f"FP32 gradient of {x.name}", (x.elements,), "fp32", "master.grad = p.grad.float()",
                          Kind.GRAD, where)
-            rest = p.new(f"BF16 gradients after {x.name}", (total - done - x.elements,), grad_dtype,
-                         "not yet converted", Kind.GRAD, where)
+            rest = None if kept else p.new(f"BF16 gradients after {x.name}", (total - done - x.elements,),
+                                           grad_dtype, "not yet converted", Kind.GRAD, where)
             released = dict(free=[before]) if before else dict(action=Action.FREE_COLLECTED_GRADIENTS)
             if x.lump:
                 p.op(f"gradients to FP32: {x.name}", alloc=[rest, fp32], **released)

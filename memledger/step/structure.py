@@ -63,6 +63,7 @@ class Shape:
     tied: bool = None       # None: as the style says (GPT tied, LLaMA untied); True: a tied LLaMA decoder (Gemma)
     recompute: str = "none"  # the save policy: none, selective or full recomputation (memledger.step.block)
     head_dim: bool = False  # a head size d_h other than d/H: Q and the output projection's input H*d_h wide
+    tp: bool = False        # tensor parallelism as DTensor runs it: a block at H/t heads, F/t (memledger.step.tensor)
 
     @property
     def gpt(self):
@@ -100,6 +101,8 @@ class StepStructure:
     conventions: object
     layers: object          # L when L <= 4, else None (any larger L gives the same program)
     prefetch: bool = True
+    framework: str = "plain"    # issue 15: "ddp" adds its gradient buckets (memledger.step.ddp)
+    bucket_view: bool = False   # DDP's gradient_as_bucket_view
     in_backward: bool = False   # torchtune's optimizer in backward (memledger.step.optim.in_backward)
 
     @classmethod
@@ -131,12 +134,20 @@ class StepStructure:
         shape = Shape(arch.style, kernel, bool(ledger.dropout), conv.rmsnorm, act, conv.norm_stats is not None,
                       ledger.batch_size == 1, grad, opts["mask_dtype"], opts["norm_stats"], gqa,
                       gqa and arch.kv_heads == 1, True if llama and f.has_qkv_bias else None,
-                      True if llama and f.is_tied else None, ledger.recompute, f.head_dim)
+                      True if llama and f.is_tied else None, ledger.recompute, f.head_dim, ledger.tp > 1)
         check_implementation(ledger, conv)
         return cls(shape, ledger.recipe, ledger.zero_stage, ledger.offload_optimizer, ledger.offload_params,
                    ledger.offload_placement, ledger.recompute, ledger.tp > 1, ledger.sequence_parallel, conv,
-                   arch.n_layers if arch.n_layers <= 4 else None,
+                   arch.n_layers if arch.n_layers <= 4 else None, True, *_framework(ledger),
                    in_backward=getattr(ledger, "optimizer_in_backward", False))
+
+
+def _framework(ledger) -> tuple:
+    """(framework, DDP's gradient_as_bucket_view) of ``ledger``, for the step."""
+    if ledger.framework not in ("plain", "ddp"):
+        raise ValueError(f"the step timeline does not run framework {ledger.framework} op by op; its buffers are "
+                         "ledger rows (memledger ledger --framework ...)")
+    return ledger.framework, ledger.framework == "ddp" and ledger.gradient_as_bucket_view
 
 
 def check_implementation(ledger, conv) -> None:

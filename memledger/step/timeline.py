@@ -29,12 +29,18 @@ as the ledger does (and the gradients as backward writes them); ZeRO-3
 gathers each block's parameters (and, in backward, its gradients) before
 running it, two blocks with prefetch (DeepSpeed's stage-3 prefetch bucket,
 FSDP's ``forward_prefetch``/``backward_prefetch``); the gathered unit is one
-block. Tensor parallelism divides the sharded tensors by t (Megatron-LM).
+block. Tensor (and sequence) parallelism is DTensor's ``parallelize_module`` as
+:mod:`memledger.step.tensor` writes it: blocks at H/t heads and F/t, the
+vocabulary-parallel embedding and loss, every all-reduce, reduce-scatter and
+all-gather buffer, the norms and the untied embedding's gradient whole on every
+rank; under SP each column-wise layer saves its own all-gathered input (checked
+to the byte against ``tp_step`` by ``tests/step/test_tensor.py``).
 """
 from dataclasses import dataclass
 from functools import cached_property
 
 from ..activations.backends import Backend, get_backend
+from . import ddp
 from .build import build
 from .structure import StepStructure, block_of, step_values
 from .vocab import LANDMARKS, Action, Device, Phase
@@ -76,7 +82,16 @@ class Step:
     def rows(self) -> list:
         """Named rows: {"name", "kind", "phase", "device", "bytes", "formula", "live"} (``memledger step --json``);
         "live" is the set of landmarks the row is live at."""
-        return self.built.rows(self.values)
+        rows = self.built.rows(self.values)
+        return ddp.expand_rows(rows, self.ddp_buckets) if self.structure.framework == "ddp" else rows
+
+    @cached_property
+    def ddp_buckets(self) -> list:
+        """DDP's gradient buckets, in its reducer's order: [(name, bytes, formula, [parameters])]
+        (:mod:`memledger.step.ddp`); [] under another framework."""
+        if self.structure.framework != "ddp":
+            return []
+        return ddp.bucket_rows(self.built, self.values, self.ledger.ddp_bucket_mb)
 
     @cached_property
     def landmarks(self) -> dict:
@@ -95,7 +110,8 @@ class Step:
 
     def live_at_peak(self) -> tuple:
         """(name, bytes) of every GPU tensor live at the peak, largest first (blocks named by index)."""
-        return self.built.live_at(self.peak.sample, self.sizes)
+        live = self.built.live_at(self.peak.sample, self.sizes)
+        return ddp.expand_live(live, self.ddp_buckets) if self.ddp_buckets else live
 
     def phase_peaks(self) -> dict:
         """The largest GPU total between landmarks: {"forward": ..., "backward": ..., "optimizer": ...}

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from .ops import Ref, residual_names
-from .vocab import Action, Kind, Phase, Scope
+from .vocab import Action, Kind, Lifetime, Phase, Scope
 
 __all__ = ["GRADIENT_LUMP", "LUMP", "SAVED_LUMP", "Compiled", "Op", "Part", "explicit_layers", "flatten"]
 
@@ -131,7 +131,7 @@ class Compiled:
             return counts
 
         def gradients():
-            return [n for n in live if tensors[n[1]].kind is Kind.GRAD]
+            return [n for n in live if tensors[n[1]].kind is Kind.GRAD and tensors[n[1]].lifetime is not Lifetime.STEP]
         marks["before forward"] = snapshot()
         for index, op in enumerate(ops):
             if op.action is Action.LANDMARK:

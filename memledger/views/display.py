@@ -9,12 +9,13 @@ _GROUP_COLOURS = {"model_states": "#4C72B0", "activations": "#DD8452", "overhead
 
 
 def html_verdict(ledger, gpu_bytes: int, unit: str = "GB", peak: bool = False) -> str:
-    """A stacked bar of the GPU rows against ``gpu_bytes``, and a fits / does-not-fit line (pure HTML) that says
+    """A stacked bar of the GPU rows against ``gpu_bytes``, and the verdict sentence
+    (:func:`memledger.answers.verdict.sentence`: fits, no fit under the margin, does not fit; pure HTML) that says
     what it judged (:mod:`memledger.answers.verdict`): with ``peak``, the step's peak where the timeline models the
     setup (marked on the bar), else the sum of the rows at the end of the forward pass, as the static
     calculator, which cannot run the timeline, judges. The block carries the judged bytes and the measure's key
     (``data-bytes``, ``data-measure``), as ``memledger ledger --json`` prints them (``judged_bytes``, ``measure``)."""
-    from ..answers.verdict import SUM_CLAUSE, describe, judge, uses_peak
+    from ..answers.verdict import SUM_CLAUSE, assess, describe, judge, sentence, standing, uses_peak
     used = ledger.totals["gpu"]
     judged = judge(ledger, uses_peak(ledger) if peak else False)
     scale = max(used, gpu_bytes, judged.bytes)
@@ -29,10 +30,11 @@ def html_verdict(ledger, gpu_bytes: int, unit: str = "GB", peak: bool = False) -
         line += (f'<div title="{escape(judged.measure)}: {format_bytes(judged.bytes, unit)}" style="position:absolute;'
                  f'left:{100 * judged.bytes / scale:.3f}%;top:-4px;bottom:-4px;border-left:3px solid black"></div>')
         marks += f"; solid line: {escape(judged.measure)}"
-    fits = judged.bytes <= gpu_bytes
     clause = describe(ledger, judged, unit) if peak else SUM_CLAUSE
-    verdict = (f'<b style="color:{"green" if fits else "crimson"}">{"fits" if fits else "does not fit"}</b>: '
-               f"{format_bytes(judged.bytes, unit)} per GPU against {format_bytes(gpu_bytes, unit)}{escape(clause)}")
+    assessment = assess(judged.bytes, gpu_bytes, unit)
+    rest = sentence(judged.bytes, gpu_bytes, clause, unit)[len(assessment):]        # "; X per GPU against Y, ..."
+    colour = "green" if standing(judged.bytes, gpu_bytes) == "fits" else "crimson"
+    verdict = f'<b style="color:{colour}">{escape(assessment)}</b>{escape(rest)}'
     legend = " ".join(f'<span style="color:{c}">&#9632;</span> {g.replace("_", " ")}' for g, c in _GROUP_COLOURS.items())
     return (f'<div class="memledger-verdict" data-measure="{judged.key}" data-bytes="{judged.bytes}"><p>{verdict}</p>'
             f'<div style="position:relative;display:flex;height:22px;background:#eee;margin:6px 0">{segments}{line}</div>'

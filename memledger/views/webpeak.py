@@ -22,7 +22,7 @@ import json
 import os
 
 from ..activations.backends import get_backend
-from ..answers.verdict import CLAUSES, MEASURE, SUM_NOTE, is_nominal, unmodelled
+from ..answers.verdict import ASSESSMENTS, CLAUSES, MARGIN, MEASURE, SENTENCE, SUM_NOTE, is_nominal, unmodelled
 from ..ledger.ledger import Ledger
 from ..step.cache import cache_dir, source_hash, step_record
 from ..step.structure import StepStructure
@@ -178,6 +178,10 @@ def step_data() -> dict:
         "nominal": {name: is_nominal(ledger) for name, ledger in presets.items()},
         "measures": MEASURE,
         "clauses": CLAUSES,
+        # the verdict sentence (memledger.answers.verdict.sentence): a fit leaves the margin free
+        "assessments": ASSESSMENTS,
+        "sentence": SENTENCE,
+        "margin": str(MARGIN),
         "notes": {"sum": SUM_NOTE},
         "cli": [[c.field, CLI_FLAGS[c.field], isinstance(c.default, bool),
                  [IGNORED_WHEN[c.field][0], option_text(IGNORED_WHEN[c.field][1])] if c.field in IGNORED_WHEN else None]

@@ -118,6 +118,16 @@ def test_last_stage_splits_the_output_rows_as_korthikanti(tp, sp_):
     assert ledger.rows.bytes_of("log-softmax output (FP32)") == last.bytes_of("logits (fp32)")
 
 
+@pytest.mark.parametrize("tp, sp_", [(1, False), (8, False), (8, True), (4, True)])
+def test_first_stage_splits_the_embedding_dropout_mask_under_sequence_parallelism(tp, sp_):
+    """Megatron-LM scatters the embedding's output to the rank's S/t positions before its dropout under
+    sequence parallelism (language_model_embedding.py, ``scatter_to_sequence_parallel_region``): the 1-byte
+    mask is sbh/t there, sbh without it; the int64 ids are whole on every rank."""
+    specs = dict(stage_activation_specs(0, 4, 1, 1, 1, 0, "gpt", True, tp, sp_))
+    assert specs["embedding dropout mask x 1 micro-batches"] == B * S * d / (tp if sp_ else 1)
+    assert specs["input token ids x 1 micro-batches"] == 8 * B * S
+
+
 def _in_flight(ops, rank):
     """The most chunk-forwards stage ``rank`` has run without their backward, at any moment."""
     events = sorted((start, kind == "B", kind) for r, kind, _, _, start, _ in ops if r == rank)

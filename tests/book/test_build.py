@@ -330,6 +330,18 @@ def memtracker_difference():
     return max(abs(g) for g in gaps), "bytes"
 
 
+@cache
+def memtracker_lab(style: str) -> dict:
+    """MemTracker's step of chapter 18's lab decoders (FakeTensorMode, PyTorch): the lab's default (GPT blocks,
+    d 1024, L 8, H 16, F 4096, V 32000, dropout 0.1, BF16 with FP32 masters, B 4, S 1024) and exercise 3's LLaMA
+    blocks (d 256, L 4, H 8, F 688, V 32000, fused RMSNorm, pure BF16 AdamW, B 2, S 512)."""
+    from memledger.pytorch.measure import memtracker_step
+    from memledger.pytorch.reference import RefConfig
+    if style == "gpt":
+        return memtracker_step(RefConfig(1024, 8, 16, 4096, 32000, "gpt", dropout=0.1), "bf16-adamw", 4, 1024)
+    return memtracker_step(RefConfig(256, 4, 8, 688, 32000, "llama", rmsnorm="fused"), "bf16-pure-adamw", 2, 512)
+
+
 LLAMA2_TENSORS = 32 * 7 + 3                       # parameter tensors: 7 per block, embedding, final norm, head
 
 # chapter 15's models: LLaMA-2 7B, GPT-3 175B (Brown et al. 2020) and LLaMA 65B (Touvron et al. 2023: d 8192,
@@ -726,6 +738,36 @@ EXPECTED = {
     "ex12.b1_storages": Measured(lambda: (len(saved_storages(1)[1]), "")),
     "ex12.masks": (Fraction(LAYERS * (32 * 2048 * 2048 + 2 * 2048 * 4096), GB), "GB"),
     "ex12.peak_4096": Measured(lambda: (Fraction(memtracker_llama(4096)["peak"], GB), "GB")),
+    # chapter 18: the caching allocator's constants as c10/cuda/CUDACachingAllocator.cpp prints them (pytorch/pytorch
+    # at 001074d25084fdb87a799823e395a50f5ec044d3, lines as cited), requests worked through its rules here, and
+    # MemTracker's own measurement of the lab's step
+    "meas.h200_mib": (143771, "MiB"),                                        # nvidia-smi's H200 total (sources above)
+    "meas.margin": (1, "GB"),                                                # issue 17: under about 1 GB is no fit
+    "meas.min_block": (512, "B"),                                            # kMinBlockSize, lines 118-119
+    "meas.small_size": (Fraction(1048576, MiB), "MiB"),                      # kSmallSize, line 120
+    "meas.small_buffer": (Fraction(2097152, MiB), "MiB"),                    # kSmallBuffer, lines 121-122
+    "meas.min_large": (Fraction(10485760, MiB), "MiB"),                      # kMinLargeAlloc, lines 123-124
+    "meas.large_buffer": (Fraction(20971520, MiB), "MiB"),                   # kLargeBuffer, lines 48-49
+    "meas.round_large": (Fraction(2097152, MiB), "MiB"),                     # kRoundLarge, line 125
+    "meas.unsplit_request": (11, "MiB"),
+    "meas.unsplit_block": (12, "MiB"),              # 11 MiB: a segment rounded up to 2 MiB; 1 MiB left, not more: unsplit
+    "meas.expandable_block": (11, "MiB"),           # expandable segments split every block (a multiple of 512 B)
+    "meas.logits_a": (Fraction(4 * 2048 * 32000, MiB), "MiB"),               # 4BSV, itself a multiple of 2 MiB
+    "meas.logits_b": (2 * -(-4 * 2049 * 32000 // (2 * MiB)), "MiB"),         # rounded up to 2 MiB
+    "meas.logits_both": (Fraction(4 * 2048 * 32000, MiB) + 2 * -(-4 * 2049 * 32000 // (2 * MiB)), "MiB"),
+    "meas.logits_expandable": (20 * -(-4 * 2049 * 32000 // (20 * MiB)), "MiB"),   # pages of 20 MiB (the note)
+    "meas.lab_peak": Measured(lambda: (Fraction(memtracker_lab("gpt")["peak"], GB), "GB")),
+    "ex18.block_a": (10 * MiB + 512, "B"),                                   # split: 2 MiB - 512 B remain
+    "ex18.segment_a": (12, "MiB"),
+    "ex18.block_b": (12 * MiB, "B"),                                         # 1 MiB - 512 B remain: the whole block
+    "ex18.segment_b": (12, "MiB"),
+    "ex18.expandable_b": (11 * MiB + 512, "B"),
+    "ex18.vocab": (LLAMA3["V"], ""),
+    "ex18.logits": (Fraction(4 * 4096 * LLAMA3["V"], MiB), "MiB"),
+    "ex18.logits_longer": (2 * -(-4 * 4097 * LLAMA3["V"] // (2 * MiB)), "MiB"),
+    "ex18.logits_both": (Fraction(4 * 4096 * LLAMA3["V"], MiB) + 2 * -(-4 * 4097 * LLAMA3["V"] // (2 * MiB)), "MiB"),
+    "ex18.logits_expandable": (20 * -(-4 * 4097 * LLAMA3["V"] // (20 * MiB)), "MiB"),
+    "ex18.lab_peak": Measured(lambda: (Fraction(memtracker_lab("llama")["peak"], MiB), "MiB")),
 }
 
 #: equation key -> the right-hand side as the article (and its source paper) writes it

@@ -64,10 +64,10 @@ def test_fit_json_fits_at_answer_not_beyond(capsys):
 
 def test_fit_text_names_its_measure(capsys):
     code, out, _ = run(capsys, "fit", "--preset", "llama2-7b", "--zero", "3", "--dp", "8", "--vary", "batch")
-    assert code == 0 and "(the peak of a training step: " in out and "Binding: at batch" in out
+    assert code == 0 and ", the peak of a training step (the sum of the rows" in out and "Binding: at batch" in out
     code, out, _ = run(capsys, "fit", "--preset", "llama2-7b", "--zero", "3", "--dp", "8", "--vary", "batch",
                        "--measure", "total")
-    assert code == 0 and "(the sum of the rows at the end of the forward pass: " in out
+    assert code == 0 and ", the sum of the rows at the end of the forward pass (as asked; " in out
 
 
 @pytest.mark.parametrize("args, message", [

@@ -182,7 +182,7 @@ NOT_READ = [
     (["compare", *LLAMA, "--gpu-memory", "inf"], "unrecognized arguments: --gpu-memory"),
     (["compare", *LLAMA, "--link", "pcie3-x16"], "unrecognized arguments: --link"),
     (["compare", *LLAMA, "--offload-placement", "zero-offload"], "does not read --offload-placement"),
-    (["ledger", *LLAMA, "--qlora", "--gpu-memory", "bogus"], "--gpu-memory is not modelled with LoRA"),
+    (["ledger", *LLAMA, "--qlora", "--link", "nvlink"], "--link is not modelled with LoRA"),
     (["ledger", *LLAMA, "--convention", "playbook", "--microbatches", str(10**30)], "does not read --microbatches"),
     (["infer", "--params", "nan"], "unrecognized arguments: --params"),
     (["step", *LLAMA, "--link", "pcie3-x16"], "unrecognized arguments: --link"),
@@ -206,7 +206,7 @@ for option in ("--pp 2", "--microbatches 2", "--interleave 2", "--measure total"
                "--gpu-memory 80GB", "--link pcie3-x16", "--offload-placement zero-offload"):
     NOT_READ.append((["ledger", *LLAMA, "--convention", "eleuther", *option.split()],
                      f"--convention eleuther does not read {option.split()[0]}"))
-for option in ("--measure total", "--scope layers", "--gpu-memory 80GB", "--link pcie3-x16",
+for option in ("--scope layers", "--link pcie3-x16",
                "--offload-placement zero-offload", "--interleave 2", "--no-dropout"):
     NOT_READ.append((["ledger", *LLAMA, "--lora-rank", "8", *option.split()],
                      f"{option.split()[0]} is not modelled with LoRA"))

@@ -109,7 +109,8 @@ def test_ledger_and_command_line_judge_the_peak(capsys):
     assert main(["ledger", "--preset", "llama2-7b", "--recompute", "selective"]) == 0
     out = capsys.readouterr().out
     assert out.splitlines()[-1] == (
-        f"does NOT fit: {peak / GB:,.2f} GB per GPU against {GPU_MEMORY['a100-80gb'] / GB:,.2f} GB, the peak of a "
+        f"does not fit: {(peak - GPU_MEMORY['a100-80gb']) / GB:,.2f} GB over; {peak / GB:,.2f} GB per GPU against "
+        f"{GPU_MEMORY['a100-80gb'] / GB:,.2f} GB, the peak of a "
         f"training step (the sum of the rows at the end of the forward pass: {total / GB:,.2f} GB).")
 
 

@@ -27,8 +27,13 @@ def test_markdown_and_html():
 
 
 def test_verdict():
-    fits = html_verdict(Ledger("gpt2"), 80 * GB)
-    assert ">fits<" in fits
+    gpt2 = Ledger("gpt2")
+    used = gpt2.totals["gpu"]
+    assert '<b style="color:green">fits, ' in html_verdict(gpt2, 80 * GB)
+    tight = html_verdict(gpt2, used + 10**9 - 1)          # under a gigabyte to spare: no fit (issue 17)
+    assert '<b style="color:crimson">no fit: 1.00 GB to spare, under the 1.00 GB margin</b>; ' in tight
+    assert '<b style="color:green">fits, 1.00 GB to spare</b>; ' in html_verdict(gpt2, used + 10**9)
+    assert '<b style="color:crimson">does not fit: 0.00 GB over</b>; ' in html_verdict(gpt2, used - 1)
     assert "does not fit" in html_verdict(Ledger("article-7b"), 80 * GB)
 
 

@@ -6,7 +6,9 @@ import io
 import json
 import os
 from pathlib import Path
+from html import unescape
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -20,6 +22,7 @@ from memledger.ledger.ledger import Ledger
 from memledger.step.cache import step_peak
 from memledger.views.controls import BY_FIELD, CONTROLS, cli_command, defaults, ledger_settings, option_text
 from memledger.views.webcalc import SCRIPT, calculator_data
+from memledger.views.widgets import render
 from memledger.views.webpeak import (STRUCTURE_FIELDS, browser_record, nearby_states, record_js, record_name,
                                      site_records, structure_key, structure_of)
 
@@ -50,19 +53,29 @@ def cli_json(state):
     return json.loads(out.getvalue())
 
 
+def cli_verdict(state):
+    """The verdict line ``memledger ledger`` prints for ``state`` (its last line that is a verdict)."""
+    out = io.StringIO()
+    with redirect_stdout(out):
+        assert main(cli_command(state).split()[1:]) == 0
+    return next(t for t in out.getvalue().splitlines() if t.startswith(("fits, ", "no fit: ", "does not fit: ")))
+
+
 def run_node(tmp_path, data, cases):
     """Each case: (page setup, record or None): the script's judgement, peak and command."""
     harness = tmp_path / "peak.js"
     harness.write_text(f"""
 const calc = require({json.dumps(str(ROOT / "_static" / SCRIPT))});
 const request = JSON.parse(require("fs").readFileSync(0, "utf8")), data = request.data, out = [];
-for (const [setup, record] of request.cases) {{
+for (const [setup, record, reason] of request.cases) {{
   const totals = calc.ledger(data, setup).totals, source = calc.recordSource(data, setup);
   const step = record && !record.unmodelled ? calc.evaluateStep(record, data, setup) : null;
   const judged = calc.judge(data, setup, totals, step);
+  const said = calc.sentence(data, judged.bytes, BigInt(data.gpus[setup[data.gpu_field]]),
+                             calc.clause(data, judged, totals, step, reason || undefined));
   out.push({{key: calc.structureKey(data, setup), source: source, judged: judged.bytes.toString(), measure: judged.key,
             peak: step && [step.peak.toString(), step.phase, step.block], ops: step && step.totals.length,
-            cli: calc.cliCommand(data, setup)}});
+            cli: calc.cliCommand(data, setup), verdict: said.text, standing: said.standing}});
 }}
 process.stdout.write(JSON.stringify(out));
 """)
@@ -76,7 +89,9 @@ def check(tmp_path, data, states, against_cli=()):
     cases = []
     for state in states:
         structure = structure_of(state)
-        cases.append([as_page(state), None if isinstance(structure, str) else record_js(structure)])
+        unmodelled_here = isinstance(structure, str)      # the page's note, as it finds it (or Pyodide says it)
+        cases.append([as_page(state), None if unmodelled_here else record_js(structure),
+                      structure if unmodelled_here else None])
     results = run_node(tmp_path, data, cases)
     for state, result in zip(states, results):
         ledger = Ledger(**ledger_settings(state))
@@ -85,9 +100,13 @@ def check(tmp_path, data, states, against_cli=()):
         peak = step_peak(ledger)
         assert result["peak"] == (None if peak is None else [str(peak[0]), peak[1], peak[2]]), state
         assert result["cli"] == cli_command(state) and result["key"] == structure_key(state)
+        # the same verdict sentence as the explorer's (memledger.answers.verdict.sentence; issue 17's margin)
+        paragraph = re.search(r'class="memledger-verdict"[^>]*><p>(.*?)</p>', render(state))[1]
+        assert result["verdict"] == unescape(re.sub(r"<[^>]+>", "", paragraph)), state
     for i in against_cli:
         printed = cli_json(states[i])
         assert (results[i]["judged"], results[i]["measure"]) == (str(printed["judged_bytes"]), printed["measure"])
+        assert results[i]["verdict"] + "." == cli_verdict(states[i]), states[i]
     return results
 
 
@@ -157,3 +176,25 @@ def test_the_browser_build_needs_no_more_numpy_than_its_stand_in(tmp_path):
                           capture_output=True, text=True, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads(done.stdout) == [record_js(structure_of(s)) for s in states]
+
+
+@node
+def test_the_pages_verdict_sentence_is_pythons_at_the_margin(tmp_path, data):
+    """Over, under the margin (no fit), at the margin (fits): the script's words are memledger.answers.verdict's."""
+    from memledger.answers.verdict import MARGIN, sentence
+    gpu = 85_899_345_920
+    cases = [gpu + 1, gpu, gpu - MARGIN + 1, gpu - MARGIN, 1]
+    harness = tmp_path / "sentence.js"
+    harness.write_text(f"""
+const calc = require({json.dumps(str(ROOT / "_static" / SCRIPT))});
+const request = JSON.parse(require("fs").readFileSync(0, "utf8"));
+process.stdout.write(JSON.stringify(request.cases.map(
+  n => calc.sentence(request.data, BigInt(n), BigInt(request.gpu), ", a clause").text)));
+""")
+    done = subprocess.run(["node", str(harness)], capture_output=True, text=True,
+                          input=json.dumps({"data": data, "cases": [str(n) for n in cases], "gpu": str(gpu)}))
+    assert done.returncode == 0, done.stderr
+    said = json.loads(done.stdout)
+    assert said == [sentence(n, gpu, ", a clause") for n in cases]
+    assert [s.split(";")[0].split(":")[0].split(",")[0] for s in said] == [
+        "does not fit", "no fit", "no fit", "fits", "fits"]

@@ -1,0 +1,764 @@
+"""LoRA and QLoRA in the step timeline: a frozen base, rank-r adapters, NF4 weights dequantized per layer.
+
+The programs of :mod:`memledger.pytorch.lora`'s reference (PEFT's ``LoraLayer`` on the LLaMA block):
+
+* **Frozen base.** No base gradient and no optimizer state; a frozen projection's backward computes only
+  its input gradient, and a frozen norm's backward no weight gradient. What autograd saves follows: a
+  linear saves its input only for its weight's gradient (``mm``'s derivative formula saves ``self`` only if
+  ``mat2`` requires grad), so the Q/K/V projection input, the MLP input and the down projection's input are
+  kept only where an adapter without dropout reads them (A's weight gradient); composite RMSNorm's FP32
+  ``x*rstd`` (kept for the norm weight's gradient) goes at once. SiLU, the gate product and the flash
+  kernel save what they always save.
+* **The blocks' inputs require grad** (PEFT's ``enable_input_require_grads``: the embedding's output is made
+  a leaf): every block runs the same program; the leaf is held by the graph and its ``.grad`` (the first
+  block's input gradient) lives until the graph is freed with the loss. The embedding gets no gradient.
+* **Adapters** on the targets (Hugging Face names): ``result + lora_B(lora_A(dropout(x))) * scaling``;
+  kept for backward: A's output (B's weight gradient) and A's input, and with dropout the mask and the
+  dropped copy instead of the input. On the fused QKV projection an adapter's output is added to its
+  column slice and the slices concatenated again (``torch.cat``). Backward runs each adapter before its
+  frozen base (autograd runs the node created last first); the input gradients of a tensor's consumers are
+  summed as they arrive (one out-of-place add each).
+* **QLoRA**: each block projection is NF4 (packed uint8, an 8-bit absmax per 64 weights, an FP32 constant per
+  256 absmax, per tensor rounded up); forward and backward each dequantize the absmax (FP32) and the
+  weight (the compute dtype), run the matmul, and free both (bitsandbytes' ``MatMul4Bit`` at M = B*S >
+  1536: ``_dequant_linear_fallback``, see :mod:`memledger.pytorch.lora`).
+* **Optimizer**: the adapter recipe over the adapters only (``torch.optim.AdamW`` as
+  :mod:`memledger.step.outer` models it; bitsandbytes' 32-bit optimizers update in place in one fused
+  kernel, ``optimizer_update_32bit``, and allocate no temporaries).
+
+* **FP32 adapters** on the BF16 base (PEFT's ``autocast_adapter_dtype=True``, ``get_peft_model``'s default):
+  each adapter copies its input to FP32 (``_cast_input_dtype``; kept for A's weight gradient instead of the
+  16-bit input), the sum with the base's output is FP32 (type promotion) and is cast back; backward casts
+  the output gradient to FP32, gives the base a 16-bit copy, and casts the input gradient back.
+
+Scope: LLaMA blocks (multi-head or grouped-query), the SDPA flash kernel, composite (CPU) or fused RMSNorm,
+no recomputation, one GPU, a BF16 (or NF4) base, FP32 adapters or adapters in the base's dtype. Read off
+MemTracker's allocation log of the reference (PyTorch 2.13, CPU); checked by ``tests/step/test_lora.py``.
+"""
+from dataclasses import dataclass, replace
+from typing import NamedTuple
+
+import numpy as np
+import sympy as sp
+
+from ..activations.backends import get_backend
+from ..activations.inventory import Saved, inventory
+from ..activations.outside import outside_inventory
+from ..core.exact import exact_function, integer_function, is_integral_polynomial
+from ..core.dtypes import nbytes
+from ..core.symbols import B, F, L, O, S, V, d, r
+from ..states.recipes import get_recipe
+from . import outer
+from .build import IDS, Built
+from .ops import BS, BSd, BSF, INPUT_GRADIENT, Program, Ref, Tensor, dropout_ops, gradient, qkv_width, \
+    residual_names, widths_of
+from .outer import Param
+from .structure import StepStructure
+from .timeline import Step
+from .trace import GRADIENT_LUMP, SAVED_LUMP, Compiled, explicit_layers, flatten
+from .vocab import Device, Kind, Lifetime, Scope
+
+__all__ = ["BLOCK_TARGETS", "LoraSpec", "LoraStep", "LoraStructure", "adapter_shape", "build_lora", "lora_rows"]
+
+#: The block projections an adapter may target, in the order the reference builds (and AdamW walks) them.
+BLOCK_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+QKV = ("q_proj", "k_proj", "v_proj")
+#: The frozen base projections of a block (reference name, Hugging Face names of what it computes).
+BASES = (("qkv", QKV), ("proj", ("o_proj",)), ("gate", ("gate_proj",)), ("up", ("up_proj",)),
+         ("down", ("down_proj",)))
+
+
+class LoraSpec(NamedTuple):
+    """The discrete LoRA choices a step's programs depend on (the rank r stays a symbol)."""
+    targets: tuple          # block projections with adapters, in BLOCK_TARGETS order
+    dropout: bool           # LoRA dropout on each adapter's input
+    qlora: bool             # the block projections in NF4
+    fused_optimizer: bool   # bitsandbytes' in-place 32-bit update (no temporaries)
+    fp32_adapters: bool = False   # FP32 adapters on the 16-bit base: PEFT's casts (input to FP32, sum back)
+
+
+@dataclass(frozen=True)
+class LoraStructure(StepStructure):
+    """A :class:`~memledger.step.structure.StepStructure` with its :class:`LoraSpec`."""
+    lora: LoraSpec = None
+
+
+def adapter_shape(c, target) -> tuple:
+    """(out, in) of ``target``'s projection in the reference block (GQA and head size applied)."""
+    q, kv = widths_of(c)[0][2], widths_of(c)[1][2]
+    return {"q_proj": (q, d), "k_proj": (kv, d), "v_proj": (kv, d), "o_proj": (d, q), "gate_proj": (F, d),
+            "up_proj": (F, d), "down_proj": (d, F)}[target]
+
+
+def _base_shapes(c) -> dict:
+    return {"qkv": (qkv_width(c), d), "proj": (widths_of(c)[0][2], d), "gate": (F, d), "up": (F, d), "down": (d, F)}
+
+
+def _kept_inputs(c, spec: LoraSpec) -> set:
+    """Inventory rows kept only for weight gradients that adapters (without dropout, in the base's dtype: FP32
+    adapters read an FP32 copy) still need."""
+    if spec.dropout or spec.fp32_adapters:
+        return set()
+    kept = set()
+    if set(QKV) & set(spec.targets):
+        kept.add("Q/K/V projection input")
+    if {"gate_proj", "up_proj"} & set(spec.targets):
+        kept.add("MLP input")
+    if "down_proj" in spec.targets:
+        kept.add("down-projection input")
+    return kept
+
+
+def lora_rows(c, spec: LoraSpec, opts: dict) -> list:
+    """One block's saved tensors (:class:`~memledger.activations.inventory.Saved`): the inventory's, less what
+    only frozen weights' gradients needed, plus each adapter's."""
+    rows = inventory("swiglu", "RMSNorm", False, gqa=c.gqa, head_dim=c.head_dim, **opts)
+    kept = _kept_inputs(c, spec)
+    out = []
+    for row in rows:
+        if row.name.endswith("x*rstd"):
+            continue              # composite RMSNorm keeps x*rstd for its (frozen) weight's gradient only
+        if row.weight_grad_of and row.name != "output projection input" and row.name not in kept:
+            continue              # the flash kernel saves its output, the output projection's input, anyway
+        out.append(row)
+    ad = _adapter_dtype(c, spec)
+    for t in spec.targets:
+        _, inp = adapter_shape(c, t)
+        if spec.dropout:
+            out += [Saved(f"LoRA {t} dropout mask", "the adapter's dropout backward needs the mask", (B, S, inp),
+                          "bool" if opts["mask_dtype"] == "bool" else ad),
+                    Saved(f"LoRA {t} dropout output", "A's weight gradient needs its (dropped) input", (B, S, inp),
+                          ad)]
+        elif spec.fp32_adapters:
+            out.append(Saved(f"LoRA {t} input (FP32 copy)", "A's weight gradient needs its input, cast to FP32 "
+                             "(PEFT's _cast_input_dtype)", (B, S, inp), "fp32"))
+        out.append(Saved(f"LoRA {t} A output", "B's weight gradient needs its input, A x", (B, S, r), ad))
+    return out
+
+
+def _adapter_dtype(c, spec):
+    return "fp32" if spec.fp32_adapters else c.dtype
+
+
+def _prefix(k):
+    return "final RMSNorm" if k == "final" else f"RMSNorm {k}"
+
+
+def _norm_forward(p, c, k, out):
+    """A norm with a frozen weight writing ``out`` (its input live): fused keeps input and rstd; composite its
+    FP32 input and rstd, and x*rstd only until the weight's product is made."""
+    prefix, f = _prefix(k), "fp32"
+    if not c.composite:
+        p.op(f"norm {k}", alloc=[out] + ([f"{prefix} rstd"] if c.stats else []))
+        return
+    x32 = f"{prefix} input"
+    sq, ms = p.new(f"norm {k}: x^2", BSd, f, "composite RMSNorm"), p.new(f"norm {k}: mean(x^2)", BS, f, "")
+    xr = p.new(f"norm {k}: x*rstd", BSd, f, "not kept: only the frozen weight's gradient would read it")
+    if c.upcast:
+        p.op(f"norm {k} upcast", alloc=[x32])
+    p.op(f"norm {k} rsqrt(mean(x^2))", alloc=[sq, ms, f"{prefix} rstd"])
+    p.op(f"norm {k} x*rstd", free=[ms, sq], alloc=[xr])
+    if c.upcast:
+        xrw = p.new(f"norm {k}: x*rstd*w", BSd, f, "composite RMSNorm, FP32")
+        p.op(f"norm {k} weight", alloc=[xrw])
+        p.op("released", free=[xr])
+        p.op(f"norm {k} downcast", alloc=[out])
+        p.op(f"norm {k} done", free=[xrw])
+    else:
+        p.op(f"norm {k} weight", alloc=[out])
+        p.op("released", free=[xr])
+
+
+def _norm_backward(p, c, k, g_out, g_in):
+    """Backward of a norm with a frozen weight: ``g_out`` -> ``g_in`` (no weight gradient is kept)."""
+    prefix, a, f = _prefix(k), c.dtype, "fp32"
+    if not c.composite:
+        dw = p.new(f"norm {k} backward: weight gradient (discarded)", (d,), a,
+                   "_fused_rms_norm_backward computes it; autograd drops it")
+        p.op(f"norm {k} backward", alloc=[g_in, dw])
+        p.op(f"norm {k} released", free=[dw, g_out, f"{prefix} input"] + ([f"{prefix} rstd"] if c.stats else []))
+        return
+    t = {n: p.new(f"norm {k} backward: {n}", shape, f, "composite RMSNorm backward") for n, shape in [
+        ("g32", BSd), ("g*w", BSd), ("g*rstd", BSd), ("g*x", BSd), ("g_rstd", BS), ("rsqrt'", BS),
+        ("rsqrt''", BS), ("g_ms", BS), ("g_mean", BSd), ("pow'", BSd), ("pow''", BSd), ("g_pow", BSd),
+        ("g_x32", BSd)]}
+    x32, rstd = f"{prefix} input", f"{prefix} rstd"
+    if c.upcast:
+        p.op(f"norm {k} backward: upcast", alloc=[t["g32"]])
+        p.op("released", free=[g_out])
+        p.op(f"norm {k} backward: g*w", alloc=[t["g*w"]])
+        p.op("released", free=[t["g32"]])
+    else:
+        p.op(f"norm {k} backward: g*w", alloc=[t["g*w"]])
+        p.op("released", free=[g_out])
+    p.op(f"norm {k} backward: x*rstd", alloc=[t["g*rstd"], t["g*x"], t["g_rstd"]])
+    p.op("released", free=[t["g*x"], t["g*w"]])
+    p.op(f"norm {k} backward: rsqrt", alloc=[t["rsqrt'"], t["rsqrt''"], t["g_ms"]])
+    p.op("released", free=[t["rsqrt'"], t["rsqrt''"], t["g_rstd"], rstd])
+    p.op(f"norm {k} backward: mean", alloc=[t["g_mean"]])
+    p.op(f"norm {k} backward: pow", free=[t["g_ms"]], alloc=[t["pow'"], t["pow''"], t["g_pow"]])
+    p.op("released", free=[t["pow'"], t["pow''"], t["g_mean"], x32])
+    total = t["g_x32"] if c.upcast else g_in
+    p.op(f"norm {k} backward: sum", alloc=[total])
+    p.op("released", free=[t["g*rstd"], t["g_pow"]])
+    if c.upcast:
+        p.op(f"norm {k} backward: downcast", alloc=[g_in])
+        p.op("released", free=[t["g_x32"]])
+
+
+def _dequantized(p, c, base):
+    """QLoRA: the absmax (FP32) and the weight (the compute dtype) of ``base``, dequantized."""
+    out, inp = _base_shapes(c)[base]
+    scales = p.new(f"{base}: absmax dequantized", (sp.ceiling(out * inp / 64),), "fp32",
+                   "bitsandbytes: the 8-bit absmax to FP32 (double quantization)")
+    weight = p.new(f"{base}: weight dequantized", (out, inp), c.dtype, "bitsandbytes: the NF4 weight, dequantized")
+    return scales, weight
+
+
+def _base_forward(p, c, spec, base, out):
+    """A frozen base projection writing ``out`` (a name or a list of names: views of one output); under QLoRA
+    its weight is dequantized first and freed after."""
+    out = [out] if isinstance(out, str) else list(out)
+    if not spec.qlora:
+        p.op(f"{base} (frozen)", alloc=out)
+        return
+    scales, weight = _dequantized(p, c, base)
+    p.op(f"{base}: dequantize absmax", alloc=[scales])
+    p.op(f"{base}: dequantize weight", alloc=[weight])
+    p.op("released", free=[scales])
+    p.op(f"{base} (frozen, NF4)", alloc=out)
+    p.op("released", free=[weight])
+
+
+def _base_backward(p, c, spec, base, g_in, frees=()):
+    """A frozen base projection's backward: only its input gradient ``g_in``; then ``frees`` go."""
+    if spec.qlora:
+        scales, weight = _dequantized(p, c, base)
+        p.op(f"{base} backward: dequantize absmax", alloc=[scales])
+        p.op(f"{base} backward: dequantize weight", alloc=[weight])
+        p.op("released", free=[scales])
+        p.op(f"{base} backward (input gradient only)", alloc=[g_in])
+        p.op("released", free=[weight] + list(frees))
+        return
+    p.op(f"{base} backward (input gradient only)", alloc=[g_in])
+    p.op("released", free=list(frees))
+
+
+def _adapter_forward(p, c, spec, t, x):
+    """An adapter on input ``x`` (live; FP32 adapters first copy it to FP32): returns its output's name and the
+    temporaries the sum with the base frees (:func:`_adapter_sum`)."""
+    out, inp = adapter_shape(c, t)
+    ad = _adapter_dtype(c, spec)
+    src, cast = x, None
+    if spec.fp32_adapters:
+        src = f"LoRA {t} input (FP32 copy)"
+        if spec.dropout:
+            cast = p.new(src, (B, S, inp), "fp32", "x.to(float32), until the adapter's call returns")
+        p.op(f"LoRA {t}: input to FP32", alloc=[src])
+    if spec.dropout:
+        src = f"LoRA {t} dropout output"
+        dropout_ops(p, c, f"LoRA {t}", f"LoRA {t} dropout mask", src)
+    b = p.new(f"LoRA {t} B output", (B, S, out), ad, "lora_B's output, until the scaling")
+    delta = p.new(f"LoRA {t} delta", (B, S, out), ad, "lora_B(lora_A(x)) * scaling")
+    p.op(f"LoRA {t} A", alloc=[f"LoRA {t} A output"])
+    p.op(f"LoRA {t} B", alloc=[b])
+    p.op(f"LoRA {t} scaling", alloc=[delta])
+    return b, delta, cast
+
+
+def _adapter_sum(p, c, spec, t, adapter, out, raw=None, after=()):
+    """``result + delta`` into ``out`` (PEFT's ``Linear.forward``); ``raw``: the base's output, freed by the add
+    (the local is reassigned); ``after``: freed when the call returns. FP32 adapters: the sum is FP32 (type
+    promotion), then cast back to the base's dtype."""
+    b, delta, cast = adapter
+    if not spec.fp32_adapters:
+        p.op(f"{t} + adapter", free=[b, delta, raw], alloc=[out])
+        if after:
+            p.op("released", free=list(after))
+        return
+    width, _ = adapter_shape(c, t)
+    s32 = p.new(f"LoRA {t} sum (FP32)", (B, S, width), "fp32", "the base's output plus the FP32 delta, promoted")
+    p.op(f"{t} + adapter (FP32)", free=[b, delta, raw], alloc=[s32])
+    p.op(f"{t}: back to {c.dtype}", alloc=[out])
+    p.op("released", free=[s32, cast] + list(after))
+
+
+def _adapter_backward(p, c, spec, t, x, share, last_reader, g_out=None):
+    """An adapter's backward from its output gradient: returns (the gradient of its input, the gradient its base
+    reads: None where it is the same tensor). ``x``: its saved input (without dropout, in the base's dtype),
+    freed here if ``last_reader``; ``g_out``: the output gradient, freed here once read (FP32 adapters only:
+    otherwise the base reads it too)."""
+    out, inp = adapter_shape(c, t)
+    a, ad = c.dtype, _adapter_dtype(c, spec)
+    gb = None
+    if spec.fp32_adapters:
+        g32 = p.new(f"LoRA {t} output gradient in FP32", (B, S, out), "fp32", ".to() backward: the sum's gradient")
+        gb = p.new(f"LoRA {t} base's share of the gradient", (B, S, out), a, "add backward: cast to the base's dtype")
+        p.op(f"LoRA {t}: back-to-{a} backward", alloc=[g32])
+        p.op("released", free=[g_out])
+        p.op(f"LoRA {t}: add backward", alloc=[gb])
+    gs = p.new(f"LoRA {t} scaled gradient", (B, S, out), ad, "mul backward: g * scaling")
+    ga = p.new(f"LoRA {t} gradient of A output", (B, S, r), ad, "lora_B's input gradient")
+    gx = p.new(f"LoRA {t} input gradient", (B, S, inp), ad, "lora_A's input gradient")
+    grad_b = gradient(p, f"{t}.lora_B", out * r, c, share)
+    grad_a = gradient(p, f"{t}.lora_A", r * inp, c, share)
+    p.op(f"LoRA {t} scaling backward", alloc=[gs])
+    if spec.fp32_adapters:
+        p.op("released", free=[g32])
+    p.op(f"LoRA {t} B backward", alloc=[grad_b, ga])
+    p.op("released", free=[gs, f"LoRA {t} A output"])
+    p.op(f"LoRA {t} A backward", alloc=[grad_a, gx])
+    if not spec.dropout:
+        saved = f"LoRA {t} input (FP32 copy)" if spec.fp32_adapters else (x if last_reader else None)
+        p.op("released", free=[ga, saved])
+    else:
+        p.op("released", free=[ga, f"LoRA {t} dropout output"])
+        g = p.new(f"LoRA {t} gradient through dropout", (B, S, inp), ad, "times the mask")
+        p.op(f"LoRA {t} dropout backward", alloc=[g])
+        p.op("released", free=[gx, f"LoRA {t} dropout mask"])
+        gx = g
+    if spec.fp32_adapters:
+        g = p.new(f"LoRA {t} input gradient in {a}", (B, S, inp), a, "x.to(float32) backward: cast back")
+        p.op(f"LoRA {t}: input cast backward", alloc=[g])
+        p.op("released", free=[gx])
+        gx = g
+    return gx, gb
+
+
+class _Sum:
+    """Autograd's input buffer of one tensor: gradients summed as they arrive (an out-of-place add each)."""
+
+    def __init__(self, p, name, shape, dtype):
+        self.p, self.name, self.shape, self.dtype, self.value, self.n = p, name, shape, dtype, None, 0
+
+    def add(self, g):
+        if self.value is None:
+            self.value = g
+            return
+        self.n += 1
+        total = self.p.new(f"{self.name} (sum {self.n})", self.shape, self.dtype, "gradients of its consumers summed")
+        self.p.op(f"{self.name}: gradients summed", alloc=[total])
+        self.p.op("released", free=[self.value, g])
+        self.value = total
+
+
+def lora_block_forward(p, c, spec: LoraSpec):
+    """One block's forward under LoRA (its input is live; its output is the next block's input)."""
+    a, T = c.dtype, spec.targets
+    x, xm = residual_names(c)
+    kept = _kept_inputs(c, spec)
+    temps = []
+
+    def local(name, shape=BSd, why="a local of the block"):
+        temps.append(name)
+        return p.new(name, shape, a, why)
+    h1 = "Q/K/V projection input" if "Q/K/V projection input" in kept else local("norm 1 output")
+    _norm_forward(p, c, "1", h1)
+    fused = [t for t in QKV if t in T]
+    if not fused:
+        _base_forward(p, c, spec, "qkv", ["Q", "K", "V"])     # q, k, v: views of the frozen projection's output
+    else:
+        base = p.new("frozen QKV projection output", (B, S, qkv_width(c)), a, "split into q, k, v column slices")
+        _base_forward(p, c, spec, "qkv", base)
+        sums = []
+        for t in fused:
+            adapter = _adapter_forward(p, c, spec, t, h1)
+            out, _ = adapter_shape(c, t)
+            s_ = p.new(f"{t} slice + adapter", (B, S, out), a, "the slice plus the adapter's output")
+            last = len(fused) == 3 and t == "v_proj"     # every slice replaced: the base output goes
+            _adapter_sum(p, c, spec, t, adapter, s_, after=[base] if last else ())
+            sums.append(s_)
+        p.op("torch.cat: the fused output again (q, k, v: views of it)", alloc=["Q", "K", "V"])
+        p.op("released", free=sums + ([] if len(fused) == 3 else [base]))
+    if h1 in temps:
+        p.op("released", free=[h1])
+        temps.remove(h1)
+    p.op("flash attention", alloc=["output projection input", "softmax log-sum-exp"])
+    po = p.new("output projection output", BSd, a, "the attention branch before the residual add")
+    _base_forward(p, c, spec, "proj", po)
+    branch = po
+    if "o_proj" in T:
+        adapter = _adapter_forward(p, c, spec, "o_proj", "output projection input")
+        branch = p.new("o_proj output + adapter", BSd, a, "the attention branch")
+        _adapter_sum(p, c, spec, "o_proj", adapter, branch, raw=po)
+        p.op("residual add", alloc=[xm])
+    else:
+        p.op("residual add", alloc=[xm])
+    p.op("residual done", free=[branch])
+    h2 = "MLP input" if "MLP input" in kept else local("norm 2 output")
+    _norm_forward(p, c, "2", h2)
+
+    def projection(base, t, out, shape):
+        """A frozen MLP projection (and its adapter) writing ``out``."""
+        if t not in T:
+            _base_forward(p, c, spec, base, out)
+            return
+        raw = p.new(f"{base} output (frozen)", shape, a, "the base's output, before the adapter's is added")
+        _base_forward(p, c, spec, base, raw)
+        _adapter_sum(p, c, spec, t, _adapter_forward(p, c, spec, t, h2 if base != "down" else prod), out, raw=raw)
+    prod = "down-projection input" if "down-projection input" in kept else p.new(
+        "SiLU(gate) * up", BSF, a, "not kept: only the frozen down projection's weight gradient would read it")
+    projection("gate", "gate_proj", "gate output", BSF)
+    p.op("SiLU", alloc=["SiLU output"])
+    projection("up", "up_proj", "up-projection output", BSF)
+    p.op("SiLU(gate) * up", alloc=[prod])
+    dn = p.new("down-projection output", BSd, a, "the MLP branch before the residual add")
+    projection("down", "down_proj", dn, BSd)
+    temporary = [prod] if prod not in ("down-projection input",) else []
+    p.op("residual add", free=temporary, alloc=[Ref(Scope.NEXT, x, _final_input(c))])
+    leftovers = [dn] + [n for n in (xm, x) if p.tensors[n].lifetime is Lifetime.TEMPORARY] + temps
+    p.op("block returns", free=leftovers)
+
+
+def _final_input(c):
+    return "final norm input" if c.upcast else "final RMSNorm input"
+
+
+def lora_block_backward(p, c, spec: LoraSpec, share):
+    """One block's backward under LoRA: ``dX_out`` (live) -> the previous block's; frees the saved tensors."""
+    a, T = c.dtype, spec.targets
+    kept = _kept_inputs(c, spec)
+    BSq = widths_of(c)[0]
+    prod = "down-projection input"
+    # the MLP: down, SiLU(gate) * up, up, SiLU, gate
+    g_prod = _Sum(p, "gradient of the down-projection input", BSF, a)
+    gb = None
+    if "down_proj" in T:
+        gx, gb = _adapter_backward(p, c, spec, "down_proj", prod, share, True)
+        g_prod.add(gx)
+    g = p.new("gradient of the down-projection input (frozen down)", BSF, a, "the frozen down projection's")
+    _base_backward(p, c, spec, "down", g, [gb])
+    g_prod.add(g)
+    gs = p.new("gradient of the SiLU output", BSF, a, "dL/d(SiLU(gate)) = g * up")
+    gup = p.new("gradient of the up-projection output", BSF, a, "dL/d(up) = g * SiLU(gate)")
+    p.op("SiLU(gate) * up backward", alloc=[gs, gup])
+    p.op("released", free=[g_prod.value, "up-projection output", "SiLU output"])
+    h2 = "MLP input"
+    g_h2 = _Sum(p, "gradient of the MLP input", BSd, a)
+    mlp_readers = [t for t in ("gate_proj", "up_proj") if t in T]
+    gb = gup
+    if "up_proj" in T:
+        gx, gb = _adapter_backward(p, c, spec, "up_proj", h2, share, mlp_readers == ["up_proj"], gup)
+        g_h2.add(gx)
+    g = p.new("gradient of the MLP input via up (frozen)", BSd, a, "the frozen up projection's")
+    _base_backward(p, c, spec, "up", g, [gb or gup])
+    g_h2.add(g)
+    gg = p.new("gradient of the gate output", BSF, a, "SiLU backward's output")
+    p.op("SiLU backward", alloc=[gg])
+    p.op("released", free=[gs, "gate output"])
+    gb = gg
+    if "gate_proj" in T:
+        gx, gb = _adapter_backward(p, c, spec, "gate_proj", h2, share, True, gg)
+        g_h2.add(gx)
+    g = p.new("gradient of the MLP input via gate (frozen)", BSd, a, "the frozen gate projection's")
+    _base_backward(p, c, spec, "gate", g, [gb or gg])
+    g_h2.add(g)
+    gn2 = p.new("gradient of norm 2's input", BSd, a, "norm 2 backward's output")
+    _norm_backward(p, c, "2", g_h2.value, gn2)
+    gxm = p.new("gradient of the attention residual sum", BSd, a, "skip and norm gradients summed")
+    p.op("residual gradients summed", alloc=[gxm])
+    p.op("released", free=[gn2, "dX_out"])
+    # attention: the output projection, the flash kernel, q, k, v
+    g_pi = _Sum(p, "gradient of the output projection input", BSq, a)
+    gb = None
+    if "o_proj" in T:
+        gx, gb = _adapter_backward(p, c, spec, "o_proj", "output projection input", share, False)
+        g_pi.add(gx)
+    g = p.new("gradient of the output projection input (frozen)", BSq, a, "the frozen output projection's")
+    _base_backward(p, c, spec, "proj", g, [gb])
+    g_pi.add(g)
+    BSkv = widths_of(c)[1]
+    gq, gk, gv = (p.new(f"gradient of {n}", (B, S, w), a, f"dL/d{n}")
+                  for n, w in (("q", BSq[2]), ("k", BSkv[2]), ("v", BSkv[2])))
+    p.op("flash attention backward", alloc=[gq, gk, gv])
+    p.op("released", free=[g_pi.value, "Q", "K", "V", "softmax log-sum-exp", "output projection input"])
+    gqkv = p.new("gradient of the QKV projection output", (B, S, qkv_width(c)), a,
+                 "q, k, v gradients put back together")
+    if c.gqa:
+        p.op("q, k, v gradients concatenated", alloc=[gqkv])
+        p.op("released", free=[gq, gk, gv])
+    else:
+        stack = p.new("stacked q, k, v gradients", (B, S, qkv_width(c)), a, "torch.stack of the three gradients")
+        p.op("q, k, v gradients stacked", alloc=[stack])
+        p.op("released", free=[gq, gk, gv])
+        p.op("permuted back", alloc=[gqkv])
+        p.op("released", free=[stack])
+    h1 = "Q/K/V projection input"
+    g_h1 = _Sum(p, "gradient of norm 1's output", BSd, a)
+    fused = [t for t in QKV if t in T]
+    slices = []
+    for t in reversed(fused):
+        gx, gb = _adapter_backward(p, c, spec, t, h1, share, t == fused[0])
+        g_h1.add(gx)
+        slices.append(gb)
+    g = p.new("gradient of norm 1's output (frozen QKV)", BSd, a, "the frozen QKV projection's")
+    if fused:
+        gbase = p.new("gradient of the frozen QKV output", (B, S, qkv_width(c)), a,
+                      "split backward: the slices' gradients concatenated")
+        p.op("split backward", alloc=[gbase])
+        p.op("released", free=[gqkv] + slices)
+        _base_backward(p, c, spec, "qkv", g, [gbase])
+    else:
+        _base_backward(p, c, spec, "qkv", g, [gqkv])
+    g_h1.add(g)
+    gx1 = p.new("gradient of norm 1's input", BSd, a, "norm 1 backward's output")
+    _norm_backward(p, c, "1", g_h1.value, gx1)
+    p.op("residual gradients summed", alloc=[INPUT_GRADIENT])
+    p.op("released", free=[gx1, gxm])
+    assert h1 not in kept or fused            # a kept Q/K/V input is an adapter's
+
+
+def _forward_end(p, c):
+    """Final norm (frozen), LM head (frozen), FP32 upcast, log_softmax, nll_loss."""
+    a = c.dtype
+    head_in = p.new("LM head input", BSd, a, "not kept: the LM head is frozen")
+    _norm_forward(p, c, "final", head_in)
+    logits = p.new("logits", outer.LOGITS, a, "the LM head's output")
+    p.op("LM head (frozen)", alloc=[logits])
+    p.op("released", free=[head_in] + ([_final_input(c)] if c.upcast else []))
+    src = p.new("logits in FP32", outer.LOGITS, "fp32", "logits.float(): cross-entropy runs in FP32")
+    p.op("logits.float()", alloc=[src])
+    p.op("BF16 logits released", free=[logits])
+    p.op("log_softmax", alloc=["log-softmax output (FP32)"])
+    p.op("nll_loss", alloc=["loss", "nll_loss total weight"])
+    p.op("loss computed", free=[src])
+
+
+def _backward_start(p, c):
+    """Back through the loss, the frozen LM head and the final norm; ends with the last block's ``dX_out``."""
+    a = c.dtype
+    dl = p.new("gradient of the loss", (), "fp32", "loss.backward() seeds a 1")
+    g1 = p.new("nll_loss gradient", outer.LOGITS, "fp32", "nll_loss backward: B*S*V FP32")
+    g2 = p.new("log_softmax gradient", outer.LOGITS, "fp32", "log_softmax backward: B*S*V FP32")
+    p.op("loss.backward()", alloc=[dl])
+    p.op("nll_loss backward", alloc=[g1])
+    p.op("released", free=["nll_loss total weight"])
+    p.op("log_softmax backward", alloc=[g2])
+    p.op("released", free=[g1, "log-softmax output (FP32)"])
+    g = p.new("logits gradient", outer.LOGITS, a, "downcast to the logits' dtype")
+    p.op("logits.float() backward", alloc=[g])
+    p.op("released", free=[g2])
+    gfn = p.new("gradient of the LM head input", BSd, a, "the frozen LM head's input gradient")
+    p.op("LM head backward (input gradient only)", alloc=[gfn])
+    p.op("released", free=[g])
+    _norm_backward(p, c, "final", gfn, Ref(Scope.LAST, "dX_out"))
+
+
+def _backward_end(p, c):
+    """The graph goes with the loss: the embedding output (a leaf held by the graph) and its ``.grad``."""
+    p.op("graph freed", free=["grad of the embedding output", Ref(Scope.FIRST, residual_names(c)[0]),
+                              "gradient of the loss", "loss"])
+
+
+def _block_params(c, spec) -> list:
+    """(name, elements) of one block's adapter tensors in ``model.parameters()`` order: A (r x in), B (out x r)."""
+    block = []
+    for t in spec.targets:
+        out, inp = adapter_shape(c, t)
+        block += [(f"{t}.lora_A", r * inp), (f"{t}.lora_B", out * r)]
+    return block
+
+
+def _params(c, spec, layers) -> list:
+    """The adapters' :class:`~memledger.step.outer.Param` in ``model.parameters()`` order; blocks 1..L-2 as one
+    lump where ``layers`` skips some."""
+    block = _block_params(c, spec)
+    params = []
+    for i in layers:
+        params += [Param(f"block {i} {n}", e) for n, e in block]
+        if i == 0 and layers[-1] > 1 and layers != list(range(layers[-1] + 1)):
+            params.append(Param("@blocks 1..L-2", (L - 2) * sum(e for _, e in block), lump=True))
+            params += [Param(f"block L-1 {n}", e) for n, e in block]
+            break
+    return params
+
+
+def _hold_leaf(ops, x):
+    """The embedding's output is a leaf the graph holds: block 0 never frees it (:func:`_backward_end` does)."""
+    from .trace import Op
+    out = []
+    for op in ops:
+        if op.layer == 0 and (0, x) in op.frees:
+            op = Op(op.phase, op.layer, op.label, tuple(n for n in op.frees if n != (0, x)), op.allocs, op.action)
+        out.append(op)
+    return out
+
+
+class LoraBuilt(Built):
+    """The programs and compiled sizes of a :class:`LoraStructure` (:class:`~memledger.step.build.Built`'s
+    methods read them)."""
+
+    def __init__(self, s: LoraStructure):       # noqa: C901 - one table, then the programs
+        self.shape = c = s.shape
+        self.structure = s
+        spec = s.lora
+        conv = s.conventions
+        recipe = get_recipe(s.recipe)
+        share = lambda n: n                         # noqa: E731 - one rank, nothing sharded
+        opts = conv.inventory_options(c.style, c.dtype, False) | {"attention": c.attention}
+        self.layer_rows = lora_rows(c, spec, opts)
+        self.outside_rows = [row for row in outside_inventory(c.style, **{k: opts[k] for k in (
+            "dtype", "norm_stats", "rmsnorm", "attention")}) if not row.name.endswith("x*rstd")
+            and row.name != "LM head input"]
+        tensors = {}
+        for row in self.layer_rows + self.outside_rows:
+            tensors[row.name] = Tensor(row.name, row.bytes, Kind.ACTIVATION, Lifetime.SAVED, why=row.why)
+        for name, why in [("dX_out", "the gradient flowing back into the block's output"),
+                          ("grad of the embedding output", "the first block's input gradient: the leaf's .grad"),
+                          ("block input", "the block's input, held by the caller until the block returns"),
+                          ("attention residual sum", "x + attention, norm 2's input"),
+                          ("final norm input", "the last block's output, until the LM head has run")]:
+            tensors[name] = Tensor(name, B * S * d * nbytes(c.dtype), Kind.TRANSIENT, Lifetime.TEMPORARY, why=why)
+        self.placement = outer_placement = Program(tensors).placement
+        p = Program(tensors, outer_placement)
+        outside = {}
+        from .trace import Part
+        for part, fn in [(Part.FORWARD_START, outer.forward_start), (Part.FORWARD_END, _forward_end),
+                         (Part.BACKWARD_START, _backward_start), (Part.BACKWARD_END, _backward_end)]:
+            q = p.fork()
+            fn(q, c)
+            outside[part] = q.ops
+        fwd, bwd = p.fork(), p.fork()
+        lora_block_forward(fwd, c, spec)
+        lora_block_backward(bwd, c, spec, share)
+        layers = explicit_layers(s.layers or 5)
+        opt = p.fork()
+        moments, master = outer.adamw(recipe)
+        params = _params(c, spec, layers)
+        if spec.fused_optimizer:
+            opt.op("gradients collected")
+            opt.op("bitsandbytes: fused in-place update")
+            from .vocab import Action
+            opt.op("gradients released", action=Action.RELEASE_GRADIENTS)
+        else:
+            outer.optimizer(opt, params, moments, master and c.grad_dtype != "fp32", conv.foreach, c.grad_dtype)
+        saved = sum((tensors[row.name].expr for row in self.layer_rows), sp.Integer(0))
+        grads = sum((tensors[f"grad {t}.lora_{m}"].expr for t in spec.targets for m in "AB"), sp.Integer(0))
+        tensors[SAVED_LUMP] = Tensor(SAVED_LUMP, (L - 4) * saved, Kind.ACTIVATION, Lifetime.SAVED)
+        tensors[GRADIENT_LUMP] = Tensor(GRADIENT_LUMP, (L - 4) * grads, Kind.GRAD, Lifetime.GRADIENT)
+        self.ops = _hold_leaf(flatten(s.layers or 5, c, outside, fwd.ops, bwd.ops, opt.ops), residual_names(c)[0])
+        self.tensors = tensors
+        self._lora_static(recipe, spec, len(params) and 2 * len(spec.targets))
+        self.compiled = Compiled(self.ops, self.static, tensors)
+        self.names = self.compiled.names
+        self.masks = {dev: np.array([self.tensors[n].device is dev for n in self.names], dtype=np.int64)
+                      for dev in Device}
+        self.gpu = self.masks[Device.GPU]
+        exprs = [sp.sympify(tensors[n].expr) for n in self.names]
+        whole = [i for i, e in enumerate(exprs) if is_integral_polynomial(e)]
+        other = [i for i in range(len(exprs)) if i not in set(whole)]
+        self.symbols = tuple(sorted(set().union(*(e.free_symbols for e in exprs)), key=lambda x: x.name))
+        self._groups = [(whole, integer_function(self.symbols, [exprs[i] for i in whole])),
+                        (other, exact_function(self.symbols, tuple(exprs[i] for i in other)))]
+
+    def _lora_static(self, recipe, spec, per_block):
+        """The frozen base (16-bit or NF4), the adapters' states, step counters, ids, overhead."""
+        c, conv, t_ = self.shape, self.structure.conventions, self.tensors
+        self.static = []
+
+        def static(name, expr, kind, why=""):
+            t_[name] = Tensor(name, expr, kind, Lifetime.STEP, Device.GPU, why)
+            self.static.append((None, name))
+        a = nbytes(c.dtype)
+        dense = (2 * V * d + d) * a + L * 2 * d * a          # embedding, LM head (untied), final norm, norms
+        if c.is_tied:
+            dense -= V * d * a
+        shapes = _base_shapes(c)
+        if c.has_qkv_bias:
+            dense += L * qkv_width(c) * a
+        packed = absmax = absmax2 = sp.Integer(0)
+        for out, inp in shapes.values():
+            n = out * inp
+            if spec.qlora:
+                packed += L * sp.ceiling(n / 2)
+                absmax += L * sp.ceiling(n / 64)
+                absmax2 += L * 4 * sp.ceiling(sp.ceiling(n / 64) / 256)
+            else:
+                dense += L * n * a
+        static(f"frozen base weights ({c.dtype}; no grads, no states)", dense, Kind.PARAM,
+               "frozen: requires_grad=False")
+        if spec.qlora:
+            static("frozen NF4 projections: packed 4-bit weights", packed, Kind.PARAM, "two 4-bit codes per byte")
+            static("frozen NF4 projections: absmax (8-bit) and their FP32 constants", absmax + absmax2, Kind.PARAM,
+                   "double quantization: one 8-bit absmax per 64 weights, one FP32 per 256 absmax")
+        P = L * sum(e for _, e in _block_params(c, spec))
+        self.adapter_params = P
+        grad = next(x for x in recipe.components if x.role == "grad")
+        self.grad_row = _GradRow(f"LoRA adapters: {grad.name}", grad.bytes_for(1))
+        for x in recipe.components:
+            if x.role != "grad":
+                static(f"LoRA adapters: {x.name}", x.bytes_for(P), _kind(x.role), "the adapter recipe's component")
+        if conv.step_counters and outer.adamw(recipe)[0] is not None and not spec.fused_optimizer:
+            static("Adam step counters", 4 * L * per_block, Kind.OPTIMIZER,
+                   "one 0-d FP32 step tensor per adapter tensor (torch.optim.Adam)")
+        for name in IDS:
+            static(name, t_[name].expr, Kind.ACTIVATION, t_[name].why)
+        static("CUDA context + workspace", O, Kind.OVERHEAD, "the runtime's context and workspaces")
+
+
+class _GradRow(NamedTuple):
+    name: str
+    bytes_per_param: object
+    sharded: bool = False
+
+
+def _kind(role):
+    return {"param": Kind.PARAM, "optimizer": Kind.OPTIMIZER, "grad": Kind.GRAD}.get(role, Kind.OPTIMIZER)
+
+
+_CACHE = {}
+
+
+def build_lora(s: LoraStructure) -> LoraBuilt:
+    """The programs of ``s``, built once per structure."""
+    if s not in _CACHE:
+        _CACHE[s] = LoraBuilt(s)
+    return _CACHE[s]
+
+
+#: Adapter recipes the LoRA step models: torch.optim.AdamW (with or without FP32 masters) and bitsandbytes'
+#: fused 32-bit AdamW (QLoRA's ``paged_adamw_32bit``).
+ADAPTER_RECIPES = ("fp32-adamw", "bf16-pure-adamw", "bf16-adamw", "bf16-adamw32-bnb")
+
+
+class LoraStep(Step):
+    """The step timeline of a :class:`memledger.ledger.lora.LoraLedger` (``LoraLedger(...).step(backend)``)."""
+
+    def __init__(self, lora_ledger, ledger, backend="article", **changes):
+        """``ledger``: a :class:`memledger.ledger.ledger.Ledger` of the same model and workload (its values)."""
+        config, arch = lora_ledger.config, lora_ledger.arch
+        self.ledger = lora_ledger
+        self.conventions = conv = get_backend(backend, **changes)
+        if config.base not in ("bf16", "nf4"):
+            raise ValueError(f"the LoRA step models a BF16 base (or NF4 under QLoRA), got base {config.base}")
+        if config.adapter_recipe not in ADAPTER_RECIPES:
+            raise ValueError(f"the LoRA step models FP32 or BF16 adapters under AdamW: adapter_recipe must be one of "
+                             f"{', '.join(ADAPTER_RECIPES)}, got {config.adapter_recipe}")
+        if arch.style != "llama" or lora_ledger.recompute != "none":
+            raise ValueError("the LoRA step models LLaMA blocks without recomputation")
+        if conv.kernel(arch.style, False, lora_ledger.flash_attention) != "flash":
+            raise ValueError("the LoRA step models the SDPA flash kernel: use --backend cpu or cuda, or "
+                             "--flash-attention")
+        base = StepStructure.of(ledger, conv)
+        grad_dtype = next(x.dtype for x in get_recipe(config.adapter_recipe).components if x.role == "grad")
+        shape = replace(base.shape, grad_dtype=grad_dtype)
+        spec = LoraSpec(tuple(t for t in BLOCK_TARGETS if t in config.targets), config.dropout,
+                        config.base == "nf4", config.adapter_recipe.endswith("-bnb"),
+                        config.adapter_recipe.startswith("fp32"))
+        fields = {f: getattr(base, f) for f in base.__dataclass_fields__}
+        self.structure = LoraStructure(**(fields | {"shape": shape, "recipe": config.adapter_recipe, "lora": spec}))
+        self.built = build_lora(self.structure)
+        self.values = dict(ledger.values) | {"r": config.rank}
+        self.values["P"] = ledger.evaluate(self.built.adapter_params.subs(r, config.rank))
+
+    def to_dict(self) -> dict:
+        """The JSON object of ``memledger step --lora-rank ...``: the LoRA ledger's inputs (with the backend),
+        landmarks, peak (with what is live there), rows."""
+        inputs = self.ledger.to_dict()["inputs"] | {"backend": self.conventions.name, "conventions": {
+            k: v for k, v in vars(self.conventions).items() if k != "name"}}
+        return {"inputs": inputs, "landmarks": self.landmarks,
+                "peak": {"gpu": self.peak.bytes, "phase": self.peak.phase, "layer": self.peak.layer,
+                         "detail": self.peak.detail,
+                         "live": [{"name": n, "bytes": b} for n, b in self.live_at_peak()]},
+                "rows": [{k: row[k] for k in ("name", "kind", "phase", "device", "bytes", "formula")}
+                         for row in self.rows]}

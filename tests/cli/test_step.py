@@ -1,0 +1,65 @@
+"""``memledger step`` with LoRA and QLoRA (memledger/cli/step.py): the step of the Python API, and bad input in one
+line (exit 2)."""
+import json
+
+import pytest
+
+from memledger.cli.main import main
+from memledger.ledger.lora import LoraConfig, LoraLedger, qlora
+from memledger.models.architecture import Architecture
+
+SHAPE = ("--hidden", "256", "--layers", "6", "--heads", "4", "--ffn", "688", "--vocab", "1000", "--style", "llama")
+ARCH = Architecture(256, 6, 4, 688, 1000, "llama")
+
+
+def run(capsys, *args):
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_step_lora_json_is_the_python_step(capsys):
+    code, out, _ = run(capsys, "step", *SHAPE, "--batch", "2", "--seq", "128", "--lora-rank", "8", "--lora-targets",
+                       "q_proj,v_proj,down_proj", "--lora-dropout", "--adapter-recipe", "bf16-adamw", "--backend",
+                       "cpu", "--overhead", "0", "--json")
+    data = json.loads(out)
+    step = LoraLedger(ARCH, LoraConfig(8, ("q_proj", "v_proj", "down_proj"), adapter_recipe="bf16-adamw",
+                                       dropout=True), 2, 128, overhead_bytes=0).step("cpu")
+    assert code == 0 and data["peak"]["gpu"] == step.peak.bytes and data["landmarks"] == step.landmarks
+    assert data["inputs"]["trainable_params"] == 6 * 8 * (256 + 256 + 256 + 256 + 688 + 256)
+
+
+def test_step_lora_defaults_to_peft_s_fp32_adapters(capsys):
+    code, out, _ = run(capsys, "step", *SHAPE, "--seq", "128", "--lora-rank", "8", "--backend", "cpu", "--json")
+    step = LoraLedger(ARCH, LoraConfig(8, ("q_proj", "v_proj")), 1, 128).step("cpu")
+    assert code == 0 and json.loads(out)["peak"]["gpu"] == step.peak.bytes
+    assert json.loads(out)["inputs"]["adapter_recipe"] == "fp32-adamw"
+
+
+def test_step_qlora_is_the_preset(capsys):
+    code, out, _ = run(capsys, "step", *SHAPE, "--seq", "128", "--qlora", "--backend", "cuda", "--json")
+    assert code == 0 and json.loads(out)["peak"]["gpu"] == LoraLedger(ARCH, qlora(), 1, 128).step("cuda").peak.bytes
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--qlora", "--recipe", "fp32-adamw"), "--qlora quantizes a 16-bit base to NF4 and computes in BF16; --recipe "
+                                            "fp32-adamw gives an FP32 base"),
+    (("--lora-rank", "8", "--adapter-recipe", "bf16-adamw", "--recipe", "fp32-adamw"), "models a BF16 base"),
+    (("--lora-rank", "8", "--adapter-recipe", "adafactor"), "adapter_recipe must be one of"),
+    (("--lora-rank", "8", "--zero", "2"), "does not read --zero"),
+    (("--qlora", "--lora-dropout", "1.5"), "--lora-dropout must be a probability in [0, 1)"),
+    (("--qlora", "--recompute", "full"), "without recomputation"),
+])
+def test_bad_lora_steps_are_one_line(capsys, args, message):
+    code, out, err = run(capsys, "step", *SHAPE, "--seq", "128", "--backend", "cpu", *args)
+    assert code == 2 and out == "" and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_lora_ledger_is_judged_by_the_step_s_peak(capsys):
+    code, out, _ = run(capsys, "ledger", *SHAPE, "--seq", "128", "--qlora", "--json")
+    data = json.loads(out)
+    run_ = LoraLedger(ARCH, qlora(), 1, 128)
+    assert code == 0 and data["judged_bytes"] == data["peak"] == run_.step("cuda").peak.bytes
+    code, out, _ = run(capsys, "ledger", *SHAPE, "--seq", "128", "--qlora", "--measure", "total", "--json")
+    data = json.loads(out)
+    assert data["peak"] is None and data["judged_bytes"] == run_.totals["gpu"]
