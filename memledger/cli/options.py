@@ -80,6 +80,8 @@ def ledger_options(parser, overhead: str = DEFAULT_OVERHEAD, scope: bool = True)
     add(run, "--offload-placement", f"{one_of(PLACEMENTS)}: article (grads stay on the GPU) or zero-offload "
         "(only BF16 params stay); needs --offload-optimizer", Ledger.offload_placement)
     add(run, "--overhead", "runtime overhead (CUDA context, workspace), e.g. 2GB or 1500000000", overhead)
+    add(run, "--optimizer-in-backward", "one optimizer per parameter, stepped in backward as its gradient is "
+        "ready (torchtune's optimizer_in_bwd); judged by the step's peak", switch=True)
     framework_options(parser)
     add(run, "--loss-chunks", "torchtune's chunked cross-entropy in N chunks of the sequence (the step's peak)",
         str(Ledger.loss_chunks))
@@ -271,7 +273,7 @@ def build_ledger(a) -> Ledger:
         dropout=False if a.no_dropout else None, flash_attention=a.flash_attention,
         scope=getattr(a, "scope", Ledger.scope), loss_chunks=parse_count(a.loss_chunks, "loss_chunks"),
         loss_impl=a.loss_impl, offload_activations=bool(getattr(a, "offload_activations", False)),
-        **framework_fields(a))
+        optimizer_in_backward=bool(getattr(a, "optimizer_in_backward", False)), **framework_fields(a))
 
 
 def gpu_bytes(text: str) -> int:

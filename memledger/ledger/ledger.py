@@ -26,6 +26,7 @@ from ..models.features import Features
 from ..states.frameworks import check_framework, framework_buffers
 from ..states.placement import OFFLOAD_DEVICES, PLACEMENTS, ZERO_STAGES, check_state_options, component_key, state_specs
 from ..states.recipes import ALL_RECIPES, DEFAULT_RECIPE
+from .in_backward import check_in_backward
 from .transfer import Traffic, step_traffic
 from ..step.structure import check_loss_impl
 from ..core.units import GB
@@ -152,6 +153,9 @@ class Ledger:
     ``offload_activations``: the blocks' saved tensors as pinned host
     copies (``save_on_cpu``), read by the step timeline (:meth:`step` with ``backend="cpu"``,
     :mod:`memledger.step.offload`); the sum of :attr:`rows` still books the activations on the GPU.
+    ``optimizer_in_backward``: torchtune's optimizer stepped in backward
+    (:mod:`memledger.ledger.in_backward`): the step's peak (:attr:`peak`, :meth:`step`) honours it; the rows,
+    the sum at the end of the forward pass, do not change.
     """
     arch: Union[Architecture, str, None] = None
     n_params: Optional[int] = None
@@ -188,6 +192,7 @@ class Ledger:
     reshard_after_forward: Optional[bool] = True
     dp_replicate: int = 1
     offload_activations: bool = False
+    optimizer_in_backward: bool = False     # torchtune's optimizer_in_bwd: the step's peak honours it
 
     def __post_init__(self):
         arch = get_preset(self.arch) if isinstance(self.arch, str) else self.arch
@@ -211,7 +216,7 @@ class Ledger:
         check_choice("offload_params", self.offload_params, OFFLOAD_DEVICES)
         check_choice("offload_placement", self.offload_placement, PLACEMENTS)
         check_state_options(self.zero_stage, self.offload_params)
-        for name in ("sequence_parallel", "flash_attention"):
+        for name in ("sequence_parallel", "flash_attention", "optimizer_in_backward"):
             check_flag(name, getattr(self, name))
         check_flag("dropout", self.dropout, allow_none=True)
         if self.loss_chunks > self.seq_len:
@@ -231,6 +236,8 @@ class Ledger:
         check_framework(self, ALL_RECIPES[self.recipe])
         if self.dropout is None:
             object.__setattr__(self, "dropout", arch.dropout if arch is not None else False)
+        if self.optimizer_in_backward:
+            check_in_backward(self, recipe)
         if self.framework == "fsdp2":     # FSDP2 books no sum of rows (its step is the answer)
             return
         _ = self.rows         # every row a whole number of bytes, or a ValueError naming the one that is not
