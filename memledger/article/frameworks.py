@@ -27,10 +27,11 @@ __all__ = ["FRAMEWORK_SETUPS", "SEVEN_B", "buffer_kinds", "comparison", "design_
 #: The chapter's run: LLaMA-2 7B, 8 GPUs, one sequence of 4,096 tokens, FlashAttention.
 SEVEN_B = dict(arch="llama2-7b", batch_size=1, seq_len=4096, dp=8, flash_attention=True)
 
-#: label -> the Ledger fields that make the setup that framework (each framework's usual precision).
+#: label -> the Ledger fields that make the setup that framework: the book's BF16 loop with FP32 masters (plain,
+#: DDP, DeepSpeed), FSDP2's FP32 shards with BF16 compute, Megatron-LM's FP32 ``main_grad``.
 FRAMEWORK_SETUPS = {
     "plain loop, ZeRO-3": dict(zero_stage=3),
-    "DDP": dict(framework="ddp", recipe="fp32-adamw"),
+    "DDP": dict(framework="ddp"),
     "FSDP2": dict(framework="fsdp2", recipe="fp32-adamw"),
     "DeepSpeed ZeRO-3": dict(framework="deepspeed", zero_stage=3),
     "Megatron-LM, distributed optimizer": dict(framework="megatron", recipe="bf16-adamw-fp32-grads", zero_stage=1),
