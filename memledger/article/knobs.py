@@ -14,11 +14,13 @@ what the rung saved at the peak against the rung it was applied to::
     rows = ladder("llama2-7b", 16384)
     rows[1].rung, rows[1].saved          # "chunked cross-entropy", bytes the 8 chunks took off the peak
 
-The knobs and their defaults are torchtune's (``recipes/configs/llama2/7B_full_low_memory.yaml`` and
-``recipes/full_finetune_single_device.py`` at bd2a0fc7): BF16 weights and optimizer states, 8 output chunks
-of ``CEWithChunkedOutputLoss``, ``enable_activation_checkpointing`` (every layer), ``optimizer_in_bwd``,
-``enable_activation_offloading``; LoRA at rank 8 on every projection (``lora_finetune_single_device``'s
-``lora_attn_modules`` and ``apply_lora_to_mlp``), QLoRA as its paper trains it (:func:`qlora`).
+The knobs are those torchtune's low-memory full fine-tune of LLaMA-2 7B turns on
+(``recipes/configs/llama2/7B_full_low_memory.yaml`` at 03317787): ``dtype: bf16`` (BF16 weights, gradients
+and optimizer states), ``CEWithChunkedOutputLoss`` (8 output chunks by default),
+``enable_activation_checkpointing`` (every layer), ``optimizer_in_bwd``, ``enable_activation_offloading``;
+LoRA as its ``7B_lora_single_device.yaml`` (at 04dc3801): rank 8 on Q and V, adapters in the model's BF16;
+QLoRA as the same adapters on an NF4 base (one knob; the paper's whole recipe is :func:`qlora`). Packed
+sequences are not modelled.
 """
 from dataclasses import dataclass, field, fields
 from typing import NamedTuple, Optional
@@ -27,16 +29,17 @@ from ..activations.backends import Backend
 from ..core.table import Table
 from ..core.units import format_bytes
 from ..ledger.ledger import Ledger
-from ..ledger.lora import LoraConfig, LoraLedger, qlora
-from ..models.tensors import PROJECTIONS
+from ..ledger.lora import LoraConfig, LoraLedger
+from .finetune import fits_on
 
-__all__ = ["BASE", "LORA_RANK", "RUNGS", "Rung", "RungRow", "knob_table", "ladder", "ladder_table", "setup_step"]
+__all__ = ["BASE", "LORA_RANK", "LORA_TARGETS", "RUNGS", "Rung", "RungRow", "knob_table", "ladder", "ladder_table",
+           "setup_step"]
 
 #: The baseline's fields: a full fine-tune in BF16 (torchtune's ``dtype: bf16``: BF16 weights, gradients and
 #: AdamW states), one sequence, the flash kernel (SDPA), no other knob.
 BASE = {"recipe": "bf16-pure-adamw", "batch_size": 1, "flash_attention": True}
-#: torchtune's LoRA rank in its single-device LoRA recipes.
-LORA_RANK = 8
+#: torchtune's LoRA rank and targets in its single-device LoRA recipe for LLaMA-2 7B.
+LORA_RANK, LORA_TARGETS = 8, ("q_proj", "v_proj")
 _CONVENTIONS = {f.name for f in fields(Backend)} - {"name"}
 _LORA_FIELDS = {"batch_size", "seq_len", "recompute", "flash_attention", "overhead_bytes"}
 
@@ -112,7 +115,6 @@ def ladder(model="llama2-7b", seq_len: int = 16384, rungs=None, backend="cuda", 
 
 
 def _rungs() -> list:
-    every = tuple(PROJECTIONS["llama"])
     return [
         Rung("baseline", {}, "full fine-tune in BF16 (weights, gradients, AdamW's moments), AdamW(foreach) as "
                              "PyTorch picks it on CUDA, every activation kept"),
@@ -120,11 +122,13 @@ def _rungs() -> list:
                                                           "FP32 loss over 8 chunks of the sequence"),
         Rung("activation checkpointing", {"recompute": "full"}, "every block keeps its input only and runs its "
                                                                 "forward again in backward"),
-        Rung("LoRA", {"lora": LoraConfig(rank=LORA_RANK, targets=every, adapter_recipe="bf16-pure-adamw")},
-             f"a frozen BF16 base, rank-{LORA_RANK} BF16 adapters on every projection (torchtune's), every "
-             "activation kept", restart=True),
-        Rung("QLoRA", {"lora": qlora(style="llama")}, "the base's projections in NF4, rank-64 BF16 adapters with "
-                                                     "paged 32-bit AdamW and LoRA dropout (Dettmers et al. 2023)"),
+        Rung("LoRA", {"lora": LoraConfig(rank=LORA_RANK, targets=LORA_TARGETS, adapter_recipe="bf16-pure-adamw")},
+             f"a frozen BF16 base, rank-{LORA_RANK} BF16 adapters on Q and V (torchtune's), every activation kept",
+             restart=True),
+        Rung("QLoRA", {"lora": LoraConfig(rank=LORA_RANK, targets=LORA_TARGETS, base="nf4",
+                                          adapter_recipe="bf16-pure-adamw")},
+             "the same adapters on a base whose projections are 4-bit NormalFloat, double-quantized (Dettmers et al. "
+             "2023), dequantized layer by layer"),
     ]
 
 
@@ -132,13 +136,14 @@ def _rungs() -> list:
 RUNGS = _rungs()
 
 
-def ladder_table(rows: list, unit: str = "GB", rungs=None) -> Table:
-    """One line per rung: the peak, what the rung saved at it (against which rung), the phase of the peak."""
+def ladder_table(rows: list, unit: str = "GB", rungs=None, gpus: dict = None) -> Table:
+    """One line per rung: the peak, what the rung saved at it (against which rung), where the step peaks, and
+    the GPUs of :data:`memledger.article.finetune.ONE_GPU` (or ``gpus``) that hold the peak with the margin."""
     whys = {r.name: r.why for r in (RUNGS if rungs is None else rungs)}
-    body = [(r.rung, format_bytes(r.peak, unit), format_bytes(r.saved, unit) if r.against else "",
-             r.against, r.detail, whys.get(r.rung, "")) for r in rows]
-    return Table(("rung", "peak", "saved at the peak", "against", "where the step peaks", "the knob"), body,
-                 numeric=(1, 2))
+    body = [(r.rung, format_bytes(r.peak, unit), format_bytes(r.saved, unit) if r.against else "", r.against,
+             r.detail, fits_on(r.peak, gpus), whys.get(r.rung, "")) for r in rows]
+    return Table(("rung", "peak", "saved at the peak", "against", "where the step peaks", "fits on", "the knob"),
+                 body, numeric=(1, 2))
 
 
 def knob_table(model="llama2-7b", seq_len: int = 16384, unit: str = "GB") -> Table:
