@@ -31,9 +31,11 @@ from ..core.units import format_bytes
 from ..ledger.ledger import Ledger
 from ..ledger.lora import LoraConfig, LoraLedger
 from .finetune import fits_on
+from ..answers.verdict import MARGIN, leaves_margin
+from ..core.choices import check_count
 
 __all__ = ["BASE", "LORA_RANK", "LORA_TARGETS", "RUNGS", "Rung", "RungRow", "knob_table", "ladder", "ladder_table",
-           "setup_step"]
+           "longest_seq", "setup_step"]
 
 #: The baseline's fields: a full fine-tune in BF16 (torchtune's ``dtype: bf16``: BF16 weights, gradients and
 #: AdamW states), one sequence, the flash kernel (SDPA), no other knob.
@@ -112,6 +114,25 @@ def ladder(model="llama2-7b", seq_len: int = 16384, rungs=None, backend="cuda", 
         rows.append(RungRow(rung.name, peak.bytes, before.peak - peak.bytes if before else 0, peak.phase,
                             peak.detail, before.rung if before else "", step))
     return rows
+
+
+def longest_seq(model, setup: dict, gpu_bytes: int, multiple: int = 1024, backend="cuda",
+                margin: int = MARGIN) -> int:
+    """The longest sequence, a multiple of ``multiple``, whose step's peak under ``setup`` leaves ``margin`` bytes
+    of ``gpu_bytes`` free (0 if not even ``multiple`` tokens do): doubling, then bisection (the peak grows with
+    the sequence)."""
+    multiple = check_count("multiple", multiple)
+    def fits(n):
+        return leaves_margin(setup_step(model, n * multiple, setup, backend).peak.bytes, gpu_bytes, margin)
+    if not fits(1):
+        return 0
+    low, high = 1, 2
+    while fits(high):
+        low, high = high, 2 * high
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if fits(middle) else (low, middle)
+    return low * multiple
 
 
 def _rungs() -> list:

@@ -382,6 +382,55 @@ QLORA_NONE = nf4(PROJ7) + 2 * (LLAMA - PROJ7) + ADAPT_32 * A7 + QLORA_ACT + OVER
 QLORA_FULL = nf4(PROJ7) + 2 * (LLAMA - PROJ7) + ADAPT_32 * A7 + 2 * 2048 * 4096 * 32 + OVERHEAD
 
 
+# --- chapter 17: the knobs' ladder: LLaMA-2 7B at S = 16384, torchtune's BF16 full fine-tune (recipes/configs/llama2/
+# 7B_full_low_memory.yaml), PyTorch's CUDA conventions; each peak from a step built here directly (Ledger.step,
+# LoraLedger.step: the timelines tests/step checks against MemTracker), not through memledger.article.knobs ---------
+KNOBS_S = 16384
+
+
+def knob_step(S=KNOBS_S, arch="llama2-7b", **changes):
+    from memledger.ledger.ledger import Ledger
+    return Ledger(arch, recipe="bf16-pure-adamw", seq_len=S, flash_attention=True, **changes).step("cuda").peak
+
+
+def lora_step(S=KNOBS_S, base="bf16", adapters="bf16-pure-adamw"):
+    """torchtune's LoRA for LLaMA-2 7B (7B_lora_single_device.yaml): rank 8 on Q and V, adapters in BF16."""
+    from memledger.ledger.lora import LoraConfig, LoraLedger
+    config = LoraConfig(rank=8, targets=("q_proj", "v_proj"), base=base, adapter_recipe=adapters)
+    return LoraLedger("llama2-7b", config, seq_len=S, flash_attention=True).step("cuda").peak
+
+
+def phase_is(peak):
+    def check(text):
+        if text != peak().phase:
+            return f"{text!r}, but the step peaks in {peak().phase!r}"
+    return check
+
+
+def longest_multiple(peak, capacity, multiple=1024):
+    """A check of a glued sequence length: a multiple of ``multiple`` whose peak fits, the next multiple's not."""
+    def check(text):
+        n = int(text.replace(",", ""))
+        if n % multiple or not peak(n) <= capacity < peak(n + multiple):
+            return f"{n}: peaks {peak(n):,} and {peak(n + multiple):,} against {capacity:,}"
+    return check
+
+
+def knobs_full(S):
+    return knob_step(S, loss_chunks=8, recompute="full").bytes
+
+
+def knobs_lora(S):
+    return lora_step(S).bytes
+
+
+@cache
+def knobs_longest(setup) -> int:
+    """The longest multiple of 1,024 tokens whose peak leaves the A100 its margin, counted up one by one."""
+    peak = {"full": knobs_full, "lora": knobs_lora}[setup]
+    return 1024 * largest(lambda n: peak(1024 * n) <= A100_ROOM)
+
+
 #: glue key -> (exact value, unit as printed), or a check: a function of the glued text that returns what is
 #: wrong with it (None if nothing), for values no source prints (the largest batch that fits: it must fit, and
 #: one more must not, by arithmetic written here). Sources: the article's arithmetic, vendors' data sheets,
@@ -768,6 +817,37 @@ EXPECTED = {
     "ex18.logits_both": (Fraction(4 * 4096 * LLAMA3["V"], MiB) + 2 * -(-4 * 4097 * LLAMA3["V"] // (2 * MiB)), "MiB"),
     "ex18.logits_expandable": (20 * -(-4 * 4097 * LLAMA3["V"] // (20 * MiB)), "MiB"),
     "ex18.lab_peak": Measured(lambda: (Fraction(memtracker_lab("llama")["peak"], MiB), "MiB")),
+    # chapter 17: the knobs' ladder (see knob_step above)
+    "knobs.seq": (KNOBS_S, ""), "knobs.margin": (1, "GB"), "knobs.a100": (Fraction(A100_REAL, GB), "GB"),
+    "knobs.chunks": (8, ""),                                   # CEWithChunkedOutputLoss(num_output_chunks=8)
+    "knobs.vocab": (32000, ""), "knobs.lora_rank": (8, ""),   # LLaMA-2's vocabulary; torchtune's lora_rank
+    "knobs.logits_fp32": (Fraction(4 * KNOBS_S * 32000, GB), "GB"),                     # 4BSV
+    "knobs.foreach_temp": (Fraction(2 * LLAMA, GB), "GB"),     # _foreach_sqrt of every BF16 second moment
+    "knobs.base_peak": lazy(lambda: Fraction(knob_step().bytes, GB), "GB"),
+    "knobs.base_phase": phase_is(knob_step),
+    "knobs.chunked_saved": lazy(lambda: Fraction(knob_step().bytes - knob_step(loss_chunks=8).bytes, GB), "GB"),
+    "knobs.ckpt_saved": lazy(lambda: Fraction(knob_step(loss_chunks=8).bytes - knobs_full(KNOBS_S), GB), "GB"),
+    "knobs.ckpt_peak": lazy(lambda: Fraction(knobs_full(KNOBS_S), GB), "GB"),
+    "knobs.ckpt_phase": phase_is(lambda: knob_step(loss_chunks=8, recompute="full")),
+    "knobs.lora_peak": lazy(lambda: Fraction(knobs_lora(KNOBS_S), GB), "GB"),
+    "knobs.lora_saved": lazy(lambda: Fraction(knob_step().bytes - knobs_lora(KNOBS_S), GB), "GB"),
+    "knobs.qlora_peak": lazy(lambda: Fraction(lora_step(base="nf4").bytes, GB), "GB"),
+    # NF4 with double quantization of the 7 projections instead of their BF16 weights: at the peak, in the loss,
+    # no layer is dequantized
+    "knobs.qlora_saved": (Fraction(2 * PROJ7 - nf4(PROJ7), GB), "GB"),
+    "ex17.vocab": (LLAMA3["V"], ""),
+    "ex17.llama3_logits": (Fraction(4 * KNOBS_S * LLAMA3["V"], GB), "GB"),
+    "ex17.llama3_saved": lazy(lambda: Fraction(knob_step(arch="llama3-8b").bytes
+                                               - knob_step(arch="llama3-8b", loss_chunks=8).bytes, GB), "GB"),
+    "ex17.a100_room": (Fraction(A100_ROOM, GB), "GB"),
+    "ex17.seq_full": longest_multiple(knobs_full, A100_ROOM),
+    "ex17.seq_lora": longest_multiple(knobs_lora, A100_ROOM),
+    "ex17.full_peak": lazy(lambda: Fraction(knobs_full(knobs_longest("full")), GB), "GB"),
+    "ex17.full_next": lazy(lambda: Fraction(knobs_full(knobs_longest("full") + 1024), GB), "GB"),
+    "ex17.lora_peak": lazy(lambda: Fraction(knobs_lora(knobs_longest("lora")), GB), "GB"),
+    "ex17.lora_next": lazy(lambda: Fraction(knobs_lora(knobs_longest("lora") + 1024), GB), "GB"),
+    "ex17.peft_peak": lazy(lambda: Fraction(lora_step(adapters="fp32-adamw").bytes, GB), "GB"),
+    "ex17.peft_more": lazy(lambda: Fraction(lora_step(adapters="fp32-adamw").bytes - knobs_lora(KNOBS_S), GB), "GB"),
 }
 
 #: equation key -> the right-hand side as the article (and its source paper) writes it
