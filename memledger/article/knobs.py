@@ -171,5 +171,6 @@ def knob_table(model="llama2-7b", seq_len: int = 16384, unit: str = "GB") -> Tab
     """The README's table: each knob of :data:`RUNGS` and the bytes it saves at the peak for one model."""
     rows = ladder(model, seq_len)
     body = [(r.rung, format_bytes(r.peak, unit), format_bytes(r.saved, unit) if r.against else "—",
-             r.against or "—", r.phase) for r in rows]
-    return Table(("knob", "peak", "saved at the peak", "against", "phase of the peak"), body, numeric=(1, 2))
+             f"{r.saved:,}" if r.against else "—", r.against or "—", r.phase) for r in rows]
+    return Table(("knob", "peak", "saved at the peak", "saved (bytes)", "against", "phase of the peak"), body,
+                 numeric=(1, 2, 3))

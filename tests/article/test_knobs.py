@@ -86,3 +86,10 @@ def test_bad_rungs_are_refused_by_name():
         setup_step("llama2-7b", 4096, dict(TORCHTUNE, loss_chunks=8, lora=LoraConfig()))
     with pytest.raises(TypeError, match="LoraConfig"):
         setup_step("llama2-7b", 4096, dict(TORCHTUNE, lora="qlora"))
+
+
+def test_the_readme_prints_the_library_s_table():
+    from pathlib import Path
+    from memledger.article.knobs import knob_table
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    assert knob_table().markdown() in readme
