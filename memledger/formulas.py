@@ -29,12 +29,15 @@ def _elements(sharded):
     return elements_per_device(sharded)
 
 
-def _activations(mlp, norm, dropout, flash, recompute, tp, sequence_parallel, gqa=False, head_dim=False, moe=False):
-    """L layers' saved activations; the last three (grouped-query K/V, explicit head size, MoE)
-    appear in a key only when one is set, so the keys of the article's models stay as they were."""
+def _activations(mlp, norm, dropout, flash, recompute, tp, sequence_parallel, gqa=False, head_dim=False, moe=False,
+                 dtype="bf16"):
+    """L layers' saved activations; the next three (grouped-query K/V, explicit head size, MoE)
+    appear in a key only when one is set, or when the last does: the activation dtype, only where it is
+    not 16-bit (``"fp32"``: an FP32 model saves 4-byte tensors), so the keys of the article's models stay
+    as they were."""
     from .activations.inventory import activation_bytes, inventory
-    rows = inventory(mlp, norm, dropout, flash, gqa=gqa, head_dim=head_dim, moe=moe)
-    return activation_bytes(rows, recompute, tp, sequence_parallel)
+    rows = inventory(mlp, norm, dropout, flash, gqa=gqa, head_dim=head_dim, moe=moe, dtype=dtype)
+    return activation_bytes(rows, recompute, tp, sequence_parallel, dtype)
 
 
 def _features(args):
@@ -80,9 +83,11 @@ def _activation_domain():
     from .models.presets import all_presets
     extra = sorted({(a.mlp, a.norm, a.features.gqa, a.features.head_dim, a.features.moe) for a in all_presets().values()
                     if a.features.gqa or a.features.head_dim or a.features.moe})
-    return base + [(mlp, norm, drop, flash, rec) + par + (gqa, hd, moe)
-                   for mlp, norm, gqa, hd, moe in extra for drop, flash, rec, par in product(
-                       _BOOLS, _BOOLS, RECOMPUTE, _PARALLEL)]
+    refined = [(mlp, norm, drop, flash, rec) + par + (gqa, hd, moe)
+               for mlp, norm, gqa, hd, moe in extra for drop, flash, rec, par in product(
+                   _BOOLS, _BOOLS, RECOMPUTE, _PARALLEL)]
+    fp32 = [k + (False, False, False, "fp32") for k in base] + [k + ("fp32",) for k in refined]
+    return base + refined + fp32
 
 
 def _components(parts, count_key, *features):
@@ -93,14 +98,15 @@ def _components(parts, count_key, *features):
     return components_bytes(parts, expr(count_key), sharded, _features(features) if features else None)
 
 
-def _outside(style, attention, name, tp=False, sequence_parallel=False):
+def _outside(style, attention, name, tp=False, sequence_parallel=False, dtype="bf16"):
     """One tensor kept outside the blocks at the end of forward (:func:`memledger.activations.outside.outside_inventory`),
     on one tensor-parallel rank (:meth:`memledger.activations.inventory.Saved.rank_bytes`); the key carries
-    (tp, sequence_parallel) only under tensor parallelism, so the keys without it stay as they were."""
+    (tp, sequence_parallel) only under tensor parallelism or with a 4-byte activation dtype (then last), so the
+    keys without them stay as they were."""
     import sympy as sp
     from .activations.outside import outside_inventory
-    return sp.sympify(next(r.rank_bytes(tp, sequence_parallel) for r in outside_inventory(style, attention=attention)
-                           if r.name == name))
+    return sp.sympify(next(r.rank_bytes(tp, sequence_parallel) for r in outside_inventory(
+        style, attention=attention, dtype=dtype) if r.name == name))
 
 
 def outside_names(style, attention) -> tuple:
@@ -110,14 +116,16 @@ def outside_names(style, attention) -> tuple:
             (f"final {norm} input", "LM head input", "log-softmax output (FP32)", "loss", "nll_loss total weight"))
 
 
-def outside_key(style, attention, name, tp=False, sequence_parallel=False) -> tuple:
-    """The formula key of one outside row on one tensor-parallel rank."""
-    return ("outside", style, attention, name) + ((tp, sequence_parallel) if tp else ())
+def outside_key(style, attention, name, tp=False, sequence_parallel=False, dtype="bf16") -> tuple:
+    """The formula key of one outside row on one tensor-parallel rank, its activations in ``dtype``."""
+    wide = dtype == "fp32"
+    return ("outside", style, attention, name) + ((tp, sequence_parallel) if tp or wide else ()) + (
+        (dtype,) if wide else ())
 
 
 def _outside_domain():
-    return [outside_key(style, attention, name, *par)[1:] for style in STYLES for attention in ("eager", "flash")
-            for name in outside_names(style, attention) for par in _PARALLEL]
+    return [outside_key(style, attention, name, *par, dtype)[1:] for style in STYLES for attention in ("eager", "flash")
+            for name in outside_names(style, attention) for par in _PARALLEL for dtype in ("bf16", "fp32")]
 
 
 def _symbol(name):

@@ -26,13 +26,14 @@ def landmarks_are_sums_of_rows(step):
 
 def against_memtracker(style, F_, loop, B, S, L, dropout, recompute, foreach=False, d_=None, H=None, V_=None,
                         kv=None, attention=None, qkv_bias=False, tied=False, trace=None, native_dropout=False,
-                        head_dim=None, loss_chunks=1, loss_impl="torchtune"):
+                        head_dim=None, loss_chunks=1, loss_impl="torchtune", fused=False, in_backward=False):
     """MemTracker's step of the reference decoder beside the timeline's under the CPU backend; ``attention=
     "eager"`` runs the eager core in LLaMA blocks too (the article backend's kernel); ``kv`` key/value heads,
     ``qkv_bias`` and ``tied``: LLaMA refinements (Qwen2, Gemma); ``trace``: keep MemTracker's op-by-op totals
     (default: small configs without recomputation, see :func:`block_totals_agree`); ``native_dropout``: the
     fused kernel's 1-byte masks (the timeline's ``dropout_mask="bool"``); ``head_dim``: a head size other than
-    d/H; ``loss_chunks``: the cross-entropy in n chunks, torchtune's or (``loss_impl="litgpt"``) LitGPT's."""
+    d/H; ``loss_chunks``: the cross-entropy in n chunks, torchtune's or (``loss_impl="litgpt"``) LitGPT's;
+    ``fused``: the optimizer's fused kernel; ``in_backward``: torchtune's optimizer stepped in backward."""
     pytest.importorskip("torch")
     from memledger.pytorch.compare import architecture_of
     from memledger.pytorch.measure import memtracker_step
@@ -42,13 +43,13 @@ def against_memtracker(style, F_, loop, B, S, L, dropout, recompute, foreach=Fal
                   qkv_bias=qkv_bias, tied=tied, native_dropout=native_dropout, head_dim=head_dim,
                   loss_chunks=loss_chunks, loss_impl=loss_impl)
     trace = recompute == "none" and d_ < 1024 if trace is None else trace     # op by op: small configs
-    measured = memtracker_step(c, loop, B, S, foreach=foreach, blocks=True, trace=trace)
+    measured = memtracker_step(c, loop, B, S, foreach=foreach, blocks=True, trace=trace, fused=fused,
+                               in_backward=in_backward)
     eager = {"attention": "eager"} if attention == "eager" else {}
     mask = {"dropout_mask": "bool"} if native_dropout else {}
     step = Step(Ledger(architecture_of(c), batch_size=B, seq_len=S, recipe=loop, overhead_bytes=0,
-                       dropout=dropout > 0, recompute=recompute, loss_chunks=loss_chunks, loss_impl=loss_impl),
-                "cpu", foreach=foreach,
-                **eager, **mask)
+                       dropout=dropout > 0, recompute=recompute, loss_chunks=loss_chunks, loss_impl=loss_impl,
+                       optimizer_in_backward=in_backward), "cpu", foreach=foreach, fused=fused, **eager, **mask)
     for landmark in LANDMARKS:
         assert step.landmarks[landmark]["gpu"] == measured[landmark], landmark
     return step, measured

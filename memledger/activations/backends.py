@@ -32,6 +32,9 @@ below is one such difference; :data:`BACKENDS` bundles them. ``"article"``
   ``adam()`` in ``torch/optim/adam.py``; ``torch/utils/_foreach_utils.py``
   ``_get_foreach_kernels_supported_devices``; PyTorch 2.13.0): ``True`` under
   ``"cuda"``, ``False`` under ``"cpu"`` (measured) and the article's.
+* ``fused``: ``AdamW(fused=True)`` / ``SGD(fused=True)``: one kernel updates every tensor in place, no
+  temporaries (measured on the CPU kernel; ``torch._fused_adamw_``), Adam's ``step`` on the parameters'
+  device (``torch/optim/adam.py`` ``_init_group``); excludes ``foreach`` (:mod:`memledger.step.optim`).
 """
 from dataclasses import dataclass, replace
 
@@ -58,6 +61,7 @@ class Backend:
     step_counters: str = None
     foreach: bool = False
     cpu: bool = False            # SDPA with dropout falls back to the math kernel
+    fused: bool = False          # AdamW(fused=True) / SGD(fused=True): one kernel, no temporaries
 
     def __post_init__(self):
         check_choice("dropout_mask", self.dropout_mask, MASKS)
@@ -67,6 +71,10 @@ class Backend:
         check_choice("step_counters", self.step_counters, COUNTERS)
         if not isinstance(self.foreach, bool):
             raise ValueError(f"foreach must be True or False, got {self.foreach!r}")
+        if not isinstance(self.fused, bool):
+            raise ValueError(f"fused must be True or False, got {self.fused!r}")
+        if self.fused and self.foreach:
+            raise ValueError("fused and foreach exclude each other: give foreach=False with fused=True")
 
     def kernel(self, style: str, dropout: bool, flash_attention: bool = False) -> str:
         """The attention kernel a block runs: ``"eager"``, ``"flash"`` or ``"math"``."""

@@ -295,27 +295,30 @@ def kept_rows(rows, recompute: str = "none") -> list:
     return [r for r in rows if not core_row(r)] if recompute == "selective" else list(rows)
 
 
-def per_layer_bytes(rows, recompute: str = "none", tp: bool = False, sequence_parallel: bool = False) -> sp.Expr:
+def per_layer_bytes(rows, recompute: str = "none", tp: bool = False, sequence_parallel: bool = False,
+                    dtype: str = "bf16") -> sp.Expr:
     """Saved bytes of one layer, summed (and expanded) from ``rows``.
 
     selective: drop the attention core's tensors, the S x S ones (Korthikanti Sec. 5) and a flash
-    kernel's log-sum-exp (:func:`kept_rows`); full: keep only the layer input, 2BSd. With ``tp`` the
-    tensor-parallel rows are divided by t, and with ``sequence_parallel`` all rows are (Korthikanti Table 2).
+    kernel's log-sum-exp (:func:`kept_rows`); full: keep only the layer input, BSd in the activation
+    ``dtype`` (2BSd in 16 bits). With ``tp`` the tensor-parallel rows are divided by t, and with
+    ``sequence_parallel`` all rows are (Korthikanti Table 2).
     """
     check_choice("recompute", recompute, RECOMPUTE)
     if sequence_parallel and not tp:
         raise ValueError("sequence parallelism needs tensor parallelism (tp > 1)")
     if recompute == "full":
-        kept = [Saved("layer input", "the checkpoint: backward re-runs the layer's forward from it", BSd,
+        kept = [Saved("layer input", "the checkpoint: backward re-runs the layer's forward from it", BSd, dtype,
                       tp_sharded=False)]
     else:
         kept = kept_rows(rows, recompute)
     return sp.expand(sum(r.rank_bytes(tp, sequence_parallel) for r in kept))
 
 
-def activation_bytes(rows, recompute: str = "none", tp: bool = False, sequence_parallel: bool = False) -> sp.Expr:
-    """All L layers: L x :func:`per_layer_bytes` (full checkpointing: L*B*S*d*2)."""
-    return L * per_layer_bytes(rows, recompute, tp, sequence_parallel)
+def activation_bytes(rows, recompute: str = "none", tp: bool = False, sequence_parallel: bool = False,
+                     dtype: str = "bf16") -> sp.Expr:
+    """All L layers: L x :func:`per_layer_bytes` (full checkpointing: L*B*S*d*2 in 16 bits)."""
+    return L * per_layer_bytes(rows, recompute, tp, sequence_parallel, dtype)
 
 
 def quadratic_share(rows) -> sp.Expr:

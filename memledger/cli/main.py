@@ -20,7 +20,8 @@ from ..states.recipes import ALL_RECIPES
 from . import compare as cli_compare, models as cli_models, step as cli_step
 from .options import add, build_ledger, fill_defaults, given_options, gpu_bytes, host_link, ledger_options, one_of
 from .options import output_options
-from .paths import FRAMEWORK, LOSS, MODEL, PIPELINE, WORKLOAD, refuse_unread
+from .paths import (FRAMEWORK, IN_BACKWARD_WHY, LOSS, MODEL, PIPELINE, WORKLOAD, in_backward_reads,
+                    refuse_unread)
 from .verdict import judged_by, verdict_line
 
 __all__ = ["COMMANDS", "main"]
@@ -94,9 +95,10 @@ def _ledger(a):
     traffic = ledger.traffic
     if not traffic.pcie_bytes:
         reads.discard("link")
+    reads |= in_backward_reads(a)
     refuse_unread(a, reads, where, {"pp": "pipeline stages split the layers: give an architecture",
                                     "framework": "pipeline stages book no framework's buffers",
-                                    "link": "there is no offload transfer to time"})
+                                    "link": "there is no offload transfer to time", **IN_BACKWARD_WHY})
     from ..answers.verdict import CHOICES, MARGIN, leaves_margin
     from ..core.choices import check_choice
     check_choice("measure", a.measure, CHOICES)

@@ -6,7 +6,7 @@ each function takes the parsed arguments and returns the text to print.
 from ..core.units import format_bytes, parse_bytes, parse_count
 from .options import (DEFAULT_OVERHEAD, add, architecture_from_args, build_ledger, check_units, gpu_bytes,
                       ledger_options, model_options, output_options)
-from .paths import FRAMEWORK, LOSS, MODEL, WORKLOAD, refuse_unread
+from .paths import FRAMEWORK, IN_BACKWARD_WHY, LOSS, MODEL, WORKLOAD, in_backward_reads, refuse_unread
 from .verdict import verdict_line
 from ..answers.verdict import MARGIN, assess, leaves_margin
 
@@ -96,8 +96,10 @@ def fit(a):
         reads.discard("offload_placement")
     if "scope" in a.given and uses_peak(ledger, a.measure) and not is_nominal(ledger):
         reads.discard("scope")
+    reads |= in_backward_reads(a)
     refuse_unread(a, reads, where, {"scope": "the step's peak decides, and the step runs the whole model "
-                                             "(--measure total judges the sum, which --scope changes)"})
+                                             "(--measure total judges the sum, which --scope changes)",
+                                    **IN_BACKWARD_WHY})
     result = fit(ledger, a.vary, gpu_bytes(a.gpu_memory), measure=a.measure)
     at = result.pop("ledger")
     if a.json:

@@ -80,11 +80,15 @@ def ledger_options(parser, overhead: str = DEFAULT_OVERHEAD, scope: bool = True)
     add(run, "--offload-placement", f"{one_of(PLACEMENTS)}: article (grads stay on the GPU) or zero-offload "
         "(only BF16 params stay); needs --offload-optimizer", Ledger.offload_placement)
     add(run, "--overhead", "runtime overhead (CUDA context, workspace), e.g. 2GB or 1500000000", overhead)
+    add(run, "--optimizer-in-backward", "one optimizer per parameter, stepped in backward as its gradient is "
+        "ready (torchtune's optimizer_in_bwd); judged by the step's peak", switch=True)
     framework_options(parser)
     add(run, "--loss-chunks", "torchtune's chunked cross-entropy in N chunks of the sequence (the step's peak)",
         str(Ledger.loss_chunks))
     add(run, "--loss-impl", "torchtune (each chunk upcast to FP32) or litgpt (LitGPT's chunked_cross_entropy, no "
         "upcast); liger and cce are refused by name", Ledger.loss_impl)
+    add(run, "--offload-activations", "the blocks' saved tensors as pinned host copies (save_on_cpu; memledger "
+        "step --backend cpu)", switch=True)
     if scope:
         add(run, "--scope", "model (the blocks and what lies outside them) or layers (the blocks only, as the "
             "article books them)", Ledger.scope)
@@ -247,8 +251,8 @@ def build_ledger(a) -> Ledger:
     if arch is None and a.params is None:
         raise ValueError("give a model: --preset NAME, --config FILE, --params N, or --hidden D --layers L --heads H")
     if arch is None:
-        needs = [flag(d) for d in ("batch", "seq", "recompute", "flash_attention", "no_dropout", "sp", "scope")
-                 if d in a.given]
+        needs = [flag(d) for d in ("batch", "seq", "recompute", "flash_attention", "no_dropout", "sp", "scope",
+                                   "offload_activations") if d in a.given]
         if needs:
             raise ValueError(f"{', '.join(needs)} need an architecture (activations); --params alone gives "
                              "model states only")
@@ -268,7 +272,8 @@ def build_ledger(a) -> Ledger:
         offload_placement=a.offload_placement, overhead_bytes=parse_bytes(a.overhead, "overhead"),
         dropout=False if a.no_dropout else None, flash_attention=a.flash_attention,
         scope=getattr(a, "scope", Ledger.scope), loss_chunks=parse_count(a.loss_chunks, "loss_chunks"),
-        loss_impl=a.loss_impl, **framework_fields(a))
+        loss_impl=a.loss_impl, offload_activations=bool(getattr(a, "offload_activations", False)),
+        optimizer_in_backward=bool(getattr(a, "optimizer_in_backward", False)), **framework_fields(a))
 
 
 def gpu_bytes(text: str) -> int:

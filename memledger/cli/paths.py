@@ -11,8 +11,8 @@ the step's peak.
 """
 from .options import flag
 
-__all__ = ["CONVENTION_INPUTS", "FRAMEWORK", "LORA", "LOSS", "MODEL", "OUTPUT", "PIPELINE", "STATES", "WORKLOAD",
-           "convention_reads", "refuse_unread", "unread"]
+__all__ = ["CONVENTION_INPUTS", "FRAMEWORK", "IN_BACKWARD_WHY", "LORA", "LOSS", "MODEL", "OUTPUT", "PIPELINE",
+           "STATES", "WORKLOAD", "convention_reads", "in_backward_reads", "refuse_unread", "unread"]
 
 MODEL = ("preset", "config", "params", "hidden", "layers", "heads", "ffn", "vocab", "style")
 #: Options of the activations (an architecture needed), then of the model states and the runtime.
@@ -43,7 +43,21 @@ WHY = {
     "loss_impl": "the loss's implementation changes the step's peak (memledger step), not the sums this path prints",
     "measure": "without an architecture there is no step to judge, only the sum of the model states",
     "offload_placement": "it places offloaded optimizer states, and --offload-optimizer is none",
+    "offload_activations": "it books the activations on the GPU; memledger step --backend cpu models them offloaded",
 }
+
+
+#: Why a path does not read --optimizer-in-backward (``ledger`` and ``fit`` read it where the step's peak judges).
+IN_BACKWARD_WHY = {"optimizer_in_backward": "only the step's peak honours it (the sum books every gradient, "
+                                            "pipeline stages too): --measure auto or peak, no --pp"}
+
+
+def in_backward_reads(a) -> set:
+    """``{"optimizer_in_backward"}`` where ``ledger``/``fit`` judge the step's peak: not under ``--measure
+    total``, not with pipeline stages (``--pp``)."""
+    if getattr(a, "measure", "auto") == "total" or getattr(a, "pp", None) is not None:
+        return set()
+    return {"optimizer_in_backward"}
 
 
 def convention_reads(convention) -> set:

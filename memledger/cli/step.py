@@ -1,8 +1,9 @@
 """``memledger step``: the step timeline of one setup, its landmarks and its peak (README, "One training step").
 
 Every ``memledger ledger`` option, plus ``--backend`` (the conventions of
-:mod:`memledger.activations.backends`: article, cuda or cpu) and ``--foreach`` (AdamW's
-multi-tensor step). Text by default; ``--json`` prints the object of
+:mod:`memledger.activations.backends`: article, cuda or cpu) and the optimizer's implementation:
+``--foreach`` (the multi-tensor step), ``--no-foreach`` (the for-loop) or ``--fused`` (one kernel).
+Text by default; ``--json`` prints the object of
 the README: inputs, landmarks {gpu, cpu, nvme}, peak {gpu, phase, detail},
 rows {name, kind, phase, device, bytes, formula}. The verdict compares
 the peak with the GPU's memory (:data:`memledger.ledger.hardware.GPU_MEMORY`) in the words of
@@ -13,10 +14,10 @@ from the library's formulas on first use).
 from ..activations.backends import BACKENDS
 from ..answers.verdict import CLAUSES, MARGIN, MEASURE, leaves_margin, sentence
 from ..core.units import format_bytes
-from .options import add, build_ledger, gpu_bytes, ledger_options, output_options
+from .options import add, build_ledger, flag, gpu_bytes, ledger_options, output_options
 from .paths import FRAMEWORK, LORA, LOSS, MODEL, WORKLOAD, refuse_unread
 
-__all__ = ["LORA_STEP_READS", "add_parser", "lora_step", "output", "step", "text"]
+__all__ = ["LORA_STEP_READS", "add_parser", "implementation", "lora_step", "output", "step", "text"]
 
 
 def add_parser(sub, formatter):
@@ -28,6 +29,9 @@ def add_parser(sub, formatter):
     add(conv, "--backend", f"{', '.join(BACKENDS)}: what kernels keep (dropout masks, norm statistics, attention "
         "kernel, RMSNorm, Adam step counters); article: the article's conventions", "article")
     add(conv, "--foreach", "AdamW(foreach=True): one temporary per moment at once", switch=True)
+    add(conv, "--no-foreach", "the optimizer's for-loop (foreach=False; the cuda backend's default is foreach)",
+        switch=True)
+    add(conv, "--fused", "AdamW/SGD(fused=True): one kernel, no temporaries", switch=True)
     from .compare import lora_options
     lora_options(step)
 
@@ -37,11 +41,13 @@ def step(a) -> str:
     ledger = build_ledger(a)
     if any(d in a.given for d in LORA):
         return lora_step(a, ledger)
-    reads = set(MODEL) | set(WORKLOAD) | set(FRAMEWORK) | set(LOSS) | {"units", "gpu_memory", "json", "backend", "foreach"}
+    reads = set(MODEL) | set(WORKLOAD) | set(FRAMEWORK) | set(LOSS) | {"units", "gpu_memory", "json", "backend",
+                                                                        "foreach", "no_foreach", "fused",
+                                                                        "optimizer_in_backward", "offload_activations"}
     if ledger.offload_optimizer == "none":
         reads.discard("offload_placement")
     refuse_unread(a, reads, "memledger step")
-    return output(ledger.step(a.backend, foreach=a.foreach), a)
+    return output(ledger.step(a.backend, **implementation(a, ledger.recipe)), a)
 
 
 def output(result, a) -> str:
@@ -55,6 +61,19 @@ def output(result, a) -> str:
         data["margin"] = MARGIN
         return json.dumps(data, indent=2)
     return text(result, memory, a.units)
+
+
+def implementation(a, recipe: str) -> dict:
+    """The optimizer implementation ``--foreach``/``--no-foreach``/``--fused`` ask for, as backend changes (none
+    given: the backend's own, AdamW()'s default there); more than one, or ``--foreach`` with Adafactor (whose
+    only modelled step is its default for-loop), is refused."""
+    given = [f for f in ("foreach", "no_foreach", "fused") if getattr(a, f, False)]
+    if len(given) > 1:
+        raise ValueError(f"give one of --foreach, --no-foreach, --fused, not {' and '.join(flag(f) for f in given)}")
+    if a.foreach and recipe in ("adafactor", "bf16-adafactor"):
+        raise ValueError("--foreach: torch.optim.Adafactor's foreach step is not modelled (its default is the for-loop)")
+    return {"foreach": True} if a.foreach else {"foreach": False} if a.no_foreach else \
+        {"foreach": False, "fused": True} if a.fused else {}
 
 
 #: What the LoRA step reads: the model, one GPU's workload, --recipe for the base's precision, the LoRA options.

@@ -26,11 +26,13 @@ from ..models.features import Features
 from ..states.frameworks import check_framework, framework_buffers
 from ..states.placement import OFFLOAD_DEVICES, PLACEMENTS, ZERO_STAGES, check_state_options, component_key, state_specs
 from ..states.recipes import ALL_RECIPES, DEFAULT_RECIPE
+from .in_backward import check_in_backward
 from .transfer import Traffic, step_traffic
 from ..step.structure import check_loss_impl
 from ..core.units import GB
 
-__all__ = ["DEFAULT_OVERHEAD", "FIELD_OF", "SCOPES", "Ledger", "RowSpec", "Structure", "row_specs", "sweep"]
+__all__ = ["DEFAULT_OVERHEAD", "FIELD_OF", "SCOPES", "Ledger", "RowSpec", "Structure", "activation_dtype", "row_specs",
+           "sweep"]
 
 DEFAULT_OVERHEAD = 2 * GB
 #: Symbol names of :mod:`memledger.core.symbols`, and the Ledger field that gives each its value.
@@ -83,6 +85,15 @@ class Structure(NamedTuple):
 SCOPES = ("model", "layers")
 
 
+def activation_dtype(recipe) -> str:
+    """The dtype of the activations a recipe's model saves: its weights' (``"fp32"`` for FP32 training, which
+    saves 4-byte tensors: the step timeline's FP32 loop, measured by MemTracker), else the ledger's 16-bit
+    ``"bf16"``; FP8 recipes keep 16-bit activations around their FP8 matrix multiplies (Transformer Engine
+    under BF16 autocast), whatever their master weights."""
+    weights = next((c.dtype for c in recipe.components if c.role == "param"), "bf16")
+    return "fp32" if weights == "fp32" and not recipe.name.startswith("fp8") else "bf16"
+
+
 @lru_cache(maxsize=256)
 def row_specs(s: Structure) -> tuple:
     """Every :class:`RowSpec` of a structure: model states, activations, overhead."""
@@ -104,14 +115,16 @@ def row_specs(s: Structure) -> tuple:
                 specs.append(RowSpec("gathered parameters + gradients (largest layer)", Group.MODEL_STATES, Device.GPU,
                                      component_key(gathered, unit), 1, Role.GATHERED))
         f = s.arch.features
-        refinements = (f.gqa, f.head_dim, f.moe) if (f.gqa or f.head_dim or f.moe) else ()
+        dtype = activation_dtype(recipe)
+        refinements = (f.gqa, f.head_dim, f.moe) if (f.gqa or f.head_dim or f.moe or dtype == "fp32") else ()
         specs.append(RowSpec("activations", Group.ACTIVATIONS, Device.GPU,
                              ("activations", s.arch.mlp, s.arch.norm, s.dropout, s.flash_attention, s.recompute,
-                              s.tensor_parallel, s.sequence_parallel) + refinements))
+                              s.tensor_parallel, s.sequence_parallel) + refinements + (
+                                 (dtype,) if dtype == "fp32" else ())))
         if s.scope == "model" and s.arch.causal:
             attention = "flash" if s.flash_attention else "eager"
             specs += [RowSpec(name, Group.ACTIVATIONS, Device.GPU, formulas.outside_key(
-                s.arch.style, attention, name, s.tensor_parallel, s.sequence_parallel))
+                s.arch.style, attention, name, s.tensor_parallel, s.sequence_parallel, dtype))
                 for name in formulas.outside_names(s.arch.style, attention)]
     specs += framework_specs(s, recipe)
     specs.append(RowSpec("CUDA context + workspace", Group.OVERHEAD, Device.GPU, ("symbol", "O")))
@@ -137,6 +150,12 @@ class Ledger:
     cross-entropy (:mod:`memledger.step.loss`), modelled by the step's peak; the sum
     books the tensors the unchunked loss keeps. ``loss_impl``: ``"torchtune"`` (FP32 upcast per
     chunk) or ``"litgpt"`` (LitGPT's ``chunked_cross_entropy``: no upcast, S a multiple of the chunks).
+    ``offload_activations``: the blocks' saved tensors as pinned host
+    copies (``save_on_cpu``), read by the step timeline (:meth:`step` with ``backend="cpu"``,
+    :mod:`memledger.step.offload`); the sum of :attr:`rows` still books the activations on the GPU.
+    ``optimizer_in_backward``: torchtune's optimizer stepped in backward
+    (:mod:`memledger.ledger.in_backward`): the step's peak (:attr:`peak`, :meth:`step`) honours it; the rows,
+    the sum at the end of the forward pass, do not change.
     """
     arch: Union[Architecture, str, None] = None
     n_params: Optional[int] = None
@@ -172,6 +191,8 @@ class Ledger:
     fsdp_reduce_dtype: Optional[str] = "fp32"
     reshard_after_forward: Optional[bool] = True
     dp_replicate: int = 1
+    offload_activations: bool = False
+    optimizer_in_backward: bool = False     # torchtune's optimizer_in_bwd: the step's peak honours it
 
     def __post_init__(self):
         arch = get_preset(self.arch) if isinstance(self.arch, str) else self.arch
@@ -195,7 +216,7 @@ class Ledger:
         check_choice("offload_params", self.offload_params, OFFLOAD_DEVICES)
         check_choice("offload_placement", self.offload_placement, PLACEMENTS)
         check_state_options(self.zero_stage, self.offload_params)
-        for name in ("sequence_parallel", "flash_attention"):
+        for name in ("sequence_parallel", "flash_attention", "optimizer_in_backward"):
             check_flag(name, getattr(self, name))
         check_flag("dropout", self.dropout, allow_none=True)
         if self.loss_chunks > self.seq_len:
@@ -204,6 +225,10 @@ class Ledger:
         check_loss_impl(self.loss_impl, self.loss_chunks, self.seq_len)
         if (self.loss_chunks > 1 or self.loss_impl != "torchtune") and arch is None:
             raise ValueError("loss_chunks needs an architecture: the chunked loss splits the LM head's logits")
+        check_flag("offload_activations", self.offload_activations)
+        if self.offload_activations and arch is None:
+            raise ValueError("offload_activations: nothing is saved for backward without an architecture (model "
+                             "states only); give a preset or --hidden/--layers/--heads")
         if self.sequence_parallel and self.tp == 1:
             raise ValueError("sequence_parallel needs tensor parallelism: tp must be > 1")
         if arch is not None:
@@ -211,6 +236,8 @@ class Ledger:
         check_framework(self, ALL_RECIPES[self.recipe])
         if self.dropout is None:
             object.__setattr__(self, "dropout", arch.dropout if arch is not None else False)
+        if self.optimizer_in_backward:
+            check_in_backward(self, recipe)
         if self.framework == "fsdp2":     # FSDP2 books no sum of rows (its step is the answer)
             return
         _ = self.rows         # every row a whole number of bytes, or a ValueError naming the one that is not

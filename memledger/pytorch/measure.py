@@ -149,39 +149,51 @@ def _tracker_class():
 
 
 def memtracker_step(c: RefConfig, loop: str, batch: int, seq: int, foreach: bool = False,
-                    trace: bool = False, blocks: bool = False, lora=None) -> dict:
+                    trace: bool = False, blocks: bool = False, lora=None, fused: bool = False,
+                    in_backward: bool = False) -> dict:
     """MemTracker totals of one steady-state training step under ``FakeTensorMode``.
 
     The optimizer state is created first (zero gradients, one ``opt.step()``),
     so the tracked step is a second step. Returns {"before forward": int, ...,
     "after step": int, "peak": int, "phase peaks": {"forward": int,
-    "backward": int, "optimizer": int}} in CPU bytes, and with ``trace`` the
+    "backward": int, "optimizer": int}, "host": {landmark: int}} in CPU bytes (the host: the ``meta`` device's,
+    where :mod:`memledger.pytorch.offload` puts offloaded activations), and with ``trace`` the
     list of (total, in backward, in optimizer, modules, op) after every op. ``lora``: a
-    :class:`memledger.pytorch.lora.LoraRef` (the frozen decoder with adapters). The
+    :class:`memledger.pytorch.lora.LoraRef` (the frozen decoder with adapters). ``fused``, ``in_backward``: the
+    optimizer's implementation and torchtune's optimizer in backward (:class:`~memledger.pytorch.reference.Trainer`);
+    Adafactor's ``.item()`` calls are answered by :class:`~memledger.pytorch.optimizers.ScalarsAnswered`. The
     phase peaks reset MemTracker's ``_peak_mem`` at each landmark. With ``blocks``, "block peaks":
     {("forward" or "backward", block index): the largest total after an op that block ran}.
     """
+    from contextlib import nullcontext
+
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    cpu = torch.device("cpu")
-    with FakeTensorMode():
+    from .optimizers import LOOP_OPTIMIZERS, ScalarsAnswered
+
+    cpu, meta = torch.device("cpu"), torch.device("meta")
+    host = {}
+    scalars = ScalarsAnswered() if LOOP_OPTIMIZERS[loop][2] == "adafactor" else nullcontext()
+    with FakeTensorMode(), scalars:
         if lora is None:
             model = make_model(c, loop)
         else:
             from .lora import make_lora_model
             model = make_lora_model(c, lora, loop)
-        trainer = Trainer(model, loop, foreach=foreach)
+        trainer = Trainer(model, loop, foreach=foreach, fused=fused, in_backward=in_backward)
         trainer.init_state()
         ids, targets = _inputs(c, batch, seq)
         tracker = _tracker_class()()
         tracker.trace = [] if trace else None
         tracker.blocks = {} if blocks else None
-        tracker.track_external(model, trainer.opt, ids, targets, *trainer.masters)
+        tracker.track_external(model, *trainer.optimizers, ids, targets, *trainer.masters)
         result, phase_peaks = {}, {}
         phases = {"after forward": "forward", "after backward": "backward", "after step": "optimizer"}
 
         def landmark(name):
-            total = tracker.get_tracker_snapshot("current")[cpu]["Total"]
+            snapshot = tracker.get_tracker_snapshot("current")
+            total = snapshot[cpu]["Total"]
+            host[name] = snapshot.get(meta, {"Total": 0})["Total"]
             if name in phases:
                 phase_peaks[phases[name]] = max(tracker._peak_mem[cpu], total)
             result[name] = tracker._peak_mem[cpu] = total
@@ -191,6 +203,7 @@ def memtracker_step(c: RefConfig, loop: str, batch: int, seq: int, foreach: bool
         with tracker:
             trainer.step(ids, targets, landmark)
         result["peak"] = max(phase_peaks.values())
+        result["host"] = host
         result["phase peaks"] = phase_peaks
         if trace:
             result["trace"] = tracker.trace

@@ -36,11 +36,13 @@ The loss may also run chunked, as torchtune's ``CEWithChunkedOutputLoss`` or Lit
 Under tensor parallelism (``RefConfig(tp=t)``, :mod:`memledger.pytorch.distributed`) a block views
 its column-split fused QKV output with H/t query and H_kv/t key/value heads.
 
-Loops (:data:`LOOPS`): ``fp32-adamw``, ``bf16-pure-adamw`` and ``bf16-adamw``
-(BF16 model, FP32 masters held by the optimizer). Measuring helpers live in
+Loops (:data:`LOOPS`): one per recipe of :data:`memledger.pytorch.optimizers.LOOP_OPTIMIZERS` (``fp32-adamw``,
+``bf16-pure-adamw``, ``bf16-adamw`` with FP32 masters held by the optimizer, SGD with and without momentum,
+Adafactor), each optimizer for-loop, foreach or fused, or stepped in backward. Measuring helpers live in
 :mod:`memledger.pytorch.measure`. PyTorch is imported here only: ``import
 memledger`` works without it.
 """
+from contextlib import nullcontext
 from dataclasses import dataclass
 import math
 
@@ -49,9 +51,12 @@ from torch import nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from .offload import OffloadSaved
+from .optimizers import LOOP_OPTIMIZERS, in_backward_hooks, make_optimizer
+
 __all__ = ["LANDMARKS", "LOOPS", "LOSS_IMPLS", "Block", "Decoder", "FusedRMSNorm", "RefConfig", "Trainer", "make_model"]
 
-LOOPS = ("fp32-adamw", "bf16-pure-adamw", "bf16-adamw")
+LOOPS = tuple(LOOP_OPTIMIZERS)
 #: The cross-entropies the decoder runs: torchtune's (FP32 upcast per chunk) and LitGPT's (no upcast).
 LOSS_IMPLS = ("torchtune", "litgpt")
 LANDMARKS = ("before forward", "after forward", "after backward", "after step")
@@ -84,6 +89,9 @@ class RefConfig:
     instead, on the logits as the model returns them (BF16: no upcast), the head applied per chunk of S/n
     tokens (``split``; S a multiple of n), one ``reduction="none"`` cross-entropy per chunk, concatenated,
     summed, divided by the counted tokens.
+    ``offload_activations``: each block runs under ``save_on_cpu(pin_memory=True)``'s
+    hooks (:class:`memledger.pytorch.offload.OffloadSaved`, FSDP's ``offload_wrapper``): its saved tensors
+    are host copies, copied back node by node in backward; under full recomputation the checkpoint's input.
     """
     d: int
     L: int
@@ -103,6 +111,7 @@ class RefConfig:
     tp: int = 1
     loss_chunks: int = 1
     loss_impl: str = "torchtune"
+    offload_activations: bool = False
 
     def __post_init__(self):
         if self.attention not in (None, "eager", "sdpa"):
@@ -245,10 +254,11 @@ class Decoder(nn.Module):
             mask = torch.ones(S, S, dtype=torch.bool, device=ids.device).triu(1)   # built once, shared
         x = self.embed(ids)
         for block in self.blocks:
-            if self.c.recompute == "full":
-                x = checkpoint(block, x, mask, use_reentrant=False)
-            else:
-                x = block(x, mask)
+            with OffloadSaved() if self.c.offload_activations else nullcontext():
+                if self.c.recompute == "full":
+                    x = checkpoint(block, x, mask, use_reentrant=False)
+                else:
+                    x = block(x, mask)
         h = self.norm(x)
         n = self.c.loss_chunks
         if n > 1 and self.c.loss_impl == "litgpt":     # litgpt/model.py GPT.forward: x.split(lm_head_chunk_size)
@@ -294,7 +304,7 @@ def make_model(c: RefConfig, loop: str) -> Decoder:
     if loop not in LOOPS:
         raise ValueError(f"loop must be one of {', '.join(LOOPS)}, got {loop!r}")
     before = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float32 if loop == "fp32-adamw" else torch.bfloat16)
+    torch.set_default_dtype(torch.float32 if LOOP_OPTIMIZERS[loop][0] == "fp32" else torch.bfloat16)
     try:
         return Decoder(c)
     finally:
@@ -302,25 +312,45 @@ def make_model(c: RefConfig, loop: str) -> Decoder:
 
 
 class Trainer:
-    """One model, its AdamW and (``bf16-adamw``) its FP32 masters; :meth:`step` runs one training step."""
+    """One model, its optimizer (:data:`memledger.pytorch.optimizers.LOOP_OPTIMIZERS`: AdamW, SGD, Adafactor) and
+    (``bf16-adamw``, ``bf16-sgd``, ``bf16-sgd-momentum``) its FP32 masters; :meth:`step` runs one training step.
 
-    def __init__(self, model: Decoder, loop: str, foreach: bool = False):
+    ``foreach``/``fused``: the optimizer's implementation (neither: the for-loop); ``in_backward``: one optimizer
+    per parameter, stepped in its post-accumulate-grad hook (torchtune's ``optimizer_in_bwd``; no masters)."""
+
+    def __init__(self, model: Decoder, loop: str, foreach: bool = False, fused: bool = False,
+                 in_backward: bool = False):
         self.model, self.loop = model, loop
         self.params = [p for p in model.parameters() if p.requires_grad]      # a frozen base (LoRA) has none
         self.masters = []
-        if loop == "bf16-adamw":
+        _, masters, kind = LOOP_OPTIMIZERS[loop]
+        if foreach and fused:
+            raise ValueError("foreach and fused exclude each other")
+        implementation = "fused" if fused else ("foreach" if foreach else "for-loop")
+        if masters:
+            if in_backward:
+                raise ValueError(f"in_backward steps the model's own parameters: {loop} keeps FP32 masters")
             with torch.no_grad():
                 self.masters = [p.detach().float() for p in self.params]
             for m in self.masters:
                 m.requires_grad_(True)
-        self.opt = torch.optim.AdamW(self.masters or self.params, foreach=foreach)
+        self.in_backward = in_backward
+        if in_backward:
+            self.opt = None
+            self.per_param = {p: make_optimizer(kind, [p], implementation) for p in self.params}
+            self.optimizers = list(self.per_param.values())
+            self.hooks = in_backward_hooks(self.params, self.per_param)
+        else:
+            self.opt = make_optimizer(kind, self.masters or self.params, implementation)
+            self.optimizers = [self.opt]
 
     def init_state(self):
         """Create the optimizer's state as a first step would (zero gradients, one ``opt.step()``)."""
-        for p in self.opt.param_groups[0]["params"]:
-            p.grad = torch.zeros_like(p)
-        self.opt.step()
-        self.opt.zero_grad(set_to_none=True)
+        for opt in self.optimizers:
+            for p in opt.param_groups[0]["params"]:
+                p.grad = torch.zeros_like(p)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
 
     def step(self, ids, targets, landmark=lambda name: None):
         """Forward, ``loss.backward()``, optimizer step, ``zero_grad(set_to_none=True)``;
@@ -331,7 +361,9 @@ class Trainer:
         loss.backward()
         del loss
         landmark("after backward")
-        if self.masters:
+        if self.in_backward:
+            pass                    # every parameter was stepped, and its gradient freed, in backward
+        elif self.masters:
             for p, m in zip(self.params, self.masters):
                 m.grad = p.grad.float()
                 p.grad = None

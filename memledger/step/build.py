@@ -18,13 +18,13 @@ from ..core.dtypes import nbytes
 from ..core.exact import evaluate_expr, exact_function, integer_function, is_integral_polynomial
 from ..core.symbols import L, N_d, O, P, t
 from ..states.placement import ZERO_SHARDS, device_of, state_specs
-from ..states.recipes import RECIPES
-from . import ddp, fsdp2, loss, outer, tensor
+from ..states.recipes import ALL_RECIPES as RECIPES
+from . import ddp, fsdp2, loss, offload, optim, outer, tensor
 from .block import block_backward, block_forward
 from .ops import BSd, Placement, Program, Tensor, block_params, residual_names
 from .outer import Param
 from .params import param_tensors, zero3_units
-from .structure import StepStructure
+from .structure import OPTIMIZER_OF, StepStructure
 from .trace import GRADIENT_LUMP, LUMP, SAVED_LUMP, Compiled, Part, explicit_layers, flatten
 from .vocab import LANDMARKS, Device, Kind, Lifetime, Phase
 
@@ -93,8 +93,13 @@ class Built:
             tensors["layer input"] = Tensor("layer input", tensors[x].expr if x in tensors else 0, Kind.ACTIVATION,
                                             Lifetime.SAVED, why="the checkpoint")
         fwd, bwd = p.fork(), p.fork()
-        block_forward(fwd, c)
-        block_backward(bwd, c, share)
+        if s.offload_activations:        # the saved tensors as pinned host copies (memledger.step.offload)
+            offload.define_host(tensors, c, s.recompute == "full")
+            offload.offloaded_forward(fwd, c, block_forward)
+            offload.offloaded_backward(bwd, c, block_backward, share)
+        else:
+            block_forward(fwd, c)
+            block_backward(bwd, c, share)
         if s.tensor_parallel:       # DTensor's collectives, and the gradients it leaves whole
             tensor.collectives(fwd, bwd, tensors, c, s.sequence_parallel)
             tensor.whole_gradients(tensors, c.grad_dtype, c.is_tied)
@@ -104,20 +109,30 @@ class Built:
         layers = explicit_layers(s.layers or 5)
         opt = p.fork()
         moments, master = outer.adamw(recipe)
-        if moments is not None:
-            rank = tensor.param_share(share) if s.tensor_parallel else (lambda name, n: share(n))
-            params = [Param(x.name, rank(x.name, x.elements), x.lump) for x in param_tensors(c, layers)] \
-                if not grad_sharded else [Param("flat partition", sp.ceiling(P / (t * N_d)))]
-            if self.fsdp:
-                params = self.fsdp.optimizer_params(layers)
+        master = any(x.name == "FP32 master weights" for x in recipe.components)
+        kind, impl = OPTIMIZER_OF[s.recipe], "fused" if conv.fused else ("foreach" if conv.foreach else "for-loop")
+        if kind == "adafactor":
+            impl = "for-loop"                   # its default on every device (memledger.step.structure)
+        rank = tensor.param_share(share) if s.tensor_parallel else (lambda name, n: share(n))
+        params = [Param(x.name, rank(x.name, x.elements), x.lump) for x in param_tensors(c, layers)] \
+            if not grad_sharded else [Param("flat partition", sp.ceiling(P / (t * N_d)))]
+        if self.fsdp:
+            params = self.fsdp.optimizer_params(layers)
+        others = None if kind == "adamw" and impl != "fused" else \
+            (lambda q: optim.temporaries(q, c, kind, impl, params, moments, c.grad_dtype, placement.optimizer))
+        if not s.in_backward:
             outer.optimizer(opt, params, moments, master and c.grad_dtype != "fp32", conv.foreach, c.grad_dtype,
-                            kept=s.bucket_view)
-            if s.tensor_parallel and not conv.foreach and not c.is_tied:
+                            kept=s.bucket_view, others=others)
+            if s.tensor_parallel and not conv.foreach and not c.is_tied and others is None:
                 tensor.redistribute_embedding_gradient(opt.ops, tensors, c.grad_dtype)
         saved = sum((tensors[r.name].expr for r in layer_rows), sp.Integer(0)) if s.recompute != "full" \
             else tensors["layer input"].expr
         grads = sum((tensors[f"grad {n}"].expr for n, _ in block_params(c)), sp.Integer(0))
-        tensors[SAVED_LUMP] = Tensor(SAVED_LUMP, (L - 4) * saved, Kind.ACTIVATION, Lifetime.SAVED)
+        if s.offload_activations:
+            tensors[SAVED_LUMP] = Tensor(SAVED_LUMP, (L - 4) * tensors[offload.HOST].expr, Kind.ACTIVATION,
+                                         Lifetime.SAVED, Device.CPU)
+        else:
+            tensors[SAVED_LUMP] = Tensor(SAVED_LUMP, (L - 4) * saved, Kind.ACTIVATION, Lifetime.SAVED)
         tensors[GRADIENT_LUMP] = Tensor(GRADIENT_LUMP, (L - 4) * grads, Kind.GRAD, Lifetime.GRADIENT,
                                         placement.gradients)
         if self.fsdp:
@@ -127,6 +142,9 @@ class Built:
             self.ops = self.fsdp.finalize(self.ops)
         if s.bucket_view:               # DDP: each gradient copied into its bucket as it is written
             self.ops = ddp.bucket_views(self.ops, tensors)
+        if s.in_backward:
+            self.ops = optim.in_backward(self.ops, tensors, lambda layer, name: optim.one_parameter(
+                p.fork(), c, kind, impl, name, moments, c.grad_dtype, placement.optimizer))
         self.tensors, self.layer_rows, self.outside_rows, self.placement = tensors, layer_rows, outside_rows, placement
         self._static_rows(recipe)
         self.compiled = Compiled(self.ops, self.static, tensors)
@@ -154,15 +172,20 @@ class Built:
         self.grad_row = next(spec for spec in specs if spec.role == "grad")     # the one backward writes
         for spec in specs if not self.fsdp else ():
             if spec is not self.grad_row:
-                static(spec.name, spec.expr(), Kind(spec.role), Device(spec.device),
+                factored = spec.component is not None and spec.component.factored
+                static(spec.name, optim.factored_bytes(c, spec.component) if factored else spec.expr(),
+                       Kind(spec.role), Device(spec.device),
                        "a model state (the recipe's component)")
         for name, expr, kind, why in self.fsdp.static() if self.fsdp else ():
             static(name, expr, kind, why=why)
-        if conv.step_counters and outer.adamw(recipe)[0] is not None:
+        kind = OPTIMIZER_OF[s.recipe]
+        if conv.step_counters and kind in ("adamw", "adafactor"):
             count = len(block_params(c)) * L + len(outer.head_params(c)) + 1
-            static("Adam step counters", 4 * count, Kind.OPTIMIZER,
-                   Device.CPU if conv.step_counters == "host" else self.placement.optimizer,
-                   "one 0-d FP32 step tensor per parameter tensor (torch.optim.Adam)")
+            host = conv.step_counters == "host" and not (conv.fused and kind == "adamw")
+            static("Adam step counters" if kind == "adamw" else "Adafactor step counters", 4 * count, Kind.OPTIMIZER,
+                   Device.CPU if host else self.placement.optimizer,
+                   f"one 0-d FP32 step tensor per parameter tensor (torch.optim.{'Adam' if kind == 'adamw' else 'Adafactor'}"
+                   f"{', fused: on the device' if conv.fused and kind == 'adamw' else ''})")
         for device in dict.fromkeys(spec.device for spec in specs) if s.tensor_parallel else ():
             per = sum(spec.bytes_per_param for spec in specs if spec is not self.grad_row and spec.device == device
                       and not spec.sharded)         # ZeRO-sharded states x TP: not run against PyTorch here
@@ -289,6 +312,10 @@ class Built:
             row(self.fsdp.name("unsharded parameters", "block") + ", units not resharded", Kind.PARAM,
                 Lifetime.SAVED, Device.GPU, kept, {"after forward"})
         blocks = ["layer input"] if self.structure.recompute == "full" else [r.name for r in self.layer_rows]
+        if self.structure.offload_activations:
+            blocks = []
+            for name, expr in offload.host_rows(self.tensors, self.shape, self.structure.recompute == "full"):
+                row(f"L x {name}", Kind.ACTIVATION, Lifetime.SAVED, Device.CPU, L * expr, {"after forward"})
         for name in blocks:
             row("L x layer input (checkpoint)" if name == "layer input" else f"L x {name}", Kind.ACTIVATION,
                 Lifetime.SAVED, Device.GPU, L * self.tensors[name].expr, {"after forward"})

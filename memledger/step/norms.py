@@ -107,14 +107,17 @@ def norm_backward(p, c, k, g_out, g_in, grads, residual=None, also_free=()):
         ("g_x+res", BSd, "autograd's input buffer: the skip gradient plus the first norm gradient")]}
     if c.upcast:
         p.op(f"norm {k} backward: upcast", alloc=[t["g32"]])
-        p.op(f"norm {k} backward: weight", free=[g_out], alloc=[t["g*w"], t["g*xr"], t["sum g*xr"]])
+        p.op(f"norm {k} backward: weight", free=[g_out], alloc=[t["g*w"], t["g*xr"]])
+        p.op(f"norm {k} backward: weight sum", alloc=[t["sum g*xr"]])
         p.op(f"norm {k} backward: weight gradient", free=[t["g*xr"]], alloc=grads)
-        p.op(f"norm {k} backward: x*rstd", free=[t["sum g*xr"], t["g32"], xr],
-             alloc=[t["g*rstd"], t["g*x"], t["g_rstd"]])
+        p.op(f"norm {k} backward: x*rstd", free=[t["sum g*xr"], t["g32"], xr], alloc=[t["g*rstd"], t["g*x"]])
+        p.op(f"norm {k} backward: rstd gradient", alloc=[t["g_rstd"]])
         first, pending = t["g*rstd"], [t["g*x"], t["g*w"]]
     else:
-        p.op(f"norm {k} backward: weight", alloc=[t["g*w"], t["g*xr"]] + grads)
-        p.op(f"norm {k} backward: x*rstd", free=[t["g*xr"], g_out, xr], alloc=[t["g*rstd"], t["g*x"], t["g_rstd"]])
+        p.op(f"norm {k} backward: weight", alloc=[t["g*w"], t["g*xr"]])
+        p.op(f"norm {k} backward: weight gradient", alloc=grads)
+        p.op(f"norm {k} backward: x*rstd", free=[t["g*xr"], g_out, xr], alloc=[t["g*rstd"], t["g*x"]])
+        p.op(f"norm {k} backward: rstd gradient", alloc=[t["g_rstd"]])
         first, pending = t["g*rstd"], [t["g*x"], t["g*w"]]
         if residual:
             p.op(f"norm {k} backward: add to the skip gradient", free=pending, alloc=[t["g_x+res"]])

@@ -122,13 +122,15 @@ def adamw(recipe) -> tuple:
     return moments, any(x.name == "FP32 master weights" for x in recipe.components)
 
 
-def optimizer(p, params, state_dtype: str, master: bool, foreach: bool, grad_dtype: str, kept: bool = False):
+def optimizer(p, params, state_dtype: str, master: bool, foreach: bool, grad_dtype: str, kept: bool = False,
+              others=None):
     """AdamW's step over ``params`` (:class:`Param`; a lump stands for many blocks' tensors), its temporaries
     in ``state_dtype`` where the optimizer runs.
 
     ``master``: BF16 gradients are first converted to FP32 masters' gradients,
     one tensor at a time, the BF16 gradient freed after each; ``kept``: ``p.grad = None`` frees nothing (the
-    gradients are views into DDP's buckets, :mod:`memledger.step.ddp`).
+    gradients are views into DDP's buckets, :mod:`memledger.step.ddp`). ``others(p)``: another optimizer's
+    temporaries (:func:`memledger.step.optim.temporaries`) instead of AdamW's.
     """
     where = p.placement.optimizer
     p.op("gradients collected", action=Action.COLLECT_GRADIENTS)
@@ -147,7 +149,9 @@ def optimizer(p, params, state_dtype: str, master: bool, foreach: bool, grad_dty
                 p.op(f"gradient to FP32: {x.name}", alloc=[fp32])
                 p.op("BF16 gradient released", alloc=[rest], **released)
             done, before = done + x.elements, rest
-    if foreach:
+    if others is not None:
+        others(p)
+    elif foreach:
         one = p.new("torch.tensor(1.0)", (), "fp32", "foreach step-count increment", device=where)
         p.op("step counters += 1", alloc=[one])
         p.op("released", free=[one])

@@ -9,31 +9,38 @@ projection instead of being copied for the batched matmul.
 from dataclasses import dataclass
 
 from ..models.features import Features
-from ..states.recipes import RECIPES
+from ..states.recipes import ALL_RECIPES as RECIPES
 
-__all__ = ["LOSS_IMPLS", "MAX_LOSS_CHUNKS", "MODELLED_RECIPES", "REFUSED_LOSSES", "Shape", "StepStructure", "block_of",
-           "check_loss_chunks", "check_loss_impl",
+__all__ = ["LOSS_IMPLS", "MAX_LOSS_CHUNKS", "MODELLED_RECIPES", "OPTIMIZER_OF", "REFUSED_LOSSES", "Shape",
+           "StepStructure", "block_of", "check_implementation", "check_loss_chunks", "check_loss_impl", "check_offload",
            "check_recipe", "step_values", "unmodelled"]
 
-#: The recipes whose optimizer step the timeline models op by op: ``torch.optim.AdamW`` with one gradient
-#: buffer and full-precision moments, with or without FP32 master weights (docs/step.md; checked against
-#: PyTorch's MemTracker for the first, fourth and fifth).
-MODELLED_RECIPES = ("bf16-adamw", "bf16-adamw-fp32-grads", "fp32-adamw", "bf16-pure-adamw")
+#: The optimizer each recipe the timeline models runs (``torch.optim.AdamW``, ``SGD`` with ``momentum`` 0 or not,
+#: ``Adafactor``; :mod:`memledger.step.optim`), with one gradient buffer, with or without FP32 master weights
+#: (docs/step.md; checked against PyTorch's MemTracker, tests/step/test_optim.py).
+OPTIMIZER_OF = {"bf16-adamw": "adamw", "bf16-adamw-fp32-grads": "adamw", "fp32-adamw": "adamw",
+                "bf16-pure-adamw": "adamw", "bf16-sgd": "sgd", "fp32-sgd": "sgd", "bf16-sgd-momentum": "sgd-momentum",
+                "fp32-sgd-momentum": "sgd-momentum", "bf16-pure-sgd-momentum": "sgd-momentum",
+                "adafactor": "adafactor"}
+MODELLED_RECIPES = tuple(OPTIMIZER_OF)
+_CUDA_ONLY = "bitsandbytes' kernels run on CUDA only, so no reference run here: not modelled op by op"
 #: What the timeline lacks for each other recipe of the catalog (for its error message); others: "its optimizer".
 UNMODELLED_RECIPES = {
     "bf16-adamw-fp32-accum": "FP32 gradient accumulation, a second gradient buffer",
-    "bf16-sgd-momentum": "SGD with momentum", "fp32-sgd-momentum": "SGD with momentum",
-    "bf16-sgd": "SGD", "fp32-sgd": "SGD",
-    "bf16-adam-8bit": "8-bit Adam", "bf16-adam8bit-bnb": "8-bit block-wise Adam",
-    "bf16-adam8bit-bnb-nomaster": "8-bit block-wise Adam", "adafactor": "Adafactor's factored second moment",
-    "bf16-adafactor": "Adafactor's factored second moment",
+    "bf16-adam-8bit": "8-bit Adam; " + _CUDA_ONLY,
+    "bf16-adam8bit-bnb": "8-bit block-wise Adam; " + _CUDA_ONLY,
+    "bf16-adam8bit-bnb-nomaster": "8-bit block-wise Adam; " + _CUDA_ONLY,
+    "bf16-adamw32-bnb": "32-bit (paged) AdamW; " + _CUDA_ONLY,
+    "bf16-adafactor": "transformers' Adafactor: FP32 states and FP32 copies of each BF16 gradient and parameter "
+                      "inside step(); the step models torch.optim.Adafactor, whose states take the gradient's dtype",
 }
 
 
 def check_recipe(name: str) -> None:
     """``ValueError`` naming what the timeline lacks, unless it models recipe ``name``'s optimizer step."""
     if name not in MODELLED_RECIPES:
-        why = UNMODELLED_RECIPES.get(name, "FP8 training" if name.startswith("fp8") else "its optimizer")
+        why = UNMODELLED_RECIPES.get(name, "FP8 GEMMs: Transformer Engine or FP8 kernels, which need an FP8 GPU; not "
+                                           "modelled op by op" if name.startswith("fp8") else "its optimizer")
         raise ValueError(f"the step timeline does not model recipe {name} ({why}) yet; it models "
                          f"{', '.join(MODELLED_RECIPES)}")
 
@@ -100,6 +107,8 @@ class StepStructure:
     framework: str = "plain"    # issue 15: "ddp" adds its gradient buckets (memledger.step.ddp)
     bucket_view: bool = False   # DDP's gradient_as_bucket_view
     fsdp: object = None     # framework fsdp2: (param dtype, reduce dtype, original dtype, reshard after forward, HSDP)
+    offload_activations: bool = False   # the blocks' saved tensors as pinned host copies (memledger.step.offload)
+    in_backward: bool = False   # torchtune's optimizer in backward (memledger.step.optim.in_backward)
 
     @classmethod
     def of(cls, ledger, conv):
@@ -141,9 +150,14 @@ class StepStructure:
         if ledger.tp > 1 and (ledger.loss_chunks > 1 or ledger.loss_impl != "torchtune"):
             raise ValueError("the step timeline runs a chunked loss on one rank's whole vocabulary; under tensor "
                              "parallelism (tp > 1) it runs DTensor's loss_parallel: give loss_chunks 1 or tp 1")
+        check_implementation(ledger, conv)
+        offloaded = getattr(ledger, "offload_activations", False)
+        if offloaded:
+            check_offload(shape, ledger.recompute, ledger.zero_stage, ledger.tp > 1, ledger.framework)
         return cls(shape, ledger.recipe, ledger.zero_stage, ledger.offload_optimizer, ledger.offload_params,
                    ledger.offload_placement, ledger.recompute, ledger.tp > 1, ledger.sequence_parallel, conv,
-                   arch.n_layers if arch.n_layers <= 4 else None, True, *_framework(ledger), fsdp=fsdp)
+                   arch.n_layers if arch.n_layers <= 4 else None, True, *_framework(ledger), fsdp=fsdp,
+                   offload_activations=offloaded, in_backward=getattr(ledger, "optimizer_in_backward", False))
 
 
 def _framework(ledger) -> tuple:
@@ -192,6 +206,38 @@ def check_loss_impl(impl: str, chunks: int, seq_len: int) -> None:
     if impl == "litgpt" and seq_len % chunks:
         raise ValueError(f"loss_impl 'litgpt' splits the sequence by a chunk size: seq_len ({seq_len}) must be a "
                          f"multiple of loss_chunks ({chunks})")
+
+
+def check_offload(c: Shape, recompute: str, zero_stage: int, tensor_parallel: bool,
+                  framework: str = "plain") -> None:
+    """``ValueError`` naming what of the setup activation offloading (:mod:`memledger.step.offload`) is not
+    modelled for."""
+    lacks = [what for what, off in [
+        ("GPT blocks", c.gpt), ("the eager attention core (the article backend's; use --backend cpu)",
+                                not c.gpt and c.attention != "flash"),
+        ("a fused RMSNorm kernel (use --backend cpu)", not c.gpt and not c.composite),
+        ("grouped-query attention", c.gqa),
+        ("QKV biases", bool(c.qkv_bias)), ("dropout", c.dropout), ("a head size other than d/H", c.head_dim),
+        ("selective recomputation", recompute == "selective"), ("ZeRO-3", zero_stage == 3),
+        ("tensor parallelism", tensor_parallel), (f"framework {framework}", framework != "plain")] if off]
+    if lacks:
+        raise ValueError(f"offload_activations is modelled for the reference decoder's LLaMA block under the CPU "
+                         f"backend, no or full recomputation; not for {', '.join(lacks)}")
+
+
+def check_implementation(ledger, conv) -> None:
+    """``ValueError`` where the optimizer has no such implementation: Adafactor has no fused kernel, and its
+    ``foreach=None`` default is the for-loop on every device (``torch/optim/_adafactor.py``), so the cuda
+    backend's foreach (AdamW's and SGD's default there) does not apply to it, and foreach asked elsewhere is
+    not modelled; Adafactor's factored moments need whole matrices (no ZeRO, no tensor parallelism)."""
+    if OPTIMIZER_OF[ledger.recipe] != "adafactor":
+        return
+    if getattr(conv, "fused", False):
+        raise ValueError("fused: torch.optim.Adafactor has no fused implementation")
+    if conv.foreach and conv.name != "cuda":
+        raise ValueError("foreach: Adafactor's foreach step is not modelled (its default is the for-loop)")
+    if ledger.zero_stage or ledger.tp > 1:
+        raise ValueError("the step models Adafactor's factored moments on whole matrices: no ZeRO, tp 1")
 
 
 def unmodelled(f: Features) -> str:

@@ -37,7 +37,7 @@ SCRIPT = "memledger-calculator.js"
 #: Ledger over many setups.
 PARTS = (
     ("model_states", ("recipe", "zero_stage", "offload_optimizer", "offload_placement")),
-    ("activations", ("arch", "flash_attention", "recompute")),
+    ("activations", ("arch", "flash_attention", "recompute", "recipe")),     # the recipe: the activation dtype
     ("overhead", ()),
 )
 #: The device of the fits verdict, whose total is always shown; the verdict judges what ``memledger ledger`` judges

@@ -239,15 +239,17 @@ def steps(draw):
     heads = draw(st.sampled_from((2, 4)))
     argv = ["step", "--hidden", str(8 * heads * draw(st.sampled_from((1, 3)))), "--heads", str(heads), "--layers",
             draw(st.sampled_from(("1", "2", "6"))), "--style", style, "--vocab", draw(st.sampled_from(("24", "100"))),
-            "--recipe", draw(st.sampled_from(("bf16-adamw", "fp32-adamw", "bf16-pure-adamw", "bf16-adamw-fp32-grads"))),
+            "--recipe", draw(st.sampled_from(("bf16-adamw", "fp32-adamw", "bf16-pure-adamw", "bf16-adamw-fp32-grads",
+                                              "fp32-sgd", "bf16-sgd-momentum", "bf16-pure-sgd-momentum"))),
             "--zero", draw(st.sampled_from(("0", "1", "2", "3"))), "--dp", draw(st.sampled_from(("1", "3", "8"))),
             "--batch", draw(st.sampled_from(("1", "3"))), "--seq", draw(st.sampled_from(("4", "6"))),
             "--backend", draw(st.sampled_from(("article", "cuda", "cpu"))), "--json"]
     if draw(st.booleans()):
         argv += ["--tp", "2"] + (["--sp"] if draw(st.booleans()) else [])
-    for flag in ("--flash-attention", "--no-dropout", "--foreach"):
+    for flag in ("--flash-attention", "--no-dropout"):
         if draw(st.booleans()):
             argv.append(flag)
+    argv += draw(st.sampled_from(([], ["--foreach"], ["--no-foreach"], ["--fused"])))
     argv += ["--recompute", draw(st.sampled_from(("none", "selective", "full")))]
     offload = draw(st.sampled_from(("none", "cpu", "nvme")))
     if offload != "none":

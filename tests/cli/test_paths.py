@@ -66,7 +66,8 @@ def test_every_recipe_in_ledger_step_and_fit(capsys, recipe):
 def test_the_issues_recipe_examples(capsys):
     answered(capsys, "ledger", *LLAMA, "--recipe", "fp32-sgd")
     refused(capsys, "step", *LLAMA, "--recipe", "bf16-adam8bit-bnb",
-            message="the step timeline does not model recipe bf16-adam8bit-bnb (8-bit block-wise Adam) yet")
+            message="the step timeline does not model recipe bf16-adam8bit-bnb (8-bit block-wise Adam; bitsandbytes' "
+                    "kernels run on CUDA only")
     assert Ledger("llama2-7b", recipe="bf16-adam8bit-bnb").peak is None
 
 
