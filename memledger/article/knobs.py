@@ -19,8 +19,11 @@ The knobs are those torchtune's low-memory full fine-tune of LLaMA-2 7B turns on
 and optimizer states), ``CEWithChunkedOutputLoss`` (8 output chunks by default),
 ``enable_activation_checkpointing`` (every layer), ``optimizer_in_bwd``, ``enable_activation_offloading``;
 LoRA as its ``7B_lora_single_device.yaml`` (at 04dc3801): rank 8 on Q and V, adapters in the model's BF16;
-QLoRA as the same adapters on an NF4 base (one knob; the paper's whole recipe is :func:`qlora`). Packed
-sequences are not modelled.
+QLoRA as the same adapters on an NF4 base (one knob; the paper's whole recipe is :func:`qlora`). The
+conventions are PyTorch's on CUDA (``backend="cuda"``: SDPA's flash kernel, ``AdamW(foreach)``) with
+torchtune's RMSNorm, which is composite (``torchtune/modules/rms_norm.py``: ``x.float()``, ``pow``, ``mean``,
+``rsqrt``, ``type_as``; ``rmsnorm="composite"``), as the offloaded step requires. Not rungs: the 8-bit optimizer
+(bitsandbytes' kernels run on CUDA only, and the step does not model them), packed sequences (not modelled).
 """
 from dataclasses import dataclass, field, fields
 from typing import NamedTuple, Optional
@@ -38,8 +41,8 @@ __all__ = ["BASE", "LORA_RANK", "LORA_TARGETS", "RUNGS", "Rung", "RungRow", "kno
            "longest_seq", "setup_step"]
 
 #: The baseline's fields: a full fine-tune in BF16 (torchtune's ``dtype: bf16``: BF16 weights, gradients and
-#: AdamW states), one sequence, the flash kernel (SDPA), no other knob.
-BASE = {"recipe": "bf16-pure-adamw", "batch_size": 1, "flash_attention": True}
+#: AdamW states), one sequence, the flash kernel (SDPA), torchtune's composite RMSNorm, no other knob.
+BASE = {"recipe": "bf16-pure-adamw", "batch_size": 1, "flash_attention": True, "rmsnorm": "composite"}
 #: torchtune's LoRA rank and targets in its single-device LoRA recipe for LLaMA-2 7B.
 LORA_RANK, LORA_TARGETS = 8, ("q_proj", "v_proj")
 _CONVENTIONS = {f.name for f in fields(Backend)} - {"name"}
@@ -138,11 +141,17 @@ def longest_seq(model, setup: dict, gpu_bytes: int, multiple: int = 1024, backen
 def _rungs() -> list:
     return [
         Rung("baseline", {}, "full fine-tune in BF16 (weights, gradients, AdamW's moments), AdamW(foreach) as "
-                             "PyTorch picks it on CUDA, every activation kept"),
+                             "PyTorch picks it on CUDA, torchtune's composite RMSNorm, every activation kept"),
         Rung("chunked cross-entropy", {"loss_chunks": 8}, "torchtune's CEWithChunkedOutputLoss: the LM head and the "
                                                           "FP32 loss over 8 chunks of the sequence"),
         Rung("activation checkpointing", {"recompute": "full"}, "every block keeps its input only and runs its "
                                                                 "forward again in backward"),
+        Rung("optimizer in backward", {"optimizer_in_backward": True},
+             "one AdamW per parameter, stepped in its post-accumulate-grad hook: each gradient dies as soon as "
+             "backward has written it"),
+        Rung("activation offloading", {"offload_activations": True},
+             "each block's saved tensors (here its checkpointed input) copied to pinned host memory in forward "
+             "and back before its backward (save_on_cpu)"),
         Rung("LoRA", {"lora": LoraConfig(rank=LORA_RANK, targets=LORA_TARGETS, adapter_recipe="bf16-pure-adamw")},
              f"a frozen BF16 base, rank-{LORA_RANK} BF16 adapters on Q and V (torchtune's), every activation kept",
              restart=True),

@@ -19,28 +19,44 @@ def rows():
 
 
 def test_each_rung_is_the_step_of_its_setup_built_directly(rows):
-    """The rungs are cumulative: checkpointing keeps the chunked loss; LoRA starts again from the baseline and
-    QLoRA replaces its adapters."""
+    """The rungs are cumulative: each keeps the knobs before it; LoRA starts again from the baseline and QLoRA
+    changes its base. CUDA's conventions with torchtune's composite RMSNorm."""
+    def full(**knobs):
+        return Ledger("llama2-7b", **TORCHTUNE, **knobs).step("cuda", rmsnorm="composite")
+
+    def lora(base):
+        config = LoraConfig(rank=8, targets=("q_proj", "v_proj"), base=base, adapter_recipe="bf16-pure-adamw")
+        return LoraLedger("llama2-7b", config, seq_len=S, flash_attention=True).step("cuda", rmsnorm="composite")
+    chunked, ckpt = dict(loss_chunks=8), dict(loss_chunks=8, recompute="full")
     direct = {
-        "baseline": Ledger("llama2-7b", **TORCHTUNE).step("cuda"),
-        "chunked cross-entropy": Ledger("llama2-7b", loss_chunks=8, **TORCHTUNE).step("cuda"),
-        "activation checkpointing": Ledger("llama2-7b", loss_chunks=8, recompute="full", **TORCHTUNE).step("cuda"),
-        "LoRA": LoraLedger("llama2-7b", LoraConfig(rank=8, targets=("q_proj", "v_proj"), adapter_recipe="bf16-pure-adamw"),
-                           seq_len=S, flash_attention=True).step("cuda"),
-        "QLoRA": LoraLedger("llama2-7b", LoraConfig(rank=8, targets=("q_proj", "v_proj"), base="nf4",
-                                                    adapter_recipe="bf16-pure-adamw"),
-                            seq_len=S, flash_attention=True).step("cuda"),
+        "baseline": full(),
+        "chunked cross-entropy": full(**chunked),
+        "activation checkpointing": full(**ckpt),
+        "optimizer in backward": full(**ckpt, optimizer_in_backward=True),
+        "activation offloading": full(**ckpt, optimizer_in_backward=True, offload_activations=True),
+        "LoRA": lora("bf16"),
+        "QLoRA": lora("nf4"),
     }
     assert [r.name for r in RUNGS] == list(direct)
     for name, step in direct.items():
         assert rows[name].peak == step.peak.bytes, name
         assert rows[name].phase == step.peak.phase
-    against = {"chunked cross-entropy": "baseline", "activation checkpointing": "chunked cross-entropy",
-               "LoRA": "baseline", "QLoRA": "LoRA"}
+    names = list(direct)
+    against = dict(zip(names[1:5], names[:4])) | {"LoRA": "baseline", "QLoRA": "LoRA"}
     for name, before in against.items():
         assert rows[name].against == before
         assert rows[name].saved == direct[before].peak.bytes - direct[name].peak.bytes
     assert rows["baseline"].saved == 0 and rows["baseline"].against == ""
+
+
+def test_offloading_the_checkpoints_saves_them_at_the_peak(rows):
+    """Under full recomputation each block saves its BF16 input only (2BSd, L blocks): offloading takes exactly
+    those off the peak, in backward, and puts them on the host."""
+    saved = rows["activation offloading"]
+    assert saved.saved == 32 * 2 * S * 4096
+    host = saved.step.landmarks["after forward"]["cpu"] - rows["optimizer in backward"].step.landmarks[
+        "after forward"]["cpu"]
+    assert host == 32 * 2 * S * 4096
 
 
 def test_the_table_has_a_line_per_rung(rows):
@@ -62,6 +78,26 @@ def test_a_rung_saves_what_memtracker_measures(rung, changes):
     after = against_memtracker("llama", 128, "bf16-pure-adamw", 1, 256, 2, 0.0, changes.get("recompute", "none"),
                                loss_chunks=changes.get("loss_chunks", 1))[1]["peak"]
     assert rows[1].saved == before - after != 0
+
+
+def test_the_top_rung_is_memtrackers():
+    """Checkpointing, the chunked loss, the optimizer in backward and offloading together (the ladder's top rung,
+    which no other test combines): the small LLaMA decoder's step under the CPU backend equals MemTracker's run
+    of the reference decoder with all four, landmark by landmark on the GPU and on the host, phase by phase."""
+    pytest.importorskip("torch")
+    from memledger.pytorch.compare import architecture_of
+    from memledger.pytorch.measure import memtracker_step
+    from memledger.pytorch.reference import RefConfig
+    from memledger.step.timeline import LANDMARKS
+    c = RefConfig(64, 3, 4, 96, 1000, "llama", recompute="full", offload_activations=True, loss_chunks=4)
+    measured = memtracker_step(c, "bf16-pure-adamw", 1, 64, blocks=True, in_backward=True)
+    top = dict(loss_chunks=4, recompute="full", optimizer_in_backward=True, offload_activations=True)
+    step = setup_step(architecture_of(c), 64, dict(recipe="bf16-pure-adamw", overhead_bytes=0, **top), "cpu")
+    for landmark in LANDMARKS:
+        assert step.landmarks[landmark]["gpu"] == measured[landmark], landmark
+        assert step.landmarks[landmark]["cpu"] == measured["host"][landmark], landmark
+    assert step.phase_peaks() == measured["phase peaks"]
+    assert step.peak.bytes == measured["peak"]
 
 
 @pytest.mark.slow
