@@ -388,16 +388,20 @@ QLORA_FULL = nf4(PROJ7) + 2 * (LLAMA - PROJ7) + ADAPT_32 * A7 + 2 * 2048 * 4096 
 KNOBS_S = 16384
 
 
-def knob_step(S=KNOBS_S, arch="llama2-7b", **changes):
+def knob_step(S=KNOBS_S, arch="llama2-7b", conventions=None, **changes):
+    """A step of torchtune's full fine-tune: BF16 AdamW, CUDA's conventions, torchtune's composite RMSNorm
+    (torchtune/modules/rms_norm.py upcasts to FP32)."""
+    conventions = conventions or {}
     from memledger.ledger.ledger import Ledger
-    return Ledger(arch, recipe="bf16-pure-adamw", seq_len=S, flash_attention=True, **changes).step("cuda").peak
+    return Ledger(arch, recipe="bf16-pure-adamw", seq_len=S, flash_attention=True, **changes).step(
+        "cuda", rmsnorm="composite", **conventions).peak
 
 
 def lora_step(S=KNOBS_S, base="bf16", adapters="bf16-pure-adamw"):
     """torchtune's LoRA for LLaMA-2 7B (7B_lora_single_device.yaml): rank 8 on Q and V, adapters in BF16."""
     from memledger.ledger.lora import LoraConfig, LoraLedger
     config = LoraConfig(rank=8, targets=("q_proj", "v_proj"), base=base, adapter_recipe=adapters)
-    return LoraLedger("llama2-7b", config, seq_len=S, flash_attention=True).step("cuda").peak
+    return LoraLedger("llama2-7b", config, seq_len=S, flash_attention=True).step("cuda", rmsnorm="composite").peak
 
 
 def phase_is(peak):
@@ -416,20 +420,34 @@ def longest_multiple(peak, capacity, multiple=1024):
     return check
 
 
+TOP = dict(loss_chunks=8, recompute="full", optimizer_in_backward=True, offload_activations=True)   # every knob
+
+
 def knobs_full(S):
     return knob_step(S, loss_chunks=8, recompute="full").bytes
+
+
+def knobs_top(S):
+    return knob_step(S, **TOP).bytes
 
 
 def knobs_lora(S):
     return lora_step(S).bytes
 
 
-@cache
-def knobs_longest(setup) -> int:
-    """The longest multiple of 1,024 tokens whose peak leaves the A100 its margin, counted up one by one."""
-    peak = {"full": knobs_full, "lora": knobs_lora}[setup]
-    return 1024 * largest(lambda n: peak(1024 * n) <= A100_ROOM)
+def knobs_qlora(S):
+    return lora_step(S, base="nf4").bytes
 
+
+@cache
+def knobs_longest(setup, capacity) -> int:
+    """The longest multiple of 1,024 tokens whose peak leaves the GPU its margin, counted up one by one."""
+    peak = {"top": knobs_top, "lora": knobs_lora, "qlora": knobs_qlora}[setup]
+    return 1024 * largest(lambda n: peak(1024 * n) <= capacity)
+
+
+L40S_REAL = 46068 * MiB                     # nvidia-smi's L40S total (tests/ledger/test_hardware.py's sources)
+L40S_ROOM = L40S_REAL - MARGIN
 
 #: glue key -> (exact value, unit as printed), or a check: a function of the glued text that returns what is
 #: wrong with it (None if nothing), for values no source prints (the largest batch that fits: it must fit, and
@@ -829,6 +847,14 @@ EXPECTED = {
     "knobs.ckpt_saved": lazy(lambda: Fraction(knob_step(loss_chunks=8).bytes - knobs_full(KNOBS_S), GB), "GB"),
     "knobs.ckpt_peak": lazy(lambda: Fraction(knobs_full(KNOBS_S), GB), "GB"),
     "knobs.ckpt_phase": phase_is(lambda: knob_step(loss_chunks=8, recompute="full")),
+    "knobs.fused_peak": lazy(lambda: Fraction(knob_step(loss_chunks=8, recompute="full", conventions=dict(
+        foreach=False, fused=True)).bytes, GB), "GB"),
+    "knobs.inbwd_peak": lazy(lambda: Fraction(knob_step(**dict(TOP, offload_activations=False)).bytes, GB), "GB"),
+    "knobs.inbwd_saved": lazy(lambda: Fraction(knobs_full(KNOBS_S) - knob_step(**dict(
+        TOP, offload_activations=False)).bytes, GB), "GB"),
+    "knobs.inbwd_phase": phase_is(lambda: knob_step(**dict(TOP, offload_activations=False))),
+    "knobs.offload_saved": (Fraction(32 * 2 * KNOBS_S * 4096, GB), "GB"),    # the checkpoints: L x 2BSd
+    "knobs.offload_peak": lazy(lambda: Fraction(knobs_top(KNOBS_S), GB), "GB"),
     "knobs.lora_peak": lazy(lambda: Fraction(knobs_lora(KNOBS_S), GB), "GB"),
     "knobs.lora_saved": lazy(lambda: Fraction(knob_step().bytes - knobs_lora(KNOBS_S), GB), "GB"),
     "knobs.qlora_peak": lazy(lambda: Fraction(lora_step(base="nf4").bytes, GB), "GB"),
@@ -839,13 +865,16 @@ EXPECTED = {
     "ex17.llama3_logits": (Fraction(4 * KNOBS_S * LLAMA3["V"], GB), "GB"),
     "ex17.llama3_saved": lazy(lambda: Fraction(knob_step(arch="llama3-8b").bytes
                                                - knob_step(arch="llama3-8b", loss_chunks=8).bytes, GB), "GB"),
-    "ex17.a100_room": (Fraction(A100_ROOM, GB), "GB"),
-    "ex17.seq_full": longest_multiple(knobs_full, A100_ROOM),
-    "ex17.seq_lora": longest_multiple(knobs_lora, A100_ROOM),
-    "ex17.full_peak": lazy(lambda: Fraction(knobs_full(knobs_longest("full")), GB), "GB"),
-    "ex17.full_next": lazy(lambda: Fraction(knobs_full(knobs_longest("full") + 1024), GB), "GB"),
-    "ex17.lora_peak": lazy(lambda: Fraction(knobs_lora(knobs_longest("lora")), GB), "GB"),
-    "ex17.lora_next": lazy(lambda: Fraction(knobs_lora(knobs_longest("lora") + 1024), GB), "GB"),
+    "ex17.l40s_room": (Fraction(L40S_ROOM, GB), "GB"), "ex17.rtx": (Fraction(RTX_REAL, GB), "GB"),
+    "ex17.seq_top": longest_multiple(knobs_top, L40S_ROOM),
+    "ex17.seq_qlora": longest_multiple(knobs_qlora, L40S_ROOM),
+    "ex17.top_peak": lazy(lambda: Fraction(knobs_top(knobs_longest("top", L40S_ROOM)), GB), "GB"),
+    "ex17.top_next": lazy(lambda: Fraction(knobs_top(knobs_longest("top", L40S_ROOM) + 1024), GB), "GB"),
+    "ex17.qlora_peak": lazy(lambda: Fraction(knobs_qlora(knobs_longest("qlora", L40S_ROOM)), GB), "GB"),
+    "ex17.qlora_next": lazy(lambda: Fraction(knobs_qlora(knobs_longest("qlora", L40S_ROOM) + 1024), GB), "GB"),
+    "ex17.rtx_lora": longest_multiple(knobs_lora, RTX_ROOM),
+    "ex17.rtx_qlora": longest_multiple(knobs_qlora, RTX_ROOM),
+    "ex17.states_floor": (Fraction(6 * LLAMA, GB), "GB"),          # BF16 weights, m and v: 2 + 2 + 2 B/param
     "ex17.peft_peak": lazy(lambda: Fraction(lora_step(adapters="fp32-adamw").bytes, GB), "GB"),
     "ex17.peft_more": lazy(lambda: Fraction(lora_step(adapters="fp32-adamw").bytes - knobs_lora(KNOBS_S), GB), "GB"),
 }
