@@ -449,6 +449,65 @@ def knobs_longest(setup, capacity) -> int:
 L40S_REAL = 46068 * MiB                     # nvidia-smi's L40S total (tests/ledger/test_hardware.py's sources)
 L40S_ROOM = L40S_REAL - MARGIN
 
+
+# --- chapter 16: one LLaMA-2 7B run (8 GPUs, B 1, S 4096, FlashAttention) under each framework ----------------
+LLAMA2 = dict(P=6_738_415_616, L=32, d=4096, H=32, q=4096, kv=4096, F=11008, V=32000)
+SEVEN = dict(arch="llama2-7b", seq_len=4096, batch_size=1, dp=8, flash_attention=True)
+FSDP2_RUN = dict(SEVEN, framework="fsdp2", recipe="fp32-adamw")
+#: DeepSpeed's ZeRO defaults (deepspeed/runtime/zero/config.py): reduce_bucket_size 5e8, stage3_max_live_parameters
+#: 1e9, stage3_prefetch_bucket_size 5e7, stage3_param_persistence_threshold 1e5 elements; BF16 = 2 bytes
+DS_IPG, DS_LIVE, DS_PREFETCH = 2 * 500_000_000, 2 * 10**9, 2 * 50_000_000
+DS_PERSISTENT = 2 * (2 * LLAMA2["L"] + 1) * 4096          # the RMSNorm weights: the only tensors under 1e5 elements
+#: Megatron-LM's distributed optimizer (dist_optimizer.md): BF16 weights 2P and FP32 main_grad 4P whole, FP32 masters
+#: and Adam's moments 12P over the data-parallel ranks
+MEGATRON_SUM = 2 * LLAMA2["P"] + 4 * LLAMA2["P"] + 12 * -(-LLAMA2["P"] // 8) + LLAMA2["L"] * layer(LLAMA2) \
+    + outside(LLAMA2) + OVERHEAD
+#: DDP replicates the book's loop (2 + 2 + 12 B/param) and adds its BF16 buckets (2P); the ids (16 B x S)
+DDP_BEFORE = 16 * LLAMA2["P"] + 16 * 4096 + OVERHEAD
+
+
+def ddp_bucket_count(cap_mib=None):
+    """PyTorch's bucket assignment (torch/nn/parallel/distributed.py: 25 MiB, the first 1 MiB; an explicit cap is
+    every bucket's): LLaMA-2 7B's BF16 gradients in the order backward makes them (the registration order
+    reversed: embedding; per block norm 1, QKV, output projection, norm 2, gate, up, down; final norm; head), a
+    bucket closing as soon as it reaches its limit."""
+    d, F, V = 4096, 11008, 32000
+    sizes = [V * d] + [d, 3 * d * d, d * d, d, F * d, F * d, d * F] * 32 + [d, V * d]
+    cap = (cap_mib or 25) * MiB
+    count, fill, limit = 0, 0, (cap if cap_mib else MiB)
+    for size in reversed(sizes):
+        fill += 2 * size
+        if fill >= limit:
+            count, fill, limit = count + 1, 0, cap
+    return count + (fill > 0)
+
+
+@cache
+def fsdp_small_peak() -> int:
+    """PyTorch's FSDP2 (fully_shard, FSDPMemTracker, a fake world of 8) on chapter 16's small decoder."""
+    from memledger.pytorch.distributed import fsdp_step
+    from memledger.pytorch.reference import RefConfig
+    return fsdp_step(RefConfig(d=60, L=6, H=4, F=170, V=1001, style="llama"), "fp32-adamw", batch=2, seq=16,
+                     world=8, param_dtype="bf16", reduce_dtype="fp32", track_first=False)["peak"]
+
+
+def tp_forward_kept() -> int:
+    """What the step (DTensor's plan, checked against MemTracker in tests/step/test_tensor.py) keeps from forward."""
+    from memledger.ledger.ledger import Ledger
+    from memledger.step.timeline import Step
+    marks = Step(Ledger("llama2-7b", seq_len=4096, tp=8, sequence_parallel=True, flash_attention=True)).landmarks
+    return marks["after forward"]["gpu"] - marks["before forward"]["gpu"]
+
+
+#: Megatron-LM's sequence parallelism (Korthikanti et al. 2022, Sec. 4.2.2): every saved tensor of a block on S/t
+#: tokens, the final norm's and the LM head's inputs too, the vocabulary-parallel FP32 log-softmax 4BSV/t
+TP_MEGATRON = LLAMA2["L"] * layer(LLAMA2) // 8 + 16 * 4096 + 2 * (2 * 4096 * 4096 // 8) + 4 * 4096 * 32000 // 8 + 8
+THIRTEEN_FULL = dict(arch="llama2-13b", seq_len=8192, dp=8, flash_attention=True, recompute="full")
+
+
+def thirteen_fsdp2_peak(n):
+    return step_peak(**THIRTEEN_FULL, framework="fsdp2", recipe="fp32-adamw", batch_size=n)
+
 #: glue key -> (exact value, unit as printed), or a check: a function of the glued text that returns what is
 #: wrong with it (None if nothing), for values no source prints (the largest batch that fits: it must fit, and
 #: one more must not, by arithmetic written here). Sources: the article's arithmetic, vendors' data sheets,
@@ -877,6 +936,44 @@ EXPECTED = {
     "ex17.states_floor": (Fraction(6 * LLAMA, GB), "GB"),          # BF16 weights, m and v: 2 + 2 + 2 B/param
     "ex17.peft_peak": lazy(lambda: Fraction(lora_step(adapters="fp32-adamw").bytes, GB), "GB"),
     "ex17.peft_more": lazy(lambda: Fraction(lora_step(adapters="fp32-adamw").bytes - knobs_lora(KNOBS_S), GB), "GB"),
+    # chapter 16: the steps (tests/step/test_fsdp2.py and test_ddp.py hold them to PyTorch's FSDP2 and DDP), the
+    # defaults of DeepSpeed's and PyTorch's sources, arithmetic above, PyTorch's FSDPMemTracker
+    "fw.plain_peak": lazy(lambda: Fraction(step_peak(**SEVEN, zero_stage=3), GB), "GB"),
+    "fw.ddp_peak": lazy(lambda: Fraction(step_peak(**SEVEN, framework="ddp"), GB), "GB"),
+    "fw.fsdp2_peak": lazy(lambda: Fraction(step_peak(**FSDP2_RUN), GB), "GB"),
+    "fw.fsdp2_noreshard": lazy(lambda: Fraction(step_peak(**FSDP2_RUN, reshard_after_forward=False), GB), "GB"),
+    # FP32 shards and AdamW's two moments on them (12P/N; no BF16 copy), the ids, the overhead
+    "fw.fsdp2_before": (Fraction(12 * LLAMA2["P"] // 8 + 16 * 4096 + OVERHEAD, GB), "GB"),
+    "fw.ds_sum": (Fraction(zero3_total(LLAMA2) + DS_IPG + DS_PERSISTENT, GB), "GB"),
+    "fw.mg_sum": (Fraction(MEGATRON_SUM, GB), "GB"),
+    "fw.a100": (Fraction(A100_REAL, GB), "GB"),
+    "fw.proof_peak": Measured(lambda: (fsdp_small_peak(), "bytes")),
+    "fw.ddp_cap": (25, "MiB"), "fw.ddp_first": (1, "MiB"),       # _DEFAULT_BUCKET_CAP_MB; _DEFAULT_FIRST_BUCKET_BYTES
+    "fw.ddp_buckets": (Fraction(2 * LLAMA2["P"], GB), "GB"),
+    "fw.ddp_count": (ddp_bucket_count(), ""),
+    "fw.ddp_after": (Fraction(DDP_BEFORE + 2 * LLAMA2["P"], GB), "GB"),      # + the BF16 gradients
+    "fw.ddp_view_after": (Fraction(DDP_BEFORE, GB), "GB"),                  # the gradients are the buckets
+    "fw.ddp_view_peak": lazy(lambda: Fraction(step_peak(**SEVEN, framework="ddp", gradient_as_bucket_view=True), GB),
+                             "GB"),
+    "fw.ds_ipg": (Fraction(DS_IPG, GB), "GB"), "fw.ds_live": (Fraction(DS_LIVE, GB), "GB"),
+    "fw.ds_prefetch": (Fraction(DS_PREFETCH, GB), "GB"),
+    "fw.ds_subgroup": (Fraction(4 * -(-LLAMA2["P"] // 8), GB), "GB"),        # min(sub_group_size 1e9, P/N) FP32
+    "fw.mg_main_grad": (Fraction(4 * LLAMA2["P"], GB), "GB"),
+    "fw.tp_megatron": (Fraction(TP_MEGATRON, GB), "GB"),
+    "fw.tp_dtensor": lazy(lambda: Fraction(tp_forward_kept(), GB), "GB"),
+    "fw.tp_copy": (Fraction(2 * 4096 * 4096, MiB), "MiB"),                  # 2BSd, the whole sequence
+    "fw.tp_extra_layer": (Fraction(3 * 2 * 4096 * 4096 - 2 * 2 * 4096 * 4096 // 8, MiB), "MiB"),
+    "fw.ex_a100": (Fraction(A100_40_REAL, GB), "GB"),
+    "fw.ex_batch": fits_at_answer_not_beyond(thirteen_fsdp2_peak, A100_40_ROOM),
+    "fw.ex_peak": lazy(lambda: Fraction(thirteen_fsdp2_peak(largest(
+        lambda n: thirteen_fsdp2_peak(n) <= A100_40_ROOM)), GB), "GB"),
+    "fw.ex_next": lazy(lambda: Fraction(thirteen_fsdp2_peak(largest(
+        lambda n: thirteen_fsdp2_peak(n) <= A100_40_ROOM) + 1), GB), "GB"),
+    "fw.ex_plain_full": lazy(lambda: Fraction(step_peak(**THIRTEEN_FULL, zero_stage=3, batch_size=1), GB), "GB"),
+    "fw.ex_noreshard_more": (Fraction(2 * LLAMA2["P"], GB), "GB"),          # every unit's BF16 parameters
+    "fw.ex_bf16_model": (Fraction(2 * LLAMA2["P"], GB), "GB"),
+    "fw.ex_wide_count": (ddp_bucket_count(100), ""),
+    "fw.ex_wide_bytes": (Fraction(2 * LLAMA2["P"], GB), "GB"),
 }
 
 #: equation key -> the right-hand side as the article (and its source paper) writes it
