@@ -8,4 +8,5 @@ __getattr__, __dir__, __all__ = lazy(__name__, {
     'book': (),
     'survey': (),
     'finetune': (),
+    'knobs': (),
 })

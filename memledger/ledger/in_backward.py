@@ -30,10 +30,13 @@ def check_in_backward(ledger, recipe) -> None:
             or getattr(ledger, "framework", "plain") != "plain":
         raise ValueError("optimizer_in_backward is modelled on one device: no ZeRO, tp 1, no offload, no framework's "
                          "buffers (framework plain)")
+    from dataclasses import replace
     from ..activations.backends import get_backend
     from ..step.structure import StepStructure
-    try:
-        StepStructure.of(ledger, get_backend())
+    try:       # the blocks the step models; offloading's conventions are the step's backend's, checked by it
+        probe = replace(ledger, offload_activations=False, optimizer_in_backward=False) \
+            if ledger.offload_activations else ledger
+        StepStructure.of(probe, get_backend())
     except ValueError as e:
         raise ValueError(f"optimizer_in_backward is judged by the step's peak, which is not modelled here: {e}") \
             from None

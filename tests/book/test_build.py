@@ -382,6 +382,73 @@ QLORA_NONE = nf4(PROJ7) + 2 * (LLAMA - PROJ7) + ADAPT_32 * A7 + QLORA_ACT + OVER
 QLORA_FULL = nf4(PROJ7) + 2 * (LLAMA - PROJ7) + ADAPT_32 * A7 + 2 * 2048 * 4096 * 32 + OVERHEAD
 
 
+# --- chapter 17: the knobs' ladder: LLaMA-2 7B at S = 16384, torchtune's BF16 full fine-tune (recipes/configs/llama2/
+# 7B_full_low_memory.yaml), PyTorch's CUDA conventions; each peak from a step built here directly (Ledger.step,
+# LoraLedger.step: the timelines tests/step checks against MemTracker), not through memledger.article.knobs ---------
+KNOBS_S = 16384
+
+
+def knob_step(S=KNOBS_S, arch="llama2-7b", conventions=None, **changes):
+    """A step of torchtune's full fine-tune: BF16 AdamW, CUDA's conventions, torchtune's composite RMSNorm
+    (torchtune/modules/rms_norm.py upcasts to FP32)."""
+    conventions = conventions or {}
+    from memledger.ledger.ledger import Ledger
+    return Ledger(arch, recipe="bf16-pure-adamw", seq_len=S, flash_attention=True, **changes).step(
+        "cuda", rmsnorm="composite", **conventions).peak
+
+
+def lora_step(S=KNOBS_S, base="bf16", adapters="bf16-pure-adamw"):
+    """torchtune's LoRA for LLaMA-2 7B (7B_lora_single_device.yaml): rank 8 on Q and V, adapters in BF16."""
+    from memledger.ledger.lora import LoraConfig, LoraLedger
+    config = LoraConfig(rank=8, targets=("q_proj", "v_proj"), base=base, adapter_recipe=adapters)
+    return LoraLedger("llama2-7b", config, seq_len=S, flash_attention=True).step("cuda", rmsnorm="composite").peak
+
+
+def phase_is(peak):
+    def check(text):
+        if text != peak().phase:
+            return f"{text!r}, but the step peaks in {peak().phase!r}"
+    return check
+
+
+def longest_multiple(peak, capacity, multiple=1024):
+    """A check of a glued sequence length: a multiple of ``multiple`` whose peak fits, the next multiple's not."""
+    def check(text):
+        n = int(text.replace(",", ""))
+        if n % multiple or not peak(n) <= capacity < peak(n + multiple):
+            return f"{n}: peaks {peak(n):,} and {peak(n + multiple):,} against {capacity:,}"
+    return check
+
+
+TOP = dict(loss_chunks=8, recompute="full", optimizer_in_backward=True, offload_activations=True)   # every knob
+
+
+def knobs_full(S):
+    return knob_step(S, loss_chunks=8, recompute="full").bytes
+
+
+def knobs_top(S):
+    return knob_step(S, **TOP).bytes
+
+
+def knobs_lora(S):
+    return lora_step(S).bytes
+
+
+def knobs_qlora(S):
+    return lora_step(S, base="nf4").bytes
+
+
+@cache
+def knobs_longest(setup, capacity) -> int:
+    """The longest multiple of 1,024 tokens whose peak leaves the GPU its margin, counted up one by one."""
+    peak = {"top": knobs_top, "lora": knobs_lora, "qlora": knobs_qlora}[setup]
+    return 1024 * largest(lambda n: peak(1024 * n) <= capacity)
+
+
+L40S_REAL = 46068 * MiB                     # nvidia-smi's L40S total (tests/ledger/test_hardware.py's sources)
+L40S_ROOM = L40S_REAL - MARGIN
+
 
 # --- chapter 16: one LLaMA-2 7B run (8 GPUs, B 1, S 4096, FlashAttention) under each framework ----------------
 LLAMA2 = dict(P=6_738_415_616, L=32, d=4096, H=32, q=4096, kv=4096, F=11008, V=32000)
@@ -827,6 +894,48 @@ EXPECTED = {
     "ex18.logits_both": (Fraction(4 * 4096 * LLAMA3["V"], MiB) + 2 * -(-4 * 4097 * LLAMA3["V"] // (2 * MiB)), "MiB"),
     "ex18.logits_expandable": (20 * -(-4 * 4097 * LLAMA3["V"] // (20 * MiB)), "MiB"),
     "ex18.lab_peak": Measured(lambda: (Fraction(memtracker_lab("llama")["peak"], MiB), "MiB")),
+    # chapter 17: the knobs' ladder (see knob_step above)
+    "knobs.seq": (KNOBS_S, ""), "knobs.margin": (1, "GB"), "knobs.a100": (Fraction(A100_REAL, GB), "GB"),
+    "knobs.chunks": (8, ""),                                   # CEWithChunkedOutputLoss(num_output_chunks=8)
+    "knobs.vocab": (32000, ""), "knobs.lora_rank": (8, ""),   # LLaMA-2's vocabulary; torchtune's lora_rank
+    "knobs.logits_fp32": (Fraction(4 * KNOBS_S * 32000, GB), "GB"),                     # 4BSV
+    "knobs.foreach_temp": (Fraction(2 * LLAMA, GB), "GB"),     # _foreach_sqrt of every BF16 second moment
+    "knobs.base_peak": lazy(lambda: Fraction(knob_step().bytes, GB), "GB"),
+    "knobs.base_phase": phase_is(knob_step),
+    "knobs.chunked_saved": lazy(lambda: Fraction(knob_step().bytes - knob_step(loss_chunks=8).bytes, GB), "GB"),
+    "knobs.ckpt_saved": lazy(lambda: Fraction(knob_step(loss_chunks=8).bytes - knobs_full(KNOBS_S), GB), "GB"),
+    "knobs.ckpt_peak": lazy(lambda: Fraction(knobs_full(KNOBS_S), GB), "GB"),
+    "knobs.ckpt_phase": phase_is(lambda: knob_step(loss_chunks=8, recompute="full")),
+    "knobs.fused_peak": lazy(lambda: Fraction(knob_step(loss_chunks=8, recompute="full", conventions=dict(
+        foreach=False, fused=True)).bytes, GB), "GB"),
+    "knobs.inbwd_peak": lazy(lambda: Fraction(knob_step(**dict(TOP, offload_activations=False)).bytes, GB), "GB"),
+    "knobs.inbwd_saved": lazy(lambda: Fraction(knobs_full(KNOBS_S) - knob_step(**dict(
+        TOP, offload_activations=False)).bytes, GB), "GB"),
+    "knobs.inbwd_phase": phase_is(lambda: knob_step(**dict(TOP, offload_activations=False))),
+    "knobs.offload_saved": (Fraction(32 * 2 * KNOBS_S * 4096, GB), "GB"),    # the checkpoints: L x 2BSd
+    "knobs.offload_peak": lazy(lambda: Fraction(knobs_top(KNOBS_S), GB), "GB"),
+    "knobs.lora_peak": lazy(lambda: Fraction(knobs_lora(KNOBS_S), GB), "GB"),
+    "knobs.lora_saved": lazy(lambda: Fraction(knob_step().bytes - knobs_lora(KNOBS_S), GB), "GB"),
+    "knobs.qlora_peak": lazy(lambda: Fraction(lora_step(base="nf4").bytes, GB), "GB"),
+    # NF4 with double quantization of the 7 projections instead of their BF16 weights: at the peak, in the loss,
+    # no layer is dequantized
+    "knobs.qlora_saved": (Fraction(2 * PROJ7 - nf4(PROJ7), GB), "GB"),
+    "ex17.vocab": (LLAMA3["V"], ""),
+    "ex17.llama3_logits": (Fraction(4 * KNOBS_S * LLAMA3["V"], GB), "GB"),
+    "ex17.llama3_saved": lazy(lambda: Fraction(knob_step(arch="llama3-8b").bytes
+                                               - knob_step(arch="llama3-8b", loss_chunks=8).bytes, GB), "GB"),
+    "ex17.l40s_room": (Fraction(L40S_ROOM, GB), "GB"), "ex17.rtx": (Fraction(RTX_REAL, GB), "GB"),
+    "ex17.seq_top": longest_multiple(knobs_top, L40S_ROOM),
+    "ex17.seq_qlora": longest_multiple(knobs_qlora, L40S_ROOM),
+    "ex17.top_peak": lazy(lambda: Fraction(knobs_top(knobs_longest("top", L40S_ROOM)), GB), "GB"),
+    "ex17.top_next": lazy(lambda: Fraction(knobs_top(knobs_longest("top", L40S_ROOM) + 1024), GB), "GB"),
+    "ex17.qlora_peak": lazy(lambda: Fraction(knobs_qlora(knobs_longest("qlora", L40S_ROOM)), GB), "GB"),
+    "ex17.qlora_next": lazy(lambda: Fraction(knobs_qlora(knobs_longest("qlora", L40S_ROOM) + 1024), GB), "GB"),
+    "ex17.rtx_lora": longest_multiple(knobs_lora, RTX_ROOM),
+    "ex17.rtx_qlora": longest_multiple(knobs_qlora, RTX_ROOM),
+    "ex17.states_floor": (Fraction(6 * LLAMA, GB), "GB"),          # BF16 weights, m and v: 2 + 2 + 2 B/param
+    "ex17.peft_peak": lazy(lambda: Fraction(lora_step(adapters="fp32-adamw").bytes, GB), "GB"),
+    "ex17.peft_more": lazy(lambda: Fraction(lora_step(adapters="fp32-adamw").bytes - knobs_lora(KNOBS_S), GB), "GB"),
     # chapter 16: the steps (tests/step/test_fsdp2.py and test_ddp.py hold them to PyTorch's FSDP2 and DDP), the
     # defaults of DeepSpeed's and PyTorch's sources, arithmetic above, PyTorch's FSDPMemTracker
     "fw.plain_peak": lazy(lambda: Fraction(step_peak(**SEVEN, zero_stage=3), GB), "GB"),
