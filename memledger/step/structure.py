@@ -147,6 +147,10 @@ class StepStructure:
                       gqa and arch.kv_heads == 1, True if llama and f.has_qkv_bias else None,
                       True if llama and f.is_tied else None, ledger.recompute, f.head_dim, ledger.tp > 1,
                       check_loss_chunks(ledger.loss_chunks), ledger.loss_impl)
+        if ledger.sequence_parallel and ledger.recompute == "full":
+            raise ValueError("the step timeline runs sequence parallelism as DTensor runs it without full "
+                             "recomputation only (its recomputed norms on S/t are not modelled); use selective or "
+                             "no recomputation")
         if ledger.tp > 1 and (ledger.loss_chunks > 1 or ledger.loss_impl != "torchtune"):
             raise ValueError("the step timeline runs a chunked loss on one rank's whole vocabulary; under tensor "
                              "parallelism (tp > 1) it runs DTensor's loss_parallel: give loss_chunks 1 or tp 1")

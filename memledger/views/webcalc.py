@@ -49,13 +49,19 @@ UNIT = "GB"
 def _rows_by_part():
     """For each part: its fields and, by key, the rows ``(name, group, device, formula)``."""
     printer = BigIntPrinter()
+    printed = {}            # formula text -> JavaScript: many combinations share a row's formula
+
+    def formula(row):
+        if row.formula not in printed:
+            printed[row.formula] = printer.formula(row.expr)
+        return printed[row.formula]
     parts = []
     for group, fields in PARTS:
         rows = {}
         for combo in product(*(BY_FIELD[f].options for f in fields)):
             ledger = Ledger(**ledger_settings({**defaults(), **dict(zip(fields, combo))}))
             rows["|".join(map(option_text, combo))] = [
-                (r.name, r.group, r.device, printer.formula(r.expr)) for r in ledger.rows if r.group == group]
+                (r.name, r.group, r.device, formula(r)) for r in ledger.rows if r.group == group]
         parts.append((fields, rows))
     return parts
 

@@ -78,4 +78,17 @@ def test_ledger_activations_are_the_steps_saved_tensors_after_forward(arch, kwar
     step = Step(ledger)
     saved = sum(r["bytes"] for r in step.rows
                 if r["kind"] == "activation" and r["device"] == "gpu" and "after forward" in r["live"])
-    assert saved == ledger.group_total("activations")
+    assert saved == ledger.group_total("activations") + dtensor_gathered_inputs(ledger)
+
+
+def dtensor_gathered_inputs(ledger) -> int:
+    """What DTensor saves under sequence parallelism beyond Megatron-LM's rows (the ledger's, Korthikanti et al.
+    2022 Sec. 4.2.2, the S/t shard of each column-wise layer's input): each column-wise layer's all-gathered
+    input, the whole sequence, in 16 bits: in every block the QKV projection's and the MLP's (LLaMA: the up
+    projection's own copy too), and the LM head's once (tests/step/test_tensor.py holds the step to tp_step)."""
+    if not ledger.sequence_parallel:
+        return 0
+    whole = 2 * ledger.batch_size * ledger.seq_len * ledger.arch.d_model
+    gathered = whole - whole // ledger.tp
+    per_block = 2 * gathered + (whole if ledger.arch.style == "llama" else 0)
+    return ledger.arch.n_layers * per_block + gathered

@@ -48,7 +48,7 @@ SETTINGS = {
 }
 #: Each explorer's controls are moved one after the other; after each move it must show the library's answer.
 MOVES = [("recompute", "full"), ("offload_optimizer", "cpu"), ("batch_size", 4), ("gpu", "h200")]
-START_S, OPEN_S, RUN_S, MOVE_S, STOP_S = 90, 90, 180, 60, 20
+START_S, OPEN_S, RUN_S, MOVE_S, STOP_S = 90, 90, 360, 60, 20
 
 
 def widget_chapters():
