@@ -76,6 +76,10 @@ def model_bytes(ledger) -> sp.Expr:
     """S: 4 bytes x the parameters ``AutoModel`` builds (the untied output head is not among them)."""
     from ..core.symbols import V, d
     untied = ledger.arch is not None and not ledger.arch.features.is_tied
+    if untied and ledger.params <= ledger.arch.vocab_size * ledger.arch.d_model:
+        raise ValueError(f"n_params ({ledger.params:,}) is not larger than the untied LM head (V x d = "
+                         f"{ledger.arch.vocab_size * ledger.arch.d_model:,}): accelerate's AutoModel count, the "
+                         "parameters without the head, would not be positive")
     return 4 * (P - V * d) if untied else 4 * P
 
 

@@ -209,7 +209,7 @@ def lora(a, ledger) -> str:
     config = lora_config(a, ledger.arch)
     result = LoraLedger(ledger.arch, config, ledger.batch_size, ledger.seq_len, ledger.recompute,
                         ledger.flash_attention, ledger.overhead_bytes)
-    from ..answers.verdict import CHOICES
+    from ..answers.verdict import CHOICES, MARGIN, MEASURE, leaves_margin, sentence
     from ..core.choices import check_choice
     from .options import gpu_bytes
     check_choice("measure", getattr(a, "measure", "auto"), CHOICES)
@@ -220,9 +220,7 @@ def lora(a, ledger) -> str:
         import json
         return json.dumps(result.to_dict() | {"peak": peak, "judged_bytes": judged, "gpu_memory": memory,
                                               "measure": "total" if peak is None else "peak",
-                                              "fits": judged <= memory}, indent=2)
-    how = (f"the step's peak, {format_bytes(judged, a.units)} (memledger step --backend cuda with these options)"
-           if peak is not None else f"the sum, {format_bytes(judged, a.units)}" + (
-               "" if a.measure == "total" else " (the step does not model this run)"))
-    verdict = "fits" if judged <= memory else "does NOT fit"
-    return result.table(a.units).text() + f"\n\nJudged by {how}: {verdict} in {format_bytes(memory, a.units)}."
+                                              "fits": leaves_margin(judged, memory), "margin": MARGIN}, indent=2)
+    clause = (f", {MEASURE['peak']} (memledger step --backend cuda with these options)" if peak is not None else
+              f", {MEASURE['total']}" + ("" if a.measure == "total" else " (the step does not model this run)"))
+    return result.table(a.units).text() + f"\n\n{sentence(judged, memory, clause, a.units)}."
