@@ -147,6 +147,11 @@ class Built:
                 p.fork(), c, kind, impl, name, moments, c.grad_dtype, placement.optimizer))
         self.tensors, self.layer_rows, self.outside_rows, self.placement = tensors, layer_rows, outside_rows, placement
         self._static_rows(recipe)
+        self._compile()
+
+    def _compile(self):
+        """The op list compiled (:class:`Compiled`), the device masks, and every tensor's size as one exact function."""
+        tensors = self.tensors
         self.compiled = Compiled(self.ops, self.static, tensors)
         self.names = self.compiled.names
         self.masks = {dev: np.array([self.tensors[n].device is dev for n in self.names], dtype=np.int64)

@@ -38,13 +38,11 @@ MemTracker's allocation log of the reference (PyTorch 2.13, CPU); checked by ``t
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
-import numpy as np
 import sympy as sp
 
 from ..activations.backends import get_backend
 from ..activations.inventory import Saved, inventory
 from ..activations.outside import outside_inventory
-from ..core.exact import exact_function, integer_function, is_integral_polynomial
 from ..core.dtypes import nbytes
 from ..core.symbols import B, F, L, O, S, V, d, r
 from ..states.recipes import get_recipe
@@ -55,7 +53,7 @@ from .ops import BS, BSd, BSF, INPUT_GRADIENT, Program, Ref, Tensor, dropout_ops
 from .outer import Param
 from .structure import StepStructure
 from .timeline import Step
-from .trace import GRADIENT_LUMP, SAVED_LUMP, Compiled, explicit_layers, flatten
+from .trace import GRADIENT_LUMP, SAVED_LUMP, explicit_layers, flatten
 from .vocab import Device, Kind, Lifetime, Scope
 
 __all__ = ["BLOCK_TARGETS", "LoraSpec", "LoraStep", "LoraStructure", "adapter_shape", "build_lora", "lora_rows"]
@@ -639,17 +637,7 @@ class LoraBuilt(Built):
         self.ops = _hold_leaf(flatten(s.layers or 5, c, outside, fwd.ops, bwd.ops, opt.ops), residual_names(c)[0])
         self.tensors = tensors
         self._lora_static(recipe, spec, len(params) and 2 * len(spec.targets))
-        self.compiled = Compiled(self.ops, self.static, tensors)
-        self.names = self.compiled.names
-        self.masks = {dev: np.array([self.tensors[n].device is dev for n in self.names], dtype=np.int64)
-                      for dev in Device}
-        self.gpu = self.masks[Device.GPU]
-        exprs = [sp.sympify(tensors[n].expr) for n in self.names]
-        whole = [i for i, e in enumerate(exprs) if is_integral_polynomial(e)]
-        other = [i for i in range(len(exprs)) if i not in set(whole)]
-        self.symbols = tuple(sorted(set().union(*(e.free_symbols for e in exprs)), key=lambda x: x.name))
-        self._groups = [(whole, integer_function(self.symbols, [exprs[i] for i in whole])),
-                        (other, exact_function(self.symbols, tuple(exprs[i] for i in other)))]
+        self._compile()
 
     def _lora_static(self, recipe, spec, per_block):
         """The frozen base (16-bit or NF4), the adapters' states, step counters, ids, overhead."""
