@@ -32,6 +32,11 @@ below is one such difference; :data:`BACKENDS` bundles them. ``"article"``
   ``adam()`` in ``torch/optim/adam.py``; ``torch/utils/_foreach_utils.py``
   ``_get_foreach_kernels_supported_devices``; PyTorch 2.13.0): ``True`` under
   ``"cuda"``, ``False`` under ``"cpu"`` (measured) and the article's.
+* ``packing``: packed documents (``Ledger(packed=n)``, :mod:`memledger.step.packing`): ``"mask"`` (CPU: SDPA
+  with a (B, 1, S, S) boolean block-causal mask, which ATen's ``convert_boolean_attn_mask`` turns into an
+  additive mask in q's dtype at every call and the flash kernel saves; measured) or ``"varlen"`` (CUDA:
+  flash-attention's varlen kernel with ``cu_seqlens``, no mask; Hugging Face's
+  ``prepare_fa_kwargs_from_position_ids``); ``None``: not modelled (the article's eager core).
 * ``fused``: ``AdamW(fused=True)`` / ``SGD(fused=True)``: one kernel updates every tensor in place, no
   temporaries (measured on the CPU kernel; ``torch._fused_adamw_``), Adam's ``step`` on the parameters'
   device (``torch/optim/adam.py`` ``_init_group``); excludes ``foreach`` (:mod:`memledger.step.optim`).
@@ -40,7 +45,7 @@ from dataclasses import dataclass, replace
 
 from ..core.choices import check_choice
 
-__all__ = ["ATTENTIONS", "BACKENDS", "COUNTERS", "MASKS", "RMSNORMS", "STATS", "SWITCHES", "Backend", "get_backend",
+__all__ = ["ATTENTIONS", "BACKENDS", "COUNTERS", "MASKS", "PACKINGS", "RMSNORMS", "STATS", "SWITCHES", "Backend", "get_backend",
            "conventions_table"]
 
 MASKS = ("bool", "activation")
@@ -48,6 +53,7 @@ STATS = (None, "activation", "fp32")
 RMSNORMS = ("fused", "composite")
 ATTENTIONS = ("eager", "reference")
 COUNTERS = (None, "device", "host")
+PACKINGS = (None, "mask", "varlen")
 
 
 @dataclass(frozen=True)
@@ -62,6 +68,7 @@ class Backend:
     foreach: bool = False
     cpu: bool = False            # SDPA with dropout falls back to the math kernel
     fused: bool = False          # AdamW(fused=True) / SGD(fused=True): one kernel, no temporaries
+    packing: str = None          # packed documents: "mask" (SDPA's block-causal mask) or "varlen" (cu_seqlens)
 
     def __post_init__(self):
         check_choice("dropout_mask", self.dropout_mask, MASKS)
@@ -73,6 +80,7 @@ class Backend:
             raise ValueError(f"foreach must be True or False, got {self.foreach!r}")
         if not isinstance(self.fused, bool):
             raise ValueError(f"fused must be True or False, got {self.fused!r}")
+        check_choice("packing", self.packing, PACKINGS)
         if self.fused and self.foreach:
             raise ValueError("fused and foreach exclude each other: give foreach=False with fused=True")
 
@@ -109,8 +117,8 @@ SWITCHES = {
 
 BACKENDS = {
     "article": Backend(),
-    "cuda": Backend("cuda", "bool", "fp32", "fused", "reference", "host", foreach=True),
-    "cpu": Backend("cpu", "activation", "activation", "composite", "reference", "device", cpu=True),
+    "cuda": Backend("cuda", "bool", "fp32", "fused", "reference", "host", foreach=True, packing="varlen"),
+    "cpu": Backend("cpu", "activation", "activation", "composite", "reference", "device", cpu=True, packing="mask"),
 }
 
 

@@ -131,6 +131,17 @@ def row_specs(s: Structure) -> tuple:
     return tuple(specs)
 
 
+def check_packed_field(n, seq_len: int, arch) -> None:
+    """``ValueError`` naming ``packed`` unless it is 0 or a number of documents that divides ``seq_len``."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise ValueError(f"packed must be a whole number of documents per row >= 0, got {n!r}")
+    if n and arch is None:
+        raise ValueError("packed: documents are masked in attention; give an architecture")
+    if n and seq_len % n:
+        raise ValueError(f"packed: the step packs documents of S/n tokens; seq_len ({seq_len}) must be a multiple of "
+                         f"packed ({n})")
+
+
 def framework_specs(s: Structure, recipe) -> list:
     """The buffers a framework adds to the model states (:mod:`memledger.states.frameworks`)."""
     if s.framework == "ddp" and not s.ddp_view:     # the gradients a second time, in DDP's buckets
@@ -153,6 +164,9 @@ class Ledger:
     ``offload_activations``: the blocks' saved tensors as pinned host
     copies (``save_on_cpu``), read by the step timeline (:meth:`step` with ``backend="cpu"``,
     :mod:`memledger.step.offload`); the sum of :attr:`rows` still books the activations on the GPU.
+    ``packed``: n >= 1 documents in each row of S tokens, attending only to themselves
+    (:mod:`memledger.step.packing`), read by the step under the cpu and cuda backends; the sum of :attr:`rows`
+    does not change (0, the default: one sequence per row).
     ``optimizer_in_backward``: torchtune's optimizer stepped in backward
     (:mod:`memledger.ledger.in_backward`): the step's peak (:attr:`peak`, :meth:`step`) honours it; the rows,
     the sum at the end of the forward pass, do not change.
@@ -193,6 +207,7 @@ class Ledger:
     dp_replicate: int = 1
     offload_activations: bool = False
     optimizer_in_backward: bool = False     # torchtune's optimizer_in_bwd: the step's peak honours it
+    packed: int = 0         # documents packed in each row (memledger.step.packing): the step under cpu/cuda reads it
 
     def __post_init__(self):
         arch = get_preset(self.arch) if isinstance(self.arch, str) else self.arch
@@ -226,6 +241,7 @@ class Ledger:
         if (self.loss_chunks > 1 or self.loss_impl != "torchtune") and arch is None:
             raise ValueError("loss_chunks needs an architecture: the chunked loss splits the LM head's logits")
         check_flag("offload_activations", self.offload_activations)
+        check_packed_field(self.packed, self.seq_len, arch)
         if self.offload_activations and arch is None:
             raise ValueError("offload_activations: nothing is saved for backward without an architecture (model "
                              "states only); give a preset or --hidden/--layers/--heads")

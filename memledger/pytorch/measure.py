@@ -20,6 +20,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map_only
 
+from .packing import document_ids
 from .reference import RefConfig, Trainer, make_model
 
 __all__ = ["OUTSIDE", "live_after_forward", "memtracker_step", "saved_tensors"]
@@ -183,10 +184,12 @@ def memtracker_step(c: RefConfig, loop: str, batch: int, seq: int, foreach: bool
         trainer = Trainer(model, loop, foreach=foreach, fused=fused, in_backward=in_backward)
         trainer.init_state()
         ids, targets = _inputs(c, batch, seq)
+        documents = document_ids(batch, seq, c.packed) if c.packed else None
         tracker = _tracker_class()()
         tracker.trace = [] if trace else None
         tracker.blocks = {} if blocks else None
-        tracker.track_external(model, *trainer.optimizers, ids, targets, *trainer.masters)
+        tracker.track_external(model, *trainer.optimizers, ids, targets, *trainer.masters,
+                               *([documents] if c.packed else []))
         result, phase_peaks = {}, {}
         phases = {"after forward": "forward", "after backward": "backward", "after step": "optimizer"}
 
@@ -201,7 +204,7 @@ def memtracker_step(c: RefConfig, loop: str, batch: int, seq: int, foreach: bool
                 tracker.trace.append((total, None, None, name, ""))
 
         with tracker:
-            trainer.step(ids, targets, landmark)
+            trainer.step(ids, targets, landmark, documents=documents)
         result["peak"] = max(phase_peaks.values())
         result["host"] = host
         result["phase peaks"] = phase_peaks

@@ -52,6 +52,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from .offload import OffloadSaved
+from .packing import block_causal_mask
 from .optimizers import LOOP_OPTIMIZERS, in_backward_hooks, make_optimizer
 
 __all__ = ["LANDMARKS", "LOOPS", "LOSS_IMPLS", "Block", "Decoder", "FusedRMSNorm", "RefConfig", "Trainer", "make_model"]
@@ -92,6 +93,10 @@ class RefConfig:
     ``offload_activations``: each block runs under ``save_on_cpu(pin_memory=True)``'s
     hooks (:class:`memledger.pytorch.offload.OffloadSaved`, FSDP's ``offload_wrapper``): its saved tensors
     are host copies, copied back node by node in backward; under full recomputation the checkpoint's input.
+    ``packed``: n >= 1 documents packed in each row (LLaMA blocks, SDPA; 0, the default: one causal sequence):
+    :meth:`Decoder.forward` takes the rows' document ids and builds one (B, S, S) block-causal boolean mask
+    (:mod:`memledger.pytorch.packing`), passed to every block's SDPA as ``mask[:, None]`` (torchtune's
+    ``_sdpa_or_flex_attention``), ``is_causal=False``.
     """
     d: int
     L: int
@@ -112,6 +117,7 @@ class RefConfig:
     loss_chunks: int = 1
     loss_impl: str = "torchtune"
     offload_activations: bool = False
+    packed: int = 0
 
     def __post_init__(self):
         if self.attention not in (None, "eager", "sdpa"):
@@ -124,6 +130,10 @@ class RefConfig:
             raise ValueError(f"loss_chunks must be a whole number >= 1, got {self.loss_chunks!r}")
         if self.loss_impl not in LOSS_IMPLS:
             raise ValueError(f"loss_impl must be one of {', '.join(LOSS_IMPLS)}, got {self.loss_impl!r}")
+        if not isinstance(self.packed, int) or self.packed < 0:
+            raise ValueError(f"packed must be a whole number of documents per row >= 0, got {self.packed!r}")
+        if self.packed and (self.style != "llama" or self.kernel != "sdpa"):
+            raise ValueError("packed: the reference packs documents in LLaMA blocks under SDPA only")
         if self.style == "gpt" and (self.kv_heads != self.H or self.qkv_bias or self.tied):
             raise ValueError("n_kv_heads, qkv_bias, tied: refinements of LLaMA blocks (GPT blocks are tied and "
                              "biased, multi-head)")
@@ -207,6 +217,9 @@ class Block(nn.Module):
             scores = (q @ k.transpose(-1, -2)) * scale
             return self._drop(scores.masked_fill(mask, float("-inf")).softmax(-1)) @ v
         p = c.dropout if c.style == "gpt" else 0.0
+        if mask is not None:            # packed documents: the block-causal mask, (B, 1, S, S)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None], dropout_p=p,
+                                                  enable_gqa=c.kv_heads != c.H)
         return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True,
                                               enable_gqa=c.kv_heads != c.H)
 
@@ -247,10 +260,12 @@ class Decoder(nn.Module):
         if gpt or c.tied:
             self.head.weight = self.embed.weight
 
-    def forward(self, ids):
+    def forward(self, ids, documents=None):
         S = ids.shape[1]
         mask = None
-        if self.c.kernel == "eager":
+        if self.c.packed:               # built once per forward, shared by every block (memledger.pytorch.packing)
+            mask = block_causal_mask(documents)
+        elif self.c.kernel == "eager":
             mask = torch.ones(S, S, dtype=torch.bool, device=ids.device).triu(1)   # built once, shared
         x = self.embed(ids)
         for block in self.blocks:
@@ -267,16 +282,16 @@ class Decoder(nn.Module):
             return [self.head(chunk) for chunk in h.tensor_split(n, dim=1)]
         return self.head(h)
 
-    def loss(self, ids, targets):
+    def loss(self, ids, targets, documents=None):
         """``F.cross_entropy`` on the FP32 logits; with ``loss_chunks`` n > 1 torchtune's
         ``CEWithChunkedOutputLoss.forward`` (``torchtune/modules/loss/ce_chunked_output_loss.py`` l. 84-102, its
         default ``ignore_index`` -100): tokens counted, labels split like the logits, one FP32
         ``F.cross_entropy(..., reduction="sum")`` per chunk (l. 48-50), summed, divided by the count."""
         if self.c.loss_impl == "litgpt":
-            return self._litgpt_loss(ids, targets)
+            return self._litgpt_loss(ids, targets, documents)
         if self.c.loss_chunks == 1:
-            return F.cross_entropy(self(ids).float().view(-1, self.c.V), targets.view(-1))
-        logits = self(ids)
+            return F.cross_entropy(self(ids, documents).float().view(-1, self.c.V), targets.view(-1))
+        logits = self(ids, documents)
         total_elements = (targets != -100).sum()
         labels = [chunk.reshape(-1) for chunk in targets.tensor_split(self.c.loss_chunks, dim=1)]
         logits = [chunk.reshape(-1, chunk.size(-1)) for chunk in logits]
@@ -285,10 +300,10 @@ class Decoder(nn.Module):
             total_loss += F.cross_entropy(logits_chunk.float(), labels_chunk, ignore_index=-100, reduction="sum")
         return total_loss / total_elements
 
-    def _litgpt_loss(self, ids, targets):
+    def _litgpt_loss(self, ids, targets, documents=None):
         """LitGPT's ``chunked_cross_entropy`` (``litgpt/utils.py`` l. 302-337, at 26857050), default
         ``ignore_index`` -100, on the logits in their own dtype."""
-        logits = self(ids)
+        logits = self(ids, documents)
         if self.c.loss_chunks == 1:             # chunk_size 0: one cross-entropy, no upcast
             return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-100)
         logit_chunks = [chunk.reshape(-1, chunk.size(-1)) for chunk in logits]
@@ -352,11 +367,12 @@ class Trainer:
             opt.step()
             opt.zero_grad(set_to_none=True)
 
-    def step(self, ids, targets, landmark=lambda name: None):
+    def step(self, ids, targets, landmark=lambda name: None, documents=None):
         """Forward, ``loss.backward()``, optimizer step, ``zero_grad(set_to_none=True)``;
-        ``landmark(name)`` is called at each of :data:`LANDMARKS`."""
+        ``landmark(name)`` is called at each of :data:`LANDMARKS`; ``documents``: the rows' document ids
+        (``RefConfig.packed``)."""
         landmark("before forward")
-        loss = self.model.loss(ids, targets)
+        loss = self.model.loss(ids, targets, documents) if documents is not None else self.model.loss(ids, targets)
         landmark("after forward")
         loss.backward()
         del loss

@@ -27,6 +27,7 @@ MemTracker's allocation log of the reference decoder (PyTorch 2.13, CPU); checke
 from collections import namedtuple
 
 from ..core.symbols import B, H, S
+from . import packing
 from .norms import norm_backward, norm_forward
 from .ops import (BHSS, CAUSAL_MASK, INPUT_GRADIENT, BSd, BSF, block_output, define_grads, dropout_ops, per_rank,
                   residual_names, qkv_width, widths_of)
@@ -161,7 +162,8 @@ def flash_attention(p, c, save, whole_block=False):
     log-sum-exp goes at once, returns the output; RECOMPUTED (its backward reads both): returns both."""
     out, lse = "output projection input", "softmax log-sum-exp"
     if save is Save.KEPT:
-        p.op("flash attention", alloc=[out, lse])
+        scalars = packing.additive_mask(p, c)      # packed rows: SDPA's additive mask (memledger.step.packing)
+        p.op("flash attention", alloc=[out, lse], free=[scalars])
         return out
     if save is Save.RECOMPUTED:
         out = p.new("flash output (recomputed)", widths_of(c)[0], c.dtype,
@@ -345,7 +347,7 @@ def block_backward(p, c: Shape, share):
         p.op("flash attention backward", alloc=[gq, gk, gv])
         if again:
             p.op("recomputed output released", free=again)
-        p.op("released", free=[g if drop else None, gpi, "Q", "K", "V"] + kept)
+        p.op("released", free=[g if drop else None, gpi, "Q", "K", "V"] + kept + packing.saved_names(c))
     else:
         _linear_backward(p, c, "output projection backward", gpi, proj, "output projection input",
                          [g if drop else None], recomputed)

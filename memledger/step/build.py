@@ -19,7 +19,7 @@ from ..core.exact import evaluate_expr, exact_function, integer_function, is_int
 from ..core.symbols import L, N_d, O, P, t
 from ..states.placement import ZERO_SHARDS, device_of, state_specs
 from ..states.recipes import ALL_RECIPES as RECIPES
-from . import ddp, fsdp2, loss, offload, optim, outer, tensor
+from . import ddp, fsdp2, loss, offload, optim, outer, packing, tensor
 from .block import block_backward, block_forward
 from .ops import BSd, Placement, Program, Tensor, block_params, residual_names
 from .outer import Param
@@ -57,6 +57,7 @@ class Built:
         layer_rows = inventory(mlp, norm, c.dropout, gqa=c.gqa, head_dim=c.head_dim, **opts)
         if s.recompute == "selective":          # the attention core's own tensors are recomputed, not kept
             layer_rows = kept_rows(layer_rows, "selective")
+        layer_rows = layer_rows + packing.saved_rows(c)         # packed rows: SDPA's additive mask per block
         outside_rows = outside_inventory(c.style, **{k: opts[k] for k in ("dtype", "norm_stats", "rmsnorm",
                                                                             "attention")})
         tensors = {}
@@ -86,8 +87,10 @@ class Built:
             if s.tensor_parallel:
                 tensor.OUTSIDE[part.value](q, c, s.sequence_parallel)
             else:
+                if part is Part.FORWARD_START:
+                    packing.forward_start(q, c)         # packed rows: the block-causal mask
                 fn(q, c)
-            outside[part] = q.ops
+            outside[part] = packing.forward_end(q.ops, c) if part is Part.FORWARD_END else q.ops
         if s.recompute == "full":
             x = residual_names(c)[0]
             tensors["layer input"] = Tensor("layer input", tensors[x].expr if x in tensors else 0, Kind.ACTIVATION,
@@ -198,6 +201,8 @@ class Built:
                    Kind.PARAM, Device(device), "the norms (GPT: and the row-wise biases) are whole on every rank")
         for name in IDS:
             static(name, t_[name].expr, Kind.ACTIVATION, why=t_[name].why)
+        for name, expr, why in packing.inputs(c):          # what a packed batch carries
+            static(name, expr, Kind.ACTIVATION, why=why)
         if s.framework == "ddp":
             static(ddp.BUCKETS, P * nbytes(c.grad_dtype), Kind.GRAD, why="DDP's flat gradient buckets, "
                    "allocated once (torch/csrc/distributed/c10d/reducer.cpp: initialize_buckets)")

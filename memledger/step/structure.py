@@ -12,7 +12,7 @@ from ..models.features import Features
 from ..states.recipes import ALL_RECIPES as RECIPES
 
 __all__ = ["LOSS_IMPLS", "MAX_LOSS_CHUNKS", "MODELLED_RECIPES", "OPTIMIZER_OF", "REFUSED_LOSSES", "Shape",
-           "StepStructure", "block_of", "check_implementation", "check_loss_chunks", "check_loss_impl", "check_offload",
+           "StepStructure", "block_of", "check_implementation", "check_loss_chunks", "check_loss_impl", "check_offload", "check_packed",
            "check_recipe", "step_values", "unmodelled"]
 
 #: The optimizer each recipe the timeline models runs (``torch.optim.AdamW``, ``SGD`` with ``momentum`` 0 or not,
@@ -67,6 +67,8 @@ class Shape:
     tp: bool = False        # tensor parallelism as DTensor runs it: a block at H/t heads, F/t (memledger.step.tensor)
     loss_chunks: int = 1    # n > 1: torchtune's chunked cross-entropy (memledger.step.loss)
     loss_impl: str = "torchtune"  # or "litgpt": LitGPT's chunked_cross_entropy, no FP32 upcast
+    packed: int = 0         # n >= 1 documents packed in each row (memledger.step.packing)
+    packing: str = None     # how attention keeps them apart: the backend's "mask" or "varlen"
 
     @property
     def gpt(self):
@@ -146,7 +148,8 @@ class StepStructure:
                       ledger.batch_size == 1, grad, opts["mask_dtype"], opts["norm_stats"], gqa,
                       gqa and arch.kv_heads == 1, True if llama and f.has_qkv_bias else None,
                       True if llama and f.is_tied else None, ledger.recompute, f.head_dim, ledger.tp > 1,
-                      check_loss_chunks(ledger.loss_chunks), ledger.loss_impl)
+                      check_loss_chunks(ledger.loss_chunks), ledger.loss_impl,
+                      *check_packed(ledger, conv, kernel))
         if ledger.sequence_parallel and ledger.recompute == "full":
             raise ValueError("the step timeline runs sequence parallelism as DTensor runs it without full "
                              "recomputation only (its recomputed norms on S/t are not modelled); use selective or "
@@ -162,6 +165,26 @@ class StepStructure:
                    ledger.offload_placement, ledger.recompute, ledger.tp > 1, ledger.sequence_parallel, conv,
                    arch.n_layers if arch.n_layers <= 4 else None, True, *_framework(ledger), fsdp=fsdp,
                    offload_activations=offloaded, in_backward=getattr(ledger, "optimizer_in_backward", False))
+
+
+def check_packed(ledger, conv, kernel) -> tuple:
+    """(documents per row, the backend's packing) of ``ledger`` (``(0, None)`` unpacked), or ``ValueError`` naming
+    what packed documents are not modelled with (:mod:`memledger.step.packing`)."""
+    n = getattr(ledger, "packed", 0)
+    if not n:
+        return 0, None
+    if conv.packing is None:
+        raise ValueError(f"packed: the {conv.name} backend's eager attention is not modelled with document masks; "
+                         "use --backend cpu (SDPA with a block-causal mask) or cuda (flash-attention varlen)")
+    lacks = [what for what, off in [
+        ("GPT blocks", ledger.arch.style != "llama"), ("the math SDPA kernel (dropout on the CPU)", kernel != "flash"),
+        ("recomputation", ledger.recompute != "none"), ("tensor parallelism", ledger.tp > 1),
+        ("ZeRO-3", ledger.zero_stage == 3), ("activation offloading", getattr(ledger, "offload_activations", False)),
+        (f"framework {ledger.framework}", ledger.framework != "plain")] if off]
+    if lacks:
+        raise ValueError(f"packed is modelled for the reference decoder's LLaMA block with a flash kernel, no "
+                         f"recomputation, one rank; not for {', '.join(lacks)}")
+    return n, conv.packing
 
 
 def _framework(ledger) -> tuple:

@@ -1,0 +1,94 @@
+"""Packed sequences in the step: n documents in each row of S tokens, each attending only to itself
+(``Ledger(packed=n)``; the reference decoder's :mod:`memledger.pytorch.packing`).
+
+What changes, by the backend's ``packing`` (:mod:`memledger.activations.backends`):
+
+* ``"mask"`` (CPU: SDPA with a boolean block-causal mask, as torchtune's ``_sdpa_or_flex_attention`` passes
+  ``mask[:, None, :, :]``; pytorch/torchtune 13036950 ``torchtune/modules/attention_utils.py``): the batch carries
+  (B, S) int64 document ids; the forward builds one (B, S, S) bool mask (``ones(S, S).tril()``, the (B, S, S)
+  document equality, and'ed), freed when the decoder's forward returns (after the LM head); at every block SDPA
+  turns it into an additive (B, 1, S, S) mask in the activation dtype (ATen ``convert_boolean_attn_mask``:
+  ``where`` over two 0-d scalars), which the CPU flash kernel saves for the block's backward: B*S^2 x 2 bytes
+  (BF16) per block, a row of the saved activations. Measured: PyTorch 2.13, MemTracker under FakeTensorMode
+  (tests/step/test_packing.py).
+* ``"varlen"`` (CUDA: flash-attention's varlen kernel, as Hugging Face's FA2 path with ``position_ids`` does for
+  TRL's padding-free packing: ``prepare_fa_kwargs_from_position_ids`` in
+  ``src/transformers/modeling_flash_attention_utils.py``): no mask at all; the batch carries (B, S) int64
+  position ids and the (B*n + 1) int32 ``cu_seqlens``; the flash kernel keeps what it keeps unpacked. From the
+  sources, not measured here (no CUDA).
+* The loss: unchanged. The labels a packed row must not predict hold -100, which ``F.cross_entropy``'s default
+  ``ignore_index`` skips without a tensor of its own (torchtune's ``PackedDataset`` pads with
+  ``CROSS_ENTROPY_IGNORE_IDX``).
+"""
+from ..activations.inventory import Saved
+from ..core.symbols import B, S
+from .ops import Tensor
+from .structure import Shape
+from .vocab import Kind, Lifetime
+
+__all__ = ["ADDITIVE", "MASK", "additive_mask", "forward_end", "forward_start", "inputs", "saved_names", "saved_rows"]
+
+MASK = "block-causal mask (B, S, S) bool"
+ADDITIVE = "packed attention mask (additive, B x 1 x S x S)"
+
+
+def saved_rows(c: Shape) -> list:
+    """The per-block row the ``"mask"`` packing adds to the saved activations."""
+    if c.packing != "mask":
+        return []
+    return [Saved(ADDITIVE, "SDPA's convert_boolean_attn_mask: the block-causal mask as -inf/0 in q's dtype, saved "
+                            "by the CPU flash kernel for its backward", (B, 1, S, S), c.dtype, replicated=True)]
+
+
+def saved_names(c: Shape) -> list:
+    """The names a block's attention backward releases beyond the unpacked kernel's."""
+    return [ADDITIVE] if c.packing == "mask" else []
+
+
+def forward_start(p, c: Shape):
+    """The block-causal mask, built once before the embedding (``"mask"`` packing)."""
+    if c.packing != "mask":
+        return
+    ones = p.new("ones (S, S) for the block-causal mask", (S, S), "bool", "torch.ones before .tril()")
+    tril = p.new("causal (S, S) bool", (S, S), "bool", "ones(S, S).tril()")
+    same = p.new("same document (B, S, S) bool", (B, S, S), "bool", "documents[:, :, None] == documents[:, None, :]")
+    p.tensors[MASK] = Tensor(MASK, B * S * S, Kind.ACTIVATION, Lifetime.TEMPORARY,
+                             why="the packed rows' mask, a local of the decoder's forward")
+    p.op("torch.ones(S, S)", alloc=[ones])
+    p.op("tril", alloc=[tril])
+    p.op("released", free=[ones])
+    p.op("document equality", alloc=[same])
+    p.op("causal & same document: the block-causal mask", alloc=[MASK])
+    p.op("released", free=[same, tril])
+
+
+def forward_end(ops: list, c: Shape) -> list:
+    """``ops`` (the program after the blocks) with the bool mask released as the decoder's forward returns,
+    right after the LM head."""
+    if c.packing != "mask":
+        return ops
+    at = next(i for i, op in enumerate(ops) if op.label == "LM head") + 1
+    return ops[:at] + [type(ops[0])("block-causal mask released (forward returns)", (MASK,), ())] + ops[at:]
+
+
+def additive_mask(p, c: Shape):
+    """The block's SDPA call turns the bool mask into the additive one (a saved row); returns the name of the
+    two 0-d scalars ``where`` reads, which the flash kernel's call releases (None unpacked)."""
+    if c.packing != "mask":
+        return None
+    scalars = p.new("where's two 0-d scalars (-inf, 0)", (2,), c.dtype, "convert_boolean_attn_mask's fill values")
+    p.op("boolean mask to additive (where)", alloc=[scalars, ADDITIVE])
+    return scalars
+
+
+def inputs(c: Shape) -> list:
+    """(name, bytes, why) of what a packed batch carries beyond token and target ids."""
+    if c.packing == "mask":
+        return [("document ids", B * S * 8, "(B, S) int64: which document each token belongs to "
+                                            "(torchtune's _get_document_ids_from_seq_lens)")]
+    if c.packing == "varlen":
+        return [("position ids", B * S * 8, "(B, S) int64, restarting at each document (TRL's padding-free "
+                                            "collator)"),
+                ("cu_seqlens", (B * c.packed + 1) * 4, "(B*n + 1) int32: where each document starts, flash-attention "
+                                                       "varlen's cumulative lengths")]
+    return []
