@@ -45,7 +45,8 @@ from dataclasses import dataclass, replace
 
 from ..core.choices import check_choice
 
-__all__ = ["ATTENTIONS", "BACKENDS", "COUNTERS", "MASKS", "PACKINGS", "RMSNORMS", "STATS", "SWITCHES", "Backend", "get_backend",
+__all__ = ["ATTENTIONS", "BACKENDS", "COUNTERS", "MASKS", "PACKINGS",
+           "RMSNORMS", "STATS", "SWITCHES", "Backend", "get_backend",
            "conventions_table"]
 
 MASKS = ("bool", "activation")

@@ -12,7 +12,8 @@ from ..models.features import Features
 from ..states.recipes import ALL_RECIPES as RECIPES
 
 __all__ = ["LOSS_IMPLS", "MAX_LOSS_CHUNKS", "MODELLED_RECIPES", "OPTIMIZER_OF", "REFUSED_LOSSES", "Shape",
-           "StepStructure", "block_of", "check_implementation", "check_loss_chunks", "check_loss_impl", "check_offload", "check_packed",
+           "StepStructure", "block_of", "check_implementation", "check_loss_chunks", "check_loss_impl", "check_offload",
+           "check_packed",
            "check_recipe", "step_values", "unmodelled"]
 
 #: The optimizer each recipe the timeline models runs (``torch.optim.AdamW``, ``SGD`` with ``momentum`` 0 or not,

@@ -1,0 +1,38 @@
+"""--packed N on the command line: read by memledger step (cpu, cuda), refused in one line elsewhere."""
+import json
+
+import pytest
+
+from memledger.cli.main import main
+from memledger.ledger.ledger import Ledger
+
+MODEL = ("--preset", "llama2-7b", "--seq", "4096", "--overhead", "0")
+
+
+def run(capsys, *args):
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize("backend", ["cpu", "cuda"])
+def test_step_reads_packed(capsys, backend):
+    code, out, err = run(capsys, "step", *MODEL, "--packed", "4", "--backend", backend, "--json")
+    assert code == 0 and err == ""
+    ledger = Ledger("llama2-7b", seq_len=4096, overhead_bytes=0, packed=4)
+    assert json.loads(out)["peak"]["gpu"] == ledger.step(backend).peak.bytes
+    assert json.loads(out)["peak"]["gpu"] != Ledger("llama2-7b", seq_len=4096, overhead_bytes=0).step(backend).peak.bytes
+
+
+@pytest.mark.parametrize("args,words", [
+    (("step", *MODEL, "--packed", "4"), "article backend's eager attention"),
+    (("step", *MODEL, "--packed", "3", "--backend", "cpu"), "must be a multiple of packed"),
+    (("step", *MODEL, "--packed", "0", "--backend", "cpu"), "packed"),
+    (("ledger", *MODEL, "--packed", "4"), "does not read --packed"),
+    (("compare", *MODEL, "--packed", "4"), "does not read --packed"),
+    (("fit", *MODEL, "--packed", "4", "--vary", "batch", "--gpu-memory", "80GB"), "does not read --packed"),
+    (("step", "--params", "7e9", "--packed", "4"), "need an architecture"),
+])
+def test_refused_in_one_line(capsys, args, words):
+    code, out, err = run(capsys, *args)
+    assert code == 2 and out == "" and words in err and err.count("\n") == 1, err
