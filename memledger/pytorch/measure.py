@@ -151,7 +151,7 @@ def _tracker_class():
 
 def memtracker_step(c: RefConfig, loop: str, batch: int, seq: int, foreach: bool = False,
                     trace: bool = False, blocks: bool = False, lora=None, fused: bool = False,
-                    in_backward: bool = False) -> dict:
+                    in_backward: bool = False, amp: bool = None) -> dict:
     """MemTracker totals of one steady-state training step under ``FakeTensorMode``.
 
     The optimizer state is created first (zero gradients, one ``opt.step()``),
@@ -162,6 +162,7 @@ def memtracker_step(c: RefConfig, loop: str, batch: int, seq: int, foreach: bool
     list of (total, in backward, in optimizer, modules, op) after every op. ``lora``: a
     :class:`memledger.pytorch.lora.LoraRef` (the frozen decoder with adapters). ``fused``, ``in_backward``: the
     optimizer's implementation and torchtune's optimizer in backward (:class:`~memledger.pytorch.reference.Trainer`);
+    ``amp``: FP16 autocast and a GradScaler (None: as the loop says; :class:`~memledger.pytorch.optimizers.Scaler`);
     Adafactor's ``.item()`` calls are answered by :class:`~memledger.pytorch.optimizers.ScalarsAnswered`. The
     phase peaks reset MemTracker's ``_peak_mem`` at each landmark. With ``blocks``, "block peaks":
     {("forward" or "backward", block index): the largest total after an op that block ran}.
@@ -170,10 +171,11 @@ def memtracker_step(c: RefConfig, loop: str, batch: int, seq: int, foreach: bool
 
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from .optimizers import LOOP_OPTIMIZERS, ScalarsAnswered
+    from .optimizers import AMP_LOOPS, LOOP_OPTIMIZERS, ScalarsAnswered
 
     cpu, meta = torch.device("cpu"), torch.device("meta")
     host = {}
+    amp = loop in AMP_LOOPS if amp is None else amp
     scalars = ScalarsAnswered() if LOOP_OPTIMIZERS[loop][2] == "adafactor" else nullcontext()
     with FakeTensorMode(), scalars:
         if lora is None:
@@ -181,7 +183,7 @@ def memtracker_step(c: RefConfig, loop: str, batch: int, seq: int, foreach: bool
         else:
             from .lora import make_lora_model
             model = make_lora_model(c, lora, loop)
-        trainer = Trainer(model, loop, foreach=foreach, fused=fused, in_backward=in_backward)
+        trainer = Trainer(model, loop, foreach=foreach, fused=fused, in_backward=in_backward, amp=amp)
         trainer.init_state()
         ids, targets = _inputs(c, batch, seq)
         documents = document_ids(batch, seq, c.packed) if c.packed else None
@@ -189,7 +191,7 @@ def memtracker_step(c: RefConfig, loop: str, batch: int, seq: int, foreach: bool
         tracker.trace = [] if trace else None
         tracker.blocks = {} if blocks else None
         tracker.track_external(model, *trainer.optimizers, ids, targets, *trainer.masters,
-                               *([documents] if c.packed else []))
+                               *([documents] if c.packed else []), *trainer.extras)
         result, phase_peaks = {}, {}
         phases = {"after forward": "forward", "after backward": "backward", "after step": "optimizer"}
 

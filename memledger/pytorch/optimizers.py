@@ -20,7 +20,7 @@ and the optimizer stepped in backward (torchtune's ``optimizer_in_bwd``).
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["IMPLEMENTATIONS", "LOOP_OPTIMIZERS", "ScalarsAnswered", "in_backward_hooks", "make_optimizer"]
+__all__ = ["AMP_LOOPS", "IMPLEMENTATIONS", "Scaler", "LOOP_OPTIMIZERS", "ScalarsAnswered", "in_backward_hooks", "make_optimizer"]
 
 LOOP_OPTIMIZERS = {
     "fp32-adamw": ("fp32", False, "adamw"),
@@ -33,7 +33,10 @@ LOOP_OPTIMIZERS = {
     "bf16-pure-sgd-momentum": ("bf16", False, "sgd-momentum"),
     "adafactor": ("fp32", False, "adafactor"),
     "bf16-adafactor": ("bf16", False, "adafactor"),
+    "fp16-amp-adamw": ("fp32", False, "adamw"),          # under FP16 autocast and a GradScaler (AMP_LOOPS)
 }
+#: The loops that run forward under ``torch.autocast(dtype=torch.float16)`` and step through ``torch.amp.GradScaler``.
+AMP_LOOPS = ("fp16-amp-adamw",)
 IMPLEMENTATIONS = ("for-loop", "foreach", "fused")
 
 
@@ -68,3 +71,13 @@ class ScalarsAnswered(TorchDispatchMode):
         if func is torch.ops.aten._local_scalar_dense.default:
             return 1.0
         return func(*args, **(kwargs or {}))
+
+
+class Scaler(torch.amp.GradScaler):
+    """``torch.amp.GradScaler`` whose step reads no inf: ``_maybe_opt_step`` sums ``found_inf.item()`` over the
+    devices (``torch/amp/grad_scaler.py``), a host read that fake tensors cannot answer and that allocates
+    nothing; the optimizer then steps, as it does whenever no gradient overflowed."""
+
+    def _maybe_opt_step(self, optimizer, optimizer_state, *args, **kwargs):
+        return optimizer.step(*args, **kwargs)
+

@@ -53,7 +53,7 @@ from torch.utils.checkpoint import checkpoint
 
 from .offload import OffloadSaved
 from .packing import block_causal_mask
-from .optimizers import LOOP_OPTIMIZERS, in_backward_hooks, make_optimizer
+from .optimizers import AMP_LOOPS, LOOP_OPTIMIZERS, Scaler, in_backward_hooks, make_optimizer
 
 __all__ = ["LANDMARKS", "LOOPS", "LOSS_IMPLS", "Block", "Decoder", "FusedRMSNorm", "RefConfig", "Trainer", "make_model"]
 
@@ -331,11 +331,21 @@ class Trainer:
     (``bf16-adamw``, ``bf16-sgd``, ``bf16-sgd-momentum``) its FP32 masters; :meth:`step` runs one training step.
 
     ``foreach``/``fused``: the optimizer's implementation (neither: the for-loop); ``in_backward``: one optimizer
-    per parameter, stepped in its post-accumulate-grad hook (torchtune's ``optimizer_in_bwd``; no masters)."""
+    per parameter, stepped in its post-accumulate-grad hook (torchtune's ``optimizer_in_bwd``; no masters).
+    ``amp`` (None: as the loop says, :data:`~memledger.pytorch.optimizers.AMP_LOOPS`): the forward and the loss
+    under ``torch.autocast(dtype=torch.float16)`` on FP32 weights (the "after forward" landmark after the
+    region exits, its weight cache cleared), ``scaler.scale(loss).backward()``, ``scaler.step(opt)``,
+    ``scaler.update()`` with ``torch.amp.GradScaler`` (PyTorch's AMP recipe, ``torch/amp/grad_scaler.py``)."""
 
     def __init__(self, model: Decoder, loop: str, foreach: bool = False, fused: bool = False,
-                 in_backward: bool = False):
+                 in_backward: bool = False, amp: bool = None):
         self.model, self.loop = model, loop
+        self.amp = loop in AMP_LOOPS if amp is None else amp
+        if self.amp and (loop not in AMP_LOOPS or in_backward):
+            raise ValueError(f"amp: FP16 autocast with a GradScaler runs loop {', '.join(AMP_LOOPS)} (FP32 weights), "
+                             f"not {loop}{' with in_backward' if in_backward else ''}")
+        self.scaler = Scaler("cpu") if self.amp else None
+        self.extras = []            # tensors the loop keeps beside the model and optimizer: GradScaler's
         self.params = [p for p in model.parameters() if p.requires_grad]      # a frozen base (LoRA) has none
         self.masters = []
         _, masters, kind = LOOP_OPTIMIZERS[loop]
@@ -360,7 +370,11 @@ class Trainer:
             self.optimizers = [self.opt]
 
     def init_state(self):
-        """Create the optimizer's state as a first step would (zero gradients, one ``opt.step()``)."""
+        """Create the optimizer's state as a first step would (zero gradients, one ``opt.step()``); with ``amp``
+        GradScaler's scale and growth tracker (``_lazy_init_scale_growth_tracker``, as its first ``scale()``)."""
+        if self.amp:
+            self.scaler._lazy_init_scale_growth_tracker(self.params[0].device)
+            self.extras = [self.scaler._scale, self.scaler._growth_tracker]
         for opt in self.optimizers:
             for p in opt.param_groups[0]["params"]:
                 p.grad = torch.zeros_like(p)
@@ -372,12 +386,17 @@ class Trainer:
         ``landmark(name)`` is called at each of :data:`LANDMARKS`; ``documents``: the rows' document ids
         (``RefConfig.packed``)."""
         landmark("before forward")
-        loss = self.model.loss(ids, targets, documents) if documents is not None else self.model.loss(ids, targets)
+        with torch.autocast(ids.device.type, dtype=torch.float16) if self.amp else nullcontext():
+            loss = self.model.loss(ids, targets, documents) if documents is not None else self.model.loss(ids, targets)
         landmark("after forward")
-        loss.backward()
+        (self.scaler.scale(loss) if self.amp else loss).backward()
         del loss
         landmark("after backward")
-        if self.in_backward:
+        if self.amp:                # unscale_, found_inf checked, opt.step(), the scale updated
+            self.scaler.step(self.opt)
+            self.scaler.update()
+            self.opt.zero_grad(set_to_none=True)
+        elif self.in_backward:
             pass                    # every parameter was stepped, and its gradient freed, in backward
         elif self.masters:
             for p, m in zip(self.params, self.masters):
