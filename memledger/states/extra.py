@@ -16,6 +16,10 @@ and source, registered in :data:`memledger.states.recipes.FINETUNE_RECIPES` (and
   ``Adafactor``): no first moment by default (beta1 = None), a matrix's second
   moment factored into a row and a column vector (fp32), vectors kept whole.
 * SGD: no state without momentum, one buffer with.
+* FP16 AMP (``fp16-amp-adamw``): FP32 weights, gradients and Adam moments, the forward under
+  ``torch.autocast(dtype=torch.float16)``, the loss scaled by ``torch.amp.GradScaler``; autocast's FP16
+  weight copies live from each linear's forward to its backward (:mod:`memledger.step.amp`), outside the
+  recipe's per-parameter components.
 * FP8 training, as the Ultra-Scale Playbook's table states each approach
   (index.html lines 2573-2648): which tensors are FP8, which are kept wider;
   DeepSeek-V3 keeps one fp32 scale per 128 x 128 weight block (Playbook
@@ -76,6 +80,14 @@ EXTRA_RECIPES = [
     Recipe("fp32-sgd-momentum", "pure FP32 + SGD with momentum (12 B/param)",
            (_FP32_W, _FP32_G, Component("SGD momentum", "fp32", "optimizer", "running gradient average")),
            "torch.optim.SGD momentum buffer; HF model memory anatomy (4 bytes of state)"),
+    Recipe("fp16-amp-adamw", "FP16 autocast (AMP) on FP32 weights + AdamW with a GradScaler (16 B/param + autocast's "
+           "FP16 weight copies, 2 B per linear weight while saved)",
+           (_FP32_W, _FP32_G, Component("Adam first moment m", "fp32", "optimizer", "AdamW on the FP32 weights"),
+            Component("Adam second moment v", "fp32", "optimizer", "AdamW on the FP32 weights")),
+           "PyTorch AMP: torch.autocast(dtype=torch.float16) + torch.amp.GradScaler (torch/amp/grad_scaler.py); "
+           "the FP16 weight copies: aten/src/ATen/autocast_mode.cpp cached_cast (008ec6b1, l. 120-146), cleared at "
+           "the region's exit (clear_cache, l. 87-90), kept by autograd until each matmul's backward "
+           "(memledger.step.amp)"),
     _fp8("fp8-transformer-engine", "FP8 GEMMs (Transformer Engine): FP32 weights, grads, Adam (16 B/param)",
          (_FP32_W, _FP32_G, Component("Adam m", "fp32", "optimizer", "FP32"),
           Component("Adam v", "fp32", "optimizer", "FP32"))),

@@ -19,7 +19,7 @@ from ..core.exact import evaluate_expr, exact_function, integer_function, is_int
 from ..core.symbols import L, N_d, O, P, t
 from ..states.placement import ZERO_SHARDS, device_of, state_specs
 from ..states.recipes import ALL_RECIPES as RECIPES
-from . import ddp, fsdp2, loss, offload, optim, outer, packing, tensor
+from . import amp, ddp, fsdp2, loss, offload, optim, outer, packing, tensor
 from .block import block_backward, block_forward
 from .ops import BSd, Placement, Program, Tensor, block_params, residual_names
 from .outer import Param
@@ -58,8 +58,12 @@ class Built:
         if s.recompute == "selective":          # the attention core's own tensors are recomputed, not kept
             layer_rows = kept_rows(layer_rows, "selective")
         layer_rows = layer_rows + packing.saved_rows(c)         # packed rows: SDPA's additive mask per block
+        if c.amp:                               # FP16 autocast: FP16 copies and outputs (memledger.step.amp)
+            layer_rows = amp.layer_rows(layer_rows, c)
         outside_rows = outside_inventory(c.style, **{k: opts[k] for k in ("dtype", "norm_stats", "rmsnorm",
                                                                             "attention")})
+        if c.amp:
+            outside_rows = amp.outside_rows(outside_rows)
         tensors = {}
         for r in layer_rows + outside_rows:       # one rank's share: Saved.rank_bytes, the ledger's rule
             tensors[r.name] = Tensor(r.name, r.rank_bytes(s.tensor_parallel, s.sequence_parallel), Kind.ACTIVATION,
@@ -80,8 +84,10 @@ class Built:
         if chunked:
             outside_rows = [r for r in outside_rows if r.name not in loss.replaced_rows(c)]
         for part, fn in [(Part.FORWARD_START, outer.forward_start),
-                         (Part.FORWARD_END, loss.chunked_forward_end if chunked else outer.forward_end),
-                         (Part.BACKWARD_START, loss.chunked_backward_start if chunked else outer.backward_start),
+                         (Part.FORWARD_END, loss.chunked_forward_end if chunked else (
+                             amp.forward_end if c.amp else outer.forward_end)),
+                         (Part.BACKWARD_START, loss.chunked_backward_start if chunked else (
+                             amp.backward_start if c.amp else outer.backward_start)),
                          (Part.BACKWARD_END, outer.backward_end)]:
             q = p.fork()
             if s.tensor_parallel:
@@ -91,6 +97,8 @@ class Built:
                     packing.forward_start(q, c)         # packed rows: the block-causal mask
                 fn(q, c)
             outside[part] = packing.forward_end(q.ops, c) if part is Part.FORWARD_END else q.ops
+            if c.amp and part is Part.BACKWARD_END:
+                outside[part] = amp.backward_end(outside[part])
         if s.recompute == "full":
             x = residual_names(c)[0]
             tensors["layer input"] = Tensor("layer input", tensors[x].expr if x in tensors else 0, Kind.ACTIVATION,
@@ -100,6 +108,9 @@ class Built:
             offload.define_host(tensors, c, s.recompute == "full")
             offload.offloaded_forward(fwd, c, block_forward)
             offload.offloaded_backward(bwd, c, block_backward, share)
+        elif c.amp:
+            amp.block_forward(fwd, c)
+            amp.block_backward(bwd, c, share)
         else:
             block_forward(fwd, c)
             block_backward(bwd, c, share)
@@ -128,6 +139,11 @@ class Built:
                             kept=s.bucket_view, others=others)
             if s.tensor_parallel and not conv.foreach and not c.is_tied and others is None:
                 tensor.redistribute_embedding_gradient(opt.ops, tensors, c.grad_dtype)
+            if c.amp:                   # GradScaler: unscale_ after the gradients are collected, update() at the end
+                q = p.fork()
+                amp.optimizer_start(q)
+                opt.ops[1:1] = q.ops
+                opt.ops[:] = amp.optimizer_end(opt.ops)
         saved = sum((tensors[r.name].expr for r in layer_rows), sp.Integer(0)) if s.recompute != "full" \
             else tensors["layer input"].expr
         grads = sum((tensors[f"grad {n}"].expr for n, _ in block_params(c)), sp.Integer(0))
@@ -203,6 +219,8 @@ class Built:
             static(name, t_[name].expr, Kind.ACTIVATION, why=t_[name].why)
         for name, expr, why in packing.inputs(c):          # what a packed batch carries
             static(name, expr, Kind.ACTIVATION, why=why)
+        for name, expr, why in amp.scaler_state() if c.amp else ():
+            static(name, expr, Kind.OPTIMIZER, why=why)
         if s.framework == "ddp":
             static(ddp.BUCKETS, P * nbytes(c.grad_dtype), Kind.GRAD, why="DDP's flat gradient buckets, "
                    "allocated once (torch/csrc/distributed/c10d/reducer.cpp: initialize_buckets)")

@@ -22,7 +22,7 @@ __all__ = ["LOSS_IMPLS", "MAX_LOSS_CHUNKS", "MODELLED_RECIPES", "OPTIMIZER_OF", 
 OPTIMIZER_OF = {"bf16-adamw": "adamw", "bf16-adamw-fp32-grads": "adamw", "fp32-adamw": "adamw",
                 "bf16-pure-adamw": "adamw", "bf16-sgd": "sgd", "fp32-sgd": "sgd", "bf16-sgd-momentum": "sgd-momentum",
                 "fp32-sgd-momentum": "sgd-momentum", "bf16-pure-sgd-momentum": "sgd-momentum",
-                "adafactor": "adafactor"}
+                "adafactor": "adafactor", "fp16-amp-adamw": "adamw"}
 MODELLED_RECIPES = tuple(OPTIMIZER_OF)
 _CUDA_ONLY = "bitsandbytes' kernels run on CUDA only, so no reference run here: not modelled op by op"
 #: What the timeline lacks for each other recipe of the catalog (for its error message); others: "its optimizer".
@@ -70,6 +70,7 @@ class Shape:
     loss_impl: str = "torchtune"  # or "litgpt": LitGPT's chunked_cross_entropy, no FP32 upcast
     packed: int = 0         # n >= 1 documents packed in each row (memledger.step.packing)
     packing: str = None     # how attention keeps them apart: the backend's "mask" or "varlen"
+    amp: bool = False       # FP16 autocast on FP32 weights with a GradScaler (memledger.step.amp)
 
     @property
     def gpt(self):
@@ -150,7 +151,7 @@ class StepStructure:
                       gqa and arch.kv_heads == 1, True if llama and f.has_qkv_bias else None,
                       True if llama and f.is_tied else None, ledger.recompute, f.head_dim, ledger.tp > 1,
                       check_loss_chunks(ledger.loss_chunks), ledger.loss_impl,
-                      *check_packed(ledger, conv, kernel))
+                      *check_packed(ledger, conv, kernel), _amp(ledger, conv, kernel))
         if ledger.sequence_parallel and ledger.recompute == "full":
             raise ValueError("the step timeline runs sequence parallelism as DTensor runs it without full "
                              "recomputation only (its recomputed norms on S/t are not modelled); use selective or "
@@ -166,6 +167,12 @@ class StepStructure:
                    ledger.offload_placement, ledger.recompute, ledger.tp > 1, ledger.sequence_parallel, conv,
                    arch.n_layers if arch.n_layers <= 4 else None, True, *_framework(ledger), fsdp=fsdp,
                    offload_activations=offloaded, in_backward=getattr(ledger, "optimizer_in_backward", False))
+
+
+def _amp(ledger, conv, kernel) -> bool:
+    """Whether the recipe runs under FP16 autocast (:func:`memledger.step.amp.check_amp`)."""
+    from .amp import check_amp
+    return check_amp(ledger, conv, kernel)
 
 
 def check_packed(ledger, conv, kernel) -> tuple:

@@ -1,0 +1,301 @@
+"""FP16 automatic mixed precision in the step: ``torch.autocast(dtype=torch.float16)`` on FP32 weights and
+``torch.amp.GradScaler`` (recipe ``fp16-amp-adamw``; the reference loop of
+:class:`memledger.pytorch.reference.Trainer` with ``amp``), op by op for the reference decoder's LLaMA block.
+
+What autocast changes (PyTorch 2.13; ``aten/src/ATen/autocast_mode.cpp`` at 008ec6b1):
+
+* **Weight copies.** Each matmul op on the autocast lists (``linear``, ``mm``, ``scaled_dot_product_attention``:
+  the ``lower_precision_fp`` policy, CPU and CUDA alike) casts its FP32 arguments to FP16 through
+  ``cached_cast`` (l. 120-146): a cast of an FP32 *leaf that requires grad* (a weight) is kept in a cache
+  (l. 124-127, ``can_try_cache``) for the next use in the region; the cache is emptied when the outermost
+  autocast region exits (``clear_cache``, l. 87-90; the nesting comment l. 46-50; ``torch.autocast.__exit__``
+  calls ``torch.clear_autocast_cache()`` at nesting 0). Autograd saves each copy for its matmul's input
+  gradient, so every FP16 weight copy outlives the region and lives until that matmul's backward (2 bytes per
+  weight of every linear: the block's QKV, output, gate, up and down projections, the LM head). The cache
+  applies to every device type (nothing in ``cached_cast`` is CUDA-only); measured on the CPU (FakeTensorMode and
+  real tensors alike), so the cpu and cuda backends share it.
+* **Activations.** A cast of a non-leaf is not cached: each linear's FP32 input is copied to FP16 and the copy
+  is what autograd saves (the gate and up projections each copy the MLP input: two copies). The matmuls' and
+  SDPA's outputs are FP16, so are SiLU and the product (no policy: they run in their inputs' dtype). The
+  residual stream stays FP32 (an FP32 tensor plus an FP16 one promotes), so do the RMSNorms (composite, on
+  FP32 input) and the loss (``logits.float()``, ``cross_entropy_loss`` on the ``fp32`` list).
+* **Backward.** A weight's FP16 gradient is converted by the cast's backward (``ToCopyBackward``) into the
+  FP32 ``.grad`` (a B*S*d... temporary of the weight's size in FP16 each time); the input copies' FP16
+  gradients are converted back to FP32 the same way.
+* **GradScaler** (``torch/amp/grad_scaler.py``): its ``_scale`` (FP32) and ``_growth_tracker`` (int32), one
+  element each, live the whole step; ``scale(loss)`` multiplies (a 0-d FP32 tensor); ``unscale_`` makes
+  ``inv_scale = scale.double().reciprocal().float()`` and ``found_inf``, replicates both per device
+  (``_MultiDeviceReplicator.get``: ``.to(copy=True)``), unscales the gradients in place
+  (``_amp_foreach_non_finite_check_and_unscale_``) and keeps the replicated ``found_inf`` until ``update()``.
+
+Modelled: the LLaMA block with a flash kernel and composite RMSNorm (the cpu backend, as measured), no
+dropout, no recomputation, one rank, AdamW. Checked by tests/step/test_amp.py against MemTracker.
+"""
+from dataclasses import replace
+
+from ..core.symbols import B, F, S, V, d
+from .norms import norm_backward, norm_forward
+from .ops import INPUT_GRADIENT, Ref, block_output, define_grads, qkv_width, residual_names, widths_of
+from .structure import Shape
+from .vocab import Scope
+
+__all__ = ["AMP_RECIPES", "backward_end", "backward_start", "block_backward", "block_forward", "check_amp",
+           "forward_end", "layer_rows", "optimizer_end", "optimizer_start", "outside_rows", "scaler_state"]
+
+#: The recipes that run under FP16 autocast with a GradScaler.
+AMP_RECIPES = ("fp16-amp-adamw",)
+H16 = "fp16"
+#: The saved rows that autocast makes FP16 (the linears' input copies and outputs, SDPA's tensors).
+_FP16 = ("Q/K/V projection input", "Q", "K", "V", "output projection input", "gate output", "SiLU output",
+         "up-projection output", "down-projection input")
+
+
+def _weights(c: Shape) -> list:
+    """(module, shape) of a block's linears in the order forward casts their weights."""
+    q = widths_of(c)[0][2]
+    return [("qkv", (qkv_width(c), d)), ("proj", (d, q)), ("gate", (F, d)), ("up", (F, d)), ("down", (d, F))]
+
+
+def copy_name(module: str) -> str:
+    return f"autocast FP16 copy of {module}.weight"
+
+
+def layer_rows(rows: list, c: Shape) -> list:
+    """A block's saved rows under autocast: the FP32 step's (``rows``, the inventory at dtype FP32) with the
+    linears' inputs and outputs and SDPA's tensors in FP16, the MLP input twice (the gate's and the up
+    projection's copies), and the cached FP16 weight copies the matmuls save."""
+    from ..activations.inventory import Saved
+    out = []
+    for r in rows:
+        if r.name == "MLP input":
+            out += [replace(r, name="MLP input (gate's FP16 copy)", dtype=H16),
+                    replace(r, name="MLP input (up's FP16 copy)", dtype=H16)]
+        else:
+            out.append(replace(r, dtype=H16) if r.name in _FP16 else r)
+    return out + [Saved(copy_name(m), "autocast's cached FP16 cast of the FP32 weight (autocast_mode.cpp cached_cast), "
+                                      "saved by the matmul for its input gradient", shape, H16, block="mlp")
+                  for m, shape in _weights(c)]
+
+
+def outside_rows(rows: list) -> list:
+    """The rows outside the blocks: the LM head's saved input is its FP16 copy, and its FP16 weight copy."""
+    from ..activations.inventory import Saved
+    out = [replace(r, dtype=H16) if r.name == "LM head input" else r for r in rows]
+    return out + [Saved(copy_name("head"), "autocast's cached FP16 cast of the LM head's weight, saved by its matmul",
+                        (V, d), H16, block="outside")]
+
+
+def check_amp(ledger, conv, kernel) -> bool:
+    """Whether the ledger's recipe runs under autocast; ``ValueError`` naming what the step does not model
+    with it."""
+    if ledger.recipe not in AMP_RECIPES:
+        return False
+    f = ledger.arch.features
+    lacks = [what for what, off in [
+        ("GPT blocks", ledger.arch.style != "llama"), ("a fused RMSNorm kernel (use --backend cpu)",
+                                                      conv.rmsnorm != "composite"),
+        ("a kernel other than flash", kernel != "flash"), ("grouped-query attention", f.gqa),
+        ("QKV biases", f.has_qkv_bias), ("a tied LM head", f.is_tied), ("a head size other than d/H", f.head_dim),
+        ("recomputation", ledger.recompute != "none"), ("tensor parallelism", ledger.tp > 1),
+        ("ZeRO", ledger.zero_stage > 0), ("offloading", ledger.offload_optimizer != "none"),
+        ("activation offloading", getattr(ledger, "offload_activations", False)),
+        ("a chunked loss", ledger.loss_chunks > 1 or ledger.loss_impl != "torchtune"),
+        ("packed documents", getattr(ledger, "packed", 0)), ("the optimizer in backward",
+                                                             getattr(ledger, "optimizer_in_backward", False)),
+        ("a foreach or fused AdamW", conv.foreach or conv.fused),
+        (f"framework {ledger.framework}", ledger.framework != "plain")] if off]
+    if lacks:
+        raise ValueError(f"recipe {ledger.recipe}: the step models FP16 autocast for the reference decoder's LLaMA "
+                         f"block under the cpu backend (composite RMSNorm, flash SDPA, AdamW for-loop); not for "
+                         f"{', '.join(lacks)}")
+    return True
+
+
+def _linear(p, c, module, inp, out, cast_input=True, saved_input=None):
+    """An autocast linear: its weight's FP16 copy (cached, saved), its input's FP16 copy ``saved_input`` where
+    the input is FP32, the FP16 output ``out``."""
+    p.op(f"autocast: {module}.weight to FP16 (cached)", alloc=[copy_name(module)])
+    if cast_input:
+        p.op(f"autocast: {module} input to FP16", alloc=[saved_input])
+    p.op(f"{module} projection (FP16)", alloc=out)
+
+
+def block_forward(p, c: Shape):
+    """One LLaMA block's forward under autocast. Its FP32 input (norm 1's saved input) is live."""
+    x, xm = residual_names(c)
+    n1 = p.new("norm 1 output (FP32)", (B, S, d), "fp32", "the norm's output, until the QKV projection has cast it")
+    norm_forward(p, c, "1", n1)
+    _linear(p, c, "qkv", n1, ["Q", "K", "V"], saved_input="Q/K/V projection input")
+    p.op("released", free=[n1])
+    p.op("flash attention (FP16)", alloc=["output projection input", "softmax log-sum-exp"])
+    po = p.new("output projection output (FP16)", (B, S, d), H16, "the attention branch before the residual add")
+    _linear(p, c, "proj", None, [po], cast_input=False)
+    p.op("residual add (FP32 + FP16: FP32)", alloc=[xm])
+    p.op("released", free=[po])
+    n2 = p.new("norm 2 output (FP32)", (B, S, d), "fp32", "h, a local until the block returns")
+    norm_forward(p, c, "2", n2)
+    _linear(p, c, "gate", n2, ["gate output"], saved_input="MLP input (gate's FP16 copy)")
+    p.op("SiLU (FP16)", alloc=["SiLU output"])
+    _linear(p, c, "up", n2, ["up-projection output"], saved_input="MLP input (up's FP16 copy)")
+    p.op("SiLU(gate) * up (FP16)", alloc=["down-projection input"])
+    dn = p.new("down-projection output (FP16)", (B, S, d), H16, "the MLP branch before the residual add")
+    _linear(p, c, "down", None, [dn], cast_input=False)
+    p.op("residual add (FP32 + FP16: FP32)", alloc=[block_output(c)])
+    p.op("block returns", free=[dn, n2])
+
+
+def _weight_grad_to_fp32(p, c, share, module):
+    """The FP16 weight gradient converted into the FP32 ``.grad`` (the cast's backward, then AccumulateGrad)."""
+    g16 = f"FP16 gradient of {module}.weight"
+    grad = define_grads(p, [f"{module}.weight"], c, share)
+    p.op(f"{module}.weight gradient to FP32", alloc=grad)
+    p.op("released", free=[g16])
+
+
+def _linear_backward(p, c, module, g_out, shape, saved_input, frees=(), grad_in=None):
+    """The FP16 matmuls' backward (weight gradient first: no bias), then the saved copies released; returns the
+    FP16 input gradient's name."""
+    g16 = p.new(f"FP16 gradient of {module}.weight", shape, H16, "the matmul's weight gradient, before the cast's "
+                "backward")
+    gin = grad_in or p.new(f"FP16 gradient of the {module} input", (B, S, d if module != "down" else F), H16,
+                           "the matmul's input gradient")
+    p.op(f"{module} projection backward", alloc=[g16, gin])
+    p.op("released", free=[g_out, copy_name(module), saved_input] + list(frees))
+    return gin
+
+
+def _input_grad_to_fp32(p, module, gin):
+    g32 = p.new(f"gradient of the {module} input (FP32)", (B, S, d), "fp32", "the input cast's backward")
+    p.op(f"{module} input gradient to FP32", alloc=[g32])
+    p.op("released", free=[gin])
+    return g32
+
+
+def block_backward(p, c: Shape, share):
+    """One LLaMA block's backward under autocast: ``dX_out`` (FP32, live) -> the previous block's."""
+    shapes = dict(_weights(c))
+    g = p.new("MLP branch gradient (FP16)", (B, S, d), H16, "the residual add's backward casts to the branch's dtype")
+    p.op("MLP branch gradient to FP16", alloc=[g])
+    gdi = p.new("gradient of the down-projection input", (B, S, F), H16, "dL/d(down input)")
+    _linear_backward(p, c, "down", g, shapes["down"], "down-projection input", grad_in=gdi)
+    _weight_grad_to_fp32(p, c, share, "down")
+    gs = p.new("gradient of the SiLU output", (B, S, F), H16, "g * up")
+    gup = p.new("gradient of the up-projection output", (B, S, F), H16, "g * SiLU(gate)")
+    p.op("SiLU(gate) * up backward", alloc=[gs, gup])
+    p.op("released", free=[gdi, "up-projection output", "SiLU output"])
+    gin = _linear_backward(p, c, "up", gup, shapes["up"], "MLP input (up's FP16 copy)")
+    up32 = _input_grad_to_fp32(p, "up", gin)
+    _weight_grad_to_fp32(p, c, share, "up")
+    gg = p.new("gradient of the gate output", (B, S, F), H16, "SiLU backward's output")
+    p.op("SiLU backward", alloc=[gg])
+    p.op("released", free=[gs, "gate output"])
+    gin = _linear_backward(p, c, "gate", gg, shapes["gate"], "MLP input (gate's FP16 copy)")
+    gate32 = _input_grad_to_fp32(p, "gate", gin)
+    gh = p.new("gradient of the MLP input", (B, S, d), "fp32", "the two input gradients summed")
+    p.op("MLP input gradients summed", alloc=[gh])
+    p.op("released", free=[up32, gate32])
+    _weight_grad_to_fp32(p, c, share, "gate")
+    gn2 = p.new("gradient of norm 2's input", (B, S, d), "fp32", "norm 2 backward's output, the skip's added")
+    norm_backward(p, c, "2", gh, gn2, define_grads(p, ["norm2.weight"], c, share), residual="dX_out")
+    ga = p.new("attention branch gradient (FP16)", (B, S, d), H16, "cast to the branch's dtype")
+    p.op("attention branch gradient to FP16", alloc=[ga])
+    gpi = _linear_backward(p, c, "proj", ga, shapes["proj"], None)
+    _weight_grad_to_fp32(p, c, share, "proj")
+    gq, gk, gv = (p.new(f"gradient of {n}", w, H16, f"dL/d{n}") for n, w in (("q", widths_of(c)[0]),
+                                                                           ("k", widths_of(c)[1]),
+                                                                           ("v", widths_of(c)[1])))
+    p.op("flash attention backward", alloc=[gq, gk, gv])
+    p.op("released", free=[gpi, "Q", "K", "V", "softmax log-sum-exp", "output projection input"])
+    stack = p.new("stacked q, k, v gradients", (B, S, qkv_width(c)), H16, "torch.stack of the three gradients")
+    gqkv = p.new("gradient of the QKV projection output", (B, S, qkv_width(c)), H16, "permuted back: a copy")
+    p.op("q, k, v gradients stacked", alloc=[stack])
+    p.op("released", free=[gq, gk, gv])
+    p.op("permuted back", alloc=[gqkv])
+    p.op("released", free=[stack])
+    gin = _linear_backward(p, c, "qkv", gqkv, shapes["qkv"], "Q/K/V projection input")
+    n1 = _input_grad_to_fp32(p, "qkv", gin)
+    _weight_grad_to_fp32(p, c, share, "qkv")
+    norm_backward(p, c, "1", n1, INPUT_GRADIENT, define_grads(p, ["norm1.weight"], c, share), residual=gn2)
+
+
+def forward_end(p, c: Shape):
+    """Final norm (FP32), the LM head under autocast (its weight's FP16 copy, its input's), FP32 upcast,
+    log_softmax, nll_loss."""
+    fn = p.new("final norm output (FP32)", (B, S, d), "fp32", "the final norm's output, until the LM head has cast it")
+    norm_forward(p, c, "final", fn)
+    logits = p.new("logits (FP16)", (B, S, V), H16, "the LM head's output under autocast")
+    p.op("autocast: head.weight to FP16 (cached)", alloc=[copy_name("head")])
+    p.op("autocast: LM head input to FP16", alloc=["LM head input"])
+    p.op("LM head (FP16)", alloc=[logits])
+    p.op("released", free=[fn])
+    src = p.new("logits in FP32", (B, S, V), "fp32", "logits.float(): cross-entropy runs in FP32")
+    p.op("logits.float()", alloc=[src])
+    p.op("FP16 logits released", free=[logits])
+    p.op("log_softmax", alloc=["log-softmax output (FP32)"])
+    p.op("nll_loss", alloc=["loss", "nll_loss total weight"])
+    p.op("loss computed", free=[src])
+
+
+def backward_start(p, c: Shape):
+    """``scaler.scale(loss).backward()`` through the loss, the LM head (FP16 matmuls, their gradients converted
+    to FP32) and the final norm; ends with the last block's ``dX_out``."""
+    scaled = p.new("scaled loss", (), "fp32", "scaler.scale(loss): loss * scale")
+    dl = p.new("gradient of the loss", (), "fp32", "loss.backward() seeds a 1 (held until backward returns)")
+    dl2 = p.new("gradient of the unscaled loss", (), "fp32", "the product's backward: seed * scale")
+    g1 = p.new("nll_loss gradient", (B, S, V), "fp32", "nll_loss backward: B*S*V FP32")
+    g2 = p.new("log_softmax gradient", (B, S, V), "fp32", "log_softmax backward: B*S*V FP32")
+    p.op("scaler.scale(loss)", alloc=[scaled])
+    p.op("loss.backward()", alloc=[dl])
+    p.op("scale backward", alloc=[dl2])
+    p.op("nll_loss backward", alloc=[g1])
+    p.op("released", free=["nll_loss total weight", dl2])
+    p.op("log_softmax backward", alloc=[g2])
+    p.op("released", free=[g1, "log-softmax output (FP32)"])
+    g = p.new("logits gradient (FP16)", (B, S, V), H16, "downcast to the logits' dtype")
+    p.op("logits.float() backward", alloc=[g])
+    p.op("released", free=[g2])
+    gin = _linear_backward(p, c, "head", g, (V, d), "LM head input",
+                           grad_in=p.new("FP16 gradient of the LM head input", (B, S, d), H16, "its input gradient"))
+    g32 = _input_grad_to_fp32(p, "LM head", gin)
+    grad = "grad head.weight"
+    p.op("head.weight gradient to FP32", alloc=[grad])
+    p.op("released", free=["FP16 gradient of head.weight"])
+    norm_backward(p, c, "final", g32, Ref(Scope.LAST, "dX_out"), ["grad final norm.weight"])
+
+
+def backward_end(ops: list) -> list:
+    """``ops`` (the embedding's backward) with the scaled loss released with the loss."""
+    return [op._replace(frees=op.frees + ("scaled loss",)) if op.label == "loss released" else op for op in ops]
+
+
+def scaler_state() -> list:
+    """(name, bytes, why) of GradScaler's tensors, live the whole step."""
+    return [("GradScaler scale", 4, "torch.amp.GradScaler._scale: one FP32 element"),
+            ("GradScaler growth tracker", 4, "torch.amp.GradScaler._growth_tracker: one int32 element")]
+
+
+def optimizer_start(p):
+    """``scaler.step(opt)``'s ``unscale_``: the inverse scale (via FP64), ``found_inf``, their per-device copies;
+    the gradients unscaled in place; what is left when it returns: the replicated ``found_inf``."""
+    # one FP64 element: 8 bytes, written (2,) x FP32 (the dtype table has no FP64)
+    t = {n: p.new(n, (2,) if dtype == "fp64" else (), "fp32", why) for n, dtype, why in [
+        ("scale.double()", "fp64", "unscale_: the inverse scale is computed in FP64 (8 bytes)"),
+        ("scale.double().reciprocal()", "fp64", "unscale_ (FP64, 8 bytes)"), ("inv_scale", "fp32", "unscale_: .float()"),
+        ("found_inf", "fp32", "unscale_: torch.full((), 0.0)"),
+        ("inv_scale (per device)", "fp32", "_MultiDeviceReplicator.get: .to(copy=True)"),
+        ("found_inf (per device)", "fp32", "_MultiDeviceReplicator.get: .to(copy=True), kept until update()")]}
+    p.op("unscale_: scale.double()", alloc=[t["scale.double()"]])
+    p.op("reciprocal", alloc=[t["scale.double().reciprocal()"]])
+    p.op(".float()", free=[t["scale.double()"]], alloc=[t["inv_scale"]])
+    p.op("found_inf = torch.full", free=[t["scale.double().reciprocal()"]], alloc=[t["found_inf"]])
+    p.op("inv_scale per device", alloc=[t["inv_scale (per device)"]])
+    p.op("found_inf per device", alloc=[t["found_inf (per device)"]])
+    p.op("_amp_foreach_non_finite_check_and_unscale_: in place")
+    p.op("unscale_ returns", free=[t["inv_scale"], t["found_inf"], t["inv_scale (per device)"]])
+
+
+def optimizer_end(ops: list) -> list:
+    """``ops`` (the optimizer program) with ``scaler.update()`` releasing the replicated ``found_inf`` before
+    ``zero_grad``."""
+    at = max(i for i, op in enumerate(ops) if op.label == "gradients released")
+    return ops[:at] + [type(ops[0])("scaler.update(): found_inf released", ("found_inf (per device)",), ())] + ops[at:]
