@@ -20,7 +20,8 @@ and the optimizer stepped in backward (torchtune's ``optimizer_in_bwd``).
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["AMP_LOOPS", "IMPLEMENTATIONS", "Scaler", "LOOP_OPTIMIZERS", "ScalarsAnswered", "in_backward_hooks", "make_optimizer"]
+__all__ = ["AMP_LOOPS", "IMPLEMENTATIONS", "LOOP_OPTIMIZERS", "ScalarsAnswered", "Scaler", "in_backward_hooks",
+           "make_optimizer"]
 
 LOOP_OPTIMIZERS = {
     "fp32-adamw": ("fp32", False, "adamw"),
