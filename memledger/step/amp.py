@@ -20,7 +20,7 @@ What autocast changes (PyTorch 2.13; ``aten/src/ATen/autocast_mode.cpp`` at 008e
   residual stream stays FP32 (an FP32 tensor plus an FP16 one promotes), so do the RMSNorms (composite, on
   FP32 input) and the loss (``logits.float()``, ``cross_entropy_loss`` on the ``fp32`` list).
 * **Backward.** A weight's FP16 gradient is converted by the cast's backward (``ToCopyBackward``) into the
-  FP32 ``.grad`` (a B*S*d... temporary of the weight's size in FP16 each time); the input copies' FP16
+  FP32 ``.grad`` (a temporary of the weight's size in FP16 each time); the input copies' FP16
   gradients are converted back to FP32 the same way.
 * **GradScaler** (``torch/amp/grad_scaler.py``): its ``_scale`` (FP32) and ``_growth_tracker`` (int32), one
   element each, live the whole step; ``scale(loss)`` multiplies (a 0-d FP32 tensor); ``unscale_`` makes
@@ -28,8 +28,8 @@ What autocast changes (PyTorch 2.13; ``aten/src/ATen/autocast_mode.cpp`` at 008e
   (``_MultiDeviceReplicator.get``: ``.to(copy=True)``), unscales the gradients in place
   (``_amp_foreach_non_finite_check_and_unscale_``) and keeps the replicated ``found_inf`` until ``update()``.
 
-Modelled: the LLaMA block with a flash kernel and composite RMSNorm (the cpu backend, as measured), no
-dropout, no recomputation, one rank, AdamW. Checked by tests/step/test_amp.py against MemTracker.
+Modelled (:func:`memledger.step.structure.check_amp`): the LLaMA block with a flash kernel and composite
+RMSNorm (the cpu backend, as measured), no dropout, no recomputation, one rank, AdamW. Checked by tests/step/test_amp.py against MemTracker.
 """
 from dataclasses import replace
 
@@ -39,11 +39,9 @@ from .ops import INPUT_GRADIENT, Ref, block_output, define_grads, qkv_width, res
 from .structure import Shape
 from .vocab import Scope
 
-__all__ = ["AMP_RECIPES", "backward_end", "backward_start", "block_backward", "block_forward", "check_amp",
-           "forward_end", "layer_rows", "optimizer_end", "optimizer_start", "outside_rows", "scaler_state"]
+__all__ = ["backward_end", "backward_start", "block_backward", "block_forward", "copy_name", "forward_end",
+           "layer_rows", "optimizer_end", "optimizer_start", "outside_rows", "scaler_state"]
 
-#: The recipes that run under FP16 autocast with a GradScaler.
-AMP_RECIPES = ("fp16-amp-adamw",)
 H16 = "fp16"
 #: The saved rows that autocast makes FP16 (the linears' input copies and outputs, SDPA's tensors).
 _FP16 = ("Q/K/V projection input", "Q", "K", "V", "output projection input", "gate output", "SiLU output",
@@ -83,32 +81,6 @@ def outside_rows(rows: list) -> list:
     out = [replace(r, dtype=H16) if r.name == "LM head input" else r for r in rows]
     return out + [Saved(copy_name("head"), "autocast's cached FP16 cast of the LM head's weight, saved by its matmul",
                         (V, d), H16, block="outside")]
-
-
-def check_amp(ledger, conv, kernel) -> bool:
-    """Whether the ledger's recipe runs under autocast; ``ValueError`` naming what the step does not model
-    with it."""
-    if ledger.recipe not in AMP_RECIPES:
-        return False
-    f = ledger.arch.features
-    lacks = [what for what, off in [
-        ("GPT blocks", ledger.arch.style != "llama"), ("a fused RMSNorm kernel (use --backend cpu)",
-                                                      conv.rmsnorm != "composite"),
-        ("a kernel other than flash", kernel != "flash"), ("grouped-query attention", f.gqa),
-        ("QKV biases", f.has_qkv_bias), ("a tied LM head", f.is_tied), ("a head size other than d/H", f.head_dim),
-        ("recomputation", ledger.recompute != "none"), ("tensor parallelism", ledger.tp > 1),
-        ("ZeRO", ledger.zero_stage > 0), ("offloading", ledger.offload_optimizer != "none"),
-        ("activation offloading", getattr(ledger, "offload_activations", False)),
-        ("a chunked loss", ledger.loss_chunks > 1 or ledger.loss_impl != "torchtune"),
-        ("packed documents", getattr(ledger, "packed", 0)), ("the optimizer in backward",
-                                                             getattr(ledger, "optimizer_in_backward", False)),
-        ("a foreach or fused AdamW", conv.foreach or conv.fused),
-        (f"framework {ledger.framework}", ledger.framework != "plain")] if off]
-    if lacks:
-        raise ValueError(f"recipe {ledger.recipe}: the step models FP16 autocast for the reference decoder's LLaMA "
-                         f"block under the cpu backend (composite RMSNorm, flash SDPA, AdamW for-loop); not for "
-                         f"{', '.join(lacks)}")
-    return True
 
 
 def _linear(p, c, module, inp, out, cast_input=True, saved_input=None):

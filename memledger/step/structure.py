@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from ..models.features import Features
 from ..states.recipes import ALL_RECIPES as RECIPES
 
-__all__ = ["LOSS_IMPLS", "MAX_LOSS_CHUNKS", "MODELLED_RECIPES", "OPTIMIZER_OF", "REFUSED_LOSSES", "Shape",
+__all__ = ["AMP_RECIPES", "LOSS_IMPLS", "MAX_LOSS_CHUNKS", "MODELLED_RECIPES", "OPTIMIZER_OF", "REFUSED_LOSSES", "Shape",
            "StepStructure", "block_of", "check_implementation", "check_loss_chunks", "check_loss_impl", "check_offload",
-           "check_packed",
+           "check_amp", "check_packed",
            "check_recipe", "step_values", "unmodelled"]
 
 #: The optimizer each recipe the timeline models runs (``torch.optim.AdamW``, ``SGD`` with ``momentum`` 0 or not,
@@ -151,7 +151,7 @@ class StepStructure:
                       gqa and arch.kv_heads == 1, True if llama and f.has_qkv_bias else None,
                       True if llama and f.is_tied else None, ledger.recompute, f.head_dim, ledger.tp > 1,
                       check_loss_chunks(ledger.loss_chunks), ledger.loss_impl,
-                      *check_packed(ledger, conv, kernel), _amp(ledger, conv, kernel))
+                      *check_packed(ledger, conv, kernel), check_amp(ledger, conv, kernel))
         if ledger.sequence_parallel and ledger.recompute == "full":
             raise ValueError("the step timeline runs sequence parallelism as DTensor runs it without full "
                              "recomputation only (its recomputed norms on S/t are not modelled); use selective or "
@@ -169,10 +169,34 @@ class StepStructure:
                    offload_activations=offloaded, in_backward=getattr(ledger, "optimizer_in_backward", False))
 
 
-def _amp(ledger, conv, kernel) -> bool:
-    """Whether the recipe runs under FP16 autocast (:func:`memledger.step.amp.check_amp`)."""
-    from .amp import check_amp
-    return check_amp(ledger, conv, kernel)
+#: The recipes that run under FP16 autocast with a GradScaler (memledger.step.amp).
+AMP_RECIPES = ("fp16-amp-adamw",)
+
+
+def check_amp(ledger, conv, kernel) -> bool:
+    """Whether the ledger's recipe runs under autocast; ``ValueError`` naming what the step does not model
+    with it."""
+    if ledger.recipe not in AMP_RECIPES:
+        return False
+    f = ledger.arch.features
+    lacks = [what for what, off in [
+        ("GPT blocks", ledger.arch.style != "llama"), ("a fused RMSNorm kernel (use --backend cpu)",
+                                                      conv.rmsnorm != "composite"),
+        ("a kernel other than flash", kernel != "flash"), ("grouped-query attention", f.gqa),
+        ("QKV biases", f.has_qkv_bias), ("a tied LM head", f.is_tied), ("a head size other than d/H", f.head_dim),
+        ("recomputation", ledger.recompute != "none"), ("tensor parallelism", ledger.tp > 1),
+        ("ZeRO", ledger.zero_stage > 0), ("offloading", ledger.offload_optimizer != "none"),
+        ("activation offloading", getattr(ledger, "offload_activations", False)),
+        ("a chunked loss", ledger.loss_chunks > 1 or ledger.loss_impl != "torchtune"),
+        ("packed documents", getattr(ledger, "packed", 0)), ("the optimizer in backward",
+                                                             getattr(ledger, "optimizer_in_backward", False)),
+        ("a foreach or fused AdamW", conv.foreach or conv.fused),
+        (f"framework {ledger.framework}", ledger.framework != "plain")] if off]
+    if lacks:
+        raise ValueError(f"recipe {ledger.recipe}: the step models FP16 autocast for the reference decoder's LLaMA "
+                         f"block under the cpu backend (composite RMSNorm, flash SDPA, AdamW for-loop); not for "
+                         f"{', '.join(lacks)}")
+    return True
 
 
 def check_packed(ledger, conv, kernel) -> tuple:
