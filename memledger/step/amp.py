@@ -29,7 +29,8 @@ What autocast changes (PyTorch 2.13; ``aten/src/ATen/autocast_mode.cpp`` at 008e
   (``_amp_foreach_non_finite_check_and_unscale_``) and keeps the replicated ``found_inf`` until ``update()``.
 
 Modelled (:func:`memledger.step.structure.check_amp`): the LLaMA block with a flash kernel and composite
-RMSNorm (the cpu backend, as measured), no dropout, no recomputation, one rank, AdamW. Checked by tests/step/test_amp.py against MemTracker.
+RMSNorm (the cpu backend, as measured), no dropout, no recomputation, one rank, AdamW.
+Checked by tests/step/test_amp.py against MemTracker.
 """
 from dataclasses import replace
 
