@@ -28,8 +28,8 @@ What autocast changes (PyTorch 2.13; ``aten/src/ATen/autocast_mode.cpp`` at 008e
   (``_MultiDeviceReplicator.get``: ``.to(copy=True)``), unscales the gradients in place
   (``_amp_foreach_non_finite_check_and_unscale_``) and keeps the replicated ``found_inf`` until ``update()``.
 
-Modelled (:func:`memledger.step.structure.check_amp`): the LLaMA block with a flash kernel and composite
-RMSNorm (the cpu backend, as measured), no dropout, no recomputation, one rank, AdamW.
+Modelled (:func:`memledger.step.structure.check_amp`): the LLaMA block with a flash kernel, composite or fused
+RMSNorm, no dropout, no recomputation, one rank, AdamW (for-loop, foreach or fused).
 Checked by tests/step/test_amp.py against MemTracker.
 """
 from dataclasses import replace
@@ -168,8 +168,15 @@ def block_backward(p, c: Shape, share):
     p.op("MLP input gradients summed", alloc=[gh])
     p.op("released", free=[up32, gate32])
     _weight_grad_to_fp32(p, c, share, "gate")
-    gn2 = p.new("gradient of norm 2's input", (B, S, d), "fp32", "norm 2 backward's output, the skip's added")
-    norm_backward(p, c, "2", gh, gn2, define_grads(p, ["norm2.weight"], c, share), residual="dX_out")
+    composite = c.composite         # composite RMSNorm sums the skip's gradient in its own backward
+    gn2 = p.new("gradient of norm 2's input", (B, S, d), "fp32", "norm 2 backward's output")
+    norm_backward(p, c, "2", gh, gn2, define_grads(p, ["norm2.weight"], c, share),
+                  residual="dX_out" if composite else None)
+    if not composite:
+        gxm = p.new("gradient of the attention residual sum", (B, S, d), "fp32", "skip and norm gradients summed")
+        p.op("residual gradients summed", alloc=[gxm])
+        p.op("released", free=[gn2, "dX_out"])
+        gn2 = gxm
     ga = p.new("attention branch gradient (FP16)", (B, S, d), H16, "cast to the branch's dtype")
     p.op("attention branch gradient to FP16", alloc=[ga])
     gpi = _linear_backward(p, c, "proj", ga, shapes["proj"], None)
@@ -188,7 +195,13 @@ def block_backward(p, c: Shape, share):
     gin = _linear_backward(p, c, "qkv", gqkv, shapes["qkv"], "Q/K/V projection input")
     n1 = _input_grad_to_fp32(p, "qkv", gin)
     _weight_grad_to_fp32(p, c, share, "qkv")
-    norm_backward(p, c, "1", n1, INPUT_GRADIENT, define_grads(p, ["norm1.weight"], c, share), residual=gn2)
+    if composite:
+        norm_backward(p, c, "1", n1, INPUT_GRADIENT, define_grads(p, ["norm1.weight"], c, share), residual=gn2)
+        return
+    gx1 = p.new("gradient of norm 1's input", (B, S, d), "fp32", "norm 1 backward's output")
+    norm_backward(p, c, "1", n1, gx1, define_grads(p, ["norm1.weight"], c, share))
+    p.op("residual gradients summed", alloc=[INPUT_GRADIENT])
+    p.op("released", free=[gx1, gn2])
 
 
 def forward_end(p, c: Shape):

@@ -180,8 +180,7 @@ def check_amp(ledger, conv, kernel) -> bool:
         return False
     f = ledger.arch.features
     lacks = [what for what, off in [
-        ("GPT blocks", ledger.arch.style != "llama"), ("a fused RMSNorm kernel (use --backend cpu)",
-                                                      conv.rmsnorm != "composite"),
+        ("GPT blocks", ledger.arch.style != "llama"),
         ("a kernel other than flash", kernel != "flash"), ("grouped-query attention", f.gqa),
         ("QKV biases", f.has_qkv_bias), ("a tied LM head", f.is_tied), ("a head size other than d/H", f.head_dim),
         ("recomputation", ledger.recompute != "none"), ("tensor parallelism", ledger.tp > 1),
@@ -190,7 +189,6 @@ def check_amp(ledger, conv, kernel) -> bool:
         ("a chunked loss", ledger.loss_chunks > 1 or ledger.loss_impl != "torchtune"),
         ("packed documents", getattr(ledger, "packed", 0)), ("the optimizer in backward",
                                                              getattr(ledger, "optimizer_in_backward", False)),
-        ("a foreach or fused AdamW", conv.foreach or conv.fused),
         (f"framework {ledger.framework}", ledger.framework != "plain")] if off]
     if lacks:
         raise ValueError(f"recipe {ledger.recipe}: the step models FP16 autocast for the reference decoder's LLaMA "
