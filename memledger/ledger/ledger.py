@@ -26,9 +26,10 @@ from ..models.features import Features
 from ..states.frameworks import check_framework, framework_buffers
 from ..states.placement import OFFLOAD_DEVICES, PLACEMENTS, ZERO_STAGES, check_state_options, component_key, state_specs
 from ..states.recipes import ALL_RECIPES, DEFAULT_RECIPE
+from .amp import weight_copy_row
 from .in_backward import check_in_backward
 from .transfer import Traffic, step_traffic
-from ..step.structure import check_loss_impl
+from ..step.structure import AMP_RECIPES, check_loss_impl
 from ..core.units import GB
 
 __all__ = ["DEFAULT_OVERHEAD", "FIELD_OF", "SCOPES", "Ledger", "RowSpec", "Structure", "activation_dtype", "row_specs",
@@ -88,9 +89,13 @@ SCOPES = ("model", "layers")
 def activation_dtype(recipe) -> str:
     """The dtype of the activations a recipe's model saves: its weights' (``"fp32"`` for FP32 training, which
     saves 4-byte tensors: the step timeline's FP32 loop, measured by MemTracker), else the ledger's 16-bit
-    ``"bf16"``; FP8 recipes keep 16-bit activations around their FP8 matrix multiplies (Transformer Engine
+    ``"bf16"``; FP16 autocast (``fp16-amp-adamw``) books the 16-bit rows, the matmuls' FP16 inputs and outputs
+    (the step adds the FP32 residual stream and norms it keeps); FP8 recipes keep 16-bit activations around their
+    FP8 matrix multiplies (Transformer Engine
     under BF16 autocast), whatever their master weights."""
     weights = next((c.dtype for c in recipe.components if c.role == "param"), "bf16")
+    if recipe.name in AMP_RECIPES:      # FP16 autocast saves the matmuls' 16-bit tensors (memledger.step.amp)
+        return "bf16"
     return "fp32" if weights == "fp32" and not recipe.name.startswith("fp8") else "bf16"
 
 
@@ -311,6 +316,8 @@ class Ledger:
                                  "memledger does not)") from None
         rows += [Row(b.name, Group.MODEL_STATES, Device.GPU, b.bytes, b.role, b.formula + " (from source)")
                  for b in self.framework_buffers if b.live == "whole step" and not b.booked]
+        if self.recipe in AMP_RECIPES and self.arch is not None:   # autocast's FP16 weight copies
+            rows.append(weight_copy_row(self))
         return Rows(rows)
 
     @cached_property

@@ -1,0 +1,38 @@
+"""The ledger's row for FP16 autocast (recipe ``fp16-amp-adamw``, :mod:`memledger.step.amp`): autocast's FP16
+copies of the weights, alive at the end of the forward pass.
+
+``torch.autocast`` caches the FP16 cast of every FP32 leaf weight an autocast matmul reads
+(``aten/src/ATen/autocast_mode.cpp`` ``cached_cast``, 008ec6b1 l. 120-146) and clears the cache when the region
+exits (``clear_cache``, l. 87-90), but autograd has saved each copy for its matmul's input gradient: at the end
+of the forward pass every linear's weight (and bias) exists a second time in FP16, 2 bytes per element:
+
+    bytes = 2 * (L * (q*d + 2*kv*d + d*q + m*F*d + biases) + V*d)
+
+with q = H*d_h, kv = H_kv*d_h, m = 3 (SwiGLU) or 2 (GeLU), the LM head's V*d (the embedding's weight where
+tied: the head's F.linear casts it). Measured by MemTracker (tests/step/test_amp.py), where the step
+books each copy from its linear's forward to its backward.
+"""
+from ..core.rows import Row
+from ..core.vocabulary import Device, Group
+
+__all__ = ["AMP_ROW", "weight_copies", "weight_copy_row"]
+
+AMP_ROW = "autocast FP16 weight copies (saved by autograd)"
+
+
+def weight_copies(ledger) -> int:
+    """Bytes of autocast's FP16 copies of ``ledger``'s linear weights and biases."""
+    v, f = ledger.values, ledger.arch.features
+    if f.moe:
+        raise ValueError(f"recipe {ledger.recipe}: autocast's weight copies of a mixture of experts are not modelled")
+    d, L, F, V = v["d"], v["L"], v["F"], v["V"]
+    q, kv = v["H"] * v["d_h"], v["H_kv"] * v["d_h"]
+    block = q * d + 2 * kv * d + d * q + (2 if f.gpt else 3) * F * d
+    block += (q + 2 * kv if f.has_qkv_bias else 0) + (d + F + d if f.gpt else 0)
+    return 2 * (L * block + V * d)
+
+
+def weight_copy_row(ledger) -> Row:
+    """The row :attr:`memledger.ledger.ledger.Ledger.rows` adds under FP16 autocast."""
+    return Row(AMP_ROW, Group.ACTIVATIONS, Device.GPU, weight_copies(ledger), "",
+               "2*(L*(2*H*d_h*d + 2*H_kv*d_h*d + m*F*d + biases) + V*d) (autocast_mode.cpp cached_cast)")
