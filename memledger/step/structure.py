@@ -181,7 +181,7 @@ def check_amp(ledger, conv, kernel) -> bool:
     f = ledger.arch.features
     lacks = [what for what, off in [
         ("GPT blocks", ledger.arch.style != "llama"),
-        ("a kernel other than flash", kernel != "flash"), ("grouped-query attention", f.gqa),
+        (f"the {kernel} attention kernel", kernel != "flash"), ("grouped-query attention", f.gqa),
         ("QKV biases", f.has_qkv_bias), ("a tied LM head", f.is_tied), ("a head size other than d/H", f.head_dim),
         ("recomputation", ledger.recompute != "none"), ("tensor parallelism", ledger.tp > 1),
         ("ZeRO", ledger.zero_stage > 0), ("offloading", ledger.offload_optimizer != "none"),
@@ -192,8 +192,7 @@ def check_amp(ledger, conv, kernel) -> bool:
         (f"framework {ledger.framework}", ledger.framework != "plain")] if off]
     if lacks:
         raise ValueError(f"recipe {ledger.recipe}: the step models FP16 autocast for the reference decoder's LLaMA "
-                         f"block under the cpu backend (composite RMSNorm, flash SDPA, AdamW for-loop); not for "
-                         f"{', '.join(lacks)}")
+                         f"block with a flash SDPA kernel (--backend cpu or cuda); not for {', '.join(lacks)}")
     return True
 
 
