@@ -1,0 +1,36 @@
+"""--recipe fp16-amp-adamw on the command line: the step under cpu and cuda, refused in one line under the article
+backend; the ledger books autocast's weight copies."""
+import json
+
+import pytest
+
+from memledger.cli.main import main
+from memledger.ledger.ledger import Ledger
+
+MODEL = ("--preset", "llama2-7b", "--seq", "4096", "--overhead", "0", "--recipe", "fp16-amp-adamw")
+
+
+def run(capsys, *args):
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize("backend", ["cpu", "cuda"])
+def test_step_runs_amp(capsys, backend):
+    code, out, err = run(capsys, "step", *MODEL, "--backend", backend, "--json")
+    assert code == 0 and err == ""
+    ledger = Ledger("llama2-7b", seq_len=4096, overhead_bytes=0, recipe="fp16-amp-adamw")
+    assert json.loads(out)["peak"]["gpu"] == ledger.step(backend).peak.bytes
+
+
+def test_article_backend_refuses_in_one_line(capsys):
+    code, out, err = run(capsys, "step", *MODEL)
+    assert code == 2 and out == "" and "fp16-amp-adamw" in err and err.count("\n") == 1
+
+
+def test_ledger_books_the_weight_copies(capsys):
+    code, out, err = run(capsys, "ledger", *MODEL, "--json")
+    assert code == 0
+    rows = {r["name"]: r["bytes"] for r in json.loads(out)["rows"]}
+    assert rows["autocast FP16 weight copies (saved by autograd)"] > 0
