@@ -2,65 +2,25 @@
 
 The reference decoder with ``packed=n`` (memledger/pytorch/packing.py) builds a (B, S, S) block-causal bool mask
 once per forward and passes it to every block's SDPA, which converts it to an additive mask in the activation
-dtype and saves it. Every landmark, each phase's peak, the peak, each block's peaks and (small shapes) the totals
-op by op inside the blocks equal MemTracker's to the byte under the CPU backend. LLaMA-2 7B: tests/step/
-test_packing_7b.py (slow).
+dtype and saves it. One small shape here (every landmark, each phase's peak, the peak, each block's peaks and the
+totals op by op inside the blocks equal MemTracker's to the byte under the CPU backend); more shapes and LLaMA-2
+7B in tests/step/test_packing_slow.py.
 """
 import pytest
 
-from memledger.core.symbols import B, L, S
 from memledger.ledger.ledger import Ledger
-from memledger.step.timeline import LANDMARKS, Step
+from memledger.step.timeline import Step
 
-from stepcheck import GPT7B, block_totals_agree, landmarks_are_sums_of_rows
-
-
-def packed_against_memtracker(B_, S_, n, L_=2, d=64, H=4, F_=160, V_=1000, loop="bf16-pure-adamw", kv=None,
-                              trace=True):
-    pytest.importorskip("torch")
-    from memledger.pytorch.compare import architecture_of
-    from memledger.pytorch.measure import memtracker_step
-    from memledger.pytorch.reference import RefConfig
-    c = RefConfig(d, L_, H, F_, V_, "llama", packed=n, n_kv_heads=kv)
-    measured = memtracker_step(c, loop, B_, S_, blocks=True, trace=trace)
-    step = Step(Ledger(architecture_of(c), batch_size=B_, seq_len=S_, recipe=loop, overhead_bytes=0, packed=n),
-                "cpu")
-    for landmark in LANDMARKS:
-        assert step.landmarks[landmark]["gpu"] == measured[landmark], landmark
-    assert step.phase_peaks() == measured["phase peaks"]
-    assert step.peak.bytes == measured["peak"]
-    ours = step.block_peaks()
-    assert ours == {k: measured["block peaks"][k] for k in ours}
-    if trace:
-        block_totals_agree(step, measured)
-    landmarks_are_sums_of_rows(step)
-    return step, measured
+from packcheck import packed_against_memtracker
+from stepcheck import GPT7B
 
 
-@pytest.mark.parametrize("B_,S_,n,L_,loop", [(2, 32, 2, 2, "bf16-pure-adamw"), (1, 32, 4, 5, "bf16-adamw"),
-                                             (2, 48, 3, 3, "fp32-adamw")])
-def test_packed_step_is_memtrackers(B_, S_, n, L_, loop):
-    """Small shapes, B = 1 and B > 1, lumped blocks (L = 5), BF16 and FP32: the step is MemTracker's, op by op."""
-    step, _ = packed_against_memtracker(B_, S_, n, L_, loop=loop)
+def test_packed_step_is_memtrackers():
+    """B = 2, two documents per row, two blocks: the step is MemTracker's, op by op; the rows it adds."""
+    step, _ = packed_against_memtracker(2, 32, 2)
     rows = {r["name"]: r for r in step.rows}
-    assert rows["L x packed attention mask (additive, B x 1 x S x S)"]["bytes"] == \
-        L_ * B_ * S_ * S_ * (4 if loop == "fp32-adamw" else 2)
-    assert rows["document ids"]["bytes"] == 8 * B_ * S_
-
-
-def test_what_packing_adds_is_what_pytorch_allocates():
-    """PyTorch's own difference between a packed and an unpacked run after the forward pass: one additive
-    (B, 1, S, S) BF16 mask per block and the (B, S) int64 document ids; the (B, S, S) bool mask is gone."""
-    pytest.importorskip("torch")
-    from memledger.pytorch.measure import memtracker_step
-    from memledger.pytorch.reference import RefConfig
-    B_, S_, L_ = 2, 32, 2
-    packed = memtracker_step(RefConfig(64, L_, 4, 160, 1000, "llama", packed=2), "bf16-pure-adamw", B_, S_)
-    plain = memtracker_step(RefConfig(64, L_, 4, 160, 1000, "llama"), "bf16-pure-adamw", B_, S_)
-    assert packed["after forward"] - plain["after forward"] == L_ * B_ * S_ * S_ * 2 + 8 * B_ * S_
-    step = Step(Ledger("llama2-7b", seq_len=64, packed=2, overhead_bytes=0), "cpu")
-    formula = {r["name"]: r["formula"] for r in step.rows}["L x packed attention mask (additive, B x 1 x S x S)"]
-    assert formula == str(2 * B * L * S**2)
+    assert rows["L x packed attention mask (additive, B x 1 x S x S)"]["bytes"] == 2 * 2 * 32 * 32 * 2
+    assert rows["document ids"]["bytes"] == 8 * 2 * 32
 
 
 def test_varlen_books_no_mask():

@@ -1,0 +1,31 @@
+"""Shared by the FP16 AMP tests: the step under ``fp16-amp-adamw`` beside MemTracker's run of the reference loop
+with autocast and a GradScaler (memledger/pytorch/reference.py) under the CPU backend."""
+import pytest
+
+from memledger.ledger.ledger import Ledger
+from memledger.step.timeline import LANDMARKS, Step
+
+from stepcheck import block_totals_agree, landmarks_are_sums_of_rows
+
+
+def amp_against_memtracker(B_, S_, L_=2, d=64, H=4, F_=160, V_=1000, rmsnorm="composite", foreach=False,
+                           fused=False, trace=True):
+    pytest.importorskip("torch")
+    from memledger.pytorch.compare import architecture_of
+    from memledger.pytorch.measure import memtracker_step
+    from memledger.pytorch.reference import RefConfig
+    c = RefConfig(d, L_, H, F_, V_, "llama", rmsnorm=rmsnorm)
+    measured = memtracker_step(c, "fp16-amp-adamw", B_, S_, blocks=True, trace=trace, foreach=foreach, fused=fused)
+    conv = {"rmsnorm": "fused"} if rmsnorm == "fused" else {}
+    step = Step(Ledger(architecture_of(c), batch_size=B_, seq_len=S_, recipe="fp16-amp-adamw", overhead_bytes=0),
+                "cpu", foreach=foreach, fused=fused, **conv)
+    for landmark in LANDMARKS:
+        assert step.landmarks[landmark]["gpu"] == measured[landmark], landmark
+    assert step.phase_peaks() == measured["phase peaks"]
+    assert step.peak.bytes == measured["peak"]
+    ours = step.block_peaks()
+    assert ours == {k: measured["block peaks"][k] for k in ours}
+    if trace:
+        block_totals_agree(step, measured)
+    landmarks_are_sums_of_rows(step)
+    return step, measured

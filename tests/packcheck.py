@@ -1,0 +1,30 @@
+"""Shared by the packed-sequence tests: the step with ``packed`` beside MemTracker's run of the packed reference
+decoder (memledger/pytorch/packing.py) under the CPU backend."""
+import pytest
+
+from memledger.ledger.ledger import Ledger
+from memledger.step.timeline import LANDMARKS, Step
+
+from stepcheck import block_totals_agree, landmarks_are_sums_of_rows
+
+
+def packed_against_memtracker(B_, S_, n, L_=2, d=64, H=4, F_=160, V_=1000, loop="bf16-pure-adamw", kv=None,
+                              trace=True):
+    pytest.importorskip("torch")
+    from memledger.pytorch.compare import architecture_of
+    from memledger.pytorch.measure import memtracker_step
+    from memledger.pytorch.reference import RefConfig
+    c = RefConfig(d, L_, H, F_, V_, "llama", packed=n, n_kv_heads=kv)
+    measured = memtracker_step(c, loop, B_, S_, blocks=True, trace=trace)
+    step = Step(Ledger(architecture_of(c), batch_size=B_, seq_len=S_, recipe=loop, overhead_bytes=0, packed=n),
+                "cpu")
+    for landmark in LANDMARKS:
+        assert step.landmarks[landmark]["gpu"] == measured[landmark], landmark
+    assert step.phase_peaks() == measured["phase peaks"]
+    assert step.peak.bytes == measured["peak"]
+    ours = step.block_peaks()
+    assert ours == {k: measured["block peaks"][k] for k in ours}
+    if trace:
+        block_totals_agree(step, measured)
+    landmarks_are_sums_of_rows(step)
+    return step, measured

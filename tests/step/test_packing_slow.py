@@ -1,0 +1,38 @@
+"""Packed sequences against MemTracker (slow): more small shapes (B = 1, lumped blocks, FP32), PyTorch's own
+difference between a packed and an unpacked run, and LLaMA-2 7B (B 1, S 4096, 4 documents per row)."""
+import pytest
+
+from memledger.core.symbols import B, L, S
+from memledger.ledger.ledger import Ledger
+from memledger.step.timeline import Step
+
+from packcheck import packed_against_memtracker
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.parametrize("B_,S_,n,L_,loop", [(1, 32, 4, 5, "bf16-adamw"), (2, 48, 3, 3, "fp32-adamw")])
+def test_packed_step_is_memtrackers(B_, S_, n, L_, loop):
+    step, _ = packed_against_memtracker(B_, S_, n, L_, loop=loop)
+    rows = {r["name"]: r for r in step.rows}
+    assert rows["L x packed attention mask (additive, B x 1 x S x S)"]["bytes"] == \
+        L_ * B_ * S_ * S_ * (4 if loop == "fp32-adamw" else 2)
+
+
+def test_what_packing_adds_is_what_pytorch_allocates():
+    """PyTorch's own difference between a packed and an unpacked run after the forward pass: one additive
+    (B, 1, S, S) BF16 mask per block and the (B, S) int64 document ids; the (B, S, S) bool mask is gone."""
+    pytest.importorskip("torch")
+    from memledger.pytorch.measure import memtracker_step
+    from memledger.pytorch.reference import RefConfig
+    B_, S_, L_ = 2, 32, 2
+    packed = memtracker_step(RefConfig(64, L_, 4, 160, 1000, "llama", packed=2), "bf16-pure-adamw", B_, S_)
+    plain = memtracker_step(RefConfig(64, L_, 4, 160, 1000, "llama"), "bf16-pure-adamw", B_, S_)
+    assert packed["after forward"] - plain["after forward"] == L_ * B_ * S_ * S_ * 2 + 8 * B_ * S_
+    step = Step(Ledger("llama2-7b", seq_len=64, packed=2, overhead_bytes=0), "cpu")
+    formula = {r["name"]: r["formula"] for r in step.rows}["L x packed attention mask (additive, B x 1 x S x S)"]
+    assert formula == str(2 * B * L * S**2)
+
+
+def test_llama2_7b_packed_is_memtrackers():
+    packed_against_memtracker(1, 4096, 4, L_=32, d=4096, H=32, F_=11008, V_=32000, trace=False)
