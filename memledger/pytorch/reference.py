@@ -290,8 +290,8 @@ class Decoder(nn.Module):
         if self.c.loss_impl == "litgpt":
             return self._litgpt_loss(ids, targets, documents)
         if self.c.loss_chunks == 1:
-            return F.cross_entropy(self(ids, documents).float().view(-1, self.c.V), targets.view(-1))
-        logits = self(ids, documents)
+            return F.cross_entropy(self._logits(ids, documents).float().view(-1, self.c.V), targets.view(-1))
+        logits = self._logits(ids, documents)
         total_elements = (targets != -100).sum()
         labels = [chunk.reshape(-1) for chunk in targets.tensor_split(self.c.loss_chunks, dim=1)]
         logits = [chunk.reshape(-1, chunk.size(-1)) for chunk in logits]
@@ -300,10 +300,15 @@ class Decoder(nn.Module):
             total_loss += F.cross_entropy(logits_chunk.float(), labels_chunk, ignore_index=-100, reduction="sum")
         return total_loss / total_elements
 
+    def _logits(self, ids, documents):
+        """The forward pass; a packed batch's document ids go with the ids (subclasses without packing take
+        the ids alone)."""
+        return self(ids) if documents is None else self(ids, documents)
+
     def _litgpt_loss(self, ids, targets, documents=None):
         """LitGPT's ``chunked_cross_entropy`` (``litgpt/utils.py`` l. 302-337, at 26857050), default
         ``ignore_index`` -100, on the logits in their own dtype."""
-        logits = self(ids, documents)
+        logits = self._logits(ids, documents)
         if self.c.loss_chunks == 1:             # chunk_size 0: one cross-entropy, no upcast
             return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-100)
         logit_chunks = [chunk.reshape(-1, chunk.size(-1)) for chunk in logits]
