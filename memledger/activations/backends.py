@@ -37,6 +37,9 @@ below is one such difference; :data:`BACKENDS` bundles them. ``"article"``
   additive mask in q's dtype at every call and the flash kernel saves; measured) or ``"varlen"`` (CUDA:
   flash-attention's varlen kernel with ``cu_seqlens``, no mask; Hugging Face's
   ``prepare_fa_kwargs_from_position_ids``); ``None``: not modelled (the article's eager core).
+* FP16 autocast's weight cache (recipe ``fp16-amp-adamw``, :mod:`memledger.step.amp`) is no switch: ATen's
+  ``cached_cast`` (``aten/src/ATen/autocast_mode.cpp``) caches a weight's FP16 cast on every device type, and
+  the CPU's (measured) is CUDA's.
 * ``fused``: ``AdamW(fused=True)`` / ``SGD(fused=True)``: one kernel updates every tensor in place, no
   temporaries (measured on the CPU kernel; ``torch._fused_adamw_``), Adam's ``step`` on the parameters'
   device (``torch/optim/adam.py`` ``_init_group``); excludes ``foreach`` (:mod:`memledger.step.optim`).

@@ -84,7 +84,7 @@ def outside_rows(rows: list) -> list:
                         (V, d), H16, block="outside")]
 
 
-def _linear(p, c, module, inp, out, cast_input=True, saved_input=None):
+def _linear(p, c, module, out, cast_input=True, saved_input=None):
     """An autocast linear: its weight's FP16 copy (cached, saved), its input's FP16 copy ``saved_input`` where
     the input is FP32, the FP16 output ``out``."""
     p.op(f"autocast: {module}.weight to FP16 (cached)", alloc=[copy_name(module)])
@@ -98,21 +98,21 @@ def block_forward(p, c: Shape):
     x, xm = residual_names(c)
     n1 = p.new("norm 1 output (FP32)", (B, S, d), "fp32", "the norm's output, until the QKV projection has cast it")
     norm_forward(p, c, "1", n1)
-    _linear(p, c, "qkv", n1, ["Q", "K", "V"], saved_input="Q/K/V projection input")
+    _linear(p, c, "qkv", ["Q", "K", "V"], saved_input="Q/K/V projection input")
     p.op("released", free=[n1])
     p.op("flash attention (FP16)", alloc=["output projection input", "softmax log-sum-exp"])
     po = p.new("output projection output (FP16)", (B, S, d), H16, "the attention branch before the residual add")
-    _linear(p, c, "proj", None, [po], cast_input=False)
+    _linear(p, c, "proj", [po], cast_input=False)
     p.op("residual add (FP32 + FP16: FP32)", alloc=[xm])
     p.op("released", free=[po])
     n2 = p.new("norm 2 output (FP32)", (B, S, d), "fp32", "h, a local until the block returns")
     norm_forward(p, c, "2", n2)
-    _linear(p, c, "gate", n2, ["gate output"], saved_input="MLP input (gate's FP16 copy)")
+    _linear(p, c, "gate", ["gate output"], saved_input="MLP input (gate's FP16 copy)")
     p.op("SiLU (FP16)", alloc=["SiLU output"])
-    _linear(p, c, "up", n2, ["up-projection output"], saved_input="MLP input (up's FP16 copy)")
+    _linear(p, c, "up", ["up-projection output"], saved_input="MLP input (up's FP16 copy)")
     p.op("SiLU(gate) * up (FP16)", alloc=["down-projection input"])
     dn = p.new("down-projection output (FP16)", (B, S, d), H16, "the MLP branch before the residual add")
-    _linear(p, c, "down", None, [dn], cast_input=False)
+    _linear(p, c, "down", [dn], cast_input=False)
     p.op("residual add (FP32 + FP16: FP32)", alloc=[block_output(c)])
     p.op("block returns", free=[dn, n2])
 
