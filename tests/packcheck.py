@@ -9,15 +9,15 @@ from stepcheck import block_totals_agree, landmarks_are_sums_of_rows
 
 
 def packed_against_memtracker(B_, S_, n, L_=2, d=64, H=4, F_=160, V_=1000, loop="bf16-pure-adamw", kv=None,
-                              trace=True):
+                              trace=True, loss_chunks=1, loss_impl="torchtune"):
     pytest.importorskip("torch")
     from memledger.pytorch.compare import architecture_of
     from memledger.pytorch.measure import memtracker_step
     from memledger.pytorch.reference import RefConfig
-    c = RefConfig(d, L_, H, F_, V_, "llama", packed=n, n_kv_heads=kv)
+    c = RefConfig(d, L_, H, F_, V_, "llama", packed=n, n_kv_heads=kv, loss_chunks=loss_chunks, loss_impl=loss_impl)
     measured = memtracker_step(c, loop, B_, S_, blocks=True, trace=trace)
-    step = Step(Ledger(architecture_of(c), batch_size=B_, seq_len=S_, recipe=loop, overhead_bytes=0, packed=n),
-                "cpu")
+    step = Step(Ledger(architecture_of(c), batch_size=B_, seq_len=S_, recipe=loop, overhead_bytes=0, packed=n,
+                       loss_chunks=loss_chunks, loss_impl=loss_impl), "cpu")
     for landmark in LANDMARKS:
         assert step.landmarks[landmark]["gpu"] == measured[landmark], landmark
     assert step.phase_peaks() == measured["phase peaks"]

@@ -67,6 +67,8 @@ def forward_end(ops: list, c: Shape) -> list:
     right after the LM head."""
     if c.packing != "mask":
         return ops
+    if any(op.label == "the decoder returns" for op in ops):         # the chunked loss (memledger.step.loss)
+        return [op._replace(frees=op.frees + (MASK,)) if op.label == "the decoder returns" else op for op in ops]
     at = next(i for i, op in enumerate(ops) if op.label == "LM head") + 1
     return ops[:at] + [type(ops[0])("block-causal mask released (forward returns)", (MASK,), ())] + ops[at:]
 

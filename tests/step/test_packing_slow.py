@@ -19,6 +19,12 @@ def test_packed_step_is_memtrackers(B_, S_, n, L_, loop):
         L_ * B_ * S_ * S_ * (4 if loop == "fp32-adamw" else 2)
 
 
+@pytest.mark.parametrize("B_,chunks,impl", [(2, 4, "torchtune"), (1, 2, "litgpt")])
+def test_packed_with_a_chunked_loss(B_, chunks, impl):
+    """The bool mask dies as the decoder returns, after the last chunk's LM head."""
+    packed_against_memtracker(B_, 32, 2, loss_chunks=chunks, loss_impl=impl)
+
+
 def test_what_packing_adds_is_what_pytorch_allocates():
     """PyTorch's own difference between a packed and an unpacked run after the forward pass: one additive
     (B, 1, S, S) BF16 mask per block and the (B, S) int64 document ids; the (B, S, S) bool mask is gone."""
