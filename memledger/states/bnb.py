@@ -61,12 +61,11 @@ def nf4_table_bytes(double_quant: bool = True) -> int:
     return 16 * 4 + ((256 * 4 + 4) if double_quant else 0)
 
 
-def nf4_dequant_bytes(out: int, inp: int, tokens: int, compute_bytes: int, double_quant: bool = True) -> int:
-    """What the dequantize-then-``F.linear`` fallback holds beside the layer's input at ``F.linear``: the weight
-    in the compute dtype, with double quantization two FP32 absmax arrays (``absmax_dq`` and
-    ``absmax_dq + absmax_offset``), and the output (tokens x out)."""
-    n = out * inp
-    return n * compute_bytes + (2 * 4 * _ceil(n, BLOCKSIZE) if double_quant else 0) + tokens * out * compute_bytes
+def nf4_dequant_bytes(n, compute_bytes: int, double_quant: bool = True):
+    """What the dequantize-then-``F.linear`` fallback holds beside the layer's input and output: the weight
+    in the compute dtype and, with double quantization, two FP32 absmax arrays (``absmax_dq`` and
+    ``absmax_dq + absmax_offset``, both alive until it returns)."""
+    return n * compute_bytes + (2 * 4 * _ceil(n, BLOCKSIZE) if double_quant else 0)
 
 
 def int8_parts(out: int, inp: int) -> dict:
@@ -75,13 +74,9 @@ def int8_parts(out: int, inp: int) -> dict:
 
 
 def int8_matmul_bytes(tokens: int, inp: int, out: int, compute_dtype: str) -> int:
-    """The most ``MatMul8bitLt`` holds beside its input, no outliers: while quantizing, the FP16 copy of the
-    input (a BF16 or FP32 input; an FP16 one is used as it is), the int8 input ``CA`` (tokens x in) and its
-    FP32 row scales ``SCA``; at ``int8_mm_dequant``, ``CA``, ``SCA``, the int32 product and the output
-    (tokens x out, the input's dtype)."""
-    from ..core.dtypes import nbytes
-    compute_bytes = nbytes(compute_dtype)
-    cast = 2 * tokens * inp if compute_dtype != "fp16" else 0     # A.to(torch.float16): a copy unless FP16
-    quantizing = cast + tokens * inp + 4 * tokens
-    dequantizing = tokens * inp + 4 * tokens + 4 * tokens * out + compute_bytes * tokens * out
-    return max(quantizing, dequantizing)
+    """The most ``MatMul8bitLt`` holds beside its input and output, no outliers: while quantizing, the FP16
+    copy of the input (``A.to(torch.float16)``: none for an FP16 input), the int8 input ``CA`` (tokens x in)
+    and its FP32 row scales ``SCA``; at ``int8_mm_dequant``, ``CA``, ``SCA`` and the int32 product
+    (tokens x out)."""
+    cast = 2 * tokens * inp if compute_dtype != "fp16" else 0
+    return max(cast, 4 * tokens * out) + tokens * inp + 4 * tokens
