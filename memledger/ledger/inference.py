@@ -114,7 +114,7 @@ class Inference:
                                  f"bitsandbytes computes in {', '.join(COMPUTE_DTYPES)}, got {self.weight_dtype}")
             if self.tp > 1:
                 raise ValueError(f"tp: {self.quantization} weights are modelled on one GPU (bitsandbytes quantizes "
-                                 "whole nn.Linear weights), got tp {self.tp}")
+                                 f"whole nn.Linear weights), got tp {self.tp}")
             if arch.n_experts:
                 raise ValueError(f"quantization: {self.quantization} on mixture-of-experts blocks is not modelled")
 
