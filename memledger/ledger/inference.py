@@ -27,7 +27,8 @@ coincided with the buffer's peak).
 
 ``attention``: ``"flash"`` or ``"sdpa"`` (no S x S tensor: the working-buffer convention above) or
 ``"eager"``: the working buffer is then at least eager attention's softmax moment
-(:mod:`memledger.ledger.prefill`), whose FP32 upcast depends on ``backend`` (``"cuda"`` or ``"cpu"``).
+(:mod:`memledger.ledger.prefill`) in the compute dtype (``weight_dtype``, or ``kv_dtype`` where the weights are
+FP8/int8), whose FP32 upcast depends on ``backend`` (``"cuda"`` or ``"cpu"``).
 """
 from dataclasses import dataclass
 from functools import cached_property
@@ -128,7 +129,8 @@ class Inference:
         buffer = -(-evaluate_expr(work, values) // self.tp)
         buffer_name, buffer_formula = "working buffer (prefill, one layer)", f"ceiling(({work})/t)"
         if self.attention == "eager":
-            softmax = eager_softmax_bytes(a, self.batch_size, self.seq_len, self.kv_dtype, self.backend)
+            compute = self.weight_dtype if self.weight_dtype in COMPUTE_DTYPES else self.kv_dtype
+            softmax = eager_softmax_bytes(a, self.batch_size, self.seq_len, compute, self.backend)
             if softmax > buffer:
                 buffer, buffer_formula = softmax, f"eager softmax moment ({self.backend}, memledger.ledger.prefill)"
                 buffer_name = "working buffer (prefill: eager attention's B*H*S*S scores)"

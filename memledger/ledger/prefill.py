@@ -10,10 +10,12 @@ prefill's peak. Live then, beside the weights and the token ids:
 * the block's input x (B S d c; the loop over blocks holds it) and the mask (B S S c);
 * the QKV projection's output, of which q, k, v are views (B S (H + 2 H_kv) d_h c), and under grouped-query
   attention ``repeat_kv``'s copies of K and V at H heads (2 B H S d_h c);
-* the scores: B H S S x (c + 4 + 4) on the CPU (ATen's CPU softmax has no half-to-float kernel: the input is
-  first copied to FP32, then softmaxed into a second FP32 tensor; measured) and B H S S x (2c + 4) on CUDA
-  (``_softmax(..., half_to_float=True)`` writes FP32 directly; its cast back to c is the third tensor); an FP32
-  model keeps B H S S x 8 (no copy, no cast).
+* the scores: ATen's ``softmax(input, dim, dtype)`` (``aten/src/ATen/native/SoftMax.cpp``) runs the
+  half-to-float kernel only for an FP16 input on CUDA (``_softmax(input, dim, half_to_float=True)``: the masked
+  FP16 scores, the FP32 probabilities, then their cast back: B H S S x (2c + 4)); any other 16-bit input, BF16
+  on CUDA included, is first copied to FP32 (``input_.toType(dtype)``) and softmaxed into a second FP32 tensor:
+  B H S S x (c + 4 + 4), more than the cast back that follows (measured on the CPU); an FP32 model keeps
+  B H S S x 8 (no copy, no cast).
 
 :func:`eager_softmax_bytes` is that sum, equal to MemTracker's prefill peak of the reference decoder with
 transformers' eager core (:func:`memledger.pytorch.prefill.memtracker_prefill`, ``softmax_fp32=True``) less
@@ -27,12 +29,12 @@ BACKENDS = ("cuda", "cpu")
 
 
 def scores_bytes_per_element(dtype: str, backend: str = "cuda") -> int:
-    """Bytes per score element at the softmax moment: the masked scores, the FP32 probabilities, and the FP32
-    copy (CPU) or the cast back (CUDA), as the module docstring says."""
+    """Bytes per score element at the softmax moment (the module docstring): 8 for FP32, 2c + 4 for FP16 on
+    CUDA, c + 8 otherwise."""
     c = nbytes(dtype)
     if dtype == "fp32":
         return 8
-    return c + 8 if backend == "cpu" else 2 * c + 4
+    return 2 * c + 4 if (dtype == "fp16" and backend == "cuda") else c + 8
 
 
 def eager_softmax_bytes(arch, batch_size: int, seq_len: int, dtype: str = "bf16", backend: str = "cuda") -> int:
