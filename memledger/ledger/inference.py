@@ -18,10 +18,15 @@ backward pass. What it keeps:
 ``quantization``: bitsandbytes weights as transformers' ``BitsAndBytesConfig`` loads them
 (:mod:`memledger.states.bnb`): ``"nf4"`` (``load_in_4bit``, ``bnb_4bit_quant_type="nf4"``; ``double_quant``:
 ``bnb_4bit_use_double_quant``) or ``"int8"`` (``load_in_8bit``, LLM.int8). Only the blocks' linear weights
-are quantized; embeddings, norms, biases and the LM head stay in ``weight_dtype`` (the compute dtype):
-transformers' ``replace_with_bnb_linear`` swaps ``nn.Linear`` modules only and skips
-``get_keys_to_not_convert(model)``, the output embedding (``integrations/bitsandbytes.py``; transformers
-5.24.0), as ``llm_int8_skip_modules`` would. The prefill dequantizes one layer's weight at a time: the largest
+are quantized; embeddings, norms, biases and the LM head stay in ``weight_dtype`` (the compute dtype; its
+default in ``BitsAndBytesConfig`` is FP32, ``utils/quantization_config.py`` l. 448 and 469): transformers'
+``replace_with_bnb_linear`` swaps ``nn.Linear`` (and ``Conv1D``) modules only (``integrations/bitsandbytes.py``
+l. 162-210) and skips ``modules_to_not_convert``, by default ``get_keys_to_not_convert(model)``: tied weights,
+the last module and the output embedding, i.e. the LM head (``quantizers/base.py`` l. 39-63; transformers
+5.24.0), as ``llm_int8_skip_modules`` would. :attr:`Inference.footprint` is what
+``model.get_memory_footprint()`` sums (``modeling_utils.py`` l. 3686-3703: parameters and buffers; a
+LLaMA model's RoPE ``inv_freq`` buffer, d_h/2 FP32 values, is not booked).
+The prefill dequantizes one layer's weight at a time: the largest
 layer's transient is a row of its own beside the working buffer (an upper bound: it is booked as if it
 coincided with the buffer's peak).
 
@@ -177,8 +182,8 @@ class Inference:
 
     @property
     def footprint(self) -> int:
-        """What transformers' ``model.get_memory_footprint()`` reports: parameters and buffers only, so the
-        packed codes or int8 weights without their absmax, scales or tables (``modeling_utils.py``)."""
+        """What transformers' ``model.get_memory_footprint()`` reports: parameters (and buffers) only, so the
+        packed codes or int8 weights without their absmax, scales or tables (module docstring)."""
         return sum(r.bytes for r in self.rows[:min(self._weight_rows, 2)])
 
     @property
