@@ -36,6 +36,8 @@ def test_double_quantization_saves_about_3_gb_at_65b():
     saved = without.weights - with_dq.weights
     assert round(saved / 1e9) == 3
     n = 8192 * 8192
+    assert round(8 * nf4_parts(n)["absmax"] / n, 3) == 0.127            # the paper's bits per parameter
+    assert 8 * nf4_parts(n, double_quant=False)["absmax"] / n == 0.5
     assert nf4_parts(n) == {"packed": n // 2, "absmax": n // 64 + 4 * n // (64 * 256)}
     assert nf4_parts(n, double_quant=False)["absmax"] == 4 * n // 64
 
