@@ -77,3 +77,11 @@ def test_bad_input_names_the_field(changes, field):
 def test_moe_refused():
     with pytest.raises(ValueError, match="quantization"):
         Inference("mixtral-8x7b", quantization="nf4")
+
+
+@pytest.mark.parametrize("quantization", ["nf4", "int8"])
+def test_parts_cover_every_row(quantization):
+    from memledger.calculators.parts import gpu_parts
+    q = Inference("llama2-7b", quantization=quantization, attention="eager")
+    parts = gpu_parts(q)
+    assert sum(parts.values()) == q.total and parts["weights"] == q.weights
