@@ -37,3 +37,9 @@ def test_inference_books_it():
 def test_llama2_7b_at_4096():
     arch = get_preset("llama2-7b")
     assert eager_softmax_bytes(arch, 1, 4096, "bf16", "cpu") == measured(arch, 1, 4096)
+
+
+def test_a_lower_bound_where_the_mlp_decides():
+    # a short prompt and a wide MLP: another moment of the block is larger; the softmax moment stays below it
+    arch = Architecture(64, 2, 8, 512, 100, "llama")
+    assert eager_softmax_bytes(arch, 1, 16, "bf16", "cpu") < measured(arch, 1, 16)
