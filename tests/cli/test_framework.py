@@ -2,7 +2,10 @@
 refused elsewhere and with another framework, in one line (exit 2)."""
 import json
 
+import pytest
 from memledger.cli.main import main
+
+pytestmark = pytest.mark.slow
 
 SMALL = ["--hidden", "128", "--layers", "2", "--heads", "4", "--ffn", "512", "--vocab", "2000", "--style", "llama",
          "--batch", "2", "--seq", "16"]

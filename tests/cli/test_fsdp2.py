@@ -2,9 +2,12 @@
 and fit, refused in one line (exit 2) by the sums and wherever the framework is not fsdp2."""
 import json
 
+import pytest
 from memledger.cli.main import main
 from memledger.ledger.ledger import Ledger
 from memledger.models.architecture import Architecture
+
+pytestmark = pytest.mark.slow
 
 SMALL = ["--hidden", "64", "--layers", "2", "--heads", "4", "--style", "llama", "--vocab", "128"]
 FSDP2 = ["--framework", "fsdp2", "--dp", "8"]
