@@ -8,6 +8,7 @@ from hypothesis import given, settings, strategies as st
 
 import memledger
 import pytest
+
 from memledger import formulas
 from memledger.core import keyed
 from memledger.core.exact import exact_function

@@ -4,6 +4,7 @@ from fractions import Fraction
 import sympy as sp
 
 import pytest
+
 from memledger.models.architecture import Architecture
 from memledger.article.finetune import ONE_GPU, fits_on, fits_table, methods, parts_table, serving, trainable_params
 from memledger.ledger.ledger import Ledger

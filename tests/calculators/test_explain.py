@@ -4,6 +4,7 @@ from fractions import Fraction
 import sympy as sp
 
 import pytest
+
 from memledger.models.presets import get_preset
 from memledger.calculators import CONVENTIONS, get_convention
 from memledger.ledger.ledger import Ledger

@@ -3,16 +3,10 @@ import json
 
 import pytest
 
-from memledger.cli.main import main
 from memledger.calculators import get_convention
 from memledger.ledger.ledger import Ledger
 from memledger.ledger.lora import LoraLedger, qlora
-
-
-def run(capsys, *args):
-    code = main(list(args))
-    out, err = capsys.readouterr()
-    return code, out, err
+from clicheck import run
 
 
 @pytest.mark.slow

@@ -3,14 +3,8 @@ import json
 
 import pytest
 
-from memledger.cli.main import main
 from memledger.ledger.inference import Inference
-
-
-def run(capsys, *args):
-    code = main(list(args))
-    out, err = capsys.readouterr()
-    return code, out, err
+from clicheck import run
 
 
 def test_nf4_json_equals_the_api(capsys):

@@ -5,16 +5,10 @@ import sys
 
 import pytest
 
-from memledger.cli.main import main
 from memledger.ledger.hardware import GPU_MEMORY
 from memledger.ledger.ledger import Ledger
 from memledger.core.units import GB
-
-
-def run(capsys, *args):
-    code = main(list(args))
-    out, err = capsys.readouterr()
-    return code, out, err
+from clicheck import run
 
 
 def ledger_json(capsys, *args):

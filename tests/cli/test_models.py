@@ -3,16 +3,10 @@ import json
 
 import pytest
 
-from memledger.cli.main import main
 from memledger.ledger.hardware import GPU_MEMORY
 from memledger.models.hf_config import shipped_configs
 from memledger.ledger.ledger import Ledger
-
-
-def run(capsys, *args):
-    code = main(list(args))
-    out, err = capsys.readouterr()
-    return code, out, err
+from clicheck import run
 
 
 @pytest.mark.parametrize("name", list(shipped_configs()))

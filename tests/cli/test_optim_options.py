@@ -4,18 +4,12 @@ import json
 
 import pytest
 
-from memledger.cli.main import main
 from memledger.ledger.ledger import Ledger
 from memledger.states.recipes import ALL_RECIPES
 from memledger.step.structure import MODELLED_RECIPES
+from clicheck import run
 
 MODEL = ("--preset", "llama2-7b", "--seq", "4096", "--overhead", "0")
-
-
-def run(capsys, *args):
-    code = main(list(args))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def peak(capsys, *args):

@@ -10,29 +10,14 @@ import pytest
 
 import memledger as ml
 from memledger.calculators import ConventionInputs, get_convention
-from memledger.cli.main import main
 from memledger.ledger.ledger import Ledger
 from memledger.ledger.lora import LoraLedger, qlora
 from memledger.states.recipes import ALL_RECIPES
 from memledger.step.structure import MODELLED_RECIPES
+from clicheck import refused, run
 
 LLAMA = ["--preset", "llama2-7b"]
 SMALL = ["--hidden", "64", "--layers", "2", "--heads", "4", "--style", "llama", "--vocab", "128"]
-
-
-def run(capsys, *args):
-    code = main([str(a) for a in args])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def refused(capsys, *args, message=""):
-    """Exit 2, nothing on stdout, one line on stderr containing ``message``."""
-    code, out, err = run(capsys, *args)
-    assert (code, out) == (2, ""), (code, out[:200], err)
-    assert err.count("\n") == 1 and err.startswith("memledger: error: ") and "Traceback" not in err, err
-    assert message in err, err
-    return err
 
 
 def answered(capsys, *args):

@@ -4,18 +4,12 @@ import json
 
 import pytest
 
-from memledger.cli.main import main
 from memledger.ledger.lora import LoraConfig, LoraLedger, qlora
 from memledger.models.architecture import Architecture
+from clicheck import run
 
 SHAPE = ("--hidden", "256", "--layers", "6", "--heads", "4", "--ffn", "688", "--vocab", "1000", "--style", "llama")
 ARCH = Architecture(256, 6, 4, 688, 1000, "llama")
-
-
-def run(capsys, *args):
-    code = main(list(args))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.mark.slow

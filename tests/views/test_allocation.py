@@ -1,5 +1,6 @@
 """The allocator's figure draws the rules of memledger.ledger.allocator: whole unsplit blocks only above 10 MiB."""
 import pytest
+
 import matplotlib
 
 matplotlib.use("Agg")
