@@ -7,11 +7,14 @@ import sys
 from hypothesis import given, settings, strategies as st
 
 import memledger
+import pytest
+
 from memledger import formulas
 from memledger.core import keyed
 from memledger.core.exact import exact_function
 
 
+@pytest.mark.slow
 def test_compiled_module_is_a_fresh_generation():
     committed = Path(memledger.__file__).parent.joinpath("core", "compiled.py").read_text()
     assert committed == formulas.generate(), "run `python -m memledger.formulas` and commit memledger/core/compiled.py"
@@ -27,6 +30,7 @@ VALUES = st.fixed_dictionaries({name: st.integers(1, 10**6) for name in
                                  "H_kv", "d_h", "E", "k", "n_token_types")})
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None)
 @given(st.sampled_from(formulas.keys()), VALUES)
 def test_compiled_equals_symbolic(key, values):
@@ -48,6 +52,7 @@ def test_uncompiled_key_falls_back_to_sympy(monkeypatch):
     assert formulas.evaluate(key, {"P": 7, "N_d": 2, "t": 1}) == 4
 
 
+@pytest.mark.slow
 def test_command_line_imports_no_sympy_or_numpy(tmp_path):
     # the sum's formulas are compiled in memledger/core/compiled.py, so --measure total needs no SymPy even with an empty
     # cache of compiled steps; the peak's are compiled once per structure (test_steppeak)

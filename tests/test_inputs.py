@@ -70,6 +70,7 @@ def run_shell(command):
     return subprocess.run(["bash", "-c", command], capture_output=True, text=True)
 
 
+@pytest.mark.slow
 def test_closed_pipe_and_full_disk_end_without_traceback():
     py = f"{sys.executable} -m memledger"
     piped = run_shell(f"set -o pipefail; {py} ledger --preset gpt2 --json | head -c 10 > /dev/null")

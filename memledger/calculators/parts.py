@@ -22,7 +22,8 @@ PARTS = ("weights", "gradients", "optimizer states", "model states, roles not sp
 ROLE_PART = {"param": "weights", "grad": "gradients", "optimizer": "optimizer states",
              "mixed": "model states, roles not split", "gathered": "model states, roles not split"}
 _INFERENCE_PART = {"weights": "weights", "KV cache": "KV cache", "working buffer": "working buffer",
-                   "CUDA context": "overhead"}
+                   "CUDA context": "overhead", "NF4 dequantization": "working buffer", "NF4 ": "weights",
+                   "LLM.int8 matmul": "working buffer", "LLM.int8 ": "weights"}
 
 
 def _empty() -> dict:

@@ -10,6 +10,7 @@ generated :mod:`memledger.core.compiled`, so the command answers about as fast a
 Python starts (``benchmarks/bench.py``).
 """
 import argparse
+import functools
 import os
 import sys
 
@@ -45,8 +46,9 @@ class _Help(argparse.HelpFormatter):
         return text
 
 
+@functools.cache
 def _parser():
-    """The top parser and each command's parser, by name."""
+    """The top parser and each command's parser, by name (built once per process: parsing never changes them)."""
     top = _Parser(prog="memledger", description="GPU training memory of transformers, every byte derived.",
                   formatter_class=_Help)
     sub = top.add_subparsers(dest="command", metavar="{" + ",".join(COMMANDS) + "}", parser_class=_Parser)

@@ -34,6 +34,12 @@ def add_parsers(sub, formatter):
     add(inf, "--kv-dtype", "KV-cache dtype", "bf16")
     add(inf, "--tp", "tensor-parallel degree", "1")
     add(inf, "--overhead", "runtime overhead (CUDA context, workspace)", DEFAULT_OVERHEAD)
+    add(inf, "--weights", "bitsandbytes linear weights: none, nf4 (load_in_4bit) or int8 (LLM.int8); --dtype is "
+        "then the compute dtype of the rest (bf16, fp16, fp32)", "none")
+    add(inf, "--no-double-quant", "NF4 without double quantization (FP32 absmax)", switch=True)
+    add(inf, "--attention", "flash, sdpa (no S x S scores) or eager (transformers' eager_attention_forward: "
+        "B*H*S*S scores, softmax in FP32)", "flash")
+    add(inf, "--backend", "where eager attention's softmax runs: cuda or cpu", "cuda")
     output_options(inf, link=False)
 
 
@@ -118,14 +124,17 @@ def fit(a):
 
 def infer(a):
     from ..ledger.inference import Inference
-    refuse_unread(a, set(a.given), "memledger infer")          # every option read; --units not under --json
+    reads = set(a.given) - ({"backend"} if a.attention != "eager" else set())
+    refuse_unread(a, reads, "memledger infer", {"backend": "it places eager attention's softmax: give --attention "
+                                                           "eager"})                 # --units not under --json
     arch = architecture_from_args(a)
     if arch is None:
         raise ValueError("infer needs an architecture: --preset NAME, --config FILE or --hidden/--layers/--heads")
     check_units(a)
     inference = Inference(arch, batch_size=parse_count(a.batch, "batch_size"), seq_len=parse_count(a.seq, "seq_len"),
                           weight_dtype=a.dtype, kv_dtype=a.kv_dtype, tp=parse_count(a.tp, "tp"),
-                          overhead_bytes=parse_bytes(a.overhead, "overhead"))
+                          overhead_bytes=parse_bytes(a.overhead, "overhead"), quantization=a.weights,
+                          double_quant=not a.no_double_quant, attention=a.attention, backend=a.backend)
     memory = gpu_bytes(a.gpu_memory)
     if a.json:
         import json
@@ -133,7 +142,14 @@ def infer(a):
         data["gpu_memory"], data["fits"] = memory, leaves_margin(inference.total, memory)
         data["margin"] = MARGIN
         return json.dumps(data, indent=2)
-    lines = [f"{name:<40} {format_bytes(b, a.units):>14}" for name, b in ((r.name, r.bytes) for r in inference.rows)]
-    lines.append(f"{'total per GPU':<40} {format_bytes(inference.total, a.units):>14}  "
+    w = max([40] + [len(r.name) for r in inference.rows])
+    lines = [f"{name:<{w}} {format_bytes(b, a.units):>14}" for name, b in ((r.name, r.bytes) for r in inference.rows)]
+    lines.append(f"{'total per GPU':<{w}} {format_bytes(inference.total, a.units):>14}  "
                  f"{assess(inference.total, memory, a.units)} in {format_bytes(memory, a.units)}")
+    if inference.quantization != "none":
+        lines.append(f"get_memory_footprint() would say {format_bytes(inference.footprint, a.units)} "
+                     "(parameters and buffers: no absmax, scales or tables).")
+    if inference.quantization == "int8":
+        from ..states.bnb import INT8_OUTLIER_NOTE
+        lines.append(INT8_OUTLIER_NOTE + ".")
     return "\n".join(lines)

@@ -14,6 +14,26 @@ backward pass. What it keeps:
   (BS(2q + 2kv)), the gated MLP's gate, up and product (3BSF; GeLU: 2BSF),
   all in the activation dtype, plus fp32 logits of the last position (4BV);
 * the same runtime overhead as the training ledger (CUDA context, workspace).
+
+``quantization``: bitsandbytes weights as transformers' ``BitsAndBytesConfig`` loads them
+(:mod:`memledger.states.bnb`): ``"nf4"`` (``load_in_4bit``, ``bnb_4bit_quant_type="nf4"``; ``double_quant``:
+``bnb_4bit_use_double_quant``) or ``"int8"`` (``load_in_8bit``, LLM.int8). Only the blocks' linear weights
+are quantized; embeddings, norms, biases and the LM head stay in ``weight_dtype`` (the compute dtype; its
+default in ``BitsAndBytesConfig`` is FP32, ``utils/quantization_config.py`` l. 448 and 469): transformers'
+``replace_with_bnb_linear`` swaps ``nn.Linear`` (and ``Conv1D``) modules only (``integrations/bitsandbytes.py``
+l. 162-210) and skips ``modules_to_not_convert``, by default ``get_keys_to_not_convert(model)``: tied weights,
+the last module and the output embedding, i.e. the LM head (``quantizers/base.py`` l. 39-63; transformers
+5.24.0), as ``llm_int8_skip_modules`` would. :attr:`Inference.footprint` is what
+``model.get_memory_footprint()`` sums (``modeling_utils.py`` l. 3686-3703: parameters and buffers; a
+LLaMA model's RoPE ``inv_freq`` buffer, d_h/2 FP32 values, is not booked).
+The prefill dequantizes one layer's weight at a time: the largest
+layer's transient is a row of its own beside the working buffer (an upper bound: it is booked as if it
+coincided with the buffer's peak).
+
+``attention``: ``"flash"`` or ``"sdpa"`` (no S x S tensor: the working-buffer convention above) or
+``"eager"``: the working buffer is then at least eager attention's softmax moment
+(:mod:`memledger.ledger.prefill`) in the compute dtype (``weight_dtype``, or ``kv_dtype`` where the weights are
+FP8/int8), whose FP32 upcast depends on ``backend`` (``"cuda"`` or ``"cpu"``).
 """
 from dataclasses import dataclass
 from functools import cached_property
@@ -24,10 +44,17 @@ from ..core.choices import check_count, lookup
 from ..core.dtypes import BYTES_PER_ELEMENT, nbytes
 from ..core.rows import Row, Rows
 from .ledger import DEFAULT_OVERHEAD
+from .prefill import BACKENDS, eager_softmax_bytes
 from ..models.parameters import widths
 from ..core.symbols import B, F, H_kv, L, S, V, d, d_h
 
-__all__ = ["Inference", "kv_cache_expr", "working_expr"]
+__all__ = ["ATTENTIONS", "COMPUTE_DTYPES", "QUANTIZATIONS", "Inference", "kv_cache_expr", "quantized_elements",
+           "working_expr"]
+
+QUANTIZATIONS = ("none", "nf4", "int8")
+ATTENTIONS = ("flash", "sdpa", "eager")
+#: bitsandbytes quantizes and computes in 16/32-bit floats only (functional.py l. 924-925).
+COMPUTE_DTYPES = ("bf16", "fp16", "fp32")
 
 def kv_cache_expr(dtype_bytes=2) -> sp.Expr:
     """K and V of every layer, B x S x H_kv x d_h each: 2*L*B*S*H_kv*d_h*bytes."""
@@ -44,6 +71,14 @@ def working_expr(features, dtype_bytes=2) -> sp.Expr:
     return sum(tensors.values()) * dtype_bytes + B * V * 4
 
 
+def quantized_elements(arch) -> list:
+    """(out, in) of every linear weight bitsandbytes quantizes: the blocks' projections, L times each (the LM
+    head and the embeddings are kept)."""
+    from ..models.tensors import projections
+    shapes = [tuple(arch.evaluate(x) for x in shape) for shape in projections(arch.features).values()]
+    return [shape for shape in shapes for _ in range(arch.n_layers)]
+
+
 @dataclass(frozen=True)
 class Inference:
     """Per-GPU memory of serving ``arch`` to ``batch_size`` sequences of ``seq_len`` tokens."""
@@ -54,6 +89,10 @@ class Inference:
     kv_dtype: str = "bf16"
     tp: int = 1
     overhead_bytes: int = DEFAULT_OVERHEAD
+    quantization: str = "none"
+    double_quant: bool = True
+    attention: str = "flash"
+    backend: str = "cuda"
 
     def __post_init__(self):
         from ..models.architecture import Architecture
@@ -68,6 +107,22 @@ class Inference:
         for name in ("weight_dtype", "kv_dtype"):           # whole bytes per element (no packed 4-bit types)
             lookup(BYTES_PER_ELEMENT, getattr(self, name), name)
         arch.check_tensor_parallel(self.tp)
+        from ..core.choices import check_choice, check_flag
+        check_choice("quantization", self.quantization, QUANTIZATIONS)
+        check_choice("attention", self.attention, ATTENTIONS)
+        check_choice("backend", self.backend, BACKENDS)
+        check_flag("double_quant", self.double_quant)
+        if not self.double_quant and self.quantization != "nf4":
+            raise ValueError(f"double_quant=False applies to NF4 weights only, not quantization {self.quantization}")
+        if self.quantization != "none":
+            if self.weight_dtype not in COMPUTE_DTYPES:
+                raise ValueError(f"weight_dtype is the compute dtype under quantization {self.quantization}: "
+                                 f"bitsandbytes computes in {', '.join(COMPUTE_DTYPES)}, got {self.weight_dtype}")
+            if self.tp > 1:
+                raise ValueError(f"tp: {self.quantization} weights are modelled on one GPU (bitsandbytes quantizes "
+                                 f"whole nn.Linear weights), got tp {self.tp}")
+            if arch.n_experts:
+                raise ValueError(f"quantization: {self.quantization} on mixture-of-experts blocks is not modelled")
 
     @cached_property
     def rows(self) -> Rows:
@@ -75,18 +130,71 @@ class Inference:
         a, values = self.arch, dict(self.arch.values, B=self.batch_size, S=self.seq_len)
         from ..core.exact import evaluate_expr
         kv, work = kv_cache_expr(nbytes(self.kv_dtype)), working_expr(a.features, nbytes(self.kv_dtype))
-        sizes = [(f"weights ({self.weight_dtype})", -(-a.params * nbytes(self.weight_dtype) // self.tp),
-                  f"ceiling(P*{nbytes(self.weight_dtype)}/t)"),
-                 (f"KV cache ({self.kv_dtype})", evaluate_expr(kv, values) // self.tp, f"floor(({kv})/t)"),
-                 ("working buffer (prefill, one layer)", -(-evaluate_expr(work, values) // self.tp),
-                  f"ceiling(({work})/t)"),
-                 ("CUDA context + workspace", self.overhead_bytes, "O")]
+        c = nbytes(self.weight_dtype)
+        buffer = -(-evaluate_expr(work, values) // self.tp)
+        buffer_name, buffer_formula = "working buffer (prefill, one layer)", f"ceiling(({work})/t)"
+        if self.attention == "eager":
+            compute = self.weight_dtype if self.weight_dtype in COMPUTE_DTYPES else self.kv_dtype
+            softmax = eager_softmax_bytes(a, self.batch_size, self.seq_len, compute, self.backend)
+            if softmax > buffer:
+                buffer, buffer_formula = softmax, f"eager softmax moment ({self.backend}, memledger.ledger.prefill)"
+                buffer_name = "working buffer (prefill: eager attention's B*H*S*S scores)"
+        if self.quantization == "none":
+            weights = [(f"weights ({self.weight_dtype})", -(-a.params * c // self.tp), f"ceiling(P*{c}/t)")]
+        else:
+            weights = self._quantized_rows(c)
+        sizes = weights + [(f"KV cache ({self.kv_dtype})", evaluate_expr(kv, values) // self.tp, f"floor(({kv})/t)"),
+                           (buffer_name, buffer, buffer_formula)]
+        if self.quantization != "none":
+            sizes.append(self._transient_row(c))
+        sizes.append(("CUDA context + workspace", self.overhead_bytes, "O"))
         return Rows(Row(name, "inference", "gpu", size, formula=formula) for name, size, formula in sizes)
+
+    def _quantized_rows(self, c: int) -> list:
+        """The compute-dtype rest, then the quantized linear weights' parts (memledger.states.bnb)."""
+        from ..states.bnb import int8_parts, nf4_parts, nf4_table_bytes
+        shapes = quantized_elements(self.arch)
+        n = sum(o * i for o, i in shapes)
+        rows = [(f"weights ({self.weight_dtype}: embeddings, norms, biases, LM head)", (self.arch.params - n) * c,
+                 f"(P - {n})*{c}")]
+        if self.quantization == "nf4":
+            parts = [nf4_parts(o * i, self.double_quant) for o, i in shapes]
+            absmax = ("8-bit absmax per 64 + FP32 per 256 (double quantization)" if self.double_quant
+                      else "FP32 absmax per 64")
+            return rows + [("NF4 linear weights: packed 4-bit codes", sum(p["packed"] for p in parts), "sum ceiling(n/2)"),
+                           (f"NF4 linear weights: {absmax}", sum(p["absmax"] for p in parts), "bitsandbytes quantize_4bit"),
+                           ("NF4 QuantState code tables" + (" and offsets" if self.double_quant else ""),
+                            len(shapes) * nf4_table_bytes(self.double_quant), "per weight, bitsandbytes QuantState")]
+        parts = [int8_parts(o, i) for o, i in shapes]
+        return rows + [("LLM.int8 linear weights (int8)", sum(p["int8"] for p in parts), "sum out*in"),
+                       ("LLM.int8 row scales (SCB, FP32)", sum(p["scales"] for p in parts), "sum 4*out")]
+
+    def _transient_row(self, c: int) -> tuple:
+        """The largest layer's quantized-matmul transient during prefill (memledger.states.bnb)."""
+        from ..states.bnb import int8_matmul_bytes, nf4_dequant_bytes
+        tokens = self.batch_size * self.seq_len
+        if self.quantization == "nf4":
+            size = max(nf4_dequant_bytes(o * i, c, self.double_quant) for o, i in set(quantized_elements(self.arch)))
+            return ("NF4 dequantization (largest layer, prefill)", size, "out*in*c + 8*ceiling(out*in/64)")
+        size = max(int8_matmul_bytes(tokens, i, o, self.weight_dtype) for o, i in set(quantized_elements(self.arch)))
+        return ("LLM.int8 matmul transients (largest layer, prefill; outliers not booked)", size,
+                "max(2*T*in, 4*T*out) + T*in + 4*T")
+
+    @property
+    def footprint(self) -> int:
+        """What transformers' ``model.get_memory_footprint()`` reports: parameters (and buffers) only, so the
+        packed codes or int8 weights without their absmax, scales or tables (module docstring)."""
+        return sum(r.bytes for r in self.rows[:min(self._weight_rows, 2)])
+
+    @property
+    def _weight_rows(self) -> int:
+        """How many rows, from the first, book weights."""
+        return {"none": 1, "nf4": 4, "int8": 3}[self.quantization]
 
     @property
     def weights(self) -> int:
-        """The weights row: P x bytes of the weight dtype, split over tp (rounded up)."""
-        return self.rows[0].bytes
+        """The weights: P x bytes of the weight dtype, split over tp (rounded up); quantized, every weight row."""
+        return sum(r.bytes for r in self.rows[:self._weight_rows])
 
     @property
     def total(self) -> int:
@@ -95,6 +203,8 @@ class Inference:
     def to_dict(self) -> dict:
         return {"inputs": {"batch_size": self.batch_size, "seq_len": self.seq_len, "weight_dtype": self.weight_dtype,
                            "kv_dtype": self.kv_dtype, "tp": self.tp, "overhead_bytes": self.overhead_bytes,
+                           "quantization": self.quantization, "double_quant": self.double_quant,
+                           "attention": self.attention, "backend": self.backend,
                            "n_params": self.arch.params, "n_kv_heads": self.arch.kv_heads,
                            "head_dim": self.arch.head_dim},
                 "rows": [r.to_dict() for r in self.rows],

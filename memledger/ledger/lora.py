@@ -41,6 +41,7 @@ from ..activations.inventory import RECOMPUTE, Saved, inventory, per_layer_bytes
 from ..core.choices import check_choice, check_count, check_flag, lookup
 from ..core.dtypes import nbytes
 from ..core.rows import Row, Rows
+from ..states.bnb import nf4_parts
 from ..states.recipe import Component
 from ..states.recipes import get_recipe
 from ..core.symbols import B, L, S, r
@@ -135,7 +136,7 @@ def state_rows(arch, config: LoraConfig) -> list:
     for t in parameter_tensors(arch.features):
         count = arch.n_layers if t.per_layer else 1
         if config.base == "nf4" and t.module in PROJECTIONS[arch.style] and t.name == "weight":
-            packed += count * int(quantized.bytes_for(size(t.shape)))
+            packed += count * int(sum(nf4_parts(size(t.shape), config.double_quant).values()))   # states.bnb
         else:
             dense += count * size(t.shape) * nbytes("bf16" if config.base == "nf4" else config.base)
     rows = [(f"frozen base weights ({'bf16' if config.base == 'nf4' else config.base}; no grads, no states)",

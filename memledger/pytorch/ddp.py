@@ -9,33 +9,15 @@ reducer rebuilds its buckets in gradient-ready order at the second forward, so t
 reported. The buckets stay allocated for the whole run (``Reducer::initialize_buckets``:
 ``bucket.gradients = at::empty({offset}, options)``). Imports PyTorch.
 """
-from contextlib import contextmanager
-import os
-
 import torch
-import torch.distributed as dist
 
-from .distributed import LossRoot, _free_port
+from .distributed import LossRoot, gloo_world
 from .measure import _inputs, _tracker_class
 from .reference import RefConfig, Trainer, make_model
 
-__all__ = ["ddp_step", "gloo_world"]
+__all__ = ["ddp_step"]
 
 _CPU = torch.device("cpu")
-
-
-@contextmanager
-def gloo_world():
-    """A real one-rank gloo process group (this process), destroyed on exit."""
-    if dist.is_initialized():
-        dist.destroy_process_group()
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ["MASTER_PORT"] = str(_free_port())
-    dist.init_process_group("gloo", rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 class _Wrapped:

@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from .measure import _inputs
 from .reference import LANDMARKS, RefConfig, Trainer, make_model
 
-__all__ = ["DTYPES", "PHASES", "LossRoot", "fake_world", "fsdp_step", "tp_plan", "tp_step", "ddp_buckets"]
+__all__ = ["DTYPES", "PHASES", "LossRoot", "fake_world", "fsdp_step", "tp_plan", "tp_step", "ddp_buckets", "gloo_world"]
 
 #: MixedPrecisionPolicy dtypes by name; None: no cast (PyTorch's default policy).
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16, None: None}
@@ -326,6 +326,20 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@contextmanager
+def gloo_world():
+    """A real one-rank gloo process group (this process), destroyed on exit."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ["MASTER_PORT"] = str(_free_port())
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
 class _Births:
     """A dispatch mode keeping a weak reference to every storage an op returns (DDP's C++ reducer allocates
     through ATen, so its buckets are seen)."""
@@ -377,12 +391,7 @@ def ddp_buckets(c: RefConfig, loop: str = "fp32-adamw", batch: int = 1, seq: int
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     _check("loop", loop, ("fp32-adamw", "bf16-pure-adamw"))
-    if dist.is_initialized():
-        dist.destroy_process_group()
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ["MASTER_PORT"] = str(_free_port())
-    dist.init_process_group("gloo", rank=0, world_size=1)
-    try:
+    with gloo_world():
         torch.manual_seed(seed)
         model = make_model(c, loop)
         ids, targets = _inputs(c, batch, seq)
@@ -408,8 +417,6 @@ def ddp_buckets(c: RefConfig, loop: str = "fp32-adamw", batch: int = 1, seq: int
         return {"grads": sum(p.numel() * p.element_size() for p in model.parameters()), "wrap": wrap,
                 "buckets": buckets, "step": sum(alive.values()),
                 "grads are bucket views": grads <= bucket_ptrs and not grads & params}
-    finally:
-        dist.destroy_process_group()
 
 
 assert set(PHASES) | {"before forward"} == set(LANDMARKS)

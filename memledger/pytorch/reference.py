@@ -93,6 +93,10 @@ class RefConfig:
     ``offload_activations``: each block runs under ``save_on_cpu(pin_memory=True)``'s
     hooks (:class:`memledger.pytorch.offload.OffloadSaved`, FSDP's ``offload_wrapper``): its saved tensors
     are host copies, copied back node by node in backward; under full recomputation the checkpoint's input.
+    ``softmax_fp32``: the eager core as transformers' ``eager_attention_forward`` runs it
+    (``models/llama/modeling_llama.py`` l. 180-202, transformers 5.24.0): K and V repeated to H heads
+    (``repeat_kv``), ``q @ k^T * scaling``, plus an additive float mask (B x 1 x S x S), softmax in FP32 cast back
+    (``softmax(..., dtype=torch.float32).to(query.dtype)``, l. 197), ``@ v``.
     ``packed``: n >= 1 documents packed in each row (LLaMA blocks, SDPA; 0, the default: one causal sequence):
     :meth:`Decoder.forward` takes the rows' document ids and builds one (B, S, S) block-causal boolean mask
     (:mod:`memledger.pytorch.packing`), passed to every block's SDPA as ``mask[:, None]`` (torchtune's
@@ -117,6 +121,7 @@ class RefConfig:
     loss_chunks: int = 1
     loss_impl: str = "torchtune"
     offload_activations: bool = False
+    softmax_fp32: bool = False
     packed: int = 0
 
     def __post_init__(self):
@@ -206,6 +211,15 @@ class Block(nn.Module):
         c = self.c
         scale = 1 / math.sqrt(c.hd)
         kv = c.local_heads[1]
+        if c.kernel == "eager" and c.softmax_fp32:         # transformers' eager_attention_forward
+            B, H, S, hd = q.shape
+            if kv != H:                                     # repeat_kv: expand + reshape (a copy)
+                k, v = (t[:, :, None].expand(B, kv, H // kv, S, hd).reshape(B, H, S, hd) for t in (k, v))
+            scores = torch.matmul(q, k.transpose(2, 3)) * scale
+            if mask is not None:
+                scores = scores + mask
+            scores = F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+            return self._drop(scores) @ v
         if c.kernel == "eager" and c.kv_heads != c.H:        # grouped: no K/V copies to H heads
             B, H, S, hd = q.shape
             q = q.reshape(B, kv, H // kv * S, hd)

@@ -45,6 +45,7 @@ from ..activations.inventory import Saved, inventory
 from ..activations.outside import outside_inventory
 from ..core.dtypes import nbytes
 from ..core.symbols import B, F, L, O, S, V, d, r
+from ..states.bnb import nf4_parts
 from ..states.recipes import get_recipe
 from . import outer
 from .build import IDS, Built
@@ -654,20 +655,20 @@ class LoraBuilt(Built):
         shapes = _base_shapes(c)
         if c.has_qkv_bias:
             dense += L * qkv_width(c) * a
-        packed = absmax = absmax2 = sp.Integer(0)
+        packed = absmax = sp.Integer(0)
         for out, inp in shapes.values():
             n = out * inp
             if spec.qlora:
-                packed += L * sp.ceiling(n / 2)
-                absmax += L * sp.ceiling(n / 64)
-                absmax2 += L * 4 * sp.ceiling(sp.ceiling(n / 64) / 256)
+                parts = nf4_parts(n)                # memledger.states.bnb: bitsandbytes' NF4 storage
+                packed += L * parts["packed"]
+                absmax += L * parts["absmax"]
             else:
                 dense += L * n * a
         static(f"frozen base weights ({c.dtype}; no grads, no states)", dense, Kind.PARAM,
                "frozen: requires_grad=False")
         if spec.qlora:
             static("frozen NF4 projections: packed 4-bit weights", packed, Kind.PARAM, "two 4-bit codes per byte")
-            static("frozen NF4 projections: absmax (8-bit) and their FP32 constants", absmax + absmax2, Kind.PARAM,
+            static("frozen NF4 projections: absmax (8-bit) and their FP32 constants", absmax, Kind.PARAM,
                    "double quantization: one 8-bit absmax per 64 weights, one FP32 per 256 absmax")
         P = L * sum(e for _, e in _block_params(c, spec))
         self.adapter_params = P

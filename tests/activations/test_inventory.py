@@ -105,6 +105,7 @@ def test_megatron_selective_closed_form_at_any_ffn_width():
     assert sp.expand(per_layer_bytes(inventory(), "selective") - S * B * d * (18 + 4 * F / d)) == 0
 
 
+@pytest.mark.slow
 def test_gqa_keeps_k_and_v_at_kv_width():
     from memledger.core.symbols import H_kv
     rows = {r.name: r for r in inventory("swiglu", "RMSNorm", dropout=False, gqa=True)}

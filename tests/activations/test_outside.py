@@ -66,6 +66,7 @@ def test_ledger_rows_at_7b(tp, sp_, vocab_split, seq_split):
     assert rows["causal mask"] == 2048**2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", [GPT7B, LLAMA7B, LLAMA3_8B])
 @pytest.mark.parametrize("kwargs", [dict(), dict(tp=2), dict(tp=4, sequence_parallel=True),
                                     dict(tp=2, recompute="selective"),

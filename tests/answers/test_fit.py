@@ -20,6 +20,7 @@ def step_peak(ledger):
     return Step(ledger, "article").peak.bytes
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("vary, field", [("batch", "batch_size"), ("seq", "seq_len")])
 def test_fits_at_the_answer_not_one_beyond_on_the_peak(vary, field):
     template = Ledger("llama2-7b", zero_stage=3, dp=8, flash_attention=True)
@@ -43,6 +44,7 @@ def test_the_sum_where_the_timeline_does_not_model_the_setup():
     assert "activations" in result["binding"]
 
 
+@pytest.mark.slow
 def test_the_sum_when_asked_and_the_peak_refused_without_a_timeline():
     template = Ledger("llama2-7b", recompute="full", offload_optimizer="cpu")
     by_sum = fit(template, "batch", A100, measure="total")
@@ -55,6 +57,7 @@ def test_the_sum_when_asked_and_the_peak_refused_without_a_timeline():
         fit(Ledger("mixtral-8x7b"), "batch", A100, measure="peak")
 
 
+@pytest.mark.slow
 def test_a_nominal_parameter_count_is_judged_by_the_larger_of_peak_and_sum():
     template = Ledger("article-7b", offload_optimizer="cpu")                     # the article's 7x10^9
     result = fit(template, "batch", A100)
@@ -67,6 +70,7 @@ def test_a_nominal_parameter_count_is_judged_by_the_larger_of_peak_and_sum():
     assert judged(n) <= ROOM < judged(n + 1)
 
 
+@pytest.mark.slow
 def test_largest_model_of_a_shape_family():
     result = fit(Ledger("gpt2"), "layers", 24 * GB)                             # learned positions: the sum
     n = result["answer"]
@@ -81,6 +85,7 @@ def test_largest_model_of_a_shape_family():
     assert step_peak(at) <= ROOM < step_peak(replace(at, arch=arch.with_changes(n_layers=n + 1)))
 
 
+@pytest.mark.slow
 def test_smallest_dp_and_zero_stage_on_the_peak():
     template = Ledger("llama2-7b", zero_stage=3, flash_attention=True)
     result = fit(template, "dp", A100)
@@ -92,6 +97,7 @@ def test_smallest_dp_and_zero_stage_on_the_peak():
     assert step_peak(Ledger("llama2-7b", dp=8, zero_stage=stage - 1, flash_attention=True)) > ROOM
 
 
+@pytest.mark.slow
 def test_tensor_and_sequence_parallel_peaks_are_whole_bytes():
     """The loss is one scalar on every rank: sequence parallelism does not split it (it once gave half a byte)."""
     template = Ledger("article-7b", tp=8, sequence_parallel=True, scope="layers")

@@ -5,6 +5,8 @@ from memledger.answers.fit import fit, fit_many
 from memledger.ledger.hardware import GPU_MEMORY
 from memledger.ledger.ledger import Ledger
 
+pytestmark = pytest.mark.slow
+
 MEMORIES = sorted(GPU_MEMORY.values()) + [10**9, 140 * 10**9, 3 * 10**12, 10**15]
 
 

@@ -24,6 +24,7 @@ def test_1f1b_first_stage_holds_L_layers_whatever_p():
     assert sp.simplify(first_stage_layers(specs) - L * EQ1) == 0
 
 
+@pytest.mark.slow
 def test_interleaved_first_stage_factor():
     # Korthikanti Sec. 4.2.3: interleaving with v chunks multiplies it by 1 + (p - 1)/(p v)
     specs = stage_activation_specs(EQ1, L, p, m, v, 0)

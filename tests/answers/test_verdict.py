@@ -63,10 +63,12 @@ def boundary(total, n):
     return total(n) + MARGIN <= A100 < total(n + 1) + MARGIN
 
 
+@pytest.mark.slow
 def test_counted_parameters():
     assert Ledger(ARTICLE).step().values["P"] == P
 
 
+@pytest.mark.slow
 def test_longest_sequence_with_offload_and_full_checkpointing():
     got = answers(OFFLOAD_FULL, "seq", A100)
     assert boundary(lambda s: offload_full_sum(1, s), got["sum"])
@@ -74,12 +76,14 @@ def test_longest_sequence_with_offload_and_full_checkpointing():
     assert got["peak"] < got["sum"] // 6                                   # several times too optimistic
 
 
+@pytest.mark.slow
 def test_largest_batch_with_offload_and_full_checkpointing():
     got = answers(OFFLOAD_FULL, "batch", A100)
     assert boundary(lambda b: offload_full_sum(b, 2048), got["sum"])
     assert boundary(offload_full_peak_batch, got["peak"])
 
 
+@pytest.mark.slow
 def test_the_peak_can_allow_more_than_the_sum():
     """Offloading alone: the sum books the BF16 gradients beside every activation, which one step never holds;
     at the peak (the loss) the weights, every activation and two more FP32 B x S x V tensors are live."""
@@ -124,6 +128,7 @@ def test_the_margin_changes_answers_and_margin_zero_finds_the_bare_boundary():
         fit(OFFLOAD_FULL, "seq", A100, margin=-1)
 
 
+@pytest.mark.slow
 def test_eighteen_bytes_per_parameter_in_the_optimizer_step():
     """bf16-adamw: BF16 weights, FP32 masters and two moments, and the FP32 gradient copies (HF's 18)."""
     step = Ledger(ARTICLE, recompute="full").step()
@@ -133,6 +138,7 @@ def test_eighteen_bytes_per_parameter_in_the_optimizer_step():
     assert step.peak.bytes == 18 * P + 2 * 4 * V * d + O + 2 * 8 * 2048
 
 
+@pytest.mark.slow
 def test_twenty_two_bytes_per_parameter_with_foreach():
     """AdamW()'s default on CUDA (foreach): _foreach_sqrt of every FP32 exp_avg_sq at once, 4P more than the
     FP32 gradients, masters, moments and BF16 weights (torch/optim/adam.py _multi_tensor_adam)."""
@@ -141,6 +147,7 @@ def test_twenty_two_bytes_per_parameter_with_foreach():
     assert step.peak.bytes == (18 + 4) * P + O + 2 * 8 * 2048
 
 
+@pytest.mark.slow
 def test_tables():
     step = Ledger(ARTICLE).step()
     text = step_table(step).text()

@@ -29,6 +29,7 @@ def test_an_equation_shows_latex_and_gives_back_its_expression():
     json.dumps(data)
 
 
+@pytest.mark.slow
 def test_compare_and_audit_tables():
     assert [row[-1] for row in compare("act.total", "offload.moved").rows] == ["rounded", "erratum"]
     assert sum(len(audit(s).rows) for s in sections()) == len(CLAIMS)
@@ -43,6 +44,7 @@ def test_negatives_last_reorders_for_display_only():
     assert Equation("a", negatives_last(34 + 5 * p))._repr_latex_().endswith("= 34 + 5 p$")
 
 
+@pytest.mark.slow
 def test_errata_lists_the_claims_that_earn_erratum_with_their_arithmetic():
     from memledger.article.book import errata
     table = errata()

@@ -10,6 +10,7 @@ from memledger.article.claims import CLAIMS, STATUSES, claims_table
 ARTICLE = Path(__file__).resolve().parents[2].parent / "shared" / "source" / "000_63ddbfd834b3ec48.txt"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("claim", CLAIMS, ids=[c.id for c in CLAIMS])
 def test_claim_earns_its_status(claim):
     assert claim.status in STATUSES
@@ -62,6 +63,7 @@ def test_components_are_found_by_name():
         component("Adam third moment")
 
 
+@pytest.mark.slow
 def test_table_lists_every_claim():
     table = claims_table()
     assert all(c.id in table for c in CLAIMS)

@@ -3,6 +3,8 @@ from fractions import Fraction
 
 import sympy as sp
 
+import pytest
+
 from memledger.models.architecture import Architecture
 from memledger.article.finetune import ONE_GPU, fits_on, fits_table, methods, parts_table, serving, trainable_params
 from memledger.ledger.ledger import Ledger
@@ -55,6 +57,7 @@ def test_qlora_paper_65b_on_one_48gb_gpu():
     assert ONE_GPU["L40S"] >= 46068 * MiB
 
 
+@pytest.mark.slow
 def test_fits_on_and_tables():
     # the capacities nvidia-smi reports: 24,564 MiB (RTX 4090), 46,068 MiB (L40S), 81,920 MiB (A100 80GB)
     # and a fit leaves about 1 GB free (issue 17)

@@ -22,6 +22,7 @@ def test_runs_are_one_setup_under_each_framework():
         framework_runs(SEVEN_B, ["Horovod"])
 
 
+@pytest.mark.slow
 def test_comparison_judges_each_as_memledger_does():
     runs = framework_runs()
     table = comparison(runs)
@@ -36,6 +37,7 @@ def test_comparison_judges_each_as_memledger_does():
     assert rows["plain loop, ZeRO-3"][4] == "none (memledger's own loop)"
 
 
+@pytest.mark.slow
 def test_buffer_kinds_name_each_kind_once():
     kinds = buffer_kinds(Ledger(**SEVEN_B, **FSDP2))
     for name in ("FSDP2 all-gather output (BF16)", "FSDP2 unsharded parameters (BF16)",
@@ -58,6 +60,7 @@ def test_source_buffers_cite_file_and_lines():
         source_buffers(Ledger(**SEVEN_B, zero_stage=3))
 
 
+@pytest.mark.slow
 def test_tp_saved_dtensor_keeps_the_gathered_inputs():
     """Under SP, DTensor keeps three whole all-gathered inputs per layer (QKV, gate, up: 2BSd each) where
     Megatron-LM keeps the two norm outputs' S/t slices."""
@@ -70,6 +73,7 @@ def test_tp_saved_dtensor_keeps_the_gathered_inputs():
         tp_saved(Ledger("llama2-7b"))
 
 
+@pytest.mark.slow
 def test_design_grid_answers_fit():
     setup = dict(arch="llama2-13b", batch_size=1, seq_len=8192, dp=8, flash_attention=True)
     table = design_grid(setup, A100_40, ["FSDP2"], recomputes=("full",))

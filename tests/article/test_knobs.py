@@ -18,6 +18,7 @@ def rows():
     return {r.rung: r for r in ladder("llama2-7b", S)}
 
 
+@pytest.mark.slow
 def test_each_rung_is_the_step_of_its_setup_built_directly(rows):
     """The rungs are cumulative: each keeps the knobs before it; LoRA starts again from the baseline and QLoRA
     changes its base. CUDA's conventions with torchtune's composite RMSNorm."""
@@ -49,6 +50,7 @@ def test_each_rung_is_the_step_of_its_setup_built_directly(rows):
     assert rows["baseline"].saved == 0 and rows["baseline"].against == ""
 
 
+@pytest.mark.slow
 def test_offloading_the_checkpoints_saves_them_at_the_peak(rows):
     """Under full recomputation each block saves its BF16 input only (2BSd, L blocks): offloading takes exactly
     those off the peak, in backward, and puts them on the host."""
@@ -59,6 +61,7 @@ def test_offloading_the_checkpoints_saves_them_at_the_peak(rows):
     assert host == 32 * 2 * S * 4096
 
 
+@pytest.mark.slow
 def test_the_table_has_a_line_per_rung(rows):
     table = ladder_table(list(rows.values()))
     assert [line[0] for line in table.rows] == list(rows)
@@ -67,6 +70,7 @@ def test_the_table_has_a_line_per_rung(rows):
 SMALL = Architecture(64, 2, 4, 128, 1000, "llama")       # the reference decoder's small LLaMA (tests/step)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rung, changes", [("chunked cross-entropy", dict(loss_chunks=4)),
                                            ("activation checkpointing", dict(recompute="full"))])
 def test_a_rung_saves_what_memtracker_measures(rung, changes):
@@ -80,6 +84,7 @@ def test_a_rung_saves_what_memtracker_measures(rung, changes):
     assert rows[1].saved == before - after != 0
 
 
+@pytest.mark.slow
 def test_the_top_rung_is_memtrackers():
     """Checkpointing, the chunked loss, the optimizer in backward and offloading together (the ladder's top rung,
     which no other test combines): the small LLaMA decoder's step under the CPU backend equals MemTracker's run

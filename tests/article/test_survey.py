@@ -64,6 +64,7 @@ def test_fit_grid_answers_fit_and_one_more_does_not():
     assert table.rows[0][3] == "sum at end of forward"                 # Mixtral's experts: no timeline
 
 
+@pytest.mark.slow
 def test_fit_table_names_the_peak_where_the_timeline_models_the_model():
     from memledger.step.timeline import Step
     a100 = {"a100": 81920 * 2**20}                                     # nvidia-smi's total

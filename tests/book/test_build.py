@@ -1170,6 +1170,7 @@ def test_math_symbols_are_read_as_the_notation_names_them():
     assert math_symbols(r"\Delta w = -0.001") == {"Delta", "w"}
 
 
+@pytest.mark.slow
 def test_every_glued_value_agrees_with_an_independent_source():
     glued = committed_glue()
     assert len(glued) > 80

@@ -11,6 +11,7 @@ def states(name, ledger, inputs=None):
     return get_convention(name).estimate(ledger, inputs).total("gpu", "model_states")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dp, tp", [(8, 1), (8, 2), (4, 4)])
 def test_each_tool_counts_the_gpus_its_own_way(dp, tp):
     ledger = Ledger(n_params=P, dp=dp, tp=tp, zero_stage=1)
@@ -24,6 +25,7 @@ def test_each_tool_counts_the_gpus_its_own_way(dp, tp):
     assert states("playbook", ledger) == states("zero-paper", ledger) == 4 * P + 12 * P // dp
 
 
+@pytest.mark.slow
 def test_megatron_data_parallel_size_is_the_ledgers_dp():
     # theoretical_memory_usage.py lines 293-296: 2 + 4 + 12/d bytes per parameter of the tp shard with the distributed
     # optimizer, d = world size / (tp x pp): the ledger's dp, 8 here, not the 16 GPUs

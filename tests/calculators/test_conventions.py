@@ -82,6 +82,7 @@ LIVE = (Ledger(n_params=T5_3B, dp=8), ConventionInputs(largest_layer=T5_EMBEDDIN
 COLD = (Ledger(n_params=2851 * 10**6, dp=8), ConventionInputs(largest_layer=32 * 10**6))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, setup, published", [
     ("deepspeed-zero2-docs", LIVE, ZERO2_LIVE), ("deepspeed-zero2-docs", COLD, ZERO2_COLD),
     ("deepspeed-zero3", LIVE, ZERO3_LIVE), ("deepspeed-zero3", COLD, ZERO3_COLD)])
@@ -158,6 +159,7 @@ def test_accelerate_docs_tables_follow_four_times_the_size(published):
         assert abs(4 * float(a) * units[ua] - float(b) * units[ub]) <= 0.005 * (4 * units[ua] + units[ub])
 
 
+@pytest.mark.slow
 def test_accelerate_convention_on_llama_excludes_the_output_head():
     arch = get_preset("llama2-7b")
     est = get_convention("accelerate").estimate(Ledger(arch))

@@ -3,6 +3,8 @@ from fractions import Fraction
 
 import sympy as sp
 
+import pytest
+
 from memledger.models.presets import get_preset
 from memledger.calculators import CONVENTIONS, get_convention
 from memledger.ledger.ledger import Ledger
@@ -21,6 +23,7 @@ def per_param(name, setup=SETUP):
     return bytes_per_param(get_convention(name).estimate(setup), setup.params)
 
 
+@pytest.mark.slow
 def test_bytes_per_param_on_one_gpu():
     # sources.md's table: 16 (ZeRO, Transformer Math, Playbook), 18 (HF anatomy, Bekman, Transformer Math's
     # default), 20 (Playbook with FP32 accumulation, DeepSpeed ZeRO-2), accelerate 8 (the optimizer phase)
@@ -32,6 +35,7 @@ def test_bytes_per_param_on_one_gpu():
     assert per_param("deepspeed-zero3") == 18 + Fraction(4 * 32000 * 4096, P)
 
 
+@pytest.mark.slow
 def test_megatron_distributed_optimizer_on_eight_gpus():
     # dist_optimizer.md lines 16-20: 18 bytes per parameter, 6 + 12/d with the distributed optimizer
     eight = Ledger(ARTICLE, dp=8)
@@ -47,6 +51,7 @@ def test_activation_rules():
     assert activation_rule("deepspeed-zero2", SETUP) == 0 and activation_rule("hf-anatomy", SETUP) == 0
 
 
+@pytest.mark.slow
 def test_comparison_table_and_spread():
     table = comparison_table(SETUP)
     # 16P + ACT + what the model keeps outside its blocks: token and target ids, the causal mask, the final
@@ -83,6 +88,7 @@ def test_sharded_table_on_eight_gpus():
     assert table.rows == [("8", "38.50 GB", "38.50 GB", "29.75 GB")]
 
 
+@pytest.mark.slow
 def test_printed_lists_each_tools_own_text():
     from memledger.calculators.explain import printed
     text = printed(SETUP, ("deepspeed-zero2", "accelerate", "hf-anatomy"))

@@ -21,6 +21,7 @@ def figures(key):
     return {name: f.value for name, f in get_recheck(key).figures.items()}
 
 
+@pytest.mark.slow
 def test_every_erratum_has_one_recheck_in_order():
     assert [r.erratum for r in rechecks()] == list(ERRATA)
     assert len({r.key for r in rechecks()}) == len(ERRATA)
@@ -33,6 +34,7 @@ def test_examples_are_the_sources_models():
     assert bert_base_cased_fp32_bytes() == 4 * 108_310_272 + 2 * 512 * 8
 
 
+@pytest.mark.slow
 def test_deepspeed_docs():
     f = figures("deepspeed-docs-table")
     assert round(float(f["docs"]), 2) == 15.93                        # memory.rst line 30, "15.93GB"
@@ -42,6 +44,7 @@ def test_deepspeed_docs():
     assert figures("deepspeed-docs-cpu") == {"code": max(4 * 16, 16), "docs": max(4 * 8, 16)}
 
 
+@pytest.mark.slow
 def test_accelerate_docs():
     f = figures("accelerate-typo")
     assert f == {"fp32": Fraction("413.18"), "fp16": Fraction("206.59")}     # lines 127 and 73

@@ -124,6 +124,7 @@ def test_gradients():
 
 # --- Activations
 
+@pytest.mark.slow
 @pytest.mark.parametrize("recompute", ["none", "selective", "full"])
 def test_activation_rules_are_the_inventorys_sum(recompute):
     # The GPT block with dropout at F = 4d (Korthikanti's), fp16 activations, tensor parallel, no sequence

@@ -3,18 +3,13 @@ import json
 
 import pytest
 
-from memledger.cli.main import main
 from memledger.calculators import get_convention
 from memledger.ledger.ledger import Ledger
 from memledger.ledger.lora import LoraLedger, qlora
+from clicheck import run
 
 
-def run(capsys, *args):
-    code = main(list(args))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
+@pytest.mark.slow
 def test_compare_json_lists_every_convention_with_memledger_first(capsys):
     code, out, _ = run(capsys, "compare", "--preset", "llama2-7b", "--dp", "8", "--zero", "3", "--json")
     data = json.loads(out)["conventions"]
@@ -25,6 +20,7 @@ def test_compare_json_lists_every_convention_with_memledger_first(capsys):
     assert zero3["gpu_minus_memledger"] == zero3["gpu"]["total"] - data[0]["gpu"]["total"]
 
 
+@pytest.mark.slow
 def test_compare_text_names_units_and_reasons(capsys):
     code, out, _ = run(capsys, "compare", "--preset", "gpt2", "--units", "MiB")
     assert code == 0 and "MiB" in out and "deepspeed-zero2:" in out and "playbook" in out

@@ -2,22 +2,13 @@
 refused elsewhere and with another framework, in one line (exit 2)."""
 import json
 
-from memledger.cli.main import main
+import pytest
+from clicheck import refused, run
+
+pytestmark = pytest.mark.slow
 
 SMALL = ["--hidden", "128", "--layers", "2", "--heads", "4", "--ffn", "512", "--vocab", "2000", "--style", "llama",
          "--batch", "2", "--seq", "16"]
-
-
-def run(capsys, *args):
-    code = main([str(a) for a in args])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def refused(capsys, *args, message=""):
-    code, out, err = run(capsys, *args)
-    assert (code, out) == (2, "") and err.count("\n") == 1 and "Traceback" not in err, err
-    assert message in err, err
 
 
 def test_step_names_each_bucket(capsys):

@@ -2,20 +2,17 @@
 and fit, refused in one line (exit 2) by the sums and wherever the framework is not fsdp2."""
 import json
 
+import pytest
+
 from memledger.cli.main import main
 from memledger.ledger.ledger import Ledger
 from memledger.models.architecture import Architecture
+from clicheck import refused
+
+pytestmark = pytest.mark.slow
 
 SMALL = ["--hidden", "64", "--layers", "2", "--heads", "4", "--style", "llama", "--vocab", "128"]
 FSDP2 = ["--framework", "fsdp2", "--dp", "8"]
-
-
-def refused(capsys, *args, message=""):
-    """Exit 2, nothing on stdout, one line on stderr containing ``message``."""
-    code = main([str(a) for a in args])
-    out, err = capsys.readouterr()
-    assert (code, out) == (2, ""), (code, out[:200], err)
-    assert err.count("\n") == 1 and err.startswith("memledger: error: ") and message in err, err
 
 
 def answered(capsys, *args):

@@ -218,6 +218,7 @@ def check_contract(argv):
 FAST = ("ledger",) * 4 + ("infer", "fit", "fit", "presets", "recipes")
 
 
+@pytest.mark.slow
 @settings(max_examples=20, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 @given(invocations(commands=FAST, fast=True))
 def test_cli_fast(argv):
@@ -306,6 +307,7 @@ def _config_run(content, extra):
         return check_contract(["ledger", "--config", str(path), "--measure", "total", *extra])
 
 
+@pytest.mark.slow
 @settings(max_examples=12, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 @given(config_files(), st.sampled_from(([], ["--json"], ["--batch", "2", "--json"])))
 def test_malformed_configs_fast(content, extra):
@@ -384,6 +386,7 @@ INPUTS = st.fixed_dictionaries({}, optional={"largest_layer": _field(st.sampled_
                                              "zero_init": _field(st.booleans())})
 
 
+@pytest.mark.slow
 @settings(max_examples=15, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 @given(ledger_kwargs(), st.sampled_from(tuple(CONVENTIONS)), INPUTS, st.sampled_from(("batch", "dp", "x")))
 def test_api_fast(kwargs, convention, inputs, vary):
@@ -398,6 +401,7 @@ def test_api_slow(kwargs, convention, inputs, vary):
     check_api(kwargs, convention, inputs, vary)
 
 
+@pytest.mark.slow
 @settings(max_examples=10, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 @given(st.dictionaries(st.sampled_from(sorted(BASE) + sorted(GPT2)), JSON_VALUES, max_size=6))
 def test_config_dicts_raise_only_value_or_type_errors(changes):

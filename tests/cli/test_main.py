@@ -5,16 +5,10 @@ import sys
 
 import pytest
 
-from memledger.cli.main import main
 from memledger.ledger.hardware import GPU_MEMORY
 from memledger.ledger.ledger import Ledger
 from memledger.core.units import GB
-
-
-def run(capsys, *args):
-    code = main(list(args))
-    out, err = capsys.readouterr()
-    return code, out, err
+from clicheck import run
 
 
 def ledger_json(capsys, *args):
@@ -80,6 +74,7 @@ def test_scope_model_adds_the_tensors_outside_the_blocks(capsys):
                                                                    if r["name"] in extra)
 
 
+@pytest.mark.slow
 def test_step_command(capsys):
     args = ("step", "--hidden", "4096", "--layers", "32", "--heads", "32", "--ffn", "16384", "--vocab", "32000",
             "--overhead", "0", "--backend", "cpu", "--no-dropout", "--recipe", "bf16-pure-adamw")
@@ -104,6 +99,7 @@ def test_custom_architecture_and_units(capsys):
     assert code == 0 and "GiB" in out and "GB " not in out
 
 
+@pytest.mark.slow
 def test_presets_recipes_claims(capsys):
     code, out, _ = run(capsys, "presets", "--json")
     assert code == 0 and json.loads(out)["llama2-7b"]["n_params"] == 6_738_415_616
@@ -176,6 +172,7 @@ def test_python_m_and_console_script_no_traceback():
         assert bad.stderr.strip() == "memledger: error: batch_size must be a positive integer up to 10^18, got '-3'"
 
 
+@pytest.mark.slow
 def test_verdict_by_the_steps_peak_or_by_the_sum(capsys):
     ledger = Ledger("llama2-7b")
     peak, total = ledger.step().peak.bytes, ledger.totals["gpu"]

@@ -3,16 +3,10 @@ import json
 
 import pytest
 
-from memledger.cli.main import main
 from memledger.ledger.hardware import GPU_MEMORY
 from memledger.models.hf_config import shipped_configs
 from memledger.ledger.ledger import Ledger
-
-
-def run(capsys, *args):
-    code = main(list(args))
-    out, err = capsys.readouterr()
-    return code, out, err
+from clicheck import run
 
 
 @pytest.mark.parametrize("name", list(shipped_configs()))
@@ -28,6 +22,7 @@ def test_ledger_from_every_shipped_config(capsys, name, tmp_path):
     assert data["totals"]["gpu"] == Ledger(name).totals["gpu"]
 
 
+@pytest.mark.slow
 def test_pipeline_rows(capsys):
     code, out, _ = run(capsys, "ledger", "--preset", "llama2-7b", "--pp", "4", "--microbatches", "8", "--json")
     pipe = json.loads(out)["pipeline"]
@@ -48,6 +43,7 @@ def test_infer(capsys):
     assert kv == 2 * 32 * 8 * 8192 * 8 * 128 * 2 and data["fits"] is True
 
 
+@pytest.mark.slow
 def test_fit_json_fits_at_answer_not_beyond(capsys):
     """On the step's peak (LLaMA-2 7B is modelled), checked through a Step built directly."""
     from memledger.step.timeline import Step
@@ -62,6 +58,7 @@ def test_fit_json_fits_at_answer_not_beyond(capsys):
     assert Step(at).peak.bytes <= a100 < Step(beyond).peak.bytes
 
 
+@pytest.mark.slow
 def test_fit_text_names_its_measure(capsys):
     code, out, _ = run(capsys, "fit", "--preset", "llama2-7b", "--zero", "3", "--dp", "8", "--vary", "batch")
     assert code == 0 and ", the peak of a training step (the sum of the rows" in out and "Binding: at batch" in out

@@ -4,18 +4,12 @@ import json
 
 import pytest
 
-from memledger.cli.main import main
 from memledger.ledger.ledger import Ledger
 from memledger.states.recipes import ALL_RECIPES
 from memledger.step.structure import MODELLED_RECIPES
+from clicheck import run
 
 MODEL = ("--preset", "llama2-7b", "--seq", "4096", "--overhead", "0")
-
-
-def run(capsys, *args):
-    code = main(list(args))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def peak(capsys, *args):
@@ -24,6 +18,7 @@ def peak(capsys, *args):
     return json.loads(out)["peak"]["gpu"]
 
 
+@pytest.mark.slow
 def test_implementations_on_the_command_line(capsys):
     """cuda's default is foreach; --no-foreach the for-loop, --fused the kernel: each the Python step's peak."""
     ledger = Ledger("llama2-7b", seq_len=4096, overhead_bytes=0)
@@ -33,6 +28,7 @@ def test_implementations_on_the_command_line(capsys):
     assert peak(capsys, "--foreach") == ledger.step(foreach=True).peak.bytes
 
 
+@pytest.mark.slow
 def test_in_backward_on_step_ledger_and_fit(capsys):
     on = Ledger("llama2-7b", recipe="bf16-pure-adamw", seq_len=4096, overhead_bytes=0, optimizer_in_backward=True)
     assert peak(capsys, "--recipe", "bf16-pure-adamw", "--optimizer-in-backward") == on.step().peak.bytes

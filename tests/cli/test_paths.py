@@ -10,29 +10,14 @@ import pytest
 
 import memledger as ml
 from memledger.calculators import ConventionInputs, get_convention
-from memledger.cli.main import main
 from memledger.ledger.ledger import Ledger
 from memledger.ledger.lora import LoraLedger, qlora
 from memledger.states.recipes import ALL_RECIPES
 from memledger.step.structure import AMP_RECIPES, MODELLED_RECIPES
+from clicheck import refused, run
 
 LLAMA = ["--preset", "llama2-7b"]
 SMALL = ["--hidden", "64", "--layers", "2", "--heads", "4", "--style", "llama", "--vocab", "128"]
-
-
-def run(capsys, *args):
-    code = main([str(a) for a in args])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def refused(capsys, *args, message=""):
-    """Exit 2, nothing on stdout, one line on stderr containing ``message``."""
-    code, out, err = run(capsys, *args)
-    assert (code, out) == (2, ""), (code, out[:200], err)
-    assert err.count("\n") == 1 and err.startswith("memledger: error: ") and "Traceback" not in err, err
-    assert message in err, err
-    return err
 
 
 def answered(capsys, *args):
@@ -43,6 +28,7 @@ def answered(capsys, *args):
 
 # 1 and issue 14 item 10: every listed recipe in ledger, step and fit
 
+@pytest.mark.slow
 @pytest.mark.parametrize("recipe", list(ALL_RECIPES))
 def test_every_recipe_in_ledger_step_and_fit(capsys, recipe):
     data = json.loads(answered(capsys, "ledger", *SMALL, "--recipe", recipe, "--json"))
@@ -78,6 +64,7 @@ def test_the_issues_recipe_examples(capsys):
 
 # 2: exact integers past 2^63
 
+@pytest.mark.slow
 def test_a_step_past_two_to_the_63_is_exact(capsys):
     # every tensor is affine in B at a fixed S, and so is the peak once it sits at one op: two batches well
     # inside int64 give the line, and B = 5x10^8 (a peak near 10^19 > 2^63) must lie on it exactly
@@ -98,6 +85,7 @@ LIVE = {"whole step": ("before forward", "after forward", "after backward", "aft
         "forward to backward": ("after forward",), "backward to optimizer step": ("after backward",)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("zero, dp", [(3, 64), (2, 3), (3, 7)])
 def test_landmarks_are_the_sums_of_their_live_rows(capsys, zero, dp):
     data = json.loads(answered(capsys, "step", "--hidden", "24", "--layers", "5", "--heads", "2", "--style", "llama",
@@ -124,6 +112,7 @@ def _write(path, content):
     return str(path)
 
 
+@pytest.mark.slow
 def test_malformed_configs(capsys, tmp_path):
     base = json.loads((Path(ml.__file__).parent / "models/configs/llama3-8b.json").read_text())
     cases = {
@@ -227,6 +216,7 @@ def _memledger_row(capsys, *args):
     return {c["name"]: c for c in data}
 
 
+@pytest.mark.slow
 def test_compare_honours_every_ledger_option(capsys):
     base = _memledger_row(capsys)
     assert base["memledger"]["gpu"]["total"] == Ledger("llama2-7b", overhead_bytes=0).totals["gpu"]
@@ -280,6 +270,7 @@ def test_the_api_names_the_field(call, error, message):
     assert message in str(info.value)
 
 
+@pytest.mark.slow
 def test_lora_counts_an_adapter_once(capsys):
     data = json.loads(answered(capsys, "ledger", *LLAMA, "--lora-targets", "q_proj", "--json"))
     assert data["inputs"]["trainable_params"] == 32 * 16 * (4096 + 4096)        # L x r (in + out): 4,194,304
@@ -287,6 +278,7 @@ def test_lora_counts_an_adapter_once(capsys):
 
 # 13: the questionable cases, as decided in the README's "Bad input" paragraph
 
+@pytest.mark.slow
 def test_decided_cases(capsys):
     answered(capsys, "ledger", *LLAMA, "--zero", "3")                                  # ZeRO-3 at dp 1
     pipe = json.loads(answered(capsys, "ledger", *LLAMA, "--pp", "4", "--microbatches", "2", "--json"))

@@ -4,20 +4,15 @@ import json
 
 import pytest
 
-from memledger.cli.main import main
 from memledger.ledger.lora import LoraConfig, LoraLedger, qlora
 from memledger.models.architecture import Architecture
+from clicheck import run
 
 SHAPE = ("--hidden", "256", "--layers", "6", "--heads", "4", "--ffn", "688", "--vocab", "1000", "--style", "llama")
 ARCH = Architecture(256, 6, 4, 688, 1000, "llama")
 
 
-def run(capsys, *args):
-    code = main(list(args))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
+@pytest.mark.slow
 def test_step_lora_json_is_the_python_step(capsys):
     code, out, _ = run(capsys, "step", *SHAPE, "--batch", "2", "--seq", "128", "--lora-rank", "8", "--lora-targets",
                        "q_proj,v_proj,down_proj", "--lora-dropout", "--adapter-recipe", "bf16-adamw", "--backend",
@@ -29,6 +24,7 @@ def test_step_lora_json_is_the_python_step(capsys):
     assert data["inputs"]["trainable_params"] == 6 * 8 * (256 + 256 + 256 + 256 + 688 + 256)
 
 
+@pytest.mark.slow
 def test_step_lora_defaults_to_peft_s_fp32_adapters(capsys):
     code, out, _ = run(capsys, "step", *SHAPE, "--seq", "128", "--lora-rank", "8", "--backend", "cpu", "--json")
     step = LoraLedger(ARCH, LoraConfig(8, ("q_proj", "v_proj")), 1, 128).step("cpu")
@@ -36,6 +32,7 @@ def test_step_lora_defaults_to_peft_s_fp32_adapters(capsys):
     assert json.loads(out)["inputs"]["adapter_recipe"] == "fp32-adamw"
 
 
+@pytest.mark.slow
 def test_step_qlora_is_the_preset(capsys):
     code, out, _ = run(capsys, "step", *SHAPE, "--seq", "128", "--qlora", "--backend", "cuda", "--json")
     assert code == 0 and json.loads(out)["peak"]["gpu"] == LoraLedger(ARCH, qlora(), 1, 128).step("cuda").peak.bytes
@@ -55,6 +52,7 @@ def test_bad_lora_steps_are_one_line(capsys, args, message):
     assert code == 2 and out == "" and message in err and len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_lora_ledger_is_judged_by_the_step_s_peak(capsys):
     code, out, _ = run(capsys, "ledger", *SHAPE, "--seq", "128", "--qlora", "--json")
     data = json.loads(out)

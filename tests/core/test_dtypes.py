@@ -31,6 +31,7 @@ def _bf16_from_float32_bits(x):
     return struct.unpack("<f", struct.pack("<I", upper << 16))[0]
 
 
+@pytest.mark.slow
 @given(st.floats(min_value=2.0**-100, max_value=2.0**100, width=32))
 def test_round_to_bf16_matches_bit_rounding(x):
     assert float(round_to_bf16(Fraction(x))) == _bf16_from_float32_bits(x)

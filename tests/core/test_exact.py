@@ -24,12 +24,14 @@ def test_fractional_bytes_are_refused():
         exact_function((P,), (P / 2,))(3)
 
 
+@pytest.mark.slow
 def test_vectorized_broadcasts():
     f = vectorized_function((B, S, d), (34 * B * S * d,))
     out = f(np.array([1, 2, 4]), 2048, 4096)[0]
     assert out.tolist() == [34 * 2048 * 4096 * k for k in (1, 2, 4)]
 
 
+@pytest.mark.slow
 def test_integer_polynomials_evaluate_as_subs_does():
     """Integral polynomials (by structure or only once expanded, as (4S + 2B) B / 2), repeated ones and constants: the
     compiled function gives what SymPy's own substitution gives, beyond float precision too."""

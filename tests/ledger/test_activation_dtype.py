@@ -24,6 +24,7 @@ def _saved(step):
     return marks["after forward"]["gpu"] - marks["before forward"]["gpu"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", [GPT7B, LLAMA7B, "llama2-7b", "llama3-8b"])
 @pytest.mark.parametrize("recipe", ["fp32-adamw", "bf16-adamw"])
 @pytest.mark.parametrize("recompute, B, S", [("none", 1, 4096), ("selective", 2, 2048), ("full", 2, 8192)])
@@ -52,6 +53,7 @@ def test_compute_dtype_of_each_recipe():
     assert wide == {"fp32-adamw", "fp32-sgd", "fp32-sgd-momentum", "adafactor"}
 
 
+@pytest.mark.slow
 def test_fp32_step_saves_what_memtracker_sees():
     """PyTorch: the FP32 reference decoder's step (CPU backend) keeps 4-byte tensors at the end of forward, and
     what it adds there is MemTracker's to the byte (GPT blocks, eager attention, dropout)."""

@@ -67,6 +67,7 @@ def test_bad_input(kwargs, message):
         Ledger(**kwargs)
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None)
 @given(PRESETS, st.integers(1, 64), st.integers(1, 8192))
 def test_activations_linear_in_batch(preset, batch, seq):
@@ -75,6 +76,7 @@ def test_activations_linear_in_batch(preset, batch, seq):
     assert three == 3 * one
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None)
 @given(PRESETS, st.integers(1, 8), st.integers(1, 4096))
 def test_activations_quadratic_in_seq(preset, batch, seq):
@@ -83,6 +85,7 @@ def test_activations_quadratic_in_seq(preset, batch, seq):
     assert f[3] - 3 * f[2] + 3 * f[1] - f[0] == 0         # third difference 0: exactly quadratic
 
 
+@pytest.mark.slow
 @settings(max_examples=80, deadline=None)
 @given(RECIPES, DP, st.integers(10**6, 10**12))
 def test_each_zero_stage_never_above_the_previous(recipe, dp, params):
@@ -90,6 +93,7 @@ def test_each_zero_stage_never_above_the_previous(recipe, dp, params):
     assert gpu == sorted(gpu, reverse=True)
 
 
+@pytest.mark.slow
 @settings(max_examples=50, deadline=None)
 @given(PRESETS, RECIPES, STAGES)
 def test_dp_1_equals_no_zero(preset, recipe, stage):
@@ -98,6 +102,7 @@ def test_dp_1_equals_no_zero(preset, recipe, stage):
     assert booked(Ledger(preset, recipe=recipe, zero_stage=stage, dp=1)) == booked(Ledger(preset, recipe=recipe))
 
 
+@pytest.mark.slow
 @settings(max_examples=50, deadline=None)
 @given(PRESETS, STAGES, DP, st.sampled_from(["none", "cpu", "nvme"]), st.sampled_from(["article", "zero-offload"]))
 def test_totals_equal_sum_of_rows(preset, stage, dp, offload, placement):
@@ -107,6 +112,7 @@ def test_totals_equal_sum_of_rows(preset, stage, dp, offload, placement):
     assert sum(ledger.totals.values()) == sum(offloaded.totals.values())     # offload moves, never adds
 
 
+@pytest.mark.slow
 @settings(max_examples=50, deadline=None)
 @given(PRESETS, st.integers(1, 16), st.integers(1, 8192), st.booleans())
 def test_checkpointing_never_increases_activations(preset, batch, seq, flash):
@@ -115,6 +121,7 @@ def test_checkpointing_never_increases_activations(preset, batch, seq, flash):
     assert act[0] >= act[1] >= act[2]
 
 
+@pytest.mark.slow
 @settings(max_examples=30, deadline=None)
 @given(PRESETS, STAGES, DP, st.sampled_from(["none", "cpu"]))
 def test_json_bytes_are_exact_ints(preset, stage, dp, offload):
@@ -124,6 +131,7 @@ def test_json_bytes_are_exact_ints(preset, stage, dp, offload):
     assert data["totals"]["gpu"] == sum(r["bytes"] for r in data["rows"] if r["device"] == "gpu")
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None)
 @given(PRESETS, st.integers(1, 32), st.integers(1, 16384), STAGES, DP)
 def test_vectorized_sweep_equals_exact(preset, batch, seq, stage, dp):

@@ -180,6 +180,7 @@ def test_tp_must_divide_kv_heads():
     get_preset("mistral-7b").check_tp(8)
 
 
+@pytest.mark.slow
 def test_ledger_books_gqa_and_moe_activations():
     from memledger.activations.inventory import activation_bytes, inventory
     from memledger.ledger.ledger import Ledger

@@ -90,6 +90,7 @@ def test_sub_byte_component_rounds_to_whole_bytes():
     assert nf4.bytes_per_param == Fraction(1, 2) + Fraction(1, 64) + Fraction(4, 16384)
 
 
+@pytest.mark.slow
 def test_every_recipe_row_is_whole_bytes():
     arch = get_preset("gpt2")
     for name in ALL_RECIPES:
@@ -145,6 +146,7 @@ def test_optimizer_states_match_torch(recipe, make):
     assert _state_bytes(opt) == ours
 
 
+@pytest.mark.slow
 def test_tensors_add_up_for_every_preset():
     from memledger.models.presets import all_presets
     for name, arch in all_presets().items():

@@ -64,6 +64,7 @@ def test_alignment_padding():
     assert buffer(ledger, "DeepSpeed FP32 gradient partition").bytes == 4 * 126
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("style, threshold", [("llama", None), ("gpt", None), ("llama", 4096), ("gpt", 11008)])
 def test_zero3_persistent_parameters_follow_deepspeeds_rule(style, threshold):
     """parameter_offload.py mark_persistent_parameters (311-323): every parameter with ds_numel <= threshold stays
@@ -95,6 +96,7 @@ def test_megatron_bytes_per_parameter_are_its_docs_table(recipe, plain, distribu
     assert main_grad.bytes == 4 * P and main_grad.booked == "FP32 gradients"
 
 
+@pytest.mark.slow
 def test_megatron_without_gradient_accumulation_fusion():
     """Without fusion each weight gradient is first written in the parameters' dtype: the largest weight's
     (the reference decoder's largest parameter, PyTorch meta device) is the transient."""

@@ -6,6 +6,8 @@ from memledger.ledger.ledger import Ledger
 from memledger.models.architecture import Architecture
 from memledger.step.vocab import Action, Phase
 
+pytestmark = pytest.mark.slow
+
 SMALL_GPT = Architecture(256, 6, 4, 1024, 1000, "gpt")
 
 

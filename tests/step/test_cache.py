@@ -48,6 +48,7 @@ SETUPS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["article", pytest.param("cuda", marks=pytest.mark.slow),
                                      pytest.param("cpu", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("arch, kwargs", SETUPS)
@@ -69,6 +70,7 @@ def test_unmodelled_setups_have_no_peak():
     assert Ledger(None, n_params=7 * 10**9).peak is None
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("preset", ["llama2-7b", "llama3-8b", "mistral-7b", "qwen2.5-7b", "gemma-2b"])
 @pytest.mark.sample(1)
 def test_ledger_peak_uses_the_compiled_step(preset):
@@ -92,6 +94,7 @@ def _structure(**kwargs):
     return StepStructure.of(Ledger("llama2-7b", **kwargs), get_backend("article"))
 
 
+@pytest.mark.slow
 def test_record_is_cached_and_read_back(tmp_path, monkeypatch):
     monkeypatch.setenv("MEMLEDGER_CACHE_DIR", str(tmp_path))
     compiled_step.cache_clear()
@@ -109,6 +112,7 @@ def test_record_is_cached_and_read_back(tmp_path, monkeypatch):
     assert again.peak(values) == first.peak(values)
 
 
+@pytest.mark.slow
 def test_a_damaged_or_foreign_record_is_rebuilt(tmp_path, monkeypatch):
     monkeypatch.setenv("MEMLEDGER_CACHE_DIR", str(tmp_path))
     structure = _structure(zero_stage=2, dp=4)
@@ -124,6 +128,7 @@ def test_a_damaged_or_foreign_record_is_rebuilt(tmp_path, monkeypatch):
         assert json.loads(record_path(structure).read_text()) == good          # compiled and written again
 
 
+@pytest.mark.slow
 def test_an_unwritable_cache_still_answers(tmp_path, monkeypatch):
     blocked = tmp_path / "file"
     blocked.write_text("")
@@ -141,6 +146,7 @@ def test_an_edited_library_gets_new_records(monkeypatch):
     assert record_path(structure) != before
 
 
+@pytest.mark.slow
 def test_command_line_judges_the_peak_without_sympy_once_cached(tmp_path):
     env = {"MEMLEDGER_CACHE_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"}
     args = "['ledger', '--preset', 'llama2-7b', '--zero', '3', '--dp', '8', '--json']"

@@ -52,6 +52,7 @@ def test_bucket_assignment_is_the_reducers():
         assert assign_buckets([2 * n for n in numels], limits) == theirs
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("view", [False, True])
 def test_landmarks_are_sums_of_rows(view):
     step = ddp_ledger(gradient_as_bucket_view=view, ddp_bucket_mb=0.25).step("cpu")
@@ -63,6 +64,7 @@ def test_landmarks_are_sums_of_rows(view):
     assert all(r["name"] in names for r in buckets)
 
 
+@pytest.mark.slow
 def test_bucket_views_cost_no_gradients():
     """With views the gradients are the buckets: every landmark but "after backward" holds P x 2 bytes more
     than the plain loop, "after backward" none."""

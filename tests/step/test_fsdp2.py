@@ -47,6 +47,7 @@ def against_fsdp2(shape, B, S, N, recompute="none", reshard=True, param="bf16", 
     return step, measured
 
 
+@pytest.mark.slow
 def test_small_step_books_fsdp2s_buffers():
     """Fast (no PyTorch): the landmarks are sums of the rows; the step names FSDP2's buffers by block."""
     step = fsdp2_ledger(LLAMA7B, 1, 4096, 8).step("cpu")
@@ -62,6 +63,7 @@ def test_small_step_books_fsdp2s_buffers():
     landmarks_are_sums_of_rows(kept)
 
 
+@pytest.mark.slow
 def test_issue_figures_llama2_7b_world_8():
     """Issue 15's FSDPMemTracker figures, LLaMA-2 7B shape, world 8, B 1, S 4096, bf16/fp32 policy: before
     forward 10.11 GB (FP32 shards and AdamW's moments on them, no BF16 copy); the issue's 37.39 GB after

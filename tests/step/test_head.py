@@ -16,6 +16,7 @@ from memledger.step.timeline import Step
 from stepcheck import against_memtracker, peaks_agree
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ["gemma-7b", Architecture(256, 3, 4, 1024, 1000, "gpt", head_size=96),
                                   Architecture(512, 4, 8, 2048, 5000, "llama", n_kv_heads=2, head_size=32)])
 @pytest.mark.parametrize("recipe, per_param", [("bf16-pure-adamw", 8), ("bf16-adamw", 16)])
@@ -46,6 +47,7 @@ def test_gemma_7b_keeps_the_ledgers_inventory():
     assert added == L * kept + outside
 
 
+@pytest.mark.slow
 def test_ledger_peak_is_the_steps():
     for kwargs in ({}, dict(recompute="selective"), dict(recompute="full", zero_stage=3, dp=8)):
         ledger = Ledger("gemma-7b", **kwargs)

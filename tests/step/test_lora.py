@@ -52,6 +52,7 @@ def against_memtracker(shape, batch, seq, rank, targets, dropout=0.0, nf4=False,
     return step, measured
 
 
+@pytest.mark.slow
 def test_lora_small_q_v_equals_memtracker():
     step, _ = against_memtracker(dict(SMALL, L=2), 2, 8, 8, QV)
     assert step.peak.phase == "loss"
@@ -80,6 +81,7 @@ def test_lora_on_refined_llama_blocks_equals_memtracker(refinements, nf4, loop):
     against_memtracker(dict(SMALL, L=5), 2, 16, 8, ALL, 0.1, nf4, loop, **refinements)
 
 
+@pytest.mark.slow
 def test_the_leaf_goes_with_the_graph():
     """Without MemTracker, the embedding's output (a leaf: ``requires_grad_``) and its ``.grad`` are gone once
     the loss is: what the step models."""
@@ -111,6 +113,7 @@ def test_llama2_7b_lora_equals_memtracker(batch, rank, targets, dropout, nf4, re
     against_memtracker(LLAMA2_7B, batch, 4096, rank, targets, dropout, nf4, recipe)
 
 
+@pytest.mark.slow
 def test_qlora_preset_is_the_paper_s_and_runs_in_the_step():
     """qlora.py's defaults: r 64 on every projection, NF4 with double quantization, BF16 adapters under
     paged_adamw_32bit (a fused in-place update), LoRA dropout (0.1 for 7B-13B)."""
@@ -121,6 +124,7 @@ def test_qlora_preset_is_the_paper_s_and_runs_in_the_step():
     assert step.peak.bytes > step.landmarks["after forward"]["gpu"]
 
 
+@pytest.mark.slow
 def test_the_qlora_peak_is_the_step_s_and_flash_attention_sets_the_sum_apart():
     """The LoRA ledger is judged by the step's peak (CUDA's conventions) where the step models the run."""
     run = LoraLedger("llama2-7b", qlora(), 1, 4096)

@@ -19,6 +19,7 @@ from memledger.step.timeline import Step
 from stepcheck import LLAMA3_8B, LLAMA7B, against_memtracker, landmarks_are_sums_of_rows, peaks_agree
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("style, B, S, n, impl", [("llama", 2, 13, 5, "torchtune"), ("gpt", 1, 16, 4, "torchtune"),
                                                   ("llama", 2, 16, 4, "litgpt"), ("llama", 1, 16, 1, "litgpt"),
                                                   ("gpt", 1, 16, 2, "litgpt")])
@@ -76,6 +77,7 @@ def test_full_scale_litgpt_loss_equals_memtracker(arch, B, S, n, recompute):
     peaks_agree(step, measured)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("B", [1, 2])
 def test_chunks_keep_their_tensors_in_rows(B):
     """Each landmark is the sum of the rows live there; the chunks' log-softmax outputs add up to the unchunked
@@ -105,12 +107,14 @@ def _cli(*args):
     return subprocess.run([sys.executable, "-m", "memledger", *args], capture_output=True, text=True)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args", [["--loss-chunks", "0"], ["--loss-chunks", "9", "--seq", "8"]])
 def test_cli_refuses_bad_chunks_in_one_line(args):
     run = _cli("step", "--preset", "llama2-7b", *args)
     assert run.returncode == 2 and "loss_chunks" in run.stderr and len(run.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_cli_step_reads_chunks_and_compare_refuses_them():
     """``step`` honours ``--loss-chunks`` (the peak of LLaMA-3 8B's shape falls); ``compare`` refuses it in one
     line, as the sums it compares book the unchunked loss."""
@@ -122,6 +126,7 @@ def test_cli_step_reads_chunks_and_compare_refuses_them():
     assert run.returncode == 2 and "--loss-chunks" in run.stderr and len(run.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_ledger_reads_chunks_only_where_its_verdict_is_the_peak():
     """``ledger`` judges by the step's peak unless ``--measure total``: there the chunks change nothing printed."""
     assert _cli("ledger", "--preset", "llama2-7b", "--loss-chunks", "8").returncode == 0

@@ -39,6 +39,7 @@ def offloaded_against_memtracker(recompute, B, S, L=3, d=64, H=4, F_=96, V_=1000
     return step, measured
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("recompute, loop, B, L", [("none", "bf16-pure-adamw", 2, 3), ("full", "bf16-pure-adamw", 2, 3),
                                                    ("none", "fp32-adamw", 1, 6), ("full", "fp32-adamw", 1, 6),
                                                    ("none", "bf16-adamw", 2, 6), ("full", "bf16-adamw", 1, 3)])
@@ -66,6 +67,7 @@ def test_llama2_7b_offloaded_step_is_memtrackers(recompute, B, S):
     assert step.landmarks["before forward"] == kept.landmarks["before forward"]
 
 
+@pytest.mark.slow
 def test_offloading_moves_the_blocks_saved_tensors_to_the_host():
     """Without PyTorch: at the end of forward the GPU holds what it holds without the blocks' saved tensors
     (the step's own rows), and the host holds the L x rows of the host copies."""
@@ -111,6 +113,7 @@ def test_command_line_refuses_what_it_does_not_model(args, message, capsys):
     assert out == "" and message in err and err.count("\n") == 1
 
 
+@pytest.mark.slow
 def test_command_line_step_offloads(capsys):
     """``memledger step --offload-activations --backend cpu --json``: the host holds the L x host rows after
     forward, the GPU none of the blocks' saved tensors (the Python step's numbers)."""

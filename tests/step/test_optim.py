@@ -13,6 +13,7 @@ from stepcheck import LLAMA7B, against_memtracker, peaks_agree
 IMPLEMENTATIONS = {"for-loop": {}, "foreach": dict(foreach=True), "fused": dict(fused=True)}
 
 
+@pytest.mark.slow
 @pytest.mark.sample(3)
 @pytest.mark.parametrize("loop, impl, in_backward, style", [
     ("bf16-adamw", "fused", False, "llama"),            # fused AdamW after the masters' FP32 gradients
@@ -78,6 +79,7 @@ def test_fused_excludes_foreach_and_adafactor_has_no_fused():
         Step(Ledger(LLAMA7B, recipe="adafactor"), "cpu", fused=True)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("recipe", sorted(ALL_RECIPES))
 def test_every_recipe_steps_or_is_refused_in_one_line(recipe):
     """No recipe of ``memledger recipes`` ends in anything but a step or a ValueError that says why."""

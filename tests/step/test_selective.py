@@ -26,6 +26,7 @@ def _added(step):
     return marks["after forward"]["gpu"] - marks["before forward"]["gpu"]
 
 
+@pytest.mark.slow
 def test_article_forward_keeps_korthikanti_34_per_layer():
     """Korthikanti Sec. 5 (Table 2, t = 1): with the S x S tensors recomputed a GPT layer keeps 34 B*S*d bytes
     (16-bit activations, 1-byte masks, F = 4d); the step adds that for each of the L layers, and the loss's
@@ -36,6 +37,7 @@ def test_article_forward_keeps_korthikanti_34_per_layer():
     assert _added(Step(ledger)) == L * 34 * B * S * d + outside
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch, backend, flash", [
     (GPT7B, "article", False), (GPT7B, "cuda", False), (GPT7B, "cpu", False), (GPT7B, "article", True),
     (LLAMA7B, "article", False), (LLAMA7B, "cuda", False), (LLAMA7B, "cpu", False),
@@ -60,6 +62,7 @@ def test_after_forward_is_the_selective_inventory(arch, backend, flash):
         assert _added(step) == ledger.group_total("activations") - ids
 
 
+@pytest.mark.slow
 def test_the_core_is_recomputed_not_kept():
     """No S x S row is kept from forward to backward; the recomputed scores, probabilities and dropout tensors
     are transients of the backward pass."""
@@ -74,6 +77,7 @@ def test_the_core_is_recomputed_not_kept():
     assert recomputed["softmax output (recomputed)"]["bytes"] == 1 * 32 * 2048 * 2048 * 2      # B*H*S*S, BF16
 
 
+@pytest.mark.slow
 def test_the_peak_shows_the_recomputed_core():
     """With the core's S x S tensors recomputed, the backward pass peaks inside the last block's core: its
     recomputed probabilities and dropout output (B*H*S^2 each) are live at the peak."""
@@ -88,6 +92,7 @@ def test_the_peak_shows_the_recomputed_core():
     assert step.peak.bytes < none.peak.bytes                          # still far below no recomputation
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend, kwargs", [
     ("article", dict(recompute="selective", zero_stage=3, dp=8)),
     ("cuda", dict(recompute="selective", tp=4, sequence_parallel=True, dropout=True)),

@@ -20,6 +20,7 @@ def exact(template, **values):
     return replace(template, **{k: int(v) for k, v in values.items()}).peak
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("template", TEMPLATES, ids=lambda t: f"{t.recipe}-zero{t.zero_stage}-{t.recompute}")
 def test_the_peak_of_every_configuration(template):
     rng = np.random.default_rng(18)
@@ -32,6 +33,7 @@ def test_the_peak_of_every_configuration(template):
         assert peaks[i] == exact(template, **{k: v[i] for k, v in arrays.items()}), i
 
 
+@pytest.mark.slow
 def test_beyond_int64_it_stays_exact():
     template = Ledger("llama2-7b", zero_stage=3)
     batch = np.array([1, 2, 10**12, 10**18], dtype=np.int64)
@@ -41,6 +43,7 @@ def test_beyond_int64_it_stays_exact():
     assert peaks[-1] > 2**80
 
 
+@pytest.mark.slow
 def test_broadcasting_and_a_grid():
     template = Ledger("mistral-7b", zero_stage=2)
     b, s = np.meshgrid(np.arange(1, 9), np.array([512, 4096]), indexing="ij")
@@ -49,6 +52,7 @@ def test_broadcasting_and_a_grid():
     assert peaks[7, 1] == exact(template, batch_size=8, seq_len=4096, dp=8)
 
 
+@pytest.mark.slow
 def test_few_ops_can_be_the_peak():
     """The exact dominance test leaves a fraction of the ops to evaluate (the speed of the sweep)."""
     from memledger.activations.backends import get_backend
@@ -70,6 +74,7 @@ def test_refusals_name_the_reason():
         sweep(Ledger("llama2-7b"), measure="sum", batch_size=np.array([1]))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("template", [Ledger("llama2-7b", zero_stage=2, dp=8, offload_optimizer="cpu"),
                                       Ledger("gemma-2b", zero_stage=3, recompute="full")], ids=["zero2", "zero3"])
 def test_wide_ranges_where_every_kind_of_op_peaks(template):

@@ -17,6 +17,8 @@ from memledger.pytorch.compare import architecture_of  # noqa: E402
 from memledger.pytorch.distributed import tp_step  # noqa: E402
 from memledger.pytorch.reference import RefConfig  # noqa: E402
 
+pytestmark = pytest.mark.slow
+
 SMALL = dict(d=64, L=2, H=4, F=256, V=1000, style="llama")
 
 
@@ -54,7 +56,6 @@ def test_small_tensor_parallel_step_is_dtensors():
     agree(SMALL, 2, 2, 32, op_by_op=True)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("shape, t, B, S, sp_, loop, kv", [
     (SMALL, 2, 2, 32, True, "bf16-pure-adamw", None),               # sequence parallelism
     (SMALL, 4, 1, 48, False, "fp32-adamw", None),                   # FP32, B = 1 (q, k, v views)
@@ -68,7 +69,6 @@ def test_small_variants(shape, t, B, S, sp_, loop, kv):
     agree(shape, t, B, S, sp_, loop, kv, op_by_op=True)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("arch, t, sp_", [(LLAMA7B, 2, False), (LLAMA7B, 4, True), (LLAMA7B, 8, False),
                                           (LLAMA7B, 8, True), (GPT7B, 4, False), (GPT7B, 8, True)])
 def test_7b(arch, t, sp_):

@@ -22,6 +22,7 @@ from stepcheck import (GPT7B, LLAMA3_8B, LLAMA7B, against_memtracker, landmarks_
 
 
 
+@pytest.mark.slow
 def test_article_forward_adds_eq1_per_layer():
     """Under the article's conventions the blocks add L x BSd(34 + 5HS/d) (Korthikanti Eq. 1) in forward."""
     ledger = Ledger(GPT7B, batch_size=1, seq_len=2048, overhead_bytes=0)
@@ -31,6 +32,7 @@ def test_article_forward_adds_eq1_per_layer():
     assert added == 32 * ledger.evaluate(closed_form()) + outside
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kwargs", [dict(), dict(recipe="bf16-pure-adamw", batch_size=3),
                                     dict(recipe="fp32-adamw", recompute="full"),
                                     dict(zero_stage=3, dp=8, offload_optimizer="cpu", offload_params="cpu",
@@ -44,6 +46,7 @@ def test_landmarks_are_sums_of_rows(arch, backend, kwargs):
     landmarks_are_sums_of_rows(Step(Ledger(arch, **kwargs), backend))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend, kwargs", [
     ("article", dict(recompute="full", zero_stage=3, dp=8)), ("cuda", dict(tp=8, sequence_parallel=True)),
     ("cpu", dict(recipe="bf16-pure-adamw", batch_size=3, zero_stage=2, dp=4, offload_optimizer="nvme"))])
@@ -53,6 +56,7 @@ def test_gqa_landmarks_are_sums_of_rows(backend, kwargs):
     landmarks_are_sums_of_rows(Step(Ledger(LLAMA3_8B, **kwargs), backend))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("recipe, per_param, kv", [("bf16-pure-adamw", 8, None), ("fp32-adamw", 16, None),
                                                    ("bf16-adamw", 16, None), ("bf16-adamw", 16, 1)])
 def test_model_states_are_the_recipes(recipe, per_param, kv):
@@ -67,6 +71,7 @@ def test_model_states_are_the_recipes(recipe, per_param, kv):
     assert step.landmarks["after step"] == step.landmarks["before forward"]
 
 
+@pytest.mark.slow
 def test_mixed_precision_holds_18_bytes_per_parameter_in_the_optimizer_step():
     """docs/step.md: with FP32 masters the step briefly holds FP32 gradients, 18 B/param, not 16."""
     arch = Architecture(512, 4, 8, 2048, 5000, "llama")
@@ -77,6 +82,7 @@ def test_mixed_precision_holds_18_bytes_per_parameter_in_the_optimizer_step():
     assert step.phase_peaks()["optimizer"] >= 18 * P
 
 
+@pytest.mark.slow
 def test_zero3_gathers_a_block_and_prefetches_the_next():
     step = Step(Ledger(LLAMA7B, zero_stage=3, dp=8))
     row = next(r for r in step.rows if r["name"] == "ZeRO-3 gathered block parameters")
@@ -86,6 +92,7 @@ def test_zero3_gathers_a_block_and_prefetches_the_next():
     assert any(n.startswith("ZeRO-3") for n in names) or step.peak.phase == "loss"
 
 
+@pytest.mark.slow
 def test_step_counters_live_on_the_host_with_cuda():
     cuda = Step(Ledger(GPT7B), "cuda")
     cpu = Step(Ledger(GPT7B), "cpu")
@@ -100,6 +107,7 @@ def test_peak_decides_fits():
     assert step.peak.bytes > step.landmarks["after backward"]["gpu"]
 
 
+@pytest.mark.slow
 def test_logits_with_full_checkpointing_rival_the_checkpoints():
     """Chapter 4's "small next to the layers" fails with full checkpointing: the loss's FP32 tensors
     are as large as all the checkpoints together (128k vocabulary, S = 8192)."""
@@ -134,6 +142,7 @@ def test_bad_backend():
         get_backend("cuda", foreach="yes")
 
 
+@pytest.mark.slow
 def test_json_contract():
     data = Step(Ledger(GPT7B, overhead_bytes=0), "cpu").to_dict()
     assert set(data) >= {"inputs", "landmarks", "peak", "rows"}

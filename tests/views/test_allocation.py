@@ -1,10 +1,14 @@
 """The allocator's figure draws the rules of memledger.ledger.allocator: whole unsplit blocks only above 10 MiB."""
+import pytest
+
 import matplotlib
 
 matplotlib.use("Agg")
 
 from memledger.core.units import MiB                                     # noqa: E402
 from memledger.views.allocation import allocator_chart, request_sizes    # noqa: E402
+
+pytestmark = pytest.mark.slow
 
 
 def test_chart_has_both_panels_and_the_boundaries():

@@ -29,6 +29,7 @@ def run_json(command):
     return json.loads(out.getvalue())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("state", [defaults()] + list(random_states(24)))
 def test_the_command_reproduces_the_state(state):
     data = run_json(cli_command(state))

@@ -12,6 +12,8 @@ from memledger.ledger.ledger import Ledger  # noqa: E402
 from memledger.models.presets import get_preset  # noqa: E402
 from memledger.views import figures  # noqa: E402
 
+pytestmark = pytest.mark.slow
+
 GPT = get_preset("article-7b").with_changes(n_params=None)        # d 4096, H 32, F 4d, V 32000, counted
 d, H, V, S = 4096, 32, 32000, 2048
 BLOCK = 12 * d * d + 13 * d                                        # a GPT block's parameters

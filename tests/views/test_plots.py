@@ -10,6 +10,8 @@ from memledger.views.plots import (PALETTE, activations_vs_seq, colour, largest_
                              ledger_bars, parameter_breakdown, zero_states_vs_dp)
 from memledger.states.recipes import RECIPES  # noqa: E402
 
+pytestmark = pytest.mark.slow
+
 
 def test_ledger_bars_stack_to_the_gpu_total():
     ledger = Ledger("article-7b", scope="layers")

@@ -74,6 +74,7 @@ process.stdout.write(JSON.stringify(out));
     return json.loads(done.stdout)
 
 
+@pytest.mark.slow
 @node
 def test_every_row_agrees_with_the_python_ledger(tmp_path, data):
     cases = setups()
@@ -94,6 +95,7 @@ COUNT_TEXTS = ["1", "7", " 64 ", "+3", "2.0", "7e9", "1E3", ".5e1", "10.", "1e18
                "it's", "a\\b", "\"q\"", "\U0001f600"]
 
 
+@pytest.mark.slow
 @node
 def test_counts_are_read_as_the_cli_reads_them(tmp_path, data):
     counts = [(text, field) for text in COUNT_TEXTS for field in ("batch_size", "dp")]
@@ -108,6 +110,7 @@ def test_counts_are_read_as_the_cli_reads_them(tmp_path, data):
     assert len(refused) > 30 and all(v.startswith(("batch_size ", "dp ")) for v in refused)
 
 
+@pytest.mark.slow
 @node
 def test_non_ascii_digits_are_refused(tmp_path, data):
     counts = [("٣", "batch_size"), ("１２", "dp"), ("3\u200b", "batch_size")]
@@ -116,6 +119,7 @@ def test_non_ascii_digits_are_refused(tmp_path, data):
                                 for text, field in counts]
 
 
+@pytest.mark.slow
 @node
 def test_sizes_print_as_format_bytes(tmp_path, data):
     rng = random.Random(10)
@@ -138,12 +142,14 @@ def test_formulas_print_over_bigint():
         printer.formula(sp.Float(0.5) * B)
 
 
+@pytest.mark.slow
 def test_data_leaves_rows_to_python(data):
     assert [p["fields"] for p in data["parts"]] == [list(fields) for _, fields in PARTS]
     assert all(isinstance(v, str) for b in data["bindings"].values() for v in b.values())   # exact, as text
     assert {c["field"] for c in data["controls"]} == {c.field for c in CONTROLS}
 
 
+@pytest.mark.slow
 def test_page_fragment_is_data_and_markup_only():
     html = calculator_html()
     assert html.count("<select") == sum(not c.is_count for c in CONTROLS)
