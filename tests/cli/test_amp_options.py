@@ -4,16 +4,10 @@ import json
 
 import pytest
 
-from memledger.cli.main import main
 from memledger.ledger.ledger import Ledger
+from clicheck import run
 
 MODEL = ("--preset", "llama2-7b", "--seq", "4096", "--overhead", "0", "--recipe", "fp16-amp-adamw")
-
-
-def run(capsys, *args):
-    code = main(list(args))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.mark.parametrize("backend", ["cpu", "cuda"])
