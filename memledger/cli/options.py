@@ -89,6 +89,8 @@ def ledger_options(parser, overhead: str = DEFAULT_OVERHEAD, scope: bool = True)
         "upcast); liger and cce are refused by name", Ledger.loss_impl)
     add(run, "--offload-activations", "the blocks' saved tensors as pinned host copies (save_on_cpu; memledger "
         "step --backend cpu)", switch=True)
+    add(run, "--compile", "the blocks under torch.compile: what AOTAutograd's min-cut partitioner saves (the sum; "
+        "the step refuses it)", switch=True)
     if scope:
         add(run, "--scope", "model (the blocks and what lies outside them) or layers (the blocks only, as the "
             "article books them)", Ledger.scope)
@@ -252,7 +254,7 @@ def build_ledger(a) -> Ledger:
         raise ValueError("give a model: --preset NAME, --config FILE, --params N, or --hidden D --layers L --heads H")
     if arch is None:
         needs = [flag(d) for d in ("batch", "seq", "recompute", "flash_attention", "no_dropout", "sp", "scope",
-                                   "offload_activations") if d in a.given]
+                                   "offload_activations", "compile") if d in a.given]
         if needs:
             raise ValueError(f"{', '.join(needs)} need an architecture (activations); --params alone gives "
                              "model states only")
@@ -273,7 +275,8 @@ def build_ledger(a) -> Ledger:
         dropout=False if a.no_dropout else None, flash_attention=a.flash_attention,
         scope=getattr(a, "scope", Ledger.scope), loss_chunks=parse_count(a.loss_chunks, "loss_chunks"),
         loss_impl=a.loss_impl, offload_activations=bool(getattr(a, "offload_activations", False)),
-        optimizer_in_backward=bool(getattr(a, "optimizer_in_backward", False)), **framework_fields(a))
+        optimizer_in_backward=bool(getattr(a, "optimizer_in_backward", False)),
+        compile=bool(getattr(a, "compile", False)), **framework_fields(a))
 
 
 def gpu_bytes(text: str) -> int:

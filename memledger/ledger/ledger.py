@@ -27,6 +27,7 @@ from ..states.frameworks import check_framework, framework_buffers
 from ..states.placement import OFFLOAD_DEVICES, PLACEMENTS, ZERO_STAGES, check_state_options, component_key, state_specs
 from ..states.recipes import ALL_RECIPES, DEFAULT_RECIPE
 from .in_backward import check_in_backward
+from ..activations.partitioned import check_compiled
 from .transfer import Traffic, step_traffic
 from ..step.structure import check_loss_impl
 from ..core.units import GB
@@ -79,6 +80,7 @@ class Structure(NamedTuple):
     scope: str = "layers"
     framework: str = "plain"        # issue 15: FRAMEWORKS; DDP's buckets are a row unless gradients are views
     ddp_view: bool = False
+    compiled: bool = False          # the blocks under torch.compile (memledger.activations.partitioned)
 
 
 #: "model": the blocks and the tensors outside them; "layers": the blocks only, as the article books them.
@@ -116,11 +118,12 @@ def row_specs(s: Structure) -> tuple:
                                      component_key(gathered, unit), 1, Role.GATHERED))
         f = s.arch.features
         dtype = activation_dtype(recipe)
-        refinements = (f.gqa, f.head_dim, f.moe) if (f.gqa or f.head_dim or f.moe or dtype == "fp32") else ()
+        refined = f.gqa or f.head_dim or f.moe or dtype == "fp32" or s.compiled
+        refinements = (f.gqa, f.head_dim, f.moe) if refined else ()
         specs.append(RowSpec("activations", Group.ACTIVATIONS, Device.GPU,
                              ("activations", s.arch.mlp, s.arch.norm, s.dropout, s.flash_attention, s.recompute,
                               s.tensor_parallel, s.sequence_parallel) + refinements + (
-                                 (dtype,) if dtype == "fp32" else ())))
+                                 (dtype,) if dtype == "fp32" or s.compiled else ()) + ((True,) if s.compiled else ())))
         if s.scope == "model" and s.arch.causal:
             attention = "flash" if s.flash_attention else "eager"
             specs += [RowSpec(name, Group.ACTIVATIONS, Device.GPU, formulas.outside_key(
@@ -156,6 +159,10 @@ class Ledger:
     ``optimizer_in_backward``: torchtune's optimizer stepped in backward
     (:mod:`memledger.ledger.in_backward`): the step's peak (:attr:`peak`, :meth:`step`) honours it; the rows,
     the sum at the end of the forward pass, do not change.
+    ``compile``: the blocks run under ``torch.compile`` (Inductor or ``aot_eager_decomp_partition``): the
+    activations row books what AOTAutograd's min-cut partitioner saves
+    (:mod:`memledger.activations.partitioned`, measured); the step timeline does not model compiled graphs
+    (:attr:`peak` is None, :meth:`step` refuses it).
     """
     arch: Union[Architecture, str, None] = None
     n_params: Optional[int] = None
@@ -193,6 +200,7 @@ class Ledger:
     dp_replicate: int = 1
     offload_activations: bool = False
     optimizer_in_backward: bool = False     # torchtune's optimizer_in_bwd: the step's peak honours it
+    compile: bool = False   # the blocks under torch.compile: what the min-cut partitioner saves (sum only)
 
     def __post_init__(self):
         arch = get_preset(self.arch) if isinstance(self.arch, str) else self.arch
@@ -226,6 +234,12 @@ class Ledger:
         if (self.loss_chunks > 1 or self.loss_impl != "torchtune") and arch is None:
             raise ValueError("loss_chunks needs an architecture: the chunked loss splits the LM head's logits")
         check_flag("offload_activations", self.offload_activations)
+        check_flag("compile", self.compile)
+        if self.compile:
+            if arch is None:
+                raise ValueError("compile: torch.compile changes what the blocks save; without an architecture "
+                                 "(model states only) there is none: give a preset or --hidden/--layers/--heads")
+            check_compiled(arch.features, self.recompute, self.tp, self.offload_activations)
         if self.offload_activations and arch is None:
             raise ValueError("offload_activations: nothing is saved for backward without an architecture (model "
                              "states only); give a preset or --hidden/--layers/--heads")
@@ -252,7 +266,7 @@ class Ledger:
         return Structure(self.recipe, self.zero_stage, self.offload_optimizer, self.offload_params,
                          self.offload_placement, self.arch, self.dropout, self.flash_attention, self.recompute,
                          self.tp > 1, self.sequence_parallel, self.scope,
-                         self.framework, self.framework == "ddp" and self.gradient_as_bucket_view)
+                         self.framework, self.framework == "ddp" and self.gradient_as_bucket_view, self.compile)
 
     @cached_property
     def values(self) -> dict:
