@@ -7,7 +7,8 @@ tensors and catches every storage its compiled autograd function saves (saved_te
 rows for it (:mod:`memledger.activations.partitioned` on :func:`~memledger.activations.inventory.inventory`,
 with the CPU run's conventions) must be those storages, size for size; the ledger's activations row (the
 article's conventions: no norm statistics) their sum without the per-token statistics. Shape-independence:
-three shapes and LLaMA-2 7B's block (d 4096, H 32, F 11008) at a short sequence. Inductor itself (a C++
+several shapes (S below and above d) and LLaMA-2 7B's block (d 4096, H 32, F 11008) at a
+short sequence. Inductor itself (a C++
 compiler needed) saves the same storages. Slow: each compile takes 10-60 s on the CPU.
 """
 import shutil
@@ -37,7 +38,9 @@ CASES = [
     ("GPT eager, no dropout", dict(d=64, H=4, F=256), "bf16", 2, 16),
     ("GPT eager, dropout", dict(d=96, H=6, F=384, dropout=0.1), "bf16", 3, 24),
     ("GPT eager, dropout, FP32", dict(d=48, H=2, F=192, dropout=0.1), "fp32", 2, 16),
-    ("LLaMA-2 7B's block", dict(style="llama", d=4096, H=32, F=11008), "bf16", 1, 64),
+    ("GPT eager, dropout, S >> d (the S x S tensors dominate)", dict(d=32, H=2, F=128, dropout=0.1), "bf16", 1,
+     128),
+    ("LLaMA-2 7B's block", dict(style="llama", d=4096, H=32, F=11008), "bf16", 1, 16),
 ]
 
 
@@ -58,10 +61,11 @@ def _rows(c, dtype, stats=True):
 
 
 def _expected(c, dtype, B, S):
-    """Sorted (bytes, dtype) the rows predict; a flash kernel's q, k and v are views of one storage."""
+    """Sorted (bytes, dtype) the rows predict; a flash kernel's q, k and v are views of one storage, as the
+    eager core's are at B = 1 (multi-head: no copy for the batched matmul), compiled as eager."""
     rows = _rows(c, dtype)
     sizes = {r.name: (evaluate_expr(r.bytes, _values(c, B, S)), r.dtype) for r in rows}
-    if c.kernel == "sdpa":
+    if c.kernel == "sdpa" or (B == 1 and c.kv_heads == c.H):
         sizes["Q"] = (sizes["Q"][0] + sizes.pop("K")[0] + sizes.pop("V")[0], sizes["Q"][1])
     torch_dtype = {"bf16": "bfloat16", "fp32": "float32", "bool": "bool"}
     return sorted((n, torch_dtype[t]) for n, t in sizes.values())
@@ -79,7 +83,7 @@ def test_compiled_block_saves_the_rows(name, fields, dtype, B, S):
     assert measured == _expected(c, dtype, B, S), name
 
 
-@pytest.mark.parametrize("name, fields, dtype, B, S", CASES[:1] + CASES[6:7], ids=["LLaMA", "GPT, dropout"])
+@pytest.mark.parametrize("name, fields, dtype, B, S", [CASES[0], CASES[6]], ids=["LLaMA", "GPT, dropout"])
 def test_ledger_books_the_compiled_block(name, fields, dtype, B, S):
     """The ledger's activations row (one block, the article's conventions: no norm statistics) is what the
     compiled block saves without its per-token statistics, and less than the eager block where SiLU is
