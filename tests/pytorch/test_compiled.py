@@ -115,7 +115,11 @@ def test_compiled_llama_block_against_eager():
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="Inductor's CPU backend compiles C++")
 def test_inductor_saves_what_aot_eager_decomp_partition_saves():
-    """Inductor's partition_fn runs its joint-graph passes, then the same partitioner: the same storages."""
+    """Inductor's partition_fn runs its joint-graph passes, then the same partitioner: the same storages (the
+    view a storage is first seen through may differ: the flash output as (B, H, S, d/H) or (B*S, d))."""
     c = _config(CASES[0][1])
+
+    def storages(saved):
+        return sorted((n, t, what) for n, t, _, what in saved)
     inductor = compiled_saved(c, torch.bfloat16, 2, 16, backend="inductor")
-    assert sorted(inductor) == sorted(compiled_saved(c, torch.bfloat16, 2, 16))
+    assert storages(inductor) == storages(compiled_saved(c, torch.bfloat16, 2, 16))
