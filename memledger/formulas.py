@@ -30,13 +30,19 @@ def _elements(sharded):
 
 
 def _activations(mlp, norm, dropout, flash, recompute, tp, sequence_parallel, gqa=False, head_dim=False, moe=False,
-                 dtype="bf16"):
+                 dtype="bf16", compiled=False):
     """L layers' saved activations; the next three (grouped-query K/V, explicit head size, MoE)
-    appear in a key only when one is set, or when the last does: the activation dtype, only where it is
+    appear in a key only when one is set, or when the last two do: the activation dtype, only where it is
     not 16-bit (``"fp32"``: an FP32 model saves 4-byte tensors), so the keys of the article's models stay
-    as they were."""
+    as they were; ``compiled``, only where set: the blocks under ``torch.compile``, what the min-cut
+    partitioner saves (:mod:`memledger.activations.partitioned`; not compiled ahead, evaluated by lambdify)."""
     from .activations.inventory import activation_bytes, inventory
-    rows = inventory(mlp, norm, dropout, flash, gqa=gqa, head_dim=head_dim, moe=moe, dtype=dtype)
+    if compiled:
+        from .activations.partitioned import compiled_options, compiled_rows
+        options = compiled_options(dict(dtype=dtype))
+        rows = compiled_rows(inventory(mlp, norm, dropout, flash, gqa=gqa, head_dim=head_dim, moe=moe, **options))
+    else:
+        rows = inventory(mlp, norm, dropout, flash, gqa=gqa, head_dim=head_dim, moe=moe, dtype=dtype)
     return activation_bytes(rows, recompute, tp, sequence_parallel, dtype)
 
 

@@ -91,6 +91,8 @@ def ledger_options(parser, overhead: str = DEFAULT_OVERHEAD, scope: bool = True)
         "step --backend cpu)", switch=True)
     add(run, "--packed", "N documents packed in each row of --seq tokens, attending only to themselves (memledger "
         "step --backend cpu: SDPA's block-causal mask; cuda: flash-attention varlen)", None)
+    add(run, "--compile", "the blocks under torch.compile: what AOTAutograd's min-cut partitioner saves (the sum; "
+        "the step refuses it)", switch=True)
     if scope:
         add(run, "--scope", "model (the blocks and what lies outside them) or layers (the blocks only, as the "
             "article books them)", Ledger.scope)
@@ -254,7 +256,7 @@ def build_ledger(a) -> Ledger:
         raise ValueError("give a model: --preset NAME, --config FILE, --params N, or --hidden D --layers L --heads H")
     if arch is None:
         needs = [flag(d) for d in ("batch", "seq", "recompute", "flash_attention", "no_dropout", "sp", "scope",
-                                   "offload_activations", "packed") if d in a.given]
+                                   "offload_activations", "packed", "compile") if d in a.given]
         if needs:
             raise ValueError(f"{', '.join(needs)} need an architecture (activations); --params alone gives "
                              "model states only")
@@ -276,7 +278,8 @@ def build_ledger(a) -> Ledger:
         scope=getattr(a, "scope", Ledger.scope), loss_chunks=parse_count(a.loss_chunks, "loss_chunks"),
         loss_impl=a.loss_impl, offload_activations=bool(getattr(a, "offload_activations", False)),
         optimizer_in_backward=bool(getattr(a, "optimizer_in_backward", False)),
-        packed=0 if getattr(a, "packed", None) is None else parse_count(a.packed, "packed"), **framework_fields(a))
+        packed=0 if getattr(a, "packed", None) is None else parse_count(a.packed, "packed"),
+        compile=bool(getattr(a, "compile", False)), **framework_fields(a))
 
 
 def gpu_bytes(text: str) -> int:

@@ -16,7 +16,7 @@ __all__ = ["CONVENTION_INPUTS", "FRAMEWORK", "IN_BACKWARD_WHY", "LORA", "LOSS", 
 
 MODEL = ("preset", "config", "params", "hidden", "layers", "heads", "ffn", "vocab", "style")
 #: Options of the activations (an architecture needed), then of the model states and the runtime.
-ACTIVATIONS = ("batch", "seq", "recompute", "no_dropout", "flash_attention", "sp", "scope")
+ACTIVATIONS = ("batch", "seq", "recompute", "no_dropout", "flash_attention", "sp", "scope", "compile")
 STATES = ("recipe", "tp", "zero", "dp", "offload_optimizer", "offload_params", "offload_placement", "overhead")
 WORKLOAD = ACTIVATIONS + STATES
 #: The framework and its options (issue 15): read by ledger (not --pp), step and fit; refused elsewhere.

@@ -28,6 +28,7 @@ from ..states.placement import OFFLOAD_DEVICES, PLACEMENTS, ZERO_STAGES, check_s
 from ..states.recipes import ALL_RECIPES, DEFAULT_RECIPE
 from .amp import weight_copy_row
 from .in_backward import check_in_backward
+from ..activations.partitioned import check_compiled
 from .transfer import Traffic, step_traffic
 from ..step.structure import AMP_RECIPES, check_loss_impl
 from ..core.units import GB
@@ -80,6 +81,7 @@ class Structure(NamedTuple):
     scope: str = "layers"
     framework: str = "plain"        # issue 15: FRAMEWORKS; DDP's buckets are a row unless gradients are views
     ddp_view: bool = False
+    compiled: bool = False          # the blocks under torch.compile (memledger.activations.partitioned)
 
 
 #: "model": the blocks and the tensors outside them; "layers": the blocks only, as the article books them.
@@ -121,11 +123,12 @@ def row_specs(s: Structure) -> tuple:
                                      component_key(gathered, unit), 1, Role.GATHERED))
         f = s.arch.features
         dtype = activation_dtype(recipe)
-        refinements = (f.gqa, f.head_dim, f.moe) if (f.gqa or f.head_dim or f.moe or dtype == "fp32") else ()
+        refined = f.gqa or f.head_dim or f.moe or dtype == "fp32" or s.compiled
+        refinements = (f.gqa, f.head_dim, f.moe) if refined else ()
         specs.append(RowSpec("activations", Group.ACTIVATIONS, Device.GPU,
                              ("activations", s.arch.mlp, s.arch.norm, s.dropout, s.flash_attention, s.recompute,
                               s.tensor_parallel, s.sequence_parallel) + refinements + (
-                                 (dtype,) if dtype == "fp32" else ())))
+                                 (dtype,) if dtype == "fp32" or s.compiled else ()) + ((True,) if s.compiled else ())))
         if s.scope == "model" and s.arch.causal:
             attention = "flash" if s.flash_attention else "eager"
             specs += [RowSpec(name, Group.ACTIVATIONS, Device.GPU, formulas.outside_key(
@@ -175,6 +178,10 @@ class Ledger:
     ``optimizer_in_backward``: torchtune's optimizer stepped in backward
     (:mod:`memledger.ledger.in_backward`): the step's peak (:attr:`peak`, :meth:`step`) honours it; the rows,
     the sum at the end of the forward pass, do not change.
+    ``compile``: the blocks run under ``torch.compile`` (Inductor or ``aot_eager_decomp_partition``): the
+    activations row books what AOTAutograd's min-cut partitioner saves
+    (:mod:`memledger.activations.partitioned`, measured); the step timeline does not model compiled graphs
+    (:attr:`peak` is None, :meth:`step` refuses it).
     """
     arch: Union[Architecture, str, None] = None
     n_params: Optional[int] = None
@@ -213,6 +220,7 @@ class Ledger:
     offload_activations: bool = False
     optimizer_in_backward: bool = False     # torchtune's optimizer_in_bwd: the step's peak honours it
     packed: int = 0         # documents packed in each row (memledger.step.packing): the step under cpu/cuda reads it
+    compile: bool = False   # the blocks under torch.compile: what the min-cut partitioner saves (sum only)
 
     def __post_init__(self):
         arch = get_preset(self.arch) if isinstance(self.arch, str) else self.arch
@@ -247,6 +255,12 @@ class Ledger:
             raise ValueError("loss_chunks needs an architecture: the chunked loss splits the LM head's logits")
         check_flag("offload_activations", self.offload_activations)
         check_packed_field(self.packed, self.seq_len, arch)
+        check_flag("compile", self.compile)
+        if self.compile:
+            if arch is None:
+                raise ValueError("compile: torch.compile changes what the blocks save; without an architecture "
+                                 "(model states only) there is none: give a preset or --hidden/--layers/--heads")
+            check_compiled(arch.features, self.recompute, self.tp, self.offload_activations)
         if self.offload_activations and arch is None:
             raise ValueError("offload_activations: nothing is saved for backward without an architecture (model "
                              "states only); give a preset or --hidden/--layers/--heads")
@@ -273,7 +287,7 @@ class Ledger:
         return Structure(self.recipe, self.zero_stage, self.offload_optimizer, self.offload_params,
                          self.offload_placement, self.arch, self.dropout, self.flash_attention, self.recompute,
                          self.tp > 1, self.sequence_parallel, self.scope,
-                         self.framework, self.framework == "ddp" and self.gradient_as_bucket_view)
+                         self.framework, self.framework == "ddp" and self.gradient_as_bucket_view, self.compile)
 
     @cached_property
     def values(self) -> dict:

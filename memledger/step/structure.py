@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from ..models.features import Features
 from ..states.recipes import ALL_RECIPES as RECIPES
 
-__all__ = ["AMP_RECIPES", "LOSS_IMPLS", "MAX_LOSS_CHUNKS", "MODELLED_RECIPES", "OPTIMIZER_OF", "REFUSED_LOSSES", "Shape",
-           "StepStructure", "block_of", "check_implementation", "check_loss_chunks", "check_loss_impl", "check_offload",
-           "check_amp", "check_packed",
-           "check_recipe", "step_values", "unmodelled"]
+__all__ = ["AMP_RECIPES", "COMPILE_REFUSED", "LOSS_IMPLS", "MAX_LOSS_CHUNKS", "MODELLED_RECIPES", "OPTIMIZER_OF",
+           "REFUSED_LOSSES", "Shape", "StepStructure", "block_of", "check_amp", "check_implementation",
+           "check_loss_chunks", "check_loss_impl", "check_offload", "check_packed", "check_recipe", "step_values",
+           "unmodelled"]
 
 #: The optimizer each recipe the timeline models runs (``torch.optim.AdamW``, ``SGD`` with ``momentum`` 0 or not,
 #: ``Adafactor``; :mod:`memledger.step.optim`), with one gradient buffer, with or without FP32 master weights
@@ -35,6 +35,12 @@ UNMODELLED_RECIPES = {
     "bf16-adafactor": "transformers' Adafactor: FP32 states and FP32 copies of each BF16 gradient and parameter "
                       "inside step(); the step models torch.optim.Adafactor, whose states take the gradient's dtype",
 }
+
+
+#: Why the timeline refuses ``compile`` (the ledger's sum books the partitioner's saved set).
+COMPILE_REFUSED = ("compile: the step timeline does not model torch.compile's forward and backward graphs op by op "
+                   "(their transients, Inductor's fused kernels); memledger ledger books what the min-cut "
+                   "partitioner saves")
 
 
 def check_recipe(name: str) -> None:
@@ -120,6 +126,8 @@ class StepStructure:
         if arch is None:
             raise ValueError("the step timeline needs an architecture (a preset or --hidden/--layers/--heads)")
         check_recipe(ledger.recipe)
+        if getattr(ledger, "compile", False):
+            raise ValueError(COMPILE_REFUSED)
         f = arch.features
         llama = arch.style == "llama"
         # LLaMA blocks may add grouped-query attention, QKV biases (Qwen2) and a tied LM head (Gemma)
