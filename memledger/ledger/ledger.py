@@ -189,10 +189,13 @@ class Ledger:
     megatron_gradient_accumulation_fusion: Optional[bool] = None  # None: on, as Megatron-LM's default
     fsdp_param_dtype: Optional[str] = "bf16"                     # fsdp2: MixedPrecisionPolicy (states.frameworks)
     fsdp_reduce_dtype: Optional[str] = "fp32"
-    reshard_after_forward: Optional[bool] = True
+    reshard_after_forward: object = True          # fsdp2: True, False, None (PyTorch: the root False) or an int k
     dp_replicate: int = 1
     offload_activations: bool = False
     optimizer_in_backward: bool = False     # torchtune's optimizer_in_bwd: the step's peak honours it
+    fsdp_loss_in_root: bool = False         # fsdp2: the loss computed in the root module's forward
+    fsdp_cpu_offload: bool = False          # fsdp2: CPUOffloadPolicy (shards, gradients, states on the host)
+    fsdp_offload_pin_memory: bool = True    # fsdp2: CPUOffloadPolicy(pin_memory=...)
 
     def __post_init__(self):
         arch = get_preset(self.arch) if isinstance(self.arch, str) else self.arch

@@ -80,7 +80,7 @@ class FSDP2:
 
     def __init__(self, c, s):
         self.c, self.s = c, s
-        self.param, self.reduce, self.original, reshard, self.hsdp = s.fsdp
+        self.param, self.reduce, self.original, reshard, self.hsdp, self.loss_in_root, self.offload = s.fsdp
         # None: PyTorch's default, True for every block and False for the root (_fully_shard.py:246, 260)
         self.reshard, self.root_reshard = (True, False) if reshard is None else (reshard, reshard)
         self.held = self.hsdp and self.reduce != self.original    # HSDP keeps each reduce-dtype output
@@ -206,8 +206,11 @@ class FSDP2:
         last_out = Ref(Scope.LAST, self.name("all-gather output", "block"))
         outside[Part.FORWARD_START][:0] = self._gather(root) + self._copy_out(root)
         ops = outside[Part.FORWARD_END]
-        at = _index(ops, "LM head") + 1
-        at += at < len(ops) and ops[at].label == "final norm input released"
+        if self.loss_in_root:       # the root's forward returns the loss: its post-forward after the loss
+            at = _index(ops, "loss computed") + 1
+        else:
+            at = _index(ops, "LM head") + 1
+            at += at < len(ops) and ops[at].label == "final norm input released"
         ops[at:at] = [ProgramOp("FSDP2 root post-forward", ((u,) if self.root_reshard else ()) + (last_out,), ())]
         pre = []
         if self.root_reshard:
@@ -216,7 +219,9 @@ class FSDP2:
         if self.reshard:
             pre += self._gather("block", lambda n: Ref(Scope.LAST, n))
         ops = outside[Part.BACKWARD_START]
-        at = _index(ops, "LM head backward")
+        # the root's pre-backward hook is on its output's gradient: the logits' (before the LM head's backward)
+        # or, with the loss inside the root, the loss's (as loss.backward() starts, before the loss's backward)
+        at = _index(ops, "loss.backward()") + 1 if self.loss_in_root else _index(ops, "LM head backward")
         ops[at:at] = pre
         ops = outside[Part.BACKWARD_END]
         grads = [f"grad {n}" for n, _ in self.units[root]]

@@ -41,6 +41,17 @@ def test_step_honours_every_fsdp2_option(capsys):
     assert hsdp["peak"]["gpu"] == shard["peak"]["gpu"]        # reduce fp32 = the shards': as FSDP2 over 4
 
 
+def test_step_reads_the_loss_in_the_root(capsys):
+    """``--fsdp-loss-in-root`` reproduces issue 15's 39.37 GB (LLaMA-2 7B, world 8, B 1, S 4096, CPU backend)."""
+    args = ["step", "--preset", "llama2-7b", "--batch", "1", "--seq", "4096", *FSDP2, "--backend", "cpu", "--overhead", "0",
+            "--json"]
+    inside = json.loads(answered(capsys, *args, "--fsdp-loss-in-root"))
+    outside = json.loads(answered(capsys, *args))
+    assert round(inside["peak"]["gpu"] / 1e9, 2) == 39.37 and round(outside["peak"]["gpu"] / 1e9, 2) < 39.37
+    text = answered(capsys, *args[:-1], "--fsdp-loss-in-root")
+    assert "the loss inside the root's forward" in text.splitlines()[0]
+
+
 def test_fit_judges_the_fsdp2_peak(capsys):
     data = json.loads(answered(capsys, "fit", *SMALL, *FSDP2, "--vary", "batch", "--json"))
     assert data["measure_key"] == "peak" and data["total_at_answer"] is None
@@ -60,5 +71,6 @@ def test_refused_in_one_line(capsys):
     refused(capsys, "step", *SMALL, "--dp-replicate", "2", message="--dp-replicate: an option of --framework fsdp2")
     refused(capsys, "step", *SMALL, *FSDP2, "--dp-replicate", "3", message="dp_replicate (3) must divide dp (8)")
     refused(capsys, "step", *SMALL, *FSDP2, "--dp-replicate", "8", message="dp must be at least 2 x dp_replicate")
+    refused(capsys, "step", *SMALL, "--fsdp-loss-in-root", message="--fsdp-loss-in-root: an option of --framework fsdp2")
     refused(capsys, "ledger", *SMALL, *FSDP2, message="only the step books")
     refused(capsys, "compare", *SMALL, *FSDP2, message="booked by memledger step only")

@@ -21,14 +21,15 @@ SMALL_GPT = dict(d=64, L=6, H=4, F=256, V=1000, style="gpt")
 
 
 def fsdp2_ledger(arch, B, S, N, recompute="none", reshard=True, param="bf16", reduce="fp32", loop="fp32-adamw",
-                 dropout=False, replicate=1):
+                 dropout=False, replicate=1, loss_in_root=False, offload=False, pin=True):
     return Ledger(arch, batch_size=B, seq_len=S, recipe=loop, overhead_bytes=0, dropout=dropout, recompute=recompute,
                   framework="fsdp2", dp=N, fsdp_param_dtype=param, fsdp_reduce_dtype=reduce,
-                  reshard_after_forward=reshard, dp_replicate=replicate)
+                  reshard_after_forward=reshard, dp_replicate=replicate, fsdp_loss_in_root=loss_in_root,
+                  fsdp_cpu_offload=offload, fsdp_offload_pin_memory=pin)
 
 
 def against_fsdp2(shape, B, S, N, recompute="none", reshard=True, param="bf16", reduce="fp32", loop="fp32-adamw",
-                  dropout=0.0, replicate=1, foreach=False):
+                  dropout=0.0, replicate=1, foreach=False, loss_in_root=False):
     """Landmarks and every phase peak of memledger's FSDP2 step equal FSDPMemTracker's, byte for byte."""
     pytest.importorskip("torch")
     from memledger.pytorch.compare import architecture_of
@@ -37,9 +38,10 @@ def against_fsdp2(shape, B, S, N, recompute="none", reshard=True, param="bf16", 
     c = RefConfig(**shape, recompute=recompute, dropout=dropout)
     pytorch_default = dict(reshard=True, root_reshard=False) if reshard is None else dict(reshard=reshard)
     measured = fsdp_step(c, loop, batch=B, seq=S, world=N, param_dtype=param, reduce_dtype=reduce,
-                         replicate=replicate, foreach=foreach, track_first=False, **pytorch_default)
+                         replicate=replicate, foreach=foreach, track_first=False, loss_in_root=loss_in_root,
+                         **pytorch_default)
     step = fsdp2_ledger(architecture_of(c), B, S, N, recompute, reshard, param, reduce, loop,
-                        dropout > 0, replicate).step("cpu", foreach=foreach)
+                        dropout > 0, replicate, loss_in_root).step("cpu", foreach=foreach)
     assert {k: step.landmarks[k]["gpu"] for k in LANDMARKS} == {k: measured[k] for k in LANDMARKS}
     assert step.phase_peaks() == measured["phase peaks"]
     assert step.peak.bytes == measured["peak"]
@@ -64,12 +66,19 @@ def test_small_step_books_fsdp2s_buffers():
 
 def test_issue_figures_llama2_7b_world_8():
     """Issue 15's FSDPMemTracker figures, LLaMA-2 7B shape, world 8, B 1, S 4096, bf16/fp32 policy: before
-    forward 10.11 GB (FP32 shards and AdamW's moments on them, no BF16 copy); the issue's 37.39 GB after
-    forward holds with the loss outside the root too (its 39.37 GB peak needs the loss inside the root's
-    forward, docs/fsdp2.md section 7)."""
-    step = fsdp2_ledger(LLAMA7B, 1, 4096, 8).step("cpu")
-    assert round(step.landmarks["before forward"]["gpu"] / 1e9, 2) == 10.11
-    assert round(step.landmarks["after forward"]["gpu"] / 1e9, 2) == 37.39
+    forward 10.11 GB (FP32 shards and AdamW's moments on them, no BF16 copy), after forward 37.39 GB (with the
+    loss inside or outside the root), and the 39.37 GB peak with the loss inside the root's forward
+    (``fsdp_loss_in_root``: the root's pre-backward re-gathers it and prefetches the last block before the
+    loss's backward, docs/fsdp2.md section 7); outside the root the peak is lower, in block 30's backward."""
+    for inside in (True, False):
+        step = fsdp2_ledger(LLAMA7B, 1, 4096, 8, loss_in_root=inside).step("cpu")
+        assert round(step.landmarks["before forward"]["gpu"] / 1e9, 2) == 10.11
+        assert round(step.landmarks["after forward"]["gpu"] / 1e9, 2) == 37.39
+        assert (round(step.peak.bytes / 1e9, 2) == 39.37) is inside
+    inside = fsdp2_ledger(LLAMA7B, 1, 4096, 8, loss_in_root=True).step("cpu")
+    assert inside.peak.phase == "loss"
+    live = dict(inside.live_at_peak())
+    assert "FSDP2 all-gather output (BF16), block 31" in live and "FSDP2 unsharded parameters (BF16), root" in live
 
 
 @pytest.mark.slow
@@ -87,6 +96,10 @@ def test_issue_figures_llama2_7b_world_8():
     (ODD, 2, 16, 16, dict(replicate=4)),                     # HSDP (4, 4): FSDP2 over 4 ranks
     (ODD, 2, 16, 8, dict(reshard=None, param=None, reduce=None)),   # fully_shard's defaults: root kept, no cast
     (ODD, 2, 16, 8, dict(foreach=True)),                     # AdamW(foreach=True) on the DTensor shards
+    (ODD, 2, 16, 8, dict(loss_in_root=True)),                # the loss in the root's forward (the issue's setup)
+    (ODD, 2, 16, 8, dict(loss_in_root=True, reshard=None)),  # ... with PyTorch's root default (kept unsharded)
+    (ODD, 1, 16, 8, dict(loss_in_root=True, reshard=False)),
+    (SMALL_GPT, 2, 16, 8, dict(loss_in_root=True, recompute="full")),
 ])
 def test_small_shapes_match_fsdp_mem_tracker(shape, B, S, N, options):
     against_fsdp2(shape, B, S, N, **options)
@@ -103,6 +116,8 @@ FULL_SCALE = [
     (GPT, 1, 8192, 64, dict(recompute="selective")),
     (LLAMA, 2, 8192, 64, dict(param=None, reduce=None)),
     (GPT, 2, 2048, 8, dict(reshard=False, reduce="bf16")),
+    (LLAMA, 1, 4096, 8, dict(loss_in_root=True)),                       # the issue's own setup: 39.37 GB
+    (GPT, 2, 4096, 64, dict(loss_in_root=True, reshard=None, recompute="selective")),
 ]
 
 
