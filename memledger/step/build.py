@@ -312,10 +312,12 @@ class Built:
         if g.sharded or self.fsdp or self.structure.tensor_parallel:
             grads = self._live_sum("after backward", lambda x: x.lifetime is Lifetime.GRADIENT)
         row(name, Kind.GRAD, Lifetime.GRADIENT, self.placement.gradients, grads, {"after backward"})
-        if self.fsdp and not (self.fsdp.reshard and self.fsdp.root_reshard):    # units kept unsharded after forward
+        if self.fsdp and (self.fsdp.k or not (self.fsdp.reshard and self.fsdp.root_reshard)):
+            # units kept unsharded after forward, or (int k) their post-forward slices
             kept = self._live_sum("after forward", lambda x: x.kind is Kind.PARAM and x.lifetime is Lifetime.TEMPORARY)
-            row(self.fsdp.name("unsharded parameters", "block") + ", units not resharded", Kind.PARAM,
-                Lifetime.SAVED, Device.GPU, kept, {"after forward"})
+            name = "post-forward slices" if self.fsdp.k else "unsharded parameters"
+            row(self.fsdp.name(name, "block") + (", every unit" if self.fsdp.k else ", units not resharded"),
+                Kind.PARAM, Lifetime.SAVED, Device.GPU, kept, {"after forward"})
         blocks = ["layer input"] if self.structure.recompute == "full" else [r.name for r in self.layer_rows]
         if self.structure.offload_activations:
             blocks = []

@@ -83,6 +83,8 @@ class FSDP2:
         self.param, self.reduce, self.original, reshard, self.hsdp, self.loss_in_root, self.offload = s.fsdp
         # None: PyTorch's default, True for every block and False for the root (_fully_shard.py:246, 260)
         self.reshard, self.root_reshard = (True, False) if reshard is None else (reshard, reshard)
+        # an int k: each unit keeps a clone of its 1/k slice after forward (_fsdp_param.py:709-745)
+        self.k = reshard if isinstance(reshard, int) and not isinstance(reshard, bool) else None
         self.held = self.hsdp and self.reduce != self.original    # HSDP keeps each reduce-dtype output
         self.p, self.r, self.o = nbytes(self.param), nbytes(self.reduce), nbytes(self.original)
         self.cast = self.param != self.original
@@ -91,6 +93,7 @@ class FSDP2:
 
     def name(self, role, unit):
         dtype = {"all-gather input": self.param, "all-gather output": self.param, "unsharded parameters": self.param,
+                 "post-forward slices": self.param, "all-gather input from the slices": self.param,
                  "reduce-scatter input": self.reduce, "reduce-scatter output": self.reduce,
                  "sharded gradients": self.original}[role]
         return f"FSDP2 {role} ({_label(dtype)})" + (", root" if unit == "root" else "")
@@ -135,6 +138,8 @@ class FSDP2:
                 kind = Kind.PARAM if role in UNIT_TENSORS[:3] else Kind.GRAD
                 life = Lifetime.GRADIENT if role == "sharded gradients" else Lifetime.TEMPORARY
                 tensors[name] = Tensor(name, size, kind, life, why=why[role])
+        if self.k:
+            self._define_slices(tensors)
         held = "FSDP2 reduce-scatter outputs, blocks 2..L-3"
         tensors[held] = Tensor(held, (L - 4) * self.r * self.shards["block"], Kind.GRAD, Lifetime.TEMPORARY,
                                why="HSDP: kept by each group's all-reduce state (_fsdp_param_group.py:759)")
@@ -144,6 +149,55 @@ class FSDP2:
                                why="kept after forward (reshard_after_forward=False)")
         self.unsharded_lump = lump
 
+    def _slice_name(self, unit, j):
+        """The post-forward slices of ``unit``'s first j + 1 parameters (all of them: the unit's slices)."""
+        whole = self.name("post-forward slices", unit)
+        return whole if j == len(self.units[unit]) - 1 else f"{whole}, the first {j + 1}"
+
+    def _rest_name(self, unit, j):
+        """``unit``'s unsharded parameters but the first j + 1 (freed one by one after each clone)."""
+        return f"{self.name('unsharded parameters', unit)}, all but the first {j + 1}"
+
+    def _define_slices(self, tensors):
+        """int k: each parameter's 1/k slice of its unsharded (padded) data, cloned in the post-forward
+        (``_fsdp_param.py:729-733``, ``.narrow(...).clone()``), its unsharded storage freed right after
+        (``:744`` ``free_unsharded_param``); the all-gather in backward reads the slices (``:902-909``): its
+        input copy (when cast) is p P^_u / k (``_fsdp_collectives.py:414-419``)."""
+        k = self.k
+        for unit, params in self.units.items():
+            full = [self.p * shard(n, e, self.c) * N_d for n, e in params]
+            for j in range(len(params)):
+                name = self._slice_name(unit, j)
+                tensors[name] = Tensor(name, sum(full[:j + 1], sp.Integer(0)) / k, Kind.PARAM, Lifetime.TEMPORARY,
+                                       why=f"reshard_after_forward={k}: this rank's 1/{k} slice of each parameter, "
+                                           "kept from the post-forward to the re-gather (_fsdp_param.py:733)")
+                if j < len(params) - 1:
+                    rest = self._rest_name(unit, j)
+                    tensors[rest] = Tensor(rest, sum(full[j + 1:], sp.Integer(0)), Kind.PARAM, Lifetime.TEMPORARY,
+                                           why="freed parameter by parameter (_fsdp_param.py:744)")
+            name = self.name("all-gather input from the slices", unit)
+            tensors[name] = Tensor(name, self.p * self.shards[unit] * N_d / k, Kind.PARAM, Lifetime.TEMPORARY,
+                                   why="the slices cast-copied into one flat input (_fsdp_collectives.py:414)")
+        lump = "FSDP2 post-forward slices, blocks 2..L-3"
+        tensors[lump] = Tensor(lump, (L - 4) * self.p * self.shards["block"] * N_d / k, Kind.PARAM,
+                               Lifetime.TEMPORARY, why=f"kept after forward (reshard_after_forward={k})")
+        self.slices_lump = lump
+
+    def _post_forward(self, unit) -> list:
+        """The post-forward of ``unit``: its unsharded parameters freed (True), kept (False), or (int k) each
+        parameter's 1/k slice cloned and then its unsharded storage freed, in the group's parameter order."""
+        resharded = self.reshard if unit == "block" else self.root_reshard
+        u = self.name("unsharded parameters", unit)
+        if not self.k or not resharded:
+            return [ProgramOp("FSDP2 post-forward: reshard", (u,), ())] if resharded else []
+        ops, n = [], len(self.units[unit])
+        for j, (param, _) in enumerate(self.units[unit]):
+            ops.append(ProgramOp(f"FSDP2 post-forward: {param}'s 1/{self.k} slice cloned",
+                                 (self._slice_name(unit, j - 1),) if j else (), (self._slice_name(unit, j),)))
+            ops.append(ProgramOp(f"{param}'s unsharded storage freed", (self._rest_name(unit, j - 1) if j else u,),
+                                 (self._rest_name(unit, j),) if j < n - 1 else ()))
+        return ops
+
     def gradient_lump(self) -> Tensor:
         """What the lumped blocks 2..L-3 leave after their backward: their sharded gradients."""
         return Tensor(GRADIENT_LUMP, (L - 4) * self.o * self.shards["block"], Kind.GRAD, Lifetime.GRADIENT,
@@ -151,9 +205,12 @@ class FSDP2:
 
     # ---- the programs -------------------------------------------------------------------------------------
 
-    def _gather(self, unit, ref=lambda n: n):
-        """All-gather of ``unit``: the input copy (when cast), the output, the input freed on return."""
+    def _gather(self, unit, ref=lambda n: n, sliced=False):
+        """All-gather of ``unit``: the input copy (when cast), the output, the input freed on return;
+        ``sliced``: from the post-forward slices (int k, in backward)."""
         ag_in, ag_out = (ref(self.name(r, unit)) for r in UNIT_TENSORS[:2])
+        if sliced:
+            ag_in = ref(self.name("all-gather input from the slices", unit))
         ops = [ProgramOp("FSDP2 all-gather input (cast copy of the shards)", (), (ag_in,))] if self.cast else []
         ops.append(ProgramOp("FSDP2 all-gather output", (), (ag_out,)))
         if self.cast:
@@ -165,6 +222,13 @@ class FSDP2:
         all-gather output) dies as the call returns, its local ``prev_all_gather_state`` holding it to then."""
         ops = [ProgramOp("FSDP2 copy-out: unsharded parameters", (), (self.name("unsharded parameters", unit),))]
         return ops + ([ProgramOp("previous all-gather output released", tuple(free), ())] if free else [])
+
+    def _slices_freed(self, unit) -> list:
+        """int k: the post-forward slices freed by ``to_unsharded`` after the copy-out (``_fsdp_param.py:758``)."""
+        if not self.k or not (self.reshard if unit == "block" else self.root_reshard):
+            return []
+        return [ProgramOp("FSDP2 post-forward slices freed (to_unsharded)", (self.name("post-forward slices", unit),),
+                          ())]
 
     def _reduce(self, unit, grads, previous):
         """post_backward of ``unit``: reshard, the previous reduce-scatter input freed, reduce-scatter."""
@@ -188,12 +252,12 @@ class FSDP2:
         u, ag_out = self.name("unsharded parameters", block), self.name("all-gather output", block)
         previous_out = Ref(Scope.PREVIOUS, ag_out, self.name("all-gather output", "root"))
         pre = self._gather(block) + self._copy_out(block, [previous_out])
-        post = [ProgramOp("FSDP2 post-forward: reshard", (u,), ())] if self.reshard else []
-        fwd.ops[:] = pre + fwd.ops + post
+        fwd.ops[:] = pre + fwd.ops + self._post_forward(block)
         pre = []
         if self.reshard:        # re-gathered (prefetched by the unit after it), then the unit before prefetched
-            pre = self._copy_out(block) + [ProgramOp("all-gather output released", (ag_out,), ())]
-            pre += self._gather(block, lambda n: Ref(Scope.PREVIOUS, n))
+            pre = self._copy_out(block) + self._slices_freed(block) + [
+                ProgramOp("all-gather output released", (ag_out,), ())]
+            pre += self._gather(block, lambda n: Ref(Scope.PREVIOUS, n), bool(self.k))
         grads = [f"grad {n}" for n, _ in self.units[block]]
         post = self._reduce(block, grads, Ref(Scope.NEXT, self.name("reduce-scatter input", block)))
         bwd.ops[:] = pre + bwd.ops + post
@@ -211,13 +275,17 @@ class FSDP2:
         else:
             at = _index(ops, "LM head") + 1
             at += at < len(ops) and ops[at].label == "final norm input released"
-        ops[at:at] = [ProgramOp("FSDP2 root post-forward", ((u,) if self.root_reshard else ()) + (last_out,), ())]
+        if self.k and self.root_reshard:      # the root's slices cloned, then the last block's output freed
+            ops[at:at] = self._post_forward(root) + [ProgramOp("FSDP2 root post-forward", (last_out,), ())]
+        else:
+            ops[at:at] = [ProgramOp("FSDP2 root post-forward", ((u,) if self.root_reshard else ()) + (last_out,),
+                                    ())]
         pre = []
         if self.root_reshard:
-            pre = self._gather(root) + self._copy_out(root) + [
+            pre = self._gather(root, sliced=bool(self.k)) + self._copy_out(root) + self._slices_freed(root) + [
                 ProgramOp("all-gather output released", (self.name("all-gather output", root),), ())]
         if self.reshard:
-            pre += self._gather("block", lambda n: Ref(Scope.LAST, n))
+            pre += self._gather("block", lambda n: Ref(Scope.LAST, n), bool(self.k))
         ops = outside[Part.BACKWARD_START]
         # the root's pre-backward hook is on its output's gradient: the logits' (before the LM head's backward)
         # or, with the loss inside the root, the loss's (as loss.backward() starts, before the loss's backward)
@@ -234,12 +302,13 @@ class FSDP2:
         block = "block"
         ag, u, rs = (self.name(r, block) for r in ("all-gather output", "unsharded parameters",
                                                     "reduce-scatter input"))
+        kept = ((None, self.slices_lump),) if self.k else ()
         if phase is Phase.FORWARD:
-            allocs = ((n_layers - 3, ag),) + (() if self.reshard else ((None, self.unsharded_lump),))
+            allocs = ((n_layers - 3, ag),) + (() if self.reshard else ((None, self.unsharded_lump),)) + kept
             return ((1, ag),), allocs
         held = ((None, self.held_lump),) if self.held else ()
         if self.reshard:
-            return ((n_layers - 2, rs), (n_layers - 3, ag)), ((2, rs), (1, ag)) + held
+            return ((n_layers - 2, rs), (n_layers - 3, ag)) + kept, ((2, rs), (1, ag)) + held
         return ((n_layers - 2, rs), (None, self.unsharded_lump)), ((2, rs),) + held
 
     def finalize(self, ops) -> list:

@@ -52,6 +52,19 @@ def test_step_reads_the_loss_in_the_root(capsys):
     assert "the loss inside the root's forward" in text.splitlines()[0]
 
 
+def test_step_reads_an_int_reshard(capsys):
+    data = json.loads(answered(capsys, "step", *SMALL, *FSDP2, "--reshard-after-forward", "2", "--backend", "cpu",
+                               "--json"))
+    want = Ledger(Architecture(64, 2, 4, style="llama", vocab_size=128), recipe="fp32-adamw", framework="fsdp2",
+                  dp=8, reshard_after_forward=2).step("cpu")
+    assert data["peak"]["gpu"] == want.peak.bytes
+    assert any(r["name"].startswith("FSDP2 post-forward slices (BF16)") for r in data["rows"])
+    refused(capsys, "step", *SMALL, *FSDP2, "--reshard-after-forward", "3", message="reshard_after_forward (3) must")
+    refused(capsys, "step", *SMALL, *FSDP2, "--reshard-after-forward", "2", "--no-reshard-after-forward",
+            message="give one of them")
+    refused(capsys, "step", *SMALL, "--reshard-after-forward", "2", message="an option of --framework fsdp2")
+
+
 def test_fit_judges_the_fsdp2_peak(capsys):
     data = json.loads(answered(capsys, "fit", *SMALL, *FSDP2, "--vary", "batch", "--json"))
     assert data["measure_key"] == "peak" and data["total_at_answer"] is None

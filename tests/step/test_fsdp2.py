@@ -100,6 +100,10 @@ def test_issue_figures_llama2_7b_world_8():
     (ODD, 2, 16, 8, dict(loss_in_root=True, reshard=None)),  # ... with PyTorch's root default (kept unsharded)
     (ODD, 1, 16, 8, dict(loss_in_root=True, reshard=False)),
     (SMALL_GPT, 2, 16, 8, dict(loss_in_root=True, recompute="full")),
+    (ODD, 2, 16, 8, dict(reshard=2)),                        # int: each unit keeps its 1/2 slice after forward
+    (ODD, 2, 16, 8, dict(reshard=4, param=None, reduce=None)),          # ... no cast: no all-gather input copy
+    (ODD, 2, 16, 8, dict(reshard=2, loss_in_root=True, reduce="bf16")),
+    (SMALL_GPT, 2, 16, 64, dict(reshard=8, recompute="selective")),
 ])
 def test_small_shapes_match_fsdp_mem_tracker(shape, B, S, N, options):
     against_fsdp2(shape, B, S, N, **options)
@@ -118,6 +122,8 @@ FULL_SCALE = [
     (GPT, 2, 2048, 8, dict(reshard=False, reduce="bf16")),
     (LLAMA, 1, 4096, 8, dict(loss_in_root=True)),                       # the issue's own setup: 39.37 GB
     (GPT, 2, 4096, 64, dict(loss_in_root=True, reshard=None, recompute="selective")),
+    (LLAMA, 1, 4096, 8, dict(reshard=2)),                               # reshard_after_forward=2
+    (GPT, 1, 2048, 64, dict(reshard=8, recompute="full")),
 ]
 
 
@@ -125,6 +131,17 @@ FULL_SCALE = [
 @pytest.mark.parametrize("shape, B, S, N, options", FULL_SCALE)
 def test_7b_shapes_match_fsdp_mem_tracker(shape, B, S, N, options):
     against_fsdp2(shape, B, S, N, **options)
+
+
+def test_an_int_reshard_is_normalized_as_fully_shard_does():
+    """``_fsdp_init.py:174-182``: an int equal to the shard group is True, 1 is False (no post-forward slices)."""
+    def peak(reshard, dp=8, replicate=1):
+        return fsdp2_ledger(LLAMA7B, 1, 1024, dp, reshard=reshard, replicate=replicate).step("cpu").peak.bytes
+    assert peak(8) == peak(True) and peak(1) == peak(False) != peak(True)
+    assert peak(4, 16, 4) == peak(True, 16, 4) and peak(2, 16, 4) not in (peak(True, 16, 4), peak(False, 16, 4))
+    step = fsdp2_ledger(LLAMA7B, 1, 4096, 8, reshard=2).step("cpu")
+    landmarks_are_sums_of_rows(step)
+    assert "FSDP2 post-forward slices (BF16), every unit" in [r["name"] for r in step.rows]
 
 
 def test_bad_input_is_refused():
@@ -136,6 +153,12 @@ def test_bad_input_is_refused():
         Ledger(LLAMA7B, recipe="fp32-adamw", framework="fsdp2")
     with pytest.raises(ValueError, match="reshard_after_forward is an option of framework fsdp2"):
         Ledger(LLAMA7B, reshard_after_forward=False)
+    with pytest.raises(ValueError, match=r"reshard_after_forward \(3\) must be a positive divisor"):
+        Ledger(LLAMA7B, recipe="fp32-adamw", framework="fsdp2", dp=8, reshard_after_forward=3)
+    with pytest.raises(TypeError, match="reshard_after_forward must be"):
+        Ledger(LLAMA7B, recipe="fp32-adamw", framework="fsdp2", dp=8, reshard_after_forward=2.0)
+    with pytest.raises(ValueError, match="fsdp_loss_in_root is an option of framework fsdp2"):
+        Ledger(LLAMA7B, fsdp_loss_in_root=True)
     with pytest.raises(ValueError, match="framework must be one of"):
         Ledger(LLAMA7B, framework="fsdp3")
     with pytest.raises(ValueError, match="fsdp_param_dtype"):
