@@ -132,8 +132,10 @@ def check_fsdp2(ledger) -> None:
         raise ValueError(f"framework fsdp2 shards the model states itself: zero_stage must be 0, got "
                          f"{ledger.zero_stage}")
     if ledger.offload_optimizer != "none" or ledger.offload_params != "none":
-        raise ValueError("framework fsdp2: offload (CPUOffloadPolicy) is not modelled; offload_optimizer and "
-                         "offload_params must be none")
+        raise ValueError("framework fsdp2: FSDP2 offloads with CPUOffloadPolicy (fsdp_cpu_offload, "
+                         "--fsdp-cpu-offload); offload_optimizer and offload_params must be none")
+    if ledger.fsdp_cpu_offload and ledger.dp_replicate > 1:
+        raise ValueError("framework fsdp2: fsdp_cpu_offload with HSDP (dp_replicate > 1) is not modelled")
     if ledger.tp != 1:
         raise ValueError(f"framework fsdp2: FSDP2 x tensor parallelism is not modelled; tp must be 1, got {ledger.tp}")
     if ledger.dp % ledger.dp_replicate:

@@ -38,7 +38,7 @@ from .outer import Param, head_params
 from .params import param_tensors
 from .structure import block_of
 from .trace import GRADIENT_LUMP, Part
-from .vocab import Kind, Lifetime, Phase, Scope
+from .vocab import Device, Kind, Lifetime, Phase, Scope
 
 __all__ = ["UNIT_TENSORS", "FSDP2", "dim0", "shard", "unit_params", "wrap"]
 
@@ -88,15 +88,20 @@ class FSDP2:
         self.held = self.hsdp and self.reduce != self.original    # HSDP keeps each reduce-dtype output
         self.p, self.r, self.o = nbytes(self.param), nbytes(self.reduce), nbytes(self.original)
         self.cast = self.param != self.original
+        # CPUOffloadPolicy (self.offload: its pin_memory, or None): shards, sharded gradients, AdamW on the host
+        self.host = "pinned host memory" if self.offload else "host memory"
+        self.device = Device.CPU if self.offload is not None else Device.GPU
         self.units = unit_params(c)
         self.shards = {u: sum((shard(n, e, c) for n, e in ps), sp.Integer(0)) for u, ps in self.units.items()}
 
     def name(self, role, unit):
         dtype = {"all-gather input": self.param, "all-gather output": self.param, "unsharded parameters": self.param,
                  "post-forward slices": self.param, "all-gather input from the slices": self.param,
+                 "device gradients": self.original,
                  "reduce-scatter input": self.reduce, "reduce-scatter output": self.reduce,
                  "sharded gradients": self.original}[role]
-        return f"FSDP2 {role} ({_label(dtype)})" + (", root" if unit == "root" else "")
+        host = f", {self.host}" if self.offload is not None and role == "sharded gradients" else ""
+        return f"FSDP2 {role} ({_label(dtype)}{host})" + (", root" if unit == "root" else "")
 
     @property
     def block_names(self) -> tuple:
@@ -137,7 +142,10 @@ class FSDP2:
                 name = self.name(role, unit)
                 kind = Kind.PARAM if role in UNIT_TENSORS[:3] else Kind.GRAD
                 life = Lifetime.GRADIENT if role == "sharded gradients" else Lifetime.TEMPORARY
-                tensors[name] = Tensor(name, size, kind, life, why=why[role])
+                tensors[name] = Tensor(name, size, kind, life, self.device if role == "sharded gradients" else
+                                       Device.GPU, why=why[role])
+        if self.offload is not None:
+            self._define_copies(tensors)
         if self.k:
             self._define_slices(tensors)
         held = "FSDP2 reduce-scatter outputs, blocks 2..L-3"
@@ -148,6 +156,36 @@ class FSDP2:
         tensors[lump] = Tensor(lump, (L - 4) * self.p * self.shards["block"] * N_d, Kind.PARAM, Lifetime.TEMPORARY,
                                why="kept after forward (reshard_after_forward=False)")
         self.unsharded_lump = lump
+
+    def _copy_name(self, unit, param):
+        return f"FSDP2 host-to-device copy of {param} ({_label(self.original)})" + (", root" if unit == "root" else "")
+
+    def _input_name(self, unit, j):
+        """The all-gather inputs of ``unit``'s first j + 1 parameters (all of them: the unit's input)."""
+        whole = self.name("all-gather input", unit)
+        return whole if j == len(self.units[unit]) - 1 else f"{whole}, the first {j + 1}"
+
+    def _define_copies(self, tensors):
+        """CPUOffloadPolicy: before the all-gather each shard is copied to the device on its own
+        (``_fsdp_param.py:896-901``: ``.to(self.device, non_blocking=True)``, then cast to the param dtype, the
+        copy freed as the property returns; no foreach copy under offload, ``_fsdp_collectives.py:391``); the
+        inputs are kept until the all-gather returns (``_fsdp_collectives.py:345``, the flat list). After the
+        reduce-scatter each sharded gradient is copied to the host (``_fsdp_collectives.py:737``), the device
+        buffer freed as ``foreach_reduce`` returns."""
+        for unit, params in self.units.items():
+            elements = [shard(n, e, self.c) for n, e in params]
+            for j, (param, _) in enumerate(params):
+                name = self._copy_name(unit, param)
+                tensors[name] = Tensor(name, self.o * elements[j], Kind.PARAM, Lifetime.TEMPORARY,
+                                       why="the shard copied to the device (_fsdp_param.py:898)")
+                if j < len(params) - 1:
+                    name = self._input_name(unit, j)
+                    tensors[name] = Tensor(name, self.p * sum(elements[:j + 1], sp.Integer(0)), Kind.PARAM,
+                                           Lifetime.TEMPORARY, why="the all-gather inputs so far (_fsdp_collectives.py:345)")
+            name = self.name("device gradients", unit)
+            tensors[name] = Tensor(name, self.o * self.shards[unit], Kind.GRAD, Lifetime.TEMPORARY,
+                                   why="the reduce-scatter output cast to the sharded dtype, on the device until "
+                                       "foreach_reduce returns (_fsdp_collectives.py:696)")
 
     def _slice_name(self, unit, j):
         """The post-forward slices of ``unit``'s first j + 1 parameters (all of them: the unit's slices)."""
@@ -201,7 +239,8 @@ class FSDP2:
     def gradient_lump(self) -> Tensor:
         """What the lumped blocks 2..L-3 leave after their backward: their sharded gradients."""
         return Tensor(GRADIENT_LUMP, (L - 4) * self.o * self.shards["block"], Kind.GRAD, Lifetime.GRADIENT,
-                      why="their sharded gradients")
+                      self.device, why="their sharded gradients" + (f" ({self.host})" if self.offload is not None
+                                                                      else ""))
 
     # ---- the programs -------------------------------------------------------------------------------------
 
@@ -209,12 +248,31 @@ class FSDP2:
         """All-gather of ``unit``: the input copy (when cast), the output, the input freed on return;
         ``sliced``: from the post-forward slices (int k, in backward)."""
         ag_in, ag_out = (ref(self.name(r, unit)) for r in UNIT_TENSORS[:2])
+        copied = self.cast and not (sliced and self.offload is not None)    # offload: the slices are the input
         if sliced:
             ag_in = ref(self.name("all-gather input from the slices", unit))
-        ops = [ProgramOp("FSDP2 all-gather input (cast copy of the shards)", (), (ag_in,))] if self.cast else []
+        if self.offload is not None and not sliced:
+            ops, copied = self._copies(unit, ref), True
+        else:
+            ops = [ProgramOp("FSDP2 all-gather input (cast copy of the shards)", (), (ag_in,))] if copied else []
         ops.append(ProgramOp("FSDP2 all-gather output", (), (ag_out,)))
-        if self.cast:
+        if copied:
             ops.append(ProgramOp("all-gather input released", (ag_in,), ()))
+        return ops
+
+    def _copies(self, unit, ref) -> list:
+        """CPUOffloadPolicy: each shard copied to the device, then cast (the copy freed), one by one."""
+        ops = []
+        for j, (param, _) in enumerate(self.units[unit]):
+            before = (ref(self._input_name(unit, j - 1)),) if j else ()
+            copy = ref(self._copy_name(unit, param))
+            if self.cast:
+                ops += [ProgramOp(f"FSDP2 {param}'s shard copied to the device", (), (copy,)),
+                        ProgramOp(f"cast to {_label(self.param)}", before, (ref(self._input_name(unit, j)),)),
+                        ProgramOp("device copy released", (copy,), ())]
+            else:       # the device copy is the all-gather input
+                ops.append(ProgramOp(f"FSDP2 {param}'s shard copied to the device", before,
+                                     (ref(self._input_name(unit, j)),)))
         return ops
 
     def _copy_out(self, unit, free=()):
@@ -236,7 +294,16 @@ class FSDP2:
         ops = [ProgramOp("FSDP2 post-backward: reshard; reduce-scatter input",
                          (self.name("unsharded parameters", unit), previous), (rs_in,)),
                ProgramOp("unsharded gradients released (but the last parameter's)", tuple(grads[:-1]), ())]
-        if self.reduce == self.original:
+        if self.offload is not None:
+            device = rs_out
+            ops.append(ProgramOp("reduce-scatter output", (), (rs_out,)))
+            if self.reduce != self.original:
+                device = self.name("device gradients", unit)
+                ops += [ProgramOp(f"cast to {_label(self.original)}", (), (device,)),
+                        ProgramOp("reduce-scatter output released", (rs_out,), ())]
+            ops += [ProgramOp(f"sharded gradients copied to the host ({self.host})", (), (sg,)),
+                    ProgramOp("device gradients released", (device,), ())]
+        elif self.reduce == self.original:
             ops.append(ProgramOp("reduce-scatter output: the sharded gradients", (), (sg,)))
         else:
             ops += [ProgramOp("reduce-scatter output", (), (rs_out,)),
@@ -336,14 +403,19 @@ class FSDP2:
         return out
 
     def static(self) -> list:
-        """(name, bytes, kind, why) of what FSDP2 keeps the whole step, besides the step counters and ids."""
+        """(name, bytes, kind, why, device) of what FSDP2 keeps the whole step, besides the step counters and ids;
+        under CPUOffloadPolicy on the host (the shards pinned with pin_memory, ``_fsdp_param.py:312-315``; the
+        moments are zeros_like of them: pageable)."""
         o = _label(self.original)
-        return [(f"FSDP2 sharded parameters ({o})", self.o * self.total_shards, Kind.PARAM,
-                 "every parameter's padded shard (_fsdp_param.py:307), the optimizer's parameters"),
-                (f"AdamW exp_avg on the shards ({o})", self.o * self.total_shards, Kind.OPTIMIZER,
-                 "zeros_like of rank 0's shards (torch/optim/adamw.py)"),
-                (f"AdamW exp_avg_sq on the shards ({o})", self.o * self.total_shards, Kind.OPTIMIZER,
-                 "zeros_like of rank 0's shards (torch/optim/adamw.py)")]
+        on = self.offload is not None
+        shards = f"FSDP2 sharded parameters ({o}, {self.host})" if on else f"FSDP2 sharded parameters ({o})"
+        moments = f" ({o}, host memory)" if on else f" ({o})"
+        return [(shards, self.o * self.total_shards, Kind.PARAM,
+                 "every parameter's padded shard (_fsdp_param.py:307), the optimizer's parameters", self.device),
+                ("AdamW exp_avg on the shards" + moments, self.o * self.total_shards, Kind.OPTIMIZER,
+                 "zeros_like of rank 0's shards (torch/optim/adamw.py)", self.device),
+                ("AdamW exp_avg_sq on the shards" + moments, self.o * self.total_shards, Kind.OPTIMIZER,
+                 "zeros_like of rank 0's shards (torch/optim/adamw.py)", self.device)]
 
 
 def _index(ops, label):
