@@ -438,6 +438,10 @@ def _peak_sweep(template: Ledger, arrays: dict):
     from ..step.sweep import SWEEPABLE, peak_program
     if template.dp_replicate > 1 and "dp" in arrays:
         raise ValueError("measure='peak' does not sweep dp under HSDP (the shard group is dp / dp_replicate)")
+    k = template.reshard_after_forward
+    if isinstance(k, int) and not isinstance(k, bool) and "dp" in arrays:
+        raise ValueError(f"measure='peak' does not sweep dp with an int reshard_after_forward ({k}): it must divide "
+                         "every dp")
     names = tuple(n for n in SWEEPABLE if FIELD_OF[n] in arrays)
     if set(arrays) - {FIELD_OF[n] for n in names}:
         raise ValueError(f"measure='peak' sweeps only inputs that keep the step's structure: "

@@ -316,7 +316,7 @@ class FSDP2:
     def wrap_blocks(self, fwd, bwd):
         """FSDP2's hooks around one block's forward and backward programs."""
         block = "block"
-        u, ag_out = self.name("unsharded parameters", block), self.name("all-gather output", block)
+        ag_out = self.name("all-gather output", block)
         previous_out = Ref(Scope.PREVIOUS, ag_out, self.name("all-gather output", "root"))
         pre = self._gather(block) + self._copy_out(block, [previous_out])
         fwd.ops[:] = pre + fwd.ops + self._post_forward(block)

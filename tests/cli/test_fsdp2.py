@@ -65,11 +65,33 @@ def test_step_reads_an_int_reshard(capsys):
     refused(capsys, "step", *SMALL, "--reshard-after-forward", "2", message="an option of --framework fsdp2")
 
 
+def test_step_reads_the_cpu_offload(capsys):
+    args = ["step", *SMALL, *FSDP2, "--fsdp-cpu-offload", "--backend", "cpu", "--json"]
+    data = json.loads(answered(capsys, *args))
+    pageable = json.loads(answered(capsys, *args, "--fsdp-offload-no-pin"))
+    want = Ledger(Architecture(64, 2, 4, style="llama", vocab_size=128), recipe="fp32-adamw", framework="fsdp2",
+                  dp=8, fsdp_cpu_offload=True).step("cpu")
+    assert data["peak"]["gpu"] == pageable["peak"]["gpu"] == want.peak.bytes
+    rows = {r["name"]: r["device"] for r in data["rows"]}
+    assert rows["FSDP2 sharded parameters (FP32, pinned host memory)"] == "cpu"
+    assert "FSDP2 sharded parameters (FP32, host memory)" in {r["name"] for r in pageable["rows"]}
+    assert "CPUOffloadPolicy(pin_memory=True)" in answered(capsys, *args[:-1]).splitlines()[0]
+    refused(capsys, "step", *SMALL, *FSDP2, "--fsdp-offload-no-pin", message="fsdp_offload_pin_memory is an option")
+    refused(capsys, "step", *SMALL, "--fsdp-cpu-offload", message="an option of --framework fsdp2")
+    refused(capsys, "step", *SMALL, *FSDP2, "--fsdp-cpu-offload", "--offload-optimizer", "cpu",
+            message="CPUOffloadPolicy")
+
+
 def test_fit_judges_the_fsdp2_peak(capsys):
     data = json.loads(answered(capsys, "fit", *SMALL, *FSDP2, "--vary", "batch", "--json"))
     assert data["measure_key"] == "peak" and data["total_at_answer"] is None
     data = json.loads(answered(capsys, "fit", *SMALL, "--framework", "fsdp2", "--vary", "dp", "--json"))
     assert data["answer"] == 2
+    for extra in ([], ["--reshard-after-forward", "2"], ["--fsdp-cpu-offload"], ["--fsdp-loss-in-root"]):
+        text = answered(capsys, "fit", *SMALL, *FSDP2, *extra, "--vary", "batch")     # no sum to compare with
+        assert "the peak of a training step" in text
+    refused(capsys, "fit", *SMALL, "--framework", "fsdp2", "--reshard-after-forward", "2", "--vary", "dp",
+            message="int reshard_after_forward (2)")
 
 
 def test_refused_in_one_line(capsys):
