@@ -25,7 +25,12 @@ and ``reduce_dtype`` (None: p).
 
 ``reshard_after_forward`` True or False applies to every unit, the root included (as torchtitan passes True
 and ``memledger.pytorch.distributed.fsdp_step`` runs it); None is PyTorch's own default: True for the blocks,
-False for the root (``_fully_shard.py:246,260``), whose parameters then stay unsharded through the step.
+False for the root (``_fully_shard.py:246,260``), whose parameters then stay unsharded through the step. An int
+k: each unit's post-forward keeps a clone of this rank's 1/k slice of every parameter (``_fsdp_param.py:709-745``),
+re-gathered from it in backward. ``loss_in_root``: the loss runs in the root's forward (its post-forward after
+the loss, its pre-backward as ``loss.backward()`` starts). ``CPUOffloadPolicy``: shards, sharded gradients and
+AdamW on the host, each shard copied to the device before its all-gather, each gradient to the host after its
+reduce-scatter (docs/fsdp2.md section 13).
 """
 from dataclasses import replace
 
@@ -169,7 +174,7 @@ class FSDP2:
         """CPUOffloadPolicy: before the all-gather each shard is copied to the device on its own
         (``_fsdp_param.py:896-901``: ``.to(self.device, non_blocking=True)``, then cast to the param dtype, the
         copy freed as the property returns; no foreach copy under offload, ``_fsdp_collectives.py:391``); the
-        inputs are kept until the all-gather returns (``_fsdp_collectives.py:345``, the flat list). After the
+        inputs are kept until the all-gather returns (``_fsdp_collectives.py:348-371``, the flat list). After the
         reduce-scatter each sharded gradient is copied to the host (``_fsdp_collectives.py:737``), the device
         buffer freed as ``foreach_reduce`` returns."""
         for unit, params in self.units.items():
@@ -181,7 +186,7 @@ class FSDP2:
                 if j < len(params) - 1:
                     name = self._input_name(unit, j)
                     tensors[name] = Tensor(name, self.p * sum(elements[:j + 1], sp.Integer(0)), Kind.PARAM,
-                                           Lifetime.TEMPORARY, why="the all-gather inputs so far (_fsdp_collectives.py:345)")
+                                           Lifetime.TEMPORARY, why="the all-gather inputs so far (_fsdp_collectives.py:348)")
             name = self.name("device gradients", unit)
             tensors[name] = Tensor(name, self.o * self.shards[unit], Kind.GRAD, Lifetime.TEMPORARY,
                                    why="the reduce-scatter output cast to the sharded dtype, on the device until "
@@ -200,7 +205,7 @@ class FSDP2:
         """int k: each parameter's 1/k slice of its unsharded (padded) data, cloned in the post-forward
         (``_fsdp_param.py:729-733``, ``.narrow(...).clone()``), its unsharded storage freed right after
         (``:744`` ``free_unsharded_param``); the all-gather in backward reads the slices (``:902-909``): its
-        input copy (when cast) is p P^_u / k (``_fsdp_collectives.py:414-419``)."""
+        input copy (when cast) is p P^_u / k (``_fsdp_collectives.py:388-423``)."""
         k = self.k
         for unit, params in self.units.items():
             full = [self.p * shard(n, e, self.c) * N_d for n, e in params]
@@ -215,7 +220,7 @@ class FSDP2:
                                            why="freed parameter by parameter (_fsdp_param.py:744)")
             name = self.name("all-gather input from the slices", unit)
             tensors[name] = Tensor(name, self.p * self.shards[unit] * N_d / k, Kind.PARAM, Lifetime.TEMPORARY,
-                                   why="the slices cast-copied into one flat input (_fsdp_collectives.py:414)")
+                                   why="the slices cast-copied into one flat input (_fsdp_collectives.py:419)")
         lump = "FSDP2 post-forward slices, blocks 2..L-3"
         tensors[lump] = Tensor(lump, (L - 4) * self.p * self.shards["block"] * N_d / k, Kind.PARAM,
                                Lifetime.TEMPORARY, why=f"kept after forward (reshard_after_forward={k})")

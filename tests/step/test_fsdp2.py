@@ -154,7 +154,7 @@ def test_an_int_reshard_is_normalized_as_fully_shard_does():
 
 
 def test_cpu_offload_keeps_the_model_states_on_the_host():
-    """CPUOffloadPolicy (``_fsdp_api.py:180-199``): sharded parameters, sharded gradients and AdamW's states on the
+    """CPUOffloadPolicy (``_fsdp_api.py:183-199``): sharded parameters, sharded gradients and AdamW's states on the
     host; on the device before forward only the token ids and targets; ``pin_memory`` changes no byte count."""
     pinned = fsdp2_ledger(LLAMA7B, 1, 4096, 8, offload=True).step("cpu")
     pageable = fsdp2_ledger(LLAMA7B, 1, 4096, 8, offload=True, pin=False).step("cpu")
