@@ -130,6 +130,9 @@ def fit(template: Ledger, vary: str, gpu_bytes: int, measure: str = "auto", marg
                          "drop loss_chunks")
     if vary == "dp" and template.dp_replicate > 1:
         raise ValueError("vary='dp' is not searched under HSDP (dp must stay a multiple of dp_replicate)")
+    k = template.reshard_after_forward
+    if vary == "dp" and isinstance(k, int) and not isinstance(k, bool):
+        raise ValueError(f"vary='dp' is not searched with an int reshard_after_forward ({k}): it must divide every dp")
     peak = uses_peak(template, measure)
 
     def fits(value):

@@ -122,6 +122,8 @@ def unmodelled(ledger) -> str:
 def describe(ledger, judgement: Judgement, unit: str = "GB", note: str = None) -> str:
     """The verdict's clause after the bytes: which measure, and the other one for comparison. A sum is
     followed by ``note``, by default why it is not the peak (:data:`UNMODELLED_NOTE` or :data:`SUM_NOTE`)."""
+    if ledger.framework == "fsdp2":         # FSDP2 books no sum: its step's peak alone
+        return f", {MEASURE['peak']}"
     total = ledger.totals["gpu"]
     if judgement.key == "total":
         clause = "total"

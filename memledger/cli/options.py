@@ -113,6 +113,15 @@ def framework_options(parser):
         "backward (reshard_after_forward=False)", switch=True)
     add(fw, "--dp-replicate", "fsdp2: HSDP, R replicas of a dp/R-rank shard group (a 2-D mesh)",
         str(Ledger.dp_replicate))
+    add(fw, "--reshard-after-forward", "fsdp2: reshard_after_forward=K, an int: after forward each unit keeps its "
+        "1/K slice of the gathered parameters (K divides the shard group; 1 = --no-reshard-after-forward)")
+    add(fw, "--fsdp-loss-in-root", "fsdp2: the loss computed inside the root module's forward (the root's "
+        "post-forward after the loss, its pre-backward before the loss's backward; torchtitan and torchtune "
+        "compute it outside)", switch=True)
+    add(fw, "--fsdp-cpu-offload", "fsdp2: CPUOffloadPolicy: sharded parameters, gradients and optimizer states on "
+        "the host, copied to the GPU before each all-gather", switch=True)
+    add(fw, "--fsdp-offload-no-pin", "fsdp2: CPUOffloadPolicy(pin_memory=False) (needs --fsdp-cpu-offload)",
+        switch=True)
     add(fw, "--ddp-bucket-mb", "DDP's bucket_cap_mb in MiB (needs --framework ddp; default: PyTorch's 25 MiB, "
         "the first bucket 1 MiB)")
     add(fw, "--gradient-as-bucket-view", "DDP's gradient_as_bucket_view=True: gradients are views into its "
@@ -156,9 +165,20 @@ def framework_fields(a) -> dict:
     if hasattr(a, "fsdp_param_dtype"):
         fields.update(fsdp_param_dtype=fsdp_dtype(a.fsdp_param_dtype, "fsdp_param_dtype"),
                       fsdp_reduce_dtype=fsdp_dtype(a.fsdp_reduce_dtype, "fsdp_reduce_dtype"),
-                      reshard_after_forward=not a.no_reshard_after_forward,
-                      dp_replicate=parse_count(a.dp_replicate, "dp_replicate"))
+                      reshard_after_forward=_reshard(a),
+                      dp_replicate=parse_count(a.dp_replicate, "dp_replicate"),
+                      fsdp_loss_in_root=bool(a.fsdp_loss_in_root), fsdp_cpu_offload=bool(a.fsdp_cpu_offload),
+                      fsdp_offload_pin_memory=not a.fsdp_offload_no_pin)
     return fields
+
+
+def _reshard(a):
+    """``--no-reshard-after-forward`` (False) or ``--reshard-after-forward K`` (an int K), else True."""
+    if a.reshard_after_forward is None:
+        return not a.no_reshard_after_forward
+    if a.no_reshard_after_forward:
+        raise ValueError("--reshard-after-forward K and --no-reshard-after-forward: give one of them")
+    return parse_count(a.reshard_after_forward, "reshard_after_forward")
 
 
 def parse_mib(text, field: str) -> float:
@@ -261,7 +281,8 @@ def build_ledger(a) -> Ledger:
             raise ValueError(f"{', '.join(needs)} need an architecture (activations); --params alone gives "
                              "model states only")
     check_units(a)
-    fsdp = [flag(d) for d in ("fsdp_param_dtype", "fsdp_reduce_dtype", "no_reshard_after_forward", "dp_replicate")
+    fsdp = [flag(d) for d in ("fsdp_param_dtype", "fsdp_reduce_dtype", "no_reshard_after_forward", "dp_replicate",
+                              "reshard_after_forward", "fsdp_loss_in_root", "fsdp_cpu_offload", "fsdp_offload_no_pin")
             if d in a.given]
     if fsdp and a.framework != "fsdp2":
         raise ValueError(f"{', '.join(fsdp)}: an option of --framework fsdp2, not of --framework {a.framework}")

@@ -23,7 +23,8 @@ WORKLOAD = ACTIVATIONS + STATES
 FRAMEWORK = ("framework", "ddp_bucket_mb", "gradient_as_bucket_view", "deepspeed_reduce_bucket_size",
              "deepspeed_prefetch_bucket_size", "deepspeed_max_live_parameters", "deepspeed_param_persistence_threshold",
              "deepspeed_no_contiguous_gradients", "deepspeed_overlap_comm", "megatron_no_gradient_accumulation_fusion",
-             "fsdp_param_dtype", "fsdp_reduce_dtype", "no_reshard_after_forward", "dp_replicate")
+             "fsdp_param_dtype", "fsdp_reduce_dtype", "no_reshard_after_forward", "dp_replicate",
+             "reshard_after_forward", "fsdp_loss_in_root", "fsdp_cpu_offload", "fsdp_offload_no_pin")
 OUTPUT = ("units", "gpu_memory", "link", "json")
 PIPELINE = ("pp", "microbatches", "interleave")
 CONVENTION_INPUTS = ("largest_layer", "gpus_per_node", "nodes", "buffer_factor", "no_zero_init")

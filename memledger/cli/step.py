@@ -113,7 +113,10 @@ def text(result, memory: int, unit: str = "GB") -> str:
                      f"param_dtype={led.fsdp_param_dtype}, reduce_dtype={led.fsdp_reduce_dtype}), "
                      f"reshard_after_forward={led.reshard_after_forward}"
                      + (f"; HSDP: {led.dp_replicate} replicas of {led.dp // led.dp_replicate} ranks"
-                        if led.dp_replicate > 1 else ""), ""]
+                        if led.dp_replicate > 1 else "")
+                     + ("; the loss inside the root's forward" if led.fsdp_loss_in_root else "")
+                     + (f"; CPUOffloadPolicy(pin_memory={led.fsdp_offload_pin_memory})" if led.fsdp_cpu_offload
+                        else ""), ""]
     for name, devices in result.landmarks.items():
         lines.append(f"{name:<16} {size(devices['gpu']):>12} {size(devices['cpu']):>12} {size(devices['nvme']):>12}")
     lines += ["", "largest GPU total per phase: " + ", ".join(f"{k} {size(v)}" for k, v in result.phase_peaks().items()),

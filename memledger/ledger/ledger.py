@@ -215,12 +215,15 @@ class Ledger:
     megatron_gradient_accumulation_fusion: Optional[bool] = None  # None: on, as Megatron-LM's default
     fsdp_param_dtype: Optional[str] = "bf16"                     # fsdp2: MixedPrecisionPolicy (states.frameworks)
     fsdp_reduce_dtype: Optional[str] = "fp32"
-    reshard_after_forward: Optional[bool] = True
+    reshard_after_forward: object = True          # fsdp2: True, False, None (PyTorch: the root False) or an int k
     dp_replicate: int = 1
     offload_activations: bool = False
     optimizer_in_backward: bool = False     # torchtune's optimizer_in_bwd: the step's peak honours it
     packed: int = 0         # documents packed in each row (memledger.step.packing): the step under cpu/cuda reads it
     compile: bool = False   # the blocks under torch.compile: what the min-cut partitioner saves (sum only)
+    fsdp_loss_in_root: bool = False         # fsdp2: the loss computed in the root module's forward
+    fsdp_cpu_offload: bool = False          # fsdp2: CPUOffloadPolicy (shards, gradients, states on the host)
+    fsdp_offload_pin_memory: bool = True    # fsdp2: CPUOffloadPolicy(pin_memory=...)
 
     def __post_init__(self):
         arch = get_preset(self.arch) if isinstance(self.arch, str) else self.arch
@@ -472,6 +475,10 @@ def _peak_sweep(template: Ledger, arrays: dict):
     from ..step.sweep import SWEEPABLE, peak_program
     if template.dp_replicate > 1 and "dp" in arrays:
         raise ValueError("measure='peak' does not sweep dp under HSDP (the shard group is dp / dp_replicate)")
+    k = template.reshard_after_forward
+    if isinstance(k, int) and not isinstance(k, bool) and "dp" in arrays:
+        raise ValueError(f"measure='peak' does not sweep dp with an int reshard_after_forward ({k}): it must divide "
+                         "every dp")
     names = tuple(n for n in SWEEPABLE if FIELD_OF[n] in arrays)
     if set(arrays) - {FIELD_OF[n] for n in names}:
         raise ValueError(f"measure='peak' sweeps only inputs that keep the step's structure: "

@@ -76,6 +76,55 @@ def _propagation_as_in_a_real_run():
         _sharding_prop.detect_fake_mode = detect
 
 
+class _Host:
+    """The bytes of the storages registered as host memory and still alive (a running sum: each storage's bytes
+    are subtracted when it dies)."""
+
+    def __init__(self):
+        from torch.utils.weak import WeakIdKeyDictionary
+        self.bytes, self._seen = 0, WeakIdKeyDictionary()
+
+    def add(self, tensor):
+        import weakref
+        storage = getattr(tensor, "_local_tensor", tensor).untyped_storage()     # a DTensor: this rank's
+        if storage not in self._seen:
+            self._seen[storage] = True
+            self.bytes += storage.nbytes()
+            weakref.finalize(storage, self._drop, storage.nbytes())
+
+    def _drop(self, n):
+        self.bytes -= n
+
+
+@contextmanager
+def _device_copies(host: _Host = None):
+    """Under ``CPUOffloadPolicy`` FSDP2 copies each shard to the device before its all-gather
+    (``_fsdp_param.py:898``, ``.to(self.device, non_blocking=True)``) and each sharded gradient to the host
+    (``_fsdp_collectives.py:737``, ``.to(torch.device("cpu"), non_blocking=...)``). On the one fake CPU device
+    those ``.to`` calls return the tensor itself; on a GPU each allocates a copy on the other side. While this is
+    active, a ``.to(..., non_blocking=...)`` called from FSDP2's own files returns a clone: the allocation the
+    real copy makes; the gradients' copies (from ``_fsdp_collectives.py``) are registered in ``host``.
+    (``Tensor.to`` itself is wrapped: FSDP2's hooks run where a torch-function mode is not active.)"""
+    import sys
+
+    files = ("_fsdp_param.py", "_fsdp_collectives.py")
+    to = torch.Tensor.to
+
+    def copying_to(self, *args, **kwargs):
+        out = to(self, *args, **kwargs)
+        caller = sys._getframe(1).f_code.co_filename
+        if "non_blocking" in kwargs and out is self and caller.endswith(files):
+            out = out.clone()
+            if host is not None and caller.endswith(files[1]):
+                host.add(out)
+        return out
+    torch.Tensor.to = copying_to
+    try:
+        yield
+    finally:
+        torch.Tensor.to = to
+
+
 def _categories(snap: dict) -> dict:
     """A tracker's snapshot as {category name: bytes}, zero categories and the total left out."""
     return {getattr(k, "value", k): v for k, v in snap.items() if v and k != "Total"}
@@ -89,6 +138,8 @@ def _phase_tracker(base):
     class Tracker(base):
         trace = None
         _func = None
+        host = None         # CPUOffloadPolicy: the host storages (a _Host); the rest is the device's
+        gpu_peak = 0
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             self._func = func
@@ -98,6 +149,8 @@ def _phase_tracker(base):
             snap = self._curr_mem_snap.get(_CPU)
             if snap is None:
                 return
+            if self.host is not None and not self._in_opt:      # the optimizer runs on the host
+                self.gpu_peak = max(self.gpu_peak, snap["Total"] - self.host.bytes)
             if self._peak_mem.get(_CPU, 0) < snap["Total"]:
                 self._peak_mem[_CPU] = snap["Total"]
                 self._peak_mem_snap[_CPU] = dict(snap)
@@ -111,6 +164,7 @@ def _tracked_step(tracker, trainer, ids, targets, context=nullcontext, trace=Fal
     """Runs one step under ``tracker`` (entered by the caller) and returns landmarks, phase peaks and their
     categories."""
     result, phase_peaks, categories = {}, {}, {}
+    gpu, host, gpu_phases = {}, {}, {}
     tracker.trace = [] if trace else None
 
     def landmark(name):
@@ -123,6 +177,12 @@ def _tracked_step(tracker, trainer, ids, targets, context=nullcontext, trace=Fal
                                                              if peak > total else snap)
         result[name] = total
         categories[name] = _categories(snap)
+        if tracker.host is not None:
+            device = total - tracker.host.bytes
+            gpu[name], host[name] = device, tracker.host.bytes
+            if name in PHASES:
+                gpu_phases[PHASES[name]] = max(tracker.gpu_peak, device)
+            tracker.gpu_peak = device
         tracker._peak_mem[_CPU] = total
         tracker._peak_mem_snap[_CPU] = dict(snap)
         if trace:
@@ -133,6 +193,9 @@ def _tracked_step(tracker, trainer, ids, targets, context=nullcontext, trace=Fal
     result["peak"] = max(phase_peaks.values())
     result["phase peaks"] = phase_peaks
     result["categories"] = categories
+    if tracker.host is not None:
+        result["device"] = {**gpu, "peak": max(gpu_phases.values()), "phase peaks": gpu_phases}
+        result["host"] = host
     if trace:
         result["trace"] = tracker.trace
     if getattr(tracker, "memory_tracking", None) and hasattr(tracker, "_root_mod"):
@@ -168,7 +231,8 @@ def _check(name, value, allowed):
 def fsdp_step(c: RefConfig, loop: str = "fp32-adamw", batch: int = 1, seq: int = 2048, world: int = 8, *,
               param_dtype: str = "bf16", reduce_dtype: str = "fp32", reshard=True, root_reshard=None,
               replicate: int = 1, tp: int = 1, sequence_parallel: bool = False, loss_in_root: bool = False,
-              foreach: bool = False, track_first: bool = True, trace: bool = False) -> dict:
+              foreach: bool = False, track_first: bool = True, trace: bool = False, cpu_offload: bool = False,
+              pin_memory: bool = True) -> dict:
     """``FSDPMemTracker``'s account of the second training step of ``c`` under FSDP2, rank 0 of ``world``.
 
     ``fully_shard(block, mesh, mp_policy=MixedPrecisionPolicy(param_dtype, reduce_dtype),
@@ -191,7 +255,7 @@ def fsdp_step(c: RefConfig, loop: str = "fp32-adamw", batch: int = 1, seq: int =
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
     from torch.distributed.tensor.parallel import loss_parallel
 
     _check("loop", loop, ("fp32-adamw", "bf16-pure-adamw"))
@@ -202,12 +266,16 @@ def fsdp_step(c: RefConfig, loop: str = "fp32-adamw", batch: int = 1, seq: int =
             raise TypeError(f"{name} must be True, False or an int, got {value!r}")
     if world < 1 or replicate < 1 or tp < 1 or world % (replicate * tp):
         raise ValueError(f"replicate ({replicate}) x tp ({tp}) must divide world ({world})")
+    if cpu_offload and (track_first or tp > 1):
+        raise ValueError("cpu_offload is measured with track_first=False (the optimizer's states exist before the "
+                         "tracked step) and without tp")
     if replicate > 1 and tp > 1:
         raise ValueError("HSDP x TP (a 3-D mesh) is not run here")
     if tp > 1 and c.tp != tp:
         raise ValueError(f"the reference must view its heads for tp = {tp}: RefConfig(..., tp={tp})")
     shard = world // (replicate * tp)
     mp = MixedPrecisionPolicy(param_dtype=DTYPES[param_dtype], reduce_dtype=DTYPES[reduce_dtype])
+    offload = CPUOffloadPolicy(pin_memory=pin_memory) if cpu_offload else OffloadPolicy()
     root_reshard = reshard if root_reshard is None else root_reshard
     with fake_world(world):
         if tp > 1:          # meshes are built outside FakeTensorMode (their rank maps are read), and so is an int
@@ -223,11 +291,12 @@ def fsdp_step(c: RefConfig, loop: str = "fp32-adamw", batch: int = 1, seq: int =
         if tp > 1:
             _parallelize(model, mesh["tp"], sequence_parallel)
         for block in model.blocks:
-            fully_shard(block, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard)
+            fully_shard(block, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard, offload_policy=offload)
         if loss_in_root:
             model = LossRoot(model)
-        fully_shard(model, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=root_reshard)
-        with fake:
+        fully_shard(model, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=root_reshard, offload_policy=offload)
+        host = _Host() if cpu_offload else None
+        with fake, (_device_copies(host) if cpu_offload else nullcontext()):
             trainer = Trainer(model, loop, foreach=foreach)
             ids, targets = _inputs(c, batch, seq)
             tracker = _phase_tracker(FSDPMemTracker)(model, trainer.opt)
@@ -236,6 +305,13 @@ def fsdp_step(c: RefConfig, loop: str = "fp32-adamw", batch: int = 1, seq: int =
             if not track_first:
                 with context():
                     trainer.step(ids, targets)
+            if cpu_offload:     # the sharded parameters, their gradients and the optimizer's states: host memory
+                for param in model.parameters():
+                    host.add(param.to_local())
+                for state in trainer.opt.state.values():
+                    for value in state.values():
+                        host.add(value)
+                tracker.host = host
             with _propagation_as_in_a_real_run(), tracker:
                 if track_first:
                     with context():

@@ -22,7 +22,7 @@ from typing import NamedTuple
 from ..core.choices import FRAMEWORKS, FSDP_DTYPES, check_choice, check_flag
 
 __all__ = ["DEEPSPEED_DEFAULTS", "DEEPSPEED_SOURCE", "FRAMEWORKS", "FRAMEWORK_OPTIONS", "FSDP2_RECIPES", "Buffer",
-           "MEGATRON_SOURCE", "check_framework", "check_fsdp2", "deepspeed_buffers", "framework_buffers",
+           "MEGATRON_SOURCE", "check_framework", "check_fsdp2", "check_reshard", "deepspeed_buffers", "framework_buffers",
            "megatron_buffers", "param_tensor_numels"]
 
 DEEPSPEED_SOURCE = "deepspeedai/DeepSpeed@edaa7221"
@@ -42,9 +42,11 @@ FRAMEWORK_OPTIONS = {"ddp": ("ddp_bucket_mb", "gradient_as_bucket_view"),
                                    "deepspeed_overlap_comm", "deepspeed_prefetch_bucket_size",
                                    "deepspeed_max_live_parameters", "deepspeed_param_persistence_threshold"),
                      "megatron": ("megatron_gradient_accumulation_fusion",),
-                     "fsdp2": ("fsdp_param_dtype", "fsdp_reduce_dtype", "reshard_after_forward", "dp_replicate")}
+                     "fsdp2": ("fsdp_param_dtype", "fsdp_reduce_dtype", "reshard_after_forward", "dp_replicate",
+                               "fsdp_loss_in_root", "fsdp_cpu_offload", "fsdp_offload_pin_memory")}
 _DEFAULTS = {"gradient_as_bucket_view": False, "fsdp_param_dtype": "bf16", "fsdp_reduce_dtype": "fp32",
-             "reshard_after_forward": True, "dp_replicate": 1}
+             "reshard_after_forward": True, "dp_replicate": 1, "fsdp_loss_in_root": False, "fsdp_cpu_offload": False,
+             "fsdp_offload_pin_memory": True}
 #: The recipes each framework is modelled with: DeepSpeed's bf16 ZeRO (BF16 parameters and gradients, FP32
 #: master partition, Adam); Megatron-LM's bf16 (FP32 main_grad: arguments.py lines 1204-1217 force
 #: accumulate_allreduce_grads_in_fp32 with --bf16) and fp32 (distrib_optimizer docs: 18 and 16 bytes/param).
@@ -101,19 +103,39 @@ def check_framework(ledger, recipe) -> None:
 FSDP2_RECIPES = ("fp32-adamw", "bf16-pure-adamw")
 
 
+def check_reshard(value, shard_group: int) -> None:
+    """``reshard_after_forward``: True, False, None (PyTorch's default: True, the root False) or an int k, the
+    size of the post-forward shard group (``_fully_shard/_fsdp_init.py``: ``_get_post_forward_mesh_info``: 1 is
+    False, the shard group's size is True, else k must divide it)."""
+    if value is None or isinstance(value, bool):
+        return
+    if not isinstance(value, int):
+        raise TypeError(f"reshard_after_forward must be True, False, None or an int, got {value!r}")
+    if value < 1 or shard_group % value:
+        raise ValueError(f"reshard_after_forward ({value}) must be a positive divisor of the shard group "
+                         f"({shard_group} ranks): FSDP2 reshards to a sub-group of it after forward")
+
+
 def check_fsdp2(ledger) -> None:
     """``ValueError``/``TypeError`` unless ``ledger`` is a setup the FSDP2 step models."""
     check_choice("fsdp_param_dtype", ledger.fsdp_param_dtype, FSDP_DTYPES)
     check_choice("fsdp_reduce_dtype", ledger.fsdp_reduce_dtype, FSDP_DTYPES)
-    check_flag("reshard_after_forward", ledger.reshard_after_forward, allow_none=True)
+    check_reshard(ledger.reshard_after_forward, ledger.dp // max(ledger.dp_replicate, 1))
+    for name in ("fsdp_loss_in_root", "fsdp_cpu_offload", "fsdp_offload_pin_memory"):
+        check_flag(name, getattr(ledger, name))
+    if not ledger.fsdp_offload_pin_memory and not ledger.fsdp_cpu_offload:
+        raise ValueError("fsdp_offload_pin_memory is an option of fsdp_cpu_offload (CPUOffloadPolicy(pin_memory)); "
+                         "it is False without fsdp_cpu_offload")
     if ledger.arch is None:
         raise ValueError("framework fsdp2 needs an architecture (a preset or --hidden/--layers/--heads)")
     if ledger.zero_stage != 0:
         raise ValueError(f"framework fsdp2 shards the model states itself: zero_stage must be 0, got "
                          f"{ledger.zero_stage}")
     if ledger.offload_optimizer != "none" or ledger.offload_params != "none":
-        raise ValueError("framework fsdp2: offload (CPUOffloadPolicy) is not modelled; offload_optimizer and "
-                         "offload_params must be none")
+        raise ValueError("framework fsdp2: FSDP2 offloads with CPUOffloadPolicy (fsdp_cpu_offload, "
+                         "--fsdp-cpu-offload); offload_optimizer and offload_params must be none")
+    if ledger.fsdp_cpu_offload and ledger.dp_replicate > 1:
+        raise ValueError("framework fsdp2: fsdp_cpu_offload with HSDP (dp_replicate > 1) is not modelled")
     if ledger.tp != 1:
         raise ValueError(f"framework fsdp2: FSDP2 x tensor parallelism is not modelled; tp must be 1, got {ledger.tp}")
     if ledger.dp % ledger.dp_replicate:

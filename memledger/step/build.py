@@ -49,6 +49,8 @@ class Built:
         grad_sharded = "grad" in sharded
         on = (s.offload_optimizer, s.offload_params, s.offload_placement)
         placement = Placement(Device(device_of("grad", *on)), Device(device_of("optimizer", *on)))
+        if s.fsdp and s.fsdp[6] is not None:        # FSDP2's CPUOffloadPolicy: the optimizer steps on the host
+            placement = Placement(Device.GPU, Device.CPU)
 
         def share(n):
             return sp.ceiling(n / (t * N_d)) if grad_sharded else (sp.ceiling(n / t) if s.tensor_parallel else n)
@@ -200,8 +202,8 @@ class Built:
                 static(spec.name, optim.factored_bytes(c, spec.component) if factored else spec.expr(),
                        Kind(spec.role), Device(spec.device),
                        "a model state (the recipe's component)")
-        for name, expr, kind, why in self.fsdp.static() if self.fsdp else ():
-            static(name, expr, kind, why=why)
+        for name, expr, kind, why, device in self.fsdp.static() if self.fsdp else ():
+            static(name, expr, kind, device, why=why)
         kind = OPTIMIZER_OF[s.recipe]
         if conv.step_counters and kind in ("adamw", "adafactor"):
             count = len(block_params(c)) * L + len(outer.head_params(c)) + 1
@@ -334,11 +336,14 @@ class Built:
         # writes adds up to it
         if g.sharded or self.fsdp or self.structure.tensor_parallel:
             grads = self._live_sum("after backward", lambda x: x.lifetime is Lifetime.GRADIENT)
-        row(name, Kind.GRAD, Lifetime.GRADIENT, self.placement.gradients, grads, {"after backward"})
-        if self.fsdp and not (self.fsdp.reshard and self.fsdp.root_reshard):    # units kept unsharded after forward
+        row(name, Kind.GRAD, Lifetime.GRADIENT, self.fsdp.device if self.fsdp else self.placement.gradients, grads,
+            {"after backward"})
+        if self.fsdp and (self.fsdp.k or not (self.fsdp.reshard and self.fsdp.root_reshard)):
+            # units kept unsharded after forward, or (int k) their post-forward slices
             kept = self._live_sum("after forward", lambda x: x.kind is Kind.PARAM and x.lifetime is Lifetime.TEMPORARY)
-            row(self.fsdp.name("unsharded parameters", "block") + ", units not resharded", Kind.PARAM,
-                Lifetime.SAVED, Device.GPU, kept, {"after forward"})
+            name = "post-forward slices" if self.fsdp.k else "unsharded parameters"
+            row(self.fsdp.name(name, "block") + (", every unit" if self.fsdp.k else ", units not resharded"),
+                Kind.PARAM, Lifetime.SAVED, Device.GPU, kept, {"after forward"})
         blocks = ["layer input"] if self.structure.recompute == "full" else [r.name for r in self.layer_rows]
         if self.structure.offload_activations:
             blocks = []

@@ -25,7 +25,12 @@ and ``reduce_dtype`` (None: p).
 
 ``reshard_after_forward`` True or False applies to every unit, the root included (as torchtitan passes True
 and ``memledger.pytorch.distributed.fsdp_step`` runs it); None is PyTorch's own default: True for the blocks,
-False for the root (``_fully_shard.py:246,260``), whose parameters then stay unsharded through the step.
+False for the root (``_fully_shard.py:246,260``), whose parameters then stay unsharded through the step. An int
+k: each unit's post-forward keeps a clone of this rank's 1/k slice of every parameter (``_fsdp_param.py:709-745``),
+re-gathered from it in backward. ``loss_in_root``: the loss runs in the root's forward (its post-forward after
+the loss, its pre-backward as ``loss.backward()`` starts). ``CPUOffloadPolicy``: shards, sharded gradients and
+AdamW on the host, each shard copied to the device before its all-gather, each gradient to the host after its
+reduce-scatter (docs/fsdp2.md section 13).
 """
 from dataclasses import replace
 
@@ -38,7 +43,7 @@ from .outer import Param, head_params
 from .params import param_tensors
 from .structure import block_of
 from .trace import GRADIENT_LUMP, Part
-from .vocab import Kind, Lifetime, Phase, Scope
+from .vocab import Device, Kind, Lifetime, Phase, Scope
 
 __all__ = ["UNIT_TENSORS", "FSDP2", "dim0", "shard", "unit_params", "wrap"]
 
@@ -80,20 +85,28 @@ class FSDP2:
 
     def __init__(self, c, s):
         self.c, self.s = c, s
-        self.param, self.reduce, self.original, reshard, self.hsdp = s.fsdp
+        self.param, self.reduce, self.original, reshard, self.hsdp, self.loss_in_root, self.offload = s.fsdp
         # None: PyTorch's default, True for every block and False for the root (_fully_shard.py:246, 260)
         self.reshard, self.root_reshard = (True, False) if reshard is None else (reshard, reshard)
+        # an int k: each unit keeps a clone of its 1/k slice after forward (_fsdp_param.py:709-745)
+        self.k = reshard if isinstance(reshard, int) and not isinstance(reshard, bool) else None
         self.held = self.hsdp and self.reduce != self.original    # HSDP keeps each reduce-dtype output
         self.p, self.r, self.o = nbytes(self.param), nbytes(self.reduce), nbytes(self.original)
         self.cast = self.param != self.original
+        # CPUOffloadPolicy (self.offload: its pin_memory, or None): shards, sharded gradients, AdamW on the host
+        self.host = "pinned host memory" if self.offload else "host memory"
+        self.device = Device.CPU if self.offload is not None else Device.GPU
         self.units = unit_params(c)
         self.shards = {u: sum((shard(n, e, c) for n, e in ps), sp.Integer(0)) for u, ps in self.units.items()}
 
     def name(self, role, unit):
         dtype = {"all-gather input": self.param, "all-gather output": self.param, "unsharded parameters": self.param,
+                 "post-forward slices": self.param, "all-gather input from the slices": self.param,
+                 "device gradients": self.original,
                  "reduce-scatter input": self.reduce, "reduce-scatter output": self.reduce,
                  "sharded gradients": self.original}[role]
-        return f"FSDP2 {role} ({_label(dtype)})" + (", root" if unit == "root" else "")
+        host = f", {self.host}" if self.offload is not None and role == "sharded gradients" else ""
+        return f"FSDP2 {role} ({_label(dtype)}{host})" + (", root" if unit == "root" else "")
 
     @property
     def block_names(self) -> tuple:
@@ -134,7 +147,12 @@ class FSDP2:
                 name = self.name(role, unit)
                 kind = Kind.PARAM if role in UNIT_TENSORS[:3] else Kind.GRAD
                 life = Lifetime.GRADIENT if role == "sharded gradients" else Lifetime.TEMPORARY
-                tensors[name] = Tensor(name, size, kind, life, why=why[role])
+                tensors[name] = Tensor(name, size, kind, life, self.device if role == "sharded gradients" else
+                                       Device.GPU, why=why[role])
+        if self.offload is not None:
+            self._define_copies(tensors)
+        if self.k:
+            self._define_slices(tensors)
         held = "FSDP2 reduce-scatter outputs, blocks 2..L-3"
         tensors[held] = Tensor(held, (L - 4) * self.r * self.shards["block"], Kind.GRAD, Lifetime.TEMPORARY,
                                why="HSDP: kept by each group's all-reduce state (_fsdp_param_group.py:759)")
@@ -144,20 +162,122 @@ class FSDP2:
                                why="kept after forward (reshard_after_forward=False)")
         self.unsharded_lump = lump
 
+    def _copy_name(self, unit, param):
+        return f"FSDP2 host-to-device copy of {param} ({_label(self.original)})" + (", root" if unit == "root" else "")
+
+    def _input_name(self, unit, j):
+        """The all-gather inputs of ``unit``'s first j + 1 parameters (all of them: the unit's input)."""
+        whole = self.name("all-gather input", unit)
+        return whole if j == len(self.units[unit]) - 1 else f"{whole}, the first {j + 1}"
+
+    def _define_copies(self, tensors):
+        """CPUOffloadPolicy: before the all-gather each shard is copied to the device on its own
+        (``_fsdp_param.py:896-901``: ``.to(self.device, non_blocking=True)``, then cast to the param dtype, the
+        copy freed as the property returns; no foreach copy under offload, ``_fsdp_collectives.py:391``); the
+        inputs are kept until the all-gather returns (``_fsdp_collectives.py:348-371``, the flat list). After the
+        reduce-scatter each sharded gradient is copied to the host (``_fsdp_collectives.py:737``), the device
+        buffer freed as ``foreach_reduce`` returns."""
+        for unit, params in self.units.items():
+            elements = [shard(n, e, self.c) for n, e in params]
+            for j, (param, _) in enumerate(params):
+                name = self._copy_name(unit, param)
+                tensors[name] = Tensor(name, self.o * elements[j], Kind.PARAM, Lifetime.TEMPORARY,
+                                       why="the shard copied to the device (_fsdp_param.py:898)")
+                if j < len(params) - 1:
+                    name = self._input_name(unit, j)
+                    tensors[name] = Tensor(name, self.p * sum(elements[:j + 1], sp.Integer(0)), Kind.PARAM,
+                                           Lifetime.TEMPORARY, why="the all-gather inputs so far (_fsdp_collectives.py:348)")
+            name = self.name("device gradients", unit)
+            tensors[name] = Tensor(name, self.o * self.shards[unit], Kind.GRAD, Lifetime.TEMPORARY,
+                                   why="the reduce-scatter output cast to the sharded dtype, on the device until "
+                                       "foreach_reduce returns (_fsdp_collectives.py:696)")
+
+    def _slice_name(self, unit, j):
+        """The post-forward slices of ``unit``'s first j + 1 parameters (all of them: the unit's slices)."""
+        whole = self.name("post-forward slices", unit)
+        return whole if j == len(self.units[unit]) - 1 else f"{whole}, the first {j + 1}"
+
+    def _rest_name(self, unit, j):
+        """``unit``'s unsharded parameters but the first j + 1 (freed one by one after each clone)."""
+        return f"{self.name('unsharded parameters', unit)}, all but the first {j + 1}"
+
+    def _define_slices(self, tensors):
+        """int k: each parameter's 1/k slice of its unsharded (padded) data, cloned in the post-forward
+        (``_fsdp_param.py:729-733``, ``.narrow(...).clone()``), its unsharded storage freed right after
+        (``:744`` ``free_unsharded_param``); the all-gather in backward reads the slices (``:902-909``): its
+        input copy (when cast) is p P^_u / k (``_fsdp_collectives.py:388-423``)."""
+        k = self.k
+        for unit, params in self.units.items():
+            full = [self.p * shard(n, e, self.c) * N_d for n, e in params]
+            for j in range(len(params)):
+                name = self._slice_name(unit, j)
+                tensors[name] = Tensor(name, sum(full[:j + 1], sp.Integer(0)) / k, Kind.PARAM, Lifetime.TEMPORARY,
+                                       why=f"reshard_after_forward={k}: this rank's 1/{k} slice of each parameter, "
+                                           "kept from the post-forward to the re-gather (_fsdp_param.py:733)")
+                if j < len(params) - 1:
+                    rest = self._rest_name(unit, j)
+                    tensors[rest] = Tensor(rest, sum(full[j + 1:], sp.Integer(0)), Kind.PARAM, Lifetime.TEMPORARY,
+                                           why="freed parameter by parameter (_fsdp_param.py:744)")
+            name = self.name("all-gather input from the slices", unit)
+            tensors[name] = Tensor(name, self.p * self.shards[unit] * N_d / k, Kind.PARAM, Lifetime.TEMPORARY,
+                                   why="the slices cast-copied into one flat input (_fsdp_collectives.py:419)")
+        lump = "FSDP2 post-forward slices, blocks 2..L-3"
+        tensors[lump] = Tensor(lump, (L - 4) * self.p * self.shards["block"] * N_d / k, Kind.PARAM,
+                               Lifetime.TEMPORARY, why=f"kept after forward (reshard_after_forward={k})")
+        self.slices_lump = lump
+
+    def _post_forward(self, unit) -> list:
+        """The post-forward of ``unit``: its unsharded parameters freed (True), kept (False), or (int k) each
+        parameter's 1/k slice cloned and then its unsharded storage freed, in the group's parameter order."""
+        resharded = self.reshard if unit == "block" else self.root_reshard
+        u = self.name("unsharded parameters", unit)
+        if not self.k or not resharded:
+            return [ProgramOp("FSDP2 post-forward: reshard", (u,), ())] if resharded else []
+        ops, n = [], len(self.units[unit])
+        for j, (param, _) in enumerate(self.units[unit]):
+            ops.append(ProgramOp(f"FSDP2 post-forward: {param}'s 1/{self.k} slice cloned",
+                                 (self._slice_name(unit, j - 1),) if j else (), (self._slice_name(unit, j),)))
+            ops.append(ProgramOp(f"{param}'s unsharded storage freed", (self._rest_name(unit, j - 1) if j else u,),
+                                 (self._rest_name(unit, j),) if j < n - 1 else ()))
+        return ops
+
     def gradient_lump(self) -> Tensor:
         """What the lumped blocks 2..L-3 leave after their backward: their sharded gradients."""
         return Tensor(GRADIENT_LUMP, (L - 4) * self.o * self.shards["block"], Kind.GRAD, Lifetime.GRADIENT,
-                      why="their sharded gradients")
+                      self.device, why="their sharded gradients" + (f" ({self.host})" if self.offload is not None
+                                                                      else ""))
 
     # ---- the programs -------------------------------------------------------------------------------------
 
-    def _gather(self, unit, ref=lambda n: n):
-        """All-gather of ``unit``: the input copy (when cast), the output, the input freed on return."""
+    def _gather(self, unit, ref=lambda n: n, sliced=False):
+        """All-gather of ``unit``: the input copy (when cast), the output, the input freed on return;
+        ``sliced``: from the post-forward slices (int k, in backward)."""
         ag_in, ag_out = (ref(self.name(r, unit)) for r in UNIT_TENSORS[:2])
-        ops = [ProgramOp("FSDP2 all-gather input (cast copy of the shards)", (), (ag_in,))] if self.cast else []
+        copied = self.cast and not (sliced and self.offload is not None)    # offload: the slices are the input
+        if sliced:
+            ag_in = ref(self.name("all-gather input from the slices", unit))
+        if self.offload is not None and not sliced:
+            ops, copied = self._copies(unit, ref), True
+        else:
+            ops = [ProgramOp("FSDP2 all-gather input (cast copy of the shards)", (), (ag_in,))] if copied else []
         ops.append(ProgramOp("FSDP2 all-gather output", (), (ag_out,)))
-        if self.cast:
+        if copied:
             ops.append(ProgramOp("all-gather input released", (ag_in,), ()))
+        return ops
+
+    def _copies(self, unit, ref) -> list:
+        """CPUOffloadPolicy: each shard copied to the device, then cast (the copy freed), one by one."""
+        ops = []
+        for j, (param, _) in enumerate(self.units[unit]):
+            before = (ref(self._input_name(unit, j - 1)),) if j else ()
+            copy = ref(self._copy_name(unit, param))
+            if self.cast:
+                ops += [ProgramOp(f"FSDP2 {param}'s shard copied to the device", (), (copy,)),
+                        ProgramOp(f"cast to {_label(self.param)}", before, (ref(self._input_name(unit, j)),)),
+                        ProgramOp("device copy released", (copy,), ())]
+            else:       # the device copy is the all-gather input
+                ops.append(ProgramOp(f"FSDP2 {param}'s shard copied to the device", before,
+                                     (ref(self._input_name(unit, j)),)))
         return ops
 
     def _copy_out(self, unit, free=()):
@@ -166,13 +286,29 @@ class FSDP2:
         ops = [ProgramOp("FSDP2 copy-out: unsharded parameters", (), (self.name("unsharded parameters", unit),))]
         return ops + ([ProgramOp("previous all-gather output released", tuple(free), ())] if free else [])
 
+    def _slices_freed(self, unit) -> list:
+        """int k: the post-forward slices freed by ``to_unsharded`` after the copy-out (``_fsdp_param.py:758``)."""
+        if not self.k or not (self.reshard if unit == "block" else self.root_reshard):
+            return []
+        return [ProgramOp("FSDP2 post-forward slices freed (to_unsharded)", (self.name("post-forward slices", unit),),
+                          ())]
+
     def _reduce(self, unit, grads, previous):
         """post_backward of ``unit``: reshard, the previous reduce-scatter input freed, reduce-scatter."""
         rs_in, rs_out, sg = (self.name(r, unit) for r in UNIT_TENSORS[3:])
         ops = [ProgramOp("FSDP2 post-backward: reshard; reduce-scatter input",
                          (self.name("unsharded parameters", unit), previous), (rs_in,)),
                ProgramOp("unsharded gradients released (but the last parameter's)", tuple(grads[:-1]), ())]
-        if self.reduce == self.original:
+        if self.offload is not None:
+            device = rs_out
+            ops.append(ProgramOp("reduce-scatter output", (), (rs_out,)))
+            if self.reduce != self.original:
+                device = self.name("device gradients", unit)
+                ops += [ProgramOp(f"cast to {_label(self.original)}", (), (device,)),
+                        ProgramOp("reduce-scatter output released", (rs_out,), ())]
+            ops += [ProgramOp(f"sharded gradients copied to the host ({self.host})", (), (sg,)),
+                    ProgramOp("device gradients released", (device,), ())]
+        elif self.reduce == self.original:
             ops.append(ProgramOp("reduce-scatter output: the sharded gradients", (), (sg,)))
         else:
             ops += [ProgramOp("reduce-scatter output", (), (rs_out,)),
@@ -185,15 +321,15 @@ class FSDP2:
     def wrap_blocks(self, fwd, bwd):
         """FSDP2's hooks around one block's forward and backward programs."""
         block = "block"
-        u, ag_out = self.name("unsharded parameters", block), self.name("all-gather output", block)
+        ag_out = self.name("all-gather output", block)
         previous_out = Ref(Scope.PREVIOUS, ag_out, self.name("all-gather output", "root"))
         pre = self._gather(block) + self._copy_out(block, [previous_out])
-        post = [ProgramOp("FSDP2 post-forward: reshard", (u,), ())] if self.reshard else []
-        fwd.ops[:] = pre + fwd.ops + post
+        fwd.ops[:] = pre + fwd.ops + self._post_forward(block)
         pre = []
         if self.reshard:        # re-gathered (prefetched by the unit after it), then the unit before prefetched
-            pre = self._copy_out(block) + [ProgramOp("all-gather output released", (ag_out,), ())]
-            pre += self._gather(block, lambda n: Ref(Scope.PREVIOUS, n))
+            pre = self._copy_out(block) + self._slices_freed(block) + [
+                ProgramOp("all-gather output released", (ag_out,), ())]
+            pre += self._gather(block, lambda n: Ref(Scope.PREVIOUS, n), bool(self.k))
         grads = [f"grad {n}" for n, _ in self.units[block]]
         post = self._reduce(block, grads, Ref(Scope.NEXT, self.name("reduce-scatter input", block)))
         bwd.ops[:] = pre + bwd.ops + post
@@ -206,17 +342,26 @@ class FSDP2:
         last_out = Ref(Scope.LAST, self.name("all-gather output", "block"))
         outside[Part.FORWARD_START][:0] = self._gather(root) + self._copy_out(root)
         ops = outside[Part.FORWARD_END]
-        at = _index(ops, "LM head") + 1
-        at += at < len(ops) and ops[at].label == "final norm input released"
-        ops[at:at] = [ProgramOp("FSDP2 root post-forward", ((u,) if self.root_reshard else ()) + (last_out,), ())]
+        if self.loss_in_root:       # the root's forward returns the loss: its post-forward after the loss
+            at = _index(ops, "loss computed") + 1
+        else:
+            at = _index(ops, "LM head") + 1
+            at += at < len(ops) and ops[at].label == "final norm input released"
+        if self.k and self.root_reshard:      # the root's slices cloned, then the last block's output freed
+            ops[at:at] = self._post_forward(root) + [ProgramOp("FSDP2 root post-forward", (last_out,), ())]
+        else:
+            ops[at:at] = [ProgramOp("FSDP2 root post-forward", ((u,) if self.root_reshard else ()) + (last_out,),
+                                    ())]
         pre = []
         if self.root_reshard:
-            pre = self._gather(root) + self._copy_out(root) + [
+            pre = self._gather(root, sliced=bool(self.k)) + self._copy_out(root) + self._slices_freed(root) + [
                 ProgramOp("all-gather output released", (self.name("all-gather output", root),), ())]
         if self.reshard:
-            pre += self._gather("block", lambda n: Ref(Scope.LAST, n))
+            pre += self._gather("block", lambda n: Ref(Scope.LAST, n), bool(self.k))
         ops = outside[Part.BACKWARD_START]
-        at = _index(ops, "LM head backward")
+        # the root's pre-backward hook is on its output's gradient: the logits' (before the LM head's backward)
+        # or, with the loss inside the root, the loss's (as loss.backward() starts, before the loss's backward)
+        at = _index(ops, "loss.backward()") + 1 if self.loss_in_root else _index(ops, "LM head backward")
         ops[at:at] = pre
         ops = outside[Part.BACKWARD_END]
         grads = [f"grad {n}" for n, _ in self.units[root]]
@@ -229,12 +374,13 @@ class FSDP2:
         block = "block"
         ag, u, rs = (self.name(r, block) for r in ("all-gather output", "unsharded parameters",
                                                     "reduce-scatter input"))
+        kept = ((None, self.slices_lump),) if self.k else ()
         if phase is Phase.FORWARD:
-            allocs = ((n_layers - 3, ag),) + (() if self.reshard else ((None, self.unsharded_lump),))
+            allocs = ((n_layers - 3, ag),) + (() if self.reshard else ((None, self.unsharded_lump),)) + kept
             return ((1, ag),), allocs
         held = ((None, self.held_lump),) if self.held else ()
         if self.reshard:
-            return ((n_layers - 2, rs), (n_layers - 3, ag)), ((2, rs), (1, ag)) + held
+            return ((n_layers - 2, rs), (n_layers - 3, ag)) + kept, ((2, rs), (1, ag)) + held
         return ((n_layers - 2, rs), (None, self.unsharded_lump)), ((2, rs),) + held
 
     def finalize(self, ops) -> list:
@@ -262,14 +408,19 @@ class FSDP2:
         return out
 
     def static(self) -> list:
-        """(name, bytes, kind, why) of what FSDP2 keeps the whole step, besides the step counters and ids."""
+        """(name, bytes, kind, why, device) of what FSDP2 keeps the whole step, besides the step counters and ids;
+        under CPUOffloadPolicy on the host (the shards pinned with pin_memory, ``_fsdp_param.py:312-315``; the
+        moments are zeros_like of them: pageable)."""
         o = _label(self.original)
-        return [(f"FSDP2 sharded parameters ({o})", self.o * self.total_shards, Kind.PARAM,
-                 "every parameter's padded shard (_fsdp_param.py:307), the optimizer's parameters"),
-                (f"AdamW exp_avg on the shards ({o})", self.o * self.total_shards, Kind.OPTIMIZER,
-                 "zeros_like of rank 0's shards (torch/optim/adamw.py)"),
-                (f"AdamW exp_avg_sq on the shards ({o})", self.o * self.total_shards, Kind.OPTIMIZER,
-                 "zeros_like of rank 0's shards (torch/optim/adamw.py)")]
+        on = self.offload is not None
+        shards = f"FSDP2 sharded parameters ({o}, {self.host})" if on else f"FSDP2 sharded parameters ({o})"
+        moments = f" ({o}, host memory)" if on else f" ({o})"
+        return [(shards, self.o * self.total_shards, Kind.PARAM,
+                 "every parameter's padded shard (_fsdp_param.py:307), the optimizer's parameters", self.device),
+                ("AdamW exp_avg on the shards" + moments, self.o * self.total_shards, Kind.OPTIMIZER,
+                 "zeros_like of rank 0's shards (torch/optim/adamw.py)", self.device),
+                ("AdamW exp_avg_sq on the shards" + moments, self.o * self.total_shards, Kind.OPTIMIZER,
+                 "zeros_like of rank 0's shards (torch/optim/adamw.py)", self.device)]
 
 
 def _index(ops, label):

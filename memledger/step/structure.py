@@ -116,7 +116,8 @@ class StepStructure:
     prefetch: bool = True
     framework: str = "plain"    # issue 15: "ddp" adds its gradient buckets (memledger.step.ddp)
     bucket_view: bool = False   # DDP's gradient_as_bucket_view
-    fsdp: object = None     # framework fsdp2: (param dtype, reduce dtype, original dtype, reshard after forward, HSDP)
+    fsdp: object = None     # framework fsdp2: (param dtype, reduce dtype, original dtype, reshard after forward
+    #                         (True, False, None or an int k), HSDP, loss in the root, CPU offload: None or pin_memory)
     offload_activations: bool = False   # the blocks' saved tensors as pinned host copies (memledger.step.offload)
     in_backward: bool = False   # torchtune's optimizer in backward (memledger.step.optim.in_backward)
 
@@ -147,8 +148,10 @@ class StepStructure:
         if ledger.framework == "fsdp2":     # compute (and the unsharded gradients) in the policy's param dtype
             original = act
             act = grad = ledger.fsdp_param_dtype or original
-            fsdp = (act, ledger.fsdp_reduce_dtype or act, original, ledger.reshard_after_forward,
-                    ledger.dp_replicate > 1)
+            fsdp = (act, ledger.fsdp_reduce_dtype or act, original, _reshard(ledger), ledger.dp_replicate > 1,
+                    getattr(ledger, "fsdp_loss_in_root", False),
+                    getattr(ledger, "fsdp_offload_pin_memory", True) if getattr(ledger, "fsdp_cpu_offload", False)
+                    else None)
         kernel = conv.kernel(arch.style, ledger.dropout, ledger.flash_attention)
         if kernel == "math":
             raise ValueError("the math SDPA kernel (CPU, LLaMA blocks with dropout) is not modelled op by op; "
@@ -222,6 +225,15 @@ def check_packed(ledger, conv, kernel) -> tuple:
         raise ValueError(f"packed is modelled for the reference decoder's LLaMA block with a flash kernel, no "
                          f"recomputation, one rank; not for {', '.join(lacks)}")
     return n, conv.packing
+
+
+def _reshard(ledger):
+    """FSDP2's ``reshard_after_forward`` as ``fully_shard`` normalizes it (``_fsdp_init.py:174-182``): an int 1 is
+    False, the shard group's size True, another divisor k stays k (a post-forward shard group of k ranks)."""
+    value = ledger.reshard_after_forward
+    if value is None or isinstance(value, bool):
+        return value
+    return False if value == 1 else True if value == ledger.dp // ledger.dp_replicate else value
 
 
 def _framework(ledger) -> tuple:

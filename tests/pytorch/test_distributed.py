@@ -343,3 +343,19 @@ def test_bad_input_is_refused():
         RefConfig(**TP_SHAPE, tp=3)
     with pytest.raises(ValueError, match="t >= 2"):
         tp_step(RefConfig(**TP_SHAPE))
+
+
+def test_cpu_offload_counts_the_host_apart():
+    """CPUOffloadPolicy on the fake CPU device: with the host<->device copies made real allocations, the host's
+    storages are FSDPMemTracker's sharded parameters and optimizer states (and after backward its sharded
+    gradients); at each landmark the device and the host add up to the plain FSDP2 run's total."""
+    plain = fsdp_step(ODD, batch=2, seq=16, world=8, track_first=False)
+    got = fsdp_step(ODD, batch=2, seq=16, world=8, track_first=False, cpu_offload=True, pin_memory=False)
+    before, after = got["categories"]["before forward"], got["categories"]["after backward"]
+    assert got["host"]["before forward"] == before["Sharded Param"] + before["OptState"]
+    assert got["host"]["after backward"] - got["host"]["before forward"] == after["Sharded Grad"]
+    for k in ("before forward", "after forward", "after backward", "after step"):
+        assert got["device"][k] + got["host"][k] == got[k] == plain[k]
+    assert got["device"]["phase peaks"]["optimizer"] == got["device"]["after backward"]     # AdamW on the host
+    with pytest.raises(ValueError, match="track_first=False"):
+        fsdp_step(ODD, world=8, cpu_offload=True)
