@@ -311,7 +311,8 @@ class Built:
         # writes adds up to it
         if g.sharded or self.fsdp or self.structure.tensor_parallel:
             grads = self._live_sum("after backward", lambda x: x.lifetime is Lifetime.GRADIENT)
-        row(name, Kind.GRAD, Lifetime.GRADIENT, self.placement.gradients, grads, {"after backward"})
+        row(name, Kind.GRAD, Lifetime.GRADIENT, self.placement.gradients, grads,
+            set() if self.structure.in_backward else {"after backward"})   # in backward: each freed in its hook
         if self.fsdp and not (self.fsdp.reshard and self.fsdp.root_reshard):    # units kept unsharded after forward
             kept = self._live_sum("after forward", lambda x: x.kind is Kind.PARAM and x.lifetime is Lifetime.TEMPORARY)
             row(self.fsdp.name("unsharded parameters", "block") + ", units not resharded", Kind.PARAM,
