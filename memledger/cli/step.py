@@ -107,7 +107,7 @@ def text(result, memory: int, unit: str = "GB") -> str:
         return format_bytes(n, unit)
     lines = [f"{'landmark':<16} {'GPU':>12} {'CPU':>12} {'NVMe':>12}"]
     led = result.ledger
-    if led.framework == "fsdp2":
+    if getattr(led, "framework", "plain") == "fsdp2":     # a LoraLedger has no framework
         lines[:0] = [f"framework fsdp2: fully_shard per block and the root over {led.dp} ranks, MixedPrecisionPolicy("
                      f"param_dtype={led.fsdp_param_dtype}, reduce_dtype={led.fsdp_reduce_dtype}), "
                      f"reshard_after_forward={led.reshard_after_forward}"
