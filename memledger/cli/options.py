@@ -89,6 +89,8 @@ def ledger_options(parser, overhead: str = DEFAULT_OVERHEAD, scope: bool = True)
         "upcast); liger and cce are refused by name", Ledger.loss_impl)
     add(run, "--offload-activations", "the blocks' saved tensors as pinned host copies (save_on_cpu; memledger "
         "step --backend cpu)", switch=True)
+    add(run, "--paged-optimizer", "bitsandbytes' paged optimizer (its recipes): Adam's states in CUDA unified memory, "
+        "outside the caching allocator (memledger step)", switch=True)
     if scope:
         add(run, "--scope", "model (the blocks and what lies outside them) or layers (the blocks only, as the "
             "article books them)", Ledger.scope)
@@ -273,7 +275,8 @@ def build_ledger(a) -> Ledger:
         dropout=False if a.no_dropout else None, flash_attention=a.flash_attention,
         scope=getattr(a, "scope", Ledger.scope), loss_chunks=parse_count(a.loss_chunks, "loss_chunks"),
         loss_impl=a.loss_impl, offload_activations=bool(getattr(a, "offload_activations", False)),
-        optimizer_in_backward=bool(getattr(a, "optimizer_in_backward", False)), **framework_fields(a))
+        optimizer_in_backward=bool(getattr(a, "optimizer_in_backward", False)), **framework_fields(a),
+        paged_optimizer=bool(getattr(a, "paged_optimizer", False)))
 
 
 def gpu_bytes(text: str) -> int:

@@ -43,7 +43,8 @@ def step(a) -> str:
         return lora_step(a, ledger)
     reads = set(MODEL) | set(WORKLOAD) | set(FRAMEWORK) | set(LOSS) | {"units", "gpu_memory", "json", "backend",
                                                                         "foreach", "no_foreach", "fused",
-                                                                        "optimizer_in_backward", "offload_activations"}
+                                                                        "optimizer_in_backward", "offload_activations",
+                                                                        "paged_optimizer"}
     if ledger.offload_optimizer == "none":
         reads.discard("offload_placement")
     refuse_unread(a, reads, "memledger step")

@@ -28,7 +28,7 @@ from ..states.placement import OFFLOAD_DEVICES, PLACEMENTS, ZERO_STAGES, check_s
 from ..states.recipes import ALL_RECIPES, DEFAULT_RECIPE
 from .in_backward import check_in_backward
 from .transfer import Traffic, step_traffic
-from ..step.structure import check_loss_impl
+from ..step.structure import BNB_KINDS, OPTIMIZER_OF, check_loss_impl
 from ..core.units import GB
 
 __all__ = ["DEFAULT_OVERHEAD", "FIELD_OF", "SCOPES", "Ledger", "RowSpec", "Structure", "activation_dtype", "row_specs",
@@ -155,7 +155,9 @@ class Ledger:
     :mod:`memledger.step.offload`); the sum of :attr:`rows` still books the activations on the GPU.
     ``optimizer_in_backward``: torchtune's optimizer stepped in backward
     (:mod:`memledger.ledger.in_backward`): the step's peak (:attr:`peak`, :meth:`step`) honours it; the rows,
-    the sum at the end of the forward pass, do not change.
+    the sum at the end of the forward pass, do not change. ``paged_optimizer``: bitsandbytes' paged optimizer
+    (its recipes only): Adam's states of tensors of at least 1e5 elements in CUDA unified memory, outside the
+    caching allocator's count; the step (:mod:`memledger.step.bnb`) books them on the host column, the rows do not.
     """
     arch: Union[Architecture, str, None] = None
     n_params: Optional[int] = None
@@ -193,6 +195,7 @@ class Ledger:
     dp_replicate: int = 1
     offload_activations: bool = False
     optimizer_in_backward: bool = False     # torchtune's optimizer_in_bwd: the step's peak honours it
+    paged_optimizer: bool = False           # bitsandbytes' paged states (unified memory): the step's peak honours it
 
     def __post_init__(self):
         arch = get_preset(self.arch) if isinstance(self.arch, str) else self.arch
@@ -216,7 +219,7 @@ class Ledger:
         check_choice("offload_params", self.offload_params, OFFLOAD_DEVICES)
         check_choice("offload_placement", self.offload_placement, PLACEMENTS)
         check_state_options(self.zero_stage, self.offload_params)
-        for name in ("sequence_parallel", "flash_attention", "optimizer_in_backward"):
+        for name in ("sequence_parallel", "flash_attention", "optimizer_in_backward", "paged_optimizer"):
             check_flag(name, getattr(self, name))
         check_flag("dropout", self.dropout, allow_none=True)
         if self.loss_chunks > self.seq_len:
@@ -238,6 +241,10 @@ class Ledger:
             object.__setattr__(self, "dropout", arch.dropout if arch is not None else False)
         if self.optimizer_in_backward:
             check_in_backward(self, recipe)
+        if self.paged_optimizer and OPTIMIZER_OF.get(self.recipe) not in BNB_KINDS:
+            raise ValueError(f"paged_optimizer: bitsandbytes' paged optimizers keep their states in CUDA unified "
+                             f"memory; recipe {self.recipe} is not a bitsandbytes one (use bf16-adam8bit-bnb, "
+                             f"bf16-adam8bit-bnb-nomaster or bf16-adamw32-bnb)")
         if self.framework == "fsdp2":     # FSDP2 books no sum of rows (its step is the answer)
             return
         _ = self.rows         # every row a whole number of bytes, or a ValueError naming the one that is not
