@@ -123,7 +123,8 @@ def lora_against_memtracker(shape, batch, seq, rank, targets, dropout=0.0, nf4=F
                                lora=LoraRef(rank, targets, dropout=dropout, qlora=nf4,
                                             fp32_adapters=loop == "fp32-adamw"))
     config = LoraConfig(rank, targets, base="nf4" if nf4 else "bf16", adapter_recipe=loop, dropout=dropout > 0)
-    step = LoraLedger(architecture_of(c), config, batch, seq, overhead_bytes=0).step("cpu", rmsnorm=rmsnorm)
+    step = LoraLedger(architecture_of(c), config, batch, seq, c.recompute, overhead_bytes=0).step("cpu",
+                                                                                         rmsnorm=rmsnorm)
     held = 2 * batch * seq * shape["d"] * 2            # the leaf and its .grad, kept by MemTracker (docstring)
     after = {"after backward", "after step"}
     for landmark in LANDMARKS:

@@ -280,7 +280,8 @@ class LoraLedger:
         from ..step.lora import LoraStep
         from .ledger import Ledger
         ledger = Ledger(self.arch, batch_size=self.batch_size, seq_len=self.seq_len, recipe="bf16-pure-adamw",
-                        overhead_bytes=self.overhead_bytes, dropout=False, flash_attention=self.flash_attention)
+                        overhead_bytes=self.overhead_bytes, dropout=False, flash_attention=self.flash_attention,
+                        recompute=self.recompute)
         return LoraStep(self, ledger, backend, **conventions)
 
     def table(self, unit: str = "GB"):

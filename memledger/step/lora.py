@@ -48,7 +48,7 @@ from ..activations.backends import get_backend
 from ..activations.inventory import Saved, inventory
 from ..activations.outside import outside_inventory
 from ..core.dtypes import nbytes
-from ..core.symbols import B, F, L, O, S, V, d, r
+from ..core.symbols import B, F, H, L, O, S, V, d, r
 from ..states.recipes import get_recipe
 from . import outer
 from .build import IDS, Built
@@ -112,6 +112,11 @@ def _kept_inputs(c, spec: LoraSpec) -> set:
     return kept
 
 
+def _o_proj_reads(spec) -> bool:
+    """An adapter on ``o_proj`` keeps the attention output itself for A's weight gradient."""
+    return "o_proj" in spec.targets and not spec.dropout and not spec.fp32_adapters
+
+
 def lora_rows(c, spec: LoraSpec, opts: dict) -> list:
     """One block's saved tensors (:class:`~memledger.activations.inventory.Saved`): the inventory's, less what
     only frozen weights' gradients needed, plus each adapter's."""
@@ -123,6 +128,9 @@ def lora_rows(c, spec: LoraSpec, opts: dict) -> list:
             continue              # composite RMSNorm keeps x*rstd for its (frozen) weight's gradient only
         if row.weight_grad_of and row.name != "output projection input" and row.name not in kept:
             continue              # the flash kernel saves its output, the output projection's input, anyway
+        if c.recompute == "selective" and (row.name == "softmax log-sum-exp" or (
+                row.name == "output projection input" and not _o_proj_reads(spec))):
+            continue              # the checkpointed core saves nothing; an o_proj adapter may keep its input
         out.append(row)
     ad = _adapter_dtype(c, spec)
     for t in spec.targets:
@@ -376,12 +384,20 @@ def lora_block_forward(p, c, spec: LoraSpec):
     if h1 in temps:
         p.op("released", free=[h1])
         temps.remove(h1)
-    p.op("flash attention", alloc=["output projection input", "softmax log-sum-exp"])
+    pi = "output projection input"
+    if c.recompute != "selective":
+        p.op("flash attention", alloc=[pi, "softmax log-sum-exp"])
+    else:                           # selective: the core under the checkpoint saves nothing
+        if not _o_proj_reads(spec):
+            pi = local("attention output (checkpointed)", widths_of(c)[0], "the local a, until the block returns")
+        lse = p.new("log-sum-exp (dropped)", (B, H, S), "fp32", "not kept: the checkpointed core recomputes it")
+        p.op("flash attention (checkpointed)", alloc=[pi, lse])
+        p.op("log-sum-exp dropped", free=[lse])
     po = p.new("output projection output", BSd, a, "the attention branch before the residual add")
     _base_forward(p, c, spec, "proj", po)
     branch = po
     if "o_proj" in T:
-        adapter = _adapter_forward(p, c, spec, "o_proj", "output projection input")
+        adapter = _adapter_forward(p, c, spec, "o_proj", pi)
         branch = p.new("o_proj output + adapter", BSd, a, "the attention branch")
         _adapter_sum(p, c, spec, "o_proj", adapter, branch, raw=po)
         p.op("residual add", alloc=[xm])
@@ -473,8 +489,17 @@ def lora_block_backward(p, c, spec: LoraSpec, share):
     BSkv = widths_of(c)[1]
     gq, gk, gv = (p.new(f"gradient of {n}", (B, S, w), a, f"dL/d{n}")
                   for n, w in (("q", BSq[2]), ("k", BSkv[2]), ("v", BSkv[2])))
+    selective = c.recompute == "selective"
+    if selective:                   # the checkpoint re-runs the core when its backward unpacks
+        again = [p.new("flash output (recomputed)", widths_of(c)[0], a, "the re-run kernel's output"),
+                 p.new("softmax log-sum-exp (recomputed)", (B, H, S), "fp32", "the re-run kernel's statistics")]
+        p.op("flash attention recomputed", alloc=again)
     p.op("flash attention backward", alloc=[gq, gk, gv])
-    p.op("released", free=[g_pi.value, "Q", "K", "V", "softmax log-sum-exp", "output projection input"])
+    if selective:
+        p.op("recomputed output released", free=again)
+    kept_core = ["softmax log-sum-exp", "output projection input"] if not selective else \
+        (["output projection input"] if _o_proj_reads(spec) else [])
+    p.op("released", free=[g_pi.value, "Q", "K", "V"] + kept_core)
     gqkv = p.new("gradient of the QKV projection output", (B, S, qkv_width(c)), a,
                  "q, k, v gradients put back together")
     if c.gqa:
@@ -770,8 +795,8 @@ class LoraStep(Step):
         if config.adapter_recipe not in ADAPTER_RECIPES:
             raise ValueError(f"the LoRA step models FP32 or BF16 adapters under AdamW: adapter_recipe must be one of "
                              f"{', '.join(ADAPTER_RECIPES)}, got {config.adapter_recipe}")
-        if arch.style != "llama" or lora_ledger.recompute != "none":
-            raise ValueError("the LoRA step models LLaMA blocks without recomputation")
+        if arch.style != "llama" or lora_ledger.recompute == "full":
+            raise ValueError("the LoRA step models LLaMA blocks with no or selective recomputation, not full")
         if conv.kernel(arch.style, False, lora_ledger.flash_attention) != "flash":
             raise ValueError("the LoRA step models the SDPA flash kernel: use --backend cpu or cuda, or "
                              "--flash-attention")
