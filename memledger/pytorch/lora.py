@@ -27,6 +27,9 @@ bytes; MemTracker hooks every parameter's gradient, which a frozen one cannot ta
   reference allocates what those kernels allocate (one FP32 absmax, one BF16 weight) without computing
   NF4's values: it checks memory, not numbers. Embeddings, norms and the LM head stay in the model dtype.
 
+``RefConfig(recompute="selective")`` runs the attention core under ``checkpoint(..., use_reentrant=False)`` as
+:class:`~memledger.pytorch.reference.Block` does; full recomputation is refused.
+
 The loop is :class:`memledger.pytorch.reference.Trainer` over the trainable parameters only (the adapters):
 ``bf16-pure-adamw``, ``bf16-adamw`` (FP32 masters of the adapters) or, with FP32 adapters on the BF16 base,
 ``fp32-adamw``.

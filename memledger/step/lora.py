@@ -36,8 +36,10 @@ The programs of :mod:`memledger.pytorch.lora`'s reference (PEFT's ``LoraLayer`` 
   the output gradient to FP32, gives the base a 16-bit copy, and casts the input gradient back.
 
 Scope: LLaMA blocks (multi-head or grouped-query), the SDPA flash kernel, composite (CPU) or fused RMSNorm,
-no recomputation, one GPU, a BF16 (or NF4) base, FP32 adapters or adapters in the base's dtype. Read off
-MemTracker's allocation log of the reference (PyTorch 2.13, CPU); checked by ``tests/step/test_lora.py``.
+no or selective recomputation (the attention core checkpointed: its flash output and log-sum-exp not saved,
+the core re-run in backward; full recomputation refused), one GPU, a BF16 (or NF4) base, FP32 adapters or
+adapters in the base's dtype. Read off MemTracker's allocation log of the reference (PyTorch 2.13, CPU);
+checked by ``tests/step/test_lora.py``, ``test_lora_head.py`` and ``test_lora_recompute.py``.
 """
 from dataclasses import dataclass, replace
 from typing import NamedTuple
