@@ -7,7 +7,7 @@ A :class:`Rung` is a named change to a setup: :class:`~memledger.ledger.ledger.L
 ``rmsnorm``: :class:`memledger.activations.backends.Backend`'s fields) or ``lora`` (a
 :class:`~memledger.ledger.lora.LoraConfig`, or :func:`~memledger.ledger.lora.qlora`). :func:`ladder` applies
 the rungs in turn, each to the setup the rung before it left; a rung with ``restart`` starts again from
-the baseline (the LoRA step models neither recomputation, the chunked loss nor offloading, so LoRA is
+the baseline (the LoRA step models neither full recomputation, the chunked loss nor offloading, so LoRA is
 compared with the full fine-tune at the same workload). Each row holds the step's peak, its phase, and
 what the rung saved at the peak against the rung it was applied to::
 

@@ -30,7 +30,7 @@ from .amp import weight_copy_row
 from .in_backward import check_in_backward
 from ..activations.partitioned import check_compiled
 from .transfer import Traffic, step_traffic
-from ..step.structure import AMP_RECIPES, check_loss_impl
+from ..step.structure import AMP_RECIPES, BNB_KINDS, OPTIMIZER_OF, check_loss_impl
 from ..core.units import GB
 
 __all__ = ["DEFAULT_OVERHEAD", "FIELD_OF", "SCOPES", "Ledger", "RowSpec", "Structure", "activation_dtype", "row_specs",
@@ -181,7 +181,9 @@ class Ledger:
     ``compile``: the blocks run under ``torch.compile`` (Inductor or ``aot_eager_decomp_partition``): the
     activations row books what AOTAutograd's min-cut partitioner saves
     (:mod:`memledger.activations.partitioned`, measured); the step timeline does not model compiled graphs
-    (:attr:`peak` is None, :meth:`step` refuses it).
+    (:attr:`peak` is None, :meth:`step` refuses it). ``paged_optimizer``: bitsandbytes' paged optimizer
+    (its recipes only): Adam's states of tensors of at least 1e5 elements in CUDA unified memory, outside the
+    caching allocator's count; the step (:mod:`memledger.step.bnb`) books them on the host column, the rows do not.
     """
     arch: Union[Architecture, str, None] = None
     n_params: Optional[int] = None
@@ -224,6 +226,7 @@ class Ledger:
     fsdp_loss_in_root: bool = False         # fsdp2: the loss computed in the root module's forward
     fsdp_cpu_offload: bool = False          # fsdp2: CPUOffloadPolicy (shards, gradients, states on the host)
     fsdp_offload_pin_memory: bool = True    # fsdp2: CPUOffloadPolicy(pin_memory=...)
+    paged_optimizer: bool = False           # bitsandbytes' paged states (unified memory): the step's peak honours it
 
     def __post_init__(self):
         arch = get_preset(self.arch) if isinstance(self.arch, str) else self.arch
@@ -247,7 +250,7 @@ class Ledger:
         check_choice("offload_params", self.offload_params, OFFLOAD_DEVICES)
         check_choice("offload_placement", self.offload_placement, PLACEMENTS)
         check_state_options(self.zero_stage, self.offload_params)
-        for name in ("sequence_parallel", "flash_attention", "optimizer_in_backward"):
+        for name in ("sequence_parallel", "flash_attention", "optimizer_in_backward", "paged_optimizer"):
             check_flag(name, getattr(self, name))
         check_flag("dropout", self.dropout, allow_none=True)
         if self.loss_chunks > self.seq_len:
@@ -276,6 +279,10 @@ class Ledger:
             object.__setattr__(self, "dropout", arch.dropout if arch is not None else False)
         if self.optimizer_in_backward:
             check_in_backward(self, recipe)
+        if self.paged_optimizer and OPTIMIZER_OF.get(self.recipe) not in BNB_KINDS:
+            raise ValueError(f"paged_optimizer: bitsandbytes' paged optimizers keep their states in CUDA unified "
+                             f"memory; recipe {self.recipe} is not a bitsandbytes one (use bf16-adam8bit-bnb, "
+                             f"bf16-adam8bit-bnb-nomaster or bf16-adamw32-bnb)")
         if self.framework == "fsdp2":     # FSDP2 books no sum of rows (its step is the answer)
             return
         _ = self.rows         # every row a whole number of bytes, or a ValueError naming the one that is not

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from ..models.features import Features
 from ..states.recipes import ALL_RECIPES as RECIPES
 
-__all__ = ["AMP_RECIPES", "COMPILE_REFUSED", "LOSS_IMPLS", "MAX_LOSS_CHUNKS", "MODELLED_RECIPES", "OPTIMIZER_OF",
-           "REFUSED_LOSSES", "Shape", "StepStructure", "block_of", "check_amp", "check_implementation",
-           "check_loss_chunks", "check_loss_impl", "check_offload", "check_packed", "check_recipe", "step_values",
-           "unmodelled"]
+__all__ = ["AMP_RECIPES", "BNB_KINDS", "COMPILE_REFUSED", "LOSS_IMPLS", "MAX_LOSS_CHUNKS", "MODELLED_RECIPES",
+           "OPTIMIZER_OF", "REFUSED_LOSSES", "Shape", "StepStructure", "block_of", "check_amp",
+           "check_implementation", "check_loss_chunks", "check_loss_impl", "check_offload", "check_packed",
+           "check_recipe", "step_values", "unmodelled"]
 
 #: The optimizer each recipe the timeline models runs (``torch.optim.AdamW``, ``SGD`` with ``momentum`` 0 or not,
 #: ``Adafactor``; :mod:`memledger.step.optim`), with one gradient buffer, with or without FP32 master weights
@@ -22,16 +22,16 @@ __all__ = ["AMP_RECIPES", "COMPILE_REFUSED", "LOSS_IMPLS", "MAX_LOSS_CHUNKS", "M
 OPTIMIZER_OF = {"bf16-adamw": "adamw", "bf16-adamw-fp32-grads": "adamw", "fp32-adamw": "adamw",
                 "bf16-pure-adamw": "adamw", "bf16-sgd": "sgd", "fp32-sgd": "sgd", "bf16-sgd-momentum": "sgd-momentum",
                 "fp32-sgd-momentum": "sgd-momentum", "bf16-pure-sgd-momentum": "sgd-momentum",
-                "adafactor": "adafactor", "fp16-amp-adamw": "adamw"}
+                "adafactor": "adafactor", "fp16-amp-adamw": "adamw", "bf16-adam8bit-bnb": "adam8bit-bnb",
+                "bf16-adam8bit-bnb-nomaster": "adam8bit-bnb", "bf16-adamw32-bnb": "adamw32-bnb"}
+#: bitsandbytes' optimizers, modelled from source (memledger.step.bnb): no reference run here (CUDA only).
+BNB_KINDS = ("adam8bit-bnb", "adamw32-bnb")
 MODELLED_RECIPES = tuple(OPTIMIZER_OF)
 _CUDA_ONLY = "bitsandbytes' kernels run on CUDA only, so no reference run here: not modelled op by op"
 #: What the timeline lacks for each other recipe of the catalog (for its error message); others: "its optimizer".
 UNMODELLED_RECIPES = {
     "bf16-adamw-fp32-accum": "FP32 gradient accumulation, a second gradient buffer",
     "bf16-adam-8bit": "8-bit Adam; " + _CUDA_ONLY,
-    "bf16-adam8bit-bnb": "8-bit block-wise Adam; " + _CUDA_ONLY,
-    "bf16-adam8bit-bnb-nomaster": "8-bit block-wise Adam; " + _CUDA_ONLY,
-    "bf16-adamw32-bnb": "32-bit (paged) AdamW; " + _CUDA_ONLY,
     "bf16-adafactor": "transformers' Adafactor: FP32 states and FP32 copies of each BF16 gradient and parameter "
                       "inside step(); the step models torch.optim.Adafactor, whose states take the gradient's dtype",
 }
@@ -120,6 +120,7 @@ class StepStructure:
     #                         (True, False, None or an int k), HSDP, loss in the root, CPU offload: None or pin_memory)
     offload_activations: bool = False   # the blocks' saved tensors as pinned host copies (memledger.step.offload)
     in_backward: bool = False   # torchtune's optimizer in backward (memledger.step.optim.in_backward)
+    paged_optimizer: bool = False   # bitsandbytes' paged states in unified memory (memledger.step.bnb)
 
     @classmethod
     def of(cls, ledger, conv):
@@ -177,7 +178,8 @@ class StepStructure:
         return cls(shape, ledger.recipe, ledger.zero_stage, ledger.offload_optimizer, ledger.offload_params,
                    ledger.offload_placement, ledger.recompute, ledger.tp > 1, ledger.sequence_parallel, conv,
                    arch.n_layers if arch.n_layers <= 4 else None, True, *_framework(ledger), fsdp=fsdp,
-                   offload_activations=offloaded, in_backward=getattr(ledger, "optimizer_in_backward", False))
+                   offload_activations=offloaded, in_backward=getattr(ledger, "optimizer_in_backward", False),
+                   paged_optimizer=getattr(ledger, "paged_optimizer", False))
 
 
 #: The recipes that run under FP16 autocast with a GradScaler (memledger.step.amp).
@@ -305,8 +307,26 @@ def check_implementation(ledger, conv) -> None:
     """``ValueError`` where the optimizer has no such implementation: Adafactor has no fused kernel, and its
     ``foreach=None`` default is the for-loop on every device (``torch/optim/_adafactor.py``), so the cuda
     backend's foreach (AdamW's and SGD's default there) does not apply to it, and foreach asked elsewhere is
-    not modelled; Adafactor's factored moments need whole matrices (no ZeRO, no tensor parallelism)."""
-    if OPTIMIZER_OF[ledger.recipe] != "adafactor":
+    not modelled; Adafactor's factored moments need whole matrices (no ZeRO, no tensor parallelism).
+    bitsandbytes' optimizers are their own kernels (no foreach or fused choice) over whole tensors; ``paged_optimizer``
+    is theirs only."""
+    kind = OPTIMIZER_OF[ledger.recipe]
+    paged = getattr(ledger, "paged_optimizer", False)
+    if paged and kind not in BNB_KINDS:
+        raise ValueError(f"paged_optimizer: bitsandbytes' paged optimizers keep their states in unified memory; "
+                         f"recipe {ledger.recipe} runs torch.optim (use bf16-adam8bit-bnb, "
+                         f"bf16-adam8bit-bnb-nomaster or bf16-adamw32-bnb)")
+    if kind in BNB_KINDS:
+        if getattr(conv, "fused", False) or (conv.foreach and conv.name != "cuda"):
+            raise ValueError(f"foreach/fused: recipe {ledger.recipe} runs bitsandbytes' own in-place kernel per "
+                             "tensor, not torch.optim's implementations")
+        if ledger.zero_stage or ledger.tp > 1:
+            raise ValueError("the step models bitsandbytes' optimizers (from source) on whole tensors: no ZeRO, tp 1")
+        if getattr(ledger, "optimizer_in_backward", False):
+            raise ValueError("optimizer_in_backward: one bitsandbytes optimizer per parameter (each with its own "
+                             "qmaps) is not modelled")
+        return
+    if kind != "adafactor":
         return
     if getattr(conv, "fused", False):
         raise ValueError("fused: torch.optim.Adafactor has no fused implementation")
