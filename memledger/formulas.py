@@ -71,7 +71,7 @@ def _preset_features():
     from .models.presets import all_presets
     seen = []
     for arch in all_presets().values():
-        f = tuple(arch.features)
+        f = arch.features.key
         if f not in seen:
             seen.append(f)
     return seen

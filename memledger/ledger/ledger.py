@@ -106,7 +106,7 @@ def row_specs(s: Structure) -> tuple:
             # ZeRO-3 gathers one module's parameters (and gradients) at a time:
             # DeepSpeed's estimate_zero3_model_states_mem_needs books 4 x largest layer.
             plain = s.arch.features == Features.of(s.arch.style)
-            unit = ("largest unit", s.arch.style) if plain else ("largest unit",) + tuple(s.arch.features)
+            unit = ("largest unit", s.arch.style) if plain else ("largest unit",) + s.arch.features.key
             gathered = [c for c in recipe.components if c.role == "param"] + [recipe.grad_component]
             if all(c.plain for c in gathered):
                 specs.append(RowSpec("gathered parameters + gradients (largest layer)", Group.MODEL_STATES, Device.GPU,
