@@ -7,8 +7,8 @@ ZeRO (Rajbhandari et al. 2020) as P = Psi, N_d = N_d.
 """
 import sympy as sp
 
-__all__ = ["B", "E", "F", "H", "L", "MODEL_NOTATION", "NOTATION", "O", "P", "S", "V", "H_kv", "L_dec", "N_d", "N_pos", "N_rb", "N_tt", "d",
-           "d_h", "k", "m", "p", "t", "v"]
+__all__ = ["B", "E", "F", "H", "L", "MODEL_NOTATION", "NOTATION", "O", "P", "S", "V", "H_kv", "L_dec", "N_d", "N_pos",
+           "N_rb", "N_tt", "d", "d_h", "k", "m", "p", "t", "v"]
 
 _INT = dict(positive=True, integer=True)
 
