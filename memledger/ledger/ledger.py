@@ -116,16 +116,17 @@ def row_specs(s: Structure) -> tuple:
                                      component_key(gathered, unit), 1, Role.GATHERED))
         f = s.arch.features
         dtype = activation_dtype(recipe)
-        refinements = (f.gqa, f.head_dim, f.moe) if (f.gqa or f.head_dim or f.moe or dtype == "fp32") else ()
+        family = (f.parallel, f.shared_norm) if f.parallel else ()      # GPT-NeoX, Phi (issue 16)
+        refinements = (f.gqa, f.head_dim, f.moe) if (f.gqa or f.head_dim or f.moe or dtype == "fp32" or family) else ()
         specs.append(RowSpec("activations", Group.ACTIVATIONS, Device.GPU,
                              ("activations", s.arch.mlp, s.arch.norm, s.dropout, s.flash_attention, s.recompute,
                               s.tensor_parallel, s.sequence_parallel) + refinements + (
-                                 (dtype,) if dtype == "fp32" else ())))
+                                 (dtype,) if dtype == "fp32" or family else ()) + family))
         if s.scope == "model" and s.arch.causal:
             attention = "flash" if s.flash_attention else "eager"
             specs += [RowSpec(name, Group.ACTIVATIONS, Device.GPU, formulas.outside_key(
                 s.arch.style, attention, name, s.tensor_parallel, s.sequence_parallel, dtype))
-                for name in formulas.outside_names(s.arch.style, attention)]
+                for name in formulas.outside_names(s.arch.style, attention, f.input_norm)]
     specs += framework_specs(s, recipe)
     specs.append(RowSpec("CUDA context + workspace", Group.OVERHEAD, Device.GPU, ("symbol", "O")))
     return tuple(specs)
@@ -233,6 +234,7 @@ class Ledger:
             raise ValueError("sequence_parallel needs tensor parallelism: tp must be > 1")
         if arch is not None:
             arch.check_tensor_parallel(self.tp)
+            arch.check_modelled()
         check_framework(self, ALL_RECIPES[self.recipe])
         if self.dropout is None:
             object.__setattr__(self, "dropout", arch.dropout if arch is not None else False)

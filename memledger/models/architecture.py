@@ -140,6 +140,15 @@ class Architecture:
 
     check_tp = check_tensor_parallel
 
+    def check_modelled(self) -> None:
+        """The ledger books a decoder's or an encoder's blocks: an encoder-decoder (T5) is refused in one line
+        (its parameter count stands: :attr:`computed_params`)."""
+        if self.n_decoder_layers:
+            name = f"model_type {self.model_type!r}" if self.model_type else "an encoder-decoder"
+            raise ValueError(f"arch: {name} is an encoder-decoder ({self.n_layers} encoder and {self.n_decoder_layers} "
+                             "decoder blocks with cross-attention); the ledger and the step model decoder-only and "
+                             "encoder-only blocks, not its two stacks")
+
     @property
     def kv_heads(self) -> int:
         """Key/value heads: ``n_kv_heads``, or ``n_heads`` for multi-head attention."""

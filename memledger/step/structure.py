@@ -124,7 +124,8 @@ class StepStructure:
                                              else None)
         modelled = modelled._replace(head_dim=f.head_dim)        # any style: Q and O at H*d_h (Gemma-7B)
         if f != modelled:
-            raise ValueError(f"the step timeline models the reference decoder's GPT and LLaMA blocks (LLaMA blocks "
+            family = f"model_type {arch.model_type!r}: " if arch.model_type else ""
+            raise ValueError(family + f"the step timeline models the reference decoder's GPT and LLaMA blocks (LLaMA blocks "
                              f"also with grouped-query attention, QKV biases and tied embeddings; any head size; no, "
                              f"selective or full recomputation); {unmodelled(f)} not modelled op by op")
         gqa = f.gqa
@@ -249,7 +250,11 @@ def unmodelled(f: Features) -> str:
     named = [("mixture of experts", f.moe), ("an untied GPT decoder", f.gpt and not f.is_tied),
              ("a GPT block without QKV biases", f.gpt and not f.has_qkv_bias),
              ("learned positions", f.positions), ("token types", f.token_types), ("a pooler", f.pooler),
-             ("an embedding norm", f.embedding_norm), ("grouped-query attention in a GPT block", f.gqa and f.gpt)]
+             ("an embedding norm", f.embedding_norm), ("grouped-query attention in a GPT block", f.gqa and f.gpt),
+             ("parallel attention and MLP", f.parallel and not f.shared_norm),
+             ("one norm feeding parallel attention and MLP", f.shared_norm), ("an LM head bias", f.head_bias),
+             ("ALiBi score biases", f.alibi), ("an embedding LayerNorm", f.input_norm),
+             ("an encoder-decoder", f.encoder_decoder)]
     found = [name for name, on in named if on]
     return (", ".join(found) if found else "this architecture's refinements") + (" is" if len(found) == 1 else " are")
 

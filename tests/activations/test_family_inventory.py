@@ -45,3 +45,21 @@ def test_parallel_blocks_keep_less():
     sequential, neox, phi = (_bytes(inventory(parallel=p, shared_norm=s)) for p, s in
                              ((False, False), (True, False), (True, True)))
     assert sequential - neox == 2 * 24 * 64 * 2 and sequential - phi == 2 * (2 * 24 * 64 * 2)
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_ledger_books_the_measured_blocks(name):
+    """The ledger's activation row (the article's conventions: 1-byte masks, no norm statistics) is L times the
+    block PyTorch measures with the fused kernel's masks, less the LayerNorms' BF16 mean and rstd."""
+    from memledger.ledger.ledger import Ledger
+    from memledger.pytorch.compare import architecture_of
+    from memledger.pytorch.measure import saved_tensors
+    c = RefConfig(**SHAPE, dropout=0.1, native_dropout=True, **FAMILIES[name])
+    B, S = 2, 24
+    measured = saved_tensors(c, "bf16-pure-adamw", B, S)
+    norms = 1 if c.shared_norm else 2
+    block = sum(b for b, _, _ in measured[1]) - norms * 2 * B * S * 2
+    ledger = Ledger(architecture_of(c), batch_size=B, seq_len=S, recipe="bf16-pure-adamw", overhead_bytes=0,
+                    dropout=True)
+    row = next(r for r in ledger.rows if r.name == "activations")
+    assert row.bytes == c.L * block
