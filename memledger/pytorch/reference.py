@@ -230,6 +230,8 @@ class Block(nn.Module):
         H, kv = c.local_heads
         h1 = self.norm1(x)
         qkv = self.qkv(h1)
+        if not c.shared_norm:
+            del h1                      # (a local would outlive its use: the blocks' lifetimes are measured)
         B, S, _ = qkv.shape             # under sequence parallelism x holds S/t positions, qkv all S
         if c.kv_heads == c.H:
             q, k, v = qkv.view(B, S, 3, H, hd).permute(2, 0, 3, 1, 4)
@@ -240,16 +242,17 @@ class Block(nn.Module):
             a = checkpoint(self._core, q, k, v, mask, alibi, use_reentrant=False)
         else:
             a = self._core(q, k, v, mask, alibi)
-        attn = self._drop(self.proj(a.transpose(1, 2).reshape(B, S, H * hd)))
         if c.parallel:          # GPT-NeoX: x + attn(ln1(x)) + mlp(ln2(x)); Phi: one norm, h1 feeds both
-            return x + attn + self._mlp(h1 if c.shared_norm else self.norm2(x))
-        x = x + attn
-        return x + self._mlp(self.norm2(x))
-
-    def _mlp(self, h):
-        if self.c.style == "gpt":
-            return self._drop(self.down(F.gelu(self.up(h))))
-        return self.down(F.silu(self.gate(h)) * self.up(h))
+            attn = self._drop(self.proj(a.transpose(1, 2).reshape(B, S, H * hd)))
+            h = h1 if c.shared_norm else self.norm2(x)
+        else:
+            x = x + self._drop(self.proj(a.transpose(1, 2).reshape(B, S, H * hd)))
+            h = self.norm2(x)
+        if c.style == "gpt":
+            out = self._drop(self.down(F.gelu(self.up(h))))
+        else:
+            out = self.down(F.silu(self.gate(h)) * self.up(h))
+        return x + attn + out if c.parallel else x + out
 
 
 class Decoder(nn.Module):

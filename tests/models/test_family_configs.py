@@ -87,3 +87,13 @@ def test_older_keys_unchanged():
 def test_bad_family_fields_refused(config, message):
     with pytest.raises(ValueError, match=message):
         Architecture.from_hf_config(config)
+
+
+@pytest.mark.parametrize("name", list(PUBLISHED) + ["starcoder"])
+def test_family_tensors_sum_to_the_count(name):
+    # the tensor-by-tensor list (LoRA, Adafactor, ZeRO-3's largest module) holds exactly the counted parameters
+    from memledger.models.tensors import module_params_exprs, total_params_expr
+    arch = get_preset(name)
+    assert arch.evaluate(total_params_expr(arch.features)) == arch.computed_params
+    modules = module_params_exprs(arch.features)
+    assert ("norm2" in modules) == (name != "phi-2") and ("lm_head" in modules) == (name in ("pythia-6.9b", "phi-2"))
