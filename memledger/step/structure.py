@@ -122,11 +122,12 @@ class StepStructure:
         modelled = Features.of(arch.style)._replace(gqa=f.gqa, qkv_bias=f.qkv_bias, tied=f.tied) if llama else \
             Features.of(arch.style)._replace(tied=f.tied if f.is_tied else None, qkv_bias=f.qkv_bias if f.has_qkv_bias
                                              else None)
-        modelled = modelled._replace(head_dim=f.head_dim)        # any style: Q and O at H*d_h (Gemma-7B)
+        # any style: Q and O at H*d_h (Gemma-7B), K and V at H_kv heads (a GPT block's: GPT-BigCode's multi-query)
+        modelled = modelled._replace(head_dim=f.head_dim, gqa=f.gqa)
         if f != modelled:
             family = f" (model_type {arch.model_type!r})" if arch.model_type in FAMILIES else ""
-            raise ValueError(f"the step timeline models the reference decoder's GPT and LLaMA blocks (LLaMA blocks "
-                             f"also with grouped-query attention, QKV biases and tied embeddings; any head size; no, "
+            raise ValueError(f"the step timeline models the reference decoder's GPT and LLaMA blocks (grouped-query "
+                             f"attention; LLaMA blocks also with QKV biases and tied embeddings; any head size; no, "
                              f"selective or full recomputation); {unmodelled(f)} not modelled op by op{family}")
         gqa = f.gqa
         recipe = RECIPES[ledger.recipe]
@@ -254,7 +255,7 @@ def unmodelled(f: Features) -> str:
     named = [("mixture of experts", f.moe), ("an untied GPT decoder", f.gpt and not f.is_tied),
              ("a GPT block without QKV biases", f.gpt and not f.has_qkv_bias),
              ("learned positions", f.positions), ("token types", f.token_types), ("a pooler", f.pooler),
-             ("an embedding norm", f.embedding_norm), ("grouped-query attention in a GPT block", f.gqa and f.gpt),
+             ("an embedding norm", f.embedding_norm),
              ("parallel attention and MLP", f.parallel and not f.shared_norm),
              ("one norm feeding parallel attention and MLP", f.shared_norm), ("an LM head bias", f.head_bias),
              ("ALiBi score biases", f.alibi), ("an embedding LayerNorm", f.input_norm),
