@@ -113,7 +113,7 @@ def row_specs(s: Structure) -> tuple:
             # ZeRO-3 gathers one module's parameters (and gradients) at a time:
             # DeepSpeed's estimate_zero3_model_states_mem_needs books 4 x largest layer.
             plain = s.arch.features == Features.of(s.arch.style)
-            unit = ("largest unit", s.arch.style) if plain else ("largest unit",) + tuple(s.arch.features)
+            unit = ("largest unit", s.arch.style) if plain else ("largest unit",) + s.arch.features.key
             gathered = [c for c in recipe.components if c.role == "param"] + [recipe.grad_component]
             if all(c.plain for c in gathered):
                 specs.append(RowSpec("gathered parameters + gradients (largest layer)", Group.MODEL_STATES, Device.GPU,
@@ -123,17 +123,19 @@ def row_specs(s: Structure) -> tuple:
                                      component_key(gathered, unit), 1, Role.GATHERED))
         f = s.arch.features
         dtype = activation_dtype(recipe)
-        refined = f.gqa or f.head_dim or f.moe or dtype == "fp32" or s.compiled
+        family = (f.parallel, f.shared_norm) if f.parallel else ()      # GPT-NeoX, Phi (issue 16)
+        compiled = (False, False, True) if s.compiled else ()          # torch.compile's blocks (never a family's)
+        refined = f.gqa or f.head_dim or f.moe or dtype == "fp32" or family or compiled
         refinements = (f.gqa, f.head_dim, f.moe) if refined else ()
         specs.append(RowSpec("activations", Group.ACTIVATIONS, Device.GPU,
                              ("activations", s.arch.mlp, s.arch.norm, s.dropout, s.flash_attention, s.recompute,
                               s.tensor_parallel, s.sequence_parallel) + refinements + (
-                                 (dtype,) if dtype == "fp32" or s.compiled else ()) + ((True,) if s.compiled else ())))
+                                 (dtype,) if dtype == "fp32" or family or compiled else ()) + family + compiled))
         if s.scope == "model" and s.arch.causal:
             attention = "flash" if s.flash_attention else "eager"
             specs += [RowSpec(name, Group.ACTIVATIONS, Device.GPU, formulas.outside_key(
                 s.arch.style, attention, name, s.tensor_parallel, s.sequence_parallel, dtype))
-                for name in formulas.outside_names(s.arch.style, attention)]
+                for name in formulas.outside_names(s.arch.style, attention, f.input_norm)]
     specs += framework_specs(s, recipe)
     specs.append(RowSpec("CUDA context + workspace", Group.OVERHEAD, Device.GPU, ("symbol", "O")))
     return tuple(specs)
@@ -274,6 +276,7 @@ class Ledger:
             raise ValueError("sequence_parallel needs tensor parallelism: tp must be > 1")
         if arch is not None:
             arch.check_tensor_parallel(self.tp)
+            arch.check_modelled()
         check_framework(self, ALL_RECIPES[self.recipe])
         if self.dropout is None:
             object.__setattr__(self, "dropout", arch.dropout if arch is not None else False)

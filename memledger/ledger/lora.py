@@ -219,6 +219,7 @@ class LoraLedger:
         if not isinstance(arch, Architecture):
             raise TypeError(f"arch must be an Architecture or a preset name, got {self.arch!r}")
         object.__setattr__(self, "arch", arch)
+        arch.check_modelled()
         if not isinstance(self.config, LoraConfig):
             raise TypeError(f"config must be a LoraConfig (or qlora()), got {self.config!r}")
         for name in ("batch_size", "seq_len"):
@@ -233,8 +234,9 @@ class LoraLedger:
         """Model states (counted tensor by tensor), L blocks of activations, the overhead."""
         rows = [Row(n, "model_states", dev, b, role) for n, role, dev, b in state_rows(self.arch, self.config)]
         f = self.arch.features
+        family = dict(parallel=f.parallel, shared_norm=f.shared_norm) if f.parallel else {}   # GPT-NeoX, Phi
         act = L * per_layer_bytes(activation_rows(self.arch.style, self.config, self.arch.dropout,
-                                                  self.flash_attention, gqa=f.gqa, head_dim=f.head_dim),
+                                                  self.flash_attention, gqa=f.gqa, head_dim=f.head_dim, **family),
                                   self.recompute)
         size = act.subs({r_sym: self.config.rank, B: self.batch_size, S: self.seq_len})
         rows.append(Row("activations", "activations", "gpu", self.arch.evaluate(size), formula=str(act)))

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from ..models.features import Features
 from ..states.recipes import ALL_RECIPES as RECIPES
 
-__all__ = ["AMP_RECIPES", "BNB_KINDS", "COMPILE_REFUSED", "LOSS_IMPLS", "MAX_LOSS_CHUNKS", "MODELLED_RECIPES",
-           "OPTIMIZER_OF", "REFUSED_LOSSES", "Shape", "StepStructure", "block_of", "check_amp",
+__all__ = ["AMP_RECIPES", "BNB_KINDS", "COMPILE_REFUSED", "FAMILIES", "LOSS_IMPLS", "MAX_LOSS_CHUNKS",
+           "MODELLED_RECIPES", "OPTIMIZER_OF", "REFUSED_LOSSES", "Shape", "StepStructure", "block_of", "check_amp",
            "check_implementation", "check_loss_chunks", "check_loss_impl", "check_offload", "check_packed",
            "check_recipe", "step_values", "unmodelled"]
 
@@ -136,11 +136,13 @@ class StepStructure:
         modelled = Features.of(arch.style)._replace(gqa=f.gqa, qkv_bias=f.qkv_bias, tied=f.tied) if llama else \
             Features.of(arch.style)._replace(tied=f.tied if f.is_tied else None, qkv_bias=f.qkv_bias if f.has_qkv_bias
                                              else None)
-        modelled = modelled._replace(head_dim=f.head_dim)        # any style: Q and O at H*d_h (Gemma-7B)
+        # any style: Q and O at H*d_h (Gemma-7B), K and V at H_kv heads (a GPT block's: GPT-BigCode's multi-query)
+        modelled = modelled._replace(head_dim=f.head_dim, gqa=f.gqa)
         if f != modelled:
-            raise ValueError(f"the step timeline models the reference decoder's GPT and LLaMA blocks (LLaMA blocks "
-                             f"also with grouped-query attention, QKV biases and tied embeddings; any head size; no, "
-                             f"selective or full recomputation); {unmodelled(f)} not modelled op by op")
+            family = f" (model_type {arch.model_type!r})" if arch.model_type in FAMILIES else ""
+            raise ValueError(f"the step timeline models the reference decoder's GPT and LLaMA blocks (grouped-query "
+                             f"attention; LLaMA blocks also with QKV biases and tied embeddings; any head size; no, "
+                             f"selective or full recomputation); {unmodelled(f)} not modelled op by op{family}")
         gqa = f.gqa
         recipe = RECIPES[ledger.recipe]
         act = next(c.dtype for c in recipe.components if c.role == "param")
@@ -336,12 +338,20 @@ def check_implementation(ledger, conv) -> None:
         raise ValueError("the step models Adafactor's factored moments on whole matrices: no ZeRO, tp 1")
 
 
+#: The model families of issue 16 the step refuses by name (memledger.models.hf_config).
+FAMILIES = ("gpt_neox", "phi", "bloom", "gpt_bigcode", "t5")
+
+
 def unmodelled(f: Features) -> str:
     """What of ``f`` the step timeline refuses, in words (for its error message)."""
     named = [("mixture of experts", f.moe), ("an untied GPT decoder", f.gpt and not f.is_tied),
              ("a GPT block without QKV biases", f.gpt and not f.has_qkv_bias),
              ("learned positions", f.positions), ("token types", f.token_types), ("a pooler", f.pooler),
-             ("an embedding norm", f.embedding_norm), ("grouped-query attention in a GPT block", f.gqa and f.gpt)]
+             ("an embedding norm", f.embedding_norm),
+             ("parallel attention and MLP", f.parallel and not f.shared_norm),
+             ("one norm feeding parallel attention and MLP", f.shared_norm), ("an LM head bias", f.head_bias),
+             ("ALiBi score biases", f.alibi), ("an embedding LayerNorm", f.input_norm),
+             ("an encoder-decoder", f.encoder_decoder)]
     found = [name for name, on in named if on]
     return (", ".join(found) if found else "this architecture's refinements") + (" is" if len(found) == 1 else " are")
 
