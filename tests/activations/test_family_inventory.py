@@ -8,12 +8,8 @@ storage (:func:`memledger.pytorch.compare.compare_saved`).
 """
 import pytest
 
-torch = pytest.importorskip("torch")
-
-from memledger.activations.inventory import inventory, per_layer_bytes  # noqa: E402
-from memledger.core.exact import evaluate_expr  # noqa: E402
-from memledger.pytorch.compare import compare_saved  # noqa: E402
-from memledger.pytorch.reference import RefConfig  # noqa: E402
+from memledger.activations.inventory import inventory, per_layer_bytes
+from memledger.core.exact import evaluate_expr
 
 FAMILIES = {
     "gpt_neox (parallel residual, two LayerNorms)": dict(parallel=True),
@@ -24,9 +20,13 @@ FAMILIES = {
 SHAPE = dict(d=64, L=2, H=4, F=256, V=500)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", FAMILIES)
 @pytest.mark.parametrize("loop, B, S, dropout", [("bf16-pure-adamw", 2, 24, 0.1), ("fp32-adamw", 1, 16, 0.0)])
 def test_family_block_is_the_inventory(name, loop, B, S, dropout):
+    pytest.importorskip("torch")
+    from memledger.pytorch.compare import compare_saved
+    from memledger.pytorch.reference import RefConfig
     c = RefConfig(**SHAPE, dropout=dropout, native_dropout=True, **FAMILIES[name])
     result = compare_saved(c, loop, B, S)
     assert result.exact, (name, result.table().text() if hasattr(result.table(), "text") else result.block,
@@ -47,13 +47,16 @@ def test_parallel_blocks_keep_less():
     assert sequential - neox == 2 * 24 * 64 * 2 and sequential - phi == 2 * (2 * 24 * 64 * 2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", FAMILIES)
 def test_ledger_books_the_measured_blocks(name):
     """The ledger's activation row (the article's conventions: 1-byte masks, no norm statistics) is L times the
     block PyTorch measures with the fused kernel's masks, less the LayerNorms' BF16 mean and rstd."""
+    pytest.importorskip("torch")
     from memledger.ledger.ledger import Ledger
     from memledger.pytorch.compare import architecture_of
     from memledger.pytorch.measure import saved_tensors
+    from memledger.pytorch.reference import RefConfig
     c = RefConfig(**SHAPE, dropout=0.1, native_dropout=True, **FAMILIES[name])
     B, S = 2, 24
     measured = saved_tensors(c, "bf16-pure-adamw", B, S)

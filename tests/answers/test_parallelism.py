@@ -36,6 +36,7 @@ def test_tensor_and_pipeline_traffic():
     assert pipeline_sent_bytes(Ledger("article-7b", tp=8, sequence_parallel=True)) == 2 * BSD * 2 // 8
 
 
+@pytest.mark.slow
 def test_layouts_on_eight_gpus():
     rows = {r.name: r for r in layouts(Ledger("article-7b", scope="layers"), 8, 32)}     # the blocks only
     assert rows["data parallel"].gpu_bytes == 16 * P + ACT + 2 * GB             # nothing of the ledger shrinks

@@ -40,6 +40,7 @@ def test_embedding_dropout_is_sbhp():
     assert sp.simplify(ids - 8 * S * B * p) == 0       # Megatron-LM: 8 * seq * micro_batch * pp
 
 
+@pytest.mark.slow
 def test_output_layer_terms():
     # Korthikanti Sec. 4.3 / Megatron-LM: final norm, output-layer input and fp32 logits = 4sbh(1 + v/h)
     total = sum(r.bytes for r in output_rows("llama"))

@@ -35,6 +35,7 @@ def test_compare_and_audit_tables():
     assert sum(len(audit(s).rows) for s in sections()) == len(CLAIMS)
 
 
+@pytest.mark.slow
 def test_negatives_last_reorders_for_display_only():
     p, m, v = sp.symbols("p m v", positive=True, integer=True)
     bubble = (p - 1) / (m * v)

@@ -129,6 +129,7 @@ def test_bad_rungs_are_refused_by_name():
         setup_step("llama2-7b", 4096, dict(TORCHTUNE, lora="qlora"))
 
 
+@pytest.mark.slow
 def test_the_readme_prints_the_library_s_table():
     from pathlib import Path
     from memledger.article.knobs import knob_table

@@ -51,6 +51,7 @@ def test_accelerate_docs():
     assert figures("accelerate-int") == {"int8": Fraction("413.18"), "int4": Fraction("206.59")}   # lines 76-77
 
 
+@pytest.mark.slow
 def test_eleuther_cookbook():
     assert figures("eleuther-8bit") == {"master": 4, "moments": 1 + 1, "total": 6}
     assert figures("eleuther-checkpoint") == {"cookbook": 16 * 2 + 2, "full": 2}

@@ -9,6 +9,7 @@ from clicheck import run
 MODEL = ("--preset", "llama2-7b", "--seq", "4096", "--overhead", "0")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["cpu", "cuda"])
 def test_step_reads_packed(capsys, backend):
     code, out, err = run(capsys, "step", *MODEL, "--packed", "4", "--backend", backend, "--json")

@@ -54,6 +54,7 @@ def test_every_recipe_in_ledger_step_and_fit(capsys, recipe):
     assert fit["measure_key"] == ("peak" if recipe in MODELLED_RECIPES and recipe not in AMP_RECIPES else "total")
 
 
+@pytest.mark.slow
 def test_the_issues_recipe_examples(capsys):
     answered(capsys, "ledger", *LLAMA, "--recipe", "fp32-sgd")
     answered(capsys, "step", *LLAMA, "--recipe", "bf16-adam8bit-bnb")      # from source (memledger/step/bnb.py)

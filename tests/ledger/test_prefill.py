@@ -11,6 +11,8 @@ torch = pytest.importorskip("torch")
 from memledger.pytorch.prefill import memtracker_prefill  # noqa: E402
 from memledger.pytorch.reference import RefConfig  # noqa: E402
 
+pytestmark = pytest.mark.slow
+
 
 def measured(arch, batch, seq, dtype="bf16"):
     c = RefConfig(d=arch.d_model, L=arch.n_layers, H=arch.n_heads, F=arch.d_ff, V=arch.vocab_size, style="llama",
@@ -33,7 +35,6 @@ def test_inference_books_it():
     assert Inference(arch, batch_size=2, seq_len=256).rows[2].bytes < row.bytes     # flash: no S x S
 
 
-@pytest.mark.slow
 def test_llama2_7b_at_4096():
     arch = get_preset("llama2-7b")
     assert eager_softmax_bytes(arch, 1, 4096, "bf16", "cpu") == measured(arch, 1, 4096)

@@ -8,11 +8,12 @@ from memledger.pytorch.lab import lab, lab_table, main, measure_cuda      # noqa
 from memledger.pytorch.measure import memtracker_step                     # noqa: E402
 from memledger.pytorch.reference import RefConfig                         # noqa: E402
 
+pytestmark = pytest.mark.slow
+
 SMALL = RefConfig(64, 2, 4, 256, 1000, "gpt", dropout=0.1)
 LLAMA = RefConfig(64, 2, 4, 176, 1000, "llama", rmsnorm="fused")
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("c", [SMALL, LLAMA], ids=["gpt", "llama-fused-rmsnorm"])
 def test_cpu_lab_agrees_with_memtracker_to_the_byte(c):
     result = lab(c, "bf16-adamw", 2, 32, device="cpu")
@@ -37,7 +38,6 @@ def test_cuda_is_refused_without_a_gpu(capsys):
     assert "there is no GPU to record" in capsys.readouterr().err
 
 
-@pytest.mark.slow
 def test_command_line_prints_the_table(capsys):
     assert main(["--device", "cpu", "--hidden", "64", "--layers", "2", "--heads", "4", "--ffn", "256",
                  "--vocab", "1000", "--batch", "2", "--seq", "32"]) == 0

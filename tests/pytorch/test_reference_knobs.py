@@ -6,6 +6,8 @@ torch = pytest.importorskip("torch")
 from memledger.pytorch.packing import block_causal_mask, document_ids  # noqa: E402
 from memledger.pytorch.reference import RefConfig, Trainer, make_model  # noqa: E402
 
+pytestmark = pytest.mark.slow
+
 
 def test_packed_needs_llama_sdpa():
     with pytest.raises(ValueError, match="packed"):

@@ -14,6 +14,7 @@ from ampcheck import amp_against_memtracker
 from stepcheck import GPT7B
 
 
+@pytest.mark.slow
 def test_weight_copies_are_the_linears_weights_in_fp16():
     """The step's autocast copies (and the ledger's row) hold 2 bytes per element of every nn.Linear weight of the
     reference decoder, as PyTorch counts them; the step is MemTracker's, op by op (amp_against_memtracker)."""

@@ -42,6 +42,7 @@ def bnb_init_state_bytes(numel: int, eight_bit: bool) -> int:
     return 2 * numel + 2 * 4 * ((numel // BLOCK) + bool(numel % BLOCK))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", [SMALL, LLAMA7B], ids=["small", "llama2-7b"])
 @pytest.mark.parametrize("recipe", [EIGHT, THIRTY_TWO])
 def test_states_are_init_state_s_over_pytorch_s_tensors(arch, recipe):
@@ -55,6 +56,7 @@ def test_states_are_init_state_s_over_pytorch_s_tensors(arch, recipe):
     assert any(n < MIN_8BIT for n in sizes) == (arch is SMALL)
 
 
+@pytest.mark.slow
 def test_8bit_adam_uses_75_percent_less_optimizer_memory():
     """bitsandbytes' documentation: 8-bit optimizers use 75% less memory than 32-bit ones; LLaMA-2 7B's states:
     2 bytes per parameter and 4/256 per state of absmax (74.6% less)."""
@@ -77,6 +79,7 @@ def test_the_update_is_in_place(recipe):
     assert step.landmarks["after step"] == step.landmarks["before forward"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("recipe", [EIGHT, THIRTY_TWO])
 def test_paged_states_leave_the_allocator_s_count(recipe):
     """``get_state_buffer``: state buffers of tensors of at least 1e5 elements in unified memory (a host row of
@@ -106,6 +109,7 @@ def test_what_cannot_apply_is_refused_by_name(fields, backend, message):
         Ledger(LLAMA7B, **fields).step(backend)
 
 
+@pytest.mark.slow
 def test_the_command_line():
     """``step --paged-optimizer`` runs; ``ledger`` books the states on the GPU and refuses it in one line, exit 2;
     ``--fused`` with a bitsandbytes recipe likewise."""

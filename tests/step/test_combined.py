@@ -41,6 +41,7 @@ def combined_against_memtracker(loop, B, S, L=3, d=64, H=4, F_=96, V_=1000, reco
     return step, measured
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("loop, B, L", [("bf16-pure-adamw", 2, 3), ("fp32-adamw", 1, 6), ("bf16-adamw", 2, 3)])
 @pytest.mark.sample(1)
 def test_every_knob_combined_is_memtrackers(loop, B, L):
@@ -65,6 +66,7 @@ PAIRS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("loop, knobs", PAIRS)
 @pytest.mark.sample(3)
 def test_knobs_in_pairs_are_memtrackers(loop, knobs):
@@ -73,6 +75,7 @@ def test_knobs_in_pairs_are_memtrackers(loop, knobs):
     combined_against_memtracker(loop, 2, 32, **knobs)
 
 
+@pytest.mark.slow
 def test_in_backward_steps_inside_the_block_peaks():
     """The optimizer stepped in a block's backward raises that block's backward peak above the same step's
     without it (its temporaries there), and MemTracker agrees block by block."""

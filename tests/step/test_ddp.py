@@ -23,6 +23,7 @@ def ddp_ledger(arch=SMALL, **kw):
     return Ledger(arch, **kw)
 
 
+@pytest.mark.slow
 def test_bucket_limits_are_pytorchs_defaults():
     """_BucketCapacityConfig.create: bucket_cap_mb None -> 25 MiB with a first bucket of
     dist._DEFAULT_FIRST_BUCKET_BYTES; an explicit cap is every bucket's limit, the first's too."""
@@ -36,6 +37,7 @@ def test_bucket_limits_are_pytorchs_defaults():
     assert torch is not None
 
 
+@pytest.mark.slow
 def test_bucket_assignment_is_the_reducers():
     """Random gradient sizes in ready order, grouped by PyTorch's own C++ assignment (with tensor indices, as
     rebuild_buckets passes them: no sorting)."""

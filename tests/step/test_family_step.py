@@ -22,6 +22,7 @@ REFUSED = {
 }
 
 
+@pytest.mark.slow
 def test_multi_query_gpt_block_is_memtrackers():
     step, measured = against_memtracker("gpt", 256, "bf16-pure-adamw", 2, 16, 2, 0.1, "none", kv=1)
     peaks_agree(step, measured, op_by_op=True)
@@ -46,6 +47,7 @@ def _cli(*args):
     return subprocess.run([sys.executable, "-m", "memledger", *args], capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.slow
 @pytest.mark.sample(3)
 @pytest.mark.parametrize("command, name", [("step", n) for n in REFUSED] + [
     (c, "t5-base") for c in ("ledger", "step", "compare", "infer")] + [("fit --vary batch", "t5-base")])
@@ -56,6 +58,7 @@ def test_cli_refuses_in_one_line(command, name):
     assert (REFUSED[name][0] if name in REFUSED else "t5") in result.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.sample(2)
 @pytest.mark.parametrize("name", REFUSED)
 @pytest.mark.parametrize("command", ["ledger", "compare", "fit --vary batch"])

@@ -144,6 +144,7 @@ def test_7b_shapes_match_fsdp_mem_tracker(shape, B, S, N, options):
     against_fsdp2(shape, B, S, N, **options)
 
 
+@pytest.mark.slow
 def test_an_int_reshard_is_normalized_as_fully_shard_does():
     """``_fsdp_init.py:174-182``: an int equal to the shard group is True, 1 is False (no post-forward slices)."""
     def peak(reshard, dp=8, replicate=1):
@@ -155,6 +156,7 @@ def test_an_int_reshard_is_normalized_as_fully_shard_does():
     assert "FSDP2 post-forward slices (BF16), every unit" in [r["name"] for r in step.rows]
 
 
+@pytest.mark.slow
 def test_cpu_offload_keeps_the_model_states_on_the_host():
     """CPUOffloadPolicy (``_fsdp_api.py:183-199``): sharded parameters, sharded gradients and AdamW's states on the
     host; on the device before forward only the token ids and targets; ``pin_memory`` changes no byte count."""

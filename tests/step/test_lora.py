@@ -17,8 +17,6 @@ from memledger.ledger.lora import LoraConfig, LoraLedger, qlora
 from stepcheck import LORA_7B as LLAMA2_7B, LORA_ALL as ALL, LORA_QV as QV, LORA_SMALL as SMALL, \
     lora_against_memtracker as against_memtracker
 
-torch = pytest.importorskip("torch")
-
 
 @pytest.mark.slow
 def test_lora_small_q_v_equals_memtracker():
@@ -53,6 +51,7 @@ def test_lora_on_refined_llama_blocks_equals_memtracker(refinements, nf4, loop):
 def test_the_leaf_goes_with_the_graph():
     """Without MemTracker, the embedding's output (a leaf: ``requires_grad_``) and its ``.grad`` are gone once
     the loss is: what the step models."""
+    torch = pytest.importorskip("torch")
     from memledger.pytorch.lora import LoraRef, make_lora_model
     from memledger.pytorch.reference import RefConfig, Trainer
     model = make_lora_model(RefConfig(32, 2, 4, 64, 100, "llama"), LoraRef(4), "bf16-pure-adamw")

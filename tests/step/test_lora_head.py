@@ -12,6 +12,8 @@ from memledger.ledger.lora import LoraConfig, LoraLedger, adapter_params
 from stepcheck import LORA_7B as LLAMA2_7B, LORA_ALL as ALL, LORA_QV as QV, LORA_SMALL as SMALL, \
     lora_against_memtracker as against_memtracker
 
+pytestmark = pytest.mark.slow
+
 torch = pytest.importorskip("torch")
 HEAD = QV + ("lm_head",)
 
@@ -27,7 +29,6 @@ def test_an_adapter_on_the_head_equals_memtracker():
     assert alone.values["P"] == 8 * (64 + 1000)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("targets, dropout, nf4, loop, rmsnorm", [
     (HEAD, 0.1, False, "bf16-pure-adamw", "composite"), (HEAD, 0.0, False, "fp32-adamw", "composite"),
     (HEAD, 0.0, True, "bf16-adamw", "fused"), (ALL + ("lm_head",), 0.1, True, "fp32-adamw", "composite"),
@@ -38,7 +39,6 @@ def test_head_adapter_variants_equal_memtracker(targets, dropout, nf4, loop, rms
     against_memtracker(dict(SMALL, L=6), 2, 16, 8, targets, dropout, nf4, loop, rmsnorm=rmsnorm)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("batch, rank, targets, dropout, nf4, recipe", [
     (1, 8, HEAD, 0.0, False, "bf16-adamw"), (2, 64, ALL + ("lm_head",), 0.1, True, "bf16-adamw")])
 def test_llama2_7b_head_adapter_equals_memtracker(batch, rank, targets, dropout, nf4, recipe):

@@ -10,9 +10,9 @@ from memledger.ledger.lora import LoraConfig, LoraLedger
 
 from stepcheck import LORA_7B, LORA_ALL as ALL, LORA_QV as QV, LORA_SMALL as SMALL, lora_against_memtracker
 
-pytest.importorskip("torch")
 
 
+@pytest.mark.slow
 def test_selective_lora_equals_memtracker_and_saves_the_core():
     """q and v adapters, B 2: the step with selective recomputation equals MemTracker's and keeps, at the end of
     the forward pass, each block's flash output (B S d, BF16) and log-sum-exp (B H S, FP32) fewer bytes."""
@@ -22,6 +22,7 @@ def test_selective_lora_equals_memtracker_and_saves_the_core():
     assert none.landmarks["after forward"]["gpu"] - step.landmarks["after forward"]["gpu"] == 2 * per_block
 
 
+@pytest.mark.slow
 def test_an_o_proj_adapter_keeps_the_attention_output():
     """With an adapter on o_proj (no dropout) only the log-sum-exp goes."""
     step, _ = lora_against_memtracker(dict(SMALL, L=2), 2, 8, 8, ("o_proj",), recompute="selective")

@@ -15,6 +15,7 @@ from packcheck import packed_against_memtracker
 from stepcheck import GPT7B
 
 
+@pytest.mark.slow
 def test_packed_step_is_memtrackers():
     """B = 2, two documents per row, two blocks: the step is MemTracker's, op by op; the rows it adds."""
     step, _ = packed_against_memtracker(2, 32, 2)

@@ -26,6 +26,8 @@ from memledger.views.widgets import render
 from memledger.views.webpeak import (STRUCTURE_FIELDS, browser_record, nearby_states, record_js, record_name,
                                      site_records, structure_key, structure_of)
 
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[2]
 node = pytest.mark.skipif(shutil.which("node") is None, reason="Node.js runs the calculator's script")
 
@@ -110,7 +112,6 @@ def check(tmp_path, data, states, against_cli=()):
     return results
 
 
-@pytest.mark.slow
 @node
 def test_the_site_records_judge_as_the_cli(tmp_path, data):
     states = nearby_states()
@@ -121,7 +122,6 @@ def test_the_site_records_judge_as_the_cli(tmp_path, data):
     assert len(records) > 25 and {v for v in index.values() if isinstance(v, str)} == set(records)
 
 
-@pytest.mark.slow
 @node
 def test_random_states_judge_as_the_cli(tmp_path, data):
     states = list(random_states(40, seed=1))
@@ -130,7 +130,6 @@ def test_random_states_judge_as_the_cli(tmp_path, data):
     assert any(r["peak"] and int(r["peak"][0]) > 2**64 for r in results)    # beyond any float, still exact
 
 
-@pytest.mark.slow
 def test_structure_fields_decide_the_structure():
     """Two states with the same key have the same StepStructure; each field changes it somewhere."""
     states = list(random_states(60, seed=2))
@@ -155,7 +154,6 @@ def test_the_browser_builds_what_the_site_carries():
         "unmodelled": unmodelled(Ledger(**ledger_settings(moe)))}
 
 
-@pytest.mark.slow
 def test_the_refusals_the_page_knows(data):
     """The page's table of refused (model, FlashAttention, recipe) gives the note the CLI's verdict prints."""
     for state in random_states(80, seed=3):
@@ -166,7 +164,6 @@ def test_the_refusals_the_page_knows(data):
             assert note == unmodelled(Ledger(**ledger_settings(state)))
 
 
-@pytest.mark.slow
 def test_the_browser_build_needs_no_more_numpy_than_its_stand_in(tmp_path):
     """What Pyodide runs: memledger's step build with _ext/pyodide_numpy.py as NumPy gives the same records."""
     shutil.copy(ROOT / "_ext" / "pyodide_numpy.py", tmp_path / "numpy.py")
@@ -183,7 +180,6 @@ def test_the_browser_build_needs_no_more_numpy_than_its_stand_in(tmp_path):
     assert json.loads(done.stdout) == [record_js(structure_of(s)) for s in states]
 
 
-@pytest.mark.slow
 @node
 def test_the_pages_verdict_sentence_is_pythons_at_the_margin(tmp_path, data):
     """Over, under the margin (no fit), at the margin (fits): the script's words are memledger.answers.verdict's."""
