@@ -39,3 +39,14 @@ def test_units_hold_the_tp_local_shards():
 def test_what_fsdp2_x_tp_refuses(options, match):
     with pytest.raises(ValueError, match=match):
         Ledger(LLAMA7B, framework="fsdp2", dp=8, tp=2, recipe="fp32-adamw", **options)
+
+
+def test_the_cli_runs_fsdp2_x_tp(capsys):
+    """``memledger step --framework fsdp2 --tp 2`` names the (dp, tp) mesh; an int reshard with --tp is refused
+    in one line."""
+    from clicheck import refused, run
+    code, out, _ = run(capsys, "step", "--preset", "llama2-7b", "--framework", "fsdp2", "--dp", 4, "--tp", 2, "--sp",
+                       "--recipe", "fp32-adamw")
+    assert code == 0 and "parallelize_module over the tp sub-mesh of a (4, 2) (dp, tp) mesh, sequence parallel" in out
+    refused(capsys, "step", "--preset", "llama2-7b", "--framework", "fsdp2", "--dp", 8, "--tp", 2,
+            "--reshard-after-forward", 2, message="smaller mesh")
