@@ -30,19 +30,21 @@ def _elements(sharded):
 
 
 def _activations(mlp, norm, dropout, flash, recompute, tp, sequence_parallel, gqa=False, head_dim=False, moe=False,
-                 dtype="bf16", compiled=False):
+                 dtype="bf16", parallel=False, shared_norm=False, compiled=False):
     """L layers' saved activations; the next three (grouped-query K/V, explicit head size, MoE)
     appear in a key only when one is set, or when the last two do: the activation dtype, only where it is
     not 16-bit (``"fp32"``: an FP32 model saves 4-byte tensors), so the keys of the article's models stay
-    as they were; ``compiled``, only where set: the blocks under ``torch.compile``, what the min-cut
-    partitioner saves (:mod:`memledger.activations.partitioned`; not compiled ahead, evaluated by lambdify)."""
+    as they were; the families' block shapes (``parallel``, ``shared_norm``: GPT-NeoX, Phi) next, only where
+    set; ``compiled`` last, only where set: the blocks under ``torch.compile``, what the min-cut partitioner saves
+    (:mod:`memledger.activations.partitioned`; not compiled ahead, evaluated by lambdify)."""
     from .activations.inventory import activation_bytes, inventory
     if compiled:
         from .activations.partitioned import compiled_options, compiled_rows
         options = compiled_options(dict(dtype=dtype))
         rows = compiled_rows(inventory(mlp, norm, dropout, flash, gqa=gqa, head_dim=head_dim, moe=moe, **options))
     else:
-        rows = inventory(mlp, norm, dropout, flash, gqa=gqa, head_dim=head_dim, moe=moe, dtype=dtype)
+        rows = inventory(mlp, norm, dropout, flash, gqa=gqa, head_dim=head_dim, moe=moe, dtype=dtype,
+                         parallel=parallel, shared_norm=shared_norm)
     return activation_bytes(rows, recompute, tp, sequence_parallel, dtype)
 
 
@@ -77,7 +79,7 @@ def _preset_features():
     from .models.presets import all_presets
     seen = []
     for arch in all_presets().values():
-        f = tuple(arch.features)
+        f = arch.features.key
         if f not in seen:
             seen.append(f)
     return seen
@@ -93,7 +95,12 @@ def _activation_domain():
                for mlp, norm, gqa, hd, moe in extra for drop, flash, rec, par in product(
                    _BOOLS, _BOOLS, RECOMPUTE, _PARALLEL)]
     fp32 = [k + (False, False, False, "fp32") for k in base] + [k + ("fp32",) for k in refined]
-    return base + refined + fp32
+    families = sorted({(a.mlp, a.norm, a.features.gqa, a.features.head_dim, a.features.moe, a.parallel, a.shared_norm)
+                       for a in all_presets().values() if a.parallel})
+    parallel = [(mlp, norm, drop, flash, rec) + par + (gqa, hd, moe, dtype, p, sn)
+                for mlp, norm, gqa, hd, moe, p, sn in families for drop, flash, rec, par, dtype in product(
+                    _BOOLS, _BOOLS, RECOMPUTE, _PARALLEL, ("bf16", "fp32"))]
+    return base + refined + fp32 + parallel
 
 
 def _components(parts, count_key, *features):
@@ -112,13 +119,15 @@ def _outside(style, attention, name, tp=False, sequence_parallel=False, dtype="b
     import sympy as sp
     from .activations.outside import outside_inventory
     return sp.sympify(next(r.rank_bytes(tp, sequence_parallel) for r in outside_inventory(
-        style, attention=attention, dtype=dtype) if r.name == name))
+        style, attention=attention, dtype=dtype, input_norm=True) if r.name == name))
 
 
-def outside_names(style, attention) -> tuple:
-    """The names of the rows outside the blocks (the article's conventions), without importing SymPy."""
+def outside_names(style, attention, input_norm=False) -> tuple:
+    """The names of the rows outside the blocks (the article's conventions), without importing SymPy;
+    ``input_norm``: BLOOM's embedding LayerNorm input as well."""
     norm = "LayerNorm" if style == "gpt" else "RMSNorm"
     return (("input ids", "target ids") + (("causal mask",) if attention == "eager" else ()) +
+            ((f"embedding {norm} input",) if input_norm else ()) +
             (f"final {norm} input", "LM head input", "log-softmax output (FP32)", "loss", "nll_loss total weight"))
 
 
@@ -131,7 +140,8 @@ def outside_key(style, attention, name, tp=False, sequence_parallel=False, dtype
 
 def _outside_domain():
     return [outside_key(style, attention, name, *par, dtype)[1:] for style in STYLES for attention in ("eager", "flash")
-            for name in outside_names(style, attention) for par in _PARALLEL for dtype in ("bf16", "fp32")]
+            for name in outside_names(style, attention, input_norm=style == "gpt") for par in _PARALLEL
+            for dtype in ("bf16", "fp32")]
 
 
 def _symbol(name):
@@ -145,7 +155,7 @@ BUILDERS = {
     "activations": (_activations, _activation_domain),
     "largest unit": (_largest_unit, lambda: [(s,) for s in STYLES] + _preset_features()),
     "params": (_params, lambda: [(s,) for s in STYLES] + _preset_features()),
-    "active params": (_active_params, lambda: [f for f in _preset_features() if f[-1]]),
+    "active params": (_active_params, lambda: [f for f in _preset_features() if _features(f).moe]),
     "symbol": (_symbol, [("O",)]),
     "outside": (_outside, _outside_domain),
     "components": (_components, []),

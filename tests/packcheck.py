@@ -3,9 +3,9 @@ decoder (memledger/pytorch/packing.py) under the CPU backend."""
 import pytest
 
 from memledger.ledger.ledger import Ledger
-from memledger.step.timeline import LANDMARKS, Step
+from memledger.step.timeline import Step
 
-from stepcheck import block_totals_agree, landmarks_are_sums_of_rows
+from stepcheck import landmarks_agree, landmarks_are_sums_of_rows, peaks_agree
 
 
 def packed_against_memtracker(B_, S_, n, L_=2, d=64, H=4, F_=160, V_=1000, loop="bf16-pure-adamw", kv=None,
@@ -18,13 +18,7 @@ def packed_against_memtracker(B_, S_, n, L_=2, d=64, H=4, F_=160, V_=1000, loop=
     measured = memtracker_step(c, loop, B_, S_, blocks=True, trace=trace)
     step = Step(Ledger(architecture_of(c), batch_size=B_, seq_len=S_, recipe=loop, overhead_bytes=0, packed=n,
                        loss_chunks=loss_chunks, loss_impl=loss_impl), "cpu")
-    for landmark in LANDMARKS:
-        assert step.landmarks[landmark]["gpu"] == measured[landmark], landmark
-    assert step.phase_peaks() == measured["phase peaks"]
-    assert step.peak.bytes == measured["peak"]
-    ours = step.block_peaks()
-    assert ours == {k: measured["block peaks"][k] for k in ours}
-    if trace:
-        block_totals_agree(step, measured)
+    landmarks_agree(step, measured)
+    peaks_agree(step, measured, op_by_op=trace)
     landmarks_are_sums_of_rows(step)
     return step, measured

@@ -50,9 +50,14 @@ def against_memtracker(style, F_, loop, B, S, L, dropout, recompute, foreach=Fal
     step = Step(Ledger(architecture_of(c), batch_size=B, seq_len=S, recipe=loop, overhead_bytes=0,
                        dropout=dropout > 0, recompute=recompute, loss_chunks=loss_chunks, loss_impl=loss_impl,
                        optimizer_in_backward=in_backward), "cpu", foreach=foreach, fused=fused, **eager, **mask)
+    landmarks_agree(step, measured)
+    return step, measured
+
+
+def landmarks_agree(step, measured):
+    """The GPU's bytes at each of the four landmarks are MemTracker's."""
     for landmark in LANDMARKS:
         assert step.landmarks[landmark]["gpu"] == measured[landmark], landmark
-    return step, measured
 
 
 def peaks_agree(step, measured, op_by_op=False):
@@ -98,6 +103,44 @@ def block_totals_agree(step, measured):
     for key, totals in ours.items():
         rest = iter(theirs[key])
         assert all(any(t == u for u in rest) for t in totals), key
+
+
+LORA_ALL = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+LORA_QV = ("q_proj", "v_proj")
+LORA_7B = dict(d=4096, L=32, H=32, F=11008, V=32000)
+LORA_SMALL = dict(d=64, L=3, H=4, F=160, V=1000)
+
+
+def lora_against_memtracker(shape, batch, seq, rank, targets, dropout=0.0, nf4=False, loop="bf16-pure-adamw", kv=None,
+                       rmsnorm="composite", **refinements):
+    """The step of a LoRA (QLoRA with ``nf4``) run beside MemTracker's measurement of the reference (``rmsnorm``:
+    the reference's and the step's RMSNorm, composite as on CPU or fused as the CUDA kernel); ``loop``: the
+    adapters' recipe (``fp32-adamw``: FP32 adapters on the BF16 base, PEFT's default)."""
+    pytest.importorskip("torch")
+    from memledger.ledger.lora import LoraConfig, LoraLedger
+    from memledger.pytorch.compare import architecture_of
+    from memledger.pytorch.lora import LoraRef
+    from memledger.pytorch.measure import memtracker_step
+    from memledger.pytorch.reference import RefConfig
+    c = RefConfig(shape["d"], shape["L"], shape["H"], shape["F"], shape["V"], "llama", n_kv_heads=kv, rmsnorm=rmsnorm,
+                  **refinements)
+    measured = memtracker_step(c, loop, batch, seq, blocks=True,
+                               lora=LoraRef(rank, targets, dropout=dropout, qlora=nf4,
+                                            fp32_adapters=loop == "fp32-adamw"))
+    config = LoraConfig(rank, targets, base="nf4" if nf4 else "bf16", adapter_recipe=loop, dropout=dropout > 0)
+    step = LoraLedger(architecture_of(c), config, batch, seq, c.recompute, overhead_bytes=0).step("cpu",
+                                                                                         rmsnorm=rmsnorm)
+    held = 2 * batch * seq * shape["d"] * 2            # the leaf and its .grad, kept by MemTracker (docstring)
+    after = {"after backward", "after step"}
+    for landmark in LANDMARKS:
+        assert step.landmarks[landmark]["gpu"] + held * (landmark in after) == measured[landmark], landmark
+    ours = step.phase_peaks()
+    ours["optimizer"] += held
+    assert ours == measured["phase peaks"]
+    assert step.peak.bytes == measured["peak"]
+    blocks = step.block_peaks()
+    assert blocks == {k: measured["block peaks"][k] for k in blocks}
+    return step, measured
 
 
 def against_fsdp2_tp(shape: dict, B: int, S: int, dp: int, t: int, sequence_parallel=False, loop="fp32-adamw",

@@ -27,7 +27,7 @@ def test_every_key_is_compiled():
 
 VALUES = st.fixed_dictionaries({name: st.integers(1, 10**6) for name in
                                 ("B", "S", "d", "H", "L", "F", "V", "P", "N_d", "t", "O", "n_positions",
-                                 "H_kv", "d_h", "E", "k", "n_token_types")})
+                                 "H_kv", "d_h", "E", "k", "n_token_types", "L_dec", "n_relative_buckets")})
 
 
 @pytest.mark.slow

@@ -110,7 +110,7 @@ def inventory(mlp: str = "gelu", norm: str = "LayerNorm", dropout: bool = True,
               flash_attention: bool = False, *, gqa: bool = False, head_dim: bool = False,
               repeat_kv: bool = False, moe: bool = False, capacity_factor=None, dtype: str = "bf16",
               mask_dtype: str = "bool", norm_stats: str = None, rmsnorm: str = "fused",
-              attention: str = None) -> list:
+              attention: str = None, parallel: bool = False, shared_norm: bool = False) -> list:
     """What autograd keeps in one block (Korthikanti et al. 2022, Sec. 4.1).
 
     gelu + dropout gives 11BSd + 5BHS^2 (attention), 19BSd at F = 4d (MLP) and
@@ -140,6 +140,14 @@ def inventory(mlp: str = "gelu", norm: str = "LayerNorm", dropout: bool = True,
     ``"eager"``, ``"flash"`` (= ``flash_attention=True``) or ``"math"``
     (PyTorch's math SDPA on CPU: a 16-bit q, k, v upcast to FP32, the S x S
     tensors in FP32). Measured against PyTorch 2.13 in ``tests/pytorch/test_reference.py``.
+
+    Model families (:mod:`memledger.models.features`; measured in ``tests/activations/test_families.py``):
+    ``parallel`` (GPT-NeoX's ``use_parallel_residual``, x + attn(n1(x)) + mlp(n2(x))): the second norm reads
+    the block input the first one keeps, so its input row goes (its statistics stay); ``shared_norm`` (Phi,
+    with ``parallel``): one norm, whose output feeds Q/K/V and the MLP, so the second norm's rows and the MLP
+    input row go. ALiBi (BLOOM) adds a bias to the scores that no backward reads (an add keeps nothing):
+    no row. Multi-query attention (GPT-BigCode) is ``gqa`` at one key/value head. Rotary embeddings (full or
+    partial) keep their cos/sin tables once per forward, outside the blocks, not here (as LLaMA's).
     """
     check_choice("mlp", mlp, ("gelu", "swiglu"))
     if moe and mlp != "swiglu":
@@ -147,13 +155,17 @@ def inventory(mlp: str = "gelu", norm: str = "LayerNorm", dropout: bool = True,
     attention = attention or ("flash" if flash_attention else "eager")
     check_choice("attention", attention, ATTENTION)
     check_choice("rmsnorm", rmsnorm, ("fused", "composite"))
+    if shared_norm and not parallel:
+        raise ValueError("shared_norm (one norm per block) needs parallel=True")
     q, kv = widths(Features(gqa=gqa, head_dim=head_dim))
     kv_saved = q if repeat_kv else kv
     a, f = dtype, ("fp32" if attention == "math" else dtype)
     up = "math SDPA: upcast to FP32 (and q scaled), " if attention == "math" else ""
     rows = norm_rows(norm, 1, a, norm_stats, rmsnorm) + [
-        Saved("Q/K/V projection input", "the Q, K, V weight gradients need their shared input", BSd, a,
-              weight_grad_of=("q_proj", "k_proj", "v_proj")),
+        Saved("Q/K/V projection input", "the Q, K, V weight gradients need their shared input" +
+              (" (and the MLP's: one norm feeds both)" if shared_norm else ""), BSd, a,
+              weight_grad_of=("q_proj", "k_proj", "v_proj") + (
+                  (("up_proj",) if mlp == "gelu" else ("gate_proj", "up_proj")) if shared_norm else ())),
         Saved("Q", up + "backward of QK^T needs K, and vice versa", (B, S, q), f, tp_sharded=True),
         Saved("K", up + "backward of QK^T needs Q, and vice versa", (B, S, kv_saved), f, tp_sharded=True),
     ]
@@ -177,9 +189,14 @@ def inventory(mlp: str = "gelu", norm: str = "LayerNorm", dropout: bool = True,
     if dropout:
         rows.append(Saved("attention residual dropout mask", "dropout backward needs the mask", BSd, mask_dtype,
                           dropout=True))
-    rows += norm_rows(norm, 2, a, norm_stats, rmsnorm) + [
-        Saved("MLP input", "the up-projection weight gradient needs its input", BSd, a, block="mlp",
-              weight_grad_of=("up_proj",) if mlp == "gelu" else ("gate_proj", "up_proj"))]
+    if not shared_norm:
+        second = norm_rows(norm, 2, a, norm_stats, rmsnorm)
+        copies = norm == "RMSNorm" and rmsnorm == "composite" and a != "fp32"     # its input row is an FP32 copy
+        if parallel and not copies:     # the second norm reads the block input, which the first one keeps
+            second = [r for r in second if not r.name.endswith(" input")]
+        rows += second + [
+            Saved("MLP input", "the up-projection weight gradient needs its input", BSd, a, block="mlp",
+                  weight_grad_of=("up_proj",) if mlp == "gelu" else ("gate_proj", "up_proj"))]
     if moe:
         rows += moe_rows(capacity_factor)
     elif mlp == "gelu":

@@ -36,8 +36,9 @@ from ..core.symbols import B, S, V, d
 __all__ = ["outside_inventory"]
 
 def outside_inventory(style: str = "gpt", *, dtype: str = "bf16", norm_stats: str = None,
-                      rmsnorm: str = "fused", attention: str = "eager") -> list:
-    """Saved tensors outside the blocks at the end of the forward pass (one copy, not per layer)."""
+                      rmsnorm: str = "fused", attention: str = "eager", input_norm: bool = False) -> list:
+    """Saved tensors outside the blocks at the end of the forward pass (one copy, not per layer);
+    ``input_norm``: BLOOM's ``word_embeddings_layernorm`` keeps the embedding output (and its statistics)."""
     norm = "LayerNorm" if style == "gpt" else "RMSNorm"
     rows = [Saved("input ids", "the batch's token ids; the embedding's backward needs them", (B, S), "int64",
                   block="outside", replicated=True),
@@ -46,6 +47,8 @@ def outside_inventory(style: str = "gpt", *, dtype: str = "bf16", norm_stats: st
     if attention == "eager":
         rows.append(Saved("causal mask", "one (S, S) bool mask, built once per forward and shared by all layers",
                           (S, S), "bool", block="outside", replicated=True))
+    if input_norm:
+        rows += norm_rows(norm, 0, dtype, norm_stats, rmsnorm, prefix=f"embedding {norm}", block="outside")
     rows += norm_rows(norm, 0, dtype, norm_stats, rmsnorm, prefix=f"final {norm}", block="outside")
     rows += [Saved("LM head input", "the LM head's weight gradient needs the final norm's output", (B, S, d), dtype,
                    block="outside"),

@@ -67,6 +67,8 @@ def check_compiled(features, recompute: str = "none", tp: int = 1, offload_activ
         ("grouped-query attention in a GPT block", features.gpt and features.gqa),
         ("learned positions, token types, a pooler or an embedding norm",
          features.positions or features.token_types or features.pooler or features.embedding_norm),
+        ("a parallel block (GPT-NeoX, Phi)", getattr(features, "parallel", False)),
+        ("ALiBi or an input LayerNorm (BLOOM)", getattr(features, "alibi", False) or getattr(features, "input_norm", False)),
         (f"recompute {recompute} (torch.utils.checkpoint under torch.compile)", recompute != "none"),
         ("tensor parallelism", tp > 1), ("offloaded activations", offload_activations)] if on]
     if lacks:

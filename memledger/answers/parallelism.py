@@ -55,7 +55,7 @@ def gather_buffer_bytes(ledger: Ledger) -> int:
     if ledger.zero_stage < 3 or ledger.arch is None:
         return 0
     recipe = RECIPES[ledger.recipe]
-    unit = evaluate(("largest unit",) + tuple(ledger.arch.features), ledger.values)
+    unit = evaluate(("largest unit",) + ledger.arch.features.key, ledger.values)
     return (recipe.role_bytes("param") + recipe.grad_bytes) * unit
 
 

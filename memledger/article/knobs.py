@@ -7,7 +7,7 @@ A :class:`Rung` is a named change to a setup: :class:`~memledger.ledger.ledger.L
 ``rmsnorm``: :class:`memledger.activations.backends.Backend`'s fields) or ``lora`` (a
 :class:`~memledger.ledger.lora.LoraConfig`, or :func:`~memledger.ledger.lora.qlora`). :func:`ladder` applies
 the rungs in turn, each to the setup the rung before it left; a rung with ``restart`` starts again from
-the baseline (the LoRA step models neither recomputation, the chunked loss nor offloading, so LoRA is
+the baseline (the LoRA step models neither full recomputation, the chunked loss nor offloading, so LoRA is
 compared with the full fine-tune at the same workload). Each row holds the step's peak, its phase, and
 what the rung saved at the peak against the rung it was applied to::
 
@@ -22,8 +22,11 @@ LoRA as its ``7B_lora_single_device.yaml`` (at 04dc3801): rank 8 on Q and V, ada
 QLoRA as the same adapters on an NF4 base (one knob; the paper's whole recipe is :func:`qlora`). The
 conventions are PyTorch's on CUDA (``backend="cuda"``: SDPA's flash kernel, ``AdamW(foreach)``) with
 torchtune's RMSNorm, which is composite (``torchtune/modules/rms_norm.py``: ``x.float()``, ``pow``, ``mean``,
-``rsqrt``, ``type_as``; ``rmsnorm="composite"``), as the offloaded step requires. Not rungs: the 8-bit optimizer
-(bitsandbytes' kernels run on CUDA only, and the step does not model them), packed sequences (not modelled).
+``rsqrt``, ``type_as``; ``rmsnorm="composite"``), as the offloaded step requires. Not rungs: bitsandbytes'
+8-bit and paged optimizers (the step books them from bitsandbytes' sources, :mod:`memledger.step.bnb`, but no
+reference run here can measure them: their kernels run on CUDA only), packed sequences (a throughput knob: on
+CUDA, flash-attention's varlen path adds position ids and ``cu_seqlens`` only), ``torch.compile`` (measured
+for the blocks' saved tensors, :mod:`memledger.activations.partitioned`, but not in the step's timeline).
 """
 from dataclasses import dataclass, field, fields
 from typing import NamedTuple, Optional

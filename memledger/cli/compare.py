@@ -47,7 +47,7 @@ def lora_options(parser):
     lora = parser.add_argument_group("LoRA / QLoRA (frozen base, rank-r adapters)")
     add(lora, "--lora-rank", "adapter rank r (LoRA; default 16, QLoRA 64)")
     add(lora, "--lora-targets", "comma-separated projections q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,"
-        "down_proj (default q_proj,v_proj; QLoRA: all)")
+        "down_proj, and lm_head (default q_proj,v_proj; QLoRA: all projections)")
     add(lora, "--qlora", "QLoRA as qlora.py trains it: NF4 base, r 64 on every projection, BF16 adapters under "
         "paged_adamw_32bit, LoRA dropout", switch=True)
     action = lora.add_argument("--lora-dropout", nargs="?", const="0.1", default=None,

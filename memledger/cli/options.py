@@ -93,6 +93,8 @@ def ledger_options(parser, overhead: str = DEFAULT_OVERHEAD, scope: bool = True)
         "step --backend cpu: SDPA's block-causal mask; cuda: flash-attention varlen)", None)
     add(run, "--compile", "the blocks under torch.compile: what AOTAutograd's min-cut partitioner saves (the sum; "
         "the step refuses it)", switch=True)
+    add(run, "--paged-optimizer", "bitsandbytes' paged optimizer (its recipes): Adam's states in CUDA unified memory, "
+        "outside the caching allocator (memledger step)", switch=True)
     if scope:
         add(run, "--scope", "model (the blocks and what lies outside them) or layers (the blocks only, as the "
             "article books them)", Ledger.scope)
@@ -300,7 +302,8 @@ def build_ledger(a) -> Ledger:
         loss_impl=a.loss_impl, offload_activations=bool(getattr(a, "offload_activations", False)),
         optimizer_in_backward=bool(getattr(a, "optimizer_in_backward", False)),
         packed=0 if getattr(a, "packed", None) is None else parse_count(a.packed, "packed"),
-        compile=bool(getattr(a, "compile", False)), **framework_fields(a))
+        compile=bool(getattr(a, "compile", False)),
+        paged_optimizer=bool(getattr(a, "paged_optimizer", False)), **framework_fields(a))
 
 
 def gpu_bytes(text: str) -> int:

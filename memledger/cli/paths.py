@@ -47,6 +47,7 @@ WHY = {
     "offload_activations": "it books the activations on the GPU; memledger step --backend cpu models them offloaded",
     "packed": "packed documents change the attention's masks per backend: memledger step --backend cpu or cuda "
               "models them",
+    "paged_optimizer": "it books the optimizer's states on the GPU; memledger step models them in unified memory",
 }
 
 

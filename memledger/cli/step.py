@@ -44,7 +44,7 @@ def step(a) -> str:
     reads = set(MODEL) | set(WORKLOAD) | set(FRAMEWORK) | set(LOSS) | {"units", "gpu_memory", "json", "backend",
                                                                         "foreach", "no_foreach", "fused",
                                                                         "optimizer_in_backward", "offload_activations",
-                                                                        "packed"}
+                                                                        "packed", "paged_optimizer"}
     if ledger.offload_optimizer == "none":
         reads.discard("offload_placement")
     refuse_unread(a, reads, "memledger step")
@@ -108,7 +108,7 @@ def text(result, memory: int, unit: str = "GB") -> str:
         return format_bytes(n, unit)
     lines = [f"{'landmark':<16} {'GPU':>12} {'CPU':>12} {'NVMe':>12}"]
     led = result.ledger
-    if led.framework == "fsdp2":
+    if getattr(led, "framework", "plain") == "fsdp2":     # a LoraLedger has no framework
         lines[:0] = [f"framework fsdp2: fully_shard per block and the root over {led.dp} ranks, MixedPrecisionPolicy("
                      f"param_dtype={led.fsdp_param_dtype}, reduce_dtype={led.fsdp_reduce_dtype}), "
                      f"reshard_after_forward={led.reshard_after_forward}"

@@ -7,8 +7,8 @@ ZeRO (Rajbhandari et al. 2020) as P = Psi, N_d = N_d.
 """
 import sympy as sp
 
-__all__ = ["B", "E", "F", "H", "L", "MODEL_NOTATION", "NOTATION", "O", "P", "S", "V", "H_kv", "N_d", "N_pos", "N_tt", "d",
-           "d_h", "k", "m", "p", "t", "v"]
+__all__ = ["B", "E", "F", "H", "L", "MODEL_NOTATION", "NOTATION", "O", "P", "S", "V", "H_kv", "L_dec", "N_d", "N_pos",
+           "N_rb", "N_tt", "d", "d_h", "k", "m", "p", "t", "v"]
 
 _INT = dict(positive=True, integer=True)
 
@@ -52,6 +52,8 @@ v = sp.Symbol("v", **_INT)        # model chunks per device (interleaved schedul
 N_pos = sp.Symbol("n_positions", nonnegative=True, integer=True)    # learned position embeddings
 N_tt = sp.Symbol("n_token_types", nonnegative=True, integer=True)   # token-type (segment) embeddings
 r = sp.Symbol("r", **_INT)        # LoRA rank (memledger.ledger.lora)
+L_dec = sp.Symbol("L_dec", nonnegative=True, integer=True)      # decoder blocks of an encoder-decoder (T5)
+N_rb = sp.Symbol("n_relative_buckets", nonnegative=True, integer=True)  # T5's relative-position buckets
 
 #: (symbol, field, meaning) for the symbols above, for the notation page.
 MODEL_NOTATION = [

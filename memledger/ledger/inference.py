@@ -101,6 +101,7 @@ class Inference:
         if not isinstance(arch, Architecture):
             raise TypeError(f"arch must be an Architecture or a preset name, got {self.arch!r}")
         object.__setattr__(self, "arch", arch)
+        arch.check_modelled()
         for name in ("batch_size", "seq_len", "tp"):
             object.__setattr__(self, name, check_count(name, getattr(self, name)))
         object.__setattr__(self, "overhead_bytes", check_count("overhead_bytes", self.overhead_bytes, minimum=0))

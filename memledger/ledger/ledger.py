@@ -30,7 +30,7 @@ from .amp import weight_copy_row
 from .in_backward import check_in_backward
 from ..activations.partitioned import check_compiled
 from .transfer import Traffic, step_traffic
-from ..step.structure import AMP_RECIPES, check_loss_impl
+from ..step.structure import AMP_RECIPES, BNB_KINDS, OPTIMIZER_OF, check_loss_impl
 from ..core.units import GB
 
 __all__ = ["DEFAULT_OVERHEAD", "FIELD_OF", "SCOPES", "Ledger", "RowSpec", "Structure", "activation_dtype", "row_specs",
@@ -113,7 +113,7 @@ def row_specs(s: Structure) -> tuple:
             # ZeRO-3 gathers one module's parameters (and gradients) at a time:
             # DeepSpeed's estimate_zero3_model_states_mem_needs books 4 x largest layer.
             plain = s.arch.features == Features.of(s.arch.style)
-            unit = ("largest unit", s.arch.style) if plain else ("largest unit",) + tuple(s.arch.features)
+            unit = ("largest unit", s.arch.style) if plain else ("largest unit",) + s.arch.features.key
             gathered = [c for c in recipe.components if c.role == "param"] + [recipe.grad_component]
             if all(c.plain for c in gathered):
                 specs.append(RowSpec("gathered parameters + gradients (largest layer)", Group.MODEL_STATES, Device.GPU,
@@ -123,17 +123,19 @@ def row_specs(s: Structure) -> tuple:
                                      component_key(gathered, unit), 1, Role.GATHERED))
         f = s.arch.features
         dtype = activation_dtype(recipe)
-        refined = f.gqa or f.head_dim or f.moe or dtype == "fp32" or s.compiled
+        family = (f.parallel, f.shared_norm) if f.parallel else ()      # GPT-NeoX, Phi (issue 16)
+        compiled = (False, False, True) if s.compiled else ()          # torch.compile's blocks (never a family's)
+        refined = f.gqa or f.head_dim or f.moe or dtype == "fp32" or family or compiled
         refinements = (f.gqa, f.head_dim, f.moe) if refined else ()
         specs.append(RowSpec("activations", Group.ACTIVATIONS, Device.GPU,
                              ("activations", s.arch.mlp, s.arch.norm, s.dropout, s.flash_attention, s.recompute,
                               s.tensor_parallel, s.sequence_parallel) + refinements + (
-                                 (dtype,) if dtype == "fp32" or s.compiled else ()) + ((True,) if s.compiled else ())))
+                                 (dtype,) if dtype == "fp32" or family or compiled else ()) + family + compiled))
         if s.scope == "model" and s.arch.causal:
             attention = "flash" if s.flash_attention else "eager"
             specs += [RowSpec(name, Group.ACTIVATIONS, Device.GPU, formulas.outside_key(
                 s.arch.style, attention, name, s.tensor_parallel, s.sequence_parallel, dtype))
-                for name in formulas.outside_names(s.arch.style, attention)]
+                for name in formulas.outside_names(s.arch.style, attention, f.input_norm)]
     specs += framework_specs(s, recipe)
     specs.append(RowSpec("CUDA context + workspace", Group.OVERHEAD, Device.GPU, ("symbol", "O")))
     return tuple(specs)
@@ -181,7 +183,9 @@ class Ledger:
     ``compile``: the blocks run under ``torch.compile`` (Inductor or ``aot_eager_decomp_partition``): the
     activations row books what AOTAutograd's min-cut partitioner saves
     (:mod:`memledger.activations.partitioned`, measured); the step timeline does not model compiled graphs
-    (:attr:`peak` is None, :meth:`step` refuses it).
+    (:attr:`peak` is None, :meth:`step` refuses it). ``paged_optimizer``: bitsandbytes' paged optimizer
+    (its recipes only): Adam's states of tensors of at least 1e5 elements in CUDA unified memory, outside the
+    caching allocator's count; the step (:mod:`memledger.step.bnb`) books them on the host column, the rows do not.
     """
     arch: Union[Architecture, str, None] = None
     n_params: Optional[int] = None
@@ -224,6 +228,7 @@ class Ledger:
     fsdp_loss_in_root: bool = False         # fsdp2: the loss computed in the root module's forward
     fsdp_cpu_offload: bool = False          # fsdp2: CPUOffloadPolicy (shards, gradients, states on the host)
     fsdp_offload_pin_memory: bool = True    # fsdp2: CPUOffloadPolicy(pin_memory=...)
+    paged_optimizer: bool = False           # bitsandbytes' paged states (unified memory): the step's peak honours it
 
     def __post_init__(self):
         arch = get_preset(self.arch) if isinstance(self.arch, str) else self.arch
@@ -247,7 +252,7 @@ class Ledger:
         check_choice("offload_params", self.offload_params, OFFLOAD_DEVICES)
         check_choice("offload_placement", self.offload_placement, PLACEMENTS)
         check_state_options(self.zero_stage, self.offload_params)
-        for name in ("sequence_parallel", "flash_attention", "optimizer_in_backward"):
+        for name in ("sequence_parallel", "flash_attention", "optimizer_in_backward", "paged_optimizer"):
             check_flag(name, getattr(self, name))
         check_flag("dropout", self.dropout, allow_none=True)
         if self.loss_chunks > self.seq_len:
@@ -271,11 +276,16 @@ class Ledger:
             raise ValueError("sequence_parallel needs tensor parallelism: tp must be > 1")
         if arch is not None:
             arch.check_tensor_parallel(self.tp)
+            arch.check_modelled()
         check_framework(self, ALL_RECIPES[self.recipe])
         if self.dropout is None:
             object.__setattr__(self, "dropout", arch.dropout if arch is not None else False)
         if self.optimizer_in_backward:
             check_in_backward(self, recipe)
+        if self.paged_optimizer and OPTIMIZER_OF.get(self.recipe) not in BNB_KINDS:
+            raise ValueError(f"paged_optimizer: bitsandbytes' paged optimizers keep their states in CUDA unified "
+                             f"memory; recipe {self.recipe} is not a bitsandbytes one (use bf16-adam8bit-bnb, "
+                             f"bf16-adam8bit-bnb-nomaster or bf16-adamw32-bnb)")
         if self.framework == "fsdp2":     # FSDP2 books no sum of rows (its step is the answer)
             return
         _ = self.rows         # every row a whole number of bytes, or a ValueError naming the one that is not

@@ -47,8 +47,8 @@ from ..states.recipes import get_recipe
 from ..core.symbols import B, L, S, r
 from ..models.tensors import PROJECTIONS, parameter_tensors, projections
 
-__all__ = ["BASE_DTYPES", "NF4", "NF4_DOUBLE_QUANT", "LoraConfig", "LoraLedger", "activation_rows", "adapter_params",
-           "adapter_shapes", "qlora", "r_sym", "state_rows"]
+__all__ = ["BASE_DTYPES", "HEAD", "NF4", "NF4_DOUBLE_QUANT", "LoraConfig", "LoraLedger", "activation_rows",
+           "adapter_params", "adapter_shapes", "head_rows", "head_shapes", "qlora", "r_sym", "state_rows"]
 
 BASE_DTYPES = ("bf16", "fp16", "fp32", "nf4")
 NF4_DOUBLE_QUANT = Component("NF4 base projections (double-quantized absmax)", "nf4", "param",
@@ -57,6 +57,8 @@ NF4_DOUBLE_QUANT = Component("NF4 base projections (double-quantized absmax)", "
 NF4 = Component("NF4 base projections (fp32 absmax)", "nf4", "param", "QLoRA without double quantization",
                 constants=((64, "fp32"),))
 r_sym = r                         # the LoRA rank of the notation (memledger.core.symbols)
+#: The LM head as a target (PEFT's ``target_modules`` may name it; one adapter, A: r x d, B: V x r, not per layer).
+HEAD = "lm_head"
 
 
 @dataclass(frozen=True)
@@ -88,10 +90,10 @@ class LoraConfig:
         get_recipe(self.adapter_recipe)
 
     def check(self, style: str) -> None:
-        unknown = [t for t in self.targets if t not in PROJECTIONS[style]]
+        unknown = [t for t in self.targets if t not in PROJECTIONS[style] and t != HEAD]
         if unknown:
             raise ValueError(f"targets {', '.join(unknown)} are not projections of a {style} block; "
-                             f"choose from {', '.join(PROJECTIONS[style])}")
+                             f"choose from {', '.join(PROJECTIONS[style])}, {HEAD}")
 
 
 def qlora(rank: int = 64, targets=None, style: str = "llama", **changes) -> LoraConfig:
@@ -116,10 +118,29 @@ def adapter_shapes(features, config: LoraConfig) -> list:
     if f.moe:
         raise ValueError("LoRA on mixture-of-experts blocks is not modelled; choose a dense architecture")
     shapes = []
-    for target in config.targets:
+    for target in (t for t in config.targets if t != HEAD):
         out, inp = projections(f)[target]
         shapes += [(f"{target}.lora_A", (r_sym, inp)), (f"{target}.lora_B", (out, r_sym))]
     return shapes
+
+
+def head_shapes(config: LoraConfig) -> list:
+    """(name, shape) of the LM head's adapter matrices where ``lm_head`` is a target (once, not per layer)."""
+    from ..core.symbols import V, d
+    return [(f"{HEAD}.lora_A", (r_sym, d)), (f"{HEAD}.lora_B", (V, r_sym))] if HEAD in config.targets else []
+
+
+def head_rows(config: LoraConfig) -> list:
+    """What the LM head's adapter saves (once): its input (with LoRA dropout: the mask and the dropped copy
+    instead) for A's weight gradient, and A x for B's."""
+    from ..core.symbols import d
+    if HEAD not in config.targets:
+        return []
+    kept = [Saved("LoRA lm_head dropout mask", "LoRA dropout backward needs the mask", (B, S, d), "bool"),
+            Saved("LoRA lm_head dropout output", "A's weight gradient needs its (dropped) input", (B, S, d))] \
+        if config.dropout else [Saved("LM head input", "the head adapter's A needs it for its weight gradient",
+                                      (B, S, d))]
+    return kept + [Saved("LoRA lm_head A output", "B's weight gradient needs its input, A x", (B, S, r_sym))]
 
 
 def _size(arch, config, expr) -> int:
@@ -147,14 +168,16 @@ def state_rows(arch, config: LoraConfig) -> list:
     shapes = [size(shape) for _, shape in adapter_shapes(arch.features, config)]
     for c in recipe.components:
         paged = " (paged)" if config.paged and c.role == "optimizer" else ""
-        total = arch.n_layers * sum(int(c.bytes_for(n)) for n in shapes)
+        total = arch.n_layers * sum(int(c.bytes_for(n)) for n in shapes) + sum(
+            int(c.bytes_for(size(shape))) for _, shape in head_shapes(config))
         rows.append((f"LoRA adapters: {c.name}{paged}", c.role, "gpu", total))
     return rows
 
 
 def adapter_params(arch, config: LoraConfig) -> int:
-    """Trainable parameters: L x sum over targets of r (in + out)."""
-    return arch.n_layers * sum(_size(arch, config, sp.prod(s)) for _, s in adapter_shapes(arch.features, config))
+    """Trainable parameters: L x sum over the block targets of r (in + out), plus r (d + V) for ``lm_head``."""
+    return arch.n_layers * sum(_size(arch, config, sp.prod(s)) for _, s in adapter_shapes(arch.features, config)) \
+        + sum(_size(arch, config, sp.prod(s)) for _, s in head_shapes(config))
 
 
 def activation_rows(style: str, config: LoraConfig, dropout: bool = False, flash_attention: bool = False,
@@ -166,7 +189,7 @@ def activation_rows(style: str, config: LoraConfig, dropout: bool = False, flash
                      dropout, flash_attention, **refinements)
     adapted = set(config.targets)
     kept = [r for r in rows if not r.weight_grad_of or (not config.dropout and adapted & set(r.weight_grad_of))]
-    for target in config.targets:
+    for target in (t for t in config.targets if t != HEAD):
         inp = projections(style)[target][1]
         if config.dropout:
             kept += [Saved(f"LoRA {target} dropout mask", "LoRA dropout backward needs the mask", (B, S, inp),
@@ -196,6 +219,7 @@ class LoraLedger:
         if not isinstance(arch, Architecture):
             raise TypeError(f"arch must be an Architecture or a preset name, got {self.arch!r}")
         object.__setattr__(self, "arch", arch)
+        arch.check_modelled()
         if not isinstance(self.config, LoraConfig):
             raise TypeError(f"config must be a LoraConfig (or qlora()), got {self.config!r}")
         for name in ("batch_size", "seq_len"):
@@ -210,11 +234,17 @@ class LoraLedger:
         """Model states (counted tensor by tensor), L blocks of activations, the overhead."""
         rows = [Row(n, "model_states", dev, b, role) for n, role, dev, b in state_rows(self.arch, self.config)]
         f = self.arch.features
+        family = dict(parallel=f.parallel, shared_norm=f.shared_norm) if f.parallel else {}   # GPT-NeoX, Phi
         act = L * per_layer_bytes(activation_rows(self.arch.style, self.config, self.arch.dropout,
-                                                  self.flash_attention, gqa=f.gqa, head_dim=f.head_dim),
+                                                  self.flash_attention, gqa=f.gqa, head_dim=f.head_dim, **family),
                                   self.recompute)
         size = act.subs({r_sym: self.config.rank, B: self.batch_size, S: self.seq_len})
         rows.append(Row("activations", "activations", "gpu", self.arch.evaluate(size), formula=str(act)))
+        head = sum((x.bytes for x in head_rows(self.config)), sp.Integer(0))
+        if head:
+            size = head.subs({r_sym: self.config.rank, B: self.batch_size, S: self.seq_len})
+            rows.append(Row("LM head adapter: saved input and A x", "activations", "gpu", self.arch.evaluate(size),
+                            formula=str(head)))
         rows.append(Row("CUDA context + workspace", "overhead", "gpu", self.overhead_bytes, formula="O"))
         return Rows(rows)
 
@@ -253,7 +283,8 @@ class LoraLedger:
         from ..step.lora import LoraStep
         from .ledger import Ledger
         ledger = Ledger(self.arch, batch_size=self.batch_size, seq_len=self.seq_len, recipe="bf16-pure-adamw",
-                        overhead_bytes=self.overhead_bytes, dropout=False, flash_attention=self.flash_attention)
+                        overhead_bytes=self.overhead_bytes, dropout=False, flash_attention=self.flash_attention,
+                        recompute=self.recompute)
         return LoraStep(self, ledger, backend, **conventions)
 
     def table(self, unit: str = "GB"):

@@ -54,6 +54,17 @@ class Architecture:
     n_experts: int = 0            # 0: dense MLP; Mixtral: 8
     top_k: int = 0                # experts per token (Mixtral: 2)
     model_type: str = field(default="", compare=False)   # the config.json's model_type, where read from one
+    # model families (issue 16): memledger.models.hf_config reads them from gpt_neox, phi, bloom, gpt_bigcode, t5
+    parallel: bool = False        # attention and MLP both read the block input (GPT-NeoX use_parallel_residual, Phi)
+    shared_norm: bool = False     # one norm per block feeds both (Phi)
+    head_bias: bool = False       # the LM head has a bias (Phi)
+    alibi: bool = False           # ALiBi attention biases instead of positions (BLOOM)
+    input_norm: bool = False      # a LayerNorm on the embeddings and a final one (BLOOM)
+    gated: bool = None            # None: as the style says; T5 1.0's ReLU MLP False, T5 1.1's gated GeLU True
+    n_decoder_layers: int = 0     # T5: decoder blocks (self- and cross-attention) after n_layers encoder blocks
+    relative_buckets: int = 0     # T5: relative_attention_num_buckets (an N_rb x H bias per stack)
+    rotary_fraction: float = None  # the share of each head RoPE rotates (GPT-NeoX rotary_pct, Phi partial_rotary_factor)
+    no_dropout: bool = False      # every dropout probability of the config is 0 (Pythia, BLOOM)
 
     def __post_init__(self):
         check_choice("style", self.style, STYLES)
@@ -61,13 +72,22 @@ class Architecture:
             "vocab_size",) + (("n_params",) if self.n_params is not None else ())
         for name in counts:
             object.__setattr__(self, name, check_count(name, getattr(self, name)))
-        for name in ("n_positions", "n_token_types", "n_experts", "top_k"):
+        for name in ("n_positions", "n_token_types", "n_experts", "top_k", "n_decoder_layers", "relative_buckets"):
             object.__setattr__(self, name, check_count(name, getattr(self, name), minimum=0))
         if self.d_ff is None:
             object.__setattr__(self, "d_ff", 4 * self.d_model)
         for name in ("tied_embeddings", "qkv_bias"):
             check_flag(name, getattr(self, name), allow_none=True)
-        for name in ("pooler", "embedding_norm", "causal"):
+        check_flag("gated", self.gated, allow_none=True)
+        if self.rotary_fraction is not None and (isinstance(self.rotary_fraction, bool) or not isinstance(
+                self.rotary_fraction, (int, float)) or not 0 < self.rotary_fraction <= 1):
+            raise ValueError(f"rotary_fraction must be a number in (0, 1], got {self.rotary_fraction!r}")
+        if self.shared_norm and not self.parallel:
+            raise ValueError("shared_norm (one norm per block) needs parallel attention and MLP (parallel=True)")
+        if self.relative_buckets and not self.n_decoder_layers:
+            raise ValueError("relative_buckets: T5's relative bias is modelled for encoder-decoders (n_decoder_layers)")
+        for name in ("pooler", "embedding_norm", "causal", "parallel", "shared_norm", "head_bias", "alibi",
+                     "input_norm", "no_dropout"):
             check_flag(name, getattr(self, name))
         if self.head_size is None:
             if self.d_model % self.n_heads:
@@ -92,13 +112,13 @@ class Architecture:
 
     @property
     def dropout(self) -> bool:
-        """GPT-style blocks train with dropout; LLaMA-style blocks do not."""
-        return self.style == "gpt"
+        """GPT-style blocks train with dropout (unless the config sets it to 0); LLaMA-style blocks do not."""
+        return self.style == "gpt" and not self.no_dropout
 
     @property
     def mlp(self) -> str:
-        """The MLP kind the activation inventory saves tensors for: gelu or swiglu."""
-        return BLOCKS[self.style][0]
+        """The MLP kind the activation inventory saves tensors for: gelu or swiglu (any gated MLP)."""
+        return "swiglu" if self.features.is_gated else "gelu"
 
     @property
     def norm(self) -> str:
@@ -120,6 +140,15 @@ class Architecture:
 
     check_tp = check_tensor_parallel
 
+    def check_modelled(self) -> None:
+        """The ledger books a decoder's or an encoder's blocks: an encoder-decoder (T5) is refused in one line
+        (its parameter count stands: :attr:`computed_params`)."""
+        if self.n_decoder_layers:
+            name = f"model_type {self.model_type!r}" if self.model_type else "an encoder-decoder"
+            raise ValueError(f"arch: {name} is an encoder-decoder ({self.n_layers} encoder and {self.n_decoder_layers} "
+                             "decoder blocks with cross-attention); the ledger and the step model decoder-only and "
+                             "encoder-only blocks, not its two stacks")
+
     @property
     def kv_heads(self) -> int:
         """Key/value heads: ``n_kv_heads``, or ``n_heads`` for multi-head attention."""
@@ -130,14 +159,17 @@ class Architecture:
         """The discrete choices that decide the parameter and activation formulas."""
         return Features(self.style, self.kv_heads != self.n_heads, self.head_dim * self.n_heads != self.d_model,
                         self.tied_embeddings, self.qkv_bias, self.n_positions > 0, self.n_token_types > 0,
-                        self.pooler, self.embedding_norm, self.n_experts > 0)
+                        self.pooler, self.embedding_norm, self.n_experts > 0, self.parallel, self.shared_norm,
+                        self.head_bias, self.alibi, self.input_norm, self.gated, self.n_decoder_layers > 0,
+                        self.relative_buckets > 0)
 
     @property
     def values(self) -> dict:
         """Symbol name -> value for every shape symbol a formula of this architecture may contain."""
         return {"d": self.d_model, "L": self.n_layers, "H": self.n_heads, "F": self.d_ff, "V": self.vocab_size,
                 "H_kv": self.kv_heads, "d_h": self.head_dim, "E": max(self.n_experts, 1), "k": max(self.top_k, 1),
-                "n_positions": self.n_positions, "n_token_types": self.n_token_types}
+                "n_positions": self.n_positions, "n_token_types": self.n_token_types,
+                "L_dec": self.n_decoder_layers, "n_relative_buckets": self.relative_buckets}
 
     def evaluate(self, expr) -> int:
         """Any SymPy formula at this architecture's shape, as an exact int."""
@@ -152,14 +184,14 @@ class Architecture:
     @property
     def computed_params(self) -> int:
         """The parameter count from the architecture (ignores ``n_params``)."""
-        return keyed.evaluate(("params",) + tuple(self.features), self.values, lambda: self._count("param_count_expr"))
+        return keyed.evaluate(("params",) + self.features.key, self.values, lambda: self._count("param_count_expr"))
 
     @property
     def active_params(self) -> int:
         """Parameters one token passes through: k of the E experts (= ``computed_params`` if dense)."""
         if not self.n_experts:
             return self.computed_params
-        return keyed.evaluate(("active params",) + tuple(self.features), self.values,
+        return keyed.evaluate(("active params",) + self.features.key, self.values,
                               lambda: self._count("active_param_count_expr"))
 
     def _count(self, formula: str) -> int:
@@ -201,5 +233,6 @@ class Architecture:
 
 
 _REFINEMENTS = ("n_kv_heads", "head_size", "tied_embeddings", "qkv_bias", "n_token_types", "pooler",
-                "embedding_norm", "causal", "n_experts", "top_k", "model_type")
+                "embedding_norm", "causal", "n_experts", "top_k", "model_type", "parallel", "shared_norm", "head_bias",
+                "alibi", "input_norm", "gated", "n_decoder_layers", "relative_buckets", "rotary_fraction", "no_dropout")
 

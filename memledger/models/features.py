@@ -10,7 +10,7 @@ from typing import NamedTuple
 
 from ..core.vocabulary import Style
 
-__all__ = ["STYLES", "Features", "swiglu_width"]
+__all__ = ["FAMILY_DEFAULTS", "STYLES", "Features", "swiglu_width"]
 
 STYLES = tuple(s.value for s in Style)
 
@@ -32,6 +32,15 @@ class Features(NamedTuple):
     pooler: bool = False
     embedding_norm: bool = False  # BERT: LayerNorm on the embeddings, none at the end
     moe: bool = False
+    # model families (issue 16); a :attr:`key` names them only where set, so the older keys stay as they were
+    parallel: bool = False        # attention and MLP read the block's input, one residual sum (GPT-NeoX, Phi)
+    shared_norm: bool = False     # one norm feeds attention and MLP (Phi: input_layernorm only)
+    head_bias: bool = False       # the LM head has a bias (Phi: lm_head.bias, V)
+    alibi: bool = False           # ALiBi: a per-head linear bias on the scores, no position parameters (BLOOM)
+    input_norm: bool = False      # a LayerNorm on the embeddings as well as the final one (BLOOM)
+    gated: bool = None            # None: as the style says (llama gated, gpt not); T5 1.0: False, T5 1.1: True
+    encoder_decoder: bool = False  # T5: L encoder blocks, L_dec decoder blocks with cross-attention
+    relative_bias: bool = False   # T5: a bucketed relative-position bias, N_rb x H, in each stack's first block
 
     @classmethod
     def of(cls, value) -> "Features":
@@ -54,6 +63,27 @@ class Features(NamedTuple):
     def has_qkv_bias(self) -> bool:
         return self.gpt if self.qkv_bias is None else self.qkv_bias
 
+    @property
+    def is_gated(self) -> bool:
+        """A gated MLP (three d x F matrices): LLaMA's SwiGLU, Gemma's GeGLU, T5 1.1's gated GeLU."""
+        return not self.gpt if self.gated is None else self.gated
+
+    @property
+    def key(self) -> tuple:
+        """The tuple a formula key carries: the first ten fields always, the families' fields only from the
+        first one set on (so every key made before them is unchanged)."""
+        values = tuple(self)
+        defaults = tuple(FAMILY_DEFAULTS)
+        tail = values[_BASE:]
+        while tail and tail[-1] == defaults[len(tail) - 1]:
+            tail = tail[:-1]
+        return values[:_BASE] + tail
+
+
+
+_BASE = 10
+#: The defaults of the families' fields (after the first ten).
+FAMILY_DEFAULTS = tuple(Features._field_defaults[name] for name in Features._fields[_BASE:])
 
 
 def swiglu_width(d_model: int, multiple_of: int = 256, ffn_dim_multiplier=None) -> int:

@@ -18,7 +18,21 @@ for the parameter tensors follows the ``transformers`` modeling code:
   positions ``n_positions``, biases everywhere, tied output layer;
 * ``bert``: ``BertModel`` (what ``AutoModel`` loads): learned positions,
   ``type_vocab_size`` token types, embedding LayerNorm, post-LN blocks with
-  biases everywhere, the pooler, no output layer, no causal mask.
+  biases everywhere, the pooler, no output layer, no causal mask;
+* ``gpt_neox`` (``modeling_gpt_neox.py``): GPT blocks (biased LayerNorms, fused biased
+  ``query_key_value``, biased ``dense``, GeLU MLP), rotary on ``rotary_pct`` of each head,
+  ``use_parallel_residual`` (default true: x + attn(ln1(x)) + mlp(ln2(x))), an untied ``embed_out``
+  unless ``tie_word_embeddings``;
+* ``phi`` (``modeling_phi.py``): one ``input_layernorm`` feeding attention and MLP in parallel, biased
+  q/k/v/dense and fc1/fc2, rotary on ``partial_rotary_factor`` of each head, an untied ``lm_head`` with a
+  bias; ``qk_layernorm`` refused;
+* ``bloom`` (``modeling_bloom.py``): ALiBi (no positions), fused biased ``query_key_value``, an MLP of
+  4d (``n_inner`` is not read by ``BloomMLP``), ``word_embeddings_layernorm`` and ``ln_f``, tied head;
+* ``gpt_bigcode`` (``modeling_gpt_bigcode.py``): GPT-2's layout with multi-query attention
+  (``multi_query``, default true: ``c_attn`` is d x (d + 2 d/H)), learned positions, tied head;
+* ``t5`` (``modeling_t5.py``, ``T5ForConditionalGeneration``): encoder-decoder, bias-free, RMS
+  ``T5LayerNorm``, ``d_kv`` per head, ReLU (``feed_forward_proj`` "relu") or gated MLP ("gated-gelu"),
+  relative-position buckets, shared embedding, head tied unless ``tie_word_embeddings`` is false.
 
 Any other ``model_type`` is refused with a message naming these. Reading is
 bounded: a regular file (not a FIFO or a device) of at most :data:`MAX_BYTES`,
@@ -36,7 +50,8 @@ from ..core.choices import check_count
 __all__ = ["CONFIG_DIR", "MAX_BYTES", "MAX_DEPTH", "SUPPORTED", "architecture_kwargs", "load_config",
            "shipped_configs"]
 
-SUPPORTED = ("bert", "gemma", "gpt2", "llama", "mistral", "mixtral", "qwen2")
+SUPPORTED = ("bert", "bloom", "gemma", "gpt2", "gpt_bigcode", "gpt_neox", "llama", "mistral", "mixtral", "phi",
+             "qwen2", "t5")
 CONFIG_DIR = Path(__file__).with_name("configs")
 #: The largest config.json read (real ones are a few kB; tokenizer tables and weights are other files).
 MAX_BYTES = 1_000_000
@@ -156,6 +171,8 @@ def architecture_kwargs(config: dict) -> dict:
     model_type = config.get("model_type")
     if not isinstance(model_type, str) or model_type not in SUPPORTED:
         raise ValueError(f"config: model_type {_json(model_type)} is not supported; supported: {', '.join(SUPPORTED)}")
+    if model_type in _FAMILIES:
+        return _normalized(dict(_FAMILIES[model_type](config), model_type=model_type))
     if model_type == "gpt2":
         d = _get(config, "n_embd")
         return _normalized(dict(
@@ -188,12 +205,93 @@ def architecture_kwargs(config: dict) -> dict:
     return _normalized(kwargs)
 
 
+def _dropout_free(config, *keys) -> bool:
+    """Whether every dropout probability ``keys`` of the config (absent: the ``transformers`` default) is 0."""
+    for key, default in keys:
+        value = config.get(key, default)
+        if value is None:
+            value = default
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+            raise ValueError(f"config: {key} must be a probability in [0, 1), got {_json(value)}")
+        if value:
+            return False
+    return True
+
+
+def _fraction(config, key, default):
+    value = config.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+        raise ValueError(f"config: {key} must be a number in (0, 1], got {_json(value)}")
+    return value
+
+
+def _gpt_neox(config):
+    if not _flag(config, "attention_bias", True):
+        raise ValueError("config: attention_bias=false is not supported for model_type 'gpt_neox'")
+    return dict(d_model=_get(config, "hidden_size"), n_layers=_get(config, "num_hidden_layers"),
+                n_heads=_get(config, "num_attention_heads"), d_ff=_get(config, "intermediate_size"),
+                vocab_size=_get(config, "vocab_size"), style="gpt",
+                tied_embeddings=_flag(config, "tie_word_embeddings", False),
+                parallel=_flag(config, "use_parallel_residual", True),
+                rotary_fraction=_fraction(config, "rotary_pct", 0.25),
+                no_dropout=_dropout_free(config, ("attention_dropout", 0.0), ("hidden_dropout", 0.0)))
+
+
+def _phi(config):
+    _refuse_flag(config, "qk_layernorm")
+    return dict(d_model=_get(config, "hidden_size"), n_layers=_get(config, "num_hidden_layers"),
+                n_heads=_get(config, "num_attention_heads"), d_ff=_get(config, "intermediate_size"),
+                vocab_size=_get(config, "vocab_size"), style="gpt", n_kv_heads=_get(config, "num_key_value_heads", None),
+                tied_embeddings=_flag(config, "tie_word_embeddings", False), parallel=True, shared_norm=True,
+                head_bias=True, rotary_fraction=_fraction(config, "partial_rotary_factor", 0.5),
+                no_dropout=_dropout_free(config, ("resid_pdrop", 0.0), ("attention_dropout", 0.0),
+                                         ("embd_pdrop", 0.0)))
+
+
+def _bloom(config):
+    d = _get(config, "hidden_size", None) or _get(config, "n_embed", None) or 64   # BloomConfig's default 64
+    return dict(d_model=d, n_layers=_get(config, "n_layer", None) or _get(config, "num_hidden_layers", 2),
+                n_heads=_get(config, "n_head", None) or _get(config, "num_attention_heads", 8), d_ff=4 * d,
+                vocab_size=_get(config, "vocab_size"), style="gpt", alibi=True, input_norm=True,
+                tied_embeddings=_flag(config, "tie_word_embeddings", True),
+                no_dropout=_dropout_free(config, ("hidden_dropout", 0.0), ("attention_dropout", 0.0)))
+
+
+def _gpt_bigcode(config):
+    d = _get(config, "n_embd")
+    return dict(d_model=d, n_layers=_get(config, "n_layer"), n_heads=_get(config, "n_head"),
+                d_ff=_get(config, "n_inner", None) or 4 * d, vocab_size=_get(config, "vocab_size"), style="gpt",
+                n_positions=_get(config, "n_positions"), n_kv_heads=1 if _flag(config, "multi_query", True) else None,
+                tied_embeddings=_flag(config, "tie_word_embeddings", True),
+                no_dropout=_dropout_free(config, ("attn_pdrop", 0.1), ("resid_pdrop", 0.1), ("embd_pdrop", 0.1)))
+
+
+def _t5(config):
+    projection = config.get("feed_forward_proj", "relu")
+    if projection not in ("relu", "gated-gelu", "gated-relu", "gelu", "gated-silu", "silu"):
+        raise ValueError(f"config: feed_forward_proj {_json(projection)} is not supported for model_type 't5'")
+    d, heads, d_kv = _get(config, "d_model"), _get(config, "num_heads"), _get(config, "d_kv")
+    layers = _get(config, "num_layers")
+    return dict(d_model=d, n_layers=layers, n_heads=heads, d_ff=_get(config, "d_ff"),
+                vocab_size=_get(config, "vocab_size"), style="llama",
+                head_size=None if heads * d_kv == d else d_kv, gated=projection.startswith("gated-"),
+                n_decoder_layers=_get(config, "num_decoder_layers", layers),
+                relative_buckets=_get(config, "relative_attention_num_buckets", 32),
+                tied_embeddings=_flag(config, "tie_word_embeddings", True))
+
+
+#: model_type -> the reader of its config (the five families of issue 16).
+_FAMILIES = {"gpt_neox": _gpt_neox, "phi": _phi, "bloom": _bloom, "gpt_bigcode": _gpt_bigcode, "t5": _t5}
+
+
 def _normalized(kwargs):
     """Leave out what equals the style's default, so a config and a hand preset compare equal."""
     if kwargs.get("n_kv_heads") == kwargs["n_heads"]:
         kwargs["n_kv_heads"] = None
     if kwargs.get("tied_embeddings") == (kwargs["style"] == "gpt"):
         kwargs["tied_embeddings"] = None
+    if kwargs.get("gated") == (kwargs["style"] == "llama"):
+        kwargs["gated"] = None
     return kwargs
 
 

@@ -17,6 +17,15 @@ choices, read from a ``config.json`` by :mod:`memledger.models.hf_config`):
   and token types (GPT-2, BERT); BERT's pooler d^2 + d and its embedding
   LayerNorm in place of a final one.
 
+Model families (``transformers`` modeling code): GPT-NeoX and GPT-BigCode are GPT blocks (biased LayerNorm
+blocks, GeLU MLP) with an untied ``embed_out`` (GPT-NeoX) or multi-query K/V (GPT-BigCode); Phi has one
+LayerNorm per block (``PhiDecoderLayer.input_layernorm``) and a biased ``lm_head``; BLOOM adds
+``word_embeddings_layernorm`` to the final norm; T5 is L encoder blocks (self-attention, MLP, two RMSNorms)
+and L_dec decoder blocks (self-attention, cross-attention, MLP, three RMSNorms), bias-free, a ReLU MLP of two
+d x F matrices (T5 1.0) or a gated-GeLU one of three (T5 1.1), a final RMSNorm per stack, an N_rb x H
+relative-position bias in each stack's first block, one shared V x d embedding (``T5Model.shared``) and an
+LM head tied to it unless ``tie_word_embeddings`` is false.
+
 At the defaults (``Features("gpt")``, ``Features("llama")``) this is
 12d^2 + 13d per GPT block at F = 4d and L(4d^2 + 3dF + 2d) + 2Vd + d for
 LLaMA (Touvron et al. 2023), as before. Megatron-LM's
@@ -26,7 +35,7 @@ gives the same grouped-query and MoE attention/MLP terms but omits the router.
 import sympy as sp
 
 from .features import STYLES, Features, swiglu_width  # noqa: F401  (re-exported)
-from ..core.symbols import E, F, H, H_kv, L, N_pos, N_tt, V, d, d_h, k
+from ..core.symbols import E, F, H, H_kv, L, L_dec, N_pos, N_rb, N_tt, V, d, d_h, k
 
 __all__ = ["active_param_count_expr", "block_params_expr", "block_parts", "norm_params", "param_count_expr", "param_parts",
            "widths"]
@@ -59,8 +68,9 @@ def block_parts(features="gpt", experts=E) -> dict:
         attention += q + 2 * kv
     if f.gpt:
         attention += d                                  # output-projection bias
-    mlp = 2 * d * F + F + d if f.gpt else 3 * d * F
-    parts = {"attention": attention, "MLP": experts * mlp if f.moe else mlp, "norms": 2 * norm_params(f)}
+    mlp = (3 if f.is_gated else 2) * d * F + (F + d if f.gpt else 0)
+    parts = {"attention": attention, "MLP": experts * mlp if f.moe else mlp,
+             "norms": (1 if f.shared_norm else 2) * norm_params(f)}
     if f.moe:
         parts["router"] = d * E
     return parts
@@ -80,9 +90,20 @@ def param_parts(features="gpt", experts=E) -> dict:
     """
     f = Features.of(features)
     positions = N_pos if f.positions else 0
-    parts = {name: L * expr for name, expr in block_parts(f, experts).items()}
+    block = block_parts(f, experts)
+    parts = {name: L * expr for name, expr in block.items()}
     parts["norms"] += norm_params(f)                  # final norm, or BERT's embedding LayerNorm
+    if f.input_norm:                                  # BLOOM: word_embeddings_layernorm as well
+        parts["norms"] += norm_params(f)
+    if f.encoder_decoder:                             # T5: decoder blocks add cross-attention and its norm
+        parts["attention"] += L_dec * 2 * block["attention"]
+        parts["MLP"] += L_dec * block["MLP"]
+        parts["norms"] += L_dec * 3 * norm_params(f) + norm_params(f)
     parts["embeddings"] = V * d * (1 if f.is_tied else 2) + positions * d + (N_tt * d if f.token_types else 0)
+    if f.head_bias:
+        parts["embeddings"] += V                      # Phi: lm_head.bias
+    if f.relative_bias:
+        parts["relative position bias"] = N_rb * H * (2 if f.encoder_decoder else 1)
     if f.pooler:
         parts["pooler"] = d**2 + d
     return parts

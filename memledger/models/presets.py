@@ -5,10 +5,10 @@ from functools import cache
 from ..core.choices import lookup
 from .architecture import Architecture
 from .features import swiglu_width
-from .hf_config import shipped_configs
+from .hf_config import load_config, shipped_configs
 
-__all__ = ["ARTICLE_PRESET", "PRESETS", "all_presets", "config_presets", "get_preset", "preset_names",
-           "shipped_presets"]
+__all__ = ["ARTICLE_PRESET", "PRESETS", "all_presets", "config_presets", "get_preset", "ledger_preset_names",
+           "preset_names", "shipped_presets"]
 
 
 PRESETS = {
@@ -37,6 +37,13 @@ ARTICLE_PRESET = "article-7b"
 def preset_names() -> list:
     """Every preset's name: the hand-entered ones, then the shipped configs' (read from their index only)."""
     return list(PRESETS) + [name for name in shipped_configs() if name not in PRESETS]
+
+
+def ledger_preset_names() -> list:
+    """:func:`preset_names` less the shipped encoder-decoders (T5), which every ledger refuses
+    (:meth:`Architecture.check_modelled`); read from the configs' ``model_type``, without building them."""
+    refused = {name for name, (path, _, _) in shipped_configs().items() if load_config(path).get("model_type") == "t5"}
+    return [name for name in preset_names() if name not in refused]
 
 
 @cache

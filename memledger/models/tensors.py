@@ -18,7 +18,7 @@ import sympy as sp
 
 from .features import Features
 from .parameters import widths
-from ..core.symbols import E, F, L, N_pos, N_tt, V, d
+from ..core.symbols import E, F, H, L, L_dec, N_pos, N_rb, N_tt, V, d
 
 __all__ = ["PROJECTIONS", "ParamTensor", "factored_elements_expr", "largest_module_params", "module_params_exprs",
            "parameter_tensors", "projections", "total_params_expr"]
@@ -40,15 +40,21 @@ class ParamTensor:
     name: str
     shape: tuple
     per_layer: bool = True
+    decoder: bool = False       # a T5 decoder block's tensor: L_dec of them (per_layer)
 
     @property
     def numel(self) -> sp.Expr:
         return prod(self.shape)
 
     @property
+    def layers(self) -> sp.Expr:
+        """How many blocks hold it: L (L_dec for an encoder-decoder's decoder blocks), 1 outside the blocks."""
+        return (L_dec if self.decoder else L) if self.per_layer else 1
+
+    @property
     def count(self) -> sp.Expr:
         """Elements in the whole model: L x numel for per-layer tensors."""
-        return L * self.numel if self.per_layer else self.numel
+        return self.layers * self.numel
 
     @property
     def is_matrix(self) -> bool:
@@ -61,6 +67,8 @@ def projections(features="gpt") -> dict:
     q, kv = widths(f)
     shapes = dict(PROJECTIONS[f.style])
     shapes.update({"q_proj": (q, d), "k_proj": (kv, d), "v_proj": (kv, d), "o_proj": (d, q)})
+    if not f.is_gated:
+        shapes.pop("gate_proj", None)           # T5 1.0's ReLU MLP: wi, wo
     return shapes
 
 
@@ -68,7 +76,7 @@ def parameter_tensors(features="gpt") -> list:
     """Every parameter tensor the features imply (see :mod:`memledger.models.parameters` for the choices)."""
     f = Features.of(features)
     norm_names = ("weight", "bias") if f.gpt else ("weight",)
-    tensors = [ParamTensor(f"norm{i}", n, (d,)) for i in (1, 2) for n in norm_names]
+    tensors = [ParamTensor(f"norm{i}", n, (d,)) for i in ((1,) if f.shared_norm else (1, 2)) for n in norm_names]
     q, kv = widths(f)
     biases = {"q_proj": q, "k_proj": kv, "v_proj": kv} if f.has_qkv_bias else {}
     if f.gpt:
@@ -83,6 +91,18 @@ def parameter_tensors(features="gpt") -> list:
             tensors.append(ParamTensor(module, "bias", (biases[module],)))
     if f.moe:
         tensors.append(ParamTensor("router", "weight", (E, d)))
+    if f.encoder_decoder:       # T5's decoder blocks: self-attention, cross-attention, MLP, three norms
+        block = list(tensors)
+        tensors += [ParamTensor(f"decoder.{t.module}", t.name, t.shape, decoder=True) for t in block]
+        tensors += [ParamTensor(f"decoder.cross_{t.module}", t.name, t.shape, decoder=True) for t in block
+                    if t.module in ("q_proj", "k_proj", "v_proj", "o_proj")]
+        tensors += [ParamTensor("decoder.norm3", n, (d,), decoder=True) for n in norm_names]
+        tensors += [ParamTensor("decoder.final_norm", n, (d,), per_layer=False) for n in norm_names]
+    if f.relative_bias:
+        tensors += [ParamTensor(f"{stack}relative_attention_bias", "weight", (N_rb, H), per_layer=False)
+                    for stack in (("", "decoder.") if f.encoder_decoder else ("",))]
+    if f.input_norm:
+        tensors += [ParamTensor("embedding_norm", n, (d,), per_layer=False) for n in norm_names]
     final = "embedding_norm" if f.embedding_norm else "final_norm"
     tensors += [ParamTensor(final, n, (d,), per_layer=False) for n in norm_names]
     tensors.append(ParamTensor("embed_tokens", "weight", (V, d), per_layer=False))
@@ -92,6 +112,8 @@ def parameter_tensors(features="gpt") -> list:
         tensors.append(ParamTensor("embed_token_types", "weight", (N_tt, d), per_layer=False))
     if not f.is_tied:
         tensors.append(ParamTensor("lm_head", "weight", (V, d), per_layer=False))
+    if f.head_bias:
+        tensors.append(ParamTensor("lm_head", "bias", (V,), per_layer=False))
     if f.pooler:
         tensors += [ParamTensor("pooler", "weight", (d, d), per_layer=False),
                     ParamTensor("pooler", "bias", (d,), per_layer=False)]
@@ -124,5 +146,5 @@ def factored_elements_expr(features="gpt") -> sp.Expr:
     total = 0
     for t in parameter_tensors(features):
         per = (prod(t.shape[:-1]) + prod(t.shape[:-2]) * t.shape[-1]) if t.is_matrix else t.numel
-        total += L * per if t.per_layer else per
+        total += t.layers * per
     return sp.expand(total)

@@ -50,7 +50,8 @@ def architecture_of(c: RefConfig) -> Architecture:
     LLaMA blocks as the architecture's fields: key/value heads, QKV biases, tied embeddings; and a head size)."""
     return Architecture(c.d, c.L, c.H, c.F, c.V, c.style, n_kv_heads=c.n_kv_heads,
                         qkv_bias=True if c.qkv_bias else None, tied_embeddings=True if c.tied else None,
-                        head_size=c.head_dim)
+                        head_size=c.head_dim, parallel=c.parallel, shared_norm=c.shared_norm, alibi=c.alibi,
+                        input_norm=c.input_norm)
 
 
 def run_options(c: RefConfig, loop: str) -> dict:
@@ -64,7 +65,8 @@ def run_options(c: RefConfig, loop: str) -> dict:
 def _block_rows(c, options):
     """The inventory rows of one block of ``c`` (without the attention core's own under selective recomputation)."""
     mlp, norm = ("gelu", "LayerNorm") if c.style == "gpt" else ("swiglu", "RMSNorm")
-    rows = inventory(mlp, norm, bool(c.dropout), gqa=c.kv_heads != c.H, head_dim=c.hd * c.H != c.d, **options)
+    rows = inventory(mlp, norm, bool(c.dropout), gqa=c.kv_heads != c.H, head_dim=c.hd * c.H != c.d,
+                     parallel=c.parallel, shared_norm=c.shared_norm, **options)
     return kept_rows(rows, "selective") if c.recompute == "selective" else rows
 
 
@@ -133,8 +135,8 @@ def compare_saved(c: RefConfig, loop: str, batch: int, seq: int, layer: int = 1)
         batch == 1 and options["attention"] == "eager" and c.kv_heads == c.H)     # the grouped core copies them
     block, left = _pair(rows, [ledger.evaluate(r.bytes) for r in rows], [_shape(ledger, r) for r in rows],
                         measured[layer], views)
-    outer = [r for r in outside_inventory(c.style, **{k: options[k] for k in ("dtype", "norm_stats", "rmsnorm",
-                                                                             "attention")}) if r.name != "loss"]
+    outer = [r for r in outside_inventory(c.style, input_norm=c.input_norm, **{k: options[k] for k in (
+        "dtype", "norm_stats", "rmsnorm", "attention")}) if r.name != "loss"]
     outside, left_out = _pair(outer, [ledger.evaluate(r.bytes) for r in outer], [_shape(ledger, r) for r in outer],
                               measured["outside"])
     return SavedComparison(c, loop, batch, seq, block, outside, left + left_out)

@@ -27,6 +27,9 @@ bytes; MemTracker hooks every parameter's gradient, which a frozen one cannot ta
   reference allocates what those kernels allocate (one FP32 absmax, one BF16 weight) without computing
   NF4's values: it checks memory, not numbers. Embeddings, norms and the LM head stay in the model dtype.
 
+``RefConfig(recompute="selective")`` runs the attention core under ``checkpoint(..., use_reentrant=False)`` as
+:class:`~memledger.pytorch.reference.Block` does; full recomputation is refused.
+
 The loop is :class:`memledger.pytorch.reference.Trainer` over the trainable parameters only (the adapters):
 ``bf16-pure-adamw``, ``bf16-adamw`` (FP32 masters of the adapters) or, with FP32 adapters on the BF16 base,
 ``fp32-adamw``.
@@ -37,6 +40,7 @@ import math
 import torch
 from torch import nn
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 from .reference import LOOPS, Block, Decoder, RefConfig
 
@@ -147,8 +151,8 @@ class LoraBlock(Block):
 
     def __init__(self, c: RefConfig, lora: LoraRef):
         super().__init__(c)
-        if c.style != "llama" or c.recompute != "none" or c.kernel != "sdpa" or c.tp != 1:
-            raise ValueError("the LoRA reference is the LLaMA block with SDPA, no recomputation, one rank")
+        if c.style != "llama" or c.recompute == "full" or c.kernel != "sdpa" or c.tp != 1:
+            raise ValueError("the LoRA reference is the LLaMA block with SDPA, no or selective recomputation, one rank")
         self.lora = lora
         hd, kv = c.hd, c.kv_heads
         self.widths = {"q_proj": c.H * hd, "k_proj": kv * hd, "v_proj": kv * hd}
@@ -187,7 +191,10 @@ class LoraBlock(Block):
         else:
             q, k, v = qkv.split([H * hd, kv * hd, kv * hd], dim=-1)
             q, k, v = (t.view(B, S, -1, hd).transpose(1, 2) for t in (q, k, v))
-        a = self._core(q, k, v, mask)
+        if c.recompute == "selective":          # the attention core under the checkpoint (Block.forward's)
+            a = checkpoint(self._core, q, k, v, mask, use_reentrant=False)
+        else:
+            a = self._core(q, k, v, mask)
         x = x + _adapted(self.proj, get("o_proj"), a.transpose(1, 2).reshape(B, S, H * hd))
         h = self.norm2(x)
         return x + _adapted(self.down, get("down_proj"), F.silu(_adapted(self.gate, get("gate_proj"), h)) *

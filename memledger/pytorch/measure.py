@@ -121,7 +121,8 @@ def _tracker_class():
 
     class Tracker(MemTracker):
         """MemTracker keeping only the global peak (its per-module peaks cost 2/3 of the run and are not
-        used), optionally the largest total while each block runs forward and backward, and optionally a
+        used), optionally the largest total while each block runs forward and backward (with an optimizer stepped
+        in backward, its ops inside the block included), and optionally a
         trace: (total, backward?, innermost modules) after every op."""
         trace = None
         blocks = None
@@ -136,7 +137,8 @@ def _tracker_class():
                 if self._peak_mem.get(dev, 0) < snap["Total"]:
                     self._peak_mem[dev] = snap["Total"]
                     self._peak_mem_snap[dev] = dict(snap)
-            if self.blocks is not None and not self._in_opt:
+            # the optimizer's own phase is no block's; an optimizer stepped in backward (its hook) is its block's
+            if self.blocks is not None and (not self._in_opt or self._mod_tracker.is_bw):
                 total = self._curr_mem_snap.get(torch.device("cpu"), {"Total": 0})["Total"]
                 for name in self._mod_tracker.parents:
                     if name.split(".")[0].endswith("Decoder") and ".blocks." in name and name.count(".") == 2:

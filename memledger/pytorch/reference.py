@@ -123,6 +123,10 @@ class RefConfig:
     offload_activations: bool = False
     softmax_fp32: bool = False
     packed: int = 0
+    parallel: bool = False          # x + attn(norm1(x)) + mlp(norm2(x)): GPT-NeoX's use_parallel_residual
+    shared_norm: bool = False       # with parallel: one norm feeds both (Phi); no norm2
+    alibi: bool = False             # eager core: a (1, H, 1, S) ALiBi bias added to the scores (BLOOM)
+    input_norm: bool = False        # a LayerNorm on the embedding output (BLOOM's word_embeddings_layernorm)
 
     def __post_init__(self):
         if self.attention not in (None, "eager", "sdpa"):
@@ -139,9 +143,14 @@ class RefConfig:
             raise ValueError(f"packed must be a whole number of documents per row >= 0, got {self.packed!r}")
         if self.packed and (self.style != "llama" or self.kernel != "sdpa"):
             raise ValueError("packed: the reference packs documents in LLaMA blocks under SDPA only")
-        if self.style == "gpt" and (self.kv_heads != self.H or self.qkv_bias or self.tied):
-            raise ValueError("n_kv_heads, qkv_bias, tied: refinements of LLaMA blocks (GPT blocks are tied and "
-                             "biased, multi-head)")
+        if self.style == "gpt" and (self.qkv_bias or self.tied):
+            raise ValueError("qkv_bias, tied: refinements of LLaMA blocks (GPT blocks are tied and biased)")
+        if self.style == "gpt" and self.kv_heads != self.H and self.kernel != "eager":
+            raise ValueError("a GPT block with n_kv_heads (multi-query, GPT-BigCode) runs the eager core")
+        if self.shared_norm and not self.parallel:
+            raise ValueError("shared_norm needs parallel")
+        if self.alibi and self.kernel != "eager":
+            raise ValueError("alibi is added to the eager core's scores (attention='eager')")
 
     @property
     def kernel(self) -> str:
@@ -192,7 +201,8 @@ class Block(nn.Module):
         self.c = c
         gpt = c.style == "gpt"
         norm = nn.LayerNorm if gpt else (FusedRMSNorm if c.rmsnorm == "fused" else nn.RMSNorm)
-        self.norm1, self.norm2 = norm(c.d), norm(c.d)
+        self.norm1 = norm(c.d)
+        self.norm2 = None if c.shared_norm else norm(c.d)
         self.qkv = nn.Linear(c.d, (c.H + 2 * c.kv_heads) * c.hd, bias=gpt or c.qkv_bias)
         self.proj = nn.Linear(c.H * c.hd, c.d, bias=gpt)
         if gpt:
@@ -207,7 +217,7 @@ class Block(nn.Module):
             return x
         return torch.native_dropout(x, c.dropout, True)[0] if c.native_dropout else F.dropout(x, c.dropout)
 
-    def _core(self, q, k, v, mask):
+    def _core(self, q, k, v, mask, alibi=None):
         c = self.c
         scale = 1 / math.sqrt(c.hd)
         kv = c.local_heads[1]
@@ -225,10 +235,14 @@ class Block(nn.Module):
             q = q.reshape(B, kv, H // kv * S, hd)
             k, v = k.contiguous(), v.contiguous()
             scores = (q @ k.transpose(-1, -2)).view(B, H, S, S) * scale
+            if alibi is not None:
+                scores = scores + alibi
             probs = self._drop(scores.masked_fill(mask, float("-inf")).softmax(-1))
             return (probs.view(B, kv, H // kv * S, S) @ v).view(B, H, S, hd)
         if c.kernel == "eager":
             scores = (q @ k.transpose(-1, -2)) * scale
+            if alibi is not None:
+                scores = scores + alibi
             return self._drop(scores.masked_fill(mask, float("-inf")).softmax(-1)) @ v
         p = c.dropout if c.style == "gpt" else 0.0
         if mask is not None:            # packed documents: the block-causal mask, (B, 1, S, S)
@@ -237,11 +251,14 @@ class Block(nn.Module):
         return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True,
                                               enable_gqa=c.kv_heads != c.H)
 
-    def forward(self, x, mask):
+    def forward(self, x, mask, alibi=None):
         c = self.c
         hd = c.hd
         H, kv = c.local_heads
-        qkv = self.qkv(self.norm1(x))
+        h1 = self.norm1(x)
+        qkv = self.qkv(h1)
+        if not c.shared_norm:
+            del h1                      # (a local would outlive its use: the blocks' lifetimes are measured)
         B, S, _ = qkv.shape             # under sequence parallelism x holds S/t positions, qkv all S
         if c.kv_heads == c.H:
             q, k, v = qkv.view(B, S, 3, H, hd).permute(2, 0, 3, 1, 4)
@@ -249,14 +266,20 @@ class Block(nn.Module):
             q, k, v = qkv.split([H * hd, kv * hd, kv * hd], dim=-1)
             q, k, v = (t.view(B, S, -1, hd).transpose(1, 2) for t in (q, k, v))
         if c.recompute == "selective":
-            a = checkpoint(self._core, q, k, v, mask, use_reentrant=False)
+            a = checkpoint(self._core, q, k, v, mask, alibi, use_reentrant=False)
         else:
-            a = self._core(q, k, v, mask)
-        x = x + self._drop(self.proj(a.transpose(1, 2).reshape(B, S, H * hd)))
-        h = self.norm2(x)
+            a = self._core(q, k, v, mask, alibi)
+        if c.parallel:          # GPT-NeoX: x + attn(ln1(x)) + mlp(ln2(x)); Phi: one norm, h1 feeds both
+            attn = self._drop(self.proj(a.transpose(1, 2).reshape(B, S, H * hd)))
+            h = h1 if c.shared_norm else self.norm2(x)
+        else:
+            x = x + self._drop(self.proj(a.transpose(1, 2).reshape(B, S, H * hd)))
+            h = self.norm2(x)
         if c.style == "gpt":
-            return x + self._drop(self.down(F.gelu(self.up(h))))
-        return x + self.down(F.silu(self.gate(h)) * self.up(h))
+            out = self._drop(self.down(F.gelu(self.up(h))))
+        else:
+            out = self.down(F.silu(self.gate(h)) * self.up(h))
+        return x + attn + out if c.parallel else x + out
 
 
 class Decoder(nn.Module):
@@ -271,6 +294,7 @@ class Decoder(nn.Module):
         gpt = c.style == "gpt"
         self.norm = nn.LayerNorm(c.d) if gpt else (FusedRMSNorm(c.d) if c.rmsnorm == "fused" else nn.RMSNorm(c.d))
         self.head = nn.Linear(c.d, c.V, bias=False)
+        self.input_norm = nn.LayerNorm(c.d) if c.input_norm else None
         if gpt or c.tied:
             self.head.weight = self.embed.weight
 
@@ -282,12 +306,16 @@ class Decoder(nn.Module):
         elif self.c.kernel == "eager":
             mask = torch.ones(S, S, dtype=torch.bool, device=ids.device).triu(1)   # built once, shared
         x = self.embed(ids)
+        if self.input_norm is not None:
+            x = self.input_norm(x)
+        alibi = self._alibi(S, x) if self.c.alibi else None
         for block in self.blocks:
+            extra = () if alibi is None else (alibi,)
             with OffloadSaved() if self.c.offload_activations else nullcontext():
                 if self.c.recompute == "full":
-                    x = checkpoint(block, x, mask, use_reentrant=False)
+                    x = checkpoint(block, x, mask, *extra, use_reentrant=False)
                 else:
-                    x = block(x, mask)
+                    x = block(x, mask, *extra)
         h = self.norm(x)
         n = self.c.loss_chunks
         if n > 1 and self.c.loss_impl == "litgpt":     # litgpt/model.py GPT.forward: x.split(lm_head_chunk_size)
@@ -295,6 +323,16 @@ class Decoder(nn.Module):
         if n > 1:                       # torchtune TransformerDecoder.chunked_output: one head call per chunk
             return [self.head(chunk) for chunk in h.tensor_split(n, dim=1)]
         return self.head(h)
+
+    def _alibi(self, S, x):
+        """BLOOM's ALiBi bias, slope_h * (key position), (1, H, 1, S) in the activation dtype, built once per forward
+        (Press et al. 2022; ``build_alibi_tensor`` in ``modeling_bloom.py``: slopes 2^(-8(h+1)/H) for H a power of
+        two times the key positions; it equals -slope_h * (query - key) up to a constant along each softmax row)."""
+        H = self.c.local_heads[0]
+        slopes = torch.tensor([2 ** (-8 * (h + 1) / self.c.H) for h in range(H)], dtype=torch.float32,
+                              device=x.device)
+        positions = torch.arange(S, dtype=torch.float32, device=x.device)
+        return (slopes.view(1, H, 1, 1) * positions.view(1, 1, 1, S)).to(x.dtype)
 
     def loss(self, ids, targets, documents=None):
         """``F.cross_entropy`` on the FP32 logits; with ``loss_chunks`` n > 1 torchtune's

@@ -79,7 +79,7 @@ def component_key(components, count_key, features=None) -> tuple:
         name = next(c.name for c in components if c.factored)
         raise ValueError(f"{name} needs the matrix shapes: give an architecture")
     parts = component_parts(components)
-    return ("components", parts, count_key) + (tuple(features) if any(p[2] for p in parts) else ())
+    return ("components", parts, count_key) + (features.key if any(p[2] for p in parts) else ())
 
 
 def components_bytes(parts, elements, sharded=False, features=None, exact=True):

@@ -19,12 +19,12 @@ from ..core.exact import evaluate_expr, exact_function, integer_function, is_int
 from ..core.symbols import L, N_d, O, P, t
 from ..states.placement import ZERO_SHARDS, device_of, state_specs
 from ..states.recipes import ALL_RECIPES as RECIPES
-from . import amp, ddp, fsdp2, loss, offload, optim, outer, packing, tensor
+from . import amp, bnb, ddp, fsdp2, loss, offload, optim, outer, packing, tensor
 from .block import block_backward, block_forward
 from .ops import BSd, Placement, Program, Tensor, block_params, residual_names
 from .outer import Param
 from .params import param_tensors, zero3_units
-from .structure import OPTIMIZER_OF, StepStructure
+from .structure import BNB_KINDS, OPTIMIZER_OF, StepStructure
 from .trace import GRADIENT_LUMP, LUMP, SAVED_LUMP, Compiled, Part, explicit_layers, flatten
 from .vocab import LANDMARKS, Device, Kind, Lifetime, Phase
 
@@ -129,6 +129,8 @@ class Built:
         kind, impl = OPTIMIZER_OF[s.recipe], "fused" if conv.fused else ("foreach" if conv.foreach else "for-loop")
         if kind == "adafactor":
             impl = "for-loop"                   # its default on every device (memledger.step.structure)
+        if kind in BNB_KINDS:
+            impl = "bitsandbytes"               # one in-place kernel per tensor (memledger.step.bnb)
         rank = tensor.param_share(share) if s.tensor_parallel else (lambda name, n: share(n))
         params = [Param(x.name, rank(x.name, x.elements), x.lump) for x in param_tensors(c, layers)] \
             if not grad_sharded else [Param("flat partition", sp.ceiling(P / (t * N_d)))]
@@ -170,6 +172,19 @@ class Built:
         self._static_rows(recipe)
         self._compile()
 
+    def _bnb_rows(self, static):
+        """bitsandbytes' Adam states, per tensor from source (:mod:`memledger.step.bnb`); paged ones on the host
+        column (CUDA unified memory, outside the caching allocator's count)."""
+        s = self.structure
+        eight = OPTIMIZER_OF[s.recipe] == "adam8bit-bnb"
+        device, unified = bnb.state_bytes(self.shape, eight, s.paged_optimizer)
+        what = ("bitsandbytes 8-bit Adam states from source (uint8 m and v, FP32 absmax per 256, qmaps; FP32 under 4,096 "
+                "elements)" if eight else "bitsandbytes 32-bit Adam states from source (FP32 m and v)")
+        static(what, device, Kind.OPTIMIZER, why="from source: bitsandbytes optim/optimizer.py init_state")
+        if s.paged_optimizer:
+            static(what.split(" (")[0] + ", paged: CUDA unified memory (host-backed, outside the caching allocator)",
+                   unified, Kind.OPTIMIZER, Device.CPU, "get_state_buffer: F.get_paged for tensors of >= 1e5 elements")
+
     def _compile(self):
         """The op list compiled (:class:`Compiled`), the device masks, and every tensor's size as one exact function."""
         tensors = self.tensors
@@ -196,12 +211,17 @@ class Built:
             self.static.append((None, name))
         specs = state_specs(recipe, s.zero_stage, s.offload_optimizer, s.offload_params, s.offload_placement)
         self.grad_row = next(spec for spec in specs if spec.role == "grad")     # the one backward writes
+        bnb_states = OPTIMIZER_OF[s.recipe] in BNB_KINDS
         for spec in specs if not self.fsdp else ():
+            if bnb_states and spec.role == "optimizer" and spec.name != "FP32 master weights":
+                continue                        # Adam's two states, per tensor below
             if spec is not self.grad_row:
                 factored = spec.component is not None and spec.component.factored
                 static(spec.name, optim.factored_bytes(c, spec.component) if factored else spec.expr(),
                        Kind(spec.role), Device(spec.device),
                        "a model state (the recipe's component)")
+        if bnb_states:
+            self._bnb_rows(static)
         for name, expr, kind, why, device in self.fsdp.static() if self.fsdp else ():
             static(name, expr, kind, device, why=why)
         kind = OPTIMIZER_OF[s.recipe]
@@ -337,7 +357,7 @@ class Built:
         if g.sharded or self.fsdp or self.structure.tensor_parallel:
             grads = self._live_sum("after backward", lambda x: x.lifetime is Lifetime.GRADIENT)
         row(name, Kind.GRAD, Lifetime.GRADIENT, self.fsdp.device if self.fsdp else self.placement.gradients, grads,
-            {"after backward"})
+            set() if self.structure.in_backward else {"after backward"})   # in backward: each freed in its hook
         if self.fsdp and (self.fsdp.k or not (self.fsdp.reshard and self.fsdp.root_reshard)):
             # units kept unsharded after forward, or (int k) their post-forward slices
             kept = self._live_sum("after forward", lambda x: x.kind is Kind.PARAM and x.lifetime is Lifetime.TEMPORARY)

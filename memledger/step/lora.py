@@ -18,6 +18,10 @@ The programs of :mod:`memledger.pytorch.lora`'s reference (PEFT's ``LoraLayer`` 
   column slice and the slices concatenated again (``torch.cat``). Backward runs each adapter before its
   frozen base (autograd runs the node created last first); the input gradients of a tensor's consumers are
   summed as they arrive (one out-of-place add each).
+* **The LM head as a target** (``lm_head``, as PEFT's ``target_modules`` allows): one adapter (A: r x d,
+  B: V x r) on the frozen head, computed and differentiated as a block projection's; its input (or, with dropout
+  or FP32 adapters, the copy A reads) and A x kept for backward, a V-wide delta added to the frozen head's output;
+  its input gradient summed with the frozen head's. Its tensors come last in ``model.parameters()``.
 * **QLoRA**: each block projection is NF4 (packed uint8, an 8-bit absmax per 64 weights, an FP32 constant per
   256 absmax, per tensor rounded up); forward and backward each dequantize the absmax (FP32) and the
   weight (the compute dtype), run the matmul, and free both (bitsandbytes' ``MatMul4Bit`` at M = B*S >
@@ -32,8 +36,10 @@ The programs of :mod:`memledger.pytorch.lora`'s reference (PEFT's ``LoraLayer`` 
   the output gradient to FP32, gives the base a 16-bit copy, and casts the input gradient back.
 
 Scope: LLaMA blocks (multi-head or grouped-query), the SDPA flash kernel, composite (CPU) or fused RMSNorm,
-no recomputation, one GPU, a BF16 (or NF4) base, FP32 adapters or adapters in the base's dtype. Read off
-MemTracker's allocation log of the reference (PyTorch 2.13, CPU); checked by ``tests/step/test_lora.py``.
+no or selective recomputation (the attention core checkpointed: its flash output and log-sum-exp not saved,
+the core re-run in backward; full recomputation refused), one GPU, a BF16 (or NF4) base, FP32 adapters or
+adapters in the base's dtype. Read off MemTracker's allocation log of the reference (PyTorch 2.13, CPU);
+checked by ``tests/step/test_lora.py``, ``test_lora_head.py`` and ``test_lora_recompute.py``.
 """
 from dataclasses import dataclass, replace
 from typing import NamedTuple
@@ -44,7 +50,7 @@ from ..activations.backends import get_backend
 from ..activations.inventory import Saved, inventory
 from ..activations.outside import outside_inventory
 from ..core.dtypes import nbytes
-from ..core.symbols import B, F, L, O, S, V, d, r
+from ..core.symbols import B, F, H, L, O, S, V, d, r
 from ..states.bnb import nf4_parts
 from ..states.recipes import get_recipe
 from . import outer
@@ -74,6 +80,7 @@ class LoraSpec(NamedTuple):
     qlora: bool             # the block projections in NF4
     fused_optimizer: bool   # bitsandbytes' in-place 32-bit update (no temporaries)
     fp32_adapters: bool = False   # FP32 adapters on the 16-bit base: PEFT's casts (input to FP32, sum back)
+    head: bool = False      # an adapter on the LM head (``lm_head``: A r x d, B V x r, once)
 
 
 @dataclass(frozen=True)
@@ -86,7 +93,7 @@ def adapter_shape(c, target) -> tuple:
     """(out, in) of ``target``'s projection in the reference block (GQA and head size applied)."""
     q, kv = widths_of(c)[0][2], widths_of(c)[1][2]
     return {"q_proj": (q, d), "k_proj": (kv, d), "v_proj": (kv, d), "o_proj": (d, q), "gate_proj": (F, d),
-            "up_proj": (F, d), "down_proj": (d, F)}[target]
+            "up_proj": (F, d), "down_proj": (d, F), "lm_head": (V, d)}[target]
 
 
 def _base_shapes(c) -> dict:
@@ -108,6 +115,11 @@ def _kept_inputs(c, spec: LoraSpec) -> set:
     return kept
 
 
+def _o_proj_reads(spec) -> bool:
+    """An adapter on ``o_proj`` keeps the attention output itself for A's weight gradient."""
+    return "o_proj" in spec.targets and not spec.dropout and not spec.fp32_adapters
+
+
 def lora_rows(c, spec: LoraSpec, opts: dict) -> list:
     """One block's saved tensors (:class:`~memledger.activations.inventory.Saved`): the inventory's, less what
     only frozen weights' gradients needed, plus each adapter's."""
@@ -119,6 +131,9 @@ def lora_rows(c, spec: LoraSpec, opts: dict) -> list:
             continue              # composite RMSNorm keeps x*rstd for its (frozen) weight's gradient only
         if row.weight_grad_of and row.name != "output projection input" and row.name not in kept:
             continue              # the flash kernel saves its output, the output projection's input, anyway
+        if c.recompute == "selective" and (row.name == "softmax log-sum-exp" or (
+                row.name == "output projection input" and not _o_proj_reads(spec))):
+            continue              # the checkpointed core saves nothing; an o_proj adapter may keep its input
         out.append(row)
     ad = _adapter_dtype(c, spec)
     for t in spec.targets:
@@ -372,12 +387,20 @@ def lora_block_forward(p, c, spec: LoraSpec):
     if h1 in temps:
         p.op("released", free=[h1])
         temps.remove(h1)
-    p.op("flash attention", alloc=["output projection input", "softmax log-sum-exp"])
+    pi = "output projection input"
+    if c.recompute != "selective":
+        p.op("flash attention", alloc=[pi, "softmax log-sum-exp"])
+    else:                           # selective: the core under the checkpoint saves nothing
+        if not _o_proj_reads(spec):
+            pi = local("attention output (checkpointed)", widths_of(c)[0], "the local a, until the block returns")
+        lse = p.new("log-sum-exp (dropped)", (B, H, S), "fp32", "not kept: the checkpointed core recomputes it")
+        p.op("flash attention (checkpointed)", alloc=[pi, lse])
+        p.op("log-sum-exp dropped", free=[lse])
     po = p.new("output projection output", BSd, a, "the attention branch before the residual add")
     _base_forward(p, c, spec, "proj", po)
     branch = po
     if "o_proj" in T:
-        adapter = _adapter_forward(p, c, spec, "o_proj", "output projection input")
+        adapter = _adapter_forward(p, c, spec, "o_proj", pi)
         branch = p.new("o_proj output + adapter", BSd, a, "the attention branch")
         _adapter_sum(p, c, spec, "o_proj", adapter, branch, raw=po)
         p.op("residual add", alloc=[xm])
@@ -469,8 +492,17 @@ def lora_block_backward(p, c, spec: LoraSpec, share):
     BSkv = widths_of(c)[1]
     gq, gk, gv = (p.new(f"gradient of {n}", (B, S, w), a, f"dL/d{n}")
                   for n, w in (("q", BSq[2]), ("k", BSkv[2]), ("v", BSkv[2])))
+    selective = c.recompute == "selective"
+    if selective:                   # the checkpoint re-runs the core when its backward unpacks
+        again = [p.new("flash output (recomputed)", widths_of(c)[0], a, "the re-run kernel's output"),
+                 p.new("softmax log-sum-exp (recomputed)", (B, H, S), "fp32", "the re-run kernel's statistics")]
+        p.op("flash attention recomputed", alloc=again)
     p.op("flash attention backward", alloc=[gq, gk, gv])
-    p.op("released", free=[g_pi.value, "Q", "K", "V", "softmax log-sum-exp", "output projection input"])
+    if selective:
+        p.op("recomputed output released", free=again)
+    kept_core = ["softmax log-sum-exp", "output projection input"] if not selective else \
+        (["output projection input"] if _o_proj_reads(spec) else [])
+    p.op("released", free=[g_pi.value, "Q", "K", "V"] + kept_core)
     gqkv = p.new("gradient of the QKV projection output", (B, S, qkv_width(c)), a,
                  "q, k, v gradients put back together")
     if c.gqa:
@@ -507,14 +539,46 @@ def lora_block_backward(p, c, spec: LoraSpec, share):
     assert h1 not in kept or fused            # a kept Q/K/V input is an adapter's
 
 
-def _forward_end(p, c):
-    """Final norm (frozen), LM head (frozen), FP32 upcast, log_softmax, nll_loss."""
+def _head_kept(spec) -> bool:
+    """The LM head's input is kept for its adapter's A (no dropout, the base's dtype: else A reads a copy)."""
+    return spec.head and not spec.dropout and not spec.fp32_adapters
+
+
+def head_adapter_rows(c, spec: LoraSpec, opts: dict) -> list:
+    """What the LM head's adapter saves (:class:`~memledger.activations.inventory.Saved`): as a block
+    projection's adapter (:func:`lora_rows`) on the head's input (B, S, d)."""
+    if not spec.head:
+        return []
+    ad, t = _adapter_dtype(c, spec), "lm_head"
+    if spec.dropout:
+        rows = [Saved(f"LoRA {t} dropout mask", "the adapter's dropout backward needs the mask", (B, S, d),
+                      "bool" if opts["mask_dtype"] == "bool" else ad),
+                Saved(f"LoRA {t} dropout output", "A's weight gradient needs its (dropped) input", (B, S, d), ad)]
+    elif spec.fp32_adapters:
+        rows = [Saved(f"LoRA {t} input (FP32 copy)", "A's weight gradient needs its input, cast to FP32 "
+                      "(PEFT's _cast_input_dtype)", (B, S, d), "fp32")]
+    else:
+        rows = []
+    return rows + [Saved(f"LoRA {t} A output", "B's weight gradient needs its input, A x", (B, S, r), ad)]
+
+
+def _forward_end(p, c, spec):
+    """Final norm (frozen), LM head (frozen; with an adapter on ``lm_head``, PEFT's sum), FP32 upcast,
+    log_softmax, nll_loss."""
     a = c.dtype
-    head_in = p.new("LM head input", BSd, a, "not kept: the LM head is frozen")
+    head_in = "LM head input" if _head_kept(spec) else p.new("LM head input", BSd, a, "not kept: the LM head is "
+                                                             "frozen, its adapter reads a copy")
     _norm_forward(p, c, "final", head_in)
     logits = p.new("logits", outer.LOGITS, a, "the LM head's output")
-    p.op("LM head (frozen)", alloc=[logits])
-    p.op("released", free=[head_in] + ([_final_input(c)] if c.upcast else []))
+    done = ([] if _head_kept(spec) else [head_in]) + ([_final_input(c)] if c.upcast else [])
+    if spec.head:
+        raw = p.new("LM head output (frozen)", outer.LOGITS, a, "the frozen head's output, before the adapter's")
+        p.op("LM head (frozen)", alloc=[raw])
+        _adapter_sum(p, c, spec, "lm_head", _adapter_forward(p, c, spec, "lm_head", head_in), logits, raw=raw,
+                     after=done)
+    else:
+        p.op("LM head (frozen)", alloc=[logits])
+        p.op("released", free=done)
     src = p.new("logits in FP32", outer.LOGITS, "fp32", "logits.float(): cross-entropy runs in FP32")
     p.op("logits.float()", alloc=[src])
     p.op("BF16 logits released", free=[logits])
@@ -523,7 +587,7 @@ def _forward_end(p, c):
     p.op("loss computed", free=[src])
 
 
-def _backward_start(p, c):
+def _backward_start(p, c, spec, share=lambda n: n):
     """Back through the loss, the frozen LM head and the final norm; ends with the last block's ``dX_out``."""
     a = c.dtype
     dl = p.new("gradient of the loss", (), "fp32", "loss.backward() seeds a 1")
@@ -537,10 +601,16 @@ def _backward_start(p, c):
     g = p.new("logits gradient", outer.LOGITS, a, "downcast to the logits' dtype")
     p.op("logits.float() backward", alloc=[g])
     p.op("released", free=[g2])
-    gfn = p.new("gradient of the LM head input", BSd, a, "the frozen LM head's input gradient")
+    total = _Sum(p, "gradient of the LM head input", BSd, a)
+    gb = None
+    if spec.head:
+        gx, gb = _adapter_backward(p, c, spec, "lm_head", "LM head input", share, True, g)
+        total.add(gx)
+    gfn = p.new("gradient of the LM head input (frozen head)", BSd, a, "the frozen LM head's input gradient")
     p.op("LM head backward (input gradient only)", alloc=[gfn])
-    p.op("released", free=[g])
-    _norm_backward(p, c, "final", gfn, Ref(Scope.LAST, "dX_out"))
+    p.op("released", free=[gb or g])
+    total.add(gfn)
+    _norm_backward(p, c, "final", total.value, Ref(Scope.LAST, "dX_out"))
 
 
 def _backward_end(p, c):
@@ -569,7 +639,12 @@ def _params(c, spec, layers) -> list:
             params.append(Param("@blocks 1..L-2", (L - 2) * sum(e for _, e in block), lump=True))
             params += [Param(f"block L-1 {n}", e) for n, e in block]
             break
-    return params
+    return params + [Param(n, e) for n, e in _head_params(spec)]
+
+
+def _head_params(spec) -> list:
+    """(name, elements) of the LM head's adapter (registered after the blocks: last in ``model.parameters()``)."""
+    return [("lm_head.lora_A", r * d), ("lm_head.lora_B", V * r)] if spec.head else []
 
 
 def _hold_leaf(ops, x):
@@ -598,7 +673,7 @@ class LoraBuilt(Built):
         self.layer_rows = lora_rows(c, spec, opts)
         self.outside_rows = [row for row in outside_inventory(c.style, **{k: opts[k] for k in (
             "dtype", "norm_stats", "rmsnorm", "attention")}) if not row.name.endswith("x*rstd")
-            and row.name != "LM head input"]
+            and (row.name != "LM head input" or _head_kept(spec))] + head_adapter_rows(c, spec, opts)
         tensors = {}
         for row in self.layer_rows + self.outside_rows:
             tensors[row.name] = Tensor(row.name, row.bytes, Kind.ACTIVATION, Lifetime.SAVED, why=row.why)
@@ -615,7 +690,7 @@ class LoraBuilt(Built):
         for part, fn in [(Part.FORWARD_START, outer.forward_start), (Part.FORWARD_END, _forward_end),
                          (Part.BACKWARD_START, _backward_start), (Part.BACKWARD_END, _backward_end)]:
             q = p.fork()
-            fn(q, c)
+            fn(q, c, spec) if part in (Part.FORWARD_END, Part.BACKWARD_START) else fn(q, c)
             outside[part] = q.ops
         fwd, bwd = p.fork(), p.fork()
         lora_block_forward(fwd, c, spec)
@@ -670,7 +745,7 @@ class LoraBuilt(Built):
             static("frozen NF4 projections: packed 4-bit weights", packed, Kind.PARAM, "two 4-bit codes per byte")
             static("frozen NF4 projections: absmax (8-bit) and their FP32 constants", absmax, Kind.PARAM,
                    "double quantization: one 8-bit absmax per 64 weights, one FP32 per 256 absmax")
-        P = L * sum(e for _, e in _block_params(c, spec))
+        P = L * sum(e for _, e in _block_params(c, spec)) + sum(e for _, e in _head_params(spec))
         self.adapter_params = P
         grad = next(x for x in recipe.components if x.role == "grad")
         self.grad_row = _GradRow(f"LoRA adapters: {grad.name}", grad.bytes_for(1))
@@ -678,7 +753,7 @@ class LoraBuilt(Built):
             if x.role != "grad":
                 static(f"LoRA adapters: {x.name}", x.bytes_for(P), _kind(x.role), "the adapter recipe's component")
         if conv.step_counters and outer.adamw(recipe)[0] is not None and not spec.fused_optimizer:
-            static("Adam step counters", 4 * L * per_block, Kind.OPTIMIZER,
+            static("Adam step counters", 4 * (L * per_block + len(_head_params(spec))), Kind.OPTIMIZER,
                    "one 0-d FP32 step tensor per adapter tensor (torch.optim.Adam)")
         for name in IDS:
             static(name, t_[name].expr, Kind.ACTIVATION, t_[name].why)
@@ -723,8 +798,8 @@ class LoraStep(Step):
         if config.adapter_recipe not in ADAPTER_RECIPES:
             raise ValueError(f"the LoRA step models FP32 or BF16 adapters under AdamW: adapter_recipe must be one of "
                              f"{', '.join(ADAPTER_RECIPES)}, got {config.adapter_recipe}")
-        if arch.style != "llama" or lora_ledger.recompute != "none":
-            raise ValueError("the LoRA step models LLaMA blocks without recomputation")
+        if arch.style != "llama" or lora_ledger.recompute == "full":
+            raise ValueError("the LoRA step models LLaMA blocks with no or selective recomputation, not full")
         if conv.kernel(arch.style, False, lora_ledger.flash_attention) != "flash":
             raise ValueError("the LoRA step models the SDPA flash kernel: use --backend cpu or cuda, or "
                              "--flash-attention")
@@ -733,7 +808,7 @@ class LoraStep(Step):
         shape = replace(base.shape, grad_dtype=grad_dtype)
         spec = LoraSpec(tuple(t for t in BLOCK_TARGETS if t in config.targets), config.dropout,
                         config.base == "nf4", config.adapter_recipe.endswith("-bnb"),
-                        config.adapter_recipe.startswith("fp32"))
+                        config.adapter_recipe.startswith("fp32"), "lm_head" in config.targets)
         fields = {f: getattr(base, f) for f in base.__dataclass_fields__}
         self.structure = LoraStructure(**(fields | {"shape": shape, "recipe": config.adapter_recipe, "lora": spec}))
         self.built = build_lora(self.structure)

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from ..models.features import Features
 from ..states.recipes import ALL_RECIPES as RECIPES
 
-__all__ = ["AMP_RECIPES", "COMPILE_REFUSED", "LOSS_IMPLS", "MAX_LOSS_CHUNKS", "MODELLED_RECIPES", "OPTIMIZER_OF",
-           "REFUSED_LOSSES", "Shape", "StepStructure", "block_of", "check_amp", "check_implementation",
-           "check_loss_chunks", "check_loss_impl", "check_offload", "check_packed", "check_recipe", "step_values",
-           "unmodelled"]
+__all__ = ["AMP_RECIPES", "BNB_KINDS", "COMPILE_REFUSED", "FAMILIES", "LOSS_IMPLS", "MAX_LOSS_CHUNKS",
+           "MODELLED_RECIPES", "OPTIMIZER_OF", "REFUSED_LOSSES", "Shape", "StepStructure", "block_of", "check_amp",
+           "check_implementation", "check_loss_chunks", "check_loss_impl", "check_offload", "check_packed",
+           "check_recipe", "step_values", "unmodelled"]
 
 #: The optimizer each recipe the timeline models runs (``torch.optim.AdamW``, ``SGD`` with ``momentum`` 0 or not,
 #: ``Adafactor``; :mod:`memledger.step.optim`), with one gradient buffer, with or without FP32 master weights
@@ -22,16 +22,16 @@ __all__ = ["AMP_RECIPES", "COMPILE_REFUSED", "LOSS_IMPLS", "MAX_LOSS_CHUNKS", "M
 OPTIMIZER_OF = {"bf16-adamw": "adamw", "bf16-adamw-fp32-grads": "adamw", "fp32-adamw": "adamw",
                 "bf16-pure-adamw": "adamw", "bf16-sgd": "sgd", "fp32-sgd": "sgd", "bf16-sgd-momentum": "sgd-momentum",
                 "fp32-sgd-momentum": "sgd-momentum", "bf16-pure-sgd-momentum": "sgd-momentum",
-                "adafactor": "adafactor", "fp16-amp-adamw": "adamw"}
+                "adafactor": "adafactor", "fp16-amp-adamw": "adamw", "bf16-adam8bit-bnb": "adam8bit-bnb",
+                "bf16-adam8bit-bnb-nomaster": "adam8bit-bnb", "bf16-adamw32-bnb": "adamw32-bnb"}
+#: bitsandbytes' optimizers, modelled from source (memledger.step.bnb): no reference run here (CUDA only).
+BNB_KINDS = ("adam8bit-bnb", "adamw32-bnb")
 MODELLED_RECIPES = tuple(OPTIMIZER_OF)
 _CUDA_ONLY = "bitsandbytes' kernels run on CUDA only, so no reference run here: not modelled op by op"
 #: What the timeline lacks for each other recipe of the catalog (for its error message); others: "its optimizer".
 UNMODELLED_RECIPES = {
     "bf16-adamw-fp32-accum": "FP32 gradient accumulation, a second gradient buffer",
     "bf16-adam-8bit": "8-bit Adam; " + _CUDA_ONLY,
-    "bf16-adam8bit-bnb": "8-bit block-wise Adam; " + _CUDA_ONLY,
-    "bf16-adam8bit-bnb-nomaster": "8-bit block-wise Adam; " + _CUDA_ONLY,
-    "bf16-adamw32-bnb": "32-bit (paged) AdamW; " + _CUDA_ONLY,
     "bf16-adafactor": "transformers' Adafactor: FP32 states and FP32 copies of each BF16 gradient and parameter "
                       "inside step(); the step models torch.optim.Adafactor, whose states take the gradient's dtype",
 }
@@ -120,6 +120,7 @@ class StepStructure:
     #                         (True, False, None or an int k), HSDP, loss in the root, CPU offload: None or pin_memory)
     offload_activations: bool = False   # the blocks' saved tensors as pinned host copies (memledger.step.offload)
     in_backward: bool = False   # torchtune's optimizer in backward (memledger.step.optim.in_backward)
+    paged_optimizer: bool = False   # bitsandbytes' paged states in unified memory (memledger.step.bnb)
 
     @classmethod
     def of(cls, ledger, conv):
@@ -135,11 +136,13 @@ class StepStructure:
         modelled = Features.of(arch.style)._replace(gqa=f.gqa, qkv_bias=f.qkv_bias, tied=f.tied) if llama else \
             Features.of(arch.style)._replace(tied=f.tied if f.is_tied else None, qkv_bias=f.qkv_bias if f.has_qkv_bias
                                              else None)
-        modelled = modelled._replace(head_dim=f.head_dim)        # any style: Q and O at H*d_h (Gemma-7B)
+        # any style: Q and O at H*d_h (Gemma-7B), K and V at H_kv heads (a GPT block's: GPT-BigCode's multi-query)
+        modelled = modelled._replace(head_dim=f.head_dim, gqa=f.gqa)
         if f != modelled:
-            raise ValueError(f"the step timeline models the reference decoder's GPT and LLaMA blocks (LLaMA blocks "
-                             f"also with grouped-query attention, QKV biases and tied embeddings; any head size; no, "
-                             f"selective or full recomputation); {unmodelled(f)} not modelled op by op")
+            family = f" (model_type {arch.model_type!r})" if arch.model_type in FAMILIES else ""
+            raise ValueError(f"the step timeline models the reference decoder's GPT and LLaMA blocks (grouped-query "
+                             f"attention; LLaMA blocks also with QKV biases and tied embeddings; any head size; no, "
+                             f"selective or full recomputation); {unmodelled(f)} not modelled op by op{family}")
         gqa = f.gqa
         recipe = RECIPES[ledger.recipe]
         act = next(c.dtype for c in recipe.components if c.role == "param")
@@ -177,7 +180,8 @@ class StepStructure:
         return cls(shape, ledger.recipe, ledger.zero_stage, ledger.offload_optimizer, ledger.offload_params,
                    ledger.offload_placement, ledger.recompute, ledger.tp > 1, ledger.sequence_parallel, conv,
                    arch.n_layers if arch.n_layers <= 4 else None, True, *_framework(ledger), fsdp=fsdp,
-                   offload_activations=offloaded, in_backward=getattr(ledger, "optimizer_in_backward", False))
+                   offload_activations=offloaded, in_backward=getattr(ledger, "optimizer_in_backward", False),
+                   paged_optimizer=getattr(ledger, "paged_optimizer", False))
 
 
 #: The recipes that run under FP16 autocast with a GradScaler (memledger.step.amp).
@@ -305,8 +309,26 @@ def check_implementation(ledger, conv) -> None:
     """``ValueError`` where the optimizer has no such implementation: Adafactor has no fused kernel, and its
     ``foreach=None`` default is the for-loop on every device (``torch/optim/_adafactor.py``), so the cuda
     backend's foreach (AdamW's and SGD's default there) does not apply to it, and foreach asked elsewhere is
-    not modelled; Adafactor's factored moments need whole matrices (no ZeRO, no tensor parallelism)."""
-    if OPTIMIZER_OF[ledger.recipe] != "adafactor":
+    not modelled; Adafactor's factored moments need whole matrices (no ZeRO, no tensor parallelism).
+    bitsandbytes' optimizers are their own kernels (no foreach or fused choice) over whole tensors; ``paged_optimizer``
+    is theirs only."""
+    kind = OPTIMIZER_OF[ledger.recipe]
+    paged = getattr(ledger, "paged_optimizer", False)
+    if paged and kind not in BNB_KINDS:
+        raise ValueError(f"paged_optimizer: bitsandbytes' paged optimizers keep their states in unified memory; "
+                         f"recipe {ledger.recipe} runs torch.optim (use bf16-adam8bit-bnb, "
+                         f"bf16-adam8bit-bnb-nomaster or bf16-adamw32-bnb)")
+    if kind in BNB_KINDS:
+        if getattr(conv, "fused", False) or (conv.foreach and conv.name != "cuda"):
+            raise ValueError(f"foreach/fused: recipe {ledger.recipe} runs bitsandbytes' own in-place kernel per "
+                             "tensor, not torch.optim's implementations")
+        if ledger.zero_stage or ledger.tp > 1:
+            raise ValueError("the step models bitsandbytes' optimizers (from source) on whole tensors: no ZeRO, tp 1")
+        if getattr(ledger, "optimizer_in_backward", False):
+            raise ValueError("optimizer_in_backward: one bitsandbytes optimizer per parameter (each with its own "
+                             "qmaps) is not modelled")
+        return
+    if kind != "adafactor":
         return
     if getattr(conv, "fused", False):
         raise ValueError("fused: torch.optim.Adafactor has no fused implementation")
@@ -316,12 +338,20 @@ def check_implementation(ledger, conv) -> None:
         raise ValueError("the step models Adafactor's factored moments on whole matrices: no ZeRO, tp 1")
 
 
+#: The model families of issue 16 the step refuses by name (memledger.models.hf_config).
+FAMILIES = ("gpt_neox", "phi", "bloom", "gpt_bigcode", "t5")
+
+
 def unmodelled(f: Features) -> str:
     """What of ``f`` the step timeline refuses, in words (for its error message)."""
     named = [("mixture of experts", f.moe), ("an untied GPT decoder", f.gpt and not f.is_tied),
              ("a GPT block without QKV biases", f.gpt and not f.has_qkv_bias),
              ("learned positions", f.positions), ("token types", f.token_types), ("a pooler", f.pooler),
-             ("an embedding norm", f.embedding_norm), ("grouped-query attention in a GPT block", f.gqa and f.gpt)]
+             ("an embedding norm", f.embedding_norm),
+             ("parallel attention and MLP", f.parallel and not f.shared_norm),
+             ("one norm feeding parallel attention and MLP", f.shared_norm), ("an LM head bias", f.head_bias),
+             ("ALiBi score biases", f.alibi), ("an embedding LayerNorm", f.input_norm),
+             ("an encoder-decoder", f.encoder_decoder)]
     found = [name for name, on in named if on]
     return (", ".join(found) if found else "this architecture's refinements") + (" is" if len(found) == 1 else " are")
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import json
 import shlex
 
-from ..models.presets import ARTICLE_PRESET, preset_names
+from ..models.presets import ARTICLE_PRESET, ledger_preset_names
 from ..core.choices import LIMIT, RECOMPUTE, check_choice
 from ..ledger.hardware import ARTICLE_GPU, GPU_MEMORY
 from ..ledger.ledger import Ledger
@@ -78,7 +78,7 @@ def _gpu_label(name: str) -> str:
 
 
 CONTROLS = (
-    Control("arch", "model", ARTICLE_PRESET, tuple(preset_names())),
+    Control("arch", "model", ARTICLE_PRESET, tuple(ledger_preset_names())),
     Control("batch_size", "batch B", Ledger.batch_size),
     Control("seq_len", "sequence S", Ledger.seq_len, SEQUENCE_CHOICES),
     Control("recipe", "recipe", DEFAULT_RECIPE, tuple(RECIPES)),

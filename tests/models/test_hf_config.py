@@ -149,7 +149,8 @@ def test_tied_gpt_formula_unchanged():
 
 
 @pytest.mark.parametrize("config, message", [
-    ({"model_type": "falcon"}, "supported: bert, gemma, gpt2, llama, mistral, mixtral, qwen2"),
+    ({"model_type": "falcon"},
+     "supported: bert, bloom, gemma, gpt2, gpt_bigcode, gpt_neox, llama, mistral, mixtral, phi, qwen2, t5"),
     ({"model_type": "llama", "hidden_size": 64}, "needs 'num_hidden_layers'"),
     ({"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 8,
       "intermediate_size": 128, "vocab_size": 100, "num_key_value_heads": 3}, "divisible by n_kv_heads"),

@@ -164,8 +164,9 @@ def test_grouped_attention_is_attention_with_repeated_heads(attention, kv):
 
 
 def test_reference_refuses_grouped_gpt_blocks():
+    # GPT blocks take key/value heads (GPT-BigCode's multi-query) on the eager core only
     with pytest.raises(ValueError, match="n_kv_heads"):
-        RefConfig(d=64, L=1, H=4, F=128, V=100, n_kv_heads=2)
+        RefConfig(d=64, L=1, H=4, F=128, V=100, n_kv_heads=2, attention="sdpa")
     with pytest.raises(ValueError, match="divisible"):
         RefConfig(d=64, L=1, H=4, F=128, V=100, style="llama", n_kv_heads=3)
 

@@ -12,7 +12,8 @@ from memledger.core.units import LIMIT
 
 
 def test_options_are_the_library_tuples():
-    assert BY_FIELD["arch"].options == tuple(preset_names())
+    # every preset but those a ledger refuses (T5's encoder-decoder)
+    assert BY_FIELD["arch"].options == tuple(n for n in preset_names() if n != "t5-base")
     assert BY_FIELD["recipe"].options == tuple(RECIPES) and BY_FIELD["recipe"].default == DEFAULT_RECIPE
     assert BY_FIELD["recompute"].options == RECOMPUTE
     assert BY_FIELD["zero_stage"].options == ZERO_STAGES
