@@ -141,3 +141,29 @@ def lora_against_memtracker(shape, batch, seq, rank, targets, dropout=0.0, nf4=F
     blocks = step.block_peaks()
     assert blocks == {k: measured["block peaks"][k] for k in blocks}
     return step, measured
+
+
+def against_fsdp2_tp(shape: dict, B: int, S: int, dp: int, t: int, sequence_parallel=False, loop="fp32-adamw",
+                     reshard=True, param="bf16", reduce="fp32", loss_in_root=False):
+    """FSDP2 x TP on a (dp, t) mesh: the landmarks, every phase peak and the peak of memledger's step
+    (``Ledger(framework="fsdp2", dp=dp, tp=t)``) equal FSDPMemTracker's run of rank 0 of dp x t ranks
+    (memledger/pytorch/distributed.py ``fsdp_step(..., tp=t)``), byte for byte. ``reshard`` None: PyTorch's
+    default (True for the blocks, False for the root). ``shape``: RefConfig's fields (recompute included)."""
+    pytest.importorskip("torch")
+    from memledger.pytorch.compare import architecture_of
+    from memledger.pytorch.distributed import fsdp_step
+    from memledger.pytorch.reference import RefConfig
+    c = RefConfig(**shape, tp=t)
+    resharding = dict(reshard=True, root_reshard=False) if reshard is None else dict(reshard=reshard)
+    measured = fsdp_step(c, loop, batch=B, seq=S, world=dp * t, tp=t, sequence_parallel=sequence_parallel,
+                         param_dtype=param, reduce_dtype=reduce, loss_in_root=loss_in_root, track_first=False,
+                         **resharding)
+    step = Ledger(architecture_of(c), batch_size=B, seq_len=S, recipe=loop, overhead_bytes=0, dropout=False,
+                  recompute=c.recompute, framework="fsdp2", dp=dp, tp=t, sequence_parallel=sequence_parallel,
+                  fsdp_param_dtype=param, fsdp_reduce_dtype=reduce, reshard_after_forward=reshard,
+                  fsdp_loss_in_root=loss_in_root).step("cpu")
+    assert {k: step.landmarks[k]["gpu"] for k in LANDMARKS} == {k: measured[k] for k in LANDMARKS}
+    assert step.phase_peaks() == measured["phase peaks"]
+    assert step.peak.bytes == measured["peak"]
+    landmarks_are_sums_of_rows(step)
+    return step, measured

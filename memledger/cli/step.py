@@ -114,6 +114,8 @@ def text(result, memory: int, unit: str = "GB") -> str:
                      f"reshard_after_forward={led.reshard_after_forward}"
                      + (f"; HSDP: {led.dp_replicate} replicas of {led.dp // led.dp_replicate} ranks"
                         if led.dp_replicate > 1 else "")
+                     + (f"; FSDP2 x TP: parallelize_module over the tp sub-mesh of a ({led.dp}, {led.tp}) (dp, tp) mesh"
+                        + (", sequence parallel" if led.sequence_parallel else "") if led.tp > 1 else "")
                      + ("; the loss inside the root's forward" if led.fsdp_loss_in_root else "")
                      + (f"; CPUOffloadPolicy(pin_memory={led.fsdp_offload_pin_memory})" if led.fsdp_cpu_offload
                         else ""), ""]

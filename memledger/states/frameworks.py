@@ -136,8 +136,16 @@ def check_fsdp2(ledger) -> None:
                          "--fsdp-cpu-offload); offload_optimizer and offload_params must be none")
     if ledger.fsdp_cpu_offload and ledger.dp_replicate > 1:
         raise ValueError("framework fsdp2: fsdp_cpu_offload with HSDP (dp_replicate > 1) is not modelled")
-    if ledger.tp != 1:
-        raise ValueError(f"framework fsdp2: FSDP2 x tensor parallelism is not modelled; tp must be 1, got {ledger.tp}")
+    if ledger.tp != 1 and ledger.dp_replicate > 1:
+        raise ValueError("framework fsdp2: HSDP x tensor parallelism (a 3-D mesh) is not modelled: dp_replicate "
+                         "must be 1 with tp > 1")
+    if ledger.tp != 1 and ledger.fsdp_cpu_offload:
+        raise ValueError("framework fsdp2: fsdp_cpu_offload with tensor parallelism is not modelled: tp must be 1")
+    k = ledger.reshard_after_forward
+    if ledger.tp != 1 and isinstance(k, int) and not isinstance(k, bool) and 1 < k < ledger.dp:
+        raise ValueError(f"framework fsdp2: reshard_after_forward {k} with tensor parallelism: FSDP2 does not reshard "
+                         "DTensor parameters to a smaller mesh (_fsdp_param.py:710, to_sharded_post_forward); give "
+                         "True, False or None with tp > 1")
     if ledger.dp % ledger.dp_replicate:
         raise ValueError(f"framework fsdp2: dp_replicate ({ledger.dp_replicate}) must divide dp ({ledger.dp})")
     if ledger.dp // ledger.dp_replicate < 2:

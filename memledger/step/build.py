@@ -141,7 +141,7 @@ class Built:
         if not s.in_backward:
             outer.optimizer(opt, params, moments, master and c.grad_dtype != "fp32", conv.foreach, c.grad_dtype,
                             kept=s.bucket_view, others=others)
-            if s.tensor_parallel and not conv.foreach and not c.is_tied and others is None:
+            if s.tensor_parallel and not conv.foreach and not c.is_tied and others is None and not self.fsdp:
                 tensor.redistribute_embedding_gradient(opt.ops, tensors, c.grad_dtype)
             if c.amp:                   # GradScaler: unscale_ after the gradients are collected, update() at the end
                 q = p.fork()
@@ -232,7 +232,7 @@ class Built:
                    Device.CPU if host else self.placement.optimizer,
                    f"one 0-d FP32 step tensor per parameter tensor (torch.optim.{'Adam' if kind == 'adamw' else 'Adafactor'}"
                    f"{', fused: on the device' if conv.fused and kind == 'adamw' else ''})")
-        for device in dict.fromkeys(spec.device for spec in specs) if s.tensor_parallel else ():
+        for device in dict.fromkeys(spec.device for spec in specs) if s.tensor_parallel and not self.fsdp else ():
             per = sum(spec.bytes_per_param for spec in specs if spec is not self.grad_row and spec.device == device
                       and not spec.sharded)         # ZeRO-sharded states x TP: not run against PyTorch here
             static(tensor.WHOLE_ROW + ("" if device == "gpu" else f" ({device})"), per * tensor.beyond_share(c),

@@ -39,6 +39,7 @@ import sympy as sp
 from ..core.dtypes import nbytes
 from ..core.symbols import F, L, N_d, V, d
 from .ops import ProgramOp, Ref, Tensor, block_params, qkv_width
+from .fsdp2_tp import local
 from .outer import Param, head_params
 from .params import param_tensors
 from .structure import block_of
@@ -65,8 +66,11 @@ def dim0(name: str, n, c):
 
 
 def shard(name: str, n, c):
-    """Rank 0's elements of ``name``: ceil(n0/N) rows (``torch.chunk``: rank 0's chunk is whole) = n^/N."""
+    """Rank 0's elements of ``name``: ceil(n0/N) rows (``torch.chunk``: rank 0's chunk is whole) = n^/N; under
+    FSDP2 x TP n0 and n are the TP-local tensor's (:func:`memledger.step.fsdp2_tp.local`)."""
     rows = dim0(name, n, c)
+    if c.tp:
+        rows, n = local(name, n, c)
     return sp.ceiling(rows / N_d) * sp.cancel(n / rows)
 
 

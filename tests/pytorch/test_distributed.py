@@ -5,6 +5,7 @@ source allocates them (torch/distributed/fsdp/_fully_shard/, PyTorch 2.13: cited
 FSDPMemTracker's categories at every FSDP hook, DDP's bucket rules (torch/nn/parallel/distributed.py)
 against a storage census of real tensors, and the per-rank shapes of tensor parallelism against MemTracker.
 """
+import dataclasses
 import math
 
 import pytest
@@ -293,16 +294,20 @@ def test_the_loss_phase_is_divided_by_t():
     assert all(0 <= r < 64 * B * S for r in rest.pop())
 
 
-def test_fsdp2_over_tensor_parallel_shards():
-    """FSDP2 on a (4, 2) mesh over the tensor-parallel blocks: each rank's TP slice padded on dim 0 to a multiple
-    of the 4 data-parallel ranks (_fsdp_param.py: _init_sharding_spec_tp shards the local tensor)."""
-    c = RefConfig(**TP_SHAPE, tp=2)
-    got = fsdp_step(c, batch=2, seq=32, world=8, tp=2, track_first=False)
+@pytest.mark.parametrize("shape, B, S, dp, t", [(TP_SHAPE, 2, 32, 4, 2), (LLAMA2_7B, 1, 4096, 4, 2),
+                                                 (LLAMA2_7B, 1, 4096, 8, 2)])
+def test_fsdp2_over_tensor_parallel_shards(shape, B, S, dp, t):
+    """FSDP2 on a (dp, t) mesh over the tensor-parallel model: each rank's TP slice padded on dim 0 to a multiple
+    of the dp ranks (_fsdp_param.py:541, _init_sharding_spec_tp returns the local tensor; :298-307 chunks and
+    pads it): FP32 shards and AdamW's two moments on them, one FP32 step per tensor, the int64 ids and targets;
+    after backward the FP32 sharded gradients."""
+    c = RefConfig(**shape, tp=t) if isinstance(shape, dict) else dataclasses.replace(shape, tp=t)
+    got = fsdp_step(c, batch=B, seq=S, world=dp * t, tp=t, track_first=False)
     d, F, V = c.d, c.F, c.V
-    local = [(V // 2, d), (d, 1), (V // 2, d)] + c.L * [(d, 1), (d, 1), (3 * d // 2, d), (d, d // 2), (F // 2, d),
-                                                        (F // 2, d), (d, F // 2)]
-    shards = sum(math.ceil(n0 / 4) * rest for n0, rest in local)
-    assert got["before forward"] == 12 * shards + 4 * len(local) + 2 * 8 * 2 * 32
+    local = [(V // t, d), (d, 1), (V // t, d)] + c.L * [(d, 1), (d, 1), (3 * d // t, d), (d, d // t), (F // t, d),
+                                                        (F // t, d), (d, F // t)]
+    shards = sum(math.ceil(n0 / dp) * rest for n0, rest in local)
+    assert got["before forward"] == 12 * shards + 4 * len(local) + 2 * 8 * B * S
     assert got["after backward"] == got["before forward"] + 4 * shards
 
 
