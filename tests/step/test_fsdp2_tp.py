@@ -11,6 +11,7 @@ from stepcheck import LLAMA7B, against_fsdp2_tp, landmarks_are_sums_of_rows
 TINY = dict(d=34, L=2, H=2, F=72, V=102, style="llama")
 
 
+@pytest.mark.slow
 def test_small_fsdp2_x_tp_is_fsdp_mem_trackers():
     """dp 2 x tp 2, with sequence parallelism: landmarks, phase peaks and peak to the byte."""
     against_fsdp2_tp(TINY, 1, 8, 2, 2, sequence_parallel=True)
