@@ -245,7 +245,7 @@ class Block(nn.Module):
                 scores = scores + alibi
             return self._drop(scores.masked_fill(mask, float("-inf")).softmax(-1)) @ v
         p = c.dropout if c.style == "gpt" else 0.0
-        if mask is not None:            # packed documents: the block-causal mask, (B, 1, S, S)
+        if c.packed:                    # packed documents: the block-causal mask, (B, 1, S, S)
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None], dropout_p=p,
                                                   enable_gqa=c.kv_heads != c.H)
         return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True,
