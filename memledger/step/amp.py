@@ -36,6 +36,7 @@ from dataclasses import replace
 
 from ..core.symbols import B, F, S, V, d
 from .norms import norm_backward, norm_forward
+from .outer import cross_entropy
 from .ops import INPUT_GRADIENT, Ref, block_output, define_grads, qkv_width, residual_names, widths_of
 from .structure import Shape
 from .vocab import Scope
@@ -217,9 +218,7 @@ def forward_end(p, c: Shape):
     src = p.new("logits in FP32", (B, S, V), "fp32", "logits.float(): cross-entropy runs in FP32")
     p.op("logits.float()", alloc=[src])
     p.op("FP16 logits released", free=[logits])
-    p.op("log_softmax", alloc=["log-softmax output (FP32)"])
-    p.op("nll_loss", alloc=["loss", "nll_loss total weight"])
-    p.op("loss computed", free=[src])
+    cross_entropy(p, src)
 
 
 def backward_start(p, c: Shape):

@@ -582,9 +582,7 @@ def _forward_end(p, c, spec):
     src = p.new("logits in FP32", outer.LOGITS, "fp32", "logits.float(): cross-entropy runs in FP32")
     p.op("logits.float()", alloc=[src])
     p.op("BF16 logits released", free=[logits])
-    p.op("log_softmax", alloc=["log-softmax output (FP32)"])
-    p.op("nll_loss", alloc=["loss", "nll_loss total weight"])
-    p.op("loss computed", free=[src])
+    outer.cross_entropy(p, src)
 
 
 def _backward_start(p, c, spec, share=lambda n: n):

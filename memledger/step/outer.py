@@ -16,8 +16,8 @@ from .ops import BSd, Ref, Tensor, final_input, gradient, residual_names
 from .structure import Shape
 from .vocab import Action, Kind, Lifetime, Scope
 
-__all__ = ["LOGITS", "Param", "adamw", "backward_end", "backward_start", "define_grads", "final_norm_params",
-           "forward_end", "forward_start", "head_params", "optimizer"]
+__all__ = ["LOGITS", "Param", "adamw", "backward_end", "backward_start", "cross_entropy", "define_grads",
+           "final_norm_params", "forward_end", "forward_start", "head_params", "optimizer"]
 
 LOGITS = (B, S, V)
 
@@ -68,6 +68,12 @@ def forward_end(p, c: Shape):
         src = p.new("logits in FP32", LOGITS, "fp32", "logits.float(): cross-entropy runs in FP32")
         p.op("logits.float()", alloc=[src])
         p.op("BF16 logits released", free=[logits])
+    cross_entropy(p, src)
+
+
+def cross_entropy(p, src):
+    """``F.cross_entropy`` on the FP32 logits ``src``: log-softmax, then nll_loss (the loss and its total weight);
+    ``src`` dies with the loss."""
     p.op("log_softmax", alloc=["log-softmax output (FP32)"])
     p.op("nll_loss", alloc=["loss", "nll_loss total weight"])
     p.op("loss computed", free=[src])
