@@ -127,6 +127,7 @@ class RefConfig:
     shared_norm: bool = False       # with parallel: one norm feeds both (Phi); no norm2
     alibi: bool = False             # eager core: a (1, H, 1, S) ALiBi bias added to the scores (BLOOM)
     input_norm: bool = False        # a LayerNorm on the embedding output (BLOOM's word_embeddings_layernorm)
+    positions: int = 0              # n > 0: learned positions, an n x d embedding added to the tokens' (GPT-2's wpe)
 
     def __post_init__(self):
         if self.attention not in (None, "eager", "sdpa"):
@@ -151,6 +152,8 @@ class RefConfig:
             raise ValueError("shared_norm needs parallel")
         if self.alibi and self.kernel != "eager":
             raise ValueError("alibi is added to the eager core's scores (attention='eager')")
+        if not isinstance(self.positions, int) or self.positions < 0:
+            raise ValueError(f"positions must be a whole number of learned positions >= 0, got {self.positions!r}")
 
     @property
     def kernel(self) -> str:
@@ -297,6 +300,7 @@ class Decoder(nn.Module):
         self.input_norm = nn.LayerNorm(c.d) if c.input_norm else None
         if gpt or c.tied:
             self.head.weight = self.embed.weight
+        self.pos = nn.Embedding(c.positions, c.d) if c.positions else None       # last in model.parameters()
 
     def forward(self, ids, documents=None):
         S = ids.shape[1]
@@ -306,6 +310,8 @@ class Decoder(nn.Module):
         elif self.c.kernel == "eager":
             mask = torch.ones(S, S, dtype=torch.bool, device=ids.device).triu(1)   # built once, shared
         x = self.embed(ids)
+        if self.pos is not None:        # GPT-BigCode's (and GPT-2's) wpe: arange(S)[None], embedded, added
+            x = x + self.pos(torch.arange(S, device=ids.device)[None])
         if self.input_norm is not None:
             x = self.input_norm(x)
         alibi = self._alibi(S, x) if self.c.alibi else None

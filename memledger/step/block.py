@@ -217,6 +217,10 @@ def attention_core(p, c, save):
     probs = "softmax output" if kept else local("softmax output" if again else "probabilities")
     p.op("QK^T" + step, alloc=[raw])
     p.op("scale" + step, alloc=[scaled], free=[q, k] if dropped and not gqa else [])
+    if c.alibi:                 # scores + the (1, H, 1, S) bias: the scaled scores go once it is made
+        biased = local("scores + ALiBi")
+        p.op("+ ALiBi bias" + step, free=[raw], alloc=[biased])
+        raw, scaled = scaled, biased
     p.op("causal masked_fill" + step, free=[raw], alloc=[masked])
     p.op("softmax" + step, alloc=[probs])
     p.op("softmax done" if kept else "released", free=[masked])
