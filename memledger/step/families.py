@@ -67,10 +67,14 @@ def embedding_forward(p, c: Shape):
         heads = per_rank(c, (H,))[0]
         slopes = p.new("ALiBi slopes (FP32)", (heads,), "fp32", "torch.tensor of the H slopes")
         positions = p.new("ALiBi key positions (FP32)", (S,), "fp32", "arange(S) in FP32")
-        product = p.new("ALiBi slopes x positions (FP32)", (heads, S), "fp32", "(1, H, 1, S) before the downcast")
         p.new(ALIBI, (heads, S), c.dtype, "the bias every block adds to its scores, until the decoder returns")
         p.op("ALiBi slopes", alloc=[slopes])
         p.op("ALiBi positions", alloc=[positions])
+        if c.dtype == "fp32":           # .to(torch.float32) of an FP32 tensor is the tensor itself
+            p.op("slopes x positions", alloc=[ALIBI])
+            p.op("released", free=[slopes, positions])
+            return
+        product = p.new("ALiBi slopes x positions (FP32)", (heads, S), "fp32", "(1, H, 1, S) before the downcast")
         p.op("slopes x positions", alloc=[product])
         p.op("ALiBi bias to the activation dtype", alloc=[ALIBI])
         p.op("released", free=[slopes, positions, product])

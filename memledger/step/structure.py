@@ -201,6 +201,8 @@ def check_family(ledger) -> dict:
         return family
     lacks = [what for what, off in [
         ("ZeRO", ledger.zero_stage > 0), ("tensor parallelism", ledger.tp > 1),
+        ("a flash attention kernel (ALiBi is added to the eager core's scores)",
+         f.alibi and getattr(ledger, "flash_attention", False)),
         (f"framework {ledger.framework}", ledger.framework != "plain"),
         ("selective recomputation", f.alibi and ledger.recompute == "selective"),
         ("full recomputation", f.alibi and ledger.recompute == "full"),
