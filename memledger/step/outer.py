@@ -13,7 +13,7 @@ from typing import NamedTuple
 from ..core.symbols import B, S, V, d
 from .families import alibi_released, embedding_backward, embedding_forward, extra_params
 from .norms import norm_backward, norm_forward
-from .ops import BSd, Ref, Tensor, final_input, gradient, residual_names
+from .ops import BSd, Ref, Tensor, final_input, gradient
 from .structure import Shape
 from .vocab import Action, Kind, Lifetime, Scope
 
