@@ -1,7 +1,7 @@
 """The plain-PyTorch reference decoder and training loops the step timeline is checked against.
 
-Fixed, so that anyone can rebuild it: a token embedding (no
-positions), L blocks, a final norm, an LM head (tied to the embedding in the
+Fixed, so that anyone can rebuild it: a token embedding (learned
+positions added where ``RefConfig.positions``), L blocks, a final norm, an LM head (tied to the embedding in the
 GPT decoder, untied in the LLaMA decoder), and the loss
 ``F.cross_entropy(logits.float().view(-1, V), targets.view(-1))``.
 
@@ -93,6 +93,9 @@ class RefConfig:
     ``offload_activations``: each block runs under ``save_on_cpu(pin_memory=True)``'s
     hooks (:class:`memledger.pytorch.offload.OffloadSaved`, FSDP's ``offload_wrapper``): its saved tensors
     are host copies, copied back node by node in backward; under full recomputation the checkpoint's input.
+    ``positions``: n > 0 adds learned positions, an n x d ``nn.Embedding`` of ``arange(S)[None]`` added to the token
+    embedding (GPT-BigCode's ``wpe``, ``models/gpt_bigcode/modeling_gpt_bigcode.py``: ``inputs_embeds +
+    position_embeds``), registered last in ``model.parameters()``.
     ``softmax_fp32``: the eager core as transformers' ``eager_attention_forward`` runs it
     (``models/llama/modeling_llama.py`` l. 180-202, transformers 5.24.0): K and V repeated to H heads
     (``repeat_kv``), ``q @ k^T * scaling``, plus an additive float mask (B x 1 x S x S), softmax in FP32 cast back

@@ -64,8 +64,7 @@ class Built:
             layer_rows = amp.layer_rows(layer_rows, c)
         outside_rows = outside_inventory(c.style, **{k: opts[k] for k in ("dtype", "norm_stats", "rmsnorm",
                                                                             "attention")}, input_norm=c.input_norm)
-        if c.positions:                         # learned positions: the position ids (memledger.step.families)
-            outside_rows = outside_rows + families.outside_rows()
+        outside_rows = outside_rows + families.outside_rows(c)     # positions' ids (memledger.step.families)
         if c.amp:
             outside_rows = amp.outside_rows(outside_rows)
         tensors = {}

@@ -14,7 +14,9 @@ PyTorch 2.13, CPU):
 * ALiBi (``Decoder._alibi``): the H FP32 slopes, an FP32 arange(S), their (1, H, 1, S) FP32 product, and its copy
   in the activation dtype, which lives until the decoder returns (after the LM head); in each block's eager core
   ``scores + alibi`` is one more B x H x S x S tensor (:func:`memledger.step.block.attention_core`), with nothing
-  saved for backward (the bias needs no gradient).
+  saved for backward (the bias needs no gradient). Under recomputation the bias is an input of every block's
+  checkpoint (``checkpoint(block, x, mask, alibi)``, or the core's under selective recomputation): it lives
+  until block 0's checkpoint frame goes, with the causal mask.
 
 The parameters follow the blocks and the final norm in ``model.parameters()`` order: the embedding LayerNorm's,
 then the position embedding's (the reference registers them last).
@@ -26,11 +28,13 @@ from .ops import BSd, Ref, per_rank, residual_names
 from .structure import Shape
 from .vocab import Scope
 
-__all__ = ["ALIBI", "POSITION_IDS", "alibi_released", "embedding_backward", "embedding_forward", "extra_params",
-           "outside_rows"]
+__all__ = ["ALIBI", "ALIBI_INPUT", "POSITION_IDS", "alibi_released", "embedding_backward", "embedding_forward",
+           "extra_params", "outside_rows"]
 
 POSITION_IDS = "position ids"
 ALIBI = "ALiBi bias (1, H, 1, S)"
+#: The ALiBi bias named by a block: a checkpoint's input (recomputation) until block 0's checkpoint lets it go.
+ALIBI_INPUT = Ref(Scope.SHARED, ALIBI)
 INPUT_NORM = "embedding LayerNorm input"
 
 
@@ -40,10 +44,13 @@ def extra_params(c: Shape) -> list:
         [("position embedding.weight", N_pos * d)] if c.positions else [])
 
 
-def outside_rows() -> list:
-    """What learned positions save outside the blocks: the position ids (int64, one row of S)."""
+def outside_rows(c: Shape) -> list:
+    """What the families keep outside the blocks at the end of the forward pass: learned positions' ids (int64, one
+    row of S); under recomputation the ALiBi bias, the blocks' checkpoints' input."""
     return [Saved(POSITION_IDS, "arange(S)[None], int64: the position embedding's backward needs them", (S,), "int64",
-                  block="outside", replicated=True)]
+                  block="outside", replicated=True)] * c.positions + [
+        Saved(ALIBI, "every block's checkpoint keeps it for its recomputation", (H, S), c.dtype, block="outside",
+              replicated=True)] * (c.alibi and c.recompute != "none")
 
 
 def embedding_forward(p, c: Shape):
@@ -67,7 +74,8 @@ def embedding_forward(p, c: Shape):
         heads = per_rank(c, (H,))[0]
         slopes = p.new("ALiBi slopes (FP32)", (heads,), "fp32", "torch.tensor of the H slopes")
         positions = p.new("ALiBi key positions (FP32)", (S,), "fp32", "arange(S) in FP32")
-        p.new(ALIBI, (heads, S), c.dtype, "the bias every block adds to its scores, until the decoder returns")
+        if c.recompute == "none":       # else a row of its own (outside_rows)
+            p.new(ALIBI, (heads, S), c.dtype, "the bias every block adds to its scores, until the decoder returns")
         p.op("ALiBi slopes", alloc=[slopes])
         p.op("ALiBi positions", alloc=[positions])
         if c.dtype == "fp32":           # .to(torch.float32) of an FP32 tensor is the tensor itself
@@ -81,8 +89,9 @@ def embedding_forward(p, c: Shape):
 
 
 def alibi_released(p, c: Shape):
-    """The decoder returns after its LM head: the ALiBi bias goes."""
-    if c.alibi:
+    """The decoder returns after its LM head: the ALiBi bias goes (under recomputation every block's checkpoint
+    holds it as an input: block 0's backward releases it, :func:`memledger.step.block.block_backward`)."""
+    if c.alibi and c.recompute == "none":
         p.op("decoder returns: ALiBi bias released", free=[ALIBI])
 
 

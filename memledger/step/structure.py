@@ -193,8 +193,7 @@ class StepStructure:
 def check_family(ledger) -> dict:
     """The families' refinements of a GPT decoder the step models ({"positions": ..., "alibi": ..., "input_norm":
     ...}, as set), or ``ValueError`` naming what they are not modelled with: they run in the plain loop on one rank
-    (no ZeRO, tensor parallelism or framework), ALiBi with an eager core, no recomputation or full recomputation
-    and the plain loss."""
+    (no ZeRO, tensor parallelism or framework), ALiBi with an eager core, with the plain loss."""
     f = ledger.arch.features
     family = {k: True for k in ("positions", "alibi", "input_norm") if getattr(f, k)}
     if not family:
@@ -204,8 +203,6 @@ def check_family(ledger) -> dict:
         ("a flash attention kernel (ALiBi is added to the eager core's scores)",
          f.alibi and getattr(ledger, "flash_attention", False)),
         (f"framework {ledger.framework}", ledger.framework != "plain"),
-        ("selective recomputation", f.alibi and ledger.recompute == "selective"),
-        ("full recomputation", f.alibi and ledger.recompute == "full"),
         ("a chunked loss", ledger.loss_chunks > 1 or ledger.loss_impl != "torchtune"),
         ("the optimizer in backward", getattr(ledger, "optimizer_in_backward", False)),
         ("activation offloading", getattr(ledger, "offload_activations", False))] if off]
