@@ -142,8 +142,8 @@ class StepStructure:
         # any style: Q and O at H*d_h (Gemma-7B), K and V at H_kv heads (a GPT block's: GPT-BigCode's multi-query)
         modelled = modelled._replace(head_dim=f.head_dim, gqa=f.gqa)
         # GPT decoders: learned positions (StarCoder), ALiBi and an embedding LayerNorm (BLOOM); memledger.step.families
-        family = check_family(ledger) if not llama else {}
-        modelled = modelled._replace(**family)
+        refined = check_family(ledger) if not llama else {}
+        modelled = modelled._replace(**refined)
         if f != modelled:
             family = f" (model_type {arch.model_type!r})" if arch.model_type in FAMILIES else ""
             raise ValueError(f"the step timeline models the reference decoder's GPT and LLaMA blocks (grouped-query "
@@ -171,7 +171,7 @@ class StepStructure:
                       gqa and arch.kv_heads == 1, True if llama and f.has_qkv_bias else None,
                       True if llama and f.is_tied else None, ledger.recompute, f.head_dim, ledger.tp > 1,
                       check_loss_chunks(ledger.loss_chunks), ledger.loss_impl,
-                      *check_packed(ledger, conv, kernel), check_amp(ledger, conv, kernel), **family)
+                      *check_packed(ledger, conv, kernel), check_amp(ledger, conv, kernel), **refined)
         if ledger.sequence_parallel and ledger.recompute == "full":
             raise ValueError("the step timeline runs sequence parallelism as DTensor runs it without full "
                              "recomputation only (its recomputed norms on S/t are not modelled); use selective or "
@@ -193,13 +193,16 @@ class StepStructure:
 def check_family(ledger) -> dict:
     """The families' refinements of a GPT decoder the step models ({"positions": ..., "alibi": ..., "input_norm":
     ...}, as set), or ``ValueError`` naming what they are not modelled with: they run in the plain loop on one rank
-    (no ZeRO, tensor parallelism or framework), ALiBi with an eager core, with the plain loss."""
+    (no ZeRO, tensor parallelism or framework), ALiBi with an eager core, learned positions without dropout, with
+    the plain loss."""
     f = ledger.arch.features
     family = {k: True for k in ("positions", "alibi", "input_norm") if getattr(f, k)}
     if not family:
         return family
     lacks = [what for what, off in [
         ("ZeRO", ledger.zero_stage > 0), ("tensor parallelism", ledger.tp > 1),
+        ("dropout (the embeddings' own, GPT-2's and GPT-BigCode's embd_pdrop, is not modelled)",
+         f.positions and ledger.dropout),
         ("a flash attention kernel (ALiBi is added to the eager core's scores)",
          f.alibi and getattr(ledger, "flash_attention", False)),
         (f"framework {ledger.framework}", ledger.framework != "plain"),
@@ -209,8 +212,9 @@ def check_family(ledger) -> dict:
     if lacks:
         names = " and ".join(n for n, on in [("learned positions", f.positions), ("ALiBi", f.alibi),
                                              ("an embedding LayerNorm", f.input_norm)] if on)
-        raise ValueError(f"the step timeline models {names} in the plain loop on one rank (model_type "
-                         f"{ledger.arch.model_type!r}); not with {', '.join(lacks)}")
+        kind = f" (model_type {ledger.arch.model_type!r})" if ledger.arch.model_type else ""
+        raise ValueError(f"the step timeline models {names} in the plain loop on one rank{kind}; not with "
+                         f"{', '.join(lacks)}")
     return family
 
 

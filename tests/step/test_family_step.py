@@ -13,6 +13,7 @@ from stepcheck import against_memtracker, landmarks_are_sums_of_rows, peaks_agre
 
 from memledger.ledger.ledger import Ledger
 from memledger.models.presets import get_preset
+from memledger.step.cache import step_peak
 from memledger.step.structure import StepStructure
 from memledger.activations.backends import get_backend
 
@@ -70,7 +71,8 @@ def test_the_step_runs_the_family(name):
 @pytest.mark.parametrize("name, change, why", [
     ("bloom-7b1", dict(flash_attention=True), "a flash attention kernel"),
     ("starcoder", dict(optimizer_in_backward=True, recipe="bf16-pure-adamw"), "the optimizer in backward"),
-    ("starcoder", dict(zero_stage=3), "ZeRO"), ("bloom-7b1", dict(tp=2), "tensor parallelism"),
+    ("starcoder", dict(zero_stage=3), "ZeRO"), ("gpt2", {}, "dropout .the embeddings' own"),
+    ("bloom-7b1", dict(tp=2), "tensor parallelism"),
     ("starcoder", dict(loss_chunks=4), "a chunked loss")])
 def test_what_the_families_are_not_modelled_with_is_refused(name, change, why):
     with pytest.raises(ValueError, match=f"not with.*{why}"):      # (the ledger asks the step where it needs it)
@@ -108,11 +110,23 @@ def test_cli_refuses_in_one_line(command, name):
 
 @pytest.mark.slow
 @pytest.mark.sample(2)
-@pytest.mark.parametrize("name", REFUSED)
+@pytest.mark.parametrize("name", list(REFUSED) + list(MODELLED))
 @pytest.mark.parametrize("command", ["ledger", "compare", "fit --vary batch"])
 def test_cli_answers_the_decoder_families(command, name):
     result = _cli(*command.split(), "--preset", name)
     assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, kwargs", [("starcoder", {}), ("bloom-7b1", {}), ("bloom-7b1", dict(recompute="full"))])
+def test_the_compiled_peak_is_the_timelines(name, kwargs, tmp_path, monkeypatch):
+    """The command line's compiled peak (memledger/step/cache.py) of a family, and the ledger's verdict, are the
+    step's peak."""
+    monkeypatch.setenv("MEMLEDGER_CACHE_DIR", str(tmp_path))
+    ledger = Ledger(name, batch_size=2, seq_len=2048, **kwargs)
+    expected = ledger.step("cuda").peak
+    assert step_peak(ledger, "cuda") == (expected.bytes, expected.phase, expected.layer)
+    assert ledger.peak == ledger.step().peak.bytes
 
 
 @pytest.mark.slow
