@@ -142,13 +142,14 @@ class StepStructure:
         # any style: Q and O at H*d_h (Gemma-7B), K and V at H_kv heads (a GPT block's: GPT-BigCode's multi-query)
         modelled = modelled._replace(head_dim=f.head_dim, gqa=f.gqa)
         # GPT decoders: learned positions (StarCoder), ALiBi and an embedding LayerNorm (BLOOM); memledger.step.families
-        refined = check_family(ledger) if not llama else {}
-        modelled = modelled._replace(**refined)
+        modelled = modelled._replace(**({} if llama else _refinements(f)))
         if f != modelled:
             family = f" (model_type {arch.model_type!r})" if arch.model_type in FAMILIES else ""
             raise ValueError(f"the step timeline models the reference decoder's GPT and LLaMA blocks (grouped-query "
-                             f"attention; LLaMA blocks also with QKV biases and tied embeddings; any head size; no, "
+                             f"attention; LLaMA blocks also with QKV biases and tied embeddings; GPT decoders also "
+                             f"with learned positions, ALiBi and an embedding LayerNorm; any head size; no, "
                              f"selective or full recomputation); {unmodelled(f)} not modelled op by op{family}")
+        refined = check_family(ledger) if not llama else {}
         gqa = f.gqa
         recipe = RECIPES[ledger.recipe]
         act = next(c.dtype for c in recipe.components if c.role == "param")
@@ -190,13 +191,18 @@ class StepStructure:
                    paged_optimizer=getattr(ledger, "paged_optimizer", False))
 
 
+def _refinements(f: Features) -> dict:
+    """The families' refinements of a GPT decoder ``f`` has (memledger.step.families), as Shape's fields."""
+    return {k: True for k in ("positions", "alibi", "input_norm") if getattr(f, k)}
+
+
 def check_family(ledger) -> dict:
     """The families' refinements of a GPT decoder the step models ({"positions": ..., "alibi": ..., "input_norm":
     ...}, as set), or ``ValueError`` naming what they are not modelled with: they run in the plain loop on one rank
     (no ZeRO, tensor parallelism or framework), ALiBi with an eager core, learned positions without dropout, with
     the plain loss."""
     f = ledger.arch.features
-    family = {k: True for k in ("positions", "alibi", "input_norm") if getattr(f, k)}
+    family = _refinements(f)
     if not family:
         return family
     lacks = [what for what, off in [
@@ -378,13 +384,14 @@ FAMILIES = ("gpt_neox", "phi", "bloom", "gpt_bigcode", "t5")
 
 def unmodelled(f: Features) -> str:
     """What of ``f`` the step timeline refuses, in words (for its error message)."""
+    llama = not f.gpt           # a GPT decoder's positions, ALiBi and embedding LayerNorm are modelled
     named = [("mixture of experts", f.moe), ("an untied GPT decoder", f.gpt and not f.is_tied),
              ("a GPT block without QKV biases", f.gpt and not f.has_qkv_bias),
-             ("learned positions", f.positions), ("token types", f.token_types), ("a pooler", f.pooler),
+             ("learned positions", f.positions and llama), ("token types", f.token_types), ("a pooler", f.pooler),
              ("an embedding norm", f.embedding_norm),
              ("parallel attention and MLP", f.parallel and not f.shared_norm),
              ("one norm feeding parallel attention and MLP", f.shared_norm), ("an LM head bias", f.head_bias),
-             ("ALiBi score biases", f.alibi), ("an embedding LayerNorm", f.input_norm),
+             ("ALiBi score biases", f.alibi and llama), ("an embedding LayerNorm", f.input_norm and llama),
              ("an encoder-decoder", f.encoder_decoder)]
     found = [name for name, on in named if on]
     return (", ".join(found) if found else "this architecture's refinements") + (" is" if len(found) == 1 else " are")
