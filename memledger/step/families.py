@@ -12,9 +12,10 @@ PyTorch 2.13, CPU):
 * the embedding LayerNorm keeps its input (the embedding output) and statistics (outside rows ``embedding
   LayerNorm ...``); its backward writes its input gradient and its weight and bias gradients in one kernel.
 * ALiBi (``Decoder._alibi``): the H FP32 slopes, an FP32 arange(S), their (1, H, 1, S) FP32 product, and its copy
-  in the activation dtype, which lives until the decoder returns (after the LM head); in each block's eager core
-  ``scores + alibi`` is one more B x H x S x S tensor (:func:`memledger.step.block.attention_core`), with nothing
-  saved for backward (the bias needs no gradient). Under recomputation the bias is an input of every block's
+  in the activation dtype (under FP32 the product itself), which lives until the decoder returns (after the LM
+  head); in each block's eager core ``scores + alibi`` is a B x H x S x S tensor that takes the scaled scores'
+  place (they go once it is made, so the core's totals are those without the bias;
+  :func:`memledger.step.block.attention_core`), with nothing saved for backward (the bias needs no gradient). Under recomputation the bias is an input of every block's
   checkpoint (``checkpoint(block, x, mask, alibi)``, or the core's under selective recomputation): it lives
   until block 0's checkpoint frame goes, with the causal mask.
 
