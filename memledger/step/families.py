@@ -15,9 +15,10 @@ PyTorch 2.13, CPU):
   in the activation dtype (under FP32 the product itself), which lives until the decoder returns (after the LM
   head); in each block's eager core ``scores + alibi`` is a B x H x S x S tensor that takes the scaled scores'
   place (they go once it is made, so the core's totals are those without the bias;
-  :func:`memledger.step.block.attention_core`), with nothing saved for backward (the bias needs no gradient). Under recomputation the bias is an input of every block's
-  checkpoint (``checkpoint(block, x, mask, alibi)``, or the core's under selective recomputation): it lives
-  until block 0's checkpoint frame goes, with the causal mask.
+  :func:`memledger.step.block.attention_core`), with nothing saved for backward (the bias needs no gradient).
+  Under recomputation the bias is an input of every block's checkpoint (``checkpoint(block, x, mask, alibi)``, or
+  the core's under selective recomputation): it lives until block 0's checkpoint frame goes, with the causal
+  mask.
 
 The parameters follow the blocks and the final norm in ``model.parameters()`` order: the embedding LayerNorm's,
 then the position embedding's (the reference registers them last).
