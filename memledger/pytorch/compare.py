@@ -51,7 +51,7 @@ def architecture_of(c: RefConfig) -> Architecture:
     return Architecture(c.d, c.L, c.H, c.F, c.V, c.style, n_kv_heads=c.n_kv_heads,
                         qkv_bias=True if c.qkv_bias else None, tied_embeddings=True if c.tied else None,
                         head_size=c.head_dim, parallel=c.parallel, shared_norm=c.shared_norm, alibi=c.alibi,
-                        input_norm=c.input_norm)
+                        input_norm=c.input_norm, n_positions=c.positions)
 
 
 def run_options(c: RefConfig, loop: str) -> dict:

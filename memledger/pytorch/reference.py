@@ -1,7 +1,7 @@
 """The plain-PyTorch reference decoder and training loops the step timeline is checked against.
 
-Fixed, so that anyone can rebuild it: a token embedding (no
-positions), L blocks, a final norm, an LM head (tied to the embedding in the
+Fixed, so that anyone can rebuild it: a token embedding (learned
+positions added where ``RefConfig.positions``), L blocks, a final norm, an LM head (tied to the embedding in the
 GPT decoder, untied in the LLaMA decoder), and the loss
 ``F.cross_entropy(logits.float().view(-1, V), targets.view(-1))``.
 
@@ -93,6 +93,9 @@ class RefConfig:
     ``offload_activations``: each block runs under ``save_on_cpu(pin_memory=True)``'s
     hooks (:class:`memledger.pytorch.offload.OffloadSaved`, FSDP's ``offload_wrapper``): its saved tensors
     are host copies, copied back node by node in backward; under full recomputation the checkpoint's input.
+    ``positions``: n > 0 adds learned positions, an n x d ``nn.Embedding`` of ``arange(S)[None]`` added to the token
+    embedding (GPT-BigCode's ``wpe``, ``models/gpt_bigcode/modeling_gpt_bigcode.py``: ``inputs_embeds +
+    position_embeds``), registered last in ``model.parameters()``.
     ``softmax_fp32``: the eager core as transformers' ``eager_attention_forward`` runs it
     (``models/llama/modeling_llama.py`` l. 180-202, transformers 5.24.0): K and V repeated to H heads
     (``repeat_kv``), ``q @ k^T * scaling``, plus an additive float mask (B x 1 x S x S), softmax in FP32 cast back
@@ -127,6 +130,7 @@ class RefConfig:
     shared_norm: bool = False       # with parallel: one norm feeds both (Phi); no norm2
     alibi: bool = False             # eager core: a (1, H, 1, S) ALiBi bias added to the scores (BLOOM)
     input_norm: bool = False        # a LayerNorm on the embedding output (BLOOM's word_embeddings_layernorm)
+    positions: int = 0              # n > 0: learned positions, an n x d embedding added to the tokens' (GPT-2's wpe)
 
     def __post_init__(self):
         if self.attention not in (None, "eager", "sdpa"):
@@ -151,6 +155,8 @@ class RefConfig:
             raise ValueError("shared_norm needs parallel")
         if self.alibi and self.kernel != "eager":
             raise ValueError("alibi is added to the eager core's scores (attention='eager')")
+        if not isinstance(self.positions, int) or self.positions < 0:
+            raise ValueError(f"positions must be a whole number of learned positions >= 0, got {self.positions!r}")
 
     @property
     def kernel(self) -> str:
@@ -297,6 +303,7 @@ class Decoder(nn.Module):
         self.input_norm = nn.LayerNorm(c.d) if c.input_norm else None
         if gpt or c.tied:
             self.head.weight = self.embed.weight
+        self.pos = nn.Embedding(c.positions, c.d) if c.positions else None       # last in model.parameters()
 
     def forward(self, ids, documents=None):
         S = ids.shape[1]
@@ -306,6 +313,8 @@ class Decoder(nn.Module):
         elif self.c.kernel == "eager":
             mask = torch.ones(S, S, dtype=torch.bool, device=ids.device).triu(1)   # built once, shared
         x = self.embed(ids)
+        if self.pos is not None:        # GPT-BigCode's (and GPT-2's) wpe: arange(S)[None], embedded, added
+            x = x + self.pos(torch.arange(S, device=ids.device)[None])
         if self.input_norm is not None:
             x = self.input_norm(x)
         alibi = self._alibi(S, x) if self.c.alibi else None

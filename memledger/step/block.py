@@ -28,6 +28,7 @@ from collections import namedtuple
 
 from ..core.symbols import B, H, S
 from . import packing
+from .families import ALIBI_INPUT
 from .norms import norm_backward, norm_forward
 from .ops import (BHSS, CAUSAL_MASK, INPUT_GRADIENT, BSd, BSF, block_output, define_grads, dropout_ops, per_rank,
                   residual_names, qkv_width, widths_of)
@@ -217,6 +218,10 @@ def attention_core(p, c, save):
     probs = "softmax output" if kept else local("softmax output" if again else "probabilities")
     p.op("QK^T" + step, alloc=[raw])
     p.op("scale" + step, alloc=[scaled], free=[q, k] if dropped and not gqa else [])
+    if c.alibi:                 # scores + the (1, H, 1, S) bias: the scaled scores go once it is made
+        biased = local("scores + ALiBi")
+        p.op("+ ALiBi bias" + step, free=[raw], alloc=[biased])
+        raw, scaled = scaled, biased
     p.op("causal masked_fill" + step, free=[raw], alloc=[masked])
     p.op("softmax" + step, alloc=[probs])
     p.op("softmax done" if kept else "released", free=[masked])
@@ -236,7 +241,7 @@ def attention_core(p, c, save):
         if not gqa and not in_place:
             p.op("v copied (recomputation)", alloc=[v])
         p.op("recomputation stops (@ v's inputs packed)", free=[scaled])
-        return Core(q, k, v, probs, mask, out, ("Q", "K", "V", CAUSAL_MASK))
+        return Core(q, k, v, probs, mask, out, ("Q", "K", "V", CAUSAL_MASK) + ((ALIBI_INPUT,) if c.alibi else ()))
     result = local("attention output (B, H, S, d/H)", BSq, why="probabilities @ v, a local until the block returns")
     p.op("probabilities @ V", alloc=([v] if not gqa and not c.single else []) + [result])
     if kept:
@@ -411,7 +416,7 @@ def block_backward(p, c: Shape, share):
     # A recomputed block's inputs (the checkpoint's x and, eager, the causal mask) are released with the
     # last tensor its recomputation saved: norm 1's input (read off MemTracker's log).
     last = [] if not recomputed else ([residual_names(c)[0]] if c.upcast else []) + (
-        [CAUSAL_MASK] if c.attention == "eager" else [])
+        [CAUSAL_MASK] if c.attention == "eager" else []) + ([ALIBI_INPUT] if c.alibi else [])
     if fp32_composite:
         norm_backward(p, c, "1", gn1, INPUT_GRADIENT, define_grads(p, ["norm1.weight", "norm1.bias"], c, share),
                       residual=gxm, also_free=last)

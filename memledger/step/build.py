@@ -19,7 +19,7 @@ from ..core.exact import evaluate_expr, exact_function, integer_function, is_int
 from ..core.symbols import L, N_d, O, P, t
 from ..states.placement import ZERO_SHARDS, device_of, state_specs
 from ..states.recipes import ALL_RECIPES as RECIPES
-from . import amp, bnb, ddp, fsdp2, loss, offload, optim, outer, packing, tensor
+from . import amp, bnb, ddp, families, fsdp2, loss, offload, optim, outer, packing, tensor
 from .block import block_backward, block_forward
 from .ops import BSd, Placement, Program, Tensor, block_params, residual_names
 from .outer import Param
@@ -63,7 +63,8 @@ class Built:
         if c.amp:                               # FP16 autocast: FP16 copies and outputs (memledger.step.amp)
             layer_rows = amp.layer_rows(layer_rows, c)
         outside_rows = outside_inventory(c.style, **{k: opts[k] for k in ("dtype", "norm_stats", "rmsnorm",
-                                                                            "attention")})
+                                                                            "attention")}, input_norm=c.input_norm)
+        outside_rows = outside_rows + families.outside_rows(c)     # positions' ids (memledger.step.families)
         if c.amp:
             outside_rows = amp.outside_rows(outside_rows)
         tensors = {}
