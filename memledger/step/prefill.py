@@ -1,0 +1,333 @@
+"""Inference prefill, op by op: what ``generate``'s first forward allocates and frees over a B x S prompt.
+
+The forward runs under ``torch.no_grad`` (nothing is saved for a backward pass), so every tensor dies with its
+last Python reference. The programs follow :func:`memledger.pytorch.prefill.generate_prefill` (transformers'
+LLaMA as ``generate`` runs it, on the reference decoder's modules; PyTorch 2.13, CPU, read off MemTracker's
+log and checked against it to the byte by ``tests/step/test_prefill.py``):
+
+* before the blocks: the positions (``arange``, S int64), the embedding (B S d), the rotary tables
+  (``LlamaRotaryEmbedding.forward``: ``inv_freq @ positions`` in FP32, ``cat((freqs, freqs))``, ``cos``/``sin``
+  times ``attention_scaling``, cast to the compute dtype c: two 1 x S x d_h tables) and, for eager attention,
+  transformers' additive B x 1 x S x S mask (``masking_utils.eager_mask``);
+* per block: RMSNorm as ATen's composite ``rms_norm`` runs it (the FP32 upcast, its square, the mean, rsqrt,
+  the normalized FP32 tensor, the cast back, times the weight); the fused QKV projection (q, k, v its views);
+  ``apply_rotary_pos_emb`` on q and on k (``(x * cos) + (rotate_half(x) * sin)``: four x-sized temporaries and
+  ``-x2`` at half width); the cache write (transformers' ``DynamicLayer.update``, ``cache_utils.py`` at
+  004999d9: ``torch.cat([self.keys, key_states], dim=-2)`` onto an empty tensor, a copy of K and of V that the
+  cache keeps, B H_kv S d_h c each); attention on the cache's K and V: SDPA (the CPU flash kernel's output and
+  FP32 logsumexp, B H S) or the eager core (:mod:`memledger.ledger.prefill`'s scores moment); the output
+  projection, the residual, RMSNorm, the gated MLP, the residual;
+* after the blocks: the final norm over all positions, the LM head on the last position (``generate`` sets
+  ``logits_to_keep=1`` where the model's forward takes it, ``generation/utils.py``; ``LlamaForCausalLM.forward``
+  applies ``lm_head`` to ``hidden_states[:, slice(-logits_to_keep, None), :]``) or on all positions
+  (``logits_to_keep=0``), and that position's logits copied to FP32
+  (``outputs.logits[:, -1, :].to(copy=True, dtype=torch.float32)``).
+
+:class:`Prefill` evaluates the totals after every op (resident: the weights, the ids and the FP32 ``inv_freq``
+buffer, d_h/2 values) and names the op and block of the peak. Programs are lists of
+:class:`memledger.step.ops.ProgramOp` over :class:`memledger.step.ops.Tensor` rows (:class:`~memledger.step.ops.Program`).
+"""
+from dataclasses import dataclass
+from functools import cached_property
+
+from ..core.dtypes import nbytes
+from .ops import Program
+from .vocab import Kind
+
+__all__ = ["ATTENTIONS", "DTYPES", "Prefill", "PrefillPeak", "prefill_programs"]
+
+#: The attention kernels the prefill runs: SDPA (flash: no S x S tensor) and transformers' eager core.
+ATTENTIONS = ("sdpa", "eager")
+#: The compute dtypes the prefill is checked in.
+DTYPES = ("bf16", "fp32")
+
+
+@dataclass(frozen=True)
+class PrefillPeak:
+    """The prefill's largest total: its bytes, the op and the block (None: outside the blocks) it is at."""
+    bytes: int
+    op: str
+    layer: object
+
+
+def _dims(arch, B, S):
+    H, kv, hd = arch.n_heads, arch.kv_heads, arch.head_dim
+    return dict(B=B, S=S, d=arch.d_model, F=arch.d_ff, V=arch.vocab_size, H=H, kv=kv, hd=hd)
+
+
+def _norm(p, x, where, n, c, free_input=False):
+    """ATen's composite ``rms_norm`` on ``x`` (B S d): returns the name of its output. MemTracker sees the
+    weight's product only once ``rms_norm``'s temporaries are gone (no moment holds both); ``free_input``: the
+    caller drops ``x`` then too (the final norm)."""
+    gone = [x] if free_input else []
+    B, S, d = n["B"], n["S"], n["d"]
+    t = {k: p.new(f"{where}: {k}", shape, dtype, why) for k, shape, dtype, why in (
+        ("FP32 input", (B, S, d), "fp32", "input.float()"), ("square", (B, S, d), "fp32", "pow(2)"),
+        ("mean", (B, S), "fp32", "mean(-1, keepdim=True)"), ("rstd", (B, S), "fp32", "rsqrt(mean + eps)"),
+        ("normalized (FP32)", (B, S, d), "fp32", "x * rstd"), ("normalized", (B, S, d), c, "type_as(input)"),
+        ("output", (B, S, d), c, "weight * normalized"))}
+    if c == "fp32":                          # .float() and type_as are no-ops on an FP32 input
+        p.op(f"{where}: pow(2)", alloc=[t["square"]])
+    else:
+        p.op(f"{where}: input.float()", alloc=[t["FP32 input"]])
+        p.op(f"{where}: pow(2)", alloc=[t["square"]])
+    p.op(f"{where}: mean", alloc=[t["mean"]])
+    p.op(f"{where}: rsqrt", alloc=[t["rstd"]])
+    p.op(f"{where}: x * rstd", free=[t["mean"]], alloc=[t["normalized (FP32)"]])
+    if c == "fp32":
+        p.op(f"{where}: * weight", free=[t["square"], t["rstd"], t["normalized (FP32)"]] + gone,
+             alloc=[t["output"]])
+    else:
+        p.op(f"{where}: type_as(input)", free=[t["square"], t["FP32 input"]], alloc=[t["normalized"]])
+        p.op(f"{where}: * weight", free=[t["normalized (FP32)"], t["rstd"], t["normalized"]] + gone,
+             alloc=[t["output"]])
+    return t["output"]
+
+
+def _rope(p, x, width, where, n, c):
+    """``apply_rotary_pos_emb`` on one of q, k (B S ``width``): returns the rotated tensor's name."""
+    B, S = n["B"], n["S"]
+    xc = p.new(f"{where} * cos", (B, S, width), c, "x * cos")
+    neg = p.new(f"{where}: -x2", (B, S, width // 2), c, "rotate_half: the second half negated")
+    rot = p.new(f"{where}: rotate_half", (B, S, width), c, "torch.cat((-x2, x1))")
+    rs = p.new(f"{where}: rotate_half * sin", (B, S, width), c, "rotate_half(x) * sin")
+    out = p.new(f"{where} rotated", (B, S, width), c, "(x * cos) + (rotate_half(x) * sin)")
+    p.op(f"{where} * cos", alloc=[xc])
+    p.op(f"{where}: -x2", alloc=[neg])
+    p.op(f"{where}: rotate_half (cat)", alloc=[rot])
+    p.op("released", free=[neg])
+    p.op(f"{where}: rotate_half * sin", alloc=[rs])
+    p.op(f"{where}: rotary sum", free=[rot], alloc=[out])
+    p.op("released", free=[xc, rs])
+    return out
+
+
+def _start(p, n, c, attention):
+    """Positions, embedding, rotary tables (and the eager mask): returns (hidden, [tables...], [mask...])."""
+    B, S, d, hd = n["B"], n["S"], n["d"], n["hd"]
+    pos = p.new("position ids", (S,), "int64", "torch.arange(S).unsqueeze(0)")
+    x = p.new("embedding output", (B, S, d), c, "the first block's input")
+    pos32 = p.new("positions (FP32)", (S,), "fp32", "position_ids[:, None, :].float()")
+    freqs = p.new("inv_freq @ positions", (S, hd // 2), "fp32", "the rotary angles")
+    emb = p.new("rotary angles cat", (S, hd), "fp32", "torch.cat((freqs, freqs), dim=-1)")
+    cos_t, sin_t = (p.new(f"{f}(angles)", (S, hd), "fp32", f"emb.{f}()") for f in ("cos", "sin"))
+    cos32, sin32 = (p.new(f"{f} * attention_scaling", (S, hd), "fp32", "FP32 table") for f in ("cos", "sin"))
+    p.op("positions (arange)", alloc=[pos])
+    p.op("embedding", alloc=[x])
+    p.op("positions.float()", alloc=[pos32])
+    p.op("inv_freq @ positions", alloc=[freqs])
+    p.op("cat(freqs, freqs)", alloc=[emb])
+    p.op("cos", free=[freqs, pos32], alloc=[cos_t])
+    p.op("cos * attention_scaling", alloc=[cos32])
+    p.op("sin", free=[cos_t], alloc=[sin_t])
+    p.op("sin * attention_scaling", alloc=[sin32])
+    if c == "fp32":                                      # .to(float32) returns the table itself
+        p.op("released", free=[sin_t, emb])
+        tables = [cos32, sin32]
+    else:
+        cos, sin = (p.new(f"{f} table", (S, hd), c, f"{f}.to(dtype)") for f in ("cos", "sin"))
+        p.op("cos.to(dtype)", free=[sin_t, emb], alloc=[cos])
+        p.op("sin.to(dtype)", alloc=[sin])
+        p.op("released", free=[cos32, sin32])
+        tables = [cos, sin]
+    mask = []
+    if attention == "eager":
+        ones = p.new("ones (S, S)", (S, S), "bool", "torch.ones(S, S)")
+        causal = p.new("causal (S, S)", (S, S), "bool", ".triu(1)")
+        keep = p.new("~causal", (S, S), "bool", "True where attended")
+        zero = p.new("0-d zero", (), c, "torch.zeros(())")
+        low = p.new("0-d finfo.min", (), c, "torch.where wraps the Python scalar in a 0-d tensor")
+        m = p.new("additive mask", (B, S, S), c, "torch.where(keep, 0, finfo.min), B x 1 x S x S")
+        p.op("mask: ones", alloc=[ones])
+        p.op("mask: triu", alloc=[causal])
+        p.op("released", free=[ones])
+        p.op("mask: ~causal", alloc=[keep])
+        p.op("mask: zero", alloc=[zero])
+        p.op("mask: finfo.min", alloc=[low])
+        p.op("mask: where", alloc=[m])
+        p.op("released", free=[zero, low, keep, causal])
+        mask = [m]
+    return x, tables, [pos] + mask
+
+
+def _attention_sdpa(p, q, n, c, where):
+    """SDPA's CPU flash kernel: the output (B H S d_h, laid out B S H d_h) and the FP32 logsumexp (B H S)."""
+    B, S, H, hd = n["B"], n["S"], n["H"], n["hd"]
+    out = p.new(f"{where}: attention output", (B, S, H * hd), c, "SDPA's output")
+    lse = p.new(f"{where}: logsumexp", (B, H, S), "fp32", "the flash kernel's second output")
+    p.op(f"{where}: SDPA (flash)", alloc=[out, lse])
+    return out, [lse]
+
+
+def _attention_eager(p, q, k, v, n, c, mask, where):
+    """transformers' ``eager_attention_forward``: ``repeat_kv`` copies under grouped-query attention, the
+    scores, scaled, plus the mask, the softmax in FP32 (:mod:`memledger.ledger.prefill`), cast back, ``@ v``."""
+    B, S, H, kv, hd = n["B"], n["S"], n["H"], n["kv"], n["hd"]
+    free_after = []
+    if kv != H:
+        k2, v2 = (p.new(f"{where}: repeat_kv {x}", (B, H, S, hd), c, "expand + reshape: a copy") for x in "KV")
+        p.op(f"{where}: repeat_kv K", alloc=[k2])
+        p.op(f"{where}: repeat_kv V", alloc=[v2])
+        free_after = [k2, v2]
+    kt = p.new(f"{where}: k^T copy", (B, H, hd, S), c, "matmul's expand + reshape of the transposed K")
+    raw = p.new(f"{where}: q @ k^T", (B, H, S, S), c, "the scores")
+    scaled = p.new(f"{where}: scores * scaling", (B, H, S, S), c, "scaled")
+    masked = p.new(f"{where}: scores + mask", (B, H, S, S), c, "masked")
+    soft = p.new(f"{where}: softmax (FP32)", (B, H, S, S), "fp32", "softmax(..., dtype=float32)")
+    out = p.new(f"{where}: attention output", (B, H, S, hd), c, "probs @ v")
+    p.op(f"{where}: k^T copy", alloc=[kt])
+    p.op(f"{where}: q @ k^T", alloc=[raw])
+    p.op(f"{where}: * scaling", free=[kt], alloc=[scaled])
+    p.op(f"{where}: + mask", free=[raw, scaled], alloc=[masked])
+    if c == "fp32":                 # an FP32 input is softmaxed as is; .to(float32) returns it
+        p.op(f"{where}: softmax", alloc=[soft])
+        p.op("released", free=[masked])
+        probs = soft
+    else:
+        copy = p.new(f"{where}: scores in FP32", (B, H, S, S), "fp32", "input_.toType(float32)")
+        probs = p.new(f"{where}: probabilities", (B, H, S, S), c, "softmax(...).to(dtype)")
+        p.op(f"{where}: scores to FP32", alloc=[copy])
+        p.op(f"{where}: softmax", alloc=[soft])
+        p.op(f"{where}: .to(dtype)", free=[copy], alloc=[probs])
+        p.op("released", free=[soft, masked])
+    p.op(f"{where}: probs @ v", alloc=[out])
+    p.op("released", free=[probs] + free_after)
+    return out, []
+
+
+def _block(p, n, c, x, tables, mask, i, attention):
+    """Block ``i``: returns (its output's name, its two cache tensors' names)."""
+    B, S, d, F, H, kv, hd = (n[k] for k in ("B", "S", "d", "F", "H", "kv", "hd"))
+    where = f"block {i}"
+    h = _norm(p, x, f"{where} norm 1", n, c)
+    qkv = p.new(f"{where}: QKV output", (B, S, (H + 2 * kv) * hd), c, "q, k, v are its views")
+    p.op(f"{where}: QKV projection", alloc=[qkv])
+    p.op("released", free=[h])
+    q = _rope(p, None, H * hd, f"{where}: q", n, c)
+    k = _rope(p, None, kv * hd, f"{where}: k", n, c)
+    K, V = (p.new(f"KV cache: block {i} {x}", (B, S, kv * hd), c, "DynamicLayer.update: torch.cat onto an empty "
+                  "tensor", kind=Kind.ACTIVATION) for x in "KV")
+    p.op(f"{where}: cache write K (cat)", alloc=[K])
+    p.op(f"{where}: cache write V (cat)", alloc=[V])
+    p.op("released", free=[k])
+    if attention == "eager":
+        a, extra = _attention_eager(p, q, K, V, n, c, mask, where)
+    else:
+        a, extra = _attention_sdpa(p, q, n, c, where)
+    p.op("released", free=extra + [q, qkv])
+    if attention == "eager":        # SDPA's output is laid out B S H d_h already: no copy
+        out_t = p.new(f"{where}: attention output, transposed", (B, S, H * hd), c, ".transpose(1, 2).contiguous()")
+        p.op(f"{where}: transpose(1, 2).contiguous()", alloc=[out_t])
+        p.op("released", free=[a])
+        a = out_t
+    o = p.new(f"{where}: output projection", (B, S, d), c, "o_proj")
+    x1 = p.new(f"{where}: attention residual sum", (B, S, d), c, "x + o")
+    p.op(f"{where}: output projection", alloc=[o])
+    p.op("released", free=[a])
+    p.op(f"{where}: residual add", alloc=[x1])
+    p.op("released", free=[o])
+    h2 = _norm(p, x1, f"{where} norm 2", n, c)
+    gate, silu, up, prod = (p.new(f"{where}: {k}", (B, S, F), c, k) for k in (
+        "gate projection", "SiLU(gate)", "up projection", "SiLU(gate) * up"))
+    down = p.new(f"{where}: down projection", (B, S, d), c, "down")
+    out = p.new(f"{where}: output", (B, S, d), c, "x + MLP(x)")
+    p.op(f"{where}: gate projection", alloc=[gate])
+    p.op(f"{where}: SiLU", alloc=[silu])
+    p.op("released", free=[gate])
+    p.op(f"{where}: up projection", alloc=[up])
+    p.op("released", free=[h2])
+    p.op(f"{where}: SiLU(gate) * up", alloc=[prod])
+    p.op("released", free=[silu, up])
+    p.op(f"{where}: down projection", alloc=[down])
+    p.op("released", free=[prod])
+    p.op(f"{where}: residual add", alloc=[out])
+    p.op("block returns", free=[down, x1, x])
+    return out, (K, V)
+
+
+def _end(p, n, c, x, logits_to_keep):
+    """The final norm, the LM head on the kept positions, the last position's logits in FP32."""
+    B, S, V = n["B"], n["S"], n["V"]
+    h = _norm(p, x, "final norm", n, c, free_input=True)
+    kept = S if logits_to_keep == 0 else min(logits_to_keep, S)
+    logits = p.new("logits", (B, kept, V), c, f"lm_head on the last {kept} position(s)")
+    last = p.new("next-token logits (FP32)", (B, V), "fp32", "logits[:, -1, :].to(copy=True, dtype=float32)")
+    p.op("LM head", alloc=[logits])
+    p.op("released", free=[h])
+    p.op("last position's logits to FP32", alloc=[last])
+    p.op("released", free=[logits])
+    return last
+
+
+def prefill_programs(arch, batch_size: int, seq_len: int, dtype: str = "bf16", attention: str = "sdpa",
+                     logits_to_keep: int = 1) -> list:
+    """[(layer or None, :class:`Program`)]: the start, each block, the end (module docstring)."""
+    n, c = _dims(arch, batch_size, seq_len), dtype
+    tensors = {}
+    start = Program(tensors)
+    x, tables, shared = _start(start, n, c, attention)
+    mask = shared[1] if len(shared) > 1 else None
+    programs = [(None, start)]
+    for i in range(arch.n_layers):
+        p = start.fork()
+        x, _ = _block(p, n, c, x, tables, mask, i, attention)
+        programs.append((i, p))
+    end = start.fork()
+    end.op("released", free=tables + shared)
+    _end(end, n, c, x, logits_to_keep)
+    programs.append((None, end))
+    return programs
+
+
+class Prefill:
+    """The prefill of ``arch`` over ``batch_size`` prompts of ``seq_len`` tokens, op by op (module docstring).
+
+    ``resident``: what is live before it (weights, ids, ``inv_freq``: :attr:`resident_bytes`, given or computed
+    from the parameter count in ``dtype``)."""
+
+    def __init__(self, arch, batch_size: int = 1, seq_len: int = 2048, dtype: str = "bf16",
+                 attention: str = "sdpa", logits_to_keep: int = 1, resident: int = None):
+        from ..core.choices import check_choice, check_count
+        if getattr(arch, "style", "llama") != "llama" or getattr(arch, "n_experts", 0):
+            raise ValueError("prefill: the op-by-op prefill models LLaMA blocks (dense, RMSNorm, rotary, gated MLP)")
+        check_choice("attention", attention, ATTENTIONS)
+        check_choice("dtype", dtype, DTYPES)
+        if not isinstance(logits_to_keep, int) or isinstance(logits_to_keep, bool) or logits_to_keep < 0:
+            raise ValueError(f"logits_to_keep must be a whole number >= 0 (0: every position), got {logits_to_keep!r}")
+        self.arch, self.dtype, self.attention, self.logits_to_keep = arch, dtype, attention, logits_to_keep
+        self.batch_size = check_count("batch_size", batch_size)
+        self.seq_len = check_count("seq_len", seq_len)
+        ids = self.batch_size * self.seq_len * 8
+        self.resident_bytes = (arch.params * nbytes(dtype) + ids + arch.head_dim // 2 * 4
+                               if resident is None else resident)
+
+    @cached_property
+    def programs(self) -> list:
+        return prefill_programs(self.arch, self.batch_size, self.seq_len, self.dtype, self.attention,
+                                self.logits_to_keep)
+
+    @cached_property
+    def moments(self) -> list:
+        """[(total, layer, op label, allocates?)] after every op."""
+        tensors = self.programs[0][1].tensors
+        live, total, out = set(), self.resident_bytes, []
+        for layer, p in self.programs:
+            for op in p.ops:
+                for name in op.frees:
+                    live.remove(name)
+                    total -= int(tensors[name].expr)
+                for name in op.allocs:
+                    live.add(name)
+                    total += int(tensors[name].expr)
+                out.append((total, layer, op.label, bool(op.allocs)))
+        return out
+
+    @cached_property
+    def peak(self) -> PrefillPeak:
+        total, layer, label, _ = max(self.moments, key=lambda m: m[0])
+        return PrefillPeak(total, label, layer)
+
+    @property
+    def after(self) -> int:
+        """The total once the prefill has returned: the resident bytes, the cache and the FP32 logits."""
+        return self.moments[-1][0]
