@@ -36,8 +36,9 @@ coincided with the buffer's peak).
 FP8/int8), whose FP32 upcast depends on ``backend`` (``"cuda"`` or ``"cpu"``).
 
 :attr:`Inference.prefill`: the whole prefill op by op (:mod:`memledger.step.prefill`), where it models the setup
-(LLaMA blocks, unquantized BF16 or FP32 weights with the KV cache in the same dtype, one GPU; ``flash`` and
-``sdpa`` run its SDPA program): the exact prefill peak and the op it is at, beside the rows (which stay the
+(LLaMA blocks, BF16 or FP32 weights, or NF4 projections with double quantization computing in them, the KV
+cache in the same dtype, one GPU; ``flash`` and ``sdpa`` run its SDPA program; resident: the weight rows, the ids
+and RoPE's ``inv_freq``): the exact prefill peak and the op it is at, beside the rows (which stay the
 convention above). ``logits_to_keep``: the LM head on the last position (1, ``generate``'s default) or on all
 positions (0).
 """
@@ -199,8 +200,10 @@ class Inference:
         a = self.arch
         if a.style != "llama" or a.n_experts or a.features.parallel:
             return "the op-by-op prefill models dense LLaMA blocks"
-        if self.quantization != "none":
-            return f"{self.quantization} weights' prefill is not modelled op by op"
+        if self.quantization == "int8":
+            return "LLM.int8 weights' prefill is not modelled op by op"
+        if self.quantization == "nf4" and not self.double_quant:
+            return "NF4 without double quantization is not modelled op by op"
         if self.tp > 1:
             return "the op-by-op prefill runs on one GPU (tp 1)"
         if self.weight_dtype not in ("bf16", "fp32") or self.kv_dtype != self.weight_dtype:
@@ -213,8 +216,10 @@ class Inference:
         if self.prefill_unmodelled:
             return None
         from ..step.prefill import Prefill
+        resident = self.weights + self.batch_size * self.seq_len * 8 + self.arch.head_dim // 2 * 4
         return Prefill(self.arch, self.batch_size, self.seq_len, self.weight_dtype,
-                       "eager" if self.attention == "eager" else "sdpa", self.logits_to_keep)
+                       "eager" if self.attention == "eager" else "sdpa", self.logits_to_keep, resident,
+                       "dense" if self.quantization == "none" else "nf4")
 
     @property
     def footprint(self) -> int:

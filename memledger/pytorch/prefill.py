@@ -177,11 +177,29 @@ def generate_prefill(model, ids, logits_to_keep: int = 1, mark=None):
         return logits[:, -1, :].to(copy=True, dtype=torch.float32), cache
 
 
+def quantize_blocks(model):
+    """The blocks' projections as bitsandbytes NF4 (double quantization), as transformers'
+    ``replace_with_bnb_linear`` swaps them (:class:`memledger.pytorch.lora.QuantLinear`: forward dequantizes the
+    absmax to FP32 and the weight to the input's dtype, then ``F.linear``); embeddings, norms and the LM head stay."""
+    from .lora import QuantLinear
+    for block in model.blocks:
+        for name in ("qkv", "proj", "gate", "up", "down"):
+            old = getattr(block, name)
+            new = QuantLinear(old.in_features, old.out_features, bias=old.bias is not None)
+            for key, p in list(new._parameters.items()):     # frozen: buffers (MemTracker hooks parameters)
+                if p is not None:
+                    del new._parameters[key]
+                    new.register_buffer(key, p.detach())
+            setattr(block, name, new)
+    return model
+
+
 def memtracker_generate_prefill(c: RefConfig, batch: int, seq: int, dtype: str = "bf16",
-                                logits_to_keep: int = 1) -> dict:
+                                logits_to_keep: int = 1, nf4: bool = False) -> dict:
     """MemTracker's run of :func:`generate_prefill` under ``FakeTensorMode`` (CPU bytes): {"before": weights, the
     ``inv_freq`` buffer and the ids, "peak", "after": with the FP32 logits and the cache, "trace": [(total, op),
-    ...] after every op, "marks": [(name, index into trace), ...]}."""
+    ...] after every op, "marks": [(name, index into trace), ...]}; ``nf4``: the blocks' projections in NF4
+    (:func:`quantize_blocks`)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from .measure import _tracker_class
@@ -189,6 +207,13 @@ def memtracker_generate_prefill(c: RefConfig, batch: int, seq: int, dtype: str =
     cpu = torch.device("cpu")
     with FakeTensorMode():
         model = make_model(c, loop).eval()
+        if nf4:
+            before_dtype = torch.get_default_dtype()
+            torch.set_default_dtype(torch.float32 if dtype == "fp32" else torch.bfloat16)
+            try:
+                quantize_blocks(model)
+            finally:
+                torch.set_default_dtype(before_dtype)
         ids = torch.randint(0, c.V, (batch, seq))
         tracker = _tracker_class()()
         tracker.trace = []

@@ -31,15 +31,24 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from ..core.dtypes import nbytes
+from ..states.bnb import BLOCKSIZE, nf4_parts
 from .ops import Program
 from .vocab import Kind
 
-__all__ = ["ATTENTIONS", "DTYPES", "Prefill", "PrefillPeak", "prefill_programs"]
+__all__ = ["ATTENTIONS", "DTYPES", "WEIGHTS", "Prefill", "PrefillPeak", "prefill_programs", "projection_shapes"]
 
 #: The attention kernels the prefill runs: SDPA (flash: no S x S tensor) and transformers' eager core.
 ATTENTIONS = ("sdpa", "eager")
 #: The compute dtypes the prefill is checked in.
 DTYPES = ("bf16", "fp32")
+#: The blocks' projections: in the compute dtype, or bitsandbytes NF4 with double quantization.
+WEIGHTS = ("dense", "nf4")
+
+
+def projection_shapes(arch) -> list:
+    """(out, in) of one block's projections: the fused QKV, the output projection, gate, up, down."""
+    d, F, H, kv, hd = arch.d_model, arch.d_ff, arch.n_heads, arch.kv_heads, arch.head_dim
+    return [((H + 2 * kv) * hd, d), (d, H * hd), (F, d), (F, d), (d, F)]
 
 
 @dataclass(frozen=True)
@@ -56,9 +65,9 @@ def _dims(arch, B, S):
 
 
 def _norm(p, x, where, n, c, free_input=False):
-    """ATen's composite ``rms_norm`` on ``x`` (B S d): returns the name of its output. MemTracker sees the
-    weight's product only once ``rms_norm``'s temporaries are gone (no moment holds both); ``free_input``: the
-    caller drops ``x`` then too (the final norm)."""
+    """ATen's composite ``rms_norm`` on ``x`` (B S d): returns the name of its output. MemTracker never sees the
+    weight's product beside the normalized tensor it multiplies (its moment holds one of them); the FP32
+    temporaries go as ``rms_norm`` returns; ``free_input``: the caller drops ``x`` then too (the final norm)."""
     gone = [x] if free_input else []
     B, S, d = n["B"], n["S"], n["d"]
     t = {k: p.new(f"{where}: {k}", shape, dtype, why) for k, shape, dtype, why in (
@@ -79,8 +88,8 @@ def _norm(p, x, where, n, c, free_input=False):
              alloc=[t["output"]])
     else:
         p.op(f"{where}: type_as(input)", free=[t["square"], t["FP32 input"]], alloc=[t["normalized"]])
-        p.op(f"{where}: * weight", free=[t["normalized (FP32)"], t["rstd"], t["normalized"]] + gone,
-             alloc=[t["output"]])
+        p.op(f"{where}: * weight", free=[t["normalized"]], alloc=[t["output"]])
+        p.op("released", free=[t["normalized (FP32)"], t["rstd"]] + gone)
     return t["output"]
 
 
@@ -169,15 +178,18 @@ def _attention_eager(p, q, k, v, n, c, mask, where):
         p.op(f"{where}: repeat_kv K", alloc=[k2])
         p.op(f"{where}: repeat_kv V", alloc=[v2])
         free_after = [k2, v2]
-    kt = p.new(f"{where}: k^T copy", (B, H, hd, S), c, "matmul's expand + reshape of the transposed K")
+    # matmul folds (B, H) into one batch dimension: the rotated q keeps the QKV output's B S H d_h layout, so
+    # for B > 1 it is copied first (B = 1 folds as a view)
+    qc = p.new(f"{where}: q copy", (B, H, S, hd), c, "matmul's reshape of q to (B H) x S x d_h") if B > 1 else None
     raw = p.new(f"{where}: q @ k^T", (B, H, S, S), c, "the scores")
     scaled = p.new(f"{where}: scores * scaling", (B, H, S, S), c, "scaled")
     masked = p.new(f"{where}: scores + mask", (B, H, S, S), c, "masked")
     soft = p.new(f"{where}: softmax (FP32)", (B, H, S, S), "fp32", "softmax(..., dtype=float32)")
     out = p.new(f"{where}: attention output", (B, H, S, hd), c, "probs @ v")
-    p.op(f"{where}: k^T copy", alloc=[kt])
+    if qc:
+        p.op(f"{where}: q copy", alloc=[qc])
     p.op(f"{where}: q @ k^T", alloc=[raw])
-    p.op(f"{where}: * scaling", free=[kt], alloc=[scaled])
+    p.op(f"{where}: * scaling", free=[qc], alloc=[scaled])
     p.op(f"{where}: + mask", free=[raw, scaled], alloc=[masked])
     if c == "fp32":                 # an FP32 input is softmaxed as is; .to(float32) returns it
         p.op(f"{where}: softmax", alloc=[soft])
@@ -195,13 +207,30 @@ def _attention_eager(p, q, k, v, n, c, mask, where):
     return out, []
 
 
-def _block(p, n, c, x, tables, mask, i, attention):
+def _linear(p, c, nf4, label, out, shape):
+    """One block projection writing ``out``; NF4 (``shape`` = (out, in)): the reference's ``NF4Linear`` (the
+    QLoRA step's :func:`memledger.step.lora._base_forward`): the absmax dequantized to FP32, then the weight to
+    the compute dtype, the absmax released, ``F.linear``, the weight released."""
+    if not nf4:
+        p.op(label, alloc=[out])
+        return
+    n = shape[0] * shape[1]
+    scales = p.new(f"{label}: absmax dequantized", (-(-n // BLOCKSIZE),), "fp32", "the 8-bit absmax to FP32")
+    weight = p.new(f"{label}: weight dequantized", shape, c, "the NF4 weight in the compute dtype")
+    p.op(f"{label}: dequantize absmax", alloc=[scales])
+    p.op(f"{label}: dequantize weight", alloc=[weight])
+    p.op("released", free=[scales])
+    p.op(f"{label} (NF4)", alloc=[out])
+    p.op("released", free=[weight])
+
+
+def _block(p, n, c, x, tables, mask, i, attention, nf4=False):
     """Block ``i``: returns (its output's name, its two cache tensors' names)."""
     B, S, d, F, H, kv, hd = (n[k] for k in ("B", "S", "d", "F", "H", "kv", "hd"))
     where = f"block {i}"
     h = _norm(p, x, f"{where} norm 1", n, c)
     qkv = p.new(f"{where}: QKV output", (B, S, (H + 2 * kv) * hd), c, "q, k, v are its views")
-    p.op(f"{where}: QKV projection", alloc=[qkv])
+    _linear(p, c, nf4, f"{where}: QKV projection", qkv, ((H + 2 * kv) * hd, d))
     p.op("released", free=[h])
     q = _rope(p, None, H * hd, f"{where}: q", n, c)
     k = _rope(p, None, kv * hd, f"{where}: k", n, c)
@@ -222,7 +251,7 @@ def _block(p, n, c, x, tables, mask, i, attention):
         a = out_t
     o = p.new(f"{where}: output projection", (B, S, d), c, "o_proj")
     x1 = p.new(f"{where}: attention residual sum", (B, S, d), c, "x + o")
-    p.op(f"{where}: output projection", alloc=[o])
+    _linear(p, c, nf4, f"{where}: output projection", o, (d, H * hd))
     p.op("released", free=[a])
     p.op(f"{where}: residual add", alloc=[x1])
     p.op("released", free=[o])
@@ -231,14 +260,14 @@ def _block(p, n, c, x, tables, mask, i, attention):
         "gate projection", "SiLU(gate)", "up projection", "SiLU(gate) * up"))
     down = p.new(f"{where}: down projection", (B, S, d), c, "down")
     out = p.new(f"{where}: output", (B, S, d), c, "x + MLP(x)")
-    p.op(f"{where}: gate projection", alloc=[gate])
+    _linear(p, c, nf4, f"{where}: gate projection", gate, (F, d))
     p.op(f"{where}: SiLU", alloc=[silu])
     p.op("released", free=[gate])
-    p.op(f"{where}: up projection", alloc=[up])
+    _linear(p, c, nf4, f"{where}: up projection", up, (F, d))
     p.op("released", free=[h2])
     p.op(f"{where}: SiLU(gate) * up", alloc=[prod])
     p.op("released", free=[silu, up])
-    p.op(f"{where}: down projection", alloc=[down])
+    _linear(p, c, nf4, f"{where}: down projection", down, (d, F))
     p.op("released", free=[prod])
     p.op(f"{where}: residual add", alloc=[out])
     p.op("block returns", free=[down, x1, x])
@@ -260,7 +289,7 @@ def _end(p, n, c, x, logits_to_keep):
 
 
 def prefill_programs(arch, batch_size: int, seq_len: int, dtype: str = "bf16", attention: str = "sdpa",
-                     logits_to_keep: int = 1) -> list:
+                     logits_to_keep: int = 1, weights: str = "dense") -> list:
     """[(layer or None, :class:`Program`)]: the start, each block, the end (module docstring)."""
     n, c = _dims(arch, batch_size, seq_len), dtype
     tensors = {}
@@ -270,7 +299,7 @@ def prefill_programs(arch, batch_size: int, seq_len: int, dtype: str = "bf16", a
     programs = [(None, start)]
     for i in range(arch.n_layers):
         p = start.fork()
-        x, _ = _block(p, n, c, x, tables, mask, i, attention)
+        x, _ = _block(p, n, c, x, tables, mask, i, attention, weights == "nf4")
         programs.append((i, p))
     end = start.fork()
     end.op("released", free=tables + shared)
@@ -286,25 +315,37 @@ class Prefill:
     from the parameter count in ``dtype``)."""
 
     def __init__(self, arch, batch_size: int = 1, seq_len: int = 2048, dtype: str = "bf16",
-                 attention: str = "sdpa", logits_to_keep: int = 1, resident: int = None):
+                 attention: str = "sdpa", logits_to_keep: int = 1, resident: int = None, weights: str = "dense"):
         from ..core.choices import check_choice, check_count
         if getattr(arch, "style", "llama") != "llama" or getattr(arch, "n_experts", 0):
             raise ValueError("prefill: the op-by-op prefill models LLaMA blocks (dense, RMSNorm, rotary, gated MLP)")
         check_choice("attention", attention, ATTENTIONS)
         check_choice("dtype", dtype, DTYPES)
+        check_choice("weights", weights, WEIGHTS)
         if not isinstance(logits_to_keep, int) or isinstance(logits_to_keep, bool) or logits_to_keep < 0:
             raise ValueError(f"logits_to_keep must be a whole number >= 0 (0: every position), got {logits_to_keep!r}")
         self.arch, self.dtype, self.attention, self.logits_to_keep = arch, dtype, attention, logits_to_keep
+        self.weights = weights
         self.batch_size = check_count("batch_size", batch_size)
         self.seq_len = check_count("seq_len", seq_len)
         ids = self.batch_size * self.seq_len * 8
-        self.resident_bytes = (arch.params * nbytes(dtype) + ids + arch.head_dim // 2 * 4
-                               if resident is None else resident)
+        self.resident_bytes = (self.weight_bytes + ids + arch.head_dim // 2 * 4 if resident is None else resident)
+
+    @property
+    def weight_bytes(self) -> int:
+        """The parameters in ``dtype``; under NF4 the blocks' projections as packed codes and double-quantized
+        absmax (:func:`memledger.states.bnb.nf4_parts`; no code tables: the reference holds none)."""
+        a, c = self.arch, nbytes(self.dtype)
+        if self.weights == "dense":
+            return a.params * c
+        quantized = sum(o * i for o, i in projection_shapes(a)) * a.n_layers
+        parts = [nf4_parts(o * i) for o, i in projection_shapes(a)]
+        return (a.params - quantized) * c + a.n_layers * sum(x["packed"] + x["absmax"] for x in parts)
 
     @cached_property
     def programs(self) -> list:
         return prefill_programs(self.arch, self.batch_size, self.seq_len, self.dtype, self.attention,
-                                self.logits_to_keep)
+                                self.logits_to_keep, self.weights)
 
     @cached_property
     def moments(self) -> list:

@@ -27,7 +27,7 @@ def test_unmodelled_says_why(capsys):
 
 @pytest.mark.parametrize("args, words", [
     (["--logits-to-keep", "-1"], "logits_to_keep"), (["--logits-to-keep", "x"], "logits_to_keep"),
-    (["--weights", "nf4", "--logits-to-keep", "0"], "logits_to_keep")])
+    (["--weights", "int8", "--logits-to-keep", "0"], "logits_to_keep")])
 def test_bad_input_one_line_exit_2(capsys, args, words):
     code, out, err = run(capsys, "infer", "--preset", "llama2-7b", *args)
     assert code == 2 and out == "" and err.count("\n") == 1 and words in err

@@ -16,11 +16,11 @@ SMALL = dict(d=64, L=2, H=8, F=96, V=100)
 LLAMA2_7B = dict(d=4096, L=32, H=32, F=11008, V=32000)
 
 
-def against_memtracker(shape, batch, seq, attention="sdpa", kv=None, dtype="bf16", keep=1):
+def against_memtracker(shape, batch, seq, attention="sdpa", kv=None, dtype="bf16", keep=1, nf4=False):
     c = RefConfig(**shape, style="llama", attention=attention, rmsnorm="fused", softmax_fp32=attention == "eager",
                   n_kv_heads=kv)
-    measured = memtracker_generate_prefill(c, batch, seq, dtype=dtype, logits_to_keep=keep)
-    ours = Prefill(architecture_of(c), batch, seq, dtype, attention, keep)
+    measured = memtracker_generate_prefill(c, batch, seq, dtype=dtype, logits_to_keep=keep, nf4=nf4)
+    ours = Prefill(architecture_of(c), batch, seq, dtype, attention, keep, weights="nf4" if nf4 else "dense")
     assert ours.resident_bytes == measured["before"]        # weights, ids and inv_freq, from the parameter count
     theirs = [total for total, _ in measured["trace"]]
     rest = iter(theirs)             # MemTracker samples after every ATen op; every op of ours that allocates is one
@@ -42,6 +42,11 @@ def test_small_shapes_op_by_op(attention, kv, dtype, keep):
     against_memtracker(SMALL, 2, 16, attention, kv, dtype, keep)
 
 
+@pytest.mark.parametrize("attention,kv", [("sdpa", None), ("eager", 2)])
+def test_nf4_projections(attention, kv):
+    against_memtracker(SMALL, 2, 16, attention, kv, nf4=True)
+
+
 def test_the_peak_moves_to_the_scores_under_eager_attention():
     ours, _ = against_memtracker(SMALL, 2, 64, "eager")
     assert ours.peak.op.endswith("softmax")
@@ -53,3 +58,8 @@ def test_the_peak_moves_to_the_scores_under_eager_attention():
 def test_llama2_7b_at_4096(attention):
     ours, measured = against_memtracker(LLAMA2_7B, 1, 4096, attention)
     assert ours.peak.layer == 31
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_llama2_7b_nf4_at_4096(attention):
+    against_memtracker(LLAMA2_7B, 1, 4096, attention, nf4=True)

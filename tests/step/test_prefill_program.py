@@ -45,9 +45,12 @@ def test_inference_reads_it_or_says_why_not():
     inf = Inference("llama2-7b", seq_len=4096, attention="eager")
     assert inf.to_dict()["prefill"]["peak"] == inf.prefill.peak.bytes == Prefill(
         get_preset("llama2-7b"), 1, 4096, attention="eager").peak.bytes
-    nf4 = Inference("llama2-7b", quantization="nf4")
-    assert nf4.prefill is None and "nf4" in nf4.to_dict()["prefill"]["why"]
+    int8 = Inference("llama2-7b", quantization="int8")
+    assert int8.prefill is None and "LLM.int8" in int8.to_dict()["prefill"]["why"]
     with pytest.raises(ValueError, match="logits_to_keep"):
-        Inference("llama2-7b", quantization="nf4", logits_to_keep=0)
+        Inference("llama2-7b", quantization="int8", logits_to_keep=0)
+    nf4 = Inference("llama2-7b", quantization="nf4")          # the weight rows (code tables included) are resident
+    assert nf4.prefill.resident_bytes == nf4.weights + 2048 * 8 + 64 * 4
+    assert nf4.prefill.peak.op.endswith("(NF4)")
     every = Inference("llama3-8b", seq_len=4096, logits_to_keep=0).prefill.peak      # 128,256-token vocabulary
     assert every.op == "LM head" and Inference("llama3-8b", seq_len=4096).prefill.peak.op != "LM head"
