@@ -245,7 +245,7 @@ class Inference:
         return {"inputs": {"batch_size": self.batch_size, "seq_len": self.seq_len, "weight_dtype": self.weight_dtype,
                            "kv_dtype": self.kv_dtype, "tp": self.tp, "overhead_bytes": self.overhead_bytes,
                            "quantization": self.quantization, "double_quant": self.double_quant,
-                           "attention": self.attention, "backend": self.backend,
+                           "attention": self.attention, "backend": self.backend, "logits_to_keep": self.logits_to_keep,
                            "n_params": self.arch.params, "n_kv_heads": self.arch.kv_heads,
                            "head_dim": self.arch.head_dim},
                 "rows": [r.to_dict() for r in self.rows],

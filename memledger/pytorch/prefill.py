@@ -4,7 +4,11 @@ What a serving loop's first step runs (transformers' ``generate``): the embeddin
 B x S prompt, the final norm over all positions, the LM head on the last position only
 (``logits_to_keep=1``) and that position's logits copied to FP32
 (``outputs.logits[:, -1, :].to(copy=True, dtype=torch.float32)``, ``generation/utils.py`` ``_sample``).
-No KV cache is written here: serving preallocates it (:mod:`memledger.ledger.prefill` books it beside).
+No KV cache is written by :func:`prefill` (the eager softmax moment of :mod:`memledger.ledger.prefill` is checked
+on it); :func:`generate_prefill` is the whole of ``generate``'s first forward as transformers runs LLaMA, on the
+reference's modules: rotary tables and ``apply_rotary_pos_emb``, a ``DynamicCache`` written block by block, SDPA
+or the eager core, ``logits_to_keep`` (:mod:`memledger.step.prefill` models it op by op), optionally with NF4
+projections (:func:`quantize_blocks`).
 
 The causal mask is built once before the blocks, as the decoder builds it: the reference's bool (S, S) mask,
 or under ``RefConfig(softmax_fp32=True)`` transformers' additive float mask (``masking_utils.eager_mask``:

@@ -23,6 +23,13 @@ log and checked against it to the byte by ``tests/step/test_prefill.py``):
   (``logits_to_keep=0``), and that position's logits copied to FP32
   (``outputs.logits[:, -1, :].to(copy=True, dtype=torch.float32)``).
 
+Weights in the compute dtype (BF16, FP32) or the blocks' projections in bitsandbytes NF4 with double
+quantization (``weights="nf4"``): each projection then runs as the reference's ``NF4Linear`` and the QLoRA step
+(:mod:`memledger.step.lora`) run it: the absmax dequantized to FP32 (n/64 values), the weight to the compute
+dtype, the absmax released, ``F.linear``, the weight released. (:func:`memledger.states.bnb.nf4_dequant_bytes`
+books a second FP32 absmax, alive with the weight, for the double-quantization offset; that is bitsandbytes'
+CUDA path from its source, which nothing here can run.) LLM.int8 is not modelled op by op.
+
 :class:`Prefill` evaluates the totals after every op (resident: the weights, the ids and the FP32 ``inv_freq``
 buffer, d_h/2 values) and names the op and block of the peak. Programs are lists of
 :class:`memledger.step.ops.ProgramOp` over :class:`memledger.step.ops.Tensor` rows (:class:`~memledger.step.ops.Program`).
@@ -93,7 +100,7 @@ def _norm(p, x, where, n, c, free_input=False):
     return t["output"]
 
 
-def _rope(p, x, width, where, n, c):
+def _rope(p, width, where, n, c):
     """``apply_rotary_pos_emb`` on one of q, k (B S ``width``): returns the rotated tensor's name."""
     B, S = n["B"], n["S"]
     xc = p.new(f"{where} * cos", (B, S, width), c, "x * cos")
@@ -112,7 +119,8 @@ def _rope(p, x, width, where, n, c):
 
 
 def _start(p, n, c, attention):
-    """Positions, embedding, rotary tables (and the eager mask): returns (hidden, [tables...], [mask...])."""
+    """Positions, embedding, rotary tables (and the eager mask): returns (hidden, the tables, the positions and
+    mask), the last two held until the blocks have run."""
     B, S, d, hd = n["B"], n["S"], n["d"], n["hd"]
     pos = p.new("position ids", (S,), "int64", "torch.arange(S).unsqueeze(0)")
     x = p.new("embedding output", (B, S, d), c, "the first block's input")
@@ -159,7 +167,7 @@ def _start(p, n, c, attention):
     return x, tables, [pos] + mask
 
 
-def _attention_sdpa(p, q, n, c, where):
+def _attention_sdpa(p, n, c, where):
     """SDPA's CPU flash kernel: the output (B H S d_h, laid out B S H d_h) and the FP32 logsumexp (B H S)."""
     B, S, H, hd = n["B"], n["S"], n["H"], n["hd"]
     out = p.new(f"{where}: attention output", (B, S, H * hd), c, "SDPA's output")
@@ -168,7 +176,7 @@ def _attention_sdpa(p, q, n, c, where):
     return out, [lse]
 
 
-def _attention_eager(p, q, k, v, n, c, mask, where):
+def _attention_eager(p, n, c, where):
     """transformers' ``eager_attention_forward``: ``repeat_kv`` copies under grouped-query attention, the
     scores, scaled, plus the mask, the softmax in FP32 (:mod:`memledger.ledger.prefill`), cast back, ``@ v``."""
     B, S, H, kv, hd = n["B"], n["S"], n["H"], n["kv"], n["hd"]
@@ -224,7 +232,7 @@ def _linear(p, c, nf4, label, out, shape):
     p.op("released", free=[weight])
 
 
-def _block(p, n, c, x, tables, mask, i, attention, nf4=False):
+def _block(p, n, c, x, i, attention, nf4=False):
     """Block ``i``: returns (its output's name, its two cache tensors' names)."""
     B, S, d, F, H, kv, hd = (n[k] for k in ("B", "S", "d", "F", "H", "kv", "hd"))
     where = f"block {i}"
@@ -232,17 +240,17 @@ def _block(p, n, c, x, tables, mask, i, attention, nf4=False):
     qkv = p.new(f"{where}: QKV output", (B, S, (H + 2 * kv) * hd), c, "q, k, v are its views")
     _linear(p, c, nf4, f"{where}: QKV projection", qkv, ((H + 2 * kv) * hd, d))
     p.op("released", free=[h])
-    q = _rope(p, None, H * hd, f"{where}: q", n, c)
-    k = _rope(p, None, kv * hd, f"{where}: k", n, c)
+    q = _rope(p, H * hd, f"{where}: q", n, c)
+    k = _rope(p, kv * hd, f"{where}: k", n, c)
     K, V = (p.new(f"KV cache: block {i} {x}", (B, S, kv * hd), c, "DynamicLayer.update: torch.cat onto an empty "
                   "tensor", kind=Kind.ACTIVATION) for x in "KV")
     p.op(f"{where}: cache write K (cat)", alloc=[K])
     p.op(f"{where}: cache write V (cat)", alloc=[V])
     p.op("released", free=[k])
     if attention == "eager":
-        a, extra = _attention_eager(p, q, K, V, n, c, mask, where)
+        a, extra = _attention_eager(p, n, c, where)
     else:
-        a, extra = _attention_sdpa(p, q, n, c, where)
+        a, extra = _attention_sdpa(p, n, c, where)
     p.op("released", free=extra + [q, qkv])
     if attention == "eager":        # SDPA's output is laid out B S H d_h already: no copy
         out_t = p.new(f"{where}: attention output, transposed", (B, S, H * hd), c, ".transpose(1, 2).contiguous()")
@@ -295,11 +303,10 @@ def prefill_programs(arch, batch_size: int, seq_len: int, dtype: str = "bf16", a
     tensors = {}
     start = Program(tensors)
     x, tables, shared = _start(start, n, c, attention)
-    mask = shared[1] if len(shared) > 1 else None
     programs = [(None, start)]
     for i in range(arch.n_layers):
         p = start.fork()
-        x, _ = _block(p, n, c, x, tables, mask, i, attention, weights == "nf4")
+        x, _ = _block(p, n, c, x, i, attention, weights == "nf4")
         programs.append((i, p))
     end = start.fork()
     end.op("released", free=tables + shared)

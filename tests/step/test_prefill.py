@@ -23,10 +23,11 @@ def against_memtracker(shape, batch, seq, attention="sdpa", kv=None, dtype="bf16
     ours = Prefill(architecture_of(c), batch, seq, dtype, attention, keep, weights="nf4" if nf4 else "dense")
     assert ours.resident_bytes == measured["before"]        # weights, ids and inv_freq, from the parameter count
     theirs = [total for total, _ in measured["trace"]]
-    rest = iter(theirs)             # MemTracker samples after every ATen op; every op of ours that allocates is one
-    for total, layer, label, allocates in ours.moments:
-        if allocates:
+    rest, last = iter(theirs), None     # MemTracker samples after every ATen op; each total after an op of ours
+    for total, layer, label, allocates in ours.moments:    # that allocates is one of them, in order (a repeated
+        if allocates and total != last:                    # total is one sample)
             assert any(total == t for t in rest), (layer, label, total)
+            last = total
     bounds = [k for _, k in measured["marks"]] + [len(theirs)]
     for i in range(c.L):            # each block's largest total
         assert max(t for t, layer, _, _ in ours.moments if layer == i) == max(theirs[bounds[i]:bounds[i + 1]]), i
