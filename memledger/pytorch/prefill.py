@@ -21,7 +21,8 @@ import torch.nn.functional as F
 
 from .reference import RefConfig, make_model
 
-__all__ = ["LOGITS_TO_KEEP", "generate_prefill", "memtracker_generate_prefill", "memtracker_prefill", "prefill"]
+__all__ = ["LOGITS_TO_KEEP", "NF4Fallback", "generate_prefill", "memtracker_generate_prefill", "memtracker_prefill",
+           "prefill", "quantize_blocks"]
 
 
 def _mask(c: RefConfig, batch: int, seq: int, dtype, device):
@@ -181,20 +182,40 @@ def generate_prefill(model, ids, logits_to_keep: int = 1, mark=None):
         return logits[:, -1, :].to(copy=True, dtype=torch.float32), cache
 
 
+class NF4Fallback(torch.nn.Module):
+    """A block projection (out x in) in bitsandbytes NF4 with double quantization, as ``Linear4bit`` holds it
+    (buffers: packed codes, 8-bit absmax per 64, FP32 per 256 absmax, and the ``QuantState``'s tables: the 16-value
+    code, the 256-value dynamic map, the 0-d offset; :mod:`memledger.states.bnb`) and as prefill runs it on CUDA
+    (M = B*S > 1536: ``_dequant_linear_fallback``, ``bitsandbytes/backends/cuda/ops.py`` l. 904-916 at 95f9af30):
+    ``absmax_dq`` (FP32), ``absmax_dq + absmax_offset``, the weight dequantized to the input's dtype, then
+    ``F.linear``; all three live until it returns. Allocates what those kernels allocate, without NF4's values."""
+
+    def __init__(self, inp: int, out: int, bias: bool = False):
+        super().__init__()
+        from .lora import nf4_sizes
+        self.shape = (out, inp)
+        packed, absmax, absmax2 = nf4_sizes(out * inp)
+        for name, n, dtype in (("packed", packed, torch.uint8), ("absmax", absmax, torch.uint8),
+                               ("absmax2", absmax2, torch.float32), ("code", 16, torch.float32),
+                               ("absmax_code", 256, torch.float32)):
+            self.register_buffer(name, torch.empty(n, dtype=dtype))
+        self.register_buffer("offset", torch.zeros((), dtype=torch.float32))
+        self.register_buffer("bias", torch.empty(out) if bias else None)
+
+    def forward(self, x):
+        absmax_dq = torch.empty(self.absmax.shape, dtype=torch.float32, device=x.device)
+        _absmax = absmax_dq + self.offset           # bitsandbytes rebinds absmax: it lives until return
+        weight = torch.empty(self.shape, dtype=x.dtype, device=x.device)
+        return F.linear(x, weight, self.bias)
+
+
 def quantize_blocks(model):
-    """The blocks' projections as bitsandbytes NF4 (double quantization), as transformers'
-    ``replace_with_bnb_linear`` swaps them (:class:`memledger.pytorch.lora.QuantLinear`: forward dequantizes the
-    absmax to FP32 and the weight to the input's dtype, then ``F.linear``); embeddings, norms and the LM head stay."""
-    from .lora import QuantLinear
+    """The blocks' projections as bitsandbytes NF4 (:class:`NF4Fallback`), as transformers'
+    ``replace_with_bnb_linear`` swaps them; embeddings, norms and the LM head stay."""
     for block in model.blocks:
         for name in ("qkv", "proj", "gate", "up", "down"):
             old = getattr(block, name)
-            new = QuantLinear(old.in_features, old.out_features, bias=old.bias is not None)
-            for key, p in list(new._parameters.items()):     # frozen: buffers (MemTracker hooks parameters)
-                if p is not None:
-                    del new._parameters[key]
-                    new.register_buffer(key, p.detach())
-            setattr(block, name, new)
+            setattr(block, name, NF4Fallback(old.in_features, old.out_features, bias=old.bias is not None))
     return model
 
 

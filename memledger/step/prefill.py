@@ -1,9 +1,12 @@
 """Inference prefill, op by op: what ``generate``'s first forward allocates and frees over a B x S prompt.
 
+The blocks are the reference decoder's: one fused QKV projection whose output q, k and v view until attention
+returns (transformers' LLaMA runs ``q_proj``, ``k_proj`` and ``v_proj`` as three layers; with NF4 weights, three
+``Linear4bit`` and their tables, which :class:`memledger.ledger.inference.Inference` books as resident).
 The forward runs under ``torch.no_grad`` (nothing is saved for a backward pass), so every tensor dies with its
 last Python reference. The programs follow :func:`memledger.pytorch.prefill.generate_prefill` (transformers'
 LLaMA as ``generate`` runs it, on the reference decoder's modules; PyTorch 2.13, CPU, read off MemTracker's
-log and checked against it to the byte by ``tests/step/test_prefill.py``):
+log and checked against it to the byte by ``tests/step/test_prefill_memtracker.py``):
 
 * before the blocks: the positions (``arange``, S int64), the embedding (B S d), the rotary tables
   (``LlamaRotaryEmbedding.forward``: ``inv_freq @ positions`` in FP32, ``cat((freqs, freqs))``, ``cos``/``sin``
@@ -24,11 +27,12 @@ log and checked against it to the byte by ``tests/step/test_prefill.py``):
   (``outputs.logits[:, -1, :].to(copy=True, dtype=torch.float32)``).
 
 Weights in the compute dtype (BF16, FP32) or the blocks' projections in bitsandbytes NF4 with double
-quantization (``weights="nf4"``): each projection then runs as the reference's ``NF4Linear`` and the QLoRA step
-(:mod:`memledger.step.lora`) run it: the absmax dequantized to FP32 (n/64 values), the weight to the compute
-dtype, the absmax released, ``F.linear``, the weight released. (:func:`memledger.states.bnb.nf4_dequant_bytes`
-books a second FP32 absmax, alive with the weight, for the double-quantization offset; that is bitsandbytes'
-CUDA path from its source, which nothing here can run.) LLM.int8 is not modelled op by op.
+quantization (``weights="nf4"``): each projection then runs bitsandbytes' prefill path on CUDA (M = B*S > 1536:
+``_dequant_linear_fallback``, ``backends/cuda/ops.py`` l. 904-916 at 95f9af30; :mod:`memledger.states.bnb`):
+two FP32 absmax arrays (n/64 values each: dequantized, plus the offset) and the weight in the compute dtype,
+alive through ``F.linear``. (The reference's ``NF4Linear`` that the QLoRA step follows allocates one absmax and
+frees it before the matmul.) The resident weights are the packed codes, the absmax and the ``QuantState``'s
+tables. LLM.int8 is not modelled op by op.
 
 :class:`Prefill` evaluates the totals after every op (resident: the weights, the ids and the FP32 ``inv_freq``
 buffer, d_h/2 values) and names the op and block of the peak. Programs are lists of
@@ -38,7 +42,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from ..core.dtypes import nbytes
-from ..states.bnb import BLOCKSIZE, nf4_parts
+from ..states.bnb import BLOCKSIZE, nf4_parts, nf4_table_bytes
 from .ops import Program
 from .vocab import Kind
 
@@ -216,20 +220,22 @@ def _attention_eager(p, n, c, where):
 
 
 def _linear(p, c, nf4, label, out, shape):
-    """One block projection writing ``out``; NF4 (``shape`` = (out, in)): the reference's ``NF4Linear`` (the
-    QLoRA step's :func:`memledger.step.lora._base_forward`): the absmax dequantized to FP32, then the weight to
-    the compute dtype, the absmax released, ``F.linear``, the weight released."""
+    """One block projection writing ``out``; NF4 (``shape`` = (out, in)): bitsandbytes' CUDA prefill path
+    (``_dequant_linear_fallback``; :func:`memledger.states.bnb.nf4_dequant_bytes`): the absmax dequantized to
+    FP32, plus the offset (a second FP32 array), the weight dequantized to the compute dtype, ``F.linear``; the
+    three are released as it returns."""
     if not nf4:
         p.op(label, alloc=[out])
         return
-    n = shape[0] * shape[1]
-    scales = p.new(f"{label}: absmax dequantized", (-(-n // BLOCKSIZE),), "fp32", "the 8-bit absmax to FP32")
+    blocks = -(-shape[0] * shape[1] // BLOCKSIZE)
+    scales = p.new(f"{label}: absmax dequantized", (blocks,), "fp32", "absmax_dq: the 8-bit absmax to FP32")
+    shifted = p.new(f"{label}: absmax + offset", (blocks,), "fp32", "absmax_dq + absmax_offset")
     weight = p.new(f"{label}: weight dequantized", shape, c, "the NF4 weight in the compute dtype")
     p.op(f"{label}: dequantize absmax", alloc=[scales])
+    p.op(f"{label}: absmax + offset", alloc=[shifted])
     p.op(f"{label}: dequantize weight", alloc=[weight])
-    p.op("released", free=[scales])
     p.op(f"{label} (NF4)", alloc=[out])
-    p.op("released", free=[weight])
+    p.op("released", free=[scales, shifted, weight])
 
 
 def _block(p, n, c, x, i, attention, nf4=False):
@@ -340,14 +346,15 @@ class Prefill:
 
     @property
     def weight_bytes(self) -> int:
-        """The parameters in ``dtype``; under NF4 the blocks' projections as packed codes and double-quantized
-        absmax (:func:`memledger.states.bnb.nf4_parts`; no code tables: the reference holds none)."""
+        """The parameters in ``dtype``; under NF4 the blocks' projections as packed codes, double-quantized
+        absmax and each ``QuantState``'s tables (:func:`memledger.states.bnb.nf4_parts`, ``nf4_table_bytes``)."""
         a, c = self.arch, nbytes(self.dtype)
         if self.weights == "dense":
             return a.params * c
         quantized = sum(o * i for o, i in projection_shapes(a)) * a.n_layers
         parts = [nf4_parts(o * i) for o, i in projection_shapes(a)]
-        return (a.params - quantized) * c + a.n_layers * sum(x["packed"] + x["absmax"] for x in parts)
+        return (a.params - quantized) * c + a.n_layers * sum(x["packed"] + x["absmax"] + nf4_table_bytes()
+                                                              for x in parts)
 
     @cached_property
     def programs(self) -> list:

@@ -1,11 +1,12 @@
 """The op-by-op prefill without PyTorch: what is left once it returns, and its one-line refusals
-(tests/step/test_prefill.py checks it against MemTracker)."""
+(tests/step/test_prefill_memtracker.py checks it against MemTracker)."""
 import pytest
 
 from memledger.core.exact import evaluate_expr
 from memledger.ledger.inference import Inference, kv_cache_expr
 from memledger.models.architecture import Architecture
 from memledger.models.presets import get_preset
+from memledger.states.bnb import nf4_table_bytes
 from memledger.step.prefill import Prefill
 
 
@@ -51,6 +52,10 @@ def test_inference_reads_it_or_says_why_not():
         Inference("llama2-7b", quantization="int8", logits_to_keep=0)
     nf4 = Inference("llama2-7b", quantization="nf4")          # the weight rows (code tables included) are resident
     assert nf4.prefill.resident_bytes == nf4.weights + 2048 * 8 + 64 * 4
+    # transformers' q_proj, k_proj, v_proj are three Linear4bit, the reference's fused QKV one: two QuantState
+    # tables fewer per block in the reference (whose resident MemTracker measures)
+    ours = Prefill(get_preset("llama2-7b"), 1, 2048, weights="nf4").resident_bytes
+    assert nf4.prefill.resident_bytes - ours == 2 * 32 * nf4_table_bytes()
     assert nf4.prefill.peak.op.endswith("(NF4)")
     every = Inference("llama3-8b", seq_len=4096, logits_to_keep=0).prefill.peak      # 128,256-token vocabulary
     assert every.op == "LM head" and Inference("llama3-8b", seq_len=4096).prefill.peak.op != "LM head"
