@@ -95,8 +95,8 @@ def _norm(p, x, where, n, c, free_input=False):
     p.op(f"{where}: rsqrt", alloc=[t["rstd"]])
     p.op(f"{where}: x * rstd", free=[t["mean"]], alloc=[t["normalized (FP32)"]])
     if c == "fp32":
-        p.op(f"{where}: * weight", free=[t["square"], t["rstd"], t["normalized (FP32)"]] + gone,
-             alloc=[t["output"]])
+        p.op(f"{where}: * weight", free=[t["normalized (FP32)"]], alloc=[t["output"]])
+        p.op("released", free=[t["square"], t["rstd"]] + gone)
     else:
         p.op(f"{where}: type_as(input)", free=[t["square"], t["FP32 input"]], alloc=[t["normalized"]])
         p.op(f"{where}: * weight", free=[t["normalized"]], alloc=[t["output"]])
@@ -290,13 +290,18 @@ def _block(p, n, c, x, i, attention, nf4=False):
 
 def _end(p, n, c, x, logits_to_keep):
     """The final norm, the LM head on the kept positions, the last position's logits in FP32."""
-    B, S, V = n["B"], n["S"], n["V"]
+    B, S, V, d = n["B"], n["S"], n["V"], n["d"]
     h = _norm(p, x, "final norm", n, c, free_input=True)
     kept = S if logits_to_keep == 0 else min(logits_to_keep, S)
     logits = p.new("logits", (B, kept, V), c, f"lm_head on the last {kept} position(s)")
     last = p.new("next-token logits (FP32)", (B, V), "fp32", "logits[:, -1, :].to(copy=True, dtype=float32)")
+    # the kept positions of B > 1 rows are not one (B kept) x d view unless kept is 1 or S: matmul copies them
+    copy = p.new("LM head input copy", (B, kept, d), c, "matmul's reshape of the sliced positions") \
+        if B > 1 and 1 < kept < S else None
+    if copy:
+        p.op("LM head input copy", alloc=[copy])
     p.op("LM head", alloc=[logits])
-    p.op("released", free=[h])
+    p.op("released", free=[h, copy])
     p.op("last position's logits to FP32", alloc=[last])
     p.op("released", free=[logits])
     return last

@@ -43,6 +43,17 @@ def test_small_shapes_op_by_op(attention, kv, dtype, keep):
     against_memtracker(SMALL, 2, 16, attention, kv, dtype, keep)
 
 
+@pytest.mark.parametrize("shape,batch,seq,attention,kv,dtype,keep,nf4", [
+    (SMALL, 1, 16, "eager", None, "bf16", 1, False),                     # B 1: matmul folds q as a view
+    (dict(SMALL, head_dim=16), 2, 16, "sdpa", 2, "bf16", 1, False),      # a head size other than d/H
+    (dict(SMALL, head_dim=16), 2, 16, "eager", 2, "bf16", 1, False),
+    (dict(SMALL, qkv_bias=True), 2, 16, "sdpa", 2, "bf16", 1, True),     # Qwen2's QKV bias, NF4
+    (SMALL, 3, 17, "eager", 4, "bf16", 3, False),                        # three kept positions: the head's copy
+    (dict(SMALL, L=1), 1, 16, "eager", None, "fp32", 0, True)])
+def test_refinements(shape, batch, seq, attention, kv, dtype, keep, nf4):
+    against_memtracker(shape, batch, seq, attention, kv, dtype, keep, nf4)
+
+
 @pytest.mark.parametrize("attention,kv", [("sdpa", None), ("eager", 2)])
 def test_nf4_projections(attention, kv):
     against_memtracker(SMALL, 2, 16, attention, kv, nf4=True)
