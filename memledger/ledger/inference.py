@@ -34,6 +34,13 @@ coincided with the buffer's peak).
 ``"eager"``: the working buffer is then at least eager attention's softmax moment
 (:mod:`memledger.ledger.prefill`) in the compute dtype (``weight_dtype``, or ``kv_dtype`` where the weights are
 FP8/int8), whose FP32 upcast depends on ``backend`` (``"cuda"`` or ``"cpu"``).
+
+:attr:`Inference.prefill`: the whole prefill op by op (:mod:`memledger.step.prefill`), where it models the setup
+(LLaMA blocks, BF16 or FP32 weights, or NF4 projections with double quantization computing in them, the KV
+cache in the same dtype, one GPU; ``flash`` and ``sdpa`` run its SDPA program; resident: the weight rows, the ids
+and RoPE's ``inv_freq``): the exact prefill peak and the op it is at, beside the rows (which stay the
+convention above). ``logits_to_keep``: the LM head on the last position (1, ``generate``'s default) or on all
+positions (0).
 """
 from dataclasses import dataclass
 from functools import cached_property
@@ -93,6 +100,7 @@ class Inference:
     double_quant: bool = True
     attention: str = "flash"
     backend: str = "cuda"
+    logits_to_keep: int = 1
 
     def __post_init__(self):
         from ..models.architecture import Architecture
@@ -124,6 +132,11 @@ class Inference:
                                  f"whole nn.Linear weights), got tp {self.tp}")
             if arch.n_experts:
                 raise ValueError(f"quantization: {self.quantization} on mixture-of-experts blocks is not modelled")
+        if not isinstance(self.logits_to_keep, int) or isinstance(self.logits_to_keep, bool) or self.logits_to_keep < 0:
+            raise ValueError(f"logits_to_keep must be a whole number >= 0 (0: every position), got {self.logits_to_keep!r}")
+        if self.logits_to_keep != 1 and self.prefill_unmodelled:
+            raise ValueError(f"logits_to_keep sets the op-by-op prefill's LM head, not modelled here: "
+                             f"{self.prefill_unmodelled}")
 
     @cached_property
     def rows(self) -> Rows:
@@ -182,6 +195,33 @@ class Inference:
                 "max(2*T*in, 4*T*out) + T*in + 4*T")
 
     @property
+    def prefill_unmodelled(self) -> str:
+        """Why :attr:`prefill` is None ("" where the op-by-op prefill models this setup)."""
+        a = self.arch
+        if a.style != "llama" or a.n_experts or a.features.parallel:
+            return "the op-by-op prefill models dense LLaMA blocks"
+        if self.quantization == "int8":
+            return "LLM.int8 weights' prefill is not modelled op by op"
+        if self.quantization == "nf4" and not self.double_quant:
+            return "NF4 without double quantization is not modelled op by op"
+        if self.tp > 1:
+            return "the op-by-op prefill runs on one GPU (tp 1)"
+        if self.weight_dtype not in ("bf16", "fp32") or self.kv_dtype != self.weight_dtype:
+            return "the op-by-op prefill runs BF16 or FP32 weights with the KV cache in their dtype"
+        return ""
+
+    @cached_property
+    def prefill(self):
+        """The prefill op by op (:class:`memledger.step.prefill.Prefill`), or None (:attr:`prefill_unmodelled`)."""
+        if self.prefill_unmodelled:
+            return None
+        from ..step.prefill import Prefill
+        resident = self.weights + self.batch_size * self.seq_len * 8 + self.arch.head_dim // 2 * 4
+        return Prefill(self.arch, self.batch_size, self.seq_len, self.weight_dtype,
+                       "eager" if self.attention == "eager" else "sdpa", self.logits_to_keep, resident,
+                       "dense" if self.quantization == "none" else "nf4")
+
+    @property
     def footprint(self) -> int:
         """What transformers' ``model.get_memory_footprint()`` reports: parameters (and buffers) only, so the
         packed codes or int8 weights without their absmax, scales or tables (module docstring)."""
@@ -205,8 +245,17 @@ class Inference:
         return {"inputs": {"batch_size": self.batch_size, "seq_len": self.seq_len, "weight_dtype": self.weight_dtype,
                            "kv_dtype": self.kv_dtype, "tp": self.tp, "overhead_bytes": self.overhead_bytes,
                            "quantization": self.quantization, "double_quant": self.double_quant,
-                           "attention": self.attention, "backend": self.backend,
+                           "attention": self.attention, "backend": self.backend, "logits_to_keep": self.logits_to_keep,
                            "n_params": self.arch.params, "n_kv_heads": self.arch.kv_heads,
                            "head_dim": self.arch.head_dim},
                 "rows": [r.to_dict() for r in self.rows],
-                "totals": {"gpu": self.total, "cpu": 0, "nvme": 0}}
+                "totals": {"gpu": self.total, "cpu": 0, "nvme": 0},
+                "prefill": self._prefill_dict()}
+
+    def _prefill_dict(self) -> dict:
+        """The op-by-op prefill's peak ({"modelled": False, "why": ...} where it is not)."""
+        p = self.prefill
+        if p is None:
+            return {"modelled": False, "why": self.prefill_unmodelled}
+        return {"modelled": True, "logits_to_keep": self.logits_to_keep, "peak": p.peak.bytes, "op": p.peak.op,
+                "block": p.peak.layer, "resident": p.resident_bytes, "after": p.after}
