@@ -66,6 +66,7 @@ class Built:
                                                                             "attention")})
         if c.amp:
             outside_rows = amp.outside_rows(outside_rows)
+        outside_rows = packing.outside_rows(outside_rows, c)    # packed, eager: the shared mask at (B, S, S)
         tensors = {}
         for r in layer_rows + outside_rows:       # one rank's share: Saved.rank_bytes, the ledger's rule
             tensors[r.name] = Tensor(r.name, r.rank_bytes(s.tensor_parallel, s.sequence_parallel), Kind.ACTIVATION,

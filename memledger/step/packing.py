@@ -11,6 +11,12 @@ What changes, by the backend's ``packing`` (:mod:`memledger.activations.backends
   ``where`` over two 0-d scalars), which the CPU flash kernel saves for the block's backward: B*S^2 x 2 bytes
   (BF16) per block, a row of the saved activations. Measured: PyTorch 2.13, MemTracker under FakeTensorMode
   (tests/step/test_packing.py).
+* ``"eager"`` (the eager core: GPT blocks under any backend, LLaMA blocks under ``article``; the reference's
+  ``masked_fill``, Megatron-LM's ``attention_mask_func`` convention, :mod:`memledger.pytorch.packing`): the
+  forward builds the (B, S, S) bool block-causal mask as above, then inverts it (``~``, True = masked) and frees
+  it; every block's ``masked_fill`` saves a (B, 1, S, S) view of the inverted mask, so it stands where the
+  unpacked core's shared (S, S) "causal mask" stands (one storage, not per block; freed by block 0's
+  ``masked_fill`` backward), B*S^2 bytes instead of S^2. Measured: tests/step/test_packing_eager.py.
 * ``"varlen"`` (CUDA: flash-attention's varlen kernel, as Hugging Face's FA2 path with ``position_ids`` does for
   TRL's padding-free packing: ``prepare_fa_kwargs_from_position_ids`` in
   ``src/transformers/modeling_flash_attention_utils.py``): no mask at all; the batch carries (B, S) int64
@@ -26,7 +32,8 @@ from .ops import Tensor
 from .structure import Shape
 from .vocab import Kind, Lifetime
 
-__all__ = ["ADDITIVE", "MASK", "additive_mask", "forward_end", "forward_start", "inputs", "saved_names", "saved_rows"]
+__all__ = ["ADDITIVE", "MASK", "additive_mask", "forward_end", "forward_start", "inputs", "outside_rows",
+           "saved_names", "saved_rows"]
 
 MASK = "block-causal mask (B, S, S) bool"
 ADDITIVE = "packed attention mask (additive, B x 1 x S x S)"
@@ -40,14 +47,24 @@ def saved_rows(c: Shape) -> list:
                             "by the CPU flash kernel for its backward", (B, 1, S, S), c.dtype, replicated=True)]
 
 
+def outside_rows(rows: list, c: Shape) -> list:
+    """``rows`` (outside the blocks) with the eager core's shared mask at (B, S, S) under ``"eager"`` packing."""
+    if c.packing != "eager":
+        return rows
+    return [Saved(r.name, "the block-causal mask inverted (True = masked), (B, S, S) bool, built once per forward; "
+                          "every block's masked_fill saves a (B, 1, S, S) view of it", (B, S, S), "bool",
+                  block="outside", replicated=True) if r.name == "causal mask" else r for r in rows]
+
+
 def saved_names(c: Shape) -> list:
     """The names a block's attention backward releases beyond the unpacked kernel's."""
     return [ADDITIVE] if c.packing == "mask" else []
 
 
 def forward_start(p, c: Shape):
-    """The block-causal mask, built once before the embedding (``"mask"`` packing)."""
-    if c.packing != "mask":
+    """The block-causal mask, built once before the embedding (``"mask"`` packing); ``"eager"``: then inverted
+    into the shared "causal mask" the blocks' ``masked_fill`` saves."""
+    if c.packing not in ("mask", "eager"):
         return
     ones = p.new("ones (S, S) for the block-causal mask", (S, S), "bool", "torch.ones before .tril()")
     tril = p.new("causal (S, S) bool", (S, S), "bool", "ones(S, S).tril()")
@@ -60,6 +77,9 @@ def forward_start(p, c: Shape):
     p.op("document equality", alloc=[same])
     p.op("causal & same document: the block-causal mask", alloc=[MASK])
     p.op("released", free=[same, tril])
+    if c.packing == "eager":
+        p.op("~: the masked positions", alloc=["causal mask"])
+        p.op("released", free=[MASK])
 
 
 def forward_end(ops: list, c: Shape) -> list:
@@ -85,7 +105,7 @@ def additive_mask(p, c: Shape):
 
 def inputs(c: Shape) -> list:
     """(name, bytes, why) of what a packed batch carries beyond token and target ids."""
-    if c.packing == "mask":
+    if c.packing in ("mask", "eager"):
         return [("document ids", B * S * 8, "(B, S) int64: which document each token belongs to "
                                             "(torchtune's _get_document_ids_from_seq_lens)")]
     if c.packing == "varlen":

@@ -36,10 +36,9 @@ def test_varlen_books_no_mask():
 
 
 @pytest.mark.parametrize("changes,backend,words", [
-    ({}, "article", "article backend's eager attention"),
-    ({"recompute": "full"}, "cpu", "not for recomputation"),
-    ({"arch": GPT7B}, "cpu", "not for GPT blocks"),
+    ({"recompute": "full"}, "cpu", "not for recomputation with SDPA's additive mask"),
     ({"tp": 2}, "cpu", "not for tensor parallelism"),
+    ({"arch": GPT7B, "zero_stage": 3, "dp": 8}, "article", "not for ZeRO-3"),
 ])
 def test_refused_in_one_line(changes, backend, words):
     ledger = Ledger(**{"arch": "llama2-7b", "seq_len": 4096, "packed": 4, **changes})
