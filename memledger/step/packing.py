@@ -28,11 +28,11 @@ What changes, by the backend's ``packing`` (:mod:`memledger.activations.backends
 """
 from ..activations.inventory import Saved
 from ..core.symbols import B, S
-from .ops import Tensor
+from .ops import Ref, Tensor
 from .structure import Shape
-from .vocab import Kind, Lifetime
+from .vocab import Kind, Lifetime, Scope
 
-__all__ = ["ADDITIVE", "MASK", "additive_mask", "forward_end", "forward_start", "inputs", "outside_rows",
+__all__ = ["ADDITIVE", "MASK", "additive_mask", "forward_end", "forward_start", "frame", "inputs", "outside_rows",
            "saved_names", "saved_rows"]
 
 MASK = "block-causal mask (B, S, S) bool"
@@ -41,14 +41,19 @@ ADDITIVE = "packed attention mask (additive, B x 1 x S x S)"
 
 def saved_rows(c: Shape) -> list:
     """The per-block row the ``"mask"`` packing adds to the saved activations."""
-    if c.packing != "mask":
+    if c.packing != "mask" or c.recompute == "selective":      # selective: dropped and recomputed with the core
         return []
     return [Saved(ADDITIVE, "SDPA's convert_boolean_attn_mask: the block-causal mask as -inf/0 in q's dtype, saved "
                             "by the CPU flash kernel for its backward", (B, 1, S, S), c.dtype, replicated=True)]
 
 
 def outside_rows(rows: list, c: Shape) -> list:
-    """``rows`` (outside the blocks) with the eager core's shared mask at (B, S, S) under ``"eager"`` packing."""
+    """``rows`` (outside the blocks) with the eager core's shared mask at (B, S, S) under ``"eager"`` packing; under
+    ``"mask"`` packing with recomputation, the bool mask, which every block's checkpoint frame holds (:func:`frame`)."""
+    if c.packing == "mask" and c.recompute != "none":
+        return rows + [Saved(MASK, "the block-causal mask, an input of every block's checkpointed call: held by its "
+                                   "frame until that block's backward (block 0's last)", (B, S, S), "bool",
+                             block="outside", replicated=True)]
     if c.packing != "eager":
         return rows
     return [Saved(r.name, "the block-causal mask inverted (True = masked), (B, S, S) bool, built once per forward; "
@@ -58,7 +63,7 @@ def outside_rows(rows: list, c: Shape) -> list:
 
 def saved_names(c: Shape) -> list:
     """The names a block's attention backward releases beyond the unpacked kernel's."""
-    return [ADDITIVE] if c.packing == "mask" else []
+    return [ADDITIVE] if c.packing == "mask" and c.recompute != "selective" else []
 
 
 def forward_start(p, c: Shape):
@@ -69,8 +74,9 @@ def forward_start(p, c: Shape):
     ones = p.new("ones (S, S) for the block-causal mask", (S, S), "bool", "torch.ones before .tril()")
     tril = p.new("causal (S, S) bool", (S, S), "bool", "ones(S, S).tril()")
     same = p.new("same document (B, S, S) bool", (B, S, S), "bool", "documents[:, :, None] == documents[:, None, :]")
-    p.tensors[MASK] = Tensor(MASK, B * S * S, Kind.ACTIVATION, Lifetime.TEMPORARY,
-                             why="the packed rows' mask, a local of the decoder's forward")
+    if MASK not in p.tensors:       # under recomputation a saved row (outside_rows)
+        p.tensors[MASK] = Tensor(MASK, B * S * S, Kind.ACTIVATION, Lifetime.TEMPORARY,
+                                 why="the packed rows' mask, a local of the decoder's forward")
     p.op("torch.ones(S, S)", alloc=[ones])
     p.op("tril", alloc=[tril])
     p.op("released", free=[ones])
@@ -84,8 +90,8 @@ def forward_start(p, c: Shape):
 
 def forward_end(ops: list, c: Shape) -> list:
     """``ops`` (the program after the blocks) with the bool mask released as the decoder's forward returns,
-    right after the LM head."""
-    if c.packing != "mask":
+    right after the LM head (under recomputation every block's checkpoint frame holds it: :func:`frame`)."""
+    if c.packing != "mask" or c.recompute != "none":
         return ops
     if any(op.label == "the decoder returns" for op in ops):         # the chunked loss (memledger.step.loss)
         return [op._replace(frees=op.frees + (MASK,)) if op.label == "the decoder returns" else op for op in ops]
@@ -93,14 +99,23 @@ def forward_end(ops: list, c: Shape) -> list:
     return ops[:at] + [type(ops[0])("block-causal mask released (forward returns)", (MASK,), ())] + ops[at:]
 
 
-def additive_mask(p, c: Shape):
-    """The block's SDPA call turns the bool mask into the additive one (a saved row); returns the name of the
-    two 0-d scalars ``where`` reads, which the flash kernel's call releases (None unpacked)."""
+def additive_mask(p, c: Shape, mark: str = ""):
+    """The block's SDPA call turns the bool mask into the additive one; returns (the name of the two 0-d scalars
+    ``where`` reads, which the flash kernel's call releases; the additive mask's name), (None, None) unpacked.
+    ``mark`` "": the saved row; else a temporary of a checkpointed (dropped with the call) or recomputed core."""
     if c.packing != "mask":
-        return None
-    scalars = p.new("where's two 0-d scalars (-inf, 0)", (2,), c.dtype, "convert_boolean_attn_mask's fill values")
-    p.op("boolean mask to additive (where)", alloc=[scalars, ADDITIVE])
-    return scalars
+        return None, None
+    scalars = p.new("where's two 0-d scalars (-inf, 0)" + mark, (2,), c.dtype, "convert_boolean_attn_mask's fill values")
+    additive = p.new(ADDITIVE + mark, (B, 1, S, S), c.dtype, "SDPA's additive mask under the checkpoint") \
+        if mark else ADDITIVE
+    p.op("boolean mask to additive (where)", alloc=[scalars, additive])
+    return scalars, additive
+
+
+def frame(c: Shape) -> list:
+    """What a recomputed block's checkpoint frame releases with its inputs: the bool mask (an input of the
+    checkpointed call, held by every block's frame; block 0's is the last)."""
+    return [Ref(Scope.SHARED, MASK)] if c.packing == "mask" and c.recompute != "none" else []
 
 
 def inputs(c: Shape) -> list:

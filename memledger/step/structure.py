@@ -222,7 +222,6 @@ def check_packed(ledger, conv, kernel) -> tuple:
         raise ValueError(f"packed: the {conv.name} backend's {kernel} attention is not modelled with document masks; "
                          "use --backend cpu (SDPA with a block-causal mask) or cuda (flash-attention varlen)")
     lacks = [what for what, off in [
-        ("recomputation with SDPA's additive mask (cpu backend)", ledger.recompute != "none" and packing == "mask"),
         ("tensor parallelism", ledger.tp > 1),
         ("ZeRO-3", ledger.zero_stage == 3), ("activation offloading", getattr(ledger, "offload_activations", False)),
         (f"framework {ledger.framework}", ledger.framework != "plain")] if off]

@@ -20,7 +20,7 @@ def test_step_reads_packed(capsys, backend):
 
 
 @pytest.mark.parametrize("args,words", [
-    (("step", *MODEL, "--packed", "4", "--backend", "cpu", "--recompute", "full"), "not for recomputation with SDPA"),
+    (("step", *MODEL, "--packed", "4", "--backend", "cpu", "--tp", "2"), "not for tensor parallelism"),
     (("step", *MODEL, "--packed", "3", "--backend", "cpu"), "must be a multiple of packed"),
     (("step", *MODEL, "--packed", "0", "--backend", "cpu"), "packed"),
     (("ledger", *MODEL, "--packed", "4"), "does not read --packed"),
