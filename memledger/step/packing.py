@@ -10,7 +10,11 @@ What changes, by the backend's ``packing`` (:mod:`memledger.activations.backends
   turns it into an additive (B, 1, S, S) mask in the activation dtype (ATen ``convert_boolean_attn_mask``:
   ``where`` over two 0-d scalars), which the CPU flash kernel saves for the block's backward: B*S^2 x 2 bytes
   (BF16) per block, a row of the saved activations. Measured: PyTorch 2.13, MemTracker under FakeTensorMode
-  (tests/step/test_packing.py).
+  (tests/step/test_packing.py). Under recomputation (``torch.utils.checkpoint``, non-reentrant) the additive
+  mask is dropped as the checkpointed call returns and made again (``where``, then the kernel) when the
+  block's backward recomputes it, freed with the kernel's recomputed output after its backward; the bool
+  mask is an input of every block's checkpointed call, so each frame holds it and it lives until block 0's
+  backward releases its frame (:func:`frame`), a row after the forward pass (tests/step/test_packing_slow.py).
 * ``"eager"`` (the eager core: GPT blocks under any backend, LLaMA blocks under ``article``; the reference's
   ``masked_fill``, Megatron-LM's ``attention_mask_func`` convention, :mod:`memledger.pytorch.packing`): the
   forward builds the (B, S, S) bool block-causal mask as above, then inverts it (``~``, True = masked) and frees
