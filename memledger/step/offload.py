@@ -21,6 +21,7 @@ GPU rank; anything else is refused by name (:func:`memledger.step.structure.chec
 MemTracker's allocation log (PyTorch 2.13, CPU) and checked by ``tests/step/test_offload.py``.
 """
 from ..core.dtypes import nbytes
+from . import packing as packing_
 from .ops import ProgramOp, Tensor, block_params, residual_names
 from .vocab import Device, Kind, Lifetime, Save
 
@@ -57,6 +58,7 @@ def packed(c, full: bool) -> list:
             "softmax log-sum-exp", "V", "output projection input", "RMSNorm 2 input", "RMSNorm 2 rstd",
             "RMSNorm 2 x*rstd", "MLP input", "gate output", "SiLU output", "up-projection output",
             "down-projection input"]
+    rows += packing_.saved_names(c)         # packed rows: SDPA's additive mask, saved by the flash kernel
     return [(r, 2 if r in twice else 1) for r in rows] + [(name, 1) for name, _ in block_params(c)]
 
 
@@ -120,6 +122,8 @@ def offloaded_backward(p, c, block_backward, share):
         for op in q.ops:
             frees = tuple(n for n in op.frees if not saved(n))
             reads = READS.get(op.label)
+            if reads and op.label == "flash attention backward":      # packed rows: the additive mask too
+                reads = (reads[0], reads[1] + tuple(packing_.saved_names(c)))
             if not reads:
                 p.ops.append(ProgramOp(op.label, frees, op.allocs, op.action))
                 continue

@@ -221,13 +221,16 @@ def check_packed(ledger, conv, kernel) -> tuple:
     if packing is None:
         raise ValueError(f"packed: the {conv.name} backend's {kernel} attention is not modelled with document masks; "
                          "use --backend cpu (SDPA with a block-causal mask) or cuda (flash-attention varlen)")
+    offloaded = getattr(ledger, "offload_activations", False)
     lacks = [what for what, off in [
-        ("tensor parallelism", ledger.tp > 1),
-        ("ZeRO-3", ledger.zero_stage == 3), ("activation offloading", getattr(ledger, "offload_activations", False)),
+        ("tensor parallelism", ledger.tp > 1), ("ZeRO-3", ledger.zero_stage == 3),
+        ("activation offloading with the eager core", offloaded and packing == "eager"),
+        ("activation offloading with recomputation (the checkpoint's mask saved on the host)",
+         offloaded and ledger.recompute != "none"),
         (f"framework {ledger.framework}", ledger.framework != "plain")] if off]
     if lacks:
         raise ValueError(f"packed is modelled for the reference decoder's GPT and LLaMA blocks (eager core or flash "
-                         f"kernel), one rank; not for {', '.join(lacks)}")
+                         f"kernel), no or any recomputation, one rank; not for {', '.join(lacks)}")
     return n, packing
 
 

@@ -59,6 +59,17 @@ def test_recomputation_keeps_the_bool_mask_not_the_additive_one(recompute):
     landmarks_are_sums_of_rows(step)
 
 
+def test_offloading_puts_the_additive_masks_on_the_host():
+    """Under activation offloading each block's additive mask is saved, hence copied to the host, once per block."""
+    B_, S_ = 2, 1024
+    step = Step(Ledger("llama2-7b", batch_size=B_, seq_len=S_, packed=4, offload_activations=True,
+                       overhead_bytes=0), "cpu")
+    rows = {r["name"]: r for r in step.rows}
+    row = rows["L x packed attention mask (additive, B x 1 x S x S), host copy"]
+    assert row["bytes"] == 32 * B_ * S_ * S_ * 2 and row["device"] == "cpu"
+    landmarks_are_sums_of_rows(step)
+
+
 def test_unpacked_step_unchanged():
     """``packed`` 0 (the default) is the step as before: no mask, no document ids."""
     rows = {r["name"] for r in Step(Ledger("llama2-7b", seq_len=4096), "cpu").rows}

@@ -34,6 +34,12 @@ def test_packed_recomputed_is_memtrackers(B_, S_, n, L_, kw, recompute):
     packed_against_memtracker(B_, S_, n, L_, recompute=recompute, trace=False, **kw)
 
 
+@pytest.mark.parametrize("B_,S_,n,L_", [(2, 32, 2, 2), (1, 32, 4, 3)])
+def test_packed_offloaded_is_memtrackers(B_, S_, n, L_):
+    """Under save_on_cpu each block's additive mask is a host copy, copied back for the flash kernel's backward."""
+    packed_against_memtracker(B_, S_, n, L_, offload=True)
+
+
 def test_what_packing_adds_is_what_pytorch_allocates():
     """PyTorch's own difference between a packed and an unpacked run after the forward pass: one additive
     (B, 1, S, S) BF16 mask per block and the (B, S) int64 document ids; the (B, S, S) bool mask is gone."""
@@ -49,6 +55,7 @@ def test_what_packing_adds_is_what_pytorch_allocates():
     assert formula == str(2 * B * L * S**2)
 
 
-@pytest.mark.parametrize("recompute", ["none", "selective", "full"])
-def test_llama2_7b_packed_is_memtrackers(recompute):
-    packed_against_memtracker(1, 4096, 4, L_=32, d=4096, H=32, F_=11008, V_=32000, trace=False, recompute=recompute)
+@pytest.mark.parametrize("recompute,offload", [("none", False), ("selective", False), ("full", False), ("none", True)])
+def test_llama2_7b_packed_is_memtrackers(recompute, offload):
+    packed_against_memtracker(1, 4096, 4, L_=32, d=4096, H=32, F_=11008, V_=32000, trace=False, recompute=recompute,
+                              offload=offload)
