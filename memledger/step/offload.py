@@ -50,8 +50,8 @@ def packed(c, full: bool) -> list:
     """(saved row or parameter, copies) of what one block's forward packs to the host: under full
     recomputation the checkpoint's input only; else every saved row (the norms' FP32 input and rstd, and
     the tensors two nodes read, twice) and every parameter of the block once (its weight, or weight view)."""
-    if full:
-        return [(residual_names(c)[0], 1)]
+    if full:        # packed rows: the bool mask, the checkpointed call's other input
+        return [(residual_names(c)[0], 1)] + [(packing_.MASK, 1)] * (c.packing == "mask")
     twice = {"RMSNorm 1 input", "RMSNorm 1 rstd", "RMSNorm 2 input", "RMSNorm 2 rstd", "output projection input",
              "MLP input"}
     rows = ["RMSNorm 1 input", "RMSNorm 1 rstd", "RMSNorm 1 x*rstd", "Q/K/V projection input", "Q", "K",
@@ -77,7 +77,7 @@ def host_rows(tensors, c, full: bool) -> list:
         if name in params:
             weights += params[name] * nbytes(c.dtype)
         else:
-            label = "layer input (checkpoint)" if full else name
+            label = "layer input (checkpoint)" if full and name == residual_names(c)[0] else name
             rows.append((f"{label}, host copy" + (f" x{copies}" if copies > 1 else ""), copies * tensors[name].expr))
     return rows + ([("block parameters, host copies", weights)] if weights else [])
 
@@ -108,11 +108,19 @@ def offloaded_backward(p, c, block_backward, share):
     block_backward(q, c, share)
     if c.recompute == "full":   # the copy is the re-run's input: with a 16-bit input (its FP32 copy saved) it
         x = residual_names(c)[0]    # goes when the re-run stops; an FP32 input norm 1 saves, until its backward
-        p.op("checkpoint input copied back", alloc=[x])
+        mask = None                 # packed rows: the bool mask's GPU copy, until the re-run stops
+        if c.packing == "mask":
+            mask = f"{packing_.MASK} (GPU copy)"
+            p.tensors[mask] = Tensor(mask, p.tensors[packing_.MASK].expr, Kind.TRANSIENT, Lifetime.TEMPORARY,
+                                     Device.GPU, "unpacked from the host for the re-run")
+        p.op("checkpoint input copied back", alloc=[x, mask])
+        frame = packing_.frame(c)
         for op in q.ops:
-            frees = op.frees
+            frees = tuple(n for n in op.frees if n not in frame)    # the frame's mask is the host copy
             if c.upcast:
-                frees = op.frees + (x,) if op.label == "recomputation stops" else tuple(n for n in op.frees if n != x)
+                frees = frees + (x,) if op.label == "recomputation stops" else tuple(n for n in frees if n != x)
+            if mask and op.label == "recomputation stops":
+                frees = frees + (mask,)
             p.ops.append(ProgramOp(op.label, frees, op.allocs, op.action))
     else:
         t = p.tensors

@@ -36,7 +36,7 @@ from .ops import Ref, Tensor
 from .structure import Shape
 from .vocab import Kind, Lifetime, Scope
 
-__all__ = ["ADDITIVE", "MASK", "additive_mask", "forward_end", "forward_start", "frame", "inputs", "outside_rows",
+__all__ = ["ADDITIVE", "MASK", "additive_mask", "forward_end", "forward_start", "frame", "held_by_frames", "inputs", "outside_rows",
            "saved_names", "saved_rows"]
 
 MASK = "block-causal mask (B, S, S) bool"
@@ -51,10 +51,11 @@ def saved_rows(c: Shape) -> list:
                             "by the CPU flash kernel for its backward", (B, 1, S, S), c.dtype, replicated=True)]
 
 
-def outside_rows(rows: list, c: Shape) -> list:
+def outside_rows(rows: list, c: Shape, offloaded: bool = False) -> list:
     """``rows`` (outside the blocks) with the eager core's shared mask at (B, S, S) under ``"eager"`` packing; under
-    ``"mask"`` packing with recomputation, the bool mask, which every block's checkpoint frame holds (:func:`frame`)."""
-    if c.packing == "mask" and c.recompute != "none":
+    ``"mask"`` packing with recomputation, the bool mask, which every block's checkpoint frame holds (:func:`frame`;
+    ``offloaded``: its saved copies are on the host, the GPU's goes as the forward returns)."""
+    if held_by_frames(c, offloaded):
         return rows + [Saved(MASK, "the block-causal mask, an input of every block's checkpointed call: held by its "
                                    "frame until that block's backward (block 0's last)", (B, S, S), "bool",
                              block="outside", replicated=True)]
@@ -92,10 +93,16 @@ def forward_start(p, c: Shape):
         p.op("released", free=[MASK])
 
 
-def forward_end(ops: list, c: Shape) -> list:
+def held_by_frames(c: Shape, offloaded: bool = False) -> bool:
+    """Whether the bool mask outlives the forward on the GPU: an input of every checkpointed call, saved by the
+    checkpoint (``_NoopSaveInputs``) unless activation offloading packs those saves to the host."""
+    return c.packing == "mask" and c.recompute != "none" and not offloaded
+
+
+def forward_end(ops: list, c: Shape, offloaded: bool = False) -> list:
     """``ops`` (the program after the blocks) with the bool mask released as the decoder's forward returns,
     right after the LM head (under recomputation every block's checkpoint frame holds it: :func:`frame`)."""
-    if c.packing != "mask" or c.recompute != "none":
+    if c.packing != "mask" or held_by_frames(c, offloaded):
         return ops
     if any(op.label == "the decoder returns" for op in ops):         # the chunked loss (memledger.step.loss)
         return [op._replace(frees=op.frees + (MASK,)) if op.label == "the decoder returns" else op for op in ops]

@@ -225,8 +225,6 @@ def check_packed(ledger, conv, kernel) -> tuple:
     lacks = [what for what, off in [
         ("tensor parallelism", ledger.tp > 1), ("ZeRO-3", ledger.zero_stage == 3),
         ("activation offloading with the eager core", offloaded and packing == "eager"),
-        ("activation offloading with recomputation (the checkpoint's mask saved on the host)",
-         offloaded and ledger.recompute != "none"),
         (f"framework {ledger.framework}", ledger.framework != "plain")] if off]
     if lacks:
         raise ValueError(f"packed is modelled for the reference decoder's GPT and LLaMA blocks (eager core or flash "

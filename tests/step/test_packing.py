@@ -70,6 +70,18 @@ def test_offloading_puts_the_additive_masks_on_the_host():
     landmarks_are_sums_of_rows(step)
 
 
+def test_offloaded_checkpoints_put_the_bool_masks_on_the_host():
+    """Under full recomputation with offloading the checkpoint saves its inputs, the block's and the bool mask, as
+    host copies (one per block); on the GPU the bool mask goes as the forward returns."""
+    B_, S_ = 2, 1024
+    step = Step(Ledger("llama2-7b", batch_size=B_, seq_len=S_, packed=4, offload_activations=True, recompute="full",
+                       overhead_bytes=0), "cpu")
+    rows = {r["name"]: r for r in step.rows}
+    assert rows["L x block-causal mask (B, S, S) bool, host copy"]["bytes"] == 32 * B_ * S_ * S_
+    assert "after forward" not in rows["block-causal mask (B, S, S) bool"]["live"]
+    landmarks_are_sums_of_rows(step)
+
+
 def test_unpacked_step_unchanged():
     """``packed`` 0 (the default) is the step as before: no mask, no document ids."""
     rows = {r["name"] for r in Step(Ledger("llama2-7b", seq_len=4096), "cpu").rows}

@@ -36,7 +36,6 @@ def test_eager_packing_runs_under_recomputation(recompute):
     ({"tp": 2}, "article", "not for tensor parallelism"),
     ({"framework": "ddp", "dp": 2}, "article", "not for framework ddp"),
     ({"arch": GPT7B, "offload_activations": True}, "cpu", "not for activation offloading with the eager core"),
-    ({"offload_activations": True, "recompute": "full"}, "cpu", "activation offloading with recomputation"),
 ])
 def test_refused_in_one_line(changes, backend, words):
     ledger = Ledger(**{"arch": "llama2-7b", "seq_len": 4096, "packed": 4, **changes})

@@ -34,10 +34,14 @@ def test_packed_recomputed_is_memtrackers(B_, S_, n, L_, kw, recompute):
     packed_against_memtracker(B_, S_, n, L_, recompute=recompute, trace=False, **kw)
 
 
-@pytest.mark.parametrize("B_,S_,n,L_", [(2, 32, 2, 2), (1, 32, 4, 3)])
-def test_packed_offloaded_is_memtrackers(B_, S_, n, L_):
-    """Under save_on_cpu each block's additive mask is a host copy, copied back for the flash kernel's backward."""
-    packed_against_memtracker(B_, S_, n, L_, offload=True)
+@pytest.mark.parametrize("B_,S_,n,L_,loop", [(2, 32, 2, 2, "bf16-pure-adamw"), (1, 32, 4, 3, "fp32-adamw")])
+@pytest.mark.parametrize("recompute", ["none", "full"])
+def test_packed_offloaded_is_memtrackers(B_, S_, n, L_, loop, recompute):
+    """Under save_on_cpu each block's additive mask is a host copy, copied back for the flash kernel's backward;
+    under full recomputation the checkpoint saves the bool mask (a host copy per block), copied back with the
+    block's input for the re-run."""
+    packed_against_memtracker(B_, S_, n, L_, loop=loop, offload=True, recompute=recompute,
+                              trace=recompute == "none")
 
 
 def test_what_packing_adds_is_what_pytorch_allocates():
@@ -55,7 +59,8 @@ def test_what_packing_adds_is_what_pytorch_allocates():
     assert formula == str(2 * B * L * S**2)
 
 
-@pytest.mark.parametrize("recompute,offload", [("none", False), ("selective", False), ("full", False), ("none", True)])
+@pytest.mark.parametrize("recompute,offload", [("none", False), ("selective", False), ("full", False), ("none", True),
+                                               ("full", True)])
 def test_llama2_7b_packed_is_memtrackers(recompute, offload):
     packed_against_memtracker(1, 4096, 4, L_=32, d=4096, H=32, F_=11008, V_=32000, trace=False, recompute=recompute,
                               offload=offload)
