@@ -36,8 +36,8 @@ from .ops import Ref, Tensor
 from .structure import Shape
 from .vocab import Kind, Lifetime, Scope
 
-__all__ = ["ADDITIVE", "MASK", "additive_mask", "forward_end", "forward_start", "frame", "held_by_frames", "inputs", "outside_rows",
-           "saved_names", "saved_rows"]
+__all__ = ["ADDITIVE", "MASK", "additive_mask", "forward_end", "forward_start", "frame", "held_by_frames", "inputs",
+           "outside_rows", "saved_names", "saved_rows"]
 
 MASK = "block-causal mask (B, S, S) bool"
 ADDITIVE = "packed attention mask (additive, B x 1 x S x S)"
