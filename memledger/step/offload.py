@@ -17,7 +17,10 @@ how torchtune's ``OffloadActivations`` differs). Per block:
 
 Modelled for the reference decoder's LLaMA block under the CPU backend's conventions (composite RMSNorm,
 16-bit or FP32 activations, the flash kernel, multi-head attention, no QKV bias), no or full recomputation, one
-GPU rank; anything else is refused by name (:func:`memledger.step.structure.check_offload`). Read off
+GPU rank, and packed rows (:mod:`memledger.step.packing`: each block's additive mask is one more saved tensor,
+read by the flash backward; under full recomputation the checkpoint saves the bool mask too, copied back with
+the block's input and released when the re-run stops); anything else is refused by name
+(:func:`memledger.step.structure.check_offload`). Read off
 MemTracker's allocation log (PyTorch 2.13, CPU) and checked by ``tests/step/test_offload.py``.
 """
 from ..core.dtypes import nbytes

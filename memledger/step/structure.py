@@ -223,7 +223,8 @@ def check_packed(ledger, conv, kernel) -> tuple:
                          "use --backend cpu (SDPA with a block-causal mask) or cuda (flash-attention varlen)")
     offloaded = getattr(ledger, "offload_activations", False)
     lacks = [what for what, off in [
-        ("tensor parallelism", ledger.tp > 1), ("ZeRO-3", ledger.zero_stage == 3),
+        ("tensor parallelism", ledger.tp > 1), ("ZeRO-3 (no measured run of it with packing here)",
+                                                ledger.zero_stage == 3),
         ("activation offloading with the eager core", offloaded and packing == "eager"),
         (f"framework {ledger.framework}", ledger.framework != "plain")] if off]
     if lacks:
