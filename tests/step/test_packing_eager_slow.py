@@ -13,14 +13,15 @@ GPT_7B = dict(L_=32, d=4096, H=32, F_=16384, V_=32000, style="gpt")
 
 @pytest.mark.parametrize("B_,S_,n,L_,kw", [
     (2, 32, 2, 2, dict(attention="eager", kv=2)), (1, 32, 4, 3, dict(style="gpt", kv=1)),
-    (2, 48, 3, 3, dict(attention="eager", loop="fp32-adamw")), (1, 32, 2, 2, dict(style="gpt", loss_chunks=4))])
+    (2, 48, 3, 3, dict(attention="eager", loop="fp32-adamw")), (1, 32, 2, 2, dict(style="gpt", loss_chunks=4)),
+    (2, 32, 2, 2, dict(style="gpt", dropout=0.1))])
 def test_packed_eager_step_is_memtrackers(B_, S_, n, L_, kw):
     packed_against_memtracker(B_, S_, n, L_, **kw)
 
 
 @pytest.mark.parametrize("B_,S_,n,L_,kw", [
     (2, 32, 2, 2, dict(attention="eager")), (1, 32, 4, 5, dict(attention="eager", kv=2)),
-    (2, 32, 2, 3, dict(style="gpt")), (1, 48, 3, 2, dict(style="gpt", kv=1))])
+    (2, 32, 2, 3, dict(style="gpt", dropout=0.1)), (1, 48, 3, 2, dict(style="gpt", kv=1))])
 @pytest.mark.parametrize("recompute", ["selective", "full"])
 def test_packed_eager_recomputed_is_memtrackers(B_, S_, n, L_, kw, recompute):
     packed_against_memtracker(B_, S_, n, L_, recompute=recompute, trace=False, **kw)
