@@ -229,7 +229,7 @@ def check_packed(ledger, conv, kernel) -> tuple:
         (f"framework {ledger.framework}", ledger.framework != "plain")] if off]
     if lacks:
         raise ValueError(f"packed is modelled for the reference decoder's GPT and LLaMA blocks (eager core or flash "
-                         f"kernel), no or any recomputation, one rank; not for {', '.join(lacks)}")
+                         f"kernel), any recomputation, one rank; not for {', '.join(lacks)}")
     return n, packing
 
 
