@@ -52,7 +52,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from .offload import OffloadSaved
-from .packing import block_causal_mask
+from .packing import block_causal_mask, masked_positions
 from .optimizers import AMP_LOOPS, LOOP_OPTIMIZERS, Scaler, in_backward_hooks, make_optimizer
 
 __all__ = ["LANDMARKS", "LOOPS", "LOSS_IMPLS", "Block", "Decoder", "FusedRMSNorm", "RefConfig", "Trainer", "make_model"]
@@ -100,10 +100,11 @@ class RefConfig:
     (``models/llama/modeling_llama.py`` l. 180-202, transformers 5.24.0): K and V repeated to H heads
     (``repeat_kv``), ``q @ k^T * scaling``, plus an additive float mask (B x 1 x S x S), softmax in FP32 cast back
     (``softmax(..., dtype=torch.float32).to(query.dtype)``, l. 197), ``@ v``.
-    ``packed``: n >= 1 documents packed in each row (LLaMA blocks, SDPA; 0, the default: one causal sequence):
+    ``packed``: n >= 1 documents packed in each row (0, the default: one causal sequence):
     :meth:`Decoder.forward` takes the rows' document ids and builds one (B, S, S) block-causal boolean mask
     (:mod:`memledger.pytorch.packing`), passed to every block's SDPA as ``mask[:, None]`` (torchtune's
-    ``_sdpa_or_flex_attention``), ``is_causal=False``.
+    ``_sdpa_or_flex_attention``), ``is_causal=False``; the eager core instead gets it inverted, (B, 1, S, S),
+    for its ``masked_fill`` (Megatron-LM's ``attention_mask_func``).
     """
     d: int
     L: int
@@ -145,8 +146,9 @@ class RefConfig:
             raise ValueError(f"loss_impl must be one of {', '.join(LOSS_IMPLS)}, got {self.loss_impl!r}")
         if not isinstance(self.packed, int) or self.packed < 0:
             raise ValueError(f"packed must be a whole number of documents per row >= 0, got {self.packed!r}")
-        if self.packed and (self.style != "llama" or self.kernel != "sdpa"):
-            raise ValueError("packed: the reference packs documents in LLaMA blocks under SDPA only")
+        if self.packed and self.softmax_fp32:
+            raise ValueError("packed: the eager core masks packed documents with masked_fill, not softmax_fp32's "
+                             "additive mask")
         if self.style == "gpt" and (self.qkv_bias or self.tied):
             raise ValueError("qkv_bias, tied: refinements of LLaMA blocks (GPT blocks are tied and biased)")
         if self.style == "gpt" and self.kv_heads != self.H and self.kernel != "eager":
@@ -308,7 +310,9 @@ class Decoder(nn.Module):
     def forward(self, ids, documents=None):
         S = ids.shape[1]
         mask = None
-        if self.c.packed:               # built once per forward, shared by every block (memledger.pytorch.packing)
+        if self.c.packed and self.c.kernel == "eager":     # masked_fill's (B, 1, S, S) mask, shared by every block
+            mask = masked_positions(documents)
+        elif self.c.packed:             # built once per forward, shared by every block (memledger.pytorch.packing)
             mask = block_causal_mask(documents)
         elif self.c.kernel == "eager":
             mask = torch.ones(S, S, dtype=torch.bool, device=ids.device).triu(1)   # built once, shared

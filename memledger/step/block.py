@@ -163,25 +163,27 @@ def flash_attention(p, c, save, whole_block=False):
     log-sum-exp goes at once, returns the output; RECOMPUTED (its backward reads both): returns both."""
     out, lse = "output projection input", "softmax log-sum-exp"
     if save is Save.KEPT:
-        scalars = packing.additive_mask(p, c)      # packed rows: SDPA's additive mask (memledger.step.packing)
+        scalars, _ = packing.additive_mask(p, c)      # packed rows: SDPA's additive mask (memledger.step.packing)
         p.op("flash attention", alloc=[out, lse], free=[scalars])
         return out
+    scalars, additive = packing.additive_mask(p, c, MARKS[save])
     if save is Save.RECOMPUTED:
         out = p.new("flash output (recomputed)", widths_of(c)[0], c.dtype,
                     "the re-run kernel's output (its backward reads it)")
         lse = p.new("softmax log-sum-exp (recomputed)", per_rank(c, (B, H, S)), "fp32",
                     "the re-run kernel's statistics")
-        p.op("flash attention recomputed", alloc=[out, lse])
-        return [out, lse]
+        p.op("flash attention recomputed", alloc=[out, lse], free=[scalars])
+        return [out, lse, additive]
     lse = p.new("log-sum-exp (dropped)", per_rank(c, (B, H, S)), "fp32",
                 "not kept: the checkpointed call recomputes it")
     if whole_block:
         out = p.new("attention output (checkpointed)", widths_of(c)[0], c.dtype, "the flash kernel's output")
-        p.op("flash attention", alloc=[out, lse])
-        p.op("released", free=[lse])
+        p.op("flash attention", alloc=[out, lse], free=[scalars])
+        p.op("released", free=[lse, additive])
     else:
-        p.op("flash attention (checkpointed; its output laid out as the merged heads)", alloc=[out, lse])
-        p.op("log-sum-exp dropped", free=[lse])
+        p.op("flash attention (checkpointed; its output laid out as the merged heads)", alloc=[out, lse],
+             free=[scalars])
+        p.op("log-sum-exp dropped", free=[lse, additive])
     return out
 
 
@@ -352,7 +354,8 @@ def block_backward(p, c: Shape, share):
         p.op("flash attention backward", alloc=[gq, gk, gv])
         if again:
             p.op("recomputed output released", free=again)
-        p.op("released", free=[g if drop else None, gpi, "Q", "K", "V"] + kept + packing.saved_names(c))
+        p.op("released", free=[g if drop else None, gpi, "Q", "K", "V"] + kept + packing.saved_names(c) + (
+            packing.frame(c) if selective else []))
     else:
         _linear_backward(p, c, "output projection backward", gpi, proj, "output projection input",
                          [g if drop else None], recomputed)
@@ -416,7 +419,7 @@ def block_backward(p, c: Shape, share):
     # A recomputed block's inputs (the checkpoint's x and, eager, the causal mask) are released with the
     # last tensor its recomputation saved: norm 1's input (read off MemTracker's log).
     last = [] if not recomputed else ([residual_names(c)[0]] if c.upcast else []) + (
-        [CAUSAL_MASK] if c.attention == "eager" else []) + ([ALIBI_INPUT] if c.alibi else [])
+        [CAUSAL_MASK] if c.attention == "eager" else []) + ([ALIBI_INPUT] if c.alibi else []) + packing.frame(c)
     if fp32_composite:
         norm_backward(p, c, "1", gn1, INPUT_GRADIENT, define_grads(p, ["norm1.weight", "norm1.bias"], c, share),
                       residual=gxm, also_free=last)

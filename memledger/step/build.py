@@ -67,6 +67,7 @@ class Built:
         outside_rows = outside_rows + families.outside_rows(c)     # positions' ids (memledger.step.families)
         if c.amp:
             outside_rows = amp.outside_rows(outside_rows)
+        outside_rows = packing.outside_rows(outside_rows, c, s.offload_activations)     # packed rows' masks
         tensors = {}
         for r in layer_rows + outside_rows:       # one rank's share: Saved.rank_bytes, the ledger's rule
             tensors[r.name] = Tensor(r.name, r.rank_bytes(s.tensor_parallel, s.sequence_parallel), Kind.ACTIVATION,
@@ -99,7 +100,8 @@ class Built:
                 if part is Part.FORWARD_START:
                     packing.forward_start(q, c)         # packed rows: the block-causal mask
                 fn(q, c)
-            outside[part] = packing.forward_end(q.ops, c) if part is Part.FORWARD_END else q.ops
+            outside[part] = packing.forward_end(q.ops, c, s.offload_activations) if part is Part.FORWARD_END else \
+                q.ops
             if c.amp and part is Part.BACKWARD_END:
                 outside[part] = amp.backward_end(outside[part])
         if s.recompute == "full":

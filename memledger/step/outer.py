@@ -49,7 +49,7 @@ def define_grads(p, c: Shape, share):
 
 def forward_start(p, c: Shape):
     """The causal mask (eager attention) and the embedding, whose output is the first block's input."""
-    if c.attention == "eager":
+    if c.attention == "eager" and c.packing != "eager":     # packed: memledger.step.packing builds it
         ones = p.new("ones (S, S)", (S, S), "bool", "torch.ones before .triu(1)")
         p.op("torch.ones(S, S)", alloc=[ones])
         p.op("triu: the causal mask", alloc=["causal mask"])

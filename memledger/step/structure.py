@@ -75,7 +75,7 @@ class Shape:
     loss_chunks: int = 1    # n > 1: torchtune's chunked cross-entropy (memledger.step.loss)
     loss_impl: str = "torchtune"  # or "litgpt": LitGPT's chunked_cross_entropy, no FP32 upcast
     packed: int = 0         # n >= 1 documents packed in each row (memledger.step.packing)
-    packing: str = None     # how attention keeps them apart: the backend's "mask" or "varlen"
+    packing: str = None     # how attention keeps them apart: the backend's "mask" or "varlen"; "eager": masked_fill
     amp: bool = False       # FP16 autocast on FP32 weights with a GradScaler (memledger.step.amp)
     positions: bool = False  # learned positions added to the embedding (StarCoder; memledger.step.families)
     alibi: bool = False     # ALiBi: a (1, H, 1, S) bias added to the eager core's scores (BLOOM)
@@ -257,18 +257,23 @@ def check_packed(ledger, conv, kernel) -> tuple:
     n = getattr(ledger, "packed", 0)
     if not n:
         return 0, None
-    if conv.packing is None:
-        raise ValueError(f"packed: the {conv.name} backend's eager attention is not modelled with document masks; "
+    packing = "eager" if kernel == "eager" else conv.packing    # the eager core: masked_fill's shared bool mask
+    if packing is None:
+        raise ValueError(f"packed: the {conv.name} backend's {kernel} attention is not modelled with document masks; "
                          "use --backend cpu (SDPA with a block-causal mask) or cuda (flash-attention varlen)")
+    offloaded = getattr(ledger, "offload_activations", False)
+    f = ledger.arch.features
     lacks = [what for what, off in [
-        ("GPT blocks", ledger.arch.style != "llama"), ("the math SDPA kernel (dropout on the CPU)", kernel != "flash"),
-        ("recomputation", ledger.recompute != "none"), ("tensor parallelism", ledger.tp > 1),
-        ("ZeRO-3", ledger.zero_stage == 3), ("activation offloading", getattr(ledger, "offload_activations", False)),
-        (f"framework {ledger.framework}", ledger.framework != "plain")] if off]
+        ("tensor parallelism", ledger.tp > 1), ("ZeRO-3 (no measured run of it with packing here)",
+                                                ledger.zero_stage == 3),
+        ("activation offloading with the eager core", offloaded and packing == "eager"),
+        (f"framework {ledger.framework}", ledger.framework != "plain"),
+        ("learned positions, ALiBi or an embedding norm (no measured run of them with packing here)",
+         f.positions or f.alibi or f.input_norm)] if off]
     if lacks:
-        raise ValueError(f"packed is modelled for the reference decoder's LLaMA block with a flash kernel, no "
-                         f"recomputation, one rank; not for {', '.join(lacks)}")
-    return n, conv.packing
+        raise ValueError(f"packed is modelled for the reference decoder's GPT and LLaMA blocks (eager core or flash "
+                         f"kernel), any recomputation, one rank; not for {', '.join(lacks)}")
+    return n, packing
 
 
 def _reshard(ledger):

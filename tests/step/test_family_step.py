@@ -80,6 +80,13 @@ def test_what_the_families_are_not_modelled_with_is_refused(name, change, why):
                          get_backend("cuda"))
 
 
+@pytest.mark.parametrize("name", ["bloom-7b1", "starcoder"])
+def test_packed_documents_are_refused_with_the_families_refinements(name):
+    """Packing was measured on the plain GPT and LLaMA blocks only (tests/step/test_packing_eager_slow.py)."""
+    with pytest.raises(ValueError, match="not for learned positions, ALiBi or an embedding norm"):
+        StepStructure.of(Ledger(get_preset(name), batch_size=1, seq_len=2048, packed=4), get_backend("article"))
+
+
 @pytest.mark.parametrize("name", REFUSED)
 def test_step_refuses_the_family_by_name(name):
     model_type, why = REFUSED[name]
