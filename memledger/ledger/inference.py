@@ -45,38 +45,19 @@ positions (0).
 from dataclasses import dataclass
 from functools import cached_property
 
-import sympy as sp
-
 from ..core.choices import check_count, lookup
 from ..core.dtypes import BYTES_PER_ELEMENT, nbytes
 from ..core.rows import Row, Rows
 from .ledger import DEFAULT_OVERHEAD
 from .prefill import BACKENDS, eager_softmax_bytes
-from ..models.parameters import widths
-from ..core.symbols import B, F, H_kv, L, S, V, d, d_h
+from .. import formulas
 
-__all__ = ["ATTENTIONS", "COMPUTE_DTYPES", "QUANTIZATIONS", "Inference", "kv_cache_expr", "quantized_elements",
-           "working_expr"]
+__all__ = ["ATTENTIONS", "COMPUTE_DTYPES", "QUANTIZATIONS", "Inference", "quantized_elements"]
 
 QUANTIZATIONS = ("none", "nf4", "int8")
 ATTENTIONS = ("flash", "sdpa", "eager")
 #: bitsandbytes quantizes and computes in 16/32-bit floats only (functional.py l. 924-925).
 COMPUTE_DTYPES = ("bf16", "fp16", "fp32")
-
-def kv_cache_expr(dtype_bytes=2) -> sp.Expr:
-    """K and V of every layer, B x S x H_kv x d_h each: 2*L*B*S*H_kv*d_h*bytes."""
-    per_layer = {"K": B * S * H_kv * d_h, "V": B * S * H_kv * d_h}
-    return L * sum(per_layer.values()) * dtype_bytes
-
-
-def working_expr(features, dtype_bytes=2) -> sp.Expr:
-    """The working-buffer convention above, as a sum of its tensors."""
-    q, kv = widths(features)
-    gated = not features.gpt
-    tensors = {"layer input and output": 2 * B * S * d, "Q, K, V, attention output": B * S * (2 * q + 2 * kv),
-               "MLP intermediates": (3 if gated else 2) * B * S * F}
-    return sum(tensors.values()) * dtype_bytes + B * V * 4
-
 
 def quantized_elements(arch) -> list:
     """(out, in) of every linear weight bitsandbytes quantizes: the blocks' projections, L times each (the LM
@@ -142,11 +123,11 @@ class Inference:
     def rows(self) -> Rows:
         """Weights, KV cache, working buffer and overhead per GPU (group "inference"), exact bytes."""
         a, values = self.arch, dict(self.arch.values, B=self.batch_size, S=self.seq_len)
-        from ..core.exact import evaluate_expr
-        kv, work = kv_cache_expr(nbytes(self.kv_dtype)), working_expr(a.features, nbytes(self.kv_dtype))
+        kv = ("kv cache", nbytes(self.kv_dtype))            # memledger.activations.serving, compiled
+        work = ("working buffer", nbytes(self.kv_dtype)) + a.features.key
         c = nbytes(self.weight_dtype)
-        buffer = -(-evaluate_expr(work, values) // self.tp)
-        buffer_name, buffer_formula = "working buffer (prefill, one layer)", f"ceiling(({work})/t)"
+        buffer = -(-formulas.evaluate(work, values) // self.tp)
+        buffer_name, buffer_formula = "working buffer (prefill, one layer)", f"ceiling(({formulas.text(work)})/t)"
         if self.attention == "eager":
             compute = self.weight_dtype if self.weight_dtype in COMPUTE_DTYPES else self.kv_dtype
             softmax = eager_softmax_bytes(a, self.batch_size, self.seq_len, compute, self.backend)
@@ -157,7 +138,8 @@ class Inference:
             weights = [(f"weights ({self.weight_dtype})", -(-a.params * c // self.tp), f"ceiling(P*{c}/t)")]
         else:
             weights = self._quantized_rows(c)
-        sizes = weights + [(f"KV cache ({self.kv_dtype})", evaluate_expr(kv, values) // self.tp, f"floor(({kv})/t)"),
+        sizes = weights + [(f"KV cache ({self.kv_dtype})", formulas.evaluate(kv, values) // self.tp,
+                            f"floor(({formulas.text(kv)})/t)"),
                            (buffer_name, buffer, buffer_formula)]
         if self.quantization != "none":
             sizes.append(self._transient_row(c))

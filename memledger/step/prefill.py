@@ -43,7 +43,7 @@ from functools import cached_property
 
 from ..core.dtypes import nbytes
 from ..states.bnb import BLOCKSIZE, nf4_parts, nf4_table_bytes
-from .ops import Program
+from .program import Program
 from .vocab import Kind
 
 __all__ = ["ATTENTIONS", "DTYPES", "WEIGHTS", "Prefill", "PrefillPeak", "prefill_programs", "projection_shapes"]

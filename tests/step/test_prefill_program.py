@@ -3,7 +3,8 @@
 import pytest
 
 from memledger.core.exact import evaluate_expr
-from memledger.ledger.inference import Inference, kv_cache_expr
+from memledger.activations.serving import kv_cache_expr
+from memledger.ledger.inference import Inference
 from memledger.models.architecture import Architecture
 from memledger.models.presets import get_preset
 from memledger.states.bnb import nf4_table_bytes
