@@ -61,8 +61,9 @@ from ..core.dtypes import nbytes
 from ..core.symbols import B, F, H, L, O, S, V, d, r
 from ..states.bnb import nf4_parts
 from ..states.recipes import get_recipe
-from . import outer
+from . import loss, outer
 from .build import IDS, Built
+from .lora_loss import lora_chunked_backward_start, lora_chunked_forward_end
 from .ops import BS, BSd, BSF, INPUT_GRADIENT, Program, Ref, Tensor, dropout_ops, gradient, qkv_width, \
     residual_names, widths_of
 from .outer import Param
@@ -759,9 +760,11 @@ class LoraBuilt(Built):
         share = lambda n: n                         # noqa: E731 - one rank, nothing sharded
         opts = conv.inventory_options(c.style, c.dtype, False) | {"attention": c.attention}
         self.layer_rows = lora_rows(c, spec, opts)
+        chunked = c.loss_chunks > 1 or c.loss_impl == "litgpt"      # memledger.step.lora_loss
         self.outside_rows = [row for row in outside_inventory(c.style, **{k: opts[k] for k in (
             "dtype", "norm_stats", "rmsnorm", "attention")}) if not row.name.endswith("x*rstd")
-            and (row.name != "LM head input" or _head_kept(spec))] + head_adapter_rows(c, spec, opts)
+            and (row.name != "LM head input" or _head_kept(spec))
+            and (not chunked or row.name not in loss.replaced_rows(c))] + head_adapter_rows(c, spec, opts)
         tensors = {}
         for row in self.layer_rows + self.outside_rows:
             tensors[row.name] = Tensor(row.name, row.bytes, Kind.ACTIVATION, Lifetime.SAVED, why=row.why)
@@ -775,8 +778,10 @@ class LoraBuilt(Built):
         p = Program(tensors, outer_placement)
         outside = {}
         from .trace import Part
-        for part, fn in [(Part.FORWARD_START, outer.forward_start), (Part.FORWARD_END, _forward_end),
-                         (Part.BACKWARD_START, _backward_start), (Part.BACKWARD_END, _backward_end)]:
+        for part, fn in [(Part.FORWARD_START, outer.forward_start),
+                         (Part.FORWARD_END, lora_chunked_forward_end if chunked else _forward_end),
+                         (Part.BACKWARD_START, lora_chunked_backward_start if chunked else _backward_start),
+                         (Part.BACKWARD_END, _backward_end)]:
             q = p.fork()
             fn(q, c, spec) if part in (Part.FORWARD_END, Part.BACKWARD_START) else fn(q, c)
             outside[part] = q.ops
@@ -806,6 +811,10 @@ class LoraBuilt(Built):
         self.tensors = tensors
         self._lora_static(recipe, spec, len(params) and 2 * len(spec.targets))
         self._compile()
+
+    def loss_saved(self) -> list:
+        """What the chunked loss keeps for backward: the frozen head keeps no copy of its chunks' input."""
+        return [n for n in loss.saved_names(self.shape) if not n.startswith("LM head input, chunk")]
 
     def _lora_static(self, recipe, spec, per_block):
         """The frozen base (16-bit or NF4), the adapters' states, step counters, ids, overhead."""
@@ -892,6 +901,9 @@ class LoraStep(Step):
                              f"{', '.join(ADAPTER_RECIPES)}, got {config.adapter_recipe}")
         if arch.style != "llama":
             raise ValueError("the LoRA step models LLaMA blocks")
+        if "lm_head" in config.targets and (lora_ledger.loss_chunks > 1 or lora_ledger.loss_impl == "litgpt"):
+            raise ValueError("the LoRA step does not model an lm_head adapter with the chunked loss (the adapter per "
+                             "chunk): drop lm_head from the targets or use loss_chunks 1")
         if conv.kernel(arch.style, False, lora_ledger.flash_attention) != "flash":
             raise ValueError("the LoRA step models the SDPA flash kernel: use --backend cpu or cuda, or "
                              "--flash-attention")
