@@ -79,7 +79,7 @@ def implementation(a, recipe: str) -> dict:
 
 #: What the LoRA step reads: the model, one GPU's workload, --recipe for the base's precision, the LoRA options.
 LORA_STEP_READS = set(MODEL) | {"batch", "seq", "recompute", "flash_attention", "overhead", "recipe", "units",
-                                "gpu_memory", "json", "backend", "foreach"} | set(LORA)
+                                "gpu_memory", "json", "backend", "foreach", "loss_chunks", "loss_impl"} | set(LORA)
 
 
 def lora_step(a, ledger) -> str:
@@ -99,7 +99,8 @@ def lora_step(a, ledger) -> str:
                          f"gives an {base.upper()} base")
     config = lora_config(a, ledger.arch, base)
     return output(LoraLedger(ledger.arch, config, ledger.batch_size, ledger.seq_len, ledger.recompute,
-                             ledger.flash_attention, ledger.overhead_bytes).step(a.backend, foreach=a.foreach), a)
+                             ledger.flash_attention, ledger.overhead_bytes, ledger.loss_chunks,
+                             ledger.loss_impl).step(a.backend, foreach=a.foreach), a)
 
 
 def text(result, memory: int, unit: str = "GB") -> str:

@@ -922,7 +922,9 @@ class LoraStep(Step):
     def to_dict(self) -> dict:
         """The JSON object of ``memledger step --lora-rank ...``: the LoRA ledger's inputs (with the backend),
         landmarks, peak (with what is live there), rows."""
-        inputs = self.ledger.to_dict()["inputs"] | {"backend": self.conventions.name, "conventions": {
+        inputs = self.ledger.to_dict()["inputs"] | {"loss_chunks": self.ledger.loss_chunks,
+                                                    "loss_impl": self.ledger.loss_impl,
+                                                    "backend": self.conventions.name, "conventions": {
             k: v for k, v in vars(self.conventions).items() if k != "name"}}
         return {"inputs": inputs, "landmarks": self.landmarks,
                 "peak": {"gpu": self.peak.bytes, "phase": self.peak.phase, "layer": self.peak.layer,

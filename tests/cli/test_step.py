@@ -38,7 +38,21 @@ def test_step_qlora_is_the_preset(capsys):
     assert code == 0 and json.loads(out)["peak"]["gpu"] == LoraLedger(ARCH, qlora(), 1, 128).step("cuda").peak.bytes
 
 
+@pytest.mark.slow
+def test_step_lora_full_recomputation_and_chunked_loss(capsys):
+    """``--recompute full --loss-chunks 4`` reach the LoRA step (and the LoRA ledger's verdict, its peak)."""
+    from memledger.ledger.lora import LoraConfig
+    args = ("--seq", "128", "--lora-rank", "8", "--recompute", "full", "--loss-chunks", "4", "--json")
+    code, out, _ = run(capsys, "step", *SHAPE, "--backend", "cpu", *args)
+    python = LoraLedger(ARCH, LoraConfig(8, ("q_proj", "v_proj")), 1, 128, "full", loss_chunks=4)
+    data = json.loads(out)
+    assert code == 0 and data["peak"]["gpu"] == python.step("cpu").peak.bytes and data["inputs"]["loss_chunks"] == 4
+    code, out, _ = run(capsys, "ledger", *SHAPE, *args)
+    assert code == 0 and json.loads(out)["judged_bytes"] == python.step("cuda").peak.bytes
+
+
 @pytest.mark.parametrize("args, message", [
+    (("--lora-targets", "q_proj,lm_head", "--loss-chunks", "4"), "lm_head adapter with the chunked loss"),
     (("--qlora", "--recipe", "fp32-adamw"), "--qlora quantizes a 16-bit base to NF4 and computes in BF16; --recipe "
                                             "fp32-adamw gives an FP32 base"),
     (("--lora-rank", "8", "--adapter-recipe", "bf16-adamw", "--recipe", "fp32-adamw"), "models a BF16 base"),
