@@ -38,9 +38,10 @@ def add_parser(sub, formatter):
 
 def step(a) -> str:
     """``memledger step``: every ledger option but --scope (the step runs the whole model), plus the backend."""
+    if any(d in a.given for d in LORA):      # --optimizer-in-backward is the adapters' (LoraStep checks it)
+        from argparse import Namespace
+        return lora_step(a, build_ledger(Namespace(**(vars(a) | {"optimizer_in_backward": False}))))
     ledger = build_ledger(a)
-    if any(d in a.given for d in LORA):
-        return lora_step(a, ledger)
     reads = set(MODEL) | set(WORKLOAD) | set(FRAMEWORK) | set(LOSS) | {"units", "gpu_memory", "json", "backend",
                                                                         "foreach", "no_foreach", "fused",
                                                                         "optimizer_in_backward", "offload_activations",
@@ -79,7 +80,8 @@ def implementation(a, recipe: str) -> dict:
 
 #: What the LoRA step reads: the model, one GPU's workload, --recipe for the base's precision, the LoRA options.
 LORA_STEP_READS = set(MODEL) | {"batch", "seq", "recompute", "flash_attention", "overhead", "recipe", "units",
-                                "gpu_memory", "json", "backend", "foreach", "loss_chunks", "loss_impl"} | set(LORA)
+                                "gpu_memory", "json", "backend", "foreach", "loss_chunks", "loss_impl",
+                                "optimizer_in_backward"} | set(LORA)
 
 
 def lora_step(a, ledger) -> str:
@@ -100,7 +102,8 @@ def lora_step(a, ledger) -> str:
     config = lora_config(a, ledger.arch, base)
     return output(LoraLedger(ledger.arch, config, ledger.batch_size, ledger.seq_len, ledger.recompute,
                              ledger.flash_attention, ledger.overhead_bytes, ledger.loss_chunks,
-                             ledger.loss_impl).step(a.backend, foreach=a.foreach), a)
+                             ledger.loss_impl, bool(getattr(a, "optimizer_in_backward", False))).step(
+                                 a.backend, foreach=a.foreach), a)
 
 
 def text(result, memory: int, unit: str = "GB") -> str:

@@ -61,7 +61,7 @@ from ..core.dtypes import nbytes
 from ..core.symbols import B, F, H, L, O, S, V, d, r
 from ..states.bnb import nf4_parts
 from ..states.recipes import get_recipe
-from . import loss, outer
+from . import loss, optim, outer
 from .build import IDS, Built
 from .lora_loss import lora_chunked_backward_start, lora_chunked_forward_end
 from .ops import BS, BSd, BSF, INPUT_GRADIENT, Program, Ref, Tensor, dropout_ops, gradient, qkv_width, \
@@ -808,6 +808,11 @@ class LoraBuilt(Built):
         tensors[SAVED_LUMP] = Tensor(SAVED_LUMP, (L - 4) * saved, Kind.ACTIVATION, Lifetime.SAVED)
         tensors[GRADIENT_LUMP] = Tensor(GRADIENT_LUMP, (L - 4) * grads, Kind.GRAD, Lifetime.GRADIENT)
         self.ops = _hold_leaf(flatten(s.layers or 5, c, outside, fwd.ops, bwd.ops, opt.ops), residual_names(c)[0])
+        if s.in_backward:           # one optimizer per adapter tensor, stepped in its hook (memledger.step.optim)
+            sizes = dict(_block_params(c, spec) + _head_params(spec))
+            impl = "fused" if conv.fused else ("foreach" if conv.foreach else "for-loop")
+            self.ops = optim.in_backward(self.ops, tensors, lambda layer, name: optim.one_parameter(
+                p.fork(), c, "adamw", impl, name, moments, c.grad_dtype, Device.GPU, elements=sizes[name]))
         self.tensors = tensors
         self._lora_static(recipe, spec, len(params) and 2 * len(spec.targets))
         self._compile()
@@ -901,6 +906,10 @@ class LoraStep(Step):
                              f"{', '.join(ADAPTER_RECIPES)}, got {config.adapter_recipe}")
         if arch.style != "llama":
             raise ValueError("the LoRA step models LLaMA blocks")
+        if lora_ledger.optimizer_in_backward and (config.adapter_recipe in ("bf16-adamw", "bf16-adamw32-bnb")):
+            raise ValueError(f"optimizer_in_backward steps each adapter in its own hook with torch.optim.AdamW: "
+                             f"adapter_recipe {config.adapter_recipe} keeps FP32 masters or is bitsandbytes'; use "
+                             f"fp32-adamw or bf16-pure-adamw")
         if "lm_head" in config.targets and (lora_ledger.loss_chunks > 1 or lora_ledger.loss_impl == "litgpt"):
             raise ValueError("the LoRA step does not model an lm_head adapter with the chunked loss (the adapter per "
                              "chunk): drop lm_head from the targets or use loss_chunks 1")

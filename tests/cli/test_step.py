@@ -49,10 +49,15 @@ def test_step_lora_full_recomputation_and_chunked_loss(capsys):
     assert code == 0 and data["peak"]["gpu"] == python.step("cpu").peak.bytes and data["inputs"]["loss_chunks"] == 4
     code, out, _ = run(capsys, "ledger", *SHAPE, *args)
     assert code == 0 and json.loads(out)["judged_bytes"] == python.step("cuda").peak.bytes
+    code, out, _ = run(capsys, "step", *SHAPE, "--backend", "cpu", *args, "--optimizer-in-backward")
+    stepped = LoraLedger(ARCH, LoraConfig(8, ("q_proj", "v_proj")), 1, 128, "full", loss_chunks=4,
+                         optimizer_in_backward=True).step("cpu")
+    assert code == 0 and json.loads(out)["peak"]["gpu"] == stepped.peak.bytes
 
 
 @pytest.mark.parametrize("args, message", [
     (("--lora-targets", "q_proj,lm_head", "--loss-chunks", "4"), "lm_head adapter with the chunked loss"),
+    (("--qlora", "--optimizer-in-backward"), "adapter_recipe bf16-adamw32-bnb keeps FP32 masters or is bitsandbytes'"),
     (("--qlora", "--recipe", "fp32-adamw"), "--qlora quantizes a 16-bit base to NF4 and computes in BF16; --recipe "
                                             "fp32-adamw gives an FP32 base"),
     (("--lora-rank", "8", "--adapter-recipe", "bf16-adamw", "--recipe", "fp32-adamw"), "models a BF16 base"),

@@ -49,3 +49,11 @@ def test_an_lm_head_adapter_with_the_chunked_loss_is_refused_in_one_line():
     with pytest.raises(ValueError, match="lm_head adapter with the chunked loss") as e:
         LoraLedger("llama2-7b", LoraConfig(8, QV + ("lm_head",)), 1, 4096, loss_chunks=8).step("cpu")
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.slow
+def test_llama3_8b_lora_full_recomputation_and_chunks_equal_memtracker():
+    """LLaMA-3 8B's shape (grouped-query attention, 8 key/value heads; a 128,256-token vocabulary) at B 1, S 4096:
+    BF16 adapters r 8 on q and v, every block checkpointed, torchtune's 8 chunks (its LoRA recipes' defaults)."""
+    shape = dict(d=4096, L=32, H=32, F=14336, V=128256)
+    lora_against_memtracker(shape, 1, 4096, 8, QV, kv=8, recompute="full", loss_chunks=8)
