@@ -779,8 +779,10 @@ class LoraBuilt(Built):
         outside = {}
         from .trace import Part
         for part, fn in [(Part.FORWARD_START, outer.forward_start),
-                         (Part.FORWARD_END, lora_chunked_forward_end if chunked else _forward_end),
-                         (Part.BACKWARD_START, lora_chunked_backward_start if chunked else _backward_start),
+                         (Part.FORWARD_END, (lambda q, c_, spec_: lora_chunked_forward_end(q, c_, _norm_forward))
+                          if chunked else _forward_end),
+                         (Part.BACKWARD_START, (lambda q, c_, spec_: lora_chunked_backward_start(q, c_, _norm_backward))
+                          if chunked else _backward_start),
                          (Part.BACKWARD_END, _backward_end)]:
             q = p.fork()
             fn(q, c, spec) if part in (Part.FORWARD_END, Part.BACKWARD_START) else fn(q, c)

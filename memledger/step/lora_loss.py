@@ -21,18 +21,18 @@ An adapter on ``lm_head`` with a chunked loss (PEFT's adapter per chunk) is not 
 """
 from ..core.symbols import B, V, d
 from .loss import chunked_backward_start, chunked_forward_end, join_input_gradients
-from .ops import BSd, Ref
+from .ops import BSd, Ref, final_input
 from .vocab import Scope
 
 __all__ = ["lora_chunked_backward_start", "lora_chunked_forward_end"]
 
 
-def _frozen_head_forward(p, c, T) -> list:
-    """The frozen final norm and the frozen LM head on each chunk; the decoder returns (its input goes)."""
-    from .lora import _final_input, _norm_forward
+def _frozen_head_forward(p, c, T, norm) -> list:
+    """The frozen final norm (``norm(p, c, "final", out)``) and the frozen LM head on each chunk; the decoder
+    returns (its input goes)."""
     a, n = c.dtype, c.loss_chunks
     head_in = p.new("LM head input", BSd, a, "not kept: the LM head is frozen")
-    _norm_forward(p, c, "final", head_in)
+    norm(p, c, "final", head_in)
     logits = []
     for k in range(n):
         copy = None
@@ -44,14 +44,13 @@ def _frozen_head_forward(p, c, T) -> list:
         p.op(f"LM head (frozen), chunk {k}" if n > 1 else "LM head (frozen)", alloc=[logits[-1]])
         if copy:
             p.op("released", free=[copy])
-    p.op("the decoder returns", free=[head_in] + ([_final_input(c)] if c.upcast else []))
+    p.op("the decoder returns", free=[head_in] + ([final_input(c)] if c.upcast else []))
     return logits
 
 
-def _frozen_head_backward(p, c, T, grads):
+def _frozen_head_backward(p, c, T, grads, norm):
     """The frozen LM head's backward chunk by chunk (input gradients only), the chunks' gradients joined, the
-    frozen final norm's backward into the last block's ``dX_out``."""
-    from .lora import _norm_backward
+    frozen final norm's backward (``norm(p, c, "final", g_out, g_in)``) into the last block's ``dX_out``."""
     a, n = c.dtype, c.loss_chunks
     gfn = p.new("gradient of the LM head input", BSd, a, "the LM head's input gradient (the chunks' joined)")
     inputs = [None] * n
@@ -61,14 +60,16 @@ def _frozen_head_backward(p, c, T, grads):
         p.op(f"LM head backward (input gradient only), chunk {k}", alloc=[inputs[k]])
         p.op("released", free=[grads[k]])
     join_input_gradients(p, c, inputs, gfn)
-    _norm_backward(p, c, "final", gfn, Ref(Scope.LAST, "dX_out"))
+    norm(p, c, "final", gfn, Ref(Scope.LAST, "dX_out"))
 
 
-def lora_chunked_forward_end(p, c, spec=None):
-    """The frozen final norm and head per chunk, then the chunked loss (torchtune's or LitGPT's)."""
-    chunked_forward_end(p, c, _frozen_head_forward)
+def lora_chunked_forward_end(p, c, norm):
+    """The frozen final norm (``norm``: :mod:`memledger.step.lora`'s) and head per chunk, then the chunked loss
+    (torchtune's or LitGPT's)."""
+    chunked_forward_end(p, c, lambda q, c_, T: _frozen_head_forward(q, c_, T, norm))
 
 
-def lora_chunked_backward_start(p, c, spec=None):
-    """Back through the chunked loss and the frozen head and final norm; ends with the last block's ``dX_out``."""
-    chunked_backward_start(p, c, _frozen_head_backward)
+def lora_chunked_backward_start(p, c, norm):
+    """Back through the chunked loss and the frozen head and final norm (``norm``: its backward); ends with the last
+    block's ``dX_out``."""
+    chunked_backward_start(p, c, lambda q, c_, T, grads: _frozen_head_backward(q, c_, T, grads, norm))
