@@ -92,7 +92,9 @@ def lora_step(a, ledger) -> str:
     from .compare import lora_config
     refused = [d for d in a.given if d not in LORA_STEP_READS]
     refuse_unread(a, LORA_STEP_READS, "the LoRA step", {d: "the LoRA step runs on one GPU, without ZeRO, "
-                                                          "offload or parallelism" for d in refused})
+                                                          "offload or parallelism" for d in refused} | {
+        "offload_activations": "activation offloading of a LoRA block (its frozen weights and NF4 tensors saved "
+                               "too) is not modelled"})
     if ledger.arch is None:
         raise ValueError("LoRA needs an architecture: --preset, --config or a shape")
     base = next(c.dtype for c in get_recipe(ledger.recipe).components if c.role == "param")

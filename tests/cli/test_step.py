@@ -57,6 +57,7 @@ def test_step_lora_full_recomputation_and_chunked_loss(capsys):
 
 @pytest.mark.parametrize("args, message", [
     (("--lora-targets", "q_proj,lm_head", "--loss-chunks", "4"), "lm_head adapter with the chunked loss"),
+    (("--qlora", "--offload-activations"), "activation offloading of a LoRA block"),
     (("--qlora", "--optimizer-in-backward"), "adapter_recipe bf16-adamw32-bnb keeps FP32 masters or is bitsandbytes'"),
     (("--qlora", "--recipe", "fp32-adamw"), "--qlora quantizes a 16-bit base to NF4 and computes in BF16; --recipe "
                                             "fp32-adamw gives an FP32 base"),
