@@ -42,6 +42,10 @@ The programs of :mod:`memledger.pytorch.lora`'s reference (PEFT's ``LoraLayer`` 
   of the last tensor saved (autograd saves an op's inputs before its kernel: before the down projection's or B's
   matmul; bitsandbytes' ``MatMul4Bit`` after its forward). Hugging Face's ``gradient_checkpointing_enable()``
   defaults to the reentrant checkpoint, which re-runs the whole block and is not modelled.
+* **The chunked loss** (``loss_chunks``, ``loss_impl``): torchtune's or LitGPT's on the frozen head
+  (:mod:`memledger.step.lora_loss`); not with an ``lm_head`` adapter.
+* **The optimizer in backward** (``optimizer_in_backward``): one AdamW per adapter tensor, stepped and its gradient
+  freed in its hook (:func:`memledger.step.optim.in_backward`); not with FP32 masters or bitsandbytes.
 
 Scope: LLaMA blocks (multi-head or grouped-query), the SDPA flash kernel, composite (CPU) or fused RMSNorm,
 no, selective (the attention core checkpointed: its flash output and log-sum-exp not saved, the core re-run in
