@@ -114,10 +114,11 @@ LORA_SMALL = dict(d=64, L=3, H=4, F=160, V=1000)
 
 
 def lora_against_memtracker(shape, batch, seq, rank, targets, dropout=0.0, nf4=False, loop="bf16-pure-adamw", kv=None,
-                       rmsnorm="composite", **refinements):
+                       rmsnorm="composite", in_backward=False, **refinements):
     """The step of a LoRA (QLoRA with ``nf4``) run beside MemTracker's measurement of the reference (``rmsnorm``:
     the reference's and the step's RMSNorm, composite as on CPU or fused as the CUDA kernel); ``loop``: the
-    adapters' recipe (``fp32-adamw``: FP32 adapters on the BF16 base, PEFT's default)."""
+    adapters' recipe (``fp32-adamw``: FP32 adapters on the BF16 base, PEFT's default); ``refinements``: RefConfig's
+    (``recompute``, ``loss_chunks``, ``loss_impl``, ...), read by the step too."""
     pytest.importorskip("torch")
     from memledger.ledger.lora import LoraConfig, LoraLedger
     from memledger.pytorch.compare import architecture_of
@@ -126,12 +127,12 @@ def lora_against_memtracker(shape, batch, seq, rank, targets, dropout=0.0, nf4=F
     from memledger.pytorch.reference import RefConfig
     c = RefConfig(shape["d"], shape["L"], shape["H"], shape["F"], shape["V"], "llama", n_kv_heads=kv, rmsnorm=rmsnorm,
                   **refinements)
-    measured = memtracker_step(c, loop, batch, seq, blocks=True,
+    measured = memtracker_step(c, loop, batch, seq, blocks=True, in_backward=in_backward,
                                lora=LoraRef(rank, targets, dropout=dropout, qlora=nf4,
                                             fp32_adapters=loop == "fp32-adamw"))
     config = LoraConfig(rank, targets, base="nf4" if nf4 else "bf16", adapter_recipe=loop, dropout=dropout > 0)
-    step = LoraLedger(architecture_of(c), config, batch, seq, c.recompute, overhead_bytes=0).step("cpu",
-                                                                                         rmsnorm=rmsnorm)
+    step = LoraLedger(architecture_of(c), config, batch, seq, c.recompute, overhead_bytes=0, loss_chunks=c.loss_chunks,
+                      loss_impl=c.loss_impl, optimizer_in_backward=in_backward).step("cpu", rmsnorm=rmsnorm)
     held = 2 * batch * seq * shape["d"] * 2            # the leaf and its .grad, kept by MemTracker (docstring)
     after = {"after backward", "after step"}
     for landmark in LANDMARKS:

@@ -49,7 +49,8 @@ BASE = {"recipe": "bf16-pure-adamw", "batch_size": 1, "flash_attention": True, "
 #: torchtune's LoRA rank and targets in its single-device LoRA recipe for LLaMA-2 7B.
 LORA_RANK, LORA_TARGETS = 8, ("q_proj", "v_proj")
 _CONVENTIONS = {f.name for f in fields(Backend)} - {"name"}
-_LORA_FIELDS = {"batch_size", "seq_len", "recompute", "flash_attention", "overhead_bytes"}
+_LORA_FIELDS = {"batch_size", "seq_len", "recompute", "flash_attention", "overhead_bytes", "loss_chunks", "loss_impl",
+                "optimizer_in_backward"}
 
 
 @dataclass(frozen=True)

@@ -172,7 +172,7 @@ def lora_targets(text):
 
 #: What the LoRA ledger reads: the model, one GPU's workload without a recipe (the adapters have theirs).
 LORA_READS = set(MODEL) | {"batch", "seq", "recompute", "flash_attention", "overhead", "units", "json",
-                           "gpu_memory", "measure"} | set(LORA)
+                           "gpu_memory", "measure", "loss_chunks", "loss_impl"} | set(LORA)
 
 
 def lora_config(a, arch, base: str = "bf16"):
@@ -208,7 +208,7 @@ def lora(a, ledger) -> str:
     refuse_unread(a, LORA_READS, "the LoRA ledger")
     config = lora_config(a, ledger.arch)
     result = LoraLedger(ledger.arch, config, ledger.batch_size, ledger.seq_len, ledger.recompute,
-                        ledger.flash_attention, ledger.overhead_bytes)
+                        ledger.flash_attention, ledger.overhead_bytes, ledger.loss_chunks, ledger.loss_impl)
     from ..answers.verdict import CHOICES, MARGIN, MEASURE, leaves_margin, sentence
     from ..core.choices import check_choice
     from .options import gpu_bytes

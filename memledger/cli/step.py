@@ -38,9 +38,10 @@ def add_parser(sub, formatter):
 
 def step(a) -> str:
     """``memledger step``: every ledger option but --scope (the step runs the whole model), plus the backend."""
+    if any(d in a.given for d in LORA):      # --optimizer-in-backward is the adapters' (LoraStep checks it)
+        from argparse import Namespace
+        return lora_step(a, build_ledger(Namespace(**(vars(a) | {"optimizer_in_backward": False}))))
     ledger = build_ledger(a)
-    if any(d in a.given for d in LORA):
-        return lora_step(a, ledger)
     reads = set(MODEL) | set(WORKLOAD) | set(FRAMEWORK) | set(LOSS) | {"units", "gpu_memory", "json", "backend",
                                                                         "foreach", "no_foreach", "fused",
                                                                         "optimizer_in_backward", "offload_activations",
@@ -79,7 +80,8 @@ def implementation(a, recipe: str) -> dict:
 
 #: What the LoRA step reads: the model, one GPU's workload, --recipe for the base's precision, the LoRA options.
 LORA_STEP_READS = set(MODEL) | {"batch", "seq", "recompute", "flash_attention", "overhead", "recipe", "units",
-                                "gpu_memory", "json", "backend", "foreach"} | set(LORA)
+                                "gpu_memory", "json", "backend", "foreach", "loss_chunks", "loss_impl",
+                                "optimizer_in_backward"} | set(LORA)
 
 
 def lora_step(a, ledger) -> str:
@@ -90,7 +92,9 @@ def lora_step(a, ledger) -> str:
     from .compare import lora_config
     refused = [d for d in a.given if d not in LORA_STEP_READS]
     refuse_unread(a, LORA_STEP_READS, "the LoRA step", {d: "the LoRA step runs on one GPU, without ZeRO, "
-                                                          "offload or parallelism" for d in refused})
+                                                          "offload or parallelism" for d in refused} | {
+        "offload_activations": "activation offloading of a LoRA block (its frozen weights and NF4 tensors saved "
+                               "too) is not modelled"})
     if ledger.arch is None:
         raise ValueError("LoRA needs an architecture: --preset, --config or a shape")
     base = next(c.dtype for c in get_recipe(ledger.recipe).components if c.role == "param")
@@ -99,7 +103,9 @@ def lora_step(a, ledger) -> str:
                          f"gives an {base.upper()} base")
     config = lora_config(a, ledger.arch, base)
     return output(LoraLedger(ledger.arch, config, ledger.batch_size, ledger.seq_len, ledger.recompute,
-                             ledger.flash_attention, ledger.overhead_bytes).step(a.backend, foreach=a.foreach), a)
+                             ledger.flash_attention, ledger.overhead_bytes, ledger.loss_chunks,
+                             ledger.loss_impl, bool(getattr(a, "optimizer_in_backward", False))).step(
+                                 a.backend, foreach=a.foreach), a)
 
 
 def text(result, memory: int, unit: str = "GB") -> str:

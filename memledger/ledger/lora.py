@@ -211,6 +211,9 @@ class LoraLedger:
     recompute: str = "none"
     flash_attention: bool = False
     overhead_bytes: int = 2 * 10**9
+    loss_chunks: int = 1            # the step's loss: torchtune's chunked cross-entropy in n chunks (step/lora_loss.py)
+    loss_impl: str = "torchtune"    # or LitGPT's chunked_cross_entropy; the sum books no logits either way
+    optimizer_in_backward: bool = False     # the step: one AdamW per adapter tensor, stepped in its grad hook
 
     def __post_init__(self):
         from ..models.architecture import Architecture
@@ -226,7 +229,9 @@ class LoraLedger:
             object.__setattr__(self, name, check_count(name, getattr(self, name)))
         object.__setattr__(self, "overhead_bytes", check_count("overhead_bytes", self.overhead_bytes, minimum=0))
         check_choice("recompute", self.recompute, RECOMPUTE)
+        object.__setattr__(self, "loss_chunks", check_count("loss_chunks", self.loss_chunks))
         check_flag("flash_attention", self.flash_attention)
+        check_flag("optimizer_in_backward", self.optimizer_in_backward)
         self.config.check(self.arch.style)
 
     @property
@@ -284,7 +289,8 @@ class LoraLedger:
         from .ledger import Ledger
         ledger = Ledger(self.arch, batch_size=self.batch_size, seq_len=self.seq_len, recipe="bf16-pure-adamw",
                         overhead_bytes=self.overhead_bytes, dropout=False, flash_attention=self.flash_attention,
-                        recompute=self.recompute)
+                        recompute=self.recompute, loss_chunks=self.loss_chunks, loss_impl=self.loss_impl,
+                        optimizer_in_backward=self.optimizer_in_backward)
         return LoraStep(self, ledger, backend, **conventions)
 
     def table(self, unit: str = "GB"):

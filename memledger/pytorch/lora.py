@@ -28,7 +28,13 @@ bytes; MemTracker hooks every parameter's gradient, which a frozen one cannot ta
   NF4's values: it checks memory, not numbers. Embeddings, norms and the LM head stay in the model dtype.
 
 ``RefConfig(recompute="selective")`` runs the attention core under ``checkpoint(..., use_reentrant=False)`` as
-:class:`~memledger.pytorch.reference.Block` does; full recomputation is refused.
+:class:`~memledger.pytorch.reference.Block` does; ``recompute="full"`` each block, as
+:class:`~memledger.pytorch.reference.Decoder` does (torchtune's full activation checkpointing wraps each layer with
+``CheckpointImpl.NO_REENTRANT, use_reentrant=False``: ``torchtune/training/activations.py`` l. 18-27 at
+6ace7c26; Hugging Face's ``gradient_checkpointing_enable()`` in transformers 4.x defaults to
+``use_reentrant=True``, which needs an input that requires grad, hence PEFT's ``enable_input_require_grads``:
+the reentrant checkpoint re-runs the whole block and is not run here). ``loss_chunks``/``loss_impl``: the LM head (and
+its adapter) once per chunk, as :class:`~memledger.pytorch.reference.Decoder` and torchtune's ``chunked_output``.
 
 The loop is :class:`memledger.pytorch.reference.Trainer` over the trainable parameters only (the adapters):
 ``bf16-pure-adamw``, ``bf16-adamw`` (FP32 masters of the adapters) or, with FP32 adapters on the BF16 base,
@@ -151,8 +157,8 @@ class LoraBlock(Block):
 
     def __init__(self, c: RefConfig, lora: LoraRef):
         super().__init__(c)
-        if c.style != "llama" or c.recompute == "full" or c.kernel != "sdpa" or c.tp != 1:
-            raise ValueError("the LoRA reference is the LLaMA block with SDPA, no or selective recomputation, one rank")
+        if c.style != "llama" or c.kernel != "sdpa" or c.tp != 1:
+            raise ValueError("the LoRA reference is the LLaMA block with SDPA on one rank")
         self.lora = lora
         hd, kv = c.hd, c.kv_heads
         self.widths = {"q_proj": c.H * hd, "k_proj": kv * hd, "v_proj": kv * hd}
@@ -220,8 +226,13 @@ class LoraDecoder(Decoder):
     def forward(self, ids):
         x = self.embed(ids)
         for block in self.blocks:
-            x = block(x, None)
-        return _adapted(self.head, self.head_adapter, self.norm(x))
+            x = checkpoint(block, x, None, use_reentrant=False) if self.c.recompute == "full" else block(x, None)
+        h = self.norm(x)
+        n = self.c.loss_chunks
+        if n > 1:                   # torchtune's chunked_output (LitGPT's split): the head once per chunk
+            chunks = h.split(h.shape[1] // n, dim=1) if self.c.loss_impl == "litgpt" else h.tensor_split(n, dim=1)
+            return [_adapted(self.head, self.head_adapter, chunk) for chunk in chunks]
+        return _adapted(self.head, self.head_adapter, h)
 
 
 def make_lora_model(c: RefConfig, lora: LoraRef, loop: str) -> LoraDecoder:

@@ -338,6 +338,10 @@ class Built:
                     map(str, sorted(which[n])))
         return tuple(sorted(((label[n], b) for n, b in named.items()), key=lambda kv: -kv[1]))
 
+    def loss_saved(self) -> list:
+        """The tensors the chunked loss keeps for backward (:func:`memledger.step.loss.saved_names`)."""
+        return loss.saved_names(self.shape)
+
     def rows(self, values) -> list:
         """The step's rows with the landmarks each is live at (:attr:`memledger.step.timeline.Step.rows`): the
         tensors live the whole step, the gradients backward writes, the saved activations (L x each block's),
@@ -378,7 +382,7 @@ class Built:
         for r in self.outside_rows:
             if r.name not in IDS:
                 row(r.name, Kind.ACTIVATION, Lifetime.SAVED, Device.GPU, self.tensors[r.name].expr, {"after forward"})
-        for name in loss.saved_names(self.shape):          # what the chunked loss keeps for backward
+        for name in self.loss_saved():                     # what the chunked loss keeps for backward
             x = self.tensors[name]
             row(name, Kind.ACTIVATION, Lifetime.SAVED, x.device, x.expr, {"after forward"})
         seen = set()

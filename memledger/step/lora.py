@@ -35,9 +35,21 @@ The programs of :mod:`memledger.pytorch.lora`'s reference (PEFT's ``LoraLayer`` 
   16-bit input), the sum with the base's output is FP32 (type promotion) and is cast back; backward casts
   the output gradient to FP32, gives the base a 16-bit copy, and casts the input gradient back.
 
+* **Full recomputation** (each block under ``checkpoint(..., use_reentrant=False)``, as the reference's and
+  torchtune's activation checkpointing run it): forward saves nothing but the block's input, each tensor dying with
+  its last reference; backward re-runs the forward with saving when it first unpacks a saved tensor (the down
+  projection's, or its adapter B's: the adapter's scaling saves nothing and runs first) and stops at the pack hook
+  of the last tensor saved (autograd saves an op's inputs before its kernel: before the down projection's or B's
+  matmul; bitsandbytes' ``MatMul4Bit`` after its forward). Hugging Face's ``gradient_checkpointing_enable()``
+  defaults to the reentrant checkpoint, which re-runs the whole block and is not modelled.
+* **The chunked loss** (``loss_chunks``, ``loss_impl``): torchtune's or LitGPT's on the frozen head
+  (:mod:`memledger.step.lora_loss`); not with an ``lm_head`` adapter.
+* **The optimizer in backward** (``optimizer_in_backward``): one AdamW per adapter tensor, stepped and its gradient
+  freed in its hook (:func:`memledger.step.optim.in_backward`); not with FP32 masters or bitsandbytes.
+
 Scope: LLaMA blocks (multi-head or grouped-query), the SDPA flash kernel, composite (CPU) or fused RMSNorm,
-no or selective recomputation (the attention core checkpointed: its flash output and log-sum-exp not saved,
-the core re-run in backward; full recomputation refused), one GPU, a BF16 (or NF4) base, FP32 adapters or
+no, selective (the attention core checkpointed: its flash output and log-sum-exp not saved, the core re-run in
+backward) or full recomputation (non-reentrant), one GPU, a BF16 (or NF4) base, FP32 adapters or
 adapters in the base's dtype. Read off MemTracker's allocation log of the reference (PyTorch 2.13, CPU);
 checked by ``tests/step/test_lora.py``, ``test_lora_head.py`` and ``test_lora_recompute.py``.
 """
@@ -53,15 +65,17 @@ from ..core.dtypes import nbytes
 from ..core.symbols import B, F, H, L, O, S, V, d, r
 from ..states.bnb import nf4_parts
 from ..states.recipes import get_recipe
-from . import outer
+from . import loss, optim, outer
 from .build import IDS, Built
+from .lora_loss import lora_chunked_backward_start, lora_chunked_forward_end
 from .ops import BS, BSd, BSF, INPUT_GRADIENT, Program, Ref, Tensor, dropout_ops, gradient, qkv_width, \
     residual_names, widths_of
 from .outer import Param
 from .structure import StepStructure
 from .timeline import Step
+from .norms import norm_forward
 from .trace import GRADIENT_LUMP, SAVED_LUMP, explicit_layers, flatten
-from .vocab import Device, Kind, Lifetime, Scope
+from .vocab import Device, Kind, Lifetime, Save, Scope
 
 __all__ = ["BLOCK_TARGETS", "LoraSpec", "LoraStep", "LoraStructure", "adapter_shape", "build_lora", "lora_rows"]
 
@@ -183,14 +197,16 @@ def _norm_forward(p, c, k, out):
         p.op("released", free=[xr])
 
 
-def _norm_backward(p, c, k, g_out, g_in):
-    """Backward of a norm with a frozen weight: ``g_out`` -> ``g_in`` (no weight gradient is kept)."""
+def _norm_backward(p, c, k, g_out, g_in, also_free=()):
+    """Backward of a norm with a frozen weight: ``g_out`` -> ``g_in`` (no weight gradient is kept); ``also_free``
+    goes with its saved input."""
     prefix, a, f = _prefix(k), c.dtype, "fp32"
     if not c.composite:
         dw = p.new(f"norm {k} backward: weight gradient (discarded)", (d,), a,
                    "_fused_rms_norm_backward computes it; autograd drops it")
         p.op(f"norm {k} backward", alloc=[g_in, dw])
-        p.op(f"norm {k} released", free=[dw, g_out, f"{prefix} input"] + ([f"{prefix} rstd"] if c.stats else []))
+        p.op(f"norm {k} released", free=[dw, g_out, f"{prefix} input"] + ([f"{prefix} rstd"] if c.stats else [])
+             + list(also_free))
         return
     t = {n: p.new(f"norm {k} backward: {n}", shape, f, "composite RMSNorm backward") for n, shape in [
         ("g32", BSd), ("g*w", BSd), ("g*rstd", BSd), ("g*x", BSd), ("g_rstd", BS), ("rsqrt'", BS),
@@ -211,7 +227,7 @@ def _norm_backward(p, c, k, g_out, g_in):
     p.op("released", free=[t["rsqrt'"], t["rsqrt''"], t["g_rstd"], rstd])
     p.op(f"norm {k} backward: mean", alloc=[t["g_mean"]])
     p.op(f"norm {k} backward: pow", free=[t["g_ms"]], alloc=[t["pow'"], t["pow''"], t["g_pow"]])
-    p.op("released", free=[t["pow'"], t["pow''"], t["g_mean"], x32])
+    p.op("released", free=[t["pow'"], t["pow''"], t["g_mean"], x32] + list(also_free))
     total = t["g_x32"] if c.upcast else g_in
     p.op(f"norm {k} backward: sum", alloc=[total])
     p.op("released", free=[t["g*rstd"], t["g_pow"]])
@@ -258,41 +274,53 @@ def _base_backward(p, c, spec, base, g_in, frees=()):
     p.op("released", free=list(frees))
 
 
-def _adapter_forward(p, c, spec, t, x):
+def _adapter_forward(p, c, spec, t, x, dropped=False):
     """An adapter on input ``x`` (live; FP32 adapters first copy it to FP32): returns its output's name and the
-    temporaries the sum with the base frees (:func:`_adapter_sum`)."""
+    temporaries the sum with the base frees (:func:`_adapter_sum`). ``dropped`` (under a whole-block checkpoint):
+    nothing is saved; A's output goes once B has read it, the dropout's mask when the dropout returns, its output
+    and the FP32 copy (locals) when the adapter's (PEFT's) call returns."""
     out, inp = adapter_shape(c, t)
     ad = _adapter_dtype(c, spec)
-    src, cast = x, None
+    src, cast, gone = x, None, []
     if spec.fp32_adapters:
         src = f"LoRA {t} input (FP32 copy)"
-        if spec.dropout:
-            cast = p.new(src, (B, S, inp), "fp32", "x.to(float32), until the adapter's call returns")
+        if spec.dropout or dropped:
+            cast = p.new(src + (" (checkpointed)" if dropped else ""), (B, S, inp), "fp32",
+                         "x.to(float32), until the adapter's call returns")
+            src = cast
         p.op(f"LoRA {t}: input to FP32", alloc=[src])
+    mask = None
     if spec.dropout:
-        src = f"LoRA {t} dropout output"
-        dropout_ops(p, c, f"LoRA {t}", f"LoRA {t} dropout mask", src)
+        src, mask = f"LoRA {t} dropout output", f"LoRA {t} dropout mask"
+        if dropped:
+            mask_dtype = "bool" if c.mask_dtype == "bool" else ad
+            mask = p.new(mask + " (dropped)", (B, S, inp), mask_dtype, "not kept under the checkpoint")
+            src = p.new(src + " (checkpointed)", (B, S, inp), ad, "Adapter.forward's local x")
+            gone.append(src)
+        dropout_ops(p, c, f"LoRA {t}", mask, src)
+    a_out = f"LoRA {t} A output" if not dropped else p.new(f"LoRA {t} A output (checkpointed)", (B, S, r), ad,
+                                                             "not kept: freed once lora_B has read it")
     b = p.new(f"LoRA {t} B output", (B, S, out), ad, "lora_B's output, until the scaling")
     delta = p.new(f"LoRA {t} delta", (B, S, out), ad, "lora_B(lora_A(x)) * scaling")
-    p.op(f"LoRA {t} A", alloc=[f"LoRA {t} A output"])
+    p.op(f"LoRA {t} A", alloc=[a_out], free=[mask] if dropped else [])
     p.op(f"LoRA {t} B", alloc=[b])
-    p.op(f"LoRA {t} scaling", alloc=[delta])
-    return b, delta, cast
+    p.op(f"LoRA {t} scaling", alloc=[delta], free=[a_out] if dropped else [])
+    return b, delta, cast, gone
 
 
 def _adapter_sum(p, c, spec, t, adapter, out, raw=None, after=()):
     """``result + delta`` into ``out`` (PEFT's ``Linear.forward``); ``raw``: the base's output, freed by the add
     (the local is reassigned); ``after``: freed when the call returns. FP32 adapters: the sum is FP32 (type
     promotion), then cast back to the base's dtype."""
-    b, delta, cast = adapter
+    b, delta, cast, gone = adapter
     if not spec.fp32_adapters:
-        p.op(f"{t} + adapter", free=[b, delta, raw], alloc=[out])
+        p.op(f"{t} + adapter", free=[b, delta, raw] + gone, alloc=[out])
         if after:
             p.op("released", free=list(after))
         return
     width, _ = adapter_shape(c, t)
     s32 = p.new(f"LoRA {t} sum (FP32)", (B, S, width), "fp32", "the base's output plus the FP32 delta, promoted")
-    p.op(f"{t} + adapter (FP32)", free=[b, delta, raw], alloc=[s32])
+    p.op(f"{t} + adapter (FP32)", free=[b, delta, raw] + gone, alloc=[s32])
     p.op(f"{t}: back to {c.dtype}", alloc=[out])
     p.op("released", free=[s32, cast] + list(after))
 
@@ -356,42 +384,50 @@ class _Sum:
         self.value = total
 
 
-def lora_block_forward(p, c, spec: LoraSpec):
-    """One block's forward under LoRA (its input is live; its output is the next block's input)."""
+def lora_block_forward(p, c, spec: LoraSpec, dropped=False):
+    """One block's forward under LoRA (its input is live; its output is the next block's input). ``dropped``:
+    the whole block under ``checkpoint(..., use_reentrant=False)`` (full recomputation): nothing is saved, each
+    tensor dies with its last reference, the checkpoint keeps the block's input."""
     a, T = c.dtype, spec.targets
     x, xm = residual_names(c)
-    kept = _kept_inputs(c, spec)
+    kept = set() if dropped else _kept_inputs(c, spec)
     temps = []
 
     def local(name, shape=BSd, why="a local of the block"):
         temps.append(name)
         return p.new(name, shape, a, why)
-    h1 = "Q/K/V projection input" if "Q/K/V projection input" in kept else local("norm 1 output")
-    _norm_forward(p, c, "1", h1)
+    if dropped:         # a frozen norm saves nothing more than a trained one under the checkpoint: none
+        h1 = norm_forward(p, c, "1", None, Save.DROPPED)
+        temps.append(h1)
+    else:
+        h1 = "Q/K/V projection input" if "Q/K/V projection input" in kept else local("norm 1 output")
+        _norm_forward(p, c, "1", h1)
     fused = [t for t in QKV if t in T]
+    qkv = ["Q", "K", "V"] if not dropped else [local("q, k, v (checkpointed)", (B, S, qkv_width(c)),
+                                                     "the fused projection's output, q, k, v views of it")]
     if not fused:
-        _base_forward(p, c, spec, "qkv", ["Q", "K", "V"])     # q, k, v: views of the frozen projection's output
+        _base_forward(p, c, spec, "qkv", qkv)     # q, k, v: views of the frozen projection's output
     else:
         base = p.new("frozen QKV projection output", (B, S, qkv_width(c)), a, "split into q, k, v column slices")
         _base_forward(p, c, spec, "qkv", base)
         sums = []
         for t in fused:
-            adapter = _adapter_forward(p, c, spec, t, h1)
+            adapter = _adapter_forward(p, c, spec, t, h1, dropped)
             out, _ = adapter_shape(c, t)
             s_ = p.new(f"{t} slice + adapter", (B, S, out), a, "the slice plus the adapter's output")
             last = len(fused) == 3 and t == "v_proj"     # every slice replaced: the base output goes
             _adapter_sum(p, c, spec, t, adapter, s_, after=[base] if last else ())
             sums.append(s_)
-        p.op("torch.cat: the fused output again (q, k, v: views of it)", alloc=["Q", "K", "V"])
+        p.op("torch.cat: the fused output again (q, k, v: views of it)", alloc=qkv)
         p.op("released", free=sums + ([] if len(fused) == 3 else [base]))
     if h1 in temps:
         p.op("released", free=[h1])
         temps.remove(h1)
     pi = "output projection input"
-    if c.recompute != "selective":
+    if c.recompute != "selective" and not dropped:
         p.op("flash attention", alloc=[pi, "softmax log-sum-exp"])
     else:                           # selective: the core under the checkpoint saves nothing
-        if not _o_proj_reads(spec):
+        if dropped or not _o_proj_reads(spec):
             pi = local("attention output (checkpointed)", widths_of(c)[0], "the local a, until the block returns")
         lse = p.new("log-sum-exp (dropped)", (B, H, S), "fp32", "not kept: the checkpointed core recomputes it")
         p.op("flash attention (checkpointed)", alloc=[pi, lse])
@@ -399,16 +435,22 @@ def lora_block_forward(p, c, spec: LoraSpec):
     po = p.new("output projection output", BSd, a, "the attention branch before the residual add")
     _base_forward(p, c, spec, "proj", po)
     branch = po
+    if dropped:
+        xm = p.new("attention residual sum (checkpointed)", BSd, a, "x + attention")
     if "o_proj" in T:
-        adapter = _adapter_forward(p, c, spec, "o_proj", pi)
+        adapter = _adapter_forward(p, c, spec, "o_proj", pi, dropped)
         branch = p.new("o_proj output + adapter", BSd, a, "the attention branch")
         _adapter_sum(p, c, spec, "o_proj", adapter, branch, raw=po)
         p.op("residual add", alloc=[xm])
     else:
         p.op("residual add", alloc=[xm])
     p.op("residual done", free=[branch])
-    h2 = "MLP input" if "MLP input" in kept else local("norm 2 output")
-    _norm_forward(p, c, "2", h2)
+    if dropped:
+        h2 = norm_forward(p, c, "2", None, Save.DROPPED)
+        temps.append(h2)
+    else:
+        h2 = "MLP input" if "MLP input" in kept else local("norm 2 output")
+        _norm_forward(p, c, "2", h2)
 
     def projection(base, t, out, shape):
         """A frozen MLP projection (and its adapter) writing ``out``."""
@@ -417,18 +459,27 @@ def lora_block_forward(p, c, spec: LoraSpec):
             return
         raw = p.new(f"{base} output (frozen)", shape, a, "the base's output, before the adapter's is added")
         _base_forward(p, c, spec, base, raw)
-        _adapter_sum(p, c, spec, t, _adapter_forward(p, c, spec, t, h2 if base != "down" else prod), out, raw=raw)
+        _adapter_sum(p, c, spec, t, _adapter_forward(p, c, spec, t, h2 if base != "down" else prod, dropped), out,
+                     raw=raw)
     prod = "down-projection input" if "down-projection input" in kept else p.new(
         "SiLU(gate) * up", BSF, a, "not kept: only the frozen down projection's weight gradient would read it")
-    projection("gate", "gate_proj", "gate output", BSF)
-    p.op("SiLU", alloc=["SiLU output"])
-    projection("up", "up_proj", "up-projection output", BSF)
+    gate, silu, up = ("gate output", "SiLU output", "up-projection output") if not dropped else (
+        p.new(f"{n} (checkpointed)", BSF, a, "not kept under the checkpoint") for n in ("gate output", "SiLU output",
+                                                                                           "up-projection output"))
+    projection("gate", "gate_proj", gate, BSF)
+    p.op("SiLU", alloc=[silu])
+    if dropped:
+        p.op("released", free=[gate])
+    projection("up", "up_proj", up, BSF)
     p.op("SiLU(gate) * up", alloc=[prod])
+    if dropped:
+        p.op("released", free=[silu, up])
     dn = p.new("down-projection output", BSd, a, "the MLP branch before the residual add")
     projection("down", "down_proj", dn, BSd)
     temporary = [prod] if prod not in ("down-projection input",) else []
     p.op("residual add", free=temporary, alloc=[Ref(Scope.NEXT, x, _final_input(c))])
-    leftovers = [dn] + [n for n in (xm, x) if p.tensors[n].lifetime is Lifetime.TEMPORARY] + temps
+    held = (xm,) if dropped else (xm, x)      # the checkpoint keeps the block's input
+    leftovers = [dn] + [n for n in held if p.tensors[n].lifetime is Lifetime.TEMPORARY] + temps
     p.op("block returns", free=leftovers)
 
 
@@ -436,9 +487,49 @@ def _final_input(c):
     return "final norm input" if c.upcast else "final RMSNorm input"
 
 
+def _recompute(p, c, spec):
+    """Full recomputation: the block's forward re-run with saving (its first saved tensor unpacked by the down
+    projection's backward), stopped by the pack hook of the last tensor the forward saved
+    (``_StopRecomputationError``, ``torch/utils/checkpoint.py``); the temporaries alive then are dropped (the
+    block's input stays). Autograd saves an op's inputs before the kernel runs (a linear's frozen weight, A's
+    input, B's input A x): the run stops before the down projection's matmul, or before its adapter's B; under
+    QLoRA bitsandbytes' ``MatMul4Bit`` saves the packed weight after its forward (output made, dequantized weight
+    freed). The recomputation runs when the backward first unpacks a saved tensor: the down projection's
+    backward, or with an adapter on it, its B's (the adapter's scaling, and FP32 adapters' casts, save nothing
+    and run before)."""
+    q = p.fork()
+    lora_block_forward(q, c, spec)
+    labels = [op.label for op in q.ops]
+    if "down_proj" in spec.targets:
+        stop = labels.index("LoRA down_proj B")
+    elif spec.qlora:
+        stop = labels.index("down (frozen, NF4)") + 2       # the output made, the dequantized weight released
+    else:
+        stop = labels.index("down (frozen)")
+    alive = []
+    for op in q.ops[:stop]:
+        alive = [n for n in alive if n not in op.frees] + list(op.allocs)
+    x = residual_names(c)[0]
+    q.ops[stop:] = []
+    q.op("recomputation stops", free=[n for n in alive if isinstance(n, str) and n != x
+                                      and p.tensors[n].lifetime is Lifetime.TEMPORARY])
+    return q.ops
+
+
+def _with_recomputation(p, c, spec, start):
+    """Insert the recomputation (:func:`_recompute`) into the block's backward ``p.ops[start:]`` where the first
+    saved tensor is unpacked."""
+    at = start
+    if "down_proj" in spec.targets:
+        at = next(i for i in range(start, len(p.ops)) if p.ops[i].label == "LoRA down_proj B backward")
+    p.ops[at:at] = _recompute(p, c, spec)
+
+
 def lora_block_backward(p, c, spec: LoraSpec, share):
-    """One block's backward under LoRA: ``dX_out`` (live) -> the previous block's; frees the saved tensors."""
+    """One block's backward under LoRA: ``dX_out`` (live) -> the previous block's; frees the saved tensors (under
+    full recomputation, those of the forward re-run first)."""
     a, T = c.dtype, spec.targets
+    start = len(p.ops)
     kept = _kept_inputs(c, spec)
     BSq = widths_of(c)[0]
     prod = "down-projection input"
@@ -533,10 +624,14 @@ def lora_block_backward(p, c, spec: LoraSpec, share):
         _base_backward(p, c, spec, "qkv", g, [gqkv])
     g_h1.add(g)
     gx1 = p.new("gradient of norm 1's input", BSd, a, "norm 1 backward's output")
-    _norm_backward(p, c, "1", g_h1.value, gx1)
+    # a recomputed block's input (the checkpoint's) goes with the last tensor its recomputation saved, norm 1's input
+    last = [residual_names(c)[0]] if c.recompute == "full" and c.upcast else []
+    _norm_backward(p, c, "1", g_h1.value, gx1, last)
     p.op("residual gradients summed", alloc=[INPUT_GRADIENT])
     p.op("released", free=[gx1, gxm])
     assert h1 not in kept or fused            # a kept Q/K/V input is an adapter's
+    if c.recompute == "full":
+        _with_recomputation(p, c, spec, start)
 
 
 def _head_kept(spec) -> bool:
@@ -669,9 +764,11 @@ class LoraBuilt(Built):
         share = lambda n: n                         # noqa: E731 - one rank, nothing sharded
         opts = conv.inventory_options(c.style, c.dtype, False) | {"attention": c.attention}
         self.layer_rows = lora_rows(c, spec, opts)
+        chunked = c.loss_chunks > 1 or c.loss_impl == "litgpt"      # memledger.step.lora_loss
         self.outside_rows = [row for row in outside_inventory(c.style, **{k: opts[k] for k in (
             "dtype", "norm_stats", "rmsnorm", "attention")}) if not row.name.endswith("x*rstd")
-            and (row.name != "LM head input" or _head_kept(spec))] + head_adapter_rows(c, spec, opts)
+            and (row.name != "LM head input" or _head_kept(spec))
+            and (not chunked or row.name not in loss.replaced_rows(c))] + head_adapter_rows(c, spec, opts)
         tensors = {}
         for row in self.layer_rows + self.outside_rows:
             tensors[row.name] = Tensor(row.name, row.bytes, Kind.ACTIVATION, Lifetime.SAVED, why=row.why)
@@ -685,13 +782,17 @@ class LoraBuilt(Built):
         p = Program(tensors, outer_placement)
         outside = {}
         from .trace import Part
-        for part, fn in [(Part.FORWARD_START, outer.forward_start), (Part.FORWARD_END, _forward_end),
-                         (Part.BACKWARD_START, _backward_start), (Part.BACKWARD_END, _backward_end)]:
+        for part, fn in [(Part.FORWARD_START, outer.forward_start),
+                         (Part.FORWARD_END, (lambda q, c_, spec_: lora_chunked_forward_end(q, c_, _norm_forward))
+                          if chunked else _forward_end),
+                         (Part.BACKWARD_START, (lambda q, c_, spec_: lora_chunked_backward_start(q, c_, _norm_backward))
+                          if chunked else _backward_start),
+                         (Part.BACKWARD_END, _backward_end)]:
             q = p.fork()
             fn(q, c, spec) if part in (Part.FORWARD_END, Part.BACKWARD_START) else fn(q, c)
             outside[part] = q.ops
         fwd, bwd = p.fork(), p.fork()
-        lora_block_forward(fwd, c, spec)
+        lora_block_forward(fwd, c, spec, dropped=c.recompute == "full")
         lora_block_backward(bwd, c, spec, share)
         layers = explicit_layers(s.layers or 5)
         opt = p.fork()
@@ -705,13 +806,26 @@ class LoraBuilt(Built):
         else:
             outer.optimizer(opt, params, moments, master and c.grad_dtype != "fp32", conv.foreach, c.grad_dtype)
         saved = sum((tensors[row.name].expr for row in self.layer_rows), sp.Integer(0))
+        if c.recompute == "full":           # the checkpoint keeps the block's input only
+            saved = tensors["layer input"] = Tensor("layer input", tensors[residual_names(c)[0]].expr, Kind.ACTIVATION,
+                                                    Lifetime.SAVED, why="the checkpoint")
+            saved = saved.expr
         grads = sum((tensors[f"grad {t}.lora_{m}"].expr for t in spec.targets for m in "AB"), sp.Integer(0))
         tensors[SAVED_LUMP] = Tensor(SAVED_LUMP, (L - 4) * saved, Kind.ACTIVATION, Lifetime.SAVED)
         tensors[GRADIENT_LUMP] = Tensor(GRADIENT_LUMP, (L - 4) * grads, Kind.GRAD, Lifetime.GRADIENT)
         self.ops = _hold_leaf(flatten(s.layers or 5, c, outside, fwd.ops, bwd.ops, opt.ops), residual_names(c)[0])
+        if s.in_backward:           # one optimizer per adapter tensor, stepped in its hook (memledger.step.optim)
+            sizes = dict(_block_params(c, spec) + _head_params(spec))
+            impl = "fused" if conv.fused else ("foreach" if conv.foreach else "for-loop")
+            self.ops = optim.in_backward(self.ops, tensors, lambda layer, name: optim.one_parameter(
+                p.fork(), c, "adamw", impl, name, moments, c.grad_dtype, Device.GPU, elements=sizes[name]))
         self.tensors = tensors
         self._lora_static(recipe, spec, len(params) and 2 * len(spec.targets))
         self._compile()
+
+    def loss_saved(self) -> list:
+        """What the chunked loss keeps for backward: the frozen head keeps no copy of its chunks' input."""
+        return [n for n in loss.saved_names(self.shape) if not n.startswith("LM head input, chunk")]
 
     def _lora_static(self, recipe, spec, per_block):
         """The frozen base (16-bit or NF4), the adapters' states, step counters, ids, overhead."""
@@ -796,8 +910,15 @@ class LoraStep(Step):
         if config.adapter_recipe not in ADAPTER_RECIPES:
             raise ValueError(f"the LoRA step models FP32 or BF16 adapters under AdamW: adapter_recipe must be one of "
                              f"{', '.join(ADAPTER_RECIPES)}, got {config.adapter_recipe}")
-        if arch.style != "llama" or lora_ledger.recompute == "full":
-            raise ValueError("the LoRA step models LLaMA blocks with no or selective recomputation, not full")
+        if arch.style != "llama":
+            raise ValueError("the LoRA step models LLaMA blocks")
+        if lora_ledger.optimizer_in_backward and (config.adapter_recipe in ("bf16-adamw", "bf16-adamw32-bnb")):
+            raise ValueError(f"optimizer_in_backward steps each adapter in its own hook with torch.optim.AdamW: "
+                             f"adapter_recipe {config.adapter_recipe} keeps FP32 masters or is bitsandbytes'; use "
+                             f"fp32-adamw or bf16-pure-adamw")
+        if "lm_head" in config.targets and (lora_ledger.loss_chunks > 1 or lora_ledger.loss_impl == "litgpt"):
+            raise ValueError("the LoRA step does not model an lm_head adapter with the chunked loss (the adapter per "
+                             "chunk): drop lm_head from the targets or use loss_chunks 1")
         if conv.kernel(arch.style, False, lora_ledger.flash_attention) != "flash":
             raise ValueError("the LoRA step models the SDPA flash kernel: use --backend cpu or cuda, or "
                              "--flash-attention")
@@ -816,7 +937,9 @@ class LoraStep(Step):
     def to_dict(self) -> dict:
         """The JSON object of ``memledger step --lora-rank ...``: the LoRA ledger's inputs (with the backend),
         landmarks, peak (with what is live there), rows."""
-        inputs = self.ledger.to_dict()["inputs"] | {"backend": self.conventions.name, "conventions": {
+        inputs = self.ledger.to_dict()["inputs"] | {"loss_chunks": self.ledger.loss_chunks,
+                                                    "loss_impl": self.ledger.loss_impl,
+                                                    "backend": self.conventions.name, "conventions": {
             k: v for k, v in vars(self.conventions).items() if k != "name"}}
         return {"inputs": inputs, "landmarks": self.landmarks,
                 "peak": {"gpu": self.peak.bytes, "phase": self.peak.phase, "layer": self.peak.layer,

@@ -45,8 +45,8 @@ from .ops import BSd, Ref, Tensor, final_input
 from .outer import final_norm_params
 from .vocab import Kind, Lifetime, Scope
 
-__all__ = ["chunk_tokens", "chunked_backward_start", "chunked_forward_end", "litgpt_forward_end", "replaced_rows",
-           "saved_names"]
+__all__ = ["chunk_tokens", "chunked_backward_start", "chunked_forward_end", "join_input_gradients",
+           "litgpt_forward_end", "replaced_rows", "saved_names", "tokens"]
 
 
 def chunk_tokens(k: int, n: int):
@@ -81,6 +81,11 @@ def _saved(p, name, shape, dtype, why):
     p.new(name, shape, dtype, why)
     p.tensors[name] = Tensor(name, p.tensors[name].expr, Kind.ACTIVATION, Lifetime.SAVED, why=why)
     return name
+
+
+def tokens(c) -> list:
+    """Each chunk's tokens: LitGPT's ``split`` by S/n, torchtune's ``tensor_split`` (:func:`chunk_tokens`)."""
+    return _tokens(c)
 
 
 def _tokens(c):
@@ -125,14 +130,16 @@ def _count(p):
     p.op("released", free=[mask])
 
 
-def chunked_forward_end(p, c):
+def chunked_forward_end(p, c, head=None):
     """Final norm, the LM head chunk by chunk, the loss: torchtune's ``CEWithChunkedOutputLoss.forward``, or
-    LitGPT's ``chunked_cross_entropy`` (:func:`litgpt_forward_end`)."""
+    LitGPT's ``chunked_cross_entropy`` (:func:`litgpt_forward_end`). ``head(p, c, T)``: the final norm and the
+    head's chunks, returning the logits' names (default: a trained head; :mod:`memledger.step.lora_loss` a frozen
+    one)."""
     if c.loss_impl == "litgpt":
-        return litgpt_forward_end(p, c)
+        return litgpt_forward_end(p, c, head)
     a, n = c.dtype, c.loss_chunks
     T = _tokens(c)
-    logits = _head_forward(p, c, T)
+    logits = (head or _head_forward)(p, c, T)
     _count(p)
     _labels(p, c, T)
     total = p.new("sum of the chunks' losses", (), "fp32", "total_loss: 0.0 + the first chunk's, then += in place")
@@ -154,13 +161,13 @@ def chunked_forward_end(p, c):
     p.op("released", free=[total] + logits)
 
 
-def litgpt_forward_end(p, c):
+def litgpt_forward_end(p, c, head=None):
     """LitGPT's ``chunked_cross_entropy`` (``litgpt/utils.py`` l. 302-337 at 26857050): cross-entropy on the
     logits in their own dtype (no upcast), per chunk with ``reduction="none"``, the chunks' losses concatenated,
     summed and divided by ``max(count, 1)``; one mean cross-entropy without chunks."""
     a, n = c.dtype, c.loss_chunks
     T = _tokens(c)
-    logits = _head_forward(p, c, T)
+    logits = (head or _head_forward)(p, c, T)
     _labels(p, c, T)
     losses = []
     for k in range(n):
@@ -189,9 +196,10 @@ def litgpt_forward_end(p, c):
     p.op("released", free=[total, count] + losses + logits)
 
 
-def chunked_backward_start(p, c):
+def chunked_backward_start(p, c, head=None):
     """Backward through the chunked loss, the LM head chunk by chunk and the final norm; ends with the last
-    block's ``dX_out``."""
+    block's ``dX_out``. ``head(p, c, T, grads)``: the head's and the final norm's backward from the chunks' logits
+    gradients (default: a trained head's)."""
     a, n, litgpt = c.dtype, c.loss_chunks, c.loss_impl == "litgpt"
     T = _tokens(c)
     seed = "fp32" if not litgpt else a
@@ -216,7 +224,7 @@ def chunked_backward_start(p, c):
             grads[k] = p.new(f"logits gradient, chunk {k}", (B, T[k], V), a, "downcast: waits for the LM head")
             p.op(f"chunk {k}: .float() backward", alloc=[grads[k]])
             p.op("released", free=[g2])
-    _head_backward(p, c, T, grads)
+    (head or _head_backward)(p, c, T, grads)
 
 
 def _head_backward(p, c, T, grads):
@@ -250,6 +258,15 @@ def _head_backward(p, c, T, grads):
         p.op("weight gradients summed", alloc=[summed])
         p.op("released", free=[buffer, w])
         buffer = summed
+    join_input_gradients(p, c, inputs, gfn)
+    norm_backward(p, c, "final", gfn, Ref(Scope.LAST, "dX_out"),
+                  [f"grad {name}" for name, _ in final_norm_params(c)])
+
+
+def join_input_gradients(p, c, inputs, gfn):
+    """The chunks' LM head input gradients ``inputs`` (live) joined into ``gfn``: ``split``'s backward one ``cat``,
+    ``tensor_split``'s a ``slice_backward`` per chunk (padded to B*S*d), summed out of place."""
+    a, n = c.dtype, c.loss_chunks
     if n > 1 and c.loss_impl == "litgpt":       # split's backward: one cat of the chunks' gradients
         p.op("split backward: cat", alloc=[gfn], free=inputs)
     elif n > 1:                                 # tensor_split: a slice_backward per chunk, summed out of place
@@ -267,5 +284,3 @@ def _head_backward(p, c, T, grads):
             p.op("input gradients summed", alloc=[summed])
             p.op("released", free=[buffer, padded])
             buffer = summed
-    norm_backward(p, c, "final", gfn, Ref(Scope.LAST, "dX_out"),
-                  [f"grad {name}" for name, _ in final_norm_params(c)])

@@ -118,11 +118,12 @@ def temporaries(p, c: Shape, kind: str, implementation: str, params, state_dtype
 
 
 def one_parameter(p, c: Shape, kind: str, implementation: str, name: str, state_dtype: str, grad_dtype: str,
-                  where) -> list:
+                  where, elements=None) -> list:
     """The ops of one parameter's own optimizer stepping it in backward (its step returns: every temporary
     released): AdamW's for-loop ``sqrt`` and ``denom``, foreach's step increment and ``_foreach_sqrt``, none
-    fused; Adafactor's for-loop; none for SGD."""
-    elements = sp.Mul(*param_shape(c, name))
+    fused; Adafactor's for-loop; none for SGD. ``elements``: the parameter's size where ``name`` is not one of
+    the decoder's (a LoRA adapter's)."""
+    elements = sp.Mul(*param_shape(c, name)) if elements is None else elements
     if kind == "adafactor":
         adafactor(p, c, [Param(name, elements)], grad_dtype, where)
     elif kind == "adamw" and implementation == "foreach":

@@ -123,8 +123,8 @@ def test_bad_rungs_are_refused_by_name():
         Rung("")
     with pytest.raises(ValueError, match="at least one rung"):
         ladder("llama2-7b", 4096, [])
-    with pytest.raises(ValueError, match="does not model loss_chunks"):
-        setup_step("llama2-7b", 4096, dict(TORCHTUNE, loss_chunks=8, lora=LoraConfig()))
+    with pytest.raises(ValueError, match="does not model offload_activations"):
+        setup_step("llama2-7b", 4096, dict(TORCHTUNE, offload_activations=True, lora=LoraConfig()))
     with pytest.raises(TypeError, match="LoraConfig"):
         setup_step("llama2-7b", 4096, dict(TORCHTUNE, lora="qlora"))
 

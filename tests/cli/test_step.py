@@ -38,14 +38,33 @@ def test_step_qlora_is_the_preset(capsys):
     assert code == 0 and json.loads(out)["peak"]["gpu"] == LoraLedger(ARCH, qlora(), 1, 128).step("cuda").peak.bytes
 
 
+@pytest.mark.slow
+def test_step_lora_full_recomputation_and_chunked_loss(capsys):
+    """``--recompute full --loss-chunks 4`` reach the LoRA step (and the LoRA ledger's verdict, its peak)."""
+    from memledger.ledger.lora import LoraConfig
+    args = ("--seq", "128", "--lora-rank", "8", "--recompute", "full", "--loss-chunks", "4", "--json")
+    code, out, _ = run(capsys, "step", *SHAPE, "--backend", "cpu", *args)
+    python = LoraLedger(ARCH, LoraConfig(8, ("q_proj", "v_proj")), 1, 128, "full", loss_chunks=4)
+    data = json.loads(out)
+    assert code == 0 and data["peak"]["gpu"] == python.step("cpu").peak.bytes and data["inputs"]["loss_chunks"] == 4
+    code, out, _ = run(capsys, "ledger", *SHAPE, *args)
+    assert code == 0 and json.loads(out)["judged_bytes"] == python.step("cuda").peak.bytes
+    code, out, _ = run(capsys, "step", *SHAPE, "--backend", "cpu", *args, "--optimizer-in-backward")
+    stepped = LoraLedger(ARCH, LoraConfig(8, ("q_proj", "v_proj")), 1, 128, "full", loss_chunks=4,
+                         optimizer_in_backward=True).step("cpu")
+    assert code == 0 and json.loads(out)["peak"]["gpu"] == stepped.peak.bytes
+
+
 @pytest.mark.parametrize("args, message", [
+    (("--lora-targets", "q_proj,lm_head", "--loss-chunks", "4"), "lm_head adapter with the chunked loss"),
+    (("--qlora", "--offload-activations"), "activation offloading of a LoRA block"),
+    (("--qlora", "--optimizer-in-backward"), "adapter_recipe bf16-adamw32-bnb keeps FP32 masters or is bitsandbytes'"),
     (("--qlora", "--recipe", "fp32-adamw"), "--qlora quantizes a 16-bit base to NF4 and computes in BF16; --recipe "
                                             "fp32-adamw gives an FP32 base"),
     (("--lora-rank", "8", "--adapter-recipe", "bf16-adamw", "--recipe", "fp32-adamw"), "models a BF16 base"),
     (("--lora-rank", "8", "--adapter-recipe", "adafactor"), "adapter_recipe must be one of"),
     (("--lora-rank", "8", "--zero", "2"), "does not read --zero"),
     (("--qlora", "--lora-dropout", "1.5"), "--lora-dropout must be a probability in [0, 1)"),
-    (("--qlora", "--recompute", "full"), "no or selective recomputation, not full"),
 ])
 def test_bad_lora_steps_are_one_line(capsys, args, message):
     code, out, err = run(capsys, "step", *SHAPE, "--seq", "128", "--backend", "cpu", *args)

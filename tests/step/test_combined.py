@@ -106,15 +106,15 @@ def test_llama2_7b_with_every_knob_is_memtrackers(B, S, V_):
 
 
 def test_lora_with_knobs_it_does_not_model_is_refused_in_one_line():
-    """LoRA + chunked loss + full recomputation: the LoRA step models selective recomputation (tests/step/
-    test_lora_recompute.py) but neither full recomputation nor the chunked loss; each is refused by name."""
+    """LoRA + chunked loss + full recomputation + the optimizer in backward run in the LoRA step (tests/step/
+    test_lora_loss.py, test_lora_in_backward.py); activation offloading with LoRA is refused by name."""
     from memledger.article.knobs import setup_step
     from memledger.ledger.lora import LoraConfig, LoraLedger
     config = LoraConfig(8, ("q_proj", "v_proj"), adapter_recipe="bf16-pure-adamw")
-    with pytest.raises(ValueError, match="not full") as e:
-        LoraLedger("llama2-7b", config, 1, 4096, recompute="full").step("cpu")
-    assert "\n" not in str(e.value)
-    with pytest.raises(ValueError, match="does not model loss_chunks") as e:
-        setup_step("llama2-7b", 4096, dict(recipe="bf16-pure-adamw", loss_chunks=8, recompute="selective",
+    knobs = dict(loss_chunks=8, recompute="full", optimizer_in_backward=True)
+    step = setup_step("llama2-7b", 4096, dict(recipe="bf16-pure-adamw", lora=config, **knobs), "cpu")
+    assert step.peak.bytes == LoraLedger("llama2-7b", config, 1, 4096, **knobs).step("cpu").peak.bytes
+    with pytest.raises(ValueError, match="does not model offload_activations") as e:
+        setup_step("llama2-7b", 4096, dict(recipe="bf16-pure-adamw", offload_activations=True, recompute="full",
                                            lora=config), "cpu")
     assert "\n" not in str(e.value)

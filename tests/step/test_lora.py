@@ -96,7 +96,7 @@ def test_the_qlora_peak_is_the_step_s_and_flash_attention_sets_the_sum_apart():
     """The LoRA ledger is judged by the step's peak (CUDA's conventions) where the step models the run."""
     run = LoraLedger("llama2-7b", qlora(), 1, 4096)
     assert run.judged_bytes() == run.peak == run.step("cuda").peak.bytes
-    unmodelled = LoraLedger("llama2-7b", LoraConfig(8, QV), 1, 4096, recompute="full")
+    unmodelled = LoraLedger("llama2-7b", LoraConfig(8, QV, base="fp32"), 1, 4096)
     assert unmodelled.peak is None and unmodelled.judged_bytes() == unmodelled.totals["gpu"]   # not in the step: the sum
 
 

@@ -1,12 +1,12 @@
-"""Selective recomputation in the LoRA and QLoRA step (memledger/step/lora.py): the attention core under
-``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)`` in the reference's LoRA block
-(memledger/pytorch/lora.py), as in the full-training block: the flash kernel's output and log-sum-exp are not
-saved (an adapter on ``o_proj`` still keeps its input), and the core is re-run in backward. Landmarks, phase
-peaks, block peaks and the peak equal MemTracker's to the byte. Full recomputation of a LoRA block is refused in
-one line (not modelled)."""
-import pytest
+"""Recomputation in the LoRA and QLoRA step (memledger/step/lora.py), against MemTracker's run of the reference's
+LoRA decoder (memledger/pytorch/lora.py) under ``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)``.
 
-from memledger.ledger.lora import LoraConfig, LoraLedger
+Selective: the attention core checkpointed, as in the full-training block: the flash kernel's output and
+log-sum-exp are not saved (an adapter on ``o_proj`` still keeps its input), and the core is re-run in backward.
+Full: every block checkpointed whole (torchtune's activation checkpointing of each layer, a frozen base): only
+the block's input is kept; its backward re-runs the forward up to the last tensor it saved. Landmarks, phase
+peaks, block peaks and the peak equal MemTracker's to the byte."""
+import pytest
 
 from stepcheck import LORA_7B, LORA_ALL as ALL, LORA_QV as QV, LORA_SMALL as SMALL, lora_against_memtracker
 
@@ -49,7 +49,45 @@ def test_llama2_7b_selective_qlora_equals_memtracker():
     lora_against_memtracker(LORA_7B, 1, 4096, 64, ALL, 0.1, True, "bf16-adamw", recompute="selective")
 
 
-def test_full_recomputation_is_refused_in_one_line():
-    with pytest.raises(ValueError, match="not full") as e:
-        LoraLedger("llama2-7b", LoraConfig(8, QV), 1, 4096, recompute="full").step("cpu")
-    assert "\n" not in str(e.value)
+@pytest.mark.slow
+def test_full_lora_equals_memtracker_and_keeps_only_the_block_inputs():
+    """q and v adapters, B 2, S 8: the step with each block checkpointed equals MemTracker's; at the end of the
+    forward pass it holds each block's input (B S d, BF16) instead of what the block saved (block 0's input, the
+    leaf PEFT's enable_input_require_grads makes, is held by the graph either way)."""
+    step, _ = lora_against_memtracker(dict(SMALL, L=2), 2, 8, 8, QV, recompute="full")
+    none, _ = lora_against_memtracker(dict(SMALL, L=2), 2, 8, 8, QV)
+    kept = none.landmarks["after forward"]["gpu"] - step.landmarks["after forward"]["gpu"]
+    d, F, H, r = SMALL["d"], SMALL["F"], SMALL["H"], 8
+    # the LoRA block saves: q, k, v (3 B S d), the flash output and log-sum-exp, norm 1's and norm 2's FP32 input
+    # and rstd, the Q/K/V input for the adapters' A and their A x, gate, SiLU and up outputs (3 B S F)
+    saved = 2 * 8 * (3 * d * 2 + d * 2 + H * 4 + 2 * (d * 4 + 4) + d * 2 + 2 * r * 2 + 3 * F * 2)
+    assert kept == 2 * saved - 2 * 8 * d * 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("targets, dropout, nf4, loop, refinements", [
+    (("down_proj",), 0.1, False, "bf16-pure-adamw", {}),
+    (("o_proj", "down_proj"), 0.1, False, "bf16-pure-adamw", {}),
+    (ALL, 0.1, True, "bf16-adamw", dict(kv=2)),
+    (("gate_proj", "up_proj"), 0.1, True, "fp32-adamw", {}),
+    (ALL + ("lm_head",), 0.0, False, "fp32-adamw", dict(rmsnorm="fused")),
+])
+def test_full_lora_variants_equal_memtracker(targets, dropout, nf4, loop, refinements):
+    """The recomputation starts where the backward first unpacks (the down projection's, or its adapter B's) and
+    stops before the last saving op's kernel (under QLoRA after MatMul4Bit's forward): dropout, QLoRA with
+    grouped-query attention, FP32 adapters with the head adapted and fused RMSNorm; L = 6 (lumped)."""
+    lora_against_memtracker(dict(SMALL, L=6), 2, 16, 8, targets, dropout, nf4, loop, recompute="full",
+                            **refinements)
+
+
+@pytest.mark.slow
+def test_llama2_7b_full_qlora_equals_memtracker():
+    """LLaMA-2 7B's shape at S 4096: QLoRA r 64 on every projection with dropout, every block checkpointed."""
+    lora_against_memtracker(LORA_7B, 1, 4096, 64, ALL, 0.1, True, "bf16-adamw", recompute="full")
+
+
+@pytest.mark.slow
+def test_llama2_7b_full_lora_qv_equals_memtracker():
+    """LLaMA-2 7B at B 2, S 4096: torchtune's 7B_lora_single_device adapters (q, v; BF16), each block
+    checkpointed."""
+    lora_against_memtracker(LORA_7B, 2, 4096, 8, QV, 0.0, False, "bf16-pure-adamw", recompute="full")
