@@ -6,10 +6,13 @@ A :class:`Rung` is a named change to a setup: :class:`~memledger.ledger.ledger.L
 (``loss_chunks``, ``recompute``, ``recipe``, ...), the backend's conventions (``foreach``, ``fused``,
 ``rmsnorm``: :class:`memledger.activations.backends.Backend`'s fields) or ``lora`` (a
 :class:`~memledger.ledger.lora.LoraConfig`, or :func:`~memledger.ledger.lora.qlora`). :func:`ladder` applies
-the rungs in turn, each to the setup the rung before it left; a rung with ``restart`` starts again from
-the baseline (the LoRA step models neither full recomputation, the chunked loss nor offloading, so LoRA is
-compared with the full fine-tune at the same workload). Each row holds the step's peak, its phase, and
-what the rung saved at the peak against the rung it was applied to::
+the rungs in turn, each to the setup the rung before it left; a rung with ``start`` changes the setup of the
+rung it names instead (``restart``: the baseline's). LoRA starts from "activation checkpointing" (the chunked
+loss and every block checkpointed), as torchtune's LoRA config runs it (``7B_lora_single_device.yaml`` l. 68-69,
+91-92 at bd2a0fc7: a chunked ``LinearCrossEntropyLoss``, ``enable_activation_checkpointing: True``,
+``enable_activation_offloading: False``; its LoRA recipe has no optimizer in backward), so it is compared with
+the full fine-tune under the same two knobs. Each row holds the step's peak, its phase, and what the rung saved
+at the peak against the rung it was applied to::
 
     rows = ladder("llama2-7b", 16384)
     rows[1].rung, rows[1].saved          # "chunked cross-entropy", bytes the 8 chunks took off the peak
@@ -56,11 +59,13 @@ _LORA_FIELDS = {"batch_size", "seq_len", "recompute", "flash_attention", "overhe
 @dataclass(frozen=True)
 class Rung:
     """One knob: ``name``, the ``changes`` it makes (Ledger fields, Backend conventions, ``lora``), what it does
-    in one line (``why``); ``restart``: apply the changes to the baseline, not to the rung before."""
+    in one line (``why``); ``restart``: apply the changes to the baseline, not to the rung before; ``start``:
+    to the setup of the rung of that name (one before this one)."""
     name: str
     changes: dict = field(default_factory=dict)
     why: str = ""
     restart: bool = False
+    start: Optional[str] = None
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name.strip():
@@ -111,11 +116,16 @@ def ladder(model="llama2-7b", seq_len: int = 16384, rungs=None, backend="cuda", 
     if not rungs:
         raise ValueError("a ladder needs at least one rung (the baseline)")
     baseline = {**BASE, **(base or {}), **rungs[0].changes}
-    setup, rows = baseline, []
+    setup, rows, setups = baseline, [], {}
     for rung in rungs:
-        start = baseline if rung.restart else setup
-        before = rows[0] if rung.restart and rows else (rows[-1] if rows else None)
+        if rung.start is not None and rung.start not in setups:
+            raise ValueError(f"rung {rung.name!r} starts from {rung.start!r}: no rung before it has that name")
+        name = rungs[0].name if rung.restart else rung.start
+        start = setups[name] if name is not None else setup
+        before = next(r for r in rows if r.rung == name) if name is not None and rows else (
+            rows[-1] if rows else None)
         setup = {**start, **rung.changes} if rows else baseline
+        setups[rung.name] = setup
         step = setup_step(model, seq_len, setup, backend)
         peak = step.peak
         rows.append(RungRow(rung.name, peak.bytes, before.peak - peak.bytes if before else 0, peak.phase,
@@ -157,8 +167,8 @@ def _rungs() -> list:
              "each block's saved tensors (here its checkpointed input) copied to pinned host memory in forward "
              "and back before its backward (save_on_cpu)"),
         Rung("LoRA", {"lora": LoraConfig(rank=LORA_RANK, targets=LORA_TARGETS, adapter_recipe="bf16-pure-adamw")},
-             f"a frozen BF16 base, rank-{LORA_RANK} BF16 adapters on Q and V (torchtune's), every activation kept",
-             restart=True),
+             f"a frozen BF16 base, rank-{LORA_RANK} BF16 adapters on Q and V, the chunked loss and checkpointing "
+             "(torchtune's LoRA config)", start="activation checkpointing"),
         Rung("QLoRA", {"lora": LoraConfig(rank=LORA_RANK, targets=LORA_TARGETS, base="nf4",
                                           adapter_recipe="bf16-pure-adamw")},
              "the same adapters on a base whose projections are 4-bit NormalFloat, double-quantized (Dettmers et al. "

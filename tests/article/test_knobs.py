@@ -20,14 +20,16 @@ def rows():
 
 @pytest.mark.slow
 def test_each_rung_is_the_step_of_its_setup_built_directly(rows):
-    """The rungs are cumulative: each keeps the knobs before it; LoRA starts again from the baseline and QLoRA
-    changes its base. CUDA's conventions with torchtune's composite RMSNorm."""
+    """The rungs are cumulative: each keeps the knobs before it; LoRA starts from the checkpointing rung (the
+    chunked loss and full recomputation, torchtune's LoRA config) and QLoRA changes its base. CUDA's conventions
+    with torchtune's composite RMSNorm."""
     def full(**knobs):
         return Ledger("llama2-7b", **TORCHTUNE, **knobs).step("cuda", rmsnorm="composite")
 
     def lora(base):
         config = LoraConfig(rank=8, targets=("q_proj", "v_proj"), base=base, adapter_recipe="bf16-pure-adamw")
-        return LoraLedger("llama2-7b", config, seq_len=S, flash_attention=True).step("cuda", rmsnorm="composite")
+        return LoraLedger("llama2-7b", config, seq_len=S, flash_attention=True, loss_chunks=8,
+                          recompute="full").step("cuda", rmsnorm="composite")
     chunked, ckpt = dict(loss_chunks=8), dict(loss_chunks=8, recompute="full")
     direct = {
         "baseline": full(),
@@ -43,7 +45,7 @@ def test_each_rung_is_the_step_of_its_setup_built_directly(rows):
         assert rows[name].peak == step.peak.bytes, name
         assert rows[name].phase == step.peak.phase
     names = list(direct)
-    against = dict(zip(names[1:5], names[:4])) | {"LoRA": "baseline", "QLoRA": "LoRA"}
+    against = dict(zip(names[1:5], names[:4])) | {"LoRA": "activation checkpointing", "QLoRA": "LoRA"}
     for name, before in against.items():
         assert rows[name].against == before
         assert rows[name].saved == direct[before].peak.bytes - direct[name].peak.bytes
@@ -123,6 +125,8 @@ def test_bad_rungs_are_refused_by_name():
         Rung("")
     with pytest.raises(ValueError, match="at least one rung"):
         ladder("llama2-7b", 4096, [])
+    with pytest.raises(ValueError, match="starts from 'LoRA': no rung before it"):
+        ladder("llama2-7b", 4096, [Rung("baseline"), Rung("QLoRA", {"loss_chunks": 2}, start="LoRA")])
     with pytest.raises(ValueError, match="does not model offload_activations"):
         setup_step("llama2-7b", 4096, dict(TORCHTUNE, offload_activations=True, lora=LoraConfig()))
     with pytest.raises(TypeError, match="LoraConfig"):
