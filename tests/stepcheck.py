@@ -26,14 +26,16 @@ def landmarks_are_sums_of_rows(step):
 
 def against_memtracker(style, F_, loop, B, S, L, dropout, recompute, foreach=False, d_=None, H=None, V_=None,
                         kv=None, attention=None, qkv_bias=False, tied=False, trace=None, native_dropout=False,
-                        head_dim=None, loss_chunks=1, loss_impl="torchtune", fused=False, in_backward=False):
+                        head_dim=None, loss_chunks=1, loss_impl="torchtune", fused=False, in_backward=False,
+                        family=None):
     """MemTracker's step of the reference decoder beside the timeline's under the CPU backend; ``attention=
     "eager"`` runs the eager core in LLaMA blocks too (the article backend's kernel); ``kv`` key/value heads,
     ``qkv_bias`` and ``tied``: LLaMA refinements (Qwen2, Gemma); ``trace``: keep MemTracker's op-by-op totals
     (default: small configs without recomputation, see :func:`block_totals_agree`); ``native_dropout``: the
     fused kernel's 1-byte masks (the timeline's ``dropout_mask="bool"``); ``head_dim``: a head size other than
     d/H; ``loss_chunks``: the cross-entropy in n chunks, torchtune's or (``loss_impl="litgpt"``) LitGPT's;
-    ``fused``: the optimizer's fused kernel; ``in_backward``: torchtune's optimizer stepped in backward."""
+    ``fused``: the optimizer's fused kernel; ``in_backward``: torchtune's optimizer stepped in backward;
+    ``family``: RefConfig's family fields (``parallel``, ``shared_norm``, ``untied``, ``head_bias``)."""
     pytest.importorskip("torch")
     from memledger.pytorch.compare import architecture_of
     from memledger.pytorch.measure import memtracker_step
@@ -41,7 +43,7 @@ def against_memtracker(style, F_, loop, B, S, L, dropout, recompute, foreach=Fal
     d_, H, V_ = d_ or 64, H or 4, V_ or 1000
     c = RefConfig(d_, L, H, F_, V_, style, dropout=dropout, recompute=recompute, n_kv_heads=kv, attention=attention,
                   qkv_bias=qkv_bias, tied=tied, native_dropout=native_dropout, head_dim=head_dim,
-                  loss_chunks=loss_chunks, loss_impl=loss_impl)
+                  loss_chunks=loss_chunks, loss_impl=loss_impl, **(family or {}))
     trace = recompute == "none" and d_ < 1024 if trace is None else trace     # op by op: small configs
     measured = memtracker_step(c, loop, B, S, foreach=foreach, blocks=True, trace=trace, fused=fused,
                                in_backward=in_backward)

@@ -127,6 +127,8 @@ class RefConfig:
     shared_norm: bool = False       # with parallel: one norm feeds both (Phi); no norm2
     alibi: bool = False             # eager core: a (1, H, 1, S) ALiBi bias added to the scores (BLOOM)
     input_norm: bool = False        # a LayerNorm on the embedding output (BLOOM's word_embeddings_layernorm)
+    untied: bool = False            # a GPT decoder's LM head has its own weight (GPT-NeoX's embed_out, Phi's lm_head)
+    head_bias: bool = False         # the LM head has a bias (Phi's lm_head: nn.Linear(d, V, bias=True))
 
     def __post_init__(self):
         if self.attention not in (None, "eager", "sdpa"):
@@ -151,6 +153,10 @@ class RefConfig:
             raise ValueError("shared_norm needs parallel")
         if self.alibi and self.kernel != "eager":
             raise ValueError("alibi is added to the eager core's scores (attention='eager')")
+        if self.untied and self.style != "gpt":
+            raise ValueError("untied: a GPT decoder's own LM head (a LLaMA decoder is untied unless tied)")
+        if self.head_bias and (self.tied or (self.style == "gpt" and not self.untied)):
+            raise ValueError("head_bias: a bias on an untied LM head (Phi's lm_head)")
 
     @property
     def kernel(self) -> str:
@@ -293,9 +299,9 @@ class Decoder(nn.Module):
         self.blocks = nn.ModuleList(Block(c) for _ in range(c.L))
         gpt = c.style == "gpt"
         self.norm = nn.LayerNorm(c.d) if gpt else (FusedRMSNorm(c.d) if c.rmsnorm == "fused" else nn.RMSNorm(c.d))
-        self.head = nn.Linear(c.d, c.V, bias=False)
+        self.head = nn.Linear(c.d, c.V, bias=c.head_bias)
         self.input_norm = nn.LayerNorm(c.d) if c.input_norm else None
-        if gpt or c.tied:
+        if (gpt and not c.untied) or c.tied:
             self.head.weight = self.embed.weight
 
     def forward(self, ids, documents=None):

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from ..models.features import Features
 from ..states.recipes import ALL_RECIPES as RECIPES
+from .family import check as check_family, modelled as family_fields
 
 __all__ = ["AMP_RECIPES", "BNB_KINDS", "COMPILE_REFUSED", "FAMILIES", "LOSS_IMPLS", "MAX_LOSS_CHUNKS",
            "MODELLED_RECIPES", "OPTIMIZER_OF", "REFUSED_LOSSES", "Shape", "StepStructure", "block_of", "check_amp",
@@ -77,6 +78,9 @@ class Shape:
     packed: int = 0         # n >= 1 documents packed in each row (memledger.step.packing)
     packing: str = None     # how attention keeps them apart: the backend's "mask" or "varlen"
     amp: bool = False       # FP16 autocast on FP32 weights with a GradScaler (memledger.step.amp)
+    parallel: bool = False  # GPT-NeoX: x + attn(norm1(x)) + mlp(norm2(x)) (memledger.step.parallel)
+    shared_norm: bool = False   # Phi: with parallel, one norm feeds attention and MLP
+    head_bias: bool = False     # the LM head has a bias (Phi's lm_head)
 
     @property
     def gpt(self):
@@ -138,11 +142,14 @@ class StepStructure:
                                              else None)
         # any style: Q and O at H*d_h (Gemma-7B), K and V at H_kv heads (a GPT block's: GPT-BigCode's multi-query)
         modelled = modelled._replace(head_dim=f.head_dim, gqa=f.gqa)
+        refined = family_fields(f)       # GPT-NeoX's and Phi's blocks, untied heads (memledger.step.family)
+        modelled = modelled._replace(**refined) if refined else modelled
         if f != modelled:
             family = f" (model_type {arch.model_type!r})" if arch.model_type in FAMILIES else ""
             raise ValueError(f"the step timeline models the reference decoder's GPT and LLaMA blocks (grouped-query "
-                             f"attention; LLaMA blocks also with QKV biases and tied embeddings; any head size; no, "
-                             f"selective or full recomputation); {unmodelled(f)} not modelled op by op{family}")
+                             f"attention; LLaMA blocks also with QKV biases and tied embeddings; GPT blocks also "
+                             f"untied, with a parallel residual; any head size; no, selective or full "
+                             f"recomputation); {unmodelled(f)} not modelled op by op{family}")
         gqa = f.gqa
         recipe = RECIPES[ledger.recipe]
         act = next(c.dtype for c in recipe.components if c.role == "param")
@@ -163,9 +170,11 @@ class StepStructure:
         shape = Shape(arch.style, kernel, bool(ledger.dropout), conv.rmsnorm, act, conv.norm_stats is not None,
                       ledger.batch_size == 1, grad, opts["mask_dtype"], opts["norm_stats"], gqa,
                       gqa and arch.kv_heads == 1, True if llama and f.has_qkv_bias else None,
-                      True if llama and f.is_tied else None, ledger.recompute, f.head_dim, ledger.tp > 1,
+                      (True if f.is_tied else None) if llama else (None if f.is_tied else False),
+                      ledger.recompute, f.head_dim, ledger.tp > 1,
                       check_loss_chunks(ledger.loss_chunks), ledger.loss_impl,
-                      *check_packed(ledger, conv, kernel), check_amp(ledger, conv, kernel))
+                      *check_packed(ledger, conv, kernel), check_amp(ledger, conv, kernel),
+                      *check_family(ledger, f, kernel))
         if ledger.sequence_parallel and ledger.recompute == "full":
             raise ValueError("the step timeline runs sequence parallelism as DTensor runs it without full "
                              "recomputation only (its recomputed norms on S/t are not modelled); use selective or "
@@ -344,13 +353,12 @@ FAMILIES = ("gpt_neox", "phi", "bloom", "gpt_bigcode", "t5")
 
 def unmodelled(f: Features) -> str:
     """What of ``f`` the step timeline refuses, in words (for its error message)."""
-    named = [("mixture of experts", f.moe), ("an untied GPT decoder", f.gpt and not f.is_tied),
-             ("a GPT block without QKV biases", f.gpt and not f.has_qkv_bias),
+    named = [("mixture of experts", f.moe), ("a GPT block without QKV biases", f.gpt and not f.has_qkv_bias),
              ("learned positions", f.positions), ("token types", f.token_types), ("a pooler", f.pooler),
              ("an embedding norm", f.embedding_norm),
-             ("parallel attention and MLP", f.parallel and not f.shared_norm),
-             ("one norm feeding parallel attention and MLP", f.shared_norm), ("an LM head bias", f.head_bias),
-             ("ALiBi score biases", f.alibi), ("an embedding LayerNorm", f.input_norm),
+             ("parallel attention and MLP in a LLaMA block", f.parallel and not f.gpt),
+             ("an LM head bias on a tied head", f.head_bias and f.is_tied), ("ALiBi score biases", f.alibi),
+             ("an embedding LayerNorm", f.input_norm),
              ("an encoder-decoder", f.encoder_decoder)]
     found = [name for name, on in named if on]
     return (", ".join(found) if found else "this architecture's refinements") + (" is" if len(found) == 1 else " are")

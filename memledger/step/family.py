@@ -1,0 +1,43 @@
+"""Which of the model families' blocks the step timeline runs op by op, and what it refuses with them (plain
+Python: :mod:`memledger.step.structure` reads it without SymPy).
+
+GPT-NeoX (``modeling_gpt_neox.py``, ``use_parallel_residual``: x + attn(ln1(x)) + mlp(ln2(x))) and Phi
+(``modeling_phi.py``: one ``input_layernorm`` feeding attention and MLP) are GPT blocks with a parallel residual
+(:mod:`memledger.step.parallel`), an untied LM head and, Phi's, a bias on it. Rotary embeddings (GPT-NeoX's
+``rotary_pct``, Phi's ``partial_rotary_factor``) are not in the reference decoder, as LLaMA's are not: the step,
+like the ledger's inventory, books no tensor of theirs (their cos/sin tables sit outside the blocks).
+"""
+from ..models.features import Features
+
+__all__ = ["check", "modelled"]
+
+
+def modelled(f: Features) -> dict:
+    """The fields of ``f`` the step models beyond the plain GPT block: a parallel residual (with one shared
+    norm), an untied LM head and a bias on it; empty for LLaMA blocks."""
+    if not f.gpt:
+        return {}
+    return dict(parallel=f.parallel, shared_norm=f.shared_norm, tied=False if not f.is_tied else None,
+                head_bias=f.head_bias and not f.is_tied)
+
+
+def check(ledger, f: Features, kernel: str) -> tuple:
+    """(parallel, shared_norm, head_bias) of the step's :class:`~memledger.step.structure.Shape`, or
+    ``ValueError`` naming what the parallel block is not modelled with."""
+    if not f.parallel:
+        return False, False, bool(f.head_bias)
+    lacks = [what for what, off in [
+        (f"the {kernel} attention kernel (use the eager core)", kernel != "eager"),
+        (f"{ledger.recompute} recomputation", ledger.recompute not in ("none",)),
+        ("grouped-query attention", f.gqa), ("a head size other than d/H", f.head_dim),
+        ("tensor parallelism", ledger.tp > 1), ("ZeRO-3", ledger.zero_stage == 3),
+        (f"framework {ledger.framework}", ledger.framework != "plain"),
+        ("a chunked loss", ledger.loss_chunks > 1 or ledger.loss_impl != "torchtune"),
+        ("activation offloading", getattr(ledger, "offload_activations", False)),
+        ("the optimizer in backward", getattr(ledger, "optimizer_in_backward", False))] if off]
+    if lacks:
+        family = "Phi's one-norm" if f.shared_norm else "GPT-NeoX's"
+        raise ValueError(f"the step timeline models {family} parallel attention and MLP (model_type "
+                         f"{ledger.arch.model_type!r}) with the eager core, no recomputation, one rank, "
+                         f"the plain loop; not with {', '.join(lacks)}")
+    return True, f.shared_norm, bool(f.head_bias)
