@@ -74,7 +74,13 @@ class RefConfig:
     is what the article backend's timeline models); ``n_kv_heads``: key/value
     heads of a LLaMA block (None: ``H``, multi-head); ``qkv_bias``: a LLaMA block's fused QKV
     projection has a bias (Qwen2); ``tied``: a LLaMA decoder's LM head shares the embedding's weight
-    (Gemma; GPT decoders are always tied and biased); ``rmsnorm``: ``"composite"`` (``nn.RMSNorm``) or
+    (Gemma; GPT decoders are tied unless ``untied``, and biased); ``untied``: a GPT decoder's own LM head
+    (GPT-NeoX's ``embed_out``, Phi's ``lm_head``); ``head_bias``: a bias on an untied head (Phi's
+    ``lm_head``, ``nn.Linear(d, V, bias=True)``); ``parallel``: the block's output is x + attn(norm1(x)) +
+    mlp(norm2(x)) (GPT-NeoX's ``use_parallel_residual``; Hugging Face's ``GPTNeoXLayer`` sums ``mlp_output +
+    attn_output + hidden_states``: two adds of the same sizes, and autograd still reaches the MLP branch first,
+    its nodes being the newer); with ``shared_norm`` one norm feeds both branches (Phi's ``input_layernorm``);
+    ``rmsnorm``: ``"composite"`` (``nn.RMSNorm``) or
     ``"fused"`` (ATen's ``_fused_rms_norm``, saving input and rstd as the CUDA
     kernel does); ``recompute``: ``"none"``, ``"selective"`` (the attention
     core, Korthikanti et al. 2022) or ``"full"`` (every block); ``head_dim``: the

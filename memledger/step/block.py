@@ -264,11 +264,11 @@ def _linear_backward(p, c, label, g_in, grads, saved_input, frees=(), recomputed
     p.op("released", free=list(frees) + [saved_input])
 
 
-def _recompute_forward(p, c):
-    """Full recomputation: the block's forward re-run with saving, stopping after its last saved tensor; the
-    temporaries still alive then are dropped (the block's input stays)."""
+def _recompute_forward(p, c, forward=None):
+    """Full recomputation: the block's forward (``forward``; default :func:`block_forward`) re-run with saving,
+    stopping after its last saved tensor; the temporaries still alive then are dropped (the block's input stays)."""
     q = p.fork()
-    block_forward(q, c, (Save.KEPT, Save.KEPT))
+    (forward or block_forward)(q, c, (Save.KEPT, Save.KEPT))
     last = max(i for i, op in enumerate(q.ops) if any(
         isinstance(n, str) and p.tensors[n].lifetime is Lifetime.SAVED for n in op.allocs))
     alive = []

@@ -4,8 +4,13 @@ Python: :mod:`memledger.step.structure` reads it without SymPy).
 GPT-NeoX (``modeling_gpt_neox.py``, ``use_parallel_residual``: x + attn(ln1(x)) + mlp(ln2(x))) and Phi
 (``modeling_phi.py``: one ``input_layernorm`` feeding attention and MLP) are GPT blocks with a parallel residual
 (:mod:`memledger.step.parallel`), an untied LM head and, Phi's, a bias on it. Rotary embeddings (GPT-NeoX's
-``rotary_pct``, Phi's ``partial_rotary_factor``) are not in the reference decoder, as LLaMA's are not: the step,
-like the ledger's inventory, books no tensor of theirs (their cos/sin tables sit outside the blocks).
+``rotary_pct``, Phi's ``partial_rotary_factor``) are not in the reference decoder, as LLaMA's are not, and the step,
+like the ledger's inventory, books no tensor of theirs. What that leaves out: the cos/sin tables, and the rotated
+query and key, which Hugging Face's ``_attn_projections_and_rope`` (``modeling_gpt_neox.py``) concatenates into new
+tensors (``torch.cat((query, query_pass), dim=-1)``, the same for the key) that the attention core then saves,
+while the value, a view of the fused projection's output, keeps all of it alive: 2 B*S*d more per block than the
+reference's q and k views, and the rotation's temporaries. (Phi's separate q, k and v projections, ``modeling_phi.py``,
+leave the rotated copies in place of their outputs: the same saved bytes as the reference's views.)
 """
 from ..models.features import Features
 
@@ -28,7 +33,7 @@ def check(ledger, f: Features, kernel: str) -> tuple:
         return False, False, bool(f.head_bias)
     lacks = [what for what, off in [
         (f"the {kernel} attention kernel (use the eager core)", kernel != "eager"),
-        (f"{ledger.recompute} recomputation", ledger.recompute not in ("none",)),
+        (f"{ledger.recompute} recomputation", ledger.recompute not in ("none", "full")),
         ("grouped-query attention", f.gqa), ("a head size other than d/H", f.head_dim),
         ("tensor parallelism", ledger.tp > 1), ("ZeRO-3", ledger.zero_stage == 3),
         (f"framework {ledger.framework}", ledger.framework != "plain"),
@@ -38,6 +43,6 @@ def check(ledger, f: Features, kernel: str) -> tuple:
     if lacks:
         family = "Phi's one-norm" if f.shared_norm else "GPT-NeoX's"
         raise ValueError(f"the step timeline models {family} parallel attention and MLP (model_type "
-                         f"{ledger.arch.model_type!r}) with the eager core, no recomputation, one rank, "
+                         f"{ledger.arch.model_type!r}) with the eager core, no or full recomputation, one rank, "
                          f"the plain loop; not with {', '.join(lacks)}")
     return True, f.shared_norm, bool(f.head_bias)

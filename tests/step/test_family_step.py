@@ -14,9 +14,7 @@ from memledger.models.presets import get_preset
 from memledger.step.structure import StepStructure
 from memledger.activations.backends import get_backend
 
-REFUSED = {
-    "pythia-6.9b": ("gpt_neox", "parallel attention and MLP"),
-    "phi-2": ("phi", "one norm feeding parallel attention and MLP"),
+REFUSED = {       # GPT-NeoX and Phi run in the step: test_parallel.py
     "bloom-7b1": ("bloom", "ALiBi score biases"),
     "starcoder": ("gpt_bigcode", "learned positions"),
 }
