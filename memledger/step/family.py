@@ -33,7 +33,6 @@ def check(ledger, f: Features, kernel: str) -> tuple:
         return False, False, bool(f.head_bias)
     lacks = [what for what, off in [
         (f"the {kernel} attention kernel (use the eager core)", kernel != "eager"),
-        (f"{ledger.recompute} recomputation", ledger.recompute not in ("none", "full")),
         ("grouped-query attention", f.gqa), ("a head size other than d/H", f.head_dim),
         ("tensor parallelism", ledger.tp > 1), ("ZeRO-3", ledger.zero_stage == 3),
         (f"framework {ledger.framework}", ledger.framework != "plain"),
@@ -43,6 +42,6 @@ def check(ledger, f: Features, kernel: str) -> tuple:
     if lacks:
         family = "Phi's one-norm" if f.shared_norm else "GPT-NeoX's"
         raise ValueError(f"the step timeline models {family} parallel attention and MLP (model_type "
-                         f"{ledger.arch.model_type!r}) with the eager core, no or full recomputation, one rank, "
+                         f"{ledger.arch.model_type!r}) with the eager core (no, selective or full recomputation), one rank, "
                          f"the plain loop; not with {', '.join(lacks)}")
     return True, f.shared_norm, bool(f.head_bias)

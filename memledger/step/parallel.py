@@ -3,7 +3,9 @@
 GPT-NeoX (``use_parallel_residual``, ``modeling_gpt_neox.py``): x + attn(ln1(x)) + mlp(ln2(x)); Phi
 (``modeling_phi.py``): x + attn(ln(x)) + mlp(ln(x)), one norm (``shared_norm``). The reference decoder's
 ``Block`` with ``parallel`` (:mod:`memledger.pytorch.reference`) runs them; this program follows MemTracker's
-allocation log of it (PyTorch 2.13, CPU), checked by ``tests/step/test_parallel.py``.
+allocation log of it (PyTorch 2.13, CPU), checked by ``tests/step/test_parallel.py`` and ``test_parallel_slow.py``.
+Selective recomputation re-runs the attention core as the sequential block does (its helpers); full recomputation
+runs the block under a checkpoint (:data:`~memledger.step.block.POLICIES`) and re-runs its forward in backward.
 
 Forward: norm 1, the fused QKV projection and the attention core as in the sequential block
 (:mod:`memledger.step.block`), the output projection's output kept as a local (no residual add yet); norm 2

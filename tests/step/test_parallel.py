@@ -1,8 +1,8 @@
 """GPT-NeoX's and Phi's parallel-residual blocks in the step (memledger/step/parallel.py) against MemTracker's run
 of the reference decoder (``RefConfig(parallel=True)``; Phi: ``shared_norm``, an untied LM head with a bias):
 landmarks, phase peaks, the peak, each block's peaks and the totals inside each block, op by op, to the byte on a
-small shape. What the step does not model with them (selective recomputation among others) is refused in one
-line. The real shapes (pythia-6.9b, phi-2 at B 1, S 2048), full recomputation and more small shapes:
+small shape. What the step does not model with them (tensor parallelism, ZeRO-3, ...) is refused in one
+line. The real shapes (pythia-6.9b, phi-2 at B 1, S 2048), selective and full recomputation, more small shapes:
 test_parallel_slow.py."""
 import subprocess
 import sys
@@ -26,8 +26,8 @@ def test_small_parallel_block_is_memtrackers(family):
 
 
 @pytest.mark.parametrize("name, options, lacking", [
-    ("pythia-6.9b", dict(recompute="selective"), "selective recomputation"),
-    ("phi-2", dict(recompute="selective"), "selective recomputation"),
+    ("phi-2", dict(zero_stage=3, dp=8), "ZeRO-3"),
+    ("pythia-6.9b", dict(framework="ddp", dp=2), "framework ddp"),
     ("pythia-6.9b", dict(tp=2), "tensor parallelism"),
     ("pythia-6.9b", dict(flash_attention=True), "the flash attention kernel"),
     ("phi-2", dict(loss_chunks=4), "a chunked loss")])
@@ -48,6 +48,6 @@ def _cli(*args):
 def test_cli_steps_the_parallel_families(name):
     result = _cli("step", "--preset", name, "--batch", "1", "--seq", "2048")
     assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
-    refused = _cli("step", "--preset", name, "--recompute", "selective")
+    refused = _cli("step", "--preset", name, "--tp", "2")
     assert refused.returncode == 2 and refused.stdout == "" and len(refused.stderr.strip().splitlines()) == 1
-    assert "selective recomputation" in refused.stderr and "Traceback" not in refused.stderr
+    assert "tensor parallelism" in refused.stderr and "Traceback" not in refused.stderr
