@@ -28,9 +28,10 @@ def modelled(f: Features) -> dict:
 
 def check(ledger, f: Features, kernel: str) -> tuple:
     """(parallel, shared_norm, head_bias) of the step's :class:`~memledger.step.structure.Shape`, or
-    ``ValueError`` naming what the parallel block is not modelled with."""
-    if not f.parallel:
-        return False, False, bool(f.head_bias)
+    ``ValueError`` naming what a parallel block or an untied GPT head (checked against PyTorch in the plain loop
+    only) is not modelled with."""
+    if not f.gpt or not (f.parallel or f.head_bias or not f.is_tied):
+        return False, False, False
     lacks = [what for what, off in [
         (f"the {kernel} attention kernel (use the eager core)", kernel != "eager"),
         ("grouped-query attention", f.gqa), ("a head size other than d/H", f.head_dim),
@@ -40,8 +41,9 @@ def check(ledger, f: Features, kernel: str) -> tuple:
         ("activation offloading", getattr(ledger, "offload_activations", False)),
         ("the optimizer in backward", getattr(ledger, "optimizer_in_backward", False))] if off]
     if lacks:
-        family = "Phi's one-norm" if f.shared_norm else "GPT-NeoX's"
-        raise ValueError(f"the step timeline models {family} parallel attention and MLP (model_type "
-                         f"{ledger.arch.model_type!r}) with the eager core (no, selective or full recomputation), one rank, "
-                         f"the plain loop; not with {', '.join(lacks)}")
-    return True, f.shared_norm, bool(f.head_bias)
+        family = ("Phi's one-norm parallel attention and MLP" if f.shared_norm else "GPT-NeoX's parallel attention "
+                  "and MLP" if f.parallel else "an untied GPT decoder")
+        named = f" (model_type {ledger.arch.model_type!r})" if ledger.arch.model_type else ""
+        raise ValueError(f"the step timeline models {family}{named} with the eager core (no, selective or full "
+                         f"recomputation), one rank, the plain loop; not with {', '.join(lacks)}")
+    return f.parallel, f.shared_norm, bool(f.head_bias)
