@@ -144,6 +144,22 @@ def _outside_domain():
             for dtype in ("bf16", "fp32")]
 
 
+def _kv_cache(dtype_bytes):
+    """Serving's KV cache at ``dtype_bytes`` per element (:func:`memledger.activations.serving.kv_cache_expr`)."""
+    from .activations.serving import kv_cache_expr
+    return kv_cache_expr(dtype_bytes)
+
+
+def _working_buffer(dtype_bytes, *features):
+    """Serving's prefill working buffer (:func:`memledger.activations.serving.working_expr`)."""
+    from .activations.serving import working_expr
+    return working_expr(_features(features), dtype_bytes)
+
+
+#: Bytes per element of the KV cache and activation dtypes serving is compiled for (FP8/int8, 16-bit, FP32).
+_SERVING_BYTES = (1, 2, 4)
+
+
 def _symbol(name):
     from .core import symbols
     return getattr(symbols, name)
@@ -159,6 +175,9 @@ BUILDERS = {
     "symbol": (_symbol, [("O",)]),
     "outside": (_outside, _outside_domain),
     "components": (_components, []),
+    "kv cache": (_kv_cache, [(b,) for b in _SERVING_BYTES]),
+    "working buffer": (_working_buffer, lambda: [(b,) + f for b in _SERVING_BYTES
+                                                 for f in [(s,) for s in STYLES] + _preset_features()]),
 }
 
 

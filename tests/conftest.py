@@ -1,9 +1,14 @@
 """Shared test configuration: one clean, strict build of the book per test run; slow markers.
 
-``build`` runs ``jupyter-book build . -W -n --keep-going`` on an empty ``_build``
-(every chapter executed) once per run, about half a minute; tests/book/test_build.py and
-tests/book/test_browser.py both read it. Under pytest-xdist each worker is its own process,
-so a file lock lets the first worker build and the others wait for that build.
+``build`` runs ``jupyter-book build . -W -n --keep-going`` on an empty ``_build`` once per run;
+tests/book/test_build.py and tests/book/test_browser.py both read it. Under pytest-xdist each worker is
+its own process, so a file lock lets the first worker build and the others wait for that build.
+
+The chapters run once per run, not twice: where nbval runs in the same run (the README's test command,
+``--nbval``), it executes every chapter and fails on any output that differs from the committed one, so the
+build renders those committed outputs (``execute_notebooks: off``, everything else as ``_config.yml`` says:
+``-W``, a clean ``_build``). Without ``--nbval`` the build executes every chapter, as ``_config.yml`` says
+(``force``) and as the README's build command does.
 """
 import fcntl
 import hashlib
@@ -42,12 +47,27 @@ def build(request):
         fcntl.flock(handle, fcntl.LOCK_EX)
         if not (_STAMP.exists() and _STAMP.read_text() == run):
             shutil.rmtree(BUILD, ignore_errors=True)
+            config = [] if not request.config.getoption("nbval", False) else ["--config", _rendering_config()]
             done = subprocess.run([str(Path(sys.executable).with_name("jupyter-book")), "build", str(ROOT),
-                                   "-W", "-n", "--keep-going"], capture_output=True, text=True, cwd=ROOT)
+                                   "-W", "-n", "--keep-going", *config], capture_output=True, text=True, cwd=ROOT)
             assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
             _STAMP.write_text(run)
     return BUILD
 
+
+
+def _rendering_config() -> str:
+    """A copy of ``_config.yml`` that renders the committed outputs (``execute_notebooks: off``) instead of
+    executing the chapters, written to a temporary file; its local extension's folder made absolute."""
+    import yaml
+
+    config = yaml.safe_load((ROOT / "_config.yml").read_text())
+    config["execute"]["execute_notebooks"] = "off"
+    extensions = config["sphinx"]["local_extensions"]
+    config["sphinx"]["local_extensions"] = {name: str(ROOT / path) for name, path in extensions.items()}
+    path = Path(tempfile.mkdtemp(prefix="memledger-build-")) / "_config.yml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return str(path)
 
 
 #: How a test module says that every test in it is slow. Under ``-m "not slow"`` such a module is not even

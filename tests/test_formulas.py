@@ -53,11 +53,14 @@ def test_uncompiled_key_falls_back_to_sympy(monkeypatch):
 
 
 @pytest.mark.slow
-def test_command_line_imports_no_sympy_or_numpy(tmp_path):
-    # the sum's formulas are compiled in memledger/core/compiled.py, so --measure total needs no SymPy even with an empty
-    # cache of compiled steps; the peak's are compiled once per structure (test_steppeak)
-    code = ("import sys; from memledger.cli.main import main; main(['ledger', '--preset', 'llama2-7b', '--measure', "
-            "'total', '--json']); "
+@pytest.mark.parametrize("command", [["ledger", "--preset", "llama2-7b", "--measure", "total"],
+                                     ["infer", "--preset", "llama2-7b"],
+                                     ["infer", "--preset", "llama2-7b", "--attention", "eager", "--seq", "4096"]])
+def test_command_line_imports_no_sympy_or_numpy(tmp_path, command):
+    # the sum's formulas (and serving's KV cache and working buffer) are compiled in memledger/core/compiled.py, so
+    # --measure total and infer (its op-by-op prefill on whole numbers) need no SymPy even with an empty cache of
+    # compiled steps; the peak's are compiled once per structure (test_steppeak)
+    code = (f"import sys; from memledger.cli.main import main; main({command + ['--json']!r}); "
             "assert 'sympy' not in sys.modules and 'numpy' not in sys.modules, 'heavy import'")
     env = {**os.environ, "MEMLEDGER_CACHE_DIR": str(tmp_path)}
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)

@@ -1,5 +1,6 @@
 """Activations: the saved-tensor inventory of a block, what lies outside the blocks, the backends'
-conventions (CPU, CUDA, the article's) and FLOPs."""
+conventions (CPU, CUDA, the article's), FLOPs, and what serving keeps (the KV cache, the
+prefill's working buffer)."""
 from ..core.lazy import lazy
 
 __getattr__, __dir__, __all__ = lazy(__name__, {
@@ -8,4 +9,5 @@ __getattr__, __dir__, __all__ = lazy(__name__, {
     'outside': ('outside_inventory',),
     'backends': ('BACKENDS', 'Backend', 'get_backend'),
     'flops': (),
+    'serving': ('kv_cache_expr', 'working_expr'),
 })

@@ -40,6 +40,8 @@ def add_parsers(sub, formatter):
     add(inf, "--attention", "flash, sdpa (no S x S scores) or eager (transformers' eager_attention_forward: "
         "B*H*S*S scores, softmax in FP32)", "flash")
     add(inf, "--backend", "where eager attention's softmax runs: cuda or cpu", "cuda")
+    add(inf, "--logits-to-keep", "positions the op-by-op prefill's LM head runs on: 1 (generate's default) or 0 "
+        "(all)", "1")
     output_options(inf, link=False)
 
 
@@ -122,6 +124,24 @@ def fit(a):
             f"Binding: {result['binding']}.")
 
 
+def _whole(text, name) -> int:
+    """A whole number >= 0 (0 allowed, unlike a count)."""
+    raw = str(text).strip()
+    if not raw.isdigit():
+        raise ValueError(f"{name} must be a whole number >= 0, got {raw!r}")
+    return int(raw)
+
+
+def _prefill_line(inference, units) -> str:
+    """The op-by-op prefill's peak and its op (memledger.step.prefill), or why it is not modelled."""
+    p = inference.prefill
+    if p is None:
+        return f"Prefill op by op: not modelled ({inference.prefill_unmodelled})."
+    where = "after the blocks" if p.peak.layer is None else f"block {p.peak.layer}"
+    return (f"Prefill peak, op by op: {format_bytes(p.peak.bytes, units)} at {p.peak.op!r} ({where}; weights, ids, "
+            f"the KV cache written so far and the op's transients, no overhead).")
+
+
 def infer(a):
     from ..ledger.inference import Inference
     reads = set(a.given) - ({"backend"} if a.attention != "eager" else set())
@@ -134,7 +154,8 @@ def infer(a):
     inference = Inference(arch, batch_size=parse_count(a.batch, "batch_size"), seq_len=parse_count(a.seq, "seq_len"),
                           weight_dtype=a.dtype, kv_dtype=a.kv_dtype, tp=parse_count(a.tp, "tp"),
                           overhead_bytes=parse_bytes(a.overhead, "overhead"), quantization=a.weights,
-                          double_quant=not a.no_double_quant, attention=a.attention, backend=a.backend)
+                          double_quant=not a.no_double_quant, attention=a.attention, backend=a.backend,
+                          logits_to_keep=_whole(a.logits_to_keep, "logits_to_keep"))
     memory = gpu_bytes(a.gpu_memory)
     if a.json:
         import json
@@ -149,6 +170,7 @@ def infer(a):
     if inference.quantization != "none":
         lines.append(f"get_memory_footprint() would say {format_bytes(inference.footprint, a.units)} "
                      "(parameters and buffers: no absmax, scales or tables).")
+    lines.append(_prefill_line(inference, a.units))
     if inference.quantization == "int8":
         from ..states.bnb import INT8_OUTLIER_NOTE
         lines.append(INT8_OUTLIER_NOTE + ".")

@@ -90,7 +90,8 @@ def ledger_options(parser, overhead: str = DEFAULT_OVERHEAD, scope: bool = True)
     add(run, "--offload-activations", "the blocks' saved tensors as pinned host copies (save_on_cpu; memledger "
         "step --backend cpu)", switch=True)
     add(run, "--packed", "N documents packed in each row of --seq tokens, attending only to themselves (memledger "
-        "step --backend cpu: SDPA's block-causal mask; cuda: flash-attention varlen)", None)
+        "step --backend cpu: SDPA's block-causal mask; cuda: flash-attention varlen; article and GPT blocks: the eager "
+        "core's masked_fill)", None)
     add(run, "--compile", "the blocks under torch.compile: what AOTAutograd's min-cut partitioner saves (the sum; "
         "the step refuses it)", switch=True)
     add(run, "--paged-optimizer", "bitsandbytes' paged optimizer (its recipes): Adam's states in CUDA unified memory, "

@@ -45,8 +45,7 @@ WHY = {
     "measure": "without an architecture there is no step to judge, only the sum of the model states",
     "offload_placement": "it places offloaded optimizer states, and --offload-optimizer is none",
     "offload_activations": "it books the activations on the GPU; memledger step --backend cpu models them offloaded",
-    "packed": "packed documents change the attention's masks per backend: memledger step --backend cpu or cuda "
-              "models them",
+    "packed": "packed documents change the attention's masks per backend: memledger step models them",
     "paged_optimizer": "it books the optimizer's states on the GPU; memledger step models them in unified memory",
 }
 

@@ -34,42 +34,30 @@ coincided with the buffer's peak).
 ``"eager"``: the working buffer is then at least eager attention's softmax moment
 (:mod:`memledger.ledger.prefill`) in the compute dtype (``weight_dtype``, or ``kv_dtype`` where the weights are
 FP8/int8), whose FP32 upcast depends on ``backend`` (``"cuda"`` or ``"cpu"``).
+
+:attr:`Inference.prefill`: the whole prefill op by op (:mod:`memledger.step.prefill`), where it models the setup
+(LLaMA blocks, BF16 or FP32 weights, or NF4 projections with double quantization computing in them, the KV
+cache in the same dtype, one GPU; ``flash`` and ``sdpa`` run its SDPA program; resident: the weight rows, the ids
+and RoPE's ``inv_freq``): the exact prefill peak and the op it is at, beside the rows (which stay the
+convention above). ``logits_to_keep``: the LM head on the last position (1, ``generate``'s default) or on all
+positions (0).
 """
 from dataclasses import dataclass
 from functools import cached_property
-
-import sympy as sp
 
 from ..core.choices import check_count, lookup
 from ..core.dtypes import BYTES_PER_ELEMENT, nbytes
 from ..core.rows import Row, Rows
 from .ledger import DEFAULT_OVERHEAD
 from .prefill import BACKENDS, eager_softmax_bytes
-from ..models.parameters import widths
-from ..core.symbols import B, F, H_kv, L, S, V, d, d_h
+from .. import formulas
 
-__all__ = ["ATTENTIONS", "COMPUTE_DTYPES", "QUANTIZATIONS", "Inference", "kv_cache_expr", "quantized_elements",
-           "working_expr"]
+__all__ = ["ATTENTIONS", "COMPUTE_DTYPES", "QUANTIZATIONS", "Inference", "quantized_elements"]
 
 QUANTIZATIONS = ("none", "nf4", "int8")
 ATTENTIONS = ("flash", "sdpa", "eager")
 #: bitsandbytes quantizes and computes in 16/32-bit floats only (functional.py l. 924-925).
 COMPUTE_DTYPES = ("bf16", "fp16", "fp32")
-
-def kv_cache_expr(dtype_bytes=2) -> sp.Expr:
-    """K and V of every layer, B x S x H_kv x d_h each: 2*L*B*S*H_kv*d_h*bytes."""
-    per_layer = {"K": B * S * H_kv * d_h, "V": B * S * H_kv * d_h}
-    return L * sum(per_layer.values()) * dtype_bytes
-
-
-def working_expr(features, dtype_bytes=2) -> sp.Expr:
-    """The working-buffer convention above, as a sum of its tensors."""
-    q, kv = widths(features)
-    gated = not features.gpt
-    tensors = {"layer input and output": 2 * B * S * d, "Q, K, V, attention output": B * S * (2 * q + 2 * kv),
-               "MLP intermediates": (3 if gated else 2) * B * S * F}
-    return sum(tensors.values()) * dtype_bytes + B * V * 4
-
 
 def quantized_elements(arch) -> list:
     """(out, in) of every linear weight bitsandbytes quantizes: the blocks' projections, L times each (the LM
@@ -93,6 +81,7 @@ class Inference:
     double_quant: bool = True
     attention: str = "flash"
     backend: str = "cuda"
+    logits_to_keep: int = 1
 
     def __post_init__(self):
         from ..models.architecture import Architecture
@@ -124,16 +113,21 @@ class Inference:
                                  f"whole nn.Linear weights), got tp {self.tp}")
             if arch.n_experts:
                 raise ValueError(f"quantization: {self.quantization} on mixture-of-experts blocks is not modelled")
+        if not isinstance(self.logits_to_keep, int) or isinstance(self.logits_to_keep, bool) or self.logits_to_keep < 0:
+            raise ValueError(f"logits_to_keep must be a whole number >= 0 (0: every position), got {self.logits_to_keep!r}")
+        if self.logits_to_keep != 1 and self.prefill_unmodelled:
+            raise ValueError(f"logits_to_keep sets the op-by-op prefill's LM head, not modelled here: "
+                             f"{self.prefill_unmodelled}")
 
     @cached_property
     def rows(self) -> Rows:
         """Weights, KV cache, working buffer and overhead per GPU (group "inference"), exact bytes."""
         a, values = self.arch, dict(self.arch.values, B=self.batch_size, S=self.seq_len)
-        from ..core.exact import evaluate_expr
-        kv, work = kv_cache_expr(nbytes(self.kv_dtype)), working_expr(a.features, nbytes(self.kv_dtype))
+        kv = ("kv cache", nbytes(self.kv_dtype))            # memledger.activations.serving, compiled
+        work = ("working buffer", nbytes(self.kv_dtype)) + a.features.key
         c = nbytes(self.weight_dtype)
-        buffer = -(-evaluate_expr(work, values) // self.tp)
-        buffer_name, buffer_formula = "working buffer (prefill, one layer)", f"ceiling(({work})/t)"
+        buffer = -(-formulas.evaluate(work, values) // self.tp)
+        buffer_name, buffer_formula = "working buffer (prefill, one layer)", f"ceiling(({formulas.text(work)})/t)"
         if self.attention == "eager":
             compute = self.weight_dtype if self.weight_dtype in COMPUTE_DTYPES else self.kv_dtype
             softmax = eager_softmax_bytes(a, self.batch_size, self.seq_len, compute, self.backend)
@@ -144,7 +138,8 @@ class Inference:
             weights = [(f"weights ({self.weight_dtype})", -(-a.params * c // self.tp), f"ceiling(P*{c}/t)")]
         else:
             weights = self._quantized_rows(c)
-        sizes = weights + [(f"KV cache ({self.kv_dtype})", evaluate_expr(kv, values) // self.tp, f"floor(({kv})/t)"),
+        sizes = weights + [(f"KV cache ({self.kv_dtype})", formulas.evaluate(kv, values) // self.tp,
+                            f"floor(({formulas.text(kv)})/t)"),
                            (buffer_name, buffer, buffer_formula)]
         if self.quantization != "none":
             sizes.append(self._transient_row(c))
@@ -182,6 +177,33 @@ class Inference:
                 "max(2*T*in, 4*T*out) + T*in + 4*T")
 
     @property
+    def prefill_unmodelled(self) -> str:
+        """Why :attr:`prefill` is None ("" where the op-by-op prefill models this setup)."""
+        a = self.arch
+        if a.style != "llama" or a.n_experts or a.features.parallel:
+            return "the op-by-op prefill models dense LLaMA blocks"
+        if self.quantization == "int8":
+            return "LLM.int8 weights' prefill is not modelled op by op"
+        if self.quantization == "nf4" and not self.double_quant:
+            return "NF4 without double quantization is not modelled op by op"
+        if self.tp > 1:
+            return "the op-by-op prefill runs on one GPU (tp 1)"
+        if self.weight_dtype not in ("bf16", "fp32") or self.kv_dtype != self.weight_dtype:
+            return "the op-by-op prefill runs BF16 or FP32 weights with the KV cache in their dtype"
+        return ""
+
+    @cached_property
+    def prefill(self):
+        """The prefill op by op (:class:`memledger.step.prefill.Prefill`), or None (:attr:`prefill_unmodelled`)."""
+        if self.prefill_unmodelled:
+            return None
+        from ..step.prefill import Prefill
+        resident = self.weights + self.batch_size * self.seq_len * 8 + self.arch.head_dim // 2 * 4
+        return Prefill(self.arch, self.batch_size, self.seq_len, self.weight_dtype,
+                       "eager" if self.attention == "eager" else "sdpa", self.logits_to_keep, resident,
+                       "dense" if self.quantization == "none" else "nf4")
+
+    @property
     def footprint(self) -> int:
         """What transformers' ``model.get_memory_footprint()`` reports: parameters (and buffers) only, so the
         packed codes or int8 weights without their absmax, scales or tables (module docstring)."""
@@ -205,8 +227,17 @@ class Inference:
         return {"inputs": {"batch_size": self.batch_size, "seq_len": self.seq_len, "weight_dtype": self.weight_dtype,
                            "kv_dtype": self.kv_dtype, "tp": self.tp, "overhead_bytes": self.overhead_bytes,
                            "quantization": self.quantization, "double_quant": self.double_quant,
-                           "attention": self.attention, "backend": self.backend,
+                           "attention": self.attention, "backend": self.backend, "logits_to_keep": self.logits_to_keep,
                            "n_params": self.arch.params, "n_kv_heads": self.arch.kv_heads,
                            "head_dim": self.arch.head_dim},
                 "rows": [r.to_dict() for r in self.rows],
-                "totals": {"gpu": self.total, "cpu": 0, "nvme": 0}}
+                "totals": {"gpu": self.total, "cpu": 0, "nvme": 0},
+                "prefill": self._prefill_dict()}
+
+    def _prefill_dict(self) -> dict:
+        """The op-by-op prefill's peak ({"modelled": False, "why": ...} where it is not)."""
+        p = self.prefill
+        if p is None:
+            return {"modelled": False, "why": self.prefill_unmodelled}
+        return {"modelled": True, "logits_to_keep": self.logits_to_keep, "peak": p.peak.bytes, "op": p.peak.op,
+                "block": p.peak.layer, "resident": p.resident_bytes, "after": p.after}

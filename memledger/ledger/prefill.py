@@ -20,6 +20,8 @@ prefill's peak. Live then, beside the weights and the token ids:
 :func:`eager_softmax_bytes` is that sum, equal to MemTracker's prefill peak of the reference decoder with
 transformers' eager core (:func:`memledger.pytorch.prefill.memtracker_prefill`, ``softmax_fp32=True``) less
 what is live before it, wherever the scores moment is the largest (``tests/ledger/test_prefill.py``).
+The whole prefill, op by op (rotary, the KV cache written, the LM head), is :mod:`memledger.step.prefill`;
+:attr:`memledger.ledger.inference.Inference.prefill` reads it where it models the setup.
 """
 from ..core.dtypes import nbytes
 

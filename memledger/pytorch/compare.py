@@ -52,7 +52,7 @@ def architecture_of(c: RefConfig) -> Architecture:
                         qkv_bias=True if c.qkv_bias else None,
                         tied_embeddings=True if c.tied else (False if c.untied else None), head_bias=c.head_bias,
                         head_size=c.head_dim, parallel=c.parallel, shared_norm=c.shared_norm, alibi=c.alibi,
-                        input_norm=c.input_norm)
+                        input_norm=c.input_norm, n_positions=c.positions)
 
 
 def run_options(c: RefConfig, loop: str) -> dict:

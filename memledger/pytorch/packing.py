@@ -14,13 +14,22 @@ to itself (``RefConfig(packed=n)``).
   ``aten/src/ATen/native/transformers/attention.cpp`` ``convert_boolean_attn_mask``), and the CPU flash kernel
   saves it for backward (``_scaled_dot_product_flash_attention_for_cpu``; measured, PyTorch 2.13): one
   (B, 1, S, S) tensor per block, kept until that block's backward.
+* The **eager core** (GPT blocks, and LLaMA blocks under ``attention="eager"``, the article backend's) masks
+  its S x S scores with ``masked_fill`` where the mask is ``True``: the decoder inverts the block-causal mask
+  once per forward (:func:`masked_positions`, (B, S, S) bool, ``~``) and every block passes it as
+  ``mask[:, None]``, (B, 1, S, S), broadcast over the heads. This is Megatron-LM's convention for packed
+  documents: ``get_ltor_masks_and_position_ids(..., reset_attention_mask=True)`` (``megatron/training/utils.py``)
+  builds a (B, 1, S, S) mask per document, ``< 0.5`` (True = masked), and ``attention_mask_func``
+  (``megatron/core/transformer/utils.py``, 00caa53a) applies it with ``masked_fill_``. Each block's
+  ``masked_fill`` saves the mask for its backward: one storage, shared by every block, alive until block 0's
+  backward (the unpacked core's (S, S) causal mask, B times larger).
 * The loss is unchanged: labels of the tokens not to be predicted hold ``-100``, which ``F.cross_entropy``'s
   default ``ignore_index`` skips without a tensor of its own (torchtune's ``PackedDataset`` pads labels with
   ``CROSS_ENTROPY_IGNORE_IDX`` = -100).
 """
 import torch
 
-__all__ = ["block_causal_mask", "document_ids"]
+__all__ = ["block_causal_mask", "document_ids", "masked_positions"]
 
 
 def document_ids(batch: int, seq: int, n: int) -> torch.Tensor:
@@ -35,3 +44,9 @@ def block_causal_mask(documents: torch.Tensor) -> torch.Tensor:
     S = documents.shape[1]
     causal = torch.ones(S, S, dtype=torch.bool, device=documents.device).tril()
     return (documents[:, :, None] == documents[:, None, :]) & causal
+
+
+def masked_positions(documents: torch.Tensor) -> torch.Tensor:
+    """(B, 1, S, S) bool view of one (B, S, S) tensor: ``True`` where the eager core's ``masked_fill`` writes
+    -inf (another document, or a later token): the block-causal mask inverted."""
+    return (~block_causal_mask(documents))[:, None]

@@ -1,7 +1,7 @@
 """The plain-PyTorch reference decoder and training loops the step timeline is checked against.
 
-Fixed, so that anyone can rebuild it: a token embedding (no
-positions), L blocks, a final norm, an LM head (tied to the embedding in the
+Fixed, so that anyone can rebuild it: a token embedding (learned
+positions added where ``RefConfig.positions``), L blocks, a final norm, an LM head (tied to the embedding in the
 GPT decoder, untied in the LLaMA decoder), and the loss
 ``F.cross_entropy(logits.float().view(-1, V), targets.view(-1))``.
 
@@ -52,7 +52,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from .offload import OffloadSaved
-from .packing import block_causal_mask
+from .packing import block_causal_mask, masked_positions
 from .optimizers import AMP_LOOPS, LOOP_OPTIMIZERS, Scaler, in_backward_hooks, make_optimizer
 
 __all__ = ["LANDMARKS", "LOOPS", "LOSS_IMPLS", "Block", "Decoder", "FusedRMSNorm", "RefConfig", "Trainer", "make_model"]
@@ -99,14 +99,18 @@ class RefConfig:
     ``offload_activations``: each block runs under ``save_on_cpu(pin_memory=True)``'s
     hooks (:class:`memledger.pytorch.offload.OffloadSaved`, FSDP's ``offload_wrapper``): its saved tensors
     are host copies, copied back node by node in backward; under full recomputation the checkpoint's input.
+    ``positions``: n > 0 adds learned positions, an n x d ``nn.Embedding`` of ``arange(S)[None]`` added to the token
+    embedding (GPT-BigCode's ``wpe``, ``models/gpt_bigcode/modeling_gpt_bigcode.py``: ``inputs_embeds +
+    position_embeds``), registered last in ``model.parameters()``.
     ``softmax_fp32``: the eager core as transformers' ``eager_attention_forward`` runs it
     (``models/llama/modeling_llama.py`` l. 180-202, transformers 5.24.0): K and V repeated to H heads
     (``repeat_kv``), ``q @ k^T * scaling``, plus an additive float mask (B x 1 x S x S), softmax in FP32 cast back
     (``softmax(..., dtype=torch.float32).to(query.dtype)``, l. 197), ``@ v``.
-    ``packed``: n >= 1 documents packed in each row (LLaMA blocks, SDPA; 0, the default: one causal sequence):
+    ``packed``: n >= 1 documents packed in each row (0, the default: one causal sequence):
     :meth:`Decoder.forward` takes the rows' document ids and builds one (B, S, S) block-causal boolean mask
     (:mod:`memledger.pytorch.packing`), passed to every block's SDPA as ``mask[:, None]`` (torchtune's
-    ``_sdpa_or_flex_attention``), ``is_causal=False``.
+    ``_sdpa_or_flex_attention``), ``is_causal=False``; the eager core instead gets it inverted, (B, 1, S, S),
+    for its ``masked_fill`` (Megatron-LM's ``attention_mask_func``).
     """
     d: int
     L: int
@@ -133,6 +137,7 @@ class RefConfig:
     shared_norm: bool = False       # with parallel: one norm feeds both (Phi); no norm2
     alibi: bool = False             # eager core: a (1, H, 1, S) ALiBi bias added to the scores (BLOOM)
     input_norm: bool = False        # a LayerNorm on the embedding output (BLOOM's word_embeddings_layernorm)
+    positions: int = 0              # n > 0: learned positions, an n x d embedding added to the tokens' (GPT-2's wpe)
     untied: bool = False            # a GPT decoder's LM head has its own weight (GPT-NeoX's embed_out, Phi's lm_head)
     head_bias: bool = False         # the LM head has a bias (Phi's lm_head: nn.Linear(d, V, bias=True))
 
@@ -149,8 +154,9 @@ class RefConfig:
             raise ValueError(f"loss_impl must be one of {', '.join(LOSS_IMPLS)}, got {self.loss_impl!r}")
         if not isinstance(self.packed, int) or self.packed < 0:
             raise ValueError(f"packed must be a whole number of documents per row >= 0, got {self.packed!r}")
-        if self.packed and (self.style != "llama" or self.kernel != "sdpa"):
-            raise ValueError("packed: the reference packs documents in LLaMA blocks under SDPA only")
+        if self.packed and self.softmax_fp32:
+            raise ValueError("packed: the eager core masks packed documents with masked_fill, not softmax_fp32's "
+                             "additive mask")
         if self.style == "gpt" and (self.qkv_bias or self.tied):
             raise ValueError("qkv_bias, tied: refinements of LLaMA blocks (GPT blocks are tied and biased)")
         if self.style == "gpt" and self.kv_heads != self.H and self.kernel != "eager":
@@ -159,6 +165,8 @@ class RefConfig:
             raise ValueError("shared_norm needs parallel")
         if self.alibi and self.kernel != "eager":
             raise ValueError("alibi is added to the eager core's scores (attention='eager')")
+        if not isinstance(self.positions, int) or self.positions < 0:
+            raise ValueError(f"positions must be a whole number of learned positions >= 0, got {self.positions!r}")
         if self.untied and self.style != "gpt":
             raise ValueError("untied: a GPT decoder's own LM head (a LLaMA decoder is untied unless tied)")
         if self.head_bias and (self.tied or (self.style == "gpt" and not self.untied)):
@@ -309,15 +317,20 @@ class Decoder(nn.Module):
         self.input_norm = nn.LayerNorm(c.d) if c.input_norm else None
         if (gpt and not c.untied) or c.tied:
             self.head.weight = self.embed.weight
+        self.pos = nn.Embedding(c.positions, c.d) if c.positions else None       # last in model.parameters()
 
     def forward(self, ids, documents=None):
         S = ids.shape[1]
         mask = None
-        if self.c.packed:               # built once per forward, shared by every block (memledger.pytorch.packing)
+        if self.c.packed and self.c.kernel == "eager":     # masked_fill's (B, 1, S, S) mask, shared by every block
+            mask = masked_positions(documents)
+        elif self.c.packed:             # built once per forward, shared by every block (memledger.pytorch.packing)
             mask = block_causal_mask(documents)
         elif self.c.kernel == "eager":
             mask = torch.ones(S, S, dtype=torch.bool, device=ids.device).triu(1)   # built once, shared
         x = self.embed(ids)
+        if self.pos is not None:        # GPT-BigCode's (and GPT-2's) wpe: arange(S)[None], embedded, added
+            x = x + self.pos(torch.arange(S, device=ids.device)[None])
         if self.input_norm is not None:
             x = self.input_norm(x)
         alibi = self._alibi(S, x) if self.c.alibi else None

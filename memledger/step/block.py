@@ -28,6 +28,7 @@ from collections import namedtuple
 
 from ..core.symbols import B, H, S
 from . import packing
+from .families import ALIBI_INPUT
 from .norms import norm_backward, norm_forward
 from .ops import (BHSS, CAUSAL_MASK, INPUT_GRADIENT, BSd, BSF, block_output, define_grads, dropout_ops, per_rank,
                   residual_names, qkv_width, widths_of)
@@ -163,25 +164,27 @@ def flash_attention(p, c, save, whole_block=False):
     log-sum-exp goes at once, returns the output; RECOMPUTED (its backward reads both): returns both."""
     out, lse = "output projection input", "softmax log-sum-exp"
     if save is Save.KEPT:
-        scalars = packing.additive_mask(p, c)      # packed rows: SDPA's additive mask (memledger.step.packing)
+        scalars, _ = packing.additive_mask(p, c)      # packed rows: SDPA's additive mask (memledger.step.packing)
         p.op("flash attention", alloc=[out, lse], free=[scalars])
         return out
+    scalars, additive = packing.additive_mask(p, c, MARKS[save])
     if save is Save.RECOMPUTED:
         out = p.new("flash output (recomputed)", widths_of(c)[0], c.dtype,
                     "the re-run kernel's output (its backward reads it)")
         lse = p.new("softmax log-sum-exp (recomputed)", per_rank(c, (B, H, S)), "fp32",
                     "the re-run kernel's statistics")
-        p.op("flash attention recomputed", alloc=[out, lse])
-        return [out, lse]
+        p.op("flash attention recomputed", alloc=[out, lse], free=[scalars])
+        return [out, lse, additive]
     lse = p.new("log-sum-exp (dropped)", per_rank(c, (B, H, S)), "fp32",
                 "not kept: the checkpointed call recomputes it")
     if whole_block:
         out = p.new("attention output (checkpointed)", widths_of(c)[0], c.dtype, "the flash kernel's output")
-        p.op("flash attention", alloc=[out, lse])
-        p.op("released", free=[lse])
+        p.op("flash attention", alloc=[out, lse], free=[scalars])
+        p.op("released", free=[lse, additive])
     else:
-        p.op("flash attention (checkpointed; its output laid out as the merged heads)", alloc=[out, lse])
-        p.op("log-sum-exp dropped", free=[lse])
+        p.op("flash attention (checkpointed; its output laid out as the merged heads)", alloc=[out, lse],
+             free=[scalars])
+        p.op("log-sum-exp dropped", free=[lse, additive])
     return out
 
 
@@ -218,6 +221,10 @@ def attention_core(p, c, save):
     probs = "softmax output" if kept else local("softmax output" if again else "probabilities")
     p.op("QK^T" + step, alloc=[raw])
     p.op("scale" + step, alloc=[scaled], free=[q, k] if dropped and not gqa else [])
+    if c.alibi:                 # scores + the (1, H, 1, S) bias: the scaled scores go once it is made
+        biased = local("scores + ALiBi")
+        p.op("+ ALiBi bias" + step, free=[raw], alloc=[biased])
+        raw, scaled = scaled, biased
     p.op("causal masked_fill" + step, free=[raw], alloc=[masked])
     p.op("softmax" + step, alloc=[probs])
     p.op("softmax done" if kept else "released", free=[masked])
@@ -237,7 +244,7 @@ def attention_core(p, c, save):
         if not gqa and not in_place:
             p.op("v copied (recomputation)", alloc=[v])
         p.op("recomputation stops (@ v's inputs packed)", free=[scaled])
-        return Core(q, k, v, probs, mask, out, ("Q", "K", "V", CAUSAL_MASK))
+        return Core(q, k, v, probs, mask, out, ("Q", "K", "V", CAUSAL_MASK) + ((ALIBI_INPUT,) if c.alibi else ()))
     result = local("attention output (B, H, S, d/H)", BSq, why="probabilities @ v, a local until the block returns")
     p.op("probabilities @ V", alloc=([v] if not gqa and not c.single else []) + [result])
     if kept:
@@ -340,7 +347,7 @@ def block_backward(p, c: Shape, share):
     # A recomputed block's inputs (the checkpoint's x and, eager, the causal mask) are released with the
     # last tensor its recomputation saved: norm 1's input (read off MemTracker's log).
     last = [] if not recomputed else ([residual_names(c)[0]] if c.upcast else []) + (
-        [CAUSAL_MASK] if c.attention == "eager" else [])
+        [CAUSAL_MASK] if c.attention == "eager" else []) + ([ALIBI_INPUT] if c.alibi else []) + packing.frame(c)
     if fp32_composite:
         norm_backward(p, c, "1", gn1, INPUT_GRADIENT, define_grads(p, ["norm1.weight", "norm1.bias"], c, share),
                       residual=gxm, also_free=last)
@@ -372,7 +379,8 @@ def attention_backward(p, c: Shape, g, share, release):
         p.op("flash attention backward", alloc=[gq, gk, gv])
         if again:
             p.op("recomputed output released", free=again)
-        p.op("released", free=release + [gpi, "Q", "K", "V"] + kept + packing.saved_names(c))
+        p.op("released", free=release + [gpi, "Q", "K", "V"] + kept + packing.saved_names(c) + (
+            packing.frame(c) if selective else []))
     else:
         _linear_backward(p, c, "output projection backward", gpi, proj, "output projection input",
                          release, recomputed)

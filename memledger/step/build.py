@@ -19,7 +19,7 @@ from ..core.exact import evaluate_expr, exact_function, integer_function, is_int
 from ..core.symbols import L, N_d, O, P, t
 from ..states.placement import ZERO_SHARDS, device_of, state_specs
 from ..states.recipes import ALL_RECIPES as RECIPES
-from . import amp, bnb, ddp, fsdp2, loss, offload, optim, outer, packing, parallel, tensor
+from . import amp, bnb, ddp, families, fsdp2, loss, offload, optim, outer, packing, parallel, tensor
 from .block import block_backward, block_forward
 from .ops import BSd, Placement, Program, Tensor, block_params, residual_names
 from .outer import Param
@@ -64,9 +64,11 @@ class Built:
         if c.amp:                               # FP16 autocast: FP16 copies and outputs (memledger.step.amp)
             layer_rows = amp.layer_rows(layer_rows, c)
         outside_rows = outside_inventory(c.style, **{k: opts[k] for k in ("dtype", "norm_stats", "rmsnorm",
-                                                                            "attention")})
+                                                                            "attention")}, input_norm=c.input_norm)
+        outside_rows = outside_rows + families.outside_rows(c)     # positions' ids (memledger.step.families)
         if c.amp:
             outside_rows = amp.outside_rows(outside_rows)
+        outside_rows = packing.outside_rows(outside_rows, c, s.offload_activations)     # packed rows' masks
         tensors = {}
         for r in layer_rows + outside_rows:       # one rank's share: Saved.rank_bytes, the ledger's rule
             tensors[r.name] = Tensor(r.name, r.rank_bytes(s.tensor_parallel, s.sequence_parallel), Kind.ACTIVATION,
@@ -99,7 +101,8 @@ class Built:
                 if part is Part.FORWARD_START:
                     packing.forward_start(q, c)         # packed rows: the block-causal mask
                 fn(q, c)
-            outside[part] = packing.forward_end(q.ops, c) if part is Part.FORWARD_END else q.ops
+            outside[part] = packing.forward_end(q.ops, c, s.offload_activations) if part is Part.FORWARD_END else \
+                q.ops
             if c.amp and part is Part.BACKWARD_END:
                 outside[part] = amp.backward_end(outside[part])
         if s.recompute == "full":

@@ -19,7 +19,7 @@ __all__ = ["norm_backward", "norm_forward"]
 
 def _prefix(c, k):
     norm = "LayerNorm" if c.gpt else "RMSNorm"
-    return f"final {norm}" if k == "final" else f"{norm} {k}"
+    return f"{k} {norm}" if k in ("final", "embedding") else f"{norm} {k}"
 
 
 def _stats(c, prefix):

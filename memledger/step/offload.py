@@ -17,10 +17,14 @@ how torchtune's ``OffloadActivations`` differs). Per block:
 
 Modelled for the reference decoder's LLaMA block under the CPU backend's conventions (composite RMSNorm,
 16-bit or FP32 activations, the flash kernel, multi-head attention, no QKV bias), no or full recomputation, one
-GPU rank; anything else is refused by name (:func:`memledger.step.structure.check_offload`). Read off
+GPU rank, and packed rows (:mod:`memledger.step.packing`: each block's additive mask is one more saved tensor,
+read by the flash backward; under full recomputation the checkpoint saves the bool mask too, copied back with
+the block's input and released when the re-run stops); anything else is refused by name
+(:func:`memledger.step.structure.check_offload`). Read off
 MemTracker's allocation log (PyTorch 2.13, CPU) and checked by ``tests/step/test_offload.py``.
 """
 from ..core.dtypes import nbytes
+from . import packing as packing_
 from .ops import ProgramOp, Tensor, block_params, residual_names
 from .vocab import Device, Kind, Lifetime, Save
 
@@ -49,14 +53,15 @@ def packed(c, full: bool) -> list:
     """(saved row or parameter, copies) of what one block's forward packs to the host: under full
     recomputation the checkpoint's input only; else every saved row (the norms' FP32 input and rstd, and
     the tensors two nodes read, twice) and every parameter of the block once (its weight, or weight view)."""
-    if full:
-        return [(residual_names(c)[0], 1)]
+    if full:        # packed rows: the bool mask, the checkpointed call's other input
+        return [(residual_names(c)[0], 1)] + [(packing_.MASK, 1)] * (c.packing == "mask")
     twice = {"RMSNorm 1 input", "RMSNorm 1 rstd", "RMSNorm 2 input", "RMSNorm 2 rstd", "output projection input",
              "MLP input"}
     rows = ["RMSNorm 1 input", "RMSNorm 1 rstd", "RMSNorm 1 x*rstd", "Q/K/V projection input", "Q", "K",
             "softmax log-sum-exp", "V", "output projection input", "RMSNorm 2 input", "RMSNorm 2 rstd",
             "RMSNorm 2 x*rstd", "MLP input", "gate output", "SiLU output", "up-projection output",
             "down-projection input"]
+    rows += packing_.saved_names(c)         # packed rows: SDPA's additive mask, saved by the flash kernel
     return [(r, 2 if r in twice else 1) for r in rows] + [(name, 1) for name, _ in block_params(c)]
 
 
@@ -75,7 +80,7 @@ def host_rows(tensors, c, full: bool) -> list:
         if name in params:
             weights += params[name] * nbytes(c.dtype)
         else:
-            label = "layer input (checkpoint)" if full else name
+            label = "layer input (checkpoint)" if full and name == residual_names(c)[0] else name
             rows.append((f"{label}, host copy" + (f" x{copies}" if copies > 1 else ""), copies * tensors[name].expr))
     return rows + ([("block parameters, host copies", weights)] if weights else [])
 
@@ -106,11 +111,19 @@ def offloaded_backward(p, c, block_backward, share):
     block_backward(q, c, share)
     if c.recompute == "full":   # the copy is the re-run's input: with a 16-bit input (its FP32 copy saved) it
         x = residual_names(c)[0]    # goes when the re-run stops; an FP32 input norm 1 saves, until its backward
-        p.op("checkpoint input copied back", alloc=[x])
+        mask = None                 # packed rows: the bool mask's GPU copy, until the re-run stops
+        if c.packing == "mask":
+            mask = f"{packing_.MASK} (GPU copy)"
+            p.tensors[mask] = Tensor(mask, p.tensors[packing_.MASK].expr, Kind.TRANSIENT, Lifetime.TEMPORARY,
+                                     Device.GPU, "unpacked from the host for the re-run")
+        p.op("checkpoint input copied back", alloc=[x, mask])
+        frame = packing_.frame(c)
         for op in q.ops:
-            frees = op.frees
+            frees = tuple(n for n in op.frees if n not in frame)    # the frame's mask is the host copy
             if c.upcast:
-                frees = op.frees + (x,) if op.label == "recomputation stops" else tuple(n for n in op.frees if n != x)
+                frees = frees + (x,) if op.label == "recomputation stops" else tuple(n for n in frees if n != x)
+            if mask and op.label == "recomputation stops":
+                frees = frees + (mask,)
             p.ops.append(ProgramOp(op.label, frees, op.allocs, op.action))
     else:
         t = p.tensors
@@ -120,6 +133,8 @@ def offloaded_backward(p, c, block_backward, share):
         for op in q.ops:
             frees = tuple(n for n in op.frees if not saved(n))
             reads = READS.get(op.label)
+            if reads and op.label == "flash attention backward":      # packed rows: the additive mask too
+                reads = (reads[0], reads[1] + tuple(packing_.saved_names(c)))
             if not reads:
                 p.ops.append(ProgramOp(op.label, frees, op.allocs, op.action))
                 continue

@@ -21,82 +21,18 @@ The programs follow the reference decoder (:mod:`memledger.pytorch.reference`):
 allocation log of the reference (PyTorch 2.13, CPU) and are checked against it
 by ``tests/step/test_timeline.py``.
 """
-from dataclasses import dataclass
-from typing import NamedTuple
 
 from ..core.dtypes import nbytes
 from ..core.symbols import B, F, H, S, d, t
 from ..models.features import Features
 from ..models.parameters import widths
+from .program import CAUSAL_MASK, INPUT_GRADIENT, Placement, Program, ProgramOp, Ref, Tensor
 from .structure import Shape
-from .vocab import Action, Device, Kind, Lifetime, Scope
+from .vocab import Kind, Lifetime, Scope
 
 __all__ = ["BHSS", "BS", "BSF", "BSd", "CAUSAL_MASK", "INPUT_GRADIENT", "Placement", "Program",
            "ProgramOp", "Ref", "Tensor", "block_output", "block_params", "define_grads", "dropout_ops", "final_input",
            "gradient", "per_rank", "residual_names", "qkv_width", "widths_of"]
-
-
-@dataclass(frozen=True)
-class Tensor:
-    """One tensor of the step: ``expr`` bytes (SymPy), what it is, how long and where it lives, ``why`` it exists."""
-    name: str
-    expr: object
-    kind: Kind
-    lifetime: Lifetime
-    device: Device = Device.GPU
-    why: str = ""
-
-
-@dataclass(frozen=True)
-class Ref:
-    """A tensor a block's program names in another block (or outside the blocks): ``name`` in ``scope``; past the
-    blocks' ends (after the last block, before the first) it is ``edge``, the tensor outside them."""
-    scope: Scope
-    name: str
-    edge: str = None
-
-
-#: The (S, S) causal mask the embedding's program builds once per forward; the blocks share it.
-CAUSAL_MASK = Ref(Scope.SHARED, "causal mask")
-#: The gradient a block's backward hands to the previous block (before block 0: the embedding output's).
-INPUT_GRADIENT = Ref(Scope.PREVIOUS, "dX_out", "grad of the embedding output")
-
-
-class Placement(NamedTuple):
-    """Where the step keeps the gradients backward writes, and where the optimizer step runs (its temporaries)."""
-    gradients: Device = Device.GPU
-    optimizer: Device = Device.GPU
-
-
-class ProgramOp(NamedTuple):
-    """One op of a program: the tensors (names or :class:`Ref`) its inputs release just before it runs, and
-    those it creates."""
-    label: str
-    frees: tuple
-    allocs: tuple
-    action: Action = Action.RUN
-
-
-class Program:
-    """A growing list of ops over a table of named tensors, shared by the programs of one step."""
-
-    def __init__(self, tensors: dict, placement: Placement = None):
-        self.tensors, self.placement, self.ops = tensors, placement or Placement(), []
-
-    def fork(self) -> "Program":
-        """An empty program over the same tensors."""
-        return Program(self.tensors, self.placement)
-
-    def new(self, name, shape, dtype, why, kind=Kind.TRANSIENT, device=Device.GPU):
-        """Define a temporary (bytes = product of ``shape`` x bytes of ``dtype``) and return its name."""
-        size = nbytes(dtype)
-        for n in shape:
-            size = size * n
-        self.tensors[name] = Tensor(name, size, kind, Lifetime.TEMPORARY, device, why)
-        return name
-
-    def op(self, label, alloc=(), free=(), action=Action.RUN):
-        self.ops.append(ProgramOp(label, tuple(n for n in free if n), tuple(n for n in alloc if n), action))
 
 
 BSd, BSF, BHSS, BS = (B, S, d), (B, S, F), (B, H, S, S), (B, S)

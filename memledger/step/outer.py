@@ -11,8 +11,9 @@ converts each gradient to FP32, one parameter at a time.
 from typing import NamedTuple
 
 from ..core.symbols import B, S, V, d
+from .families import alibi_released, embedding_backward, embedding_forward, extra_params
 from .norms import norm_backward, norm_forward
-from .ops import BSd, Ref, Tensor, final_input, gradient, residual_names
+from .ops import BSd, Ref, Tensor, final_input, gradient
 from .structure import Shape
 from .vocab import Action, Kind, Lifetime, Scope
 
@@ -35,9 +36,10 @@ def final_norm_params(c: Shape) -> list:
 
 
 def head_params(c: Shape) -> list:
-    """(name, elements) of the parameters outside the blocks, in ``model.parameters()`` order after the blocks."""
+    """(name, elements) of the parameters outside the blocks, in ``model.parameters()`` order after the blocks
+    (the LM head's bias, Phi's; the families' last: :func:`memledger.step.families.extra_params`)."""
     return final_norm_params(c) + ([] if c.is_tied else [("head.weight", V * d)]) + (
-        [("head.bias", V)] if c.head_bias else [])
+        [("head.bias", V)] if c.head_bias else []) + extra_params(c)
 
 
 def define_grads(p, c: Shape, share):
@@ -48,12 +50,12 @@ def define_grads(p, c: Shape, share):
 
 def forward_start(p, c: Shape):
     """The causal mask (eager attention) and the embedding, whose output is the first block's input."""
-    if c.attention == "eager":
+    if c.attention == "eager" and c.packing != "eager":     # packed: memledger.step.packing builds it
         ones = p.new("ones (S, S)", (S, S), "bool", "torch.ones before .triu(1)")
         p.op("torch.ones(S, S)", alloc=[ones])
         p.op("triu: the causal mask", alloc=["causal mask"])
         p.op("released", free=[ones])
-    p.op("embedding", alloc=[Ref(Scope.FIRST, residual_names(c)[0])])
+    embedding_forward(p, c)
 
 
 def forward_end(p, c: Shape):
@@ -62,6 +64,7 @@ def forward_end(p, c: Shape):
     norm_forward(p, c, "final", "LM head input")
     logits = p.new("logits", LOGITS, a, "the LM head's output")
     p.op("LM head", alloc=[logits])
+    alibi_released(p, c)
     if c.upcast:
         p.op("final norm input released", free=[final_input(c)])
     src = logits
@@ -112,15 +115,16 @@ def backward_start(p, c: Shape):
 
 def backward_end(p, c: Shape):
     """The embedding's backward (summed with the LM head's for a tied weight); the loss is released."""
+    g = embedding_backward(p, c)
     if c.is_tied:
         dense = p.new("embedding gradient (dense)", (V, d), c.grad_dtype, "embedding_dense_backward's output")
         p.op("embedding backward", alloc=[dense])
-        p.op("released", free=["grad of the embedding output"])
+        p.op("released", free=[g])
         p.op("tied weight: both gradients summed", alloc=["grad embedding.weight"])
         p.op("released", free=[dense, "LM head's contribution to the tied embedding gradient"])
     else:
         p.op("embedding backward", alloc=["grad embedding.weight"])
-        p.op("released", free=["grad of the embedding output"])
+        p.op("released", free=[g])
     p.op("loss released", free=["gradient of the loss", "loss"])
 
 

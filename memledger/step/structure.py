@@ -10,11 +10,11 @@ from dataclasses import dataclass
 
 from ..models.features import Features
 from ..states.recipes import ALL_RECIPES as RECIPES
-from .family import check as check_family, modelled as family_fields
+from .parallel_check import check as check_parallel, modelled as parallel_fields
 
 __all__ = ["AMP_RECIPES", "BNB_KINDS", "COMPILE_REFUSED", "FAMILIES", "LOSS_IMPLS", "MAX_LOSS_CHUNKS",
            "MODELLED_RECIPES", "OPTIMIZER_OF", "REFUSED_LOSSES", "Shape", "StepStructure", "block_of", "check_amp",
-           "check_implementation", "check_loss_chunks", "check_loss_impl", "check_offload", "check_packed",
+           "check_family", "check_implementation", "check_loss_chunks", "check_loss_impl", "check_offload", "check_packed",
            "check_recipe", "step_values", "unmodelled"]
 
 #: The optimizer each recipe the timeline models runs (``torch.optim.AdamW``, ``SGD`` with ``momentum`` 0 or not,
@@ -76,8 +76,11 @@ class Shape:
     loss_chunks: int = 1    # n > 1: torchtune's chunked cross-entropy (memledger.step.loss)
     loss_impl: str = "torchtune"  # or "litgpt": LitGPT's chunked_cross_entropy, no FP32 upcast
     packed: int = 0         # n >= 1 documents packed in each row (memledger.step.packing)
-    packing: str = None     # how attention keeps them apart: the backend's "mask" or "varlen"
+    packing: str = None     # how attention keeps them apart: the backend's "mask" or "varlen"; "eager": masked_fill
     amp: bool = False       # FP16 autocast on FP32 weights with a GradScaler (memledger.step.amp)
+    positions: bool = False  # learned positions added to the embedding (StarCoder; memledger.step.families)
+    alibi: bool = False     # ALiBi: a (1, H, 1, S) bias added to the eager core's scores (BLOOM)
+    input_norm: bool = False  # a LayerNorm on the embedding output (BLOOM's word_embeddings_layernorm)
     parallel: bool = False  # GPT-NeoX: x + attn(norm1(x)) + mlp(norm2(x)) (memledger.step.parallel)
     shared_norm: bool = False   # Phi: with parallel, one norm feeds attention and MLP
     head_bias: bool = False     # the LM head has a bias (Phi's lm_head)
@@ -142,14 +145,17 @@ class StepStructure:
                                              else None)
         # any style: Q and O at H*d_h (Gemma-7B), K and V at H_kv heads (a GPT block's: GPT-BigCode's multi-query)
         modelled = modelled._replace(head_dim=f.head_dim, gqa=f.gqa)
-        refined = family_fields(f)       # GPT-NeoX's and Phi's blocks, untied heads (memledger.step.family)
-        modelled = modelled._replace(**refined) if refined else modelled
+        # GPT decoders: learned positions (StarCoder), ALiBi and an embedding LayerNorm (BLOOM); memledger.step.families
+        modelled = modelled._replace(**({} if llama else _refinements(f)))
+        modelled = modelled._replace(**parallel_fields(f))   # GPT-NeoX's, Phi's blocks, untied heads (parallel_check)
         if f != modelled:
             family = f" (model_type {arch.model_type!r})" if arch.model_type in FAMILIES else ""
             raise ValueError(f"the step timeline models the reference decoder's GPT and LLaMA blocks (grouped-query "
-                             f"attention; LLaMA blocks also with QKV biases and tied embeddings; GPT blocks also "
-                             f"untied, with a parallel residual; any head size; no, selective or full "
-                             f"recomputation); {unmodelled(f)} not modelled op by op{family}")
+                             f"attention; LLaMA blocks also with QKV biases and tied embeddings; GPT decoders also "
+                             f"with learned positions, ALiBi and an embedding LayerNorm, untied, with a parallel "
+                             f"residual; any head size; no, selective or full recomputation); {unmodelled(f)} not "
+                             f"modelled op by op{family}")
+        refined = check_family(ledger) if not llama else {}
         gqa = f.gqa
         recipe = RECIPES[ledger.recipe]
         act = next(c.dtype for c in recipe.components if c.role == "param")
@@ -173,8 +179,8 @@ class StepStructure:
                       (True if f.is_tied else None) if llama else (None if f.is_tied else False),
                       ledger.recompute, f.head_dim, ledger.tp > 1,
                       check_loss_chunks(ledger.loss_chunks), ledger.loss_impl,
-                      *check_packed(ledger, conv, kernel), check_amp(ledger, conv, kernel),
-                      *check_family(ledger, f, kernel))
+                      *check_packed(ledger, conv, kernel), check_amp(ledger, conv, kernel), **refined,
+                      **check_parallel(ledger, f, kernel))
         if ledger.sequence_parallel and ledger.recompute == "full":
             raise ValueError("the step timeline runs sequence parallelism as DTensor runs it without full "
                              "recomputation only (its recomputed norms on S/t are not modelled); use selective or "
@@ -191,6 +197,39 @@ class StepStructure:
                    arch.n_layers if arch.n_layers <= 4 else None, True, *_framework(ledger), fsdp=fsdp,
                    offload_activations=offloaded, in_backward=getattr(ledger, "optimizer_in_backward", False),
                    paged_optimizer=getattr(ledger, "paged_optimizer", False))
+
+
+def _refinements(f: Features) -> dict:
+    """The families' refinements of a GPT decoder ``f`` has (memledger.step.families), as Shape's fields."""
+    return {k: True for k in ("positions", "alibi", "input_norm") if getattr(f, k)}
+
+
+def check_family(ledger) -> dict:
+    """The families' refinements of a GPT decoder the step models ({"positions": ..., "alibi": ..., "input_norm":
+    ...}, as set), or ``ValueError`` naming what they are not modelled with: they run in the plain loop on one rank
+    (no ZeRO, tensor parallelism or framework), ALiBi with an eager core, learned positions without dropout, with
+    the plain loss."""
+    f = ledger.arch.features
+    family = _refinements(f)
+    if not family:
+        return family
+    lacks = [what for what, off in [
+        ("ZeRO", ledger.zero_stage > 0), ("tensor parallelism", ledger.tp > 1),
+        ("dropout (the embeddings' own, GPT-2's and GPT-BigCode's embd_pdrop, is not modelled)",
+         f.positions and ledger.dropout),
+        ("a flash attention kernel (ALiBi is added to the eager core's scores)",
+         f.alibi and getattr(ledger, "flash_attention", False)),
+        (f"framework {ledger.framework}", ledger.framework != "plain"),
+        ("a chunked loss", ledger.loss_chunks > 1 or ledger.loss_impl != "torchtune"),
+        ("the optimizer in backward", getattr(ledger, "optimizer_in_backward", False)),
+        ("activation offloading", getattr(ledger, "offload_activations", False))] if off]
+    if lacks:
+        names = " and ".join(n for n, on in [("learned positions", f.positions), ("ALiBi", f.alibi),
+                                             ("an embedding LayerNorm", f.input_norm)] if on)
+        kind = f" (model_type {ledger.arch.model_type!r})" if ledger.arch.model_type else ""
+        raise ValueError(f"the step timeline models {names} in the plain loop on one rank{kind}; not with "
+                         f"{', '.join(lacks)}")
+    return family
 
 
 #: The recipes that run under FP16 autocast with a GradScaler (memledger.step.amp).
@@ -226,18 +265,23 @@ def check_packed(ledger, conv, kernel) -> tuple:
     n = getattr(ledger, "packed", 0)
     if not n:
         return 0, None
-    if conv.packing is None:
-        raise ValueError(f"packed: the {conv.name} backend's eager attention is not modelled with document masks; "
+    packing = "eager" if kernel == "eager" else conv.packing    # the eager core: masked_fill's shared bool mask
+    if packing is None:
+        raise ValueError(f"packed: the {conv.name} backend's {kernel} attention is not modelled with document masks; "
                          "use --backend cpu (SDPA with a block-causal mask) or cuda (flash-attention varlen)")
+    offloaded = getattr(ledger, "offload_activations", False)
+    f = ledger.arch.features
     lacks = [what for what, off in [
-        ("GPT blocks", ledger.arch.style != "llama"), ("the math SDPA kernel (dropout on the CPU)", kernel != "flash"),
-        ("recomputation", ledger.recompute != "none"), ("tensor parallelism", ledger.tp > 1),
-        ("ZeRO-3", ledger.zero_stage == 3), ("activation offloading", getattr(ledger, "offload_activations", False)),
-        (f"framework {ledger.framework}", ledger.framework != "plain")] if off]
+        ("tensor parallelism", ledger.tp > 1), ("ZeRO-3 (no measured run of it with packing here)",
+                                                ledger.zero_stage == 3),
+        ("activation offloading with the eager core", offloaded and packing == "eager"),
+        (f"framework {ledger.framework}", ledger.framework != "plain"),
+        ("learned positions, ALiBi or an embedding norm (no measured run of them with packing here)",
+         f.positions or f.alibi or f.input_norm)] if off]
     if lacks:
-        raise ValueError(f"packed is modelled for the reference decoder's LLaMA block with a flash kernel, no "
-                         f"recomputation, one rank; not for {', '.join(lacks)}")
-    return n, conv.packing
+        raise ValueError(f"packed is modelled for the reference decoder's GPT and LLaMA blocks (eager core or flash "
+                         f"kernel), any recomputation, one rank; not for {', '.join(lacks)}")
+    return n, packing
 
 
 def _reshard(ledger):
@@ -353,12 +397,13 @@ FAMILIES = ("gpt_neox", "phi", "bloom", "gpt_bigcode", "t5")
 
 def unmodelled(f: Features) -> str:
     """What of ``f`` the step timeline refuses, in words (for its error message)."""
+    llama = not f.gpt           # a GPT decoder's positions, ALiBi and embedding LayerNorm are modelled
     named = [("mixture of experts", f.moe), ("a GPT block without QKV biases", f.gpt and not f.has_qkv_bias),
-             ("learned positions", f.positions), ("token types", f.token_types), ("a pooler", f.pooler),
+             ("learned positions", f.positions and llama), ("token types", f.token_types), ("a pooler", f.pooler),
              ("an embedding norm", f.embedding_norm),
-             ("parallel attention and MLP in a LLaMA block", f.parallel and not f.gpt),
-             ("an LM head bias on a tied head", f.head_bias and f.is_tied), ("ALiBi score biases", f.alibi),
-             ("an embedding LayerNorm", f.input_norm),
+             ("parallel attention and MLP in a LLaMA block", f.parallel and llama),
+             ("an LM head bias on a tied head", f.head_bias and f.is_tied),
+             ("ALiBi score biases", f.alibi and llama), ("an embedding LayerNorm", f.input_norm and llama),
              ("an encoder-decoder", f.encoder_decoder)]
     found = [name for name, on in named if on]
     return (", ".join(found) if found else "this architecture's refinements") + (" is" if len(found) == 1 else " are")

@@ -1,4 +1,4 @@
-"""--packed N on the command line: read by memledger step (cpu, cuda), refused in one line elsewhere."""
+"""--packed N on the command line: read by memledger step (cpu, cuda, article), refused in one line elsewhere."""
 import json
 
 import pytest
@@ -10,7 +10,7 @@ MODEL = ("--preset", "llama2-7b", "--seq", "4096", "--overhead", "0")
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("backend", ["cpu", "cuda"])
+@pytest.mark.parametrize("backend", ["cpu", "cuda", "article"])
 def test_step_reads_packed(capsys, backend):
     code, out, err = run(capsys, "step", *MODEL, "--packed", "4", "--backend", backend, "--json")
     assert code == 0 and err == ""
@@ -20,7 +20,7 @@ def test_step_reads_packed(capsys, backend):
 
 
 @pytest.mark.parametrize("args,words", [
-    (("step", *MODEL, "--packed", "4"), "article backend's eager attention"),
+    (("step", *MODEL, "--packed", "4", "--backend", "cpu", "--tp", "2"), "not for tensor parallelism"),
     (("step", *MODEL, "--packed", "3", "--backend", "cpu"), "must be a multiple of packed"),
     (("step", *MODEL, "--packed", "0", "--backend", "cpu"), "packed"),
     (("ledger", *MODEL, "--packed", "4"), "does not read --packed"),

@@ -4,7 +4,8 @@ import sympy as sp
 
 from memledger.models.architecture import Architecture
 from memledger.models.presets import get_preset
-from memledger.ledger.inference import Inference, kv_cache_expr
+from memledger.activations.serving import kv_cache_expr
+from memledger.ledger.inference import Inference
 from memledger.core.symbols import B, H, H_kv, L, S, d, d_h
 
 

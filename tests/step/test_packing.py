@@ -12,7 +12,7 @@ from memledger.ledger.ledger import Ledger
 from memledger.step.timeline import Step
 
 from packcheck import packed_against_memtracker
-from stepcheck import GPT7B
+from stepcheck import GPT7B, landmarks_are_sums_of_rows
 
 
 @pytest.mark.slow
@@ -36,15 +36,50 @@ def test_varlen_books_no_mask():
 
 
 @pytest.mark.parametrize("changes,backend,words", [
-    ({}, "article", "article backend's eager attention"),
-    ({"recompute": "full"}, "cpu", "not for recomputation"),
-    ({"arch": GPT7B}, "cpu", "not for GPT blocks"),
     ({"tp": 2}, "cpu", "not for tensor parallelism"),
+    ({"arch": GPT7B, "zero_stage": 3, "dp": 8}, "article", "not for ZeRO-3"),
 ])
 def test_refused_in_one_line(changes, backend, words):
     ledger = Ledger(**{"arch": "llama2-7b", "seq_len": 4096, "packed": 4, **changes})
     with pytest.raises(ValueError, match=words):
         ledger.step(backend)
+
+
+@pytest.mark.parametrize("recompute", ["selective", "full"])
+def test_recomputation_keeps_the_bool_mask_not_the_additive_one(recompute):
+    """Under a checkpoint SDPA's additive mask is dropped with the call (made again in backward), and every
+    block's checkpoint frame holds the (B, S, S) bool mask: after the forward pass the bool mask is a row, no
+    additive mask is."""
+    B_, S_ = 2, 1024
+    step = Step(Ledger("llama2-7b", batch_size=B_, seq_len=S_, packed=4, recompute=recompute, overhead_bytes=0),
+                "cpu")
+    after = {r["name"]: r["bytes"] for r in step.rows if "after forward" in r["live"]}
+    assert after["block-causal mask (B, S, S) bool"] == B_ * S_ * S_
+    assert not any("additive" in name for name in after)
+    landmarks_are_sums_of_rows(step)
+
+
+def test_offloading_puts_the_additive_masks_on_the_host():
+    """Under activation offloading each block's additive mask is saved, hence copied to the host, once per block."""
+    B_, S_ = 2, 1024
+    step = Step(Ledger("llama2-7b", batch_size=B_, seq_len=S_, packed=4, offload_activations=True,
+                       overhead_bytes=0), "cpu")
+    rows = {r["name"]: r for r in step.rows}
+    row = rows["L x packed attention mask (additive, B x 1 x S x S), host copy"]
+    assert row["bytes"] == 32 * B_ * S_ * S_ * 2 and row["device"] == "cpu"
+    landmarks_are_sums_of_rows(step)
+
+
+def test_offloaded_checkpoints_put_the_bool_masks_on_the_host():
+    """Under full recomputation with offloading the checkpoint saves its inputs, the block's and the bool mask, as
+    host copies (one per block); on the GPU the bool mask goes as the forward returns."""
+    B_, S_ = 2, 1024
+    step = Step(Ledger("llama2-7b", batch_size=B_, seq_len=S_, packed=4, offload_activations=True, recompute="full",
+                       overhead_bytes=0), "cpu")
+    rows = {r["name"]: r for r in step.rows}
+    assert rows["L x block-causal mask (B, S, S) bool, host copy"]["bytes"] == 32 * B_ * S_ * S_
+    assert "after forward" not in rows["block-causal mask (B, S, S) bool"]["live"]
+    landmarks_are_sums_of_rows(step)
 
 
 def test_unpacked_step_unchanged():

@@ -30,7 +30,7 @@ def test_small_parallel_block_is_memtrackers(family):
     ("pythia-6.9b", dict(framework="ddp", dp=2), "framework ddp"),
     ("pythia-6.9b", dict(tp=2), "tensor parallelism"),
     ("pythia-6.9b", dict(flash_attention=True), "the flash attention kernel"),
-    ("phi-2", dict(loss_chunks=4), "a chunked loss")])
+    ("phi-2", dict(loss_chunks=4), "a chunked loss"), ("pythia-6.9b", dict(packed=2), "packed documents")])
 def test_what_the_parallel_block_lacks_is_refused(name, options, lacking):
     ledger = Ledger(get_preset(name), batch_size=1, seq_len=2048, **options)
     model_type = {"pythia-6.9b": "gpt_neox", "phi-2": "phi"}[name]

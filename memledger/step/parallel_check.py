@@ -27,11 +27,12 @@ def modelled(f: Features) -> dict:
 
 
 def check(ledger, f: Features, kernel: str) -> tuple:
-    """(parallel, shared_norm, head_bias) of the step's :class:`~memledger.step.structure.Shape`, or
+    """{"parallel": ..., "shared_norm": ..., "head_bias": ...}: the step's :class:`~memledger.step.structure.Shape`
+    fields (empty where none applies), or
     ``ValueError`` naming what a parallel block or an untied GPT head (checked against PyTorch in the plain loop
     only) is not modelled with."""
     if not f.gpt or not (f.parallel or f.head_bias or not f.is_tied):
-        return False, False, False
+        return {}
     lacks = [what for what, off in [
         (f"the {kernel} attention kernel (use the eager core)", kernel != "eager"),
         ("grouped-query attention", f.gqa), ("a head size other than d/H", f.head_dim),
@@ -39,6 +40,7 @@ def check(ledger, f: Features, kernel: str) -> tuple:
         (f"framework {ledger.framework}", ledger.framework != "plain"),
         ("a chunked loss", ledger.loss_chunks > 1 or ledger.loss_impl != "torchtune"),
         ("activation offloading", getattr(ledger, "offload_activations", False)),
+        ("packed documents", getattr(ledger, "packed", 0)),
         ("the optimizer in backward", getattr(ledger, "optimizer_in_backward", False))] if off]
     if lacks:
         family = ("Phi's one-norm parallel attention and MLP" if f.shared_norm else "GPT-NeoX's parallel attention "
@@ -46,4 +48,4 @@ def check(ledger, f: Features, kernel: str) -> tuple:
         named = f" (model_type {ledger.arch.model_type!r})" if ledger.arch.model_type else ""
         raise ValueError(f"the step timeline models {family}{named} with the eager core (no, selective or full "
                          f"recomputation), one rank, the plain loop; not with {', '.join(lacks)}")
-    return f.parallel, f.shared_norm, bool(f.head_bias)
+    return dict(parallel=f.parallel, shared_norm=f.shared_norm, head_bias=bool(f.head_bias))
