@@ -125,7 +125,8 @@ def test_cli_answers_the_decoder_families(command, name):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name, kwargs", [("starcoder", {}), ("bloom-7b1", {}), ("bloom-7b1", dict(recompute="full"))])
+@pytest.mark.parametrize("name, kwargs", [("starcoder", {}), ("bloom-7b1", {}), ("bloom-7b1", dict(recompute="full")),
+                                          ("pythia-6.9b", {}), ("phi-2", dict(recompute="selective"))])
 def test_the_compiled_peak_is_the_timelines(name, kwargs, tmp_path, monkeypatch):
     """The command line's compiled peak (memledger/step/cache.py) of a family, and the ledger's verdict, are the
     step's peak."""
