@@ -35,7 +35,8 @@ def against_memtracker(style, F_, loop, B, S, L, dropout, recompute, foreach=Fal
     fused kernel's 1-byte masks (the timeline's ``dropout_mask="bool"``); ``head_dim``: a head size other than
     d/H; ``loss_chunks``: the cross-entropy in n chunks, torchtune's or (``loss_impl="litgpt"``) LitGPT's;
     ``fused``: the optimizer's fused kernel; ``in_backward``: torchtune's optimizer stepped in backward; ``family``:
-    more RefConfig fields (the families' ``positions``, ``alibi``, ``input_norm``)."""
+    more RefConfig fields (the families' ``positions``, ``alibi``, ``input_norm``, ``parallel``, ``shared_norm``,
+    ``untied``, ``head_bias``)."""
     pytest.importorskip("torch")
     from memledger.pytorch.compare import architecture_of
     from memledger.pytorch.measure import memtracker_step

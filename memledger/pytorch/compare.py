@@ -49,7 +49,8 @@ def architecture_of(c: RefConfig) -> Architecture:
     """The :class:`~memledger.models.architecture.Architecture` of the reference decoder ``c`` (its refinements of
     LLaMA blocks as the architecture's fields: key/value heads, QKV biases, tied embeddings; and a head size)."""
     return Architecture(c.d, c.L, c.H, c.F, c.V, c.style, n_kv_heads=c.n_kv_heads,
-                        qkv_bias=True if c.qkv_bias else None, tied_embeddings=True if c.tied else None,
+                        qkv_bias=True if c.qkv_bias else None,
+                        tied_embeddings=True if c.tied else (False if c.untied else None), head_bias=c.head_bias,
                         head_size=c.head_dim, parallel=c.parallel, shared_norm=c.shared_norm, alibi=c.alibi,
                         input_norm=c.input_norm, n_positions=c.positions)
 

@@ -74,7 +74,13 @@ class RefConfig:
     is what the article backend's timeline models); ``n_kv_heads``: key/value
     heads of a LLaMA block (None: ``H``, multi-head); ``qkv_bias``: a LLaMA block's fused QKV
     projection has a bias (Qwen2); ``tied``: a LLaMA decoder's LM head shares the embedding's weight
-    (Gemma; GPT decoders are always tied and biased); ``rmsnorm``: ``"composite"`` (``nn.RMSNorm``) or
+    (Gemma; GPT decoders are tied unless ``untied``, and biased); ``untied``: a GPT decoder's own LM head
+    (GPT-NeoX's ``embed_out``, Phi's ``lm_head``); ``head_bias``: a bias on an untied head (Phi's
+    ``lm_head``, ``nn.Linear(d, V, bias=True)``); ``parallel``: the block's output is x + attn(norm1(x)) +
+    mlp(norm2(x)) (GPT-NeoX's ``use_parallel_residual``; Hugging Face's ``GPTNeoXLayer`` sums ``mlp_output +
+    attn_output + hidden_states``: two adds of the same sizes, and autograd still reaches the MLP branch first,
+    its nodes being the newer); with ``shared_norm`` one norm feeds both branches (Phi's ``input_layernorm``);
+    ``rmsnorm``: ``"composite"`` (``nn.RMSNorm``) or
     ``"fused"`` (ATen's ``_fused_rms_norm``, saving input and rstd as the CUDA
     kernel does); ``recompute``: ``"none"``, ``"selective"`` (the attention
     core, Korthikanti et al. 2022) or ``"full"`` (every block); ``head_dim``: the
@@ -132,6 +138,8 @@ class RefConfig:
     alibi: bool = False             # eager core: a (1, H, 1, S) ALiBi bias added to the scores (BLOOM)
     input_norm: bool = False        # a LayerNorm on the embedding output (BLOOM's word_embeddings_layernorm)
     positions: int = 0              # n > 0: learned positions, an n x d embedding added to the tokens' (GPT-2's wpe)
+    untied: bool = False            # a GPT decoder's LM head has its own weight (GPT-NeoX's embed_out, Phi's lm_head)
+    head_bias: bool = False         # the LM head has a bias (Phi's lm_head: nn.Linear(d, V, bias=True))
 
     def __post_init__(self):
         if self.attention not in (None, "eager", "sdpa"):
@@ -159,6 +167,10 @@ class RefConfig:
             raise ValueError("alibi is added to the eager core's scores (attention='eager')")
         if not isinstance(self.positions, int) or self.positions < 0:
             raise ValueError(f"positions must be a whole number of learned positions >= 0, got {self.positions!r}")
+        if self.untied and self.style != "gpt":
+            raise ValueError("untied: a GPT decoder's own LM head (a LLaMA decoder is untied unless tied)")
+        if self.head_bias and (self.tied or (self.style == "gpt" and not self.untied)):
+            raise ValueError("head_bias: a bias on an untied LM head (Phi's lm_head)")
 
     @property
     def kernel(self) -> str:
@@ -301,9 +313,9 @@ class Decoder(nn.Module):
         self.blocks = nn.ModuleList(Block(c) for _ in range(c.L))
         gpt = c.style == "gpt"
         self.norm = nn.LayerNorm(c.d) if gpt else (FusedRMSNorm(c.d) if c.rmsnorm == "fused" else nn.RMSNorm(c.d))
-        self.head = nn.Linear(c.d, c.V, bias=False)
+        self.head = nn.Linear(c.d, c.V, bias=c.head_bias)
         self.input_norm = nn.LayerNorm(c.d) if c.input_norm else None
-        if gpt or c.tied:
+        if (gpt and not c.untied) or c.tied:
             self.head.weight = self.embed.weight
         self.pos = nn.Embedding(c.positions, c.d) if c.positions else None       # last in model.parameters()
 

@@ -35,7 +35,8 @@ from .ops import (BHSS, CAUSAL_MASK, INPUT_GRADIENT, BSd, BSF, block_output, def
 from .structure import Shape
 from .vocab import Lifetime, Save
 
-__all__ = ["POLICIES", "Core", "attention_core", "block_backward", "block_forward", "flash_attention"]
+__all__ = ["POLICIES", "Core", "attention_backward", "attention_core", "block_backward", "block_forward",
+           "flash_attention"]
 
 #: The save policy of each ``recompute``: what the forward does with (the attention core's, the rest's) tensors.
 POLICIES = {"none": (Save.KEPT, Save.KEPT), "selective": (Save.DROPPED, Save.KEPT),
@@ -270,11 +271,11 @@ def _linear_backward(p, c, label, g_in, grads, saved_input, frees=(), recomputed
     p.op("released", free=list(frees) + [saved_input])
 
 
-def _recompute_forward(p, c):
-    """Full recomputation: the block's forward re-run with saving, stopping after its last saved tensor; the
-    temporaries still alive then are dropped (the block's input stays)."""
+def _recompute_forward(p, c, forward=None):
+    """Full recomputation: the block's forward (``forward``; default :func:`block_forward`) re-run with saving,
+    stopping after its last saved tensor; the temporaries still alive then are dropped (the block's input stays)."""
     q = p.fork()
-    block_forward(q, c, (Save.KEPT, Save.KEPT))
+    (forward or block_forward)(q, c, (Save.KEPT, Save.KEPT))
     last = max(i for i, op in enumerate(q.ops) if any(
         isinstance(n, str) and p.tensors[n].lifetime is Lifetime.SAVED for n in op.allocs))
     alive = []
@@ -289,7 +290,7 @@ def block_backward(p, c: Shape, share):
     """One block's backward pass: ``dX_out`` (live) -> the previous block's; frees the block's saved tensors.
     Under full recomputation the forward is re-run first; under selective, the core before its backward."""
     a, drop = c.dtype, c.dropout
-    recomputed, selective = c.recompute == "full", c.recompute == "selective"
+    recomputed = c.recompute == "full"
     if recomputed:
         _recompute_forward(p, c)
     BSq, BSkv = widths_of(c)
@@ -342,6 +343,30 @@ def block_backward(p, c: Shape, share):
         g = p.new("gradient through the attention residual dropout", BSd, a, "times the mask")
         p.op("attention residual dropout backward", alloc=[g])
         p.op("mask released", free=["attention residual dropout mask"])
+    gn1 = attention_backward(p, c, g, share, [g if drop else None])
+    # A recomputed block's inputs (the checkpoint's x and, eager, the causal mask) are released with the
+    # last tensor its recomputation saved: norm 1's input (read off MemTracker's log).
+    last = [] if not recomputed else ([residual_names(c)[0]] if c.upcast else []) + (
+        [CAUSAL_MASK] if c.attention == "eager" else []) + ([ALIBI_INPUT] if c.alibi else []) + packing.frame(c)
+    if fp32_composite:
+        norm_backward(p, c, "1", gn1, INPUT_GRADIENT, define_grads(p, ["norm1.weight", "norm1.bias"], c, share),
+                      residual=gxm, also_free=last)
+    else:
+        gx1 = p.new("gradient of norm 1's input", BSd, a, "norm 1 backward's output")
+        norm_backward(p, c, "1", gn1, gx1, define_grads(p, ["norm1.weight", "norm1.bias"], c, share),
+                      also_free=last)
+        p.op("residual gradients summed", alloc=[INPUT_GRADIENT])
+        p.op("released", free=[gx1, gxm])
+
+
+def attention_backward(p, c: Shape, g, share, release):
+    """The attention branch's backward, from ``g`` (the gradient of the output projection's output, live) to the
+    gradient of norm 1's output (returned): output projection, the core (re-run first under selective
+    recomputation), q, k and v's gradients into the fused projection's, its backward. ``release``: what goes
+    with the output projection's backward (eager) or the kernel's (flash), beside what the branch saved."""
+    a, drop = c.dtype, c.dropout
+    recomputed, selective = c.recompute == "full", c.recompute == "selective"
+    BSq, BSkv = widths_of(c)
     gpi = p.new("gradient of the output projection input", BSq, a, "the output projection's input gradient")
     proj = define_grads(p, ["proj.weight", "proj.bias"], c, share)
     gq, gk, gv = (p.new(f"gradient of {n}", (B, S, w), a, f"dL/d{n}")
@@ -354,11 +379,11 @@ def block_backward(p, c: Shape, share):
         p.op("flash attention backward", alloc=[gq, gk, gv])
         if again:
             p.op("recomputed output released", free=again)
-        p.op("released", free=[g if drop else None, gpi, "Q", "K", "V"] + kept + packing.saved_names(c) + (
+        p.op("released", free=release + [gpi, "Q", "K", "V"] + kept + packing.saved_names(c) + (
             packing.frame(c) if selective else []))
     else:
         _linear_backward(p, c, "output projection backward", gpi, proj, "output projection input",
-                         [g if drop else None], recomputed)
+                         release, recomputed)
         g4 = gpi
         single = c.single and not c.gqa         # the grouped core copies q, k and v at any B
         if not single:
@@ -416,16 +441,4 @@ def block_backward(p, c: Shape, share):
     gn1 = p.new("gradient of norm 1's output", BSd, a, "the QKV projection's input gradient")
     _linear_backward(p, c, "QKV projection backward", gn1, define_grads(p, ["qkv.weight", "qkv.bias"], c, share),
                      "Q/K/V projection input", [gqkv], recomputed)
-    # A recomputed block's inputs (the checkpoint's x and, eager, the causal mask) are released with the
-    # last tensor its recomputation saved: norm 1's input (read off MemTracker's log).
-    last = [] if not recomputed else ([residual_names(c)[0]] if c.upcast else []) + (
-        [CAUSAL_MASK] if c.attention == "eager" else []) + ([ALIBI_INPUT] if c.alibi else []) + packing.frame(c)
-    if fp32_composite:
-        norm_backward(p, c, "1", gn1, INPUT_GRADIENT, define_grads(p, ["norm1.weight", "norm1.bias"], c, share),
-                      residual=gxm, also_free=last)
-    else:
-        gx1 = p.new("gradient of norm 1's input", BSd, a, "norm 1 backward's output")
-        norm_backward(p, c, "1", gn1, gx1, define_grads(p, ["norm1.weight", "norm1.bias"], c, share),
-                      also_free=last)
-        p.op("residual gradients summed", alloc=[INPUT_GRADIENT])
-        p.op("released", free=[gx1, gxm])
+    return gn1

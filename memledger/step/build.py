@@ -19,7 +19,7 @@ from ..core.exact import evaluate_expr, exact_function, integer_function, is_int
 from ..core.symbols import L, N_d, O, P, t
 from ..states.placement import ZERO_SHARDS, device_of, state_specs
 from ..states.recipes import ALL_RECIPES as RECIPES
-from . import amp, bnb, ddp, families, fsdp2, loss, offload, optim, outer, packing, tensor
+from . import amp, bnb, ddp, families, fsdp2, loss, offload, optim, outer, packing, parallel, tensor
 from .block import block_backward, block_forward
 from .ops import BSd, Placement, Program, Tensor, block_params, residual_names
 from .outer import Param
@@ -56,7 +56,8 @@ class Built:
             return sp.ceiling(n / (t * N_d)) if grad_sharded else (sp.ceiling(n / t) if s.tensor_parallel else n)
         opts = conv.inventory_options(c.style, c.dtype, c.dropout) | {"attention": c.attention}
         mlp, norm = ("gelu", "LayerNorm") if c.gpt else ("swiglu", "RMSNorm")
-        layer_rows = inventory(mlp, norm, c.dropout, gqa=c.gqa, head_dim=c.head_dim, **opts)
+        layer_rows = inventory(mlp, norm, c.dropout, gqa=c.gqa, head_dim=c.head_dim, parallel=c.parallel,
+                               shared_norm=c.shared_norm, **opts)
         if s.recompute == "selective":          # the attention core's own tensors are recomputed, not kept
             layer_rows = kept_rows(layer_rows, "selective")
         layer_rows = layer_rows + packing.saved_rows(c)         # packed rows: SDPA's additive mask per block
@@ -116,6 +117,9 @@ class Built:
         elif c.amp:
             amp.block_forward(fwd, c)
             amp.block_backward(bwd, c, share)
+        elif c.parallel:                # GPT-NeoX's and Phi's blocks (memledger.step.parallel)
+            parallel.parallel_forward(fwd, c)
+            parallel.parallel_backward(bwd, c, share)
         else:
             block_forward(fwd, c)
             block_backward(bwd, c, share)

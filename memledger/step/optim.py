@@ -41,7 +41,7 @@ def _shapes(c: Shape) -> dict:
     qkv, q = qkv_width(c), widths_of(c)[0][2]
     shapes = {"qkv.weight": (qkv, d), "proj.weight": (d, q), "up.weight": (F, d), "gate.weight": (F, d),
               "down.weight": (d, F), "up.bias": (F,), "qkv.bias": (qkv,),
-              "embedding.weight": (V, d), "head.weight": (V, d)}
+              "embedding.weight": (V, d), "head.weight": (V, d), "head.bias": (V,)}
     return shapes
 
 

@@ -37,8 +37,9 @@ def final_norm_params(c: Shape) -> list:
 
 def head_params(c: Shape) -> list:
     """(name, elements) of the parameters outside the blocks, in ``model.parameters()`` order after the blocks
-    (the families' last: :func:`memledger.step.families.extra_params`)."""
-    return final_norm_params(c) + ([] if c.is_tied else [("head.weight", V * d)]) + extra_params(c)
+    (the LM head's bias, Phi's; the families' last: :func:`memledger.step.families.extra_params`)."""
+    return final_norm_params(c) + ([] if c.is_tied else [("head.weight", V * d)]) + (
+        [("head.bias", V)] if c.head_bias else []) + extra_params(c)
 
 
 def define_grads(p, c: Shape, share):
@@ -103,7 +104,10 @@ def backward_start(p, c: Shape):
     if c.is_tied:
         p.tensors[head] = Tensor(head, p.tensors["grad embedding.weight"].expr, Kind.TRANSIENT, Lifetime.TEMPORARY,
                                  p.placement.gradients, "waits in autograd's buffer for the embedding's contribution")
-    p.op("LM head backward", alloc=[head, gfn])
+    if c.head_bias:         # addmm: the input gradient first, then the weight's and the bias's (Phi's lm_head)
+        p.op("LM head backward", alloc=[gfn, head, "grad head.bias"])
+    else:
+        p.op("LM head backward", alloc=[head, gfn])
     p.op("released", free=[g, "LM head input"])
     grads = [f"grad {n}" for n, _ in final_norm_params(c)]
     norm_backward(p, c, "final", gfn, Ref(Scope.LAST, "dX_out"), grads)

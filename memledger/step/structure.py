@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from ..models.features import Features
 from ..states.recipes import ALL_RECIPES as RECIPES
+from .parallel_check import check as check_parallel, modelled as parallel_fields
 
 __all__ = ["AMP_RECIPES", "BNB_KINDS", "COMPILE_REFUSED", "FAMILIES", "LOSS_IMPLS", "MAX_LOSS_CHUNKS",
            "MODELLED_RECIPES", "OPTIMIZER_OF", "REFUSED_LOSSES", "Shape", "StepStructure", "block_of", "check_amp",
@@ -80,6 +81,9 @@ class Shape:
     positions: bool = False  # learned positions added to the embedding (StarCoder; memledger.step.families)
     alibi: bool = False     # ALiBi: a (1, H, 1, S) bias added to the eager core's scores (BLOOM)
     input_norm: bool = False  # a LayerNorm on the embedding output (BLOOM's word_embeddings_layernorm)
+    parallel: bool = False  # GPT-NeoX: x + attn(norm1(x)) + mlp(norm2(x)) (memledger.step.parallel)
+    shared_norm: bool = False   # Phi: with parallel, one norm feeds attention and MLP
+    head_bias: bool = False     # the LM head has a bias (Phi's lm_head)
 
     @property
     def gpt(self):
@@ -143,12 +147,14 @@ class StepStructure:
         modelled = modelled._replace(head_dim=f.head_dim, gqa=f.gqa)
         # GPT decoders: learned positions (StarCoder), ALiBi and an embedding LayerNorm (BLOOM); memledger.step.families
         modelled = modelled._replace(**({} if llama else _refinements(f)))
+        modelled = modelled._replace(**parallel_fields(f))   # GPT-NeoX's, Phi's blocks, untied heads (parallel_check)
         if f != modelled:
             family = f" (model_type {arch.model_type!r})" if arch.model_type in FAMILIES else ""
             raise ValueError(f"the step timeline models the reference decoder's GPT and LLaMA blocks (grouped-query "
                              f"attention; LLaMA blocks also with QKV biases and tied embeddings; GPT decoders also "
-                             f"with learned positions, ALiBi and an embedding LayerNorm; any head size; no, "
-                             f"selective or full recomputation); {unmodelled(f)} not modelled op by op{family}")
+                             f"with learned positions, ALiBi and an embedding LayerNorm, untied, with a parallel "
+                             f"residual; any head size; no, selective or full recomputation); {unmodelled(f)} not "
+                             f"modelled op by op{family}")
         refined = check_family(ledger) if not llama else {}
         gqa = f.gqa
         recipe = RECIPES[ledger.recipe]
@@ -170,9 +176,11 @@ class StepStructure:
         shape = Shape(arch.style, kernel, bool(ledger.dropout), conv.rmsnorm, act, conv.norm_stats is not None,
                       ledger.batch_size == 1, grad, opts["mask_dtype"], opts["norm_stats"], gqa,
                       gqa and arch.kv_heads == 1, True if llama and f.has_qkv_bias else None,
-                      True if llama and f.is_tied else None, ledger.recompute, f.head_dim, ledger.tp > 1,
+                      (True if f.is_tied else None) if llama else (None if f.is_tied else False),
+                      ledger.recompute, f.head_dim, ledger.tp > 1,
                       check_loss_chunks(ledger.loss_chunks), ledger.loss_impl,
-                      *check_packed(ledger, conv, kernel), check_amp(ledger, conv, kernel), **refined)
+                      *check_packed(ledger, conv, kernel), check_amp(ledger, conv, kernel), **refined,
+                      **check_parallel(ledger, f, kernel))
         if ledger.sequence_parallel and ledger.recompute == "full":
             raise ValueError("the step timeline runs sequence parallelism as DTensor runs it without full "
                              "recomputation only (its recomputed norms on S/t are not modelled); use selective or "
@@ -390,12 +398,11 @@ FAMILIES = ("gpt_neox", "phi", "bloom", "gpt_bigcode", "t5")
 def unmodelled(f: Features) -> str:
     """What of ``f`` the step timeline refuses, in words (for its error message)."""
     llama = not f.gpt           # a GPT decoder's positions, ALiBi and embedding LayerNorm are modelled
-    named = [("mixture of experts", f.moe), ("an untied GPT decoder", f.gpt and not f.is_tied),
-             ("a GPT block without QKV biases", f.gpt and not f.has_qkv_bias),
+    named = [("mixture of experts", f.moe), ("a GPT block without QKV biases", f.gpt and not f.has_qkv_bias),
              ("learned positions", f.positions and llama), ("token types", f.token_types), ("a pooler", f.pooler),
              ("an embedding norm", f.embedding_norm),
-             ("parallel attention and MLP", f.parallel and not f.shared_norm),
-             ("one norm feeding parallel attention and MLP", f.shared_norm), ("an LM head bias", f.head_bias),
+             ("parallel attention and MLP in a LLaMA block", f.parallel and llama),
+             ("an LM head bias on a tied head", f.head_bias and f.is_tied),
              ("ALiBi score biases", f.alibi and llama), ("an embedding LayerNorm", f.input_norm and llama),
              ("an encoder-decoder", f.encoder_decoder)]
     found = [name for name, on in named if on]

@@ -19,12 +19,12 @@ from memledger.activations.backends import get_backend
 
 CONFIGS = Path(__file__).resolve().parents[2] / "memledger" / "models" / "configs"
 
-REFUSED = {
-    "pythia-6.9b": ("gpt_neox", "parallel attention and MLP"),
-    "phi-2": ("phi", "one norm feeding parallel attention and MLP"),
+REFUSED = {       # every decoder family runs in the step now (GPT-NeoX and Phi: test_parallel.py)
 }
 #: The families the step runs op by op (memledger/step/families.py), and what each adds to the GPT block's step.
-MODELLED = {"starcoder": dict(positions=True), "bloom-7b1": dict(alibi=True, input_norm=True)}
+MODELLED = {"starcoder": dict(positions=True), "bloom-7b1": dict(alibi=True, input_norm=True),
+            "pythia-6.9b": dict(parallel=True, tied=False), "phi-2": dict(parallel=True, shared_norm=True,
+                                                                       head_bias=True, tied=False)}
 
 
 @pytest.mark.slow
@@ -125,7 +125,8 @@ def test_cli_answers_the_decoder_families(command, name):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name, kwargs", [("starcoder", {}), ("bloom-7b1", {}), ("bloom-7b1", dict(recompute="full"))])
+@pytest.mark.parametrize("name, kwargs", [("starcoder", {}), ("bloom-7b1", {}), ("bloom-7b1", dict(recompute="full")),
+                                          ("pythia-6.9b", {}), ("phi-2", dict(recompute="selective"))])
 def test_the_compiled_peak_is_the_timelines(name, kwargs, tmp_path, monkeypatch):
     """The command line's compiled peak (memledger/step/cache.py) of a family, and the ledger's verdict, are the
     step's peak."""

@@ -122,7 +122,7 @@ def test_logits_with_full_checkpointing_rival_the_checkpoints():
     (dict(arch=None, n_params=10**9), "needs an architecture"),
     (dict(arch="mixtral-8x7b"), "mixture of experts"),
     (dict(arch="bert-base-uncased"), "token types, a pooler, an embedding norm are not modelled"),
-    (dict(arch=Architecture(256, 2, 4, 1024, 1000, "gpt", tied_embeddings=False)), "an untied GPT decoder"),
+    (dict(arch=Architecture(256, 2, 4, 1024, 1000, "gpt", qkv_bias=False)), "a GPT block without QKV biases"),
 ])
 def test_bad_input(kwargs, message):
     with pytest.raises(ValueError, match=message):
