@@ -262,6 +262,7 @@ def test_dp_degree_covers_every_gpu_once():
     assert sp.diff(tm.RULES["zero1_3d"], O) == 1 / N
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("recompute", ["none", "full"])
 def test_3d_activation_memory_over_tp(recompute):
     # "Sharded Optimizers + 3D Parallelism", ZeRO-1 with activation partitioning: Activation Memory /

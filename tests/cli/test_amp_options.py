@@ -10,6 +10,7 @@ from clicheck import run
 MODEL = ("--preset", "llama2-7b", "--seq", "4096", "--overhead", "0", "--recipe", "fp16-amp-adamw")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["cpu", "cuda"])
 def test_step_runs_amp(capsys, backend):
     code, out, err = run(capsys, "step", *MODEL, "--backend", backend, "--json")

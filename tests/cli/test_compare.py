@@ -47,6 +47,7 @@ def test_ledger_json_splits_model_states_by_role(capsys):
     assert roles == {"param": 2 * 7 * 10**9, "grad": 2 * 7 * 10**9, "optimizer": 12 * 7 * 10**9}
 
 
+@pytest.mark.slow
 def test_lora_ledger_cli_matches_python(capsys):
     code, out, _ = run(capsys, "ledger", "--preset", "llama2-7b", "--qlora", "--recompute", "full", "--json")
     data = json.loads(out)

@@ -67,6 +67,7 @@ def test_8bit_adam_uses_75_percent_less_optimizer_memory():
     assert 2 < eight / params < 2 + 2 * 4 / BLOCK + 1e-6
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("recipe", [EIGHT, THIRTY_TWO, "bf16-adam8bit-bnb"])
 def test_the_update_is_in_place(recipe):
     """One in-place kernel per tensor (``update_step``): the optimizer phase allocates nothing beyond what it starts

@@ -105,6 +105,7 @@ def test_llama2_7b_with_every_knob_is_memtrackers(B, S, V_):
     assert step.landmarks["after forward"]["cpu"] == a.n_layers * 2 * B * S * a.d_model
 
 
+@pytest.mark.slow
 def test_lora_with_knobs_it_does_not_model_is_refused_in_one_line():
     """LoRA + chunked loss + full recomputation + the optimizer in backward run in the LoRA step (tests/step/
     test_lora_loss.py, test_lora_in_backward.py); activation offloading with LoRA is refused by name."""

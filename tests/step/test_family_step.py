@@ -35,6 +35,7 @@ def test_multi_query_gpt_block_is_memtrackers():
     assert multi_head.peak.bytes > step.peak.bytes          # the comparison sees the K/V width
 
 
+@pytest.mark.slow
 def test_every_family_refinement_at_once_is_memtrackers():
     """Learned positions, ALiBi and the embedding LayerNorm in one small multi-query decoder: the landmarks, the
     phase peaks, the peak, each block's peaks and the totals op by op inside the blocks and outside them (the
@@ -58,6 +59,7 @@ def outside_totals_agree(step, measured):
     assert all(any(t == u for u in rest) for t in ours)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", MODELLED)
 def test_the_step_runs_the_family(name):
     ledger = Ledger(get_preset(name), batch_size=1, seq_len=2048)

@@ -17,6 +17,7 @@ def test_small_fsdp2_x_tp_is_fsdp_mem_trackers():
     against_fsdp2_tp(TINY, 1, 8, 2, 2, sequence_parallel=True)
 
 
+@pytest.mark.slow
 def test_units_hold_the_tp_local_shards():
     """No PyTorch: at tp 2 each rank's FP32 shards are about half of those at tp 1 (the norms whole), and the
     step names FSDP2's buffers."""
@@ -42,6 +43,7 @@ def test_what_fsdp2_x_tp_refuses(options, match):
         Ledger(LLAMA7B, framework="fsdp2", dp=8, tp=2, recipe="fp32-adamw", **options)
 
 
+@pytest.mark.slow
 def test_the_cli_runs_fsdp2_x_tp(capsys):
     """``memledger step --framework fsdp2 --tp 2`` names the (dp, tp) mesh; an int reshard with --tp is refused
     in one line."""

@@ -24,6 +24,7 @@ def test_packed_step_is_memtrackers():
     assert rows["document ids"]["bytes"] == 8 * 2 * 32
 
 
+@pytest.mark.slow
 def test_varlen_books_no_mask():
     """The cuda backend (flash-attention varlen) books position ids and cu_seqlens, no mask: its peak exceeds the
     unpacked step's by those inputs only."""
@@ -45,6 +46,7 @@ def test_refused_in_one_line(changes, backend, words):
         ledger.step(backend)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("recompute", ["selective", "full"])
 def test_recomputation_keeps_the_bool_mask_not_the_additive_one(recompute):
     """Under a checkpoint SDPA's additive mask is dropped with the call (made again in backward), and every
@@ -59,6 +61,7 @@ def test_recomputation_keeps_the_bool_mask_not_the_additive_one(recompute):
     landmarks_are_sums_of_rows(step)
 
 
+@pytest.mark.slow
 def test_offloading_puts_the_additive_masks_on_the_host():
     """Under activation offloading each block's additive mask is saved, hence copied to the host, once per block."""
     B_, S_ = 2, 1024

@@ -13,6 +13,7 @@ from packcheck import packed_against_memtracker
 from stepcheck import GPT7B, landmarks_are_sums_of_rows
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch,backend", [("llama2-7b", "article"), (GPT7B, "cpu"), (GPT7B, "cuda")])
 def test_eager_packing_books_one_b_s_s_mask(arch, backend):
     """The shared mask is a (B, S, S) bool tensor (B*S^2 bytes, not per block), beside the (B, S) int64 document
@@ -26,6 +27,7 @@ def test_eager_packing_books_one_b_s_s_mask(arch, backend):
     landmarks_are_sums_of_rows(step)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("recompute", ["selective", "full"])
 def test_eager_packing_runs_under_recomputation(recompute):
     step = Step(Ledger("llama2-7b", seq_len=4096, packed=4, recompute=recompute, overhead_bytes=0), "article")

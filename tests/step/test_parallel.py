@@ -19,6 +19,7 @@ NEOX = dict(parallel=True, untied=True)
 PHI = dict(parallel=True, shared_norm=True, untied=True, head_bias=True)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", [NEOX, PHI], ids=["gpt_neox", "phi"])
 def test_small_parallel_block_is_memtrackers(family):
     step, measured = against_memtracker("gpt", 256, "bf16-pure-adamw", 2, 24, 3, 0.1, "none", family=family)

@@ -43,6 +43,7 @@ def test_gpt_blocks_are_refused():
         Prefill(Architecture(64, 2, 8, 96, 100, "gpt"))
 
 
+@pytest.mark.slow
 def test_inference_reads_it_or_says_why_not():
     inf = Inference("llama2-7b", seq_len=4096, attention="eager")
     assert inf.to_dict()["prefill"]["peak"] == inf.prefill.peak.bytes == Prefill(
