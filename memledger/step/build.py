@@ -161,6 +161,8 @@ class Built:
         if self.fsdp:
             tensors[GRADIENT_LUMP] = self.fsdp.gradient_lump()
         self.ops = flatten(s.layers or 5, c, outside, fwd.ops, bwd.ops, opt.ops, self.fsdp and self.fsdp.lump)
+        if c.amp:                       # the FP16 copies only the cache holds, freed as the autocast region exits
+            self.ops = amp.release_cached(self.ops, tensors, c, s.layers or 5)
         if self.fsdp:
             self.ops = self.fsdp.finalize(self.ops)
         if s.bucket_view:               # DDP: each gradient copied into its bucket as it is written

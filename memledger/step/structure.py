@@ -193,12 +193,10 @@ def check_amp(ledger, conv, kernel) -> bool:
     with it."""
     if ledger.recipe not in AMP_RECIPES:
         return False
-    f = ledger.arch.features
     lacks = [what for what, off in [
         ("GPT blocks", ledger.arch.style != "llama"),
-        (f"the {kernel} attention kernel", kernel != "flash"), ("grouped-query attention", f.gqa),
-        ("QKV biases", f.has_qkv_bias), ("a tied LM head", f.is_tied), ("a head size other than d/H", f.head_dim),
-        ("recomputation", ledger.recompute != "none"), ("tensor parallelism", ledger.tp > 1),
+        (f"the {kernel} attention kernel", kernel != "flash"),
+        ("tensor parallelism", ledger.tp > 1),
         ("ZeRO", ledger.zero_stage > 0), ("offloading", ledger.offload_optimizer != "none"),
         ("activation offloading", getattr(ledger, "offload_activations", False)),
         ("a chunked loss", ledger.loss_chunks > 1 or ledger.loss_impl != "torchtune"),
