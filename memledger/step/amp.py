@@ -45,7 +45,7 @@ from dataclasses import replace
 
 from ..core.symbols import B, F, H, S, V, d
 from .norms import norm_backward, norm_forward
-from .outer import cross_entropy
+from .outer import cross_entropy, final_norm_params
 from .ops import INPUT_GRADIENT, Ref, Tensor, block_output, define_grads, qkv_width, residual_names, widths_of
 from .structure import Shape
 from .vocab import Kind, Lifetime, Phase, Save, Scope
@@ -60,14 +60,20 @@ EXIT = "autocast exits: its cache cleared (the FP16 copies nothing saved)"
 #: The lumped middle blocks' cached copies, one tensor.
 CACHE_LUMP = "autocast's cached FP16 copies, blocks 2..L-3"
 #: The saved rows that autocast makes FP16 (the linears' input copies and outputs, SDPA's tensors).
-_FP16 = ("Q/K/V projection input", "Q", "K", "V", "output projection input", "gate output", "SiLU output",
+_FP16 = ("Q/K/V projection input", "Q", "K", "V", "output projection input", "gate output", "SiLU output", "GeLU input",
          "up-projection output", "down-projection input")
 
 
 def _weights(c: Shape) -> list:
     """(module, shape) of a block's linears in the order forward casts their weights."""
     q = widths_of(c)[0][2]
-    return [("qkv", (qkv_width(c), d)), ("proj", (d, q)), ("gate", (F, d)), ("up", (F, d)), ("down", (d, F))]
+    mlp = [("up", (F, d))] if c.gpt else [("gate", (F, d)), ("up", (F, d))]
+    return [("qkv", (qkv_width(c), d)), ("proj", (d, q))] + mlp + [("down", (d, F))]
+
+
+def _biased(c: Shape) -> list:
+    """The block's linears with a bias: every one in a GPT block, the QKV projection where a LLaMA block has one."""
+    return [m for m, _ in _weights(c)] if c.gpt else (["qkv"] if c.qkv_bias else [])
 
 
 def copy_name(module: str) -> str:
@@ -81,11 +87,11 @@ def layer_rows(rows: list, c: Shape) -> list:
     from ..activations.inventory import Saved
     out = []
     for r in rows:
-        if r.name == "MLP input":
+        if r.name == "MLP input" and not c.gpt:
             out += [replace(r, name="MLP input (gate's FP16 copy)", dtype=H16),
                     replace(r, name="MLP input (up's FP16 copy)", dtype=H16)]
         else:
-            out.append(replace(r, dtype=H16) if r.name in _FP16 else r)
+            out.append(replace(r, dtype=H16) if r.name in _FP16 or r.name == "MLP input" else r)   # GPT: up's copy
     return out + [Saved(copy_name(m), "autocast's cached FP16 cast of the FP32 weight (autocast_mode.cpp cached_cast), "
                                       "saved by the matmul for its input gradient", shape, H16, block="mlp")
                   for m, shape in _weights(c)]
@@ -99,9 +105,17 @@ def outside_rows(rows: list) -> list:
                         (V, d), H16, block="outside")]
 
 
-def bias_copy(c: Shape) -> str:
-    """The name of a block's cached FP16 copy of its QKV bias (None without one)."""
-    return "autocast FP16 copy of qkv.bias (cached, not saved)" if c.qkv_bias else None
+def bias_copy(module: str) -> str:
+    """The name of a block's cached FP16 copy of ``module``'s bias."""
+    return f"autocast FP16 copy of {module}.bias (cached, not saved)"
+
+
+def _cast_bias(p, c, module):
+    """A bias's FP16 cast (cached, read by ``addmm``, not saved: the cache holds it until the region exits)."""
+    if module in _biased(c):
+        p.new(bias_copy(module), (dict(_weights(c))[module][0],), H16, "autocast's cached FP16 cast of the bias: "
+              "addmm does not save it; the cache holds it until the autocast region exits")
+        p.op(f"autocast: {module}.bias to FP16 (cached)", alloc=[bias_copy(module)])
 
 
 def _linear(p, c, module, out, cast_input=True, saved_input=None):
@@ -109,10 +123,7 @@ def _linear(p, c, module, out, cast_input=True, saved_input=None):
     holds it until the region exits), its weight's FP16 copy (cached, saved), its input's FP16 copy
     ``saved_input`` where the input is FP32, the FP16 output ``out``. The casts run bias, weight, input (read off
     MemTracker's log)."""
-    if module == "qkv" and c.qkv_bias:
-        p.new(bias_copy(c), (qkv_width(c),), H16, "autocast's cached FP16 cast of the QKV bias: addmm does not save "
-              "it; the cache holds it until the autocast region exits")
-        p.op("autocast: qkv.bias to FP16 (cached)", alloc=[bias_copy(c)])
+    _cast_bias(p, c, module)
     p.op(f"autocast: {module}.weight to FP16 (cached)", alloc=[copy_name(module)])
     if cast_input:
         p.op(f"autocast: {module} input to FP16", alloc=[saved_input])
@@ -127,7 +138,7 @@ def cache_copy(module: str) -> str:
 def cached(c: Shape) -> list:
     """The names of a block's FP16 copies that autocast's cache alone holds until the region exits: the QKV
     bias's, and under full recomputation every weight's (the checkpoint saves nothing)."""
-    return ([bias_copy(c)] if c.qkv_bias else []) + ([cache_copy(m) for m, _ in _weights(c)]
+    return [bias_copy(m) for m in _biased(c)] + ([cache_copy(m) for m, _ in _weights(c)]
                                                     if c.recompute == "full" else [])
 
 
@@ -140,10 +151,7 @@ def _checkpointed_forward(p, c: Shape):
                        "nothing, the cache holds it until the autocast region exits") for m, shape in _weights(c)}
 
     def linear(module, out, cast=None):
-        if module == "qkv" and c.qkv_bias:
-            p.new(bias_copy(c), (qkv_width(c),), H16, "autocast's cached FP16 cast of the QKV bias, until the "
-                  "autocast region exits")
-            p.op("autocast: qkv.bias to FP16 (cached)", alloc=[bias_copy(c)])
+        _cast_bias(p, c, module)
         p.op(f"autocast: {module}.weight to FP16 (cached)", alloc=[copies[module]])
         if cast:
             p.op(f"autocast: {module} input to FP16", alloc=[cast])
@@ -162,6 +170,23 @@ def _checkpointed_forward(p, c: Shape):
     p.op("residual add (FP32 + FP16: FP32)", alloc=[xm])
     p.op("released", free=[po])
     n2 = norm_forward(p, c, "2", None, Save.DROPPED)
+    if c.gpt:
+        i2, u, h = new("MLP input", (B, S, d)), new("up-projection output", (B, S, F)), new("GeLU output", (B, S, F))
+        linear("up", u, i2)
+        p.op("released", free=[i2])
+        p.op("GeLU (FP16)", alloc=[h])
+        p.op("released", free=[u])
+    else:
+        h = _checkpointed_swiglu(p, linear, new)
+    dn = new("down-projection output", (B, S, d))
+    linear("down", dn)
+    p.op("released", free=[h])
+    p.op("residual add (FP32 + FP16: FP32)", alloc=[block_output(c)])
+    p.op("block returns", free=[dn, out, n2, xm, qkv])
+
+
+def _checkpointed_swiglu(p, linear, new):
+    """SwiGLU under the block's checkpoint; returns its product's name."""
     i2, gate, silu = new("MLP input (gate's FP16 copy)", (B, S, d)), new("gate output", (B, S, F)), \
         new("SiLU output", (B, S, F))
     linear("gate", gate, i2)
@@ -174,11 +199,7 @@ def _checkpointed_forward(p, c: Shape):
     p.op("released", free=[i3])
     p.op("SiLU(gate) * up (FP16)", alloc=[h])
     p.op("released", free=[silu, up])
-    dn = new("down-projection output", (B, S, d))
-    linear("down", dn)
-    p.op("released", free=[h])
-    p.op("residual add (FP32 + FP16: FP32)", alloc=[block_output(c)])
-    p.op("block returns", free=[dn, out, n2, xm, qkv])
+    return h
 
 
 def block_forward(p, c: Shape, recomputing=False):
@@ -205,10 +226,14 @@ def block_forward(p, c: Shape, recomputing=False):
     p.op("released", free=[po])
     n2 = p.new("norm 2 output (FP32)", (B, S, d), "fp32", "h, a local until the block returns")
     norm_forward(p, c, "2", n2)
-    _linear(p, c, "gate", ["gate output"], saved_input="MLP input (gate's FP16 copy)")
-    p.op("SiLU (FP16)", alloc=["SiLU output"])
-    _linear(p, c, "up", ["up-projection output"], saved_input="MLP input (up's FP16 copy)")
-    p.op("SiLU(gate) * up (FP16)", alloc=["down-projection input"])
+    if c.gpt:               # GeLU on the FP16 up projection (no autocast policy: its input's dtype)
+        _linear(p, c, "up", ["GeLU input"], saved_input="MLP input")
+        p.op("GeLU (FP16)", alloc=["down-projection input"])
+    else:
+        _linear(p, c, "gate", ["gate output"], saved_input="MLP input (gate's FP16 copy)")
+        p.op("SiLU (FP16)", alloc=["SiLU output"])
+        _linear(p, c, "up", ["up-projection output"], saved_input="MLP input (up's FP16 copy)")
+        p.op("SiLU(gate) * up (FP16)", alloc=["down-projection input"])
     dn = p.new("down-projection output (FP16)", (B, S, d), H16, "the MLP branch before the residual add")
     _linear(p, c, "down", [dn], cast_input=False)
     p.op("residual add (FP32 + FP16: FP32)", alloc=[block_output(c)])
@@ -251,6 +276,12 @@ def _linear_backward(p, c, module, g_out, shape, saved_input, frees=(), grad_in=
     if bias:
         b16 = p.new(f"FP16 gradient of {module}.bias", (shape[0],), H16, "addmm's bias gradient (a sum), before the "
                     "cast's backward")
+        if c.recompute == "full":   # the recomputed tensors go when unpacked, before the bias gradient (block.py)
+            p.op(f"{module} projection backward (addmm: input, weight gradients)", alloc=[gin, g16])
+            p.op("released (unpacked)", free=[copy_name(module), saved_input])
+            p.op(f"{module} bias gradient", alloc=[b16])
+            p.op("released", free=[g_out] + list(frees))
+            return gin
         p.op(f"{module} projection backward (addmm: input, weight, bias gradients)", alloc=[gin, g16, b16])
     else:
         p.op(f"{module} projection backward", alloc=[g16, gin])
@@ -272,16 +303,37 @@ def block_backward(p, c: Shape, share):
     p.op("MLP branch gradient to FP16", alloc=[g])
     if c.recompute == "full":       # the down projection's backward unpacks: the block re-runs first
         _recompute_forward(p, c)
+    biased = _biased(c)
+
+    def to_fp32(module):
+        """The weight's (then the bias's) FP16 gradient into its FP32 ``.grad``."""
+        _weight_grad_to_fp32(p, c, share, module)
+        if module in biased:
+            _weight_grad_to_fp32(p, c, share, module, "bias")
     gdi = p.new("gradient of the down-projection input", (B, S, F), H16, "dL/d(down input)")
-    _linear_backward(p, c, "down", g, shapes["down"], "down-projection input", grad_in=gdi)
-    _weight_grad_to_fp32(p, c, share, "down")
+    _linear_backward(p, c, "down", g, shapes["down"], "down-projection input", grad_in=gdi, bias="down" in biased)
+    to_fp32("down")
+    if c.gpt:
+        gu = p.new("gradient of the GeLU input", (B, S, F), H16, "GeLU backward's output")
+        p.op("GeLU backward", alloc=[gu])
+        p.op("released", free=[gdi, "GeLU input"])
+        gin = _linear_backward(p, c, "up", gu, shapes["up"], "MLP input", bias=True)
+        gh = _input_grad_to_fp32(p, "up", gin)
+        to_fp32("up")
+    else:
+        gh = _swiglu_backward(p, c, shapes, gdi, to_fp32)
+    _norm2_and_attention_backward(p, c, share, shapes, to_fp32, gh)
+
+
+def _swiglu_backward(p, c, shapes, gdi, to_fp32):
+    """SwiGLU's backward from the down projection's input gradient ``gdi``; returns the MLP input's FP32 gradient."""
     gs = p.new("gradient of the SiLU output", (B, S, F), H16, "g * up")
     gup = p.new("gradient of the up-projection output", (B, S, F), H16, "g * SiLU(gate)")
     p.op("SiLU(gate) * up backward", alloc=[gs, gup])
     p.op("released", free=[gdi, "up-projection output", "SiLU output"])
     gin = _linear_backward(p, c, "up", gup, shapes["up"], "MLP input (up's FP16 copy)")
     up32 = _input_grad_to_fp32(p, "up", gin)
-    _weight_grad_to_fp32(p, c, share, "up")
+    to_fp32("up")
     gg = p.new("gradient of the gate output", (B, S, F), H16, "SiLU backward's output")
     p.op("SiLU backward", alloc=[gg])
     p.op("released", free=[gs, "gate output"])
@@ -290,10 +342,15 @@ def block_backward(p, c: Shape, share):
     gh = p.new("gradient of the MLP input", (B, S, d), "fp32", "the two input gradients summed")
     p.op("MLP input gradients summed", alloc=[gh])
     p.op("released", free=[up32, gate32])
-    _weight_grad_to_fp32(p, c, share, "gate")
+    to_fp32("gate")
+    return gh
+
+
+def _norm2_and_attention_backward(p, c, share, shapes, to_fp32, gh):
+    """Norm 2, the attention branch and norm 1 backward (``gh``, the MLP input's FP32 gradient, live)."""
     composite = c.composite         # composite RMSNorm sums the skip's gradient in its own backward
     gn2 = p.new("gradient of norm 2's input", (B, S, d), "fp32", "norm 2 backward's output")
-    norm_backward(p, c, "2", gh, gn2, define_grads(p, ["norm2.weight"], c, share),
+    norm_backward(p, c, "2", gh, gn2, define_grads(p, ["norm2.weight", "norm2.bias"], c, share),
                   residual="dX_out" if composite else None)
     if not composite:
         gxm = p.new("gradient of the attention residual sum", (B, S, d), "fp32", "skip and norm gradients summed")
@@ -303,8 +360,9 @@ def block_backward(p, c: Shape, share):
     ga = p.new("attention branch gradient (FP16)", (B, S, d), H16, "cast to the branch's dtype")
     p.op("attention branch gradient to FP16", alloc=[ga])
     selective = c.recompute == "selective"
-    gpi = _linear_backward(p, c, "proj", ga, shapes["proj"], "output projection input" if selective else None)
-    _weight_grad_to_fp32(p, c, share, "proj")
+    gpi = _linear_backward(p, c, "proj", ga, shapes["proj"], "output projection input" if selective else None,
+                           bias=c.gpt)
+    to_fp32("proj")
     again = []
     if selective:           # the checkpointed kernel re-run under the saved autocast state: FP16 output
         again = [p.new("flash output (recomputed)", widths_of(c)[0], H16, "the re-run kernel's output"),
@@ -330,16 +388,14 @@ def block_backward(p, c: Shape, share):
         p.op("released", free=[gq, gk, gv])
         p.op("permuted back", alloc=[gqkv])
         p.op("released", free=[stack])
-    gin = _linear_backward(p, c, "qkv", gqkv, shapes["qkv"], "Q/K/V projection input", bias=c.qkv_bias)
+    gin = _linear_backward(p, c, "qkv", gqkv, shapes["qkv"], "Q/K/V projection input", bias=bool(c.gpt or c.qkv_bias))
     n1 = _input_grad_to_fp32(p, "qkv", gin)
-    _weight_grad_to_fp32(p, c, share, "qkv")
-    if c.qkv_bias:
-        _weight_grad_to_fp32(p, c, share, "qkv", "bias")
+    to_fp32("qkv")
     if composite:
-        norm_backward(p, c, "1", n1, INPUT_GRADIENT, define_grads(p, ["norm1.weight"], c, share), residual=gn2)
+        norm_backward(p, c, "1", n1, INPUT_GRADIENT, define_grads(p, ["norm1.weight", "norm1.bias"], c, share), residual=gn2)
         return
     gx1 = p.new("gradient of norm 1's input", (B, S, d), "fp32", "norm 1 backward's output")
-    norm_backward(p, c, "1", n1, gx1, define_grads(p, ["norm1.weight"], c, share))
+    norm_backward(p, c, "1", n1, gx1, define_grads(p, ["norm1.weight", "norm1.bias"], c, share))
     p.op("residual gradients summed", alloc=[INPUT_GRADIENT])
     p.op("released", free=[gx1, gn2])
 
@@ -391,7 +447,7 @@ def backward_start(p, c: Shape):
                                  "in autograd's buffer for the embedding's contribution")
     p.op("head.weight gradient to FP32", alloc=[grad])
     p.op("released", free=["FP16 gradient of head.weight"])
-    norm_backward(p, c, "final", g32, Ref(Scope.LAST, "dX_out"), ["grad final norm.weight"])
+    norm_backward(p, c, "final", g32, Ref(Scope.LAST, "dX_out"), [f"grad {n}" for n, _ in final_norm_params(c)])
 
 
 def backward_end(ops: list) -> list:

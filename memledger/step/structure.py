@@ -193,9 +193,12 @@ def check_amp(ledger, conv, kernel) -> bool:
     with it."""
     if ledger.recipe not in AMP_RECIPES:
         return False
+    f = ledger.arch.features
     lacks = [what for what, off in [
-        ("GPT blocks", ledger.arch.style != "llama"),
-        (f"the {kernel} attention kernel", kernel != "flash"),
+        (f"{ledger.arch.style} blocks", ledger.arch.style not in ("llama", "gpt")),
+        ("parallel attention and MLP", getattr(f, "parallel", False)), ("ALiBi", getattr(f, "alibi", False)),
+        ("an embedding norm", getattr(f, "input_norm", False)),
+        (f"the {kernel} attention kernel", kernel != "flash"), ("dropout", ledger.arch.style == "gpt" and ledger.dropout),
         ("tensor parallelism", ledger.tp > 1),
         ("ZeRO", ledger.zero_stage > 0), ("offloading", ledger.offload_optimizer != "none"),
         ("activation offloading", getattr(ledger, "offload_activations", False)),
@@ -205,7 +208,8 @@ def check_amp(ledger, conv, kernel) -> bool:
         (f"framework {ledger.framework}", ledger.framework != "plain")] if off]
     if lacks:
         raise ValueError(f"recipe {ledger.recipe}: the step models FP16 autocast for the reference decoder's LLaMA "
-                         f"block with a flash SDPA kernel (--backend cpu or cuda); not for {', '.join(lacks)}")
+                         f"and GPT blocks with a flash SDPA kernel (--backend cpu or cuda; GPT: --flash-attention, no "
+                         f"dropout); not for {', '.join(lacks)}")
     return True
 
 

@@ -44,6 +44,14 @@ def test_llama_refinements_are_memtrackers(refinement):
     amp_against_memtracker(1, 16, **refinement)
 
 
+@pytest.mark.parametrize("recompute", ["none", "selective", "full"])
+def test_gpt_blocks_are_memtrackers(recompute):
+    """GPT blocks (LayerNorm in FP32 on the FP32 residual stream, biased FP16 linears whose bias copies only the
+    cache holds, GeLU in FP16, the tied head) with SDPA's flash kernel: landmarks, phase and block peaks (op by op
+    without full recomputation) are MemTracker's (the article's GPT 7B in tests/step/test_amp_slow.py)."""
+    amp_against_memtracker(1, 16, L_=3, F_=256, style="gpt", recompute=recompute)
+
+
 def test_full_recomputation_keeps_only_the_heads_copy_after_forward():
     """Under full recomputation no block saves a weight copy: the ledger's row is the LM head's, as the step's rows
     live after forward are (equal to MemTracker's, amp_against_memtracker)."""
@@ -68,7 +76,8 @@ def test_bias_copies_die_with_the_cache():
 @pytest.mark.parametrize("changes,backend,words", [
     ({}, "article", "not for the eager attention kernel"),
     ({"tp": 2}, "cpu", "not for tensor parallelism"),
-    ({"arch": GPT7B}, "cpu", "GPT blocks"),
+    ({"arch": GPT7B}, "cpu", "not for the eager attention kernel, dropout"),
+    ({"arch": GPT7B, "flash_attention": True, "dropout": False, "loss_chunks": 4}, "cpu", "not for a chunked loss"),
     ({"zero_stage": 1, "dp": 2}, "cpu", "ZeRO"),
 ])
 def test_refused_in_one_line(changes, backend, words):
