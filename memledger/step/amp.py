@@ -1,6 +1,7 @@
 """FP16 automatic mixed precision in the step: ``torch.autocast(dtype=torch.float16)`` on FP32 weights and
 ``torch.amp.GradScaler`` (recipe ``fp16-amp-adamw``; the reference loop of
-:class:`memledger.pytorch.reference.Trainer` with ``amp``), op by op for the reference decoder's LLaMA block.
+:class:`memledger.pytorch.reference.Trainer` with ``amp``), op by op for the reference decoder's LLaMA and GPT
+blocks.
 
 What autocast changes (PyTorch 2.13; ``aten/src/ATen/autocast_mode.cpp`` at 008ec6b1):
 
@@ -35,10 +36,15 @@ What autocast changes (PyTorch 2.13; ``aten/src/ATen/autocast_mode.cpp`` at 008e
   dropped in forward; in backward it is re-run under the autocast state the checkpoint saved
   (``torch/utils/checkpoint.py`` ``_get_autocast_kwargs``, ``recompute_fn``): FP16 output, FP32 statistics. No
   weight is read inside, so the weight cache is untouched.
+* **Full recomputation.** The checkpoint saves nothing, but autocast's cache still holds every block's FP16
+  weight copies until the region exits (after the loss); in backward each block re-runs in an autocast region of
+  its own (``recompute_fn``), re-casting its weights, and stops once the down projection's weight copy is packed.
+* **GPT blocks.** LayerNorm runs in FP32 on the FP32 residual stream (no autocast cast: its input is FP32), every
+  linear has a bias (cached, not saved), GeLU runs in FP16 on the up projection's output.
 
-Modelled (:func:`memledger.step.structure.check_amp`): the LLaMA block with a flash kernel, composite or fused
-RMSNorm, grouped-query attention, QKV biases, a tied head, any head size, no dropout, no or selective
-recomputation, one rank, AdamW (for-loop, foreach or fused).
+Modelled (:func:`memledger.step.structure.check_amp`): LLaMA blocks (composite or fused RMSNorm, grouped-query
+attention, QKV biases, a tied head, any head size) and GPT blocks without dropout, with a flash kernel, no,
+selective or full recomputation, one rank, AdamW (for-loop, foreach or fused).
 Checked by tests/step/test_amp.py against MemTracker.
 """
 from dataclasses import replace

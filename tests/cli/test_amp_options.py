@@ -42,3 +42,17 @@ def test_step_runs_amp_with_gqa_and_selective_recomputation(capsys):
         assert json.loads(out)["peak"]["gpu"] == ledger.step("cpu").peak.bytes
     code, out, err = run(capsys, *args, "--loss-chunks", "8")
     assert code == 2 and out == "" and "chunked loss" in err and err.count("\n") == 1
+
+
+def test_step_runs_amp_for_gpt_blocks_with_flash_attention(capsys):
+    """The article's GPT 7B under autocast: with --flash-attention --no-dropout the CLI prints the Python step's
+    peak; the eager kernel with dropout is refused in one line naming both."""
+    args = ("step", "--preset", "article-7b", "--seq", "4096", "--overhead", "0", "--recipe", "fp16-amp-adamw",
+            "--backend", "cpu", "--recompute", "full")
+    code, out, err = run(capsys, *args, "--flash-attention", "--no-dropout", "--json")
+    assert code == 0 and err == ""
+    ledger = Ledger("article-7b", seq_len=4096, overhead_bytes=0, recipe="fp16-amp-adamw", recompute="full",
+                    flash_attention=True, dropout=False)
+    assert json.loads(out)["peak"]["gpu"] == ledger.step("cpu").peak.bytes
+    code, out, err = run(capsys, *args)
+    assert code == 2 and out == "" and "eager attention kernel, dropout" in err and err.count("\n") == 1
