@@ -21,7 +21,7 @@ def amp_against_memtracker(B_, S_, L_=2, d=64, H=4, F_=160, V_=1000, rmsnorm="co
     measured = memtracker_step(c, "fp16-amp-adamw", B_, S_, blocks=True, trace=trace, foreach=foreach, fused=fused)
     conv = {"rmsnorm": "fused"} if rmsnorm == "fused" else {}
     step = Step(Ledger(architecture_of(c), batch_size=B_, seq_len=S_, recipe="fp16-amp-adamw", overhead_bytes=0,
-                       recompute=c.recompute, dropout=False, flash_attention=bool(gpt)),
+                       recompute=c.recompute, dropout=False, flash_attention=bool(gpt), loss_chunks=c.loss_chunks),
                 "cpu", foreach=foreach, fused=fused, **conv)
     landmarks_agree(step, measured)
     # op by op only without full recomputation: a recomputed tensor is freed when unpacked, a few ops before the

@@ -44,7 +44,10 @@ What autocast changes (PyTorch 2.13; ``aten/src/ATen/autocast_mode.cpp`` at 008e
 
 Modelled (:func:`memledger.step.structure.check_amp`): LLaMA blocks (composite or fused RMSNorm, grouped-query
 attention, QKV biases, a tied head, any head size) and GPT blocks without dropout, with a flash kernel, no,
-selective or full recomputation, one rank, AdamW (for-loop, foreach or fused).
+selective or full recomputation, torchtune's chunked loss (:mod:`memledger.step.amploss`), one rank, AdamW
+(for-loop, foreach or fused). Refused: ZeRO, tensor parallelism, offloading and frameworks (no MemTracker run of
+them here), the optimizer in backward (GradScaler unscales every gradient before the step), activation
+offloading, packed documents and LitGPT's loss (not read off MemTracker under autocast).
 Checked by tests/step/test_amp.py against MemTracker.
 """
 from dataclasses import replace

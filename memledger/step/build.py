@@ -19,7 +19,7 @@ from ..core.exact import evaluate_expr, exact_function, integer_function, is_int
 from ..core.symbols import L, N_d, O, P, t
 from ..states.placement import ZERO_SHARDS, device_of, state_specs
 from ..states.recipes import ALL_RECIPES as RECIPES
-from . import amp, bnb, ddp, fsdp2, loss, offload, optim, outer, packing, tensor
+from . import amp, amploss, bnb, ddp, fsdp2, loss, offload, optim, outer, packing, tensor
 from .block import block_backward, block_forward
 from .ops import BSd, Placement, Program, Tensor, block_params, residual_names
 from .outer import Param
@@ -84,11 +84,14 @@ class Built:
         outside = {}
         chunked = c.loss_chunks > 1 or c.loss_impl == "litgpt"      # memledger.step.loss
         if chunked:
-            outside_rows = [r for r in outside_rows if r.name not in loss.replaced_rows(c)]
+            replaced = amploss.replaced_rows(c) if c.amp else loss.replaced_rows(c)
+            outside_rows = [r for r in outside_rows if r.name not in replaced]
         for part, fn in [(Part.FORWARD_START, outer.forward_start),
-                         (Part.FORWARD_END, loss.chunked_forward_end if chunked else (
+                         (Part.FORWARD_END, (amploss.chunked_forward_end if c.amp else loss.chunked_forward_end)
+                          if chunked else (
                              amp.forward_end if c.amp else outer.forward_end)),
-                         (Part.BACKWARD_START, loss.chunked_backward_start if chunked else (
+                         (Part.BACKWARD_START, (amploss.chunked_backward_start if c.amp else
+                                                loss.chunked_backward_start) if chunked else (
                              amp.backward_start if c.amp else outer.backward_start)),
                          (Part.BACKWARD_END, outer.backward_end)]:
             q = p.fork()
@@ -377,7 +380,7 @@ class Built:
         for r in self.outside_rows:
             if r.name not in IDS:
                 row(r.name, Kind.ACTIVATION, Lifetime.SAVED, Device.GPU, self.tensors[r.name].expr, {"after forward"})
-        for name in loss.saved_names(self.shape):          # what the chunked loss keeps for backward
+        for name in (amploss if self.shape.amp else loss).saved_names(self.shape):     # the chunked loss's
             x = self.tensors[name]
             row(name, Kind.ACTIVATION, Lifetime.SAVED, x.device, x.expr, {"after forward"})
         seen = set()

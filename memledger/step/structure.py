@@ -202,7 +202,7 @@ def check_amp(ledger, conv, kernel) -> bool:
         ("tensor parallelism", ledger.tp > 1),
         ("ZeRO", ledger.zero_stage > 0), ("offloading", ledger.offload_optimizer != "none"),
         ("activation offloading", getattr(ledger, "offload_activations", False)),
-        ("a chunked loss", ledger.loss_chunks > 1 or ledger.loss_impl != "torchtune"),
+        ("LitGPT's loss", ledger.loss_impl != "torchtune"),
         ("packed documents", getattr(ledger, "packed", 0)), ("the optimizer in backward",
                                                              getattr(ledger, "optimizer_in_backward", False)),
         (f"framework {ledger.framework}", ledger.framework != "plain")] if off]

@@ -32,7 +32,7 @@ def test_ledger_books_the_weight_copies(capsys):
 
 def test_step_runs_amp_with_gqa_and_selective_recomputation(capsys):
     """Llama 3 8B (grouped-query attention) under autocast with selective and full recomputation: the CLI prints
-    the Python step's peak; a chunked loss stays refused in one line."""
+    the Python step's peak, also with a chunked loss; LitGPT's loss stays refused in one line."""
     args = ("step", "--preset", "llama3-8b", "--seq", "4096", "--overhead", "0", "--recipe", "fp16-amp-adamw",
             "--backend", "cpu")
     for recompute in ("selective", "full"):
@@ -40,8 +40,12 @@ def test_step_runs_amp_with_gqa_and_selective_recomputation(capsys):
         assert code == 0 and err == ""
         ledger = Ledger("llama3-8b", seq_len=4096, overhead_bytes=0, recipe="fp16-amp-adamw", recompute=recompute)
         assert json.loads(out)["peak"]["gpu"] == ledger.step("cpu").peak.bytes
-    code, out, err = run(capsys, *args, "--loss-chunks", "8")
-    assert code == 2 and out == "" and "chunked loss" in err and err.count("\n") == 1
+    code, out, err = run(capsys, *args, "--loss-chunks", "8", "--json")
+    assert code == 0 and err == ""
+    ledger = Ledger("llama3-8b", seq_len=4096, overhead_bytes=0, recipe="fp16-amp-adamw", loss_chunks=8)
+    assert json.loads(out)["peak"]["gpu"] == ledger.step("cpu").peak.bytes
+    code, out, err = run(capsys, *args, "--loss-chunks", "8", "--loss-impl", "litgpt")
+    assert code == 2 and out == "" and "LitGPT's loss" in err and err.count("\n") == 1
 
 
 def test_step_runs_amp_for_gpt_blocks_with_flash_attention(capsys):

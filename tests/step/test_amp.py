@@ -33,12 +33,15 @@ def test_weight_copies_are_the_linears_weights_in_fp16():
 
 @pytest.mark.parametrize("refinement", [{"n_kv_heads": 2}, {"n_kv_heads": 1}, {"qkv_bias": True}, {"tied": True},
                                         {"head_dim": 32}, {"recompute": "selective"}, {"recompute": "full"},
-                                        {"recompute": "full", "qkv_bias": True, "n_kv_heads": 2, "L_": 5}])
+                                        {"recompute": "full", "qkv_bias": True, "n_kv_heads": 2, "L_": 5},
+                                        {"loss_chunks": 3}, {"loss_chunks": 4, "tied": True, "recompute": "full"}])
 def test_llama_refinements_are_memtrackers(refinement):
     """Grouped-query (and multi-query) attention, a biased QKV projection (Qwen2), a tied head (Gemma) and a head
     size other than d/H under autocast; the flash kernel under selective recomputation's checkpoint (re-run in FP16
     under the autocast state the checkpoint saved); full recomputation (the forward's weight copies held by the
-    cache alone until the region exits, each block re-run in a region of its own in backward). Landmarks, phase
+    cache alone until the region exits, each block re-run in a region of its own in backward); torchtune's chunked
+    loss (the head's weight cast once, each chunk's input cast and saved, FP16 weight gradients summed before one
+    conversion: memledger/step/amploss.py). Landmarks, phase
     peaks, block peaks (and, without full recomputation, the totals op by op) are MemTracker's (LLaMA-2 7B's shape
     in tests/step/test_amp_slow.py)."""
     amp_against_memtracker(1, 16, **refinement)
@@ -50,6 +53,11 @@ def test_gpt_blocks_are_memtrackers(recompute):
     cache holds, GeLU in FP16, the tied head) with SDPA's flash kernel: landmarks, phase and block peaks (op by op
     without full recomputation) are MemTracker's (the article's GPT 7B in tests/step/test_amp_slow.py)."""
     amp_against_memtracker(1, 16, L_=3, F_=256, style="gpt", recompute=recompute)
+
+
+def test_chunked_loss_with_gpt_blocks_and_b2_is_memtrackers():
+    """B = 2 (strided chunks), S not a multiple of the chunks, GPT blocks: MemTracker's to the byte."""
+    amp_against_memtracker(2, 20, L_=2, F_=256, style="gpt", loss_chunks=3)
 
 
 def test_full_recomputation_keeps_only_the_heads_copy_after_forward():
@@ -77,7 +85,8 @@ def test_bias_copies_die_with_the_cache():
     ({}, "article", "not for the eager attention kernel"),
     ({"tp": 2}, "cpu", "not for tensor parallelism"),
     ({"arch": GPT7B}, "cpu", "not for the eager attention kernel, dropout"),
-    ({"arch": GPT7B, "flash_attention": True, "dropout": False, "loss_chunks": 4}, "cpu", "not for a chunked loss"),
+    ({"arch": GPT7B, "flash_attention": True, "dropout": False, "loss_chunks": 4, "loss_impl": "litgpt"}, "cpu",
+     "not for LitGPT's loss"),
     ({"zero_stage": 1, "dp": 2}, "cpu", "ZeRO"),
 ])
 def test_refused_in_one_line(changes, backend, words):
