@@ -31,6 +31,7 @@ def test_weight_copies_are_the_linears_weights_in_fp16():
     assert {r.name: r.bytes for r in ledger.rows}["autocast FP16 weight copies (saved by autograd)"] == linear
 
 
+@pytest.mark.sample(4)
 @pytest.mark.parametrize("refinement", [{"n_kv_heads": 2}, {"n_kv_heads": 1}, {"qkv_bias": True}, {"tied": True},
                                         {"head_dim": 32}, {"recompute": "selective"}, {"recompute": "full"},
                                         {"recompute": "full", "qkv_bias": True, "n_kv_heads": 2, "L_": 5},
@@ -47,6 +48,7 @@ def test_llama_refinements_are_memtrackers(refinement):
     amp_against_memtracker(1, 16, **refinement)
 
 
+@pytest.mark.sample(1)
 @pytest.mark.parametrize("recompute", ["none", "selective", "full"])
 def test_gpt_blocks_are_memtrackers(recompute):
     """GPT blocks (LayerNorm in FP32 on the FP32 residual stream, biased FP16 linears whose bias copies only the
@@ -55,11 +57,13 @@ def test_gpt_blocks_are_memtrackers(recompute):
     amp_against_memtracker(1, 16, L_=3, F_=256, style="gpt", recompute=recompute)
 
 
+@pytest.mark.slow
 def test_chunked_loss_with_gpt_blocks_and_b2_is_memtrackers():
     """B = 2 (strided chunks), S not a multiple of the chunks, GPT blocks: MemTracker's to the byte."""
     amp_against_memtracker(2, 20, L_=2, F_=256, style="gpt", loss_chunks=3)
 
 
+@pytest.mark.slow
 def test_full_recomputation_keeps_only_the_heads_copy_after_forward():
     """Under full recomputation no block saves a weight copy: the ledger's row is the LM head's, as the step's rows
     live after forward are (equal to MemTracker's, amp_against_memtracker)."""
@@ -71,6 +75,7 @@ def test_full_recomputation_keeps_only_the_heads_copy_after_forward():
         2 * 1000 * 64
 
 
+@pytest.mark.slow
 def test_bias_copies_die_with_the_cache():
     """The QKV bias's FP16 copy is cached but not saved (``addmm`` keeps its matrices only): MemTracker sees it go
     when the autocast region exits, so the ledger's row of copies alive after forward holds the weights' only, as the
