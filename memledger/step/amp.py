@@ -1,6 +1,7 @@
 """FP16 automatic mixed precision in the step: ``torch.autocast(dtype=torch.float16)`` on FP32 weights and
 ``torch.amp.GradScaler`` (recipe ``fp16-amp-adamw``; the reference loop of
-:class:`memledger.pytorch.reference.Trainer` with ``amp``), op by op for the reference decoder's LLaMA block.
+:class:`memledger.pytorch.reference.Trainer` with ``amp``), op by op for the reference decoder's LLaMA and GPT
+blocks.
 
 What autocast changes (PyTorch 2.13; ``aten/src/ATen/autocast_mode.cpp`` at 008ec6b1):
 
@@ -28,32 +29,60 @@ What autocast changes (PyTorch 2.13; ``aten/src/ATen/autocast_mode.cpp`` at 008e
   (``_MultiDeviceReplicator.get``: ``.to(copy=True)``), unscales the gradients in place
   (``_amp_foreach_non_finite_check_and_unscale_``) and keeps the replicated ``found_inf`` until ``update()``.
 
-Modelled (:func:`memledger.step.structure.check_amp`): the LLaMA block with a flash kernel, composite or fused
-RMSNorm, no dropout, no recomputation, one rank, AdamW (for-loop, foreach or fused).
+* **Biases.** A bias's FP16 copy is cached too, but ``addmm`` does not save it: the cache alone holds it, until the
+  region exits (after the loss). Its FP16 gradient (``addmm``'s backward: input, weight, bias gradients in that
+  order) is converted to FP32 after the weight's.
+* **Selective recomputation.** The flash kernel under ``checkpoint(use_reentrant=False)``: its log-sum-exp is
+  dropped in forward; in backward it is re-run under the autocast state the checkpoint saved
+  (``torch/utils/checkpoint.py`` ``_get_autocast_kwargs``, ``recompute_fn``): FP16 output, FP32 statistics. No
+  weight is read inside, so the weight cache is untouched.
+* **Full recomputation.** The checkpoint saves nothing, but autocast's cache still holds every block's FP16
+  weight copies until the region exits (after the loss); in backward each block re-runs in an autocast region of
+  its own (``recompute_fn``), re-casting its weights, and stops once the down projection's weight copy is packed.
+* **GPT blocks.** LayerNorm runs in FP32 on the FP32 residual stream (no autocast cast: its input is FP32), every
+  linear has a bias (cached, not saved), GeLU runs in FP16 on the up projection's output.
+
+Modelled (:func:`memledger.step.structure.check_amp`): LLaMA blocks (composite or fused RMSNorm, grouped-query
+attention, QKV biases, a tied head, any head size) and GPT blocks without dropout, with a flash kernel, no,
+selective or full recomputation, torchtune's chunked loss (:mod:`memledger.step.amploss`), one rank, AdamW
+(for-loop, foreach or fused). Refused: ZeRO, tensor parallelism, offloading and frameworks (no MemTracker run of
+them here), the optimizer in backward (GradScaler unscales every gradient before the step), activation
+offloading, packed documents and LitGPT's loss (not read off MemTracker under autocast).
 Checked by tests/step/test_amp.py against MemTracker.
 """
 from dataclasses import replace
 
-from ..core.symbols import B, F, S, V, d
+from ..core.symbols import B, F, H, S, V, d
 from .norms import norm_backward, norm_forward
-from .outer import cross_entropy
-from .ops import INPUT_GRADIENT, Ref, block_output, define_grads, qkv_width, residual_names, widths_of
+from .outer import cross_entropy, final_norm_params
+from .ops import INPUT_GRADIENT, Ref, Tensor, block_output, define_grads, qkv_width, residual_names, widths_of
 from .structure import Shape
-from .vocab import Scope
+from .vocab import Kind, Lifetime, Phase, Save, Scope
 
-__all__ = ["backward_end", "backward_start", "block_backward", "block_forward", "copy_name", "forward_end",
-           "layer_rows", "optimizer_end", "optimizer_start", "outside_rows", "scaler_state"]
+__all__ = ["CACHE_LUMP", "EXIT", "backward_end", "backward_start", "bias_copy", "block_backward", "block_forward",
+           "cache_copy", "cached", "copy_name", "forward_end", "layer_rows", "optimizer_end", "optimizer_start",
+           "outside_rows", "release_cached", "scaler_state"]
 
 H16 = "fp16"
+#: The op at which the autocast region exits (``torch.autocast.__exit__`` clears the cache).
+EXIT = "autocast exits: its cache cleared (the FP16 copies nothing saved)"
+#: The lumped middle blocks' cached copies, one tensor.
+CACHE_LUMP = "autocast's cached FP16 copies, blocks 2..L-3"
 #: The saved rows that autocast makes FP16 (the linears' input copies and outputs, SDPA's tensors).
-_FP16 = ("Q/K/V projection input", "Q", "K", "V", "output projection input", "gate output", "SiLU output",
+_FP16 = ("Q/K/V projection input", "Q", "K", "V", "output projection input", "gate output", "SiLU output", "GeLU input",
          "up-projection output", "down-projection input")
 
 
 def _weights(c: Shape) -> list:
     """(module, shape) of a block's linears in the order forward casts their weights."""
     q = widths_of(c)[0][2]
-    return [("qkv", (qkv_width(c), d)), ("proj", (d, q)), ("gate", (F, d)), ("up", (F, d)), ("down", (d, F))]
+    mlp = [("up", (F, d))] if c.gpt else [("gate", (F, d)), ("up", (F, d))]
+    return [("qkv", (qkv_width(c), d)), ("proj", (d, q))] + mlp + [("down", (d, F))]
+
+
+def _biased(c: Shape) -> list:
+    """The block's linears with a bias: every one in a GPT block, the QKV projection where a LLaMA block has one."""
+    return [m for m, _ in _weights(c)] if c.gpt else (["qkv"] if c.qkv_bias else [])
 
 
 def copy_name(module: str) -> str:
@@ -67,11 +96,11 @@ def layer_rows(rows: list, c: Shape) -> list:
     from ..activations.inventory import Saved
     out = []
     for r in rows:
-        if r.name == "MLP input":
+        if r.name == "MLP input" and not c.gpt:
             out += [replace(r, name="MLP input (gate's FP16 copy)", dtype=H16),
                     replace(r, name="MLP input (up's FP16 copy)", dtype=H16)]
         else:
-            out.append(replace(r, dtype=H16) if r.name in _FP16 else r)
+            out.append(replace(r, dtype=H16) if r.name in _FP16 or r.name == "MLP input" else r)   # GPT: up's copy
     return out + [Saved(copy_name(m), "autocast's cached FP16 cast of the FP32 weight (autocast_mode.cpp cached_cast), "
                                       "saved by the matmul for its input gradient", shape, H16, block="mlp")
                   for m, shape in _weights(c)]
@@ -85,55 +114,186 @@ def outside_rows(rows: list) -> list:
                         (V, d), H16, block="outside")]
 
 
+def bias_copy(module: str) -> str:
+    """The name of a block's cached FP16 copy of ``module``'s bias."""
+    return f"autocast FP16 copy of {module}.bias (cached, not saved)"
+
+
+def _cast_bias(p, c, module):
+    """A bias's FP16 cast (cached, read by ``addmm``, not saved: the cache holds it until the region exits)."""
+    if module in _biased(c):
+        p.new(bias_copy(module), (dict(_weights(c))[module][0],), H16, "autocast's cached FP16 cast of the bias: "
+              "addmm does not save it; the cache holds it until the autocast region exits")
+        p.op(f"autocast: {module}.bias to FP16 (cached)", alloc=[bias_copy(module)])
+
+
 def _linear(p, c, module, out, cast_input=True, saved_input=None):
-    """An autocast linear: its weight's FP16 copy (cached, saved), its input's FP16 copy ``saved_input`` where
-    the input is FP32, the FP16 output ``out``."""
+    """An autocast linear: its bias's FP16 copy (the QKV bias: cached, read by ``addmm``, not saved; the cache
+    holds it until the region exits), its weight's FP16 copy (cached, saved), its input's FP16 copy
+    ``saved_input`` where the input is FP32, the FP16 output ``out``. The casts run bias, weight, input (read off
+    MemTracker's log)."""
+    _cast_bias(p, c, module)
     p.op(f"autocast: {module}.weight to FP16 (cached)", alloc=[copy_name(module)])
     if cast_input:
         p.op(f"autocast: {module} input to FP16", alloc=[saved_input])
     p.op(f"{module} projection (FP16)", alloc=out)
 
 
-def block_forward(p, c: Shape):
-    """One LLaMA block's forward under autocast. Its FP32 input (norm 1's saved input) is live."""
+def cache_copy(module: str) -> str:
+    """A weight's FP16 copy in a checkpointed block's forward: held by autocast's cache alone."""
+    return f"autocast FP16 copy of {module}.weight (cached, not saved)"
+
+
+def cached(c: Shape) -> list:
+    """The names of a block's FP16 copies that autocast's cache alone holds until the region exits: the QKV
+    bias's, and under full recomputation every weight's (the checkpoint saves nothing)."""
+    return [bias_copy(m) for m in _biased(c)] + ([cache_copy(m) for m, _ in _weights(c)]
+                                                    if c.recompute == "full" else [])
+
+
+def _checkpointed_forward(p, c: Shape):
+    """One block's forward under full recomputation (``checkpoint(block, use_reentrant=False)``): nothing is
+    saved, each tensor dies with its last reference, but the cached FP16 weight copies stay in the cache until
+    the autocast region exits (:func:`release_cached`). Read off MemTracker's log."""
+    n1 = norm_forward(p, c, "1", None, Save.DROPPED)
+    copies = {m: p.new(cache_copy(m), shape, H16, "autocast's cached FP16 cast of the weight: the checkpoint saves "
+                       "nothing, the cache holds it until the autocast region exits") for m, shape in _weights(c)}
+
+    def linear(module, out, cast=None):
+        _cast_bias(p, c, module)
+        p.op(f"autocast: {module}.weight to FP16 (cached)", alloc=[copies[module]])
+        if cast:
+            p.op(f"autocast: {module} input to FP16", alloc=[cast])
+        p.op(f"{module} projection (FP16)", alloc=[out])
+
+    def new(name, shape, dtype=H16, why="not kept: the checkpoint recomputes it"):
+        return p.new(name + " (checkpointed)", shape, dtype, why)
+    i1, qkv = new("Q/K/V projection input", (B, S, d)), new("QKV projection output", (B, S, qkv_width(c)))
+    linear("qkv", qkv, i1)
+    p.op("released", free=[n1, i1])
+    out, lse = new("attention output", widths_of(c)[0]), new("log-sum-exp", (B, H, S), "fp32")
+    p.op("flash attention (FP16)", alloc=[out, lse])
+    p.op("released", free=[lse])
+    po, xm = new("output projection output", (B, S, d)), new("attention residual sum", (B, S, d), "fp32")
+    linear("proj", po)
+    p.op("residual add (FP32 + FP16: FP32)", alloc=[xm])
+    p.op("released", free=[po])
+    n2 = norm_forward(p, c, "2", None, Save.DROPPED)
+    if c.gpt:
+        i2, u, h = new("MLP input", (B, S, d)), new("up-projection output", (B, S, F)), new("GeLU output", (B, S, F))
+        linear("up", u, i2)
+        p.op("released", free=[i2])
+        p.op("GeLU (FP16)", alloc=[h])
+        p.op("released", free=[u])
+    else:
+        h = _checkpointed_swiglu(p, linear, new)
+    dn = new("down-projection output", (B, S, d))
+    linear("down", dn)
+    p.op("released", free=[h])
+    p.op("residual add (FP32 + FP16: FP32)", alloc=[block_output(c)])
+    p.op("block returns", free=[dn, out, n2, xm, qkv])
+
+
+def _checkpointed_swiglu(p, linear, new):
+    """SwiGLU under the block's checkpoint; returns its product's name."""
+    i2, gate, silu = new("MLP input (gate's FP16 copy)", (B, S, d)), new("gate output", (B, S, F)), \
+        new("SiLU output", (B, S, F))
+    linear("gate", gate, i2)
+    p.op("released", free=[i2])
+    p.op("SiLU (FP16)", alloc=[silu])
+    p.op("released", free=[gate])
+    i3, up, h = new("MLP input (up's FP16 copy)", (B, S, d)), new("up-projection output", (B, S, F)), \
+        new("SiLU(gate) * up", (B, S, F))
+    linear("up", up, i3)
+    p.op("released", free=[i3])
+    p.op("SiLU(gate) * up (FP16)", alloc=[h])
+    p.op("released", free=[silu, up])
+    return h
+
+
+def block_forward(p, c: Shape, recomputing=False):
+    """One LLaMA block's forward under autocast (``recomputing``: full recomputation's re-run, saving). Its FP32
+    input (norm 1's saved input) is live."""
+    if c.recompute == "full" and not recomputing:
+        _checkpointed_forward(p, c)
+        return
     x, xm = residual_names(c)
     n1 = p.new("norm 1 output (FP32)", (B, S, d), "fp32", "the norm's output, until the QKV projection has cast it")
     norm_forward(p, c, "1", n1)
     _linear(p, c, "qkv", ["Q", "K", "V"], saved_input="Q/K/V projection input")
     p.op("released", free=[n1])
-    p.op("flash attention (FP16)", alloc=["output projection input", "softmax log-sum-exp"])
+    if c.recompute == "selective":       # the kernel under the checkpoint: its log-sum-exp is not kept
+        lse = p.new("log-sum-exp (dropped)", (B, H, S), "fp32", "not kept: the checkpointed call recomputes it")
+        p.op("flash attention (FP16, checkpointed; its output is the output projection's saved input)",
+             alloc=["output projection input", lse])
+        p.op("log-sum-exp dropped", free=[lse])
+    else:
+        p.op("flash attention (FP16)", alloc=["output projection input", "softmax log-sum-exp"])
     po = p.new("output projection output (FP16)", (B, S, d), H16, "the attention branch before the residual add")
     _linear(p, c, "proj", [po], cast_input=False)
     p.op("residual add (FP32 + FP16: FP32)", alloc=[xm])
     p.op("released", free=[po])
     n2 = p.new("norm 2 output (FP32)", (B, S, d), "fp32", "h, a local until the block returns")
     norm_forward(p, c, "2", n2)
-    _linear(p, c, "gate", ["gate output"], saved_input="MLP input (gate's FP16 copy)")
-    p.op("SiLU (FP16)", alloc=["SiLU output"])
-    _linear(p, c, "up", ["up-projection output"], saved_input="MLP input (up's FP16 copy)")
-    p.op("SiLU(gate) * up (FP16)", alloc=["down-projection input"])
+    if c.gpt:               # GeLU on the FP16 up projection (no autocast policy: its input's dtype)
+        _linear(p, c, "up", ["GeLU input"], saved_input="MLP input")
+        p.op("GeLU (FP16)", alloc=["down-projection input"])
+    else:
+        _linear(p, c, "gate", ["gate output"], saved_input="MLP input (gate's FP16 copy)")
+        p.op("SiLU (FP16)", alloc=["SiLU output"])
+        _linear(p, c, "up", ["up-projection output"], saved_input="MLP input (up's FP16 copy)")
+        p.op("SiLU(gate) * up (FP16)", alloc=["down-projection input"])
     dn = p.new("down-projection output (FP16)", (B, S, d), H16, "the MLP branch before the residual add")
     _linear(p, c, "down", [dn], cast_input=False)
     p.op("residual add (FP32 + FP16: FP32)", alloc=[block_output(c)])
     p.op("block returns", free=[dn, n2])
 
 
-def _weight_grad_to_fp32(p, c, share, module):
-    """The FP16 weight gradient converted into the FP32 ``.grad`` (the cast's backward, then AccumulateGrad)."""
-    g16 = f"FP16 gradient of {module}.weight"
-    grad = define_grads(p, [f"{module}.weight"], c, share)
-    p.op(f"{module}.weight gradient to FP32", alloc=grad)
+def _recompute_forward(p, c: Shape):
+    """Full recomputation: the block's forward re-run with saving under the autocast state the checkpoint saved
+    (``torch/utils/checkpoint.py`` ``recompute_fn``: a region of its own, its own cache), stopped once its last
+    saved tensor is packed (the down projection's weight copy: ``mm`` saves its inputs before it runs); the
+    temporaries alive then are dropped, the QKV bias's copy with the region's cache."""
+    q = p.fork()
+    block_forward(q, c, recomputing=True)
+    last = max(i for i, op in enumerate(q.ops) if any(
+        isinstance(n, str) and p.tensors[n].lifetime is Lifetime.SAVED for n in op.allocs))
+    alive = []
+    for op in q.ops[:last + 1]:
+        alive = [n for n in alive if n not in op.frees] + list(op.allocs)
+    p.ops.extend(q.ops[:last + 1])
+    p.op("recomputation stops", free=[n for n in alive if isinstance(n, str) and
+                                      p.tensors[n].lifetime is Lifetime.TEMPORARY])
+
+
+def _weight_grad_to_fp32(p, c, share, module, kind="weight"):
+    """The FP16 weight (or bias) gradient converted into the FP32 ``.grad`` (the cast's backward, then
+    AccumulateGrad)."""
+    g16 = f"FP16 gradient of {module}.{kind}"
+    grad = define_grads(p, [f"{module}.{kind}"], c, share)
+    p.op(f"{module}.{kind} gradient to FP32", alloc=grad)
     p.op("released", free=[g16])
 
 
-def _linear_backward(p, c, module, g_out, shape, saved_input, frees=(), grad_in=None):
-    """The FP16 matmuls' backward (weight gradient first: no bias), then the saved copies released; returns the
-    FP16 input gradient's name."""
+def _linear_backward(p, c, module, g_out, shape, saved_input, frees=(), grad_in=None, bias=False):
+    """The FP16 matmuls' backward (weight gradient first without a bias: mm; with one, addmm's input gradient,
+    weight gradient, bias gradient), then the saved copies released; returns the FP16 input gradient's name."""
     g16 = p.new(f"FP16 gradient of {module}.weight", shape, H16, "the matmul's weight gradient, before the cast's "
                 "backward")
-    gin = grad_in or p.new(f"FP16 gradient of the {module} input", (B, S, d if module != "down" else F), H16,
-                           "the matmul's input gradient")
-    p.op(f"{module} projection backward", alloc=[g16, gin])
+    width = {"down": F, "proj": widths_of(c)[0][2]}.get(module, d)       # proj reads H*d_h (head_dim)
+    gin = grad_in or p.new(f"FP16 gradient of the {module} input", (B, S, width), H16, "the matmul's input gradient")
+    if bias:
+        b16 = p.new(f"FP16 gradient of {module}.bias", (shape[0],), H16, "addmm's bias gradient (a sum), before the "
+                    "cast's backward")
+        if c.recompute == "full":   # the recomputed tensors go when unpacked, before the bias gradient (block.py)
+            p.op(f"{module} projection backward (addmm: input, weight gradients)", alloc=[gin, g16])
+            p.op("released (unpacked)", free=[copy_name(module), saved_input])
+            p.op(f"{module} bias gradient", alloc=[b16])
+            p.op("released", free=[g_out] + list(frees))
+            return gin
+        p.op(f"{module} projection backward (addmm: input, weight, bias gradients)", alloc=[gin, g16, b16])
+    else:
+        p.op(f"{module} projection backward", alloc=[g16, gin])
     p.op("released", free=[g_out, copy_name(module), saved_input] + list(frees))
     return gin
 
@@ -150,16 +310,39 @@ def block_backward(p, c: Shape, share):
     shapes = dict(_weights(c))
     g = p.new("MLP branch gradient (FP16)", (B, S, d), H16, "the residual add's backward casts to the branch's dtype")
     p.op("MLP branch gradient to FP16", alloc=[g])
+    if c.recompute == "full":       # the down projection's backward unpacks: the block re-runs first
+        _recompute_forward(p, c)
+    biased = _biased(c)
+
+    def to_fp32(module):
+        """The weight's (then the bias's) FP16 gradient into its FP32 ``.grad``."""
+        _weight_grad_to_fp32(p, c, share, module)
+        if module in biased:
+            _weight_grad_to_fp32(p, c, share, module, "bias")
     gdi = p.new("gradient of the down-projection input", (B, S, F), H16, "dL/d(down input)")
-    _linear_backward(p, c, "down", g, shapes["down"], "down-projection input", grad_in=gdi)
-    _weight_grad_to_fp32(p, c, share, "down")
+    _linear_backward(p, c, "down", g, shapes["down"], "down-projection input", grad_in=gdi, bias="down" in biased)
+    to_fp32("down")
+    if c.gpt:
+        gu = p.new("gradient of the GeLU input", (B, S, F), H16, "GeLU backward's output")
+        p.op("GeLU backward", alloc=[gu])
+        p.op("released", free=[gdi, "GeLU input"])
+        gin = _linear_backward(p, c, "up", gu, shapes["up"], "MLP input", bias=True)
+        gh = _input_grad_to_fp32(p, "up", gin)
+        to_fp32("up")
+    else:
+        gh = _swiglu_backward(p, c, shapes, gdi, to_fp32)
+    _norm2_and_attention_backward(p, c, share, shapes, to_fp32, gh)
+
+
+def _swiglu_backward(p, c, shapes, gdi, to_fp32):
+    """SwiGLU's backward from the down projection's input gradient ``gdi``; returns the MLP input's FP32 gradient."""
     gs = p.new("gradient of the SiLU output", (B, S, F), H16, "g * up")
     gup = p.new("gradient of the up-projection output", (B, S, F), H16, "g * SiLU(gate)")
     p.op("SiLU(gate) * up backward", alloc=[gs, gup])
     p.op("released", free=[gdi, "up-projection output", "SiLU output"])
     gin = _linear_backward(p, c, "up", gup, shapes["up"], "MLP input (up's FP16 copy)")
     up32 = _input_grad_to_fp32(p, "up", gin)
-    _weight_grad_to_fp32(p, c, share, "up")
+    to_fp32("up")
     gg = p.new("gradient of the gate output", (B, S, F), H16, "SiLU backward's output")
     p.op("SiLU backward", alloc=[gg])
     p.op("released", free=[gs, "gate output"])
@@ -168,10 +351,15 @@ def block_backward(p, c: Shape, share):
     gh = p.new("gradient of the MLP input", (B, S, d), "fp32", "the two input gradients summed")
     p.op("MLP input gradients summed", alloc=[gh])
     p.op("released", free=[up32, gate32])
-    _weight_grad_to_fp32(p, c, share, "gate")
+    to_fp32("gate")
+    return gh
+
+
+def _norm2_and_attention_backward(p, c, share, shapes, to_fp32, gh):
+    """Norm 2, the attention branch and norm 1 backward (``gh``, the MLP input's FP32 gradient, live)."""
     composite = c.composite         # composite RMSNorm sums the skip's gradient in its own backward
     gn2 = p.new("gradient of norm 2's input", (B, S, d), "fp32", "norm 2 backward's output")
-    norm_backward(p, c, "2", gh, gn2, define_grads(p, ["norm2.weight"], c, share),
+    norm_backward(p, c, "2", gh, gn2, define_grads(p, ["norm2.weight", "norm2.bias"], c, share),
                   residual="dX_out" if composite else None)
     if not composite:
         gxm = p.new("gradient of the attention residual sum", (B, S, d), "fp32", "skip and norm gradients summed")
@@ -180,27 +368,43 @@ def block_backward(p, c: Shape, share):
         gn2 = gxm
     ga = p.new("attention branch gradient (FP16)", (B, S, d), H16, "cast to the branch's dtype")
     p.op("attention branch gradient to FP16", alloc=[ga])
-    gpi = _linear_backward(p, c, "proj", ga, shapes["proj"], None)
-    _weight_grad_to_fp32(p, c, share, "proj")
+    selective = c.recompute == "selective"
+    gpi = _linear_backward(p, c, "proj", ga, shapes["proj"], "output projection input" if selective else None,
+                           bias=c.gpt)
+    to_fp32("proj")
+    again = []
+    if selective:           # the checkpointed kernel re-run under the saved autocast state: FP16 output
+        again = [p.new("flash output (recomputed)", widths_of(c)[0], H16, "the re-run kernel's output"),
+                 p.new("softmax log-sum-exp (recomputed)", (B, H, S), "fp32", "the re-run kernel's statistics")]
+        p.op("flash attention recomputed (FP16)", alloc=again)
     gq, gk, gv = (p.new(f"gradient of {n}", w, H16, f"dL/d{n}") for n, w in (("q", widths_of(c)[0]),
                                                                            ("k", widths_of(c)[1]),
                                                                            ("v", widths_of(c)[1])))
     p.op("flash attention backward", alloc=[gq, gk, gv])
-    p.op("released", free=[gpi, "Q", "K", "V", "softmax log-sum-exp", "output projection input"])
-    stack = p.new("stacked q, k, v gradients", (B, S, qkv_width(c)), H16, "torch.stack of the three gradients")
-    gqkv = p.new("gradient of the QKV projection output", (B, S, qkv_width(c)), H16, "permuted back: a copy")
-    p.op("q, k, v gradients stacked", alloc=[stack])
-    p.op("released", free=[gq, gk, gv])
-    p.op("permuted back", alloc=[gqkv])
-    p.op("released", free=[stack])
-    gin = _linear_backward(p, c, "qkv", gqkv, shapes["qkv"], "Q/K/V projection input")
+    if again:
+        p.op("recomputed output released", free=again)
+    p.op("released", free=[gpi, "Q", "K", "V"] + ([] if selective else ["softmax log-sum-exp",
+                                                                          "output projection input"]))
+    if c.gqa:               # split's backward concatenates (memledger.step.block)
+        gqkv = p.new("gradient of the QKV projection output", (B, S, qkv_width(c)), H16,
+                     "split backward: torch.cat of the q, k, v gradients")
+        p.op("q, k, v gradients concatenated", alloc=[gqkv])
+        p.op("released", free=[gq, gk, gv])
+    else:
+        stack = p.new("stacked q, k, v gradients", (B, S, qkv_width(c)), H16, "torch.stack of the three gradients")
+        gqkv = p.new("gradient of the QKV projection output", (B, S, qkv_width(c)), H16, "permuted back: a copy")
+        p.op("q, k, v gradients stacked", alloc=[stack])
+        p.op("released", free=[gq, gk, gv])
+        p.op("permuted back", alloc=[gqkv])
+        p.op("released", free=[stack])
+    gin = _linear_backward(p, c, "qkv", gqkv, shapes["qkv"], "Q/K/V projection input", bias=bool(c.gpt or c.qkv_bias))
     n1 = _input_grad_to_fp32(p, "qkv", gin)
-    _weight_grad_to_fp32(p, c, share, "qkv")
+    to_fp32("qkv")
     if composite:
-        norm_backward(p, c, "1", n1, INPUT_GRADIENT, define_grads(p, ["norm1.weight"], c, share), residual=gn2)
+        norm_backward(p, c, "1", n1, INPUT_GRADIENT, define_grads(p, ["norm1.weight", "norm1.bias"], c, share), residual=gn2)
         return
     gx1 = p.new("gradient of norm 1's input", (B, S, d), "fp32", "norm 1 backward's output")
-    norm_backward(p, c, "1", n1, gx1, define_grads(p, ["norm1.weight"], c, share))
+    norm_backward(p, c, "1", n1, gx1, define_grads(p, ["norm1.weight", "norm1.bias"], c, share))
     p.op("residual gradients summed", alloc=[INPUT_GRADIENT])
     p.op("released", free=[gx1, gn2])
 
@@ -219,6 +423,8 @@ def forward_end(p, c: Shape):
     p.op("logits.float()", alloc=[src])
     p.op("FP16 logits released", free=[logits])
     cross_entropy(p, src)
+    if cached(c):           # every block's cached copies are freed here: release_cached
+        p.op(EXIT, free=[])
 
 
 def backward_start(p, c: Shape):
@@ -243,9 +449,14 @@ def backward_start(p, c: Shape):
                            grad_in=p.new("FP16 gradient of the LM head input", (B, S, d), H16, "its input gradient"))
     g32 = _input_grad_to_fp32(p, "LM head", gin)
     grad = "grad head.weight"
+    if c.is_tied:           # the FP32 conversion waits in autograd's buffer for the embedding's (outer.backward_end)
+        grad = "LM head's contribution to the tied embedding gradient"
+        p.tensors[grad] = Tensor(grad, p.tensors["grad embedding.weight"].expr, Kind.TRANSIENT, Lifetime.TEMPORARY,
+                                 p.placement.gradients, "the head's FP16 gradient of the tied weight in FP32, waiting "
+                                 "in autograd's buffer for the embedding's contribution")
     p.op("head.weight gradient to FP32", alloc=[grad])
     p.op("released", free=["FP16 gradient of head.weight"])
-    norm_backward(p, c, "final", g32, Ref(Scope.LAST, "dX_out"), ["grad final norm.weight"])
+    norm_backward(p, c, "final", g32, Ref(Scope.LAST, "dX_out"), [f"grad {n}" for n, _ in final_norm_params(c)])
 
 
 def backward_end(ops: list) -> list:
@@ -284,3 +495,27 @@ def optimizer_end(ops: list) -> list:
     ``zero_grad``."""
     at = max(i for i, op in enumerate(ops) if op.label == "gradients released")
     return ops[:at] + [type(ops[0])("scaler.update(): found_inf released", ("found_inf (per device)",), ())] + ops[at:]
+
+
+def release_cached(ops: list, tensors: dict, c: Shape, n_layers: int) -> list:
+    """``ops`` (the flattened step) with the FP16 copies autocast's cache alone holds (:func:`cached`) of every
+    block (the lumped blocks' as one tensor, allocated by their op) freed where the autocast region exits
+    (``clear_cache``, ``autocast_mode.cpp`` l. 87-90)."""
+    names = cached(c)
+    if not names:
+        return ops
+    from ..core.symbols import L
+    from .trace import LUMP, explicit_layers
+    tensors[CACHE_LUMP] = Tensor(CACHE_LUMP, (L - 4) * sum(tensors[n].expr for n in names), Kind.TRANSIENT,
+                                 Lifetime.TEMPORARY, why="the middle blocks' cached copies, until the autocast "
+                                 "region exits")
+    lumped = n_layers > 4
+    out = []
+    for op in ops:
+        if op.layer == LUMP and op.phase is Phase.FORWARD:
+            op = replace(op, allocs=op.allocs + ((None, CACHE_LUMP),))
+        elif op.layer is None and op.label == EXIT:
+            op = replace(op, frees=tuple((i, n) for i in explicit_layers(n_layers) for n in names) +
+                         (((None, CACHE_LUMP),) if lumped else ()))
+        out.append(op)
+    return out

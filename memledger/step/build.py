@@ -19,7 +19,7 @@ from ..core.exact import evaluate_expr, exact_function, integer_function, is_int
 from ..core.symbols import L, N_d, O, P, t
 from ..states.placement import ZERO_SHARDS, device_of, state_specs
 from ..states.recipes import ALL_RECIPES as RECIPES
-from . import amp, bnb, ddp, families, fsdp2, loss, offload, optim, outer, packing, parallel, tensor
+from . import amp, amploss, bnb, ddp, families, fsdp2, loss, offload, optim, outer, packing, parallel, tensor
 from .block import block_backward, block_forward
 from .ops import BSd, Placement, Program, Tensor, block_params, residual_names
 from .outer import Param
@@ -87,11 +87,14 @@ class Built:
         outside = {}
         chunked = c.loss_chunks > 1 or c.loss_impl == "litgpt"      # memledger.step.loss
         if chunked:
-            outside_rows = [r for r in outside_rows if r.name not in loss.replaced_rows(c)]
+            replaced = amploss.replaced_rows(c) if c.amp else loss.replaced_rows(c)
+            outside_rows = [r for r in outside_rows if r.name not in replaced]
         for part, fn in [(Part.FORWARD_START, outer.forward_start),
-                         (Part.FORWARD_END, loss.chunked_forward_end if chunked else (
+                         (Part.FORWARD_END, (amploss.chunked_forward_end if c.amp else loss.chunked_forward_end)
+                          if chunked else (
                              amp.forward_end if c.amp else outer.forward_end)),
-                         (Part.BACKWARD_START, loss.chunked_backward_start if chunked else (
+                         (Part.BACKWARD_START, (amploss.chunked_backward_start if c.amp else
+                                                loss.chunked_backward_start) if chunked else (
                              amp.backward_start if c.amp else outer.backward_start)),
                          (Part.BACKWARD_END, outer.backward_end)]:
             q = p.fork()
@@ -168,6 +171,8 @@ class Built:
         if self.fsdp:
             tensors[GRADIENT_LUMP] = self.fsdp.gradient_lump()
         self.ops = flatten(s.layers or 5, c, outside, fwd.ops, bwd.ops, opt.ops, self.fsdp and self.fsdp.lump)
+        if c.amp:                       # the FP16 copies only the cache holds, freed as the autocast region exits
+            self.ops = amp.release_cached(self.ops, tensors, c, s.layers or 5)
         if self.fsdp:
             self.ops = self.fsdp.finalize(self.ops)
         if s.bucket_view:               # DDP: each gradient copied into its bucket as it is written
@@ -343,8 +348,9 @@ class Built:
         return tuple(sorted(((label[n], b) for n, b in named.items()), key=lambda kv: -kv[1]))
 
     def loss_saved(self) -> list:
-        """The tensors the chunked loss keeps for backward (:func:`memledger.step.loss.saved_names`)."""
-        return loss.saved_names(self.shape)
+        """The tensors the chunked loss keeps for backward (:func:`memledger.step.loss.saved_names`; under
+        autocast :func:`memledger.step.amploss.saved_names`)."""
+        return (amploss if self.shape.amp else loss).saved_names(self.shape)
 
     def rows(self, values) -> list:
         """The step's rows with the landmarks each is live at (:attr:`memledger.step.timeline.Step.rows`): the

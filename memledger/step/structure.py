@@ -243,19 +243,23 @@ def check_amp(ledger, conv, kernel) -> bool:
         return False
     f = ledger.arch.features
     lacks = [what for what, off in [
-        ("GPT blocks", ledger.arch.style != "llama"),
-        (f"the {kernel} attention kernel", kernel != "flash"), ("grouped-query attention", f.gqa),
-        ("QKV biases", f.has_qkv_bias), ("a tied LM head", f.is_tied), ("a head size other than d/H", f.head_dim),
-        ("recomputation", ledger.recompute != "none"), ("tensor parallelism", ledger.tp > 1),
+        (f"{ledger.arch.style} blocks", ledger.arch.style not in ("llama", "gpt")),
+        ("parallel attention and MLP", getattr(f, "parallel", False)), ("ALiBi", getattr(f, "alibi", False)),
+        ("an embedding norm", getattr(f, "input_norm", False)), ("learned positions", f.positions),
+        ("grouped-query attention in a GPT block", f.gpt and f.gqa), ("an untied GPT head", f.gpt and not f.is_tied),
+        ("an LM head bias", f.head_bias),
+        (f"the {kernel} attention kernel", kernel != "flash"), ("dropout", ledger.arch.style == "gpt" and ledger.dropout),
+        ("tensor parallelism", ledger.tp > 1),
         ("ZeRO", ledger.zero_stage > 0), ("offloading", ledger.offload_optimizer != "none"),
         ("activation offloading", getattr(ledger, "offload_activations", False)),
-        ("a chunked loss", ledger.loss_chunks > 1 or ledger.loss_impl != "torchtune"),
+        ("LitGPT's loss", ledger.loss_impl != "torchtune"),
         ("packed documents", getattr(ledger, "packed", 0)), ("the optimizer in backward",
                                                              getattr(ledger, "optimizer_in_backward", False)),
         (f"framework {ledger.framework}", ledger.framework != "plain")] if off]
     if lacks:
         raise ValueError(f"recipe {ledger.recipe}: the step models FP16 autocast for the reference decoder's LLaMA "
-                         f"block with a flash SDPA kernel (--backend cpu or cuda); not for {', '.join(lacks)}")
+                         f"and GPT blocks with a flash SDPA kernel (--backend cpu or cuda; GPT: --flash-attention, no "
+                         f"dropout); not for {', '.join(lacks)}")
     return True
 
 
