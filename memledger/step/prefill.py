@@ -42,7 +42,8 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from ..core.dtypes import nbytes
-from ..states.bnb import BLOCKSIZE, nf4_parts, nf4_table_bytes
+from ..states.bnb import nf4_parts, nf4_table_bytes
+from .nf4 import nf4_forward_ops
 from .program import Program
 from .vocab import Kind
 
@@ -227,15 +228,7 @@ def _linear(p, c, nf4, label, out, shape):
     if not nf4:
         p.op(label, alloc=[out])
         return
-    blocks = -(-shape[0] * shape[1] // BLOCKSIZE)
-    scales = p.new(f"{label}: absmax dequantized", (blocks,), "fp32", "absmax_dq: the 8-bit absmax to FP32")
-    shifted = p.new(f"{label}: absmax + offset", (blocks,), "fp32", "absmax_dq + absmax_offset")
-    weight = p.new(f"{label}: weight dequantized", shape, c, "the NF4 weight in the compute dtype")
-    p.op(f"{label}: dequantize absmax", alloc=[scales])
-    p.op(f"{label}: absmax + offset", alloc=[shifted])
-    p.op(f"{label}: dequantize weight", alloc=[weight])
-    p.op(f"{label} (NF4)", alloc=[out])
-    p.op("released", free=[scales, shifted, weight])
+    nf4_forward_ops(p, c, label, out, shape)
 
 
 def _block(p, n, c, x, i, attention, nf4=False):
