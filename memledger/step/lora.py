@@ -23,9 +23,12 @@ The programs of :mod:`memledger.pytorch.lora`'s reference (PEFT's ``LoraLayer`` 
   or FP32 adapters, the copy A reads) and A x kept for backward, a V-wide delta added to the frozen head's output;
   its input gradient summed with the frozen head's. Its tensors come last in ``model.parameters()``.
 * **QLoRA**: each block projection is NF4 (packed uint8, an 8-bit absmax per 64 weights, an FP32 constant per
-  256 absmax, per tensor rounded up); forward and backward each dequantize the absmax (FP32) and the
-  weight (the compute dtype), run the matmul, and free both (bitsandbytes' ``MatMul4Bit`` at M = B*S >
-  1536: ``_dequant_linear_fallback``, see :mod:`memledger.pytorch.lora`).
+  256 absmax, per tensor rounded up). Forward is bitsandbytes' ``gemm_4bit`` (:mod:`memledger.step.nf4`): past
+  M = B*S = 1536 rows or for an input width not a multiple of 64 ``_dequant_linear_fallback`` (two FP32 absmax
+  arrays and the weight in the compute dtype, freed after the matmul), else the fused kernel (the output only;
+  the field ``LoraSpec.nf4_fallback`` names the bases on the fallback). Backward (``dequantize_4bit``) dequantizes
+  the absmax (FP32, freed on return) and the weight, runs the matmul and frees the weight (see
+  :mod:`memledger.pytorch.lora`).
 * **Optimizer**: the adapter recipe over the adapters only (``torch.optim.AdamW`` as
   :mod:`memledger.step.outer` models it; bitsandbytes' 32-bit optimizers update in place in one fused
   kernel, ``optimizer_update_32bit``, and allocate no temporaries).

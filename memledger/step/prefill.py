@@ -30,9 +30,8 @@ Weights in the compute dtype (BF16, FP32) or the blocks' projections in bitsandb
 quantization (``weights="nf4"``): each projection then runs bitsandbytes' prefill path on CUDA (M = B*S > 1536:
 ``_dequant_linear_fallback``, ``backends/cuda/ops.py`` l. 904-916 at 95f9af30; :mod:`memledger.states.bnb`):
 two FP32 absmax arrays (n/64 values each: dequantized, plus the offset) and the weight in the compute dtype,
-alive through ``F.linear``. (The reference's ``NF4Linear`` that the QLoRA step follows allocates one absmax and
-frees it before the matmul.) The resident weights are the packed codes, the absmax and the ``QuantState``'s
-tables. LLM.int8 is not modelled op by op.
+alive through ``F.linear`` (:func:`memledger.step.nf4.nf4_forward_ops`, shared with the QLoRA step). The resident
+weights are the packed codes, the absmax and the ``QuantState``'s tables. LLM.int8 is not modelled op by op.
 
 :class:`Prefill` evaluates the totals after every op (resident: the weights, the ids and the FP32 ``inv_freq``
 buffer, d_h/2 values) and names the op and block of the peak. Programs are lists of
