@@ -20,12 +20,15 @@ bytes; MemTracker hooks every parameter's gradient, which a frozen one cannot ta
 * **QLoRA** (``qlora=True``): the block projections stored as NF4, frozen: the packed weight (uint8, two
   4-bit codes per byte), one 8-bit absmax per 64 weights and one FP32 constant per 256 of those (double
   quantization), each ``ceil``-ed per tensor as bitsandbytes allocates them. :class:`NF4Linear` is
-  bitsandbytes' ``MatMul4Bit`` at M = B*S > 1536 (``bitsandbytes/autograd/_functions.py`` lines 300-362 and
-  383, commit 95f9af30; ``backends/cuda/ops.py`` lines 904-914 and 954-967, ``_dequant_linear_fallback``):
-  forward dequantizes the absmax to FP32 and the weight to the input's dtype, then ``F.linear``; only the
-  packed weight is saved (lines 357-360), and backward dequantizes it again for the input gradient. The
-  reference allocates what those kernels allocate (one FP32 absmax, one BF16 weight) without computing
-  NF4's values: it checks memory, not numbers. Embeddings, norms and the LM head stay in the model dtype.
+  bitsandbytes' ``MatMul4Bit`` (``bitsandbytes/autograd/_functions.py`` lines 300-362 and 383, commit 95f9af30):
+  forward is ``gemm_4bit`` on CUDA (:func:`gemm_4bit`): at M = B*S > 1536 rows ``_dequant_linear_fallback``
+  (``backends/cuda/ops.py`` lines 904-914: the absmax dequantized to FP32, ``absmax_dq + absmax_offset`` a second
+  FP32 array, the weight in the input's dtype, then ``F.linear``; all three live until it returns), below that
+  the fused kernel (lines 846-901: only the output); only the packed weight is saved (lines 357-360), and
+  backward dequantizes it with ``dequantize_4bit`` (``functional.py`` l. 992-1070: one FP32 absmax, the offset
+  added in place, the weight; the absmax freed on return) for the input gradient. The reference allocates what
+  those kernels allocate without computing NF4's values: it checks memory, not numbers. Embeddings, norms and the
+  LM head stay in the model dtype.
 
 ``RefConfig(recompute="selective")`` runs the attention core under ``checkpoint(..., use_reentrant=False)`` as
 :class:`~memledger.pytorch.reference.Block` does; ``recompute="full"`` each block, as
@@ -48,10 +51,11 @@ from torch import nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from ..states.bnb import nf4_gemm_fallback
 from .reference import LOOPS, Block, Decoder, RefConfig
 
-__all__ = ["TARGETS", "Adapter", "LoraBlock", "LoraDecoder", "LoraRef", "NF4Linear", "QuantLinear", "make_lora_model",
-           "nf4_sizes"]
+__all__ = ["TARGETS", "Adapter", "LoraBlock", "LoraDecoder", "LoraRef", "NF4Linear", "QuantLinear", "gemm_4bit",
+           "make_lora_model", "nf4_fallback_linear", "nf4_sizes"]
 
 #: Hugging Face's projection names and the reference's module each adapts.
 TARGETS = {"q_proj": "qkv", "k_proj": "qkv", "v_proj": "qkv", "o_proj": "proj", "gate_proj": "gate",
@@ -81,19 +85,35 @@ def nf4_sizes(n: int) -> tuple:
     return (n + 1) // 2, math.ceil(n / 64), math.ceil(math.ceil(n / 64) / 256)
 
 
-class NF4Linear(torch.autograd.Function):
-    """``MatMul4Bit`` as bitsandbytes runs it at M > 1536: dequantize (absmax, then weight), ``F.linear``."""
+def nf4_fallback_linear(x, blocks: int, shape, bias=None, offset=0.0):
+    """bitsandbytes' ``_dequant_linear_fallback`` (``backends/cuda/ops.py`` l. 904-914 at 95f9af30) on an NF4
+    weight of ``shape`` (out, in) with ``blocks`` double-quantized absmax: ``absmax_dq`` (FP32), ``absmax_dq +
+    absmax_offset`` (a second FP32 array), the weight in ``x``'s dtype, ``F.linear``; the three live until it
+    returns. Allocates, without computing NF4's values."""
+    absmax_dq = torch.empty(blocks, dtype=torch.float32, device=x.device)
+    _absmax = absmax_dq + offset                # bitsandbytes rebinds absmax: it lives until return
+    weight = torch.empty(shape, dtype=x.dtype, device=x.device)
+    return F.linear(x, weight, bias)
 
-    @staticmethod
-    def _weight(x, packed, absmax, shape):
-        scales = torch.empty(absmax.shape, dtype=torch.float32, device=x.device)     # absmax_dq
-        w = torch.empty(shape, dtype=x.dtype, device=x.device)                          # B_dq
-        del scales
-        return w
+
+def gemm_4bit(x, blocks: int, shape, bias=None, offset=0.0):
+    """``torch.ops.bitsandbytes.gemm_4bit`` as its CUDA kernel dispatches (l. 943-983): the fallback
+    (:func:`nf4_fallback_linear`) past 1536 rows or for an input width not a multiple of 64
+    (:func:`memledger.states.bnb.nf4_gemm_fallback`), else the fused ``cgemm_4bit`` (``_gemm_4bit_kernel_impl``,
+    l. 846-901: ``A.contiguous()`` and the output, bias added in the kernel)."""
+    if nf4_gemm_fallback(x.numel() // x.shape[-1], x.shape[-1]):
+        return nf4_fallback_linear(x, blocks, shape, bias, offset)
+    x = x.contiguous()
+    return torch.empty((*x.shape[:-1], shape[0]), dtype=x.dtype, device=x.device)
+
+
+class NF4Linear(torch.autograd.Function):
+    """``MatMul4Bit``: forward :func:`gemm_4bit`; backward ``dequantize_4bit`` (absmax, then weight; the absmax
+    freed on return), then the matmul."""
 
     @staticmethod
     def forward(ctx, x, packed, absmax, absmax2, shape, bias=None):
-        out = F.linear(x, NF4Linear._weight(x, packed, absmax, shape), bias)
+        out = gemm_4bit(x, absmax.shape, shape, bias)
         ctx.save_for_backward(packed, absmax, absmax2)
         ctx.shape = shape
         return out
@@ -101,7 +121,10 @@ class NF4Linear(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         packed, absmax, _ = ctx.saved_tensors
-        return torch.matmul(grad, NF4Linear._weight(grad, packed, absmax, ctx.shape)), None, None, None, None, None
+        scales = torch.empty(absmax.shape, dtype=torch.float32, device=grad.device)     # absmax (+= offset)
+        weight = torch.empty(ctx.shape, dtype=grad.dtype, device=grad.device)            # the weight
+        del scales
+        return torch.matmul(grad, weight), None, None, None, None, None
 
 
 class QuantLinear(nn.Module):

@@ -203,10 +203,8 @@ class NF4Fallback(torch.nn.Module):
         self.register_buffer("bias", torch.empty(out) if bias else None)
 
     def forward(self, x):
-        absmax_dq = torch.empty(self.absmax.shape, dtype=torch.float32, device=x.device)
-        _absmax = absmax_dq + self.offset           # bitsandbytes rebinds absmax: it lives until return
-        weight = torch.empty(self.shape, dtype=x.dtype, device=x.device)
-        return F.linear(x, weight, self.bias)
+        from .lora import nf4_fallback_linear
+        return nf4_fallback_linear(x, self.absmax.shape, self.shape, self.bias, self.offset)
 
 
 def quantize_blocks(model):

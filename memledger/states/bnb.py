@@ -19,7 +19,11 @@ NF4 at prefill (``MatMul4Bit.forward`` -> ``gemm_4bit``, ``autograd/_functions.p
 ``_gemm_4bit_custom_max_m`` = 1536 rows on CUDA, ``backends/cuda/ops.py`` l. 926 and 954-978, always the
 ``_dequant_linear_fallback``, l. 904-916): the absmax dequantized to FP32 and a second FP32 copy plus the
 offset (double quantization only), the whole weight dequantized to the compute dtype, then ``F.linear``:
-:func:`nf4_dequant_bytes` is what lives beside the layer's input and output.
+:func:`nf4_dequant_bytes` is what lives beside the layer's input and output. At M <= 1536 rows with the input
+width a multiple of 64 the CUDA dispatch may run the fused ``cgemm_4bit`` kernel instead
+(``_gemm_4bit_kernel_impl``, l. 846-901: ``A.contiguous()`` and the output, nothing dequantized); whether it does
+for 5 <= M <= 1536 is a per-GPU heuristic (``_gemm_4bit_use_custom_cuda``, l. 583-812; at M <= 4 always):
+:func:`nf4_gemm_fallback` takes the fused kernel there.
 
 LLM.int8 (``Linear8bitLt``, ``Int8Params``): the weight as int8 (``CB``, out x in) and one FP32 scale per
 output row (``SCB``, ``int8_vectorwise_quant``, ``_ops.py`` l. 95-98). At prefill
@@ -29,11 +33,12 @@ row-wise (int8 ``CA`` + FP32 ``SCA``), multiplied into an int32 result and dequa
 an outlier above ``llm_int8_threshold`` (6.0) also run in FP16 (``int8_mixed_scaled_mm``, l. 64-100): their
 number depends on the activations, so it is a named runtime note, not a row.
 """
-__all__ = ["BLOCKSIZE", "INT8_OUTLIER_NOTE", "NESTED_BLOCKSIZE", "int8_matmul_bytes",
-           "int8_parts", "nf4_dequant_bytes", "nf4_parts", "nf4_table_bytes"]
+__all__ = ["BLOCKSIZE", "GEMM_4BIT_CUSTOM_MAX_M", "INT8_OUTLIER_NOTE", "NESTED_BLOCKSIZE", "int8_matmul_bytes",
+           "int8_parts", "nf4_dequant_bytes", "nf4_gemm_fallback", "nf4_parts", "nf4_table_bytes"]
 
 BLOCKSIZE = 64                  # quantize_4bit's default blocksize
 NESTED_BLOCKSIZE = 256          # double quantization's second-level blocks
+GEMM_4BIT_CUSTOM_MAX_M = 1536   # CUDA: past this many rows gemm_4bit always dequantizes (backends/cuda/ops.py l. 926)
 INT8_OUTLIER_NOTE = ("LLM.int8 outliers: input columns with a value above llm_int8_threshold (6.0) also run in "
                      "FP16 (the input's columns and the weight's, dequantized: int8_mixed_scaled_mm), as many as "
                      "the activations have; not booked")
@@ -66,6 +71,14 @@ def nf4_dequant_bytes(n, compute_bytes: int, double_quant: bool = True):
     in the compute dtype and, with double quantization, two FP32 absmax arrays (``absmax_dq`` and
     ``absmax_dq + absmax_offset``, both alive until it returns)."""
     return n * compute_bytes + (2 * 4 * _ceil(n, BLOCKSIZE) if double_quant else 0)
+
+
+def nf4_gemm_fallback(m: int, k: int) -> bool:
+    """Whether bitsandbytes' CUDA ``gemm_4bit`` (``MatMul4Bit.forward``) runs ``_dequant_linear_fallback`` for an
+    input of ``m`` rows and width ``k``: past :data:`GEMM_4BIT_CUSTOM_MAX_M` rows, or ``k`` not a multiple of the
+    blocksize (``backends/cuda/ops.py`` l. 954-978 at 95f9af30); otherwise the fused kernel (taken for every
+    M <= 1536, where bitsandbytes consults a per-GPU heuristic)."""
+    return m > GEMM_4BIT_CUSTOM_MAX_M or k % BLOCKSIZE != 0
 
 
 def int8_parts(out: int, inp: int) -> dict:

@@ -23,9 +23,12 @@ The programs of :mod:`memledger.pytorch.lora`'s reference (PEFT's ``LoraLayer`` 
   or FP32 adapters, the copy A reads) and A x kept for backward, a V-wide delta added to the frozen head's output;
   its input gradient summed with the frozen head's. Its tensors come last in ``model.parameters()``.
 * **QLoRA**: each block projection is NF4 (packed uint8, an 8-bit absmax per 64 weights, an FP32 constant per
-  256 absmax, per tensor rounded up); forward and backward each dequantize the absmax (FP32) and the
-  weight (the compute dtype), run the matmul, and free both (bitsandbytes' ``MatMul4Bit`` at M = B*S >
-  1536: ``_dequant_linear_fallback``, see :mod:`memledger.pytorch.lora`).
+  256 absmax, per tensor rounded up). Forward is bitsandbytes' ``gemm_4bit`` (:mod:`memledger.step.nf4`): past
+  M = B*S = 1536 rows or for an input width not a multiple of 64 ``_dequant_linear_fallback`` (two FP32 absmax
+  arrays and the weight in the compute dtype, freed after the matmul), else the fused kernel (the output only;
+  the field ``LoraSpec.nf4_fallback`` names the bases on the fallback). Backward (``dequantize_4bit``) dequantizes
+  the absmax (FP32, freed on return) and the weight, runs the matmul and frees the weight (see
+  :mod:`memledger.pytorch.lora`).
 * **Optimizer**: the adapter recipe over the adapters only (``torch.optim.AdamW`` as
   :mod:`memledger.step.outer` models it; bitsandbytes' 32-bit optimizers update in place in one fused
   kernel, ``optimizer_update_32bit``, and allocate no temporaries).
@@ -63,7 +66,7 @@ from ..activations.inventory import Saved, inventory
 from ..activations.outside import outside_inventory
 from ..core.dtypes import nbytes
 from ..core.symbols import B, F, H, L, O, S, V, d, r
-from ..states.bnb import nf4_parts
+from ..states.bnb import nf4_gemm_fallback, nf4_parts
 from ..states.recipes import get_recipe
 from . import loss, optim, outer
 from .build import IDS, Built
@@ -73,6 +76,7 @@ from .ops import BS, BSd, BSF, INPUT_GRADIENT, Program, Ref, Tensor, dropout_ops
 from .outer import Param
 from .structure import StepStructure
 from .timeline import Step
+from .nf4 import nf4_forward_ops
 from .norms import norm_forward
 from .trace import GRADIENT_LUMP, SAVED_LUMP, explicit_layers, flatten
 from .vocab import Device, Kind, Lifetime, Save, Scope
@@ -95,6 +99,7 @@ class LoraSpec(NamedTuple):
     fused_optimizer: bool   # bitsandbytes' in-place 32-bit update (no temporaries)
     fp32_adapters: bool = False   # FP32 adapters on the 16-bit base: PEFT's casts (input to FP32, sum back)
     head: bool = False      # an adapter on the LM head (``lm_head``: A r x d, B V x r, once)
+    nf4_fallback: tuple = ()  # QLoRA: the bases whose forward runs bitsandbytes' dequantize-then-F.linear fallback
 
 
 @dataclass(frozen=True)
@@ -245,19 +250,24 @@ def _dequantized(p, c, base):
     return scales, weight
 
 
+def _nf4_fallback(c, values) -> tuple:
+    """The bases whose NF4 forward runs bitsandbytes' ``_dequant_linear_fallback`` at these values: M = B*S rows
+    past 1536, or an input width not a multiple of 64 (:func:`memledger.states.bnb.nf4_gemm_fallback`)."""
+    def value(x):
+        return int(sp.sympify(x).subs({s: values[s.name] for s in sp.sympify(x).free_symbols}))
+    widths = {"qkv": d, "proj": widths_of(c)[0][2], "gate": d, "up": d, "down": F}
+    return tuple(base for base, _ in BASES if nf4_gemm_fallback(value(B * S), value(widths[base])))
+
+
 def _base_forward(p, c, spec, base, out):
     """A frozen base projection writing ``out`` (a name or a list of names: views of one output); under QLoRA
-    its weight is dequantized first and freed after."""
-    out = [out] if isinstance(out, str) else list(out)
+    bitsandbytes' ``gemm_4bit`` (:func:`memledger.step.nf4.nf4_forward_ops`): the fallback for the bases in
+    ``spec.nf4_fallback``, else the fused kernel."""
     if not spec.qlora:
+        out = [out] if isinstance(out, str) else list(out)
         p.op(f"{base} (frozen)", alloc=out)
         return
-    scales, weight = _dequantized(p, c, base)
-    p.op(f"{base}: dequantize absmax", alloc=[scales])
-    p.op(f"{base}: dequantize weight", alloc=[weight])
-    p.op("released", free=[scales])
-    p.op(f"{base} (frozen, NF4)", alloc=out)
-    p.op("released", free=[weight])
+    nf4_forward_ops(p, c.dtype, base, out, _base_shapes(c)[base], base in spec.nf4_fallback, f"{base} (frozen, NF4)")
 
 
 def _base_backward(p, c, spec, base, g_in, frees=()):
@@ -503,7 +513,7 @@ def _recompute(p, c, spec):
     if "down_proj" in spec.targets:
         stop = labels.index("LoRA down_proj B")
     elif spec.qlora:
-        stop = labels.index("down (frozen, NF4)") + 2       # the output made, the dequantized weight released
+        stop = labels.index("down (frozen, NF4)") + (2 if "down" in spec.nf4_fallback else 1)   # the output made
     else:
         stop = labels.index("down (frozen)")
     alive = []
@@ -927,7 +937,8 @@ class LoraStep(Step):
         shape = replace(base.shape, grad_dtype=grad_dtype)
         spec = LoraSpec(tuple(t for t in BLOCK_TARGETS if t in config.targets), config.dropout,
                         config.base == "nf4", config.adapter_recipe.endswith("-bnb"),
-                        config.adapter_recipe.startswith("fp32"), "lm_head" in config.targets)
+                        config.adapter_recipe.startswith("fp32"), "lm_head" in config.targets,
+                        _nf4_fallback(shape, ledger.values) if config.base == "nf4" else ())
         fields = {f: getattr(base, f) for f in base.__dataclass_fields__}
         self.structure = LoraStructure(**(fields | {"shape": shape, "recipe": config.adapter_recipe, "lora": spec}))
         self.built = build_lora(self.structure)

@@ -30,9 +30,8 @@ Weights in the compute dtype (BF16, FP32) or the blocks' projections in bitsandb
 quantization (``weights="nf4"``): each projection then runs bitsandbytes' prefill path on CUDA (M = B*S > 1536:
 ``_dequant_linear_fallback``, ``backends/cuda/ops.py`` l. 904-916 at 95f9af30; :mod:`memledger.states.bnb`):
 two FP32 absmax arrays (n/64 values each: dequantized, plus the offset) and the weight in the compute dtype,
-alive through ``F.linear``. (The reference's ``NF4Linear`` that the QLoRA step follows allocates one absmax and
-frees it before the matmul.) The resident weights are the packed codes, the absmax and the ``QuantState``'s
-tables. LLM.int8 is not modelled op by op.
+alive through ``F.linear`` (:func:`memledger.step.nf4.nf4_forward_ops`, shared with the QLoRA step). The resident
+weights are the packed codes, the absmax and the ``QuantState``'s tables. LLM.int8 is not modelled op by op.
 
 :class:`Prefill` evaluates the totals after every op (resident: the weights, the ids and the FP32 ``inv_freq``
 buffer, d_h/2 values) and names the op and block of the peak. Programs are lists of
@@ -42,7 +41,8 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from ..core.dtypes import nbytes
-from ..states.bnb import BLOCKSIZE, nf4_parts, nf4_table_bytes
+from ..states.bnb import nf4_parts, nf4_table_bytes
+from .nf4 import nf4_forward_ops
 from .program import Program
 from .vocab import Kind
 
@@ -227,15 +227,7 @@ def _linear(p, c, nf4, label, out, shape):
     if not nf4:
         p.op(label, alloc=[out])
         return
-    blocks = -(-shape[0] * shape[1] // BLOCKSIZE)
-    scales = p.new(f"{label}: absmax dequantized", (blocks,), "fp32", "absmax_dq: the 8-bit absmax to FP32")
-    shifted = p.new(f"{label}: absmax + offset", (blocks,), "fp32", "absmax_dq + absmax_offset")
-    weight = p.new(f"{label}: weight dequantized", shape, c, "the NF4 weight in the compute dtype")
-    p.op(f"{label}: dequantize absmax", alloc=[scales])
-    p.op(f"{label}: absmax + offset", alloc=[shifted])
-    p.op(f"{label}: dequantize weight", alloc=[weight])
-    p.op(f"{label} (NF4)", alloc=[out])
-    p.op("released", free=[scales, shifted, weight])
+    nf4_forward_ops(p, c, label, out, shape)
 
 
 def _block(p, n, c, x, i, attention, nf4=False):
