@@ -186,9 +186,10 @@ class NF4Fallback(torch.nn.Module):
     """A block projection (out x in) in bitsandbytes NF4 with double quantization, as ``Linear4bit`` holds it
     (buffers: packed codes, 8-bit absmax per 64, FP32 per 256 absmax, and the ``QuantState``'s tables: the 16-value
     code, the 256-value dynamic map, the 0-d offset; :mod:`memledger.states.bnb`) and as prefill runs it on CUDA
-    (M = B*S > 1536: ``_dequant_linear_fallback``, ``bitsandbytes/backends/cuda/ops.py`` l. 904-916 at 95f9af30):
-    ``absmax_dq`` (FP32), ``absmax_dq + absmax_offset``, the weight dequantized to the input's dtype, then
-    ``F.linear``; all three live until it returns. Allocates what those kernels allocate, without NF4's values."""
+    (``gemm_4bit``, :func:`memledger.pytorch.lora.gemm_4bit`: past M = B*S = 1536 rows ``_dequant_linear_fallback``,
+    ``bitsandbytes/backends/cuda/ops.py`` l. 904-916 at 95f9af30: ``absmax_dq`` (FP32), ``absmax_dq +
+    absmax_offset``, the weight dequantized to the input's dtype, then ``F.linear``, all three alive until it
+    returns; else the fused kernel, the output only). Allocates what those kernels allocate, without NF4's values."""
 
     def __init__(self, inp: int, out: int, bias: bool = False):
         super().__init__()
@@ -203,8 +204,8 @@ class NF4Fallback(torch.nn.Module):
         self.register_buffer("bias", torch.empty(out) if bias else None)
 
     def forward(self, x):
-        from .lora import nf4_fallback_linear
-        return nf4_fallback_linear(x, self.absmax.shape, self.shape, self.bias, self.offset)
+        from .lora import gemm_4bit
+        return gemm_4bit(x, self.absmax.shape, self.shape, self.bias, self.offset)
 
 
 def quantize_blocks(model):

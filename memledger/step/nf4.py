@@ -9,8 +9,6 @@ returns (:func:`memledger.states.bnb.nf4_dequant_bytes`). Otherwise the fused ``
 (``_gemm_4bit_kernel_impl``, l. 846-901) allocates the output only. The reference:
 :func:`memledger.pytorch.lora.gemm_4bit`.
 """
-import sympy as sp
-
 from ..states.bnb import BLOCKSIZE
 
 __all__ = ["nf4_forward_ops"]
@@ -26,7 +24,11 @@ def nf4_forward_ops(p, dtype: str, label: str, out, shape, fallback: bool = True
         p.op(matmul, alloc=out)
         return
     n = shape[0] * shape[1]
-    blocks = -(-n // BLOCKSIZE) if isinstance(n, int) else sp.ceiling(n / BLOCKSIZE)
+    if isinstance(n, int):                   # the prefill's whole numbers: no SymPy (memledger infer)
+        blocks = -(-n // BLOCKSIZE)
+    else:
+        import sympy as sp
+        blocks = sp.ceiling(n / BLOCKSIZE)
     scales = p.new(f"{label}: absmax dequantized", (blocks,), "fp32", "absmax_dq: the 8-bit absmax to FP32")
     shifted = p.new(f"{label}: absmax + offset", (blocks,), "fp32", "absmax_dq + absmax_offset")
     weight = p.new(f"{label}: weight dequantized", shape, dtype, "the NF4 weight in the compute dtype")

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from ..core.dtypes import nbytes
-from ..states.bnb import nf4_parts, nf4_table_bytes
+from ..states.bnb import nf4_gemm_fallback, nf4_parts, nf4_table_bytes
 from .nf4 import nf4_forward_ops
 from .program import Program
 from .vocab import Kind
@@ -219,15 +219,16 @@ def _attention_eager(p, n, c, where):
     return out, []
 
 
-def _linear(p, c, nf4, label, out, shape):
-    """One block projection writing ``out``; NF4 (``shape`` = (out, in)): bitsandbytes' CUDA prefill path
-    (``_dequant_linear_fallback``; :func:`memledger.states.bnb.nf4_dequant_bytes`): the absmax dequantized to
-    FP32, plus the offset (a second FP32 array), the weight dequantized to the compute dtype, ``F.linear``; the
-    three are released as it returns."""
+def _linear(p, c, nf4, label, out, shape, rows):
+    """One block projection writing ``out`` over ``rows`` = B*S input rows; NF4 (``shape`` = (out, in)):
+    bitsandbytes' ``gemm_4bit`` (:mod:`memledger.step.nf4`): past 1536 rows (or an input width not a multiple of
+    64) ``_dequant_linear_fallback``: the absmax dequantized to FP32, plus the offset (a second FP32 array), the
+    weight dequantized to the compute dtype, ``F.linear``, the three released as it returns; else the fused
+    kernel, which writes the output only."""
     if not nf4:
         p.op(label, alloc=[out])
         return
-    nf4_forward_ops(p, c, label, out, shape)
+    nf4_forward_ops(p, c, label, out, shape, fallback=nf4_gemm_fallback(rows, shape[1]))
 
 
 def _block(p, n, c, x, i, attention, nf4=False):
@@ -236,7 +237,7 @@ def _block(p, n, c, x, i, attention, nf4=False):
     where = f"block {i}"
     h = _norm(p, x, f"{where} norm 1", n, c)
     qkv = p.new(f"{where}: QKV output", (B, S, (H + 2 * kv) * hd), c, "q, k, v are its views")
-    _linear(p, c, nf4, f"{where}: QKV projection", qkv, ((H + 2 * kv) * hd, d))
+    _linear(p, c, nf4, f"{where}: QKV projection", qkv, ((H + 2 * kv) * hd, d), B * S)
     p.op("released", free=[h])
     q = _rope(p, H * hd, f"{where}: q", n, c)
     k = _rope(p, kv * hd, f"{where}: k", n, c)
@@ -257,7 +258,7 @@ def _block(p, n, c, x, i, attention, nf4=False):
         a = out_t
     o = p.new(f"{where}: output projection", (B, S, d), c, "o_proj")
     x1 = p.new(f"{where}: attention residual sum", (B, S, d), c, "x + o")
-    _linear(p, c, nf4, f"{where}: output projection", o, (d, H * hd))
+    _linear(p, c, nf4, f"{where}: output projection", o, (d, H * hd), B * S)
     p.op("released", free=[a])
     p.op(f"{where}: residual add", alloc=[x1])
     p.op("released", free=[o])
@@ -266,14 +267,14 @@ def _block(p, n, c, x, i, attention, nf4=False):
         "gate projection", "SiLU(gate)", "up projection", "SiLU(gate) * up"))
     down = p.new(f"{where}: down projection", (B, S, d), c, "down")
     out = p.new(f"{where}: output", (B, S, d), c, "x + MLP(x)")
-    _linear(p, c, nf4, f"{where}: gate projection", gate, (F, d))
+    _linear(p, c, nf4, f"{where}: gate projection", gate, (F, d), B * S)
     p.op(f"{where}: SiLU", alloc=[silu])
     p.op("released", free=[gate])
-    _linear(p, c, nf4, f"{where}: up projection", up, (F, d))
+    _linear(p, c, nf4, f"{where}: up projection", up, (F, d), B * S)
     p.op("released", free=[h2])
     p.op(f"{where}: SiLU(gate) * up", alloc=[prod])
     p.op("released", free=[silu, up])
-    _linear(p, c, nf4, f"{where}: down projection", down, (d, F))
+    _linear(p, c, nf4, f"{where}: down projection", down, (d, F), B * S)
     p.op("released", free=[prod])
     p.op(f"{where}: residual add", alloc=[out])
     p.op("block returns", free=[down, x1, x])
