@@ -152,8 +152,10 @@ def site_records() -> tuple:
 
 def _unmodelled() -> dict:
     """arch -> FlashAttention text -> recipe -> the note of a verdict by the sum where the timeline refuses that
-    combination, or None: the refusals depend on the model's features, the attention kernel and the optimizer
-    only (:meth:`StepStructure.of`; tests/views/test_webpeak.py checks it over random states)."""
+    combination at the calculator's defaults, or None. A refusal that also depends on other controls (a model
+    family's block under ZeRO, tensor parallelism or offloading: :meth:`StepStructure.of`) is not here: the page
+    looks the structure up, and the library in the browser answers it (:func:`browser_record`);
+    tests/views/test_webpeak.py checks both over random states."""
     out = {}
     for arch in BY_FIELD["arch"].options:
         for flash in BY_FIELD["flash_attention"].options:
