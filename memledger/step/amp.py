@@ -53,6 +53,7 @@ Checked by tests/step/test_amp.py against MemTracker.
 from dataclasses import replace
 
 from ..core.symbols import B, F, H, S, V, d
+from .block import _recompute_forward as recompute_forward
 from .norms import norm_backward, norm_forward
 from .outer import cross_entropy, final_norm_params
 from .ops import INPUT_GRADIENT, Ref, Tensor, block_output, define_grads, qkv_width, residual_names, widths_of
@@ -249,23 +250,6 @@ def block_forward(p, c: Shape, recomputing=False):
     p.op("block returns", free=[dn, n2])
 
 
-def _recompute_forward(p, c: Shape):
-    """Full recomputation: the block's forward re-run with saving under the autocast state the checkpoint saved
-    (``torch/utils/checkpoint.py`` ``recompute_fn``: a region of its own, its own cache), stopped once its last
-    saved tensor is packed (the down projection's weight copy: ``mm`` saves its inputs before it runs); the
-    temporaries alive then are dropped, the QKV bias's copy with the region's cache."""
-    q = p.fork()
-    block_forward(q, c, recomputing=True)
-    last = max(i for i, op in enumerate(q.ops) if any(
-        isinstance(n, str) and p.tensors[n].lifetime is Lifetime.SAVED for n in op.allocs))
-    alive = []
-    for op in q.ops[:last + 1]:
-        alive = [n for n in alive if n not in op.frees] + list(op.allocs)
-    p.ops.extend(q.ops[:last + 1])
-    p.op("recomputation stops", free=[n for n in alive if isinstance(n, str) and
-                                      p.tensors[n].lifetime is Lifetime.TEMPORARY])
-
-
 def _weight_grad_to_fp32(p, c, share, module, kind="weight"):
     """The FP16 weight (or bias) gradient converted into the FP32 ``.grad`` (the cast's backward, then
     AccumulateGrad)."""
@@ -310,8 +294,10 @@ def block_backward(p, c: Shape, share):
     shapes = dict(_weights(c))
     g = p.new("MLP branch gradient (FP16)", (B, S, d), H16, "the residual add's backward casts to the branch's dtype")
     p.op("MLP branch gradient to FP16", alloc=[g])
-    if c.recompute == "full":       # the down projection's backward unpacks: the block re-runs first
-        _recompute_forward(p, c)
+    if c.recompute == "full":       # the down projection's backward unpacks: the block re-runs first, under the
+        # autocast state the checkpoint saved (torch/utils/checkpoint.py recompute_fn: a region and cache of its
+        # own), stopped once the down projection's weight copy is packed; the QKV bias's copy goes with the cache
+        recompute_forward(p, c, lambda q, c, _policy: block_forward(q, c, recomputing=True))
     biased = _biased(c)
 
     def to_fp32(module):

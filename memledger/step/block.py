@@ -283,7 +283,8 @@ def _recompute_forward(p, c, forward=None):
         alive = [n for n in alive if n not in op.frees] + list(op.allocs)
     p.ops.extend(q.ops[:last + 1])
     x = residual_names(c)[0]
-    p.op("recomputation stops", free=[n for n in alive if n != x and p.tensors[n].lifetime is Lifetime.TEMPORARY])
+    p.op("recomputation stops", free=[n for n in alive if isinstance(n, str) and n != x and
+                                      p.tensors[n].lifetime is Lifetime.TEMPORARY])
 
 
 def block_backward(p, c: Shape, share):
