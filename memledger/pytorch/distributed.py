@@ -76,6 +76,47 @@ def _propagation_as_in_a_real_run():
         _sharding_prop.detect_fake_mode = detect
 
 
+class _Chunks:
+    """``_chunk_with_empty(tensor, n, dim)`` (``_fsdp_common.py:134-140``) as a lazy sequence: chunk ``i`` is
+    the view ``torch.chunk`` gives (``narrow`` at ``i * ceil(size / n)``), or ``new_empty(0)`` past the last.
+
+    ``fully_shard`` chunks every parameter into all ``n`` shards to keep rank 0's (and reads chunk 0 for the
+    padded size); on fake tensors each chunk costs a dispatch, 80 s at ``n`` = 1024 for a small model. Only
+    the chunks read are built; ``tests/pytorch/test_distributed.py`` compares every chunk with PyTorch's.
+    """
+
+    def __init__(self, tensor, num_chunks: int, dim: int):
+        self.tensor, self.n, self.dim = tensor, num_chunks, dim
+        self.size = tensor.size(dim)
+        self.step = -(-self.size // num_chunks)
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i: int):
+        if not -self.n <= i < self.n:
+            raise IndexError(i)
+        start = (i % self.n) * self.step
+        if start >= self.size:
+            return self.tensor.new_empty(0)
+        return self.tensor.narrow(self.dim, start, min(self.step, self.size - start))
+
+
+@contextmanager
+def _rank0_chunks():
+    """While ``fully_shard`` initializes (untracked), build only the chunks rank 0 reads (:class:`_Chunks`)."""
+    from torch.distributed.fsdp._fully_shard import _fsdp_param
+    original = _fsdp_param._chunk_with_empty
+
+    def chunks(tensor, num_chunks, dim):
+        return _Chunks(tensor, num_chunks, dim) if tensor.size(dim) > 0 else original(tensor, num_chunks, dim)
+    _fsdp_param._chunk_with_empty = chunks
+    try:
+        yield
+    finally:
+        _fsdp_param._chunk_with_empty = original
+
+
 class _Host:
     """The bytes of the storages registered as host memory and still alive (a running sum: each storage's bytes
     are subtracted when it dies)."""
@@ -290,11 +331,13 @@ def fsdp_step(c: RefConfig, loop: str = "fp32-adamw", batch: int = 1, seq: int =
             model = make_model(c, loop)
         if tp > 1:
             _parallelize(model, mesh["tp"], sequence_parallel)
-        for block in model.blocks:
-            fully_shard(block, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard, offload_policy=offload)
-        if loss_in_root:
-            model = LossRoot(model)
-        fully_shard(model, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=root_reshard, offload_policy=offload)
+        with _rank0_chunks():
+            for block in model.blocks:
+                fully_shard(block, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard, offload_policy=offload)
+            if loss_in_root:
+                model = LossRoot(model)
+            fully_shard(model, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=root_reshard,
+                        offload_policy=offload)
         host = _Host() if cpu_offload else None
         with fake, (_device_copies(host) if cpu_offload else nullcontext()):
             trainer = Trainer(model, loop, foreach=foreach)

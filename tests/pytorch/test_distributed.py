@@ -207,6 +207,25 @@ def test_an_int_reshard_keeps_a_slice_after_forward():
     assert got["after forward"] - resharded["after forward"] == sum(2 * padded(ps, 8) // 2 for ps in units.values())
 
 
+@pytest.mark.parametrize("size, dim", [((4096, 64), 0), ((60, 170), 0), ((1001,), 0), ((5, 7), 1), ((3,), 0)])
+@pytest.mark.parametrize("n", [1, 4, 8, 64, 1024])
+def test_rank0_chunks_are_pytorchs(size, dim, n):
+    """The harness's lazy chunks (fully_shard's init, untracked) are the views FSDP2's own
+    ``_chunk_with_empty`` returns: same size, stride, offset and storage, or ``new_empty(0)`` past the last."""
+    from torch.distributed.fsdp._fully_shard._fsdp_common import _chunk_with_empty
+    from memledger.pytorch.distributed import _Chunks
+    tensor = torch.arange(math.prod(size), dtype=torch.float32).reshape(size)
+    want, got = _chunk_with_empty(tensor, n, dim), _Chunks(tensor, n, dim)
+    assert len(got) == len(want) == n
+    for i in range(-n, n):
+        w, g = want[i], got[i]
+        assert (g.size(), g.stride(), g.storage_offset(), g.dtype) == (w.size(), w.stride(), w.storage_offset(),
+                                                                        w.dtype), i
+        assert w.numel() == 0 or g.untyped_storage().data_ptr() == tensor.untyped_storage().data_ptr()
+    with pytest.raises(IndexError):
+        got[n]
+
+
 def test_two_tracked_steps_are_one():
     """Tracking both steps (reset_mod_stats() between them) or only the second gives the same second step."""
     one = fsdp_step(ODD, batch=2, seq=16, world=8, track_first=False)
