@@ -6,7 +6,8 @@
    run alternately in the same loop (the machine is shared and noisy: the ratio is what counts). Its verdict
    judges the step's peak from the step compiled once per structure (:mod:`memledger.step.cache`): measured
    with that record cached, and with an empty cache (the first run of a structure loads SymPy to compile it).
-   ``memledger infer --preset llama2-7b`` (its rows and the prefill op by op) in the same loop.
+   ``memledger infer --preset llama2-7b`` (its rows and the prefill op by op) in the same loop, and with
+   ``--weights nf4`` (bitsandbytes' NF4 rows, the projections' shapes compiled too: no SymPy either).
 2. One ledger evaluation: the generated plain-Python formulas vs ``expr.subs`` on the same expressions.
 3. A sweep of 10^6 configurations through the vectorized (NumPy) path: the sum of the rows, and the step's
    exact peak over the same arrays (``sweep(..., measure="peak")``, :mod:`memledger.step.sweep`), with their
@@ -41,11 +42,11 @@ def median_seconds(fn, repeat):
 
 def cli_and_floor(repeat=21):
     """Medians of the CLI with its compiled step cached, of the CLI with an empty cache, of a bare
-    interpreter and of ``memledger infer``, measured alternately."""
+    interpreter, of ``memledger infer`` and of ``memledger infer --weights nf4``, measured alternately."""
     script = str(Path(sys.executable).with_name("memledger"))
     command = [script, "ledger", "--preset", "llama2-7b"]
     infer = [script, "infer", "--preset", "llama2-7b"]
-    warm, cold, floor, served = [], [], [], []
+    warm, cold, floor, served, quantized = [], [], [], [], []
     with tempfile.TemporaryDirectory() as cached:
         subprocess.run(command, check=True, capture_output=True, env={**os.environ, "MEMLEDGER_CACHE_DIR": cached})
         for _ in range(repeat):
@@ -58,12 +59,15 @@ def cli_and_floor(repeat=21):
                 start = time.perf_counter()
                 subprocess.run(infer, check=True, capture_output=True)
                 served.append(time.perf_counter() - start)
-    return statistics.median(warm), statistics.median(cold), statistics.median(floor), statistics.median(served)
+                start = time.perf_counter()
+                subprocess.run(infer + ["--weights", "nf4"], check=True, capture_output=True)
+                quantized.append(time.perf_counter() - start)
+    return tuple(statistics.median(times) for times in (warm, cold, floor, served, quantized))
 
 
 def main():
     os.environ["MEMLEDGER_CACHE_DIR"] = tempfile.mkdtemp()          # every structure is new to this run
-    cli, cold, floor, infer = cli_and_floor()
+    cli, cold, floor, infer, nf4 = cli_and_floor()
 
     template = Ledger("llama2-7b", zero_stage=2, dp=8, offload_optimizer="cpu")
     exprs = [spec.expr for spec in row_specs(template.structure)]
@@ -96,6 +100,7 @@ def main():
           f"({cold / floor:.1f}x) |")
     print(f"| `memledger infer --preset llama2-7b` (rows and the prefill op by op), fresh process | {infer * 1e3:.0f} ms "
           f"({infer / floor:.1f}x) |")
+    print(f"| `memledger infer --preset llama2-7b --weights nf4`, fresh process | {nf4 * 1e3:.0f} ms ({nf4 / floor:.1f}x) |")
     print(f"| one ledger, generated plain-Python formulas | {lambdified * 1e6:.0f} µs |")
     print(f"| the same rows with `expr.subs` | {subs * 1e6:.0f} µs ({subs / lambdified:.0f}x slower) |")
     print(f"| sweep of 10^6 configurations (NumPy), the sum of the rows | {swept * 1e3:.0f} ms |")

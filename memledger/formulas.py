@@ -17,7 +17,8 @@ from .core import keyed
 from .core.choices import RECOMPUTE
 from .models.features import STYLES
 
-__all__ = ["BUILDERS", "evaluate", "expr", "generate", "keys", "outside_key", "outside_names", "text"]
+__all__ = ["BUILDERS", "evaluate", "expr", "generate", "keys", "outside_key", "outside_names", "projection_shapes",
+           "text"]
 
 _BOOLS = (False, True)
 #: (tensor parallel, sequence parallel): sequence parallelism needs tensor parallelism.
@@ -156,6 +157,15 @@ def _working_buffer(dtype_bytes, *features):
     return working_expr(_features(features), dtype_bytes)
 
 
+def _projections(*features):
+    """One block's linear projections' (out, in), in :func:`memledger.models.tensors.projections`' order, as one
+    SymPy ``Tuple`` of (out, in) ``Tuple`` pairs: the only tuple-valued key (bitsandbytes quantizes each weight
+    on its own, :mod:`memledger.ledger.inference`)."""
+    import sympy as sp
+    from .models.tensors import projections
+    return sp.Tuple(*(sp.Tuple(*shape) for shape in projections(_features(features)).values()))
+
+
 #: Bytes per element of the KV cache and activation dtypes serving is compiled for (FP8/int8, 16-bit, FP32).
 _SERVING_BYTES = (1, 2, 4)
 
@@ -178,6 +188,7 @@ BUILDERS = {
     "kv cache": (_kv_cache, [(b,) for b in _SERVING_BYTES]),
     "working buffer": (_working_buffer, lambda: [(b,) + f for b in _SERVING_BYTES
                                                  for f in [(s,) for s in STYLES] + _preset_features()]),
+    "projections": (_projections, lambda: [(s,) for s in STYLES] + _preset_features()),
 }
 
 
@@ -201,6 +212,12 @@ def text(key) -> str:
 def evaluate(key, values: dict) -> int:
     """``key``'s formula at ``values`` (symbol name -> int), as an exact int: its compiled form, else lambdify."""
     return keyed.evaluate(key, values, lambda: _evaluate_expr(expr(key), values))
+
+
+def projection_shapes(arch) -> tuple:
+    """``((out, in), ...)`` of one block of ``arch``: its projections' shapes at its values, compiled for the styles
+    and the presets' features (no SymPy), else from :func:`memledger.models.tensors.projections`."""
+    return evaluate(("projections",) + arch.features.key, arch.values)
 
 
 def _evaluate_expr(expression, values):

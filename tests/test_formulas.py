@@ -52,14 +52,36 @@ def test_uncompiled_key_falls_back_to_sympy(monkeypatch):
     assert formulas.evaluate(key, {"P": 7, "N_d": 2, "t": 1}) == 4
 
 
+@pytest.mark.parametrize("compiled", [True, False])
+def test_projection_shapes_are_the_symbolic_projections(monkeypatch, compiled):
+    # the one tuple-valued key: every preset's block shapes, from the compiled table and from SymPy's fallback,
+    # equal memledger.models.tensors.projections evaluated at the preset
+    from memledger.core import compiled as table
+    from memledger.models.presets import all_presets
+    from memledger.models.tensors import projections
+    if not compiled:
+        monkeypatch.setattr(table, "FORMULAS", {})
+    keyed.compiled_function.cache_clear()
+    try:
+        for name, arch in all_presets().items():
+            expected = tuple(tuple(arch.evaluate(x) for x in shape) for shape in projections(arch.features).values())
+            assert formulas.projection_shapes(arch) == expected, name
+    finally:
+        keyed.compiled_function.cache_clear()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("command", [["ledger", "--preset", "llama2-7b", "--measure", "total"],
                                      ["infer", "--preset", "llama2-7b"],
-                                     ["infer", "--preset", "llama2-7b", "--attention", "eager", "--seq", "4096"]])
+                                     ["infer", "--preset", "llama2-7b", "--attention", "eager", "--seq", "4096"],
+                                     ["infer", "--preset", "llama2-7b", "--weights", "nf4"],
+                                     ["infer", "--preset", "llama2-7b", "--weights", "nf4", "--no-double-quant"],
+                                     ["infer", "--preset", "starcoder", "--weights", "int8"]])
 def test_command_line_imports_no_sympy_or_numpy(tmp_path, command):
-    # the sum's formulas (and serving's KV cache and working buffer) are compiled in memledger/core/compiled.py, so
-    # --measure total and infer (its op-by-op prefill on whole numbers) need no SymPy even with an empty cache of
-    # compiled steps; the peak's are compiled once per structure (test_steppeak)
+    # the sum's formulas (and serving's KV cache, working buffer and the projections' shapes bitsandbytes quantizes)
+    # are compiled in memledger/core/compiled.py, so --measure total and infer (its op-by-op prefill on whole
+    # numbers; NF4 and int8 weights) need no SymPy even with an empty cache of compiled steps; the peak's are
+    # compiled once per structure (test_steppeak)
     code = (f"import sys; from memledger.cli.main import main; main({command + ['--json']!r}); "
             "assert 'sympy' not in sys.modules and 'numpy' not in sys.modules, 'heavy import'")
     env = {**os.environ, "MEMLEDGER_CACHE_DIR": str(tmp_path)}

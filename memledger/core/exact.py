@@ -17,7 +17,7 @@ import math
 import sympy as sp
 from sympy.printing.pycode import PythonCodePrinter
 
-from .keyed import as_int
+from .keyed import whole
 
 __all__ = ["ExactPrinter", "evaluate_expr", "exact_function", "integer_function", "is_integral_polynomial",
            "vectorized_function"]
@@ -38,11 +38,12 @@ def _exact(args, exprs):
 
 
 def exact_function(args, exprs):
-    """``f(*values) -> [int, ...]``: each expression evaluated exactly at integer ``values``."""
+    """``f(*values) -> [int, ...]``: each expression evaluated exactly at integer ``values`` (a ``Tuple`` of
+    expressions: a tuple of ints)."""
     fn = _exact(tuple(args), tuple(exprs))
 
     def evaluate(*values):
-        return [as_int(v) for v in fn(*(Fraction(x) for x in values))]
+        return [whole(v) for v in fn(*(Fraction(x) for x in values))]
     return evaluate
 
 

@@ -10,7 +10,7 @@ from fractions import Fraction
 from functools import lru_cache
 import math
 
-__all__ = ["as_int", "compiled_function", "evaluate", "text"]
+__all__ = ["as_int", "compiled_function", "evaluate", "text", "whole"]
 
 
 def as_int(value) -> int:
@@ -19,6 +19,12 @@ def as_int(value) -> int:
     if value.denominator != 1:
         raise ArithmeticError(f"expected a whole number of bytes, got {value}")
     return value.numerator
+
+
+def whole(value):
+    """:func:`as_int` of a number, or of each number of a tuple of them (a formula whose value is shapes, e.g.
+    the block's projections' (out, in))."""
+    return tuple(whole(v) for v in value) if isinstance(value, tuple) else as_int(value)
 
 
 @lru_cache(maxsize=None)
@@ -33,13 +39,13 @@ def compiled_function(key):
 
 
 def evaluate(key, values: dict, fallback) -> int:
-    """``key``'s formula at ``values`` (symbol name -> int), as an exact int; ``fallback()`` computes it where
-    the key is not precompiled."""
+    """``key``'s formula at ``values`` (symbol name -> int), as an exact int (a tuple of them for a tuple-valued
+    formula); ``fallback()`` computes it where the key is not precompiled."""
     compiled = compiled_function(key)
     if compiled is None:
         return fallback()
     function, names = compiled
-    return as_int(function(*(Fraction(values[n]) for n in names)))
+    return whole(function(*(Fraction(values[n]) for n in names)))
 
 
 def text(key, build) -> str:

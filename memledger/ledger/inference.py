@@ -62,9 +62,7 @@ COMPUTE_DTYPES = ("bf16", "fp16", "fp32")
 def quantized_elements(arch) -> list:
     """(out, in) of every linear weight bitsandbytes quantizes: the blocks' projections, L times each (the LM
     head and the embeddings are kept)."""
-    from ..models.tensors import projections
-    shapes = [tuple(arch.evaluate(x) for x in shape) for shape in projections(arch.features).values()]
-    return [shape for shape in shapes for _ in range(arch.n_layers)]
+    return [shape for shape in formulas.projection_shapes(arch) for _ in range(arch.n_layers)]
 
 
 @dataclass(frozen=True)
