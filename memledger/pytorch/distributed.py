@@ -286,7 +286,10 @@ def fsdp_step(c: RefConfig, loop: str = "fp32-adamw", batch: int = 1, seq: int =
     :func:`tp_plan` the embedding and LM head) parallelized first. ``loss_in_root``: the root is
     :class:`LossRoot` (the loss computed in the root's forward; torchtitan and torchtune compute it outside the
     model, the default here). Both steps are tracked,
-    ``reset_mod_stats()`` between them (``track_first=False``: the first runs untracked).
+    ``reset_mod_stats()`` between them; ``track_first=False``: no first step, the optimizer's state made as one
+    leaves it (:meth:`~memledger.pytorch.reference.Trainer.init_state`: zero gradients on the shards, one
+    ``opt.step()``), which gives the same second step to the byte, category and hook (``tests/pytorch/
+    test_distributed.py``) without running a forward and backward first.
 
     Returns {landmark: bytes, "peak": bytes, "phase peaks": {phase: bytes}, "categories": {landmark or
     "<phase> peak": {FSDPMemTracker category: bytes}}, "modules": {module name: {FSDP hook ("Before
@@ -345,9 +348,8 @@ def fsdp_step(c: RefConfig, loop: str = "fp32-adamw", batch: int = 1, seq: int =
             tracker = _phase_tracker(FSDPMemTracker)(model, trainer.opt)
             tracker.track_inputs((ids, targets))
             context = loss_parallel if tp > 1 else nullcontext
-            if not track_first:
-                with context():
-                    trainer.step(ids, targets)
+            if not track_first:     # the optimizer's state as a first step leaves it (FSDP2 inits at forward)
+                trainer.init_state()
             if cpu_offload:     # the sharded parameters, their gradients and the optimizer's states: host memory
                 for param in model.parameters():
                     host.add(param.to_local())

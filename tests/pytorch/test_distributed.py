@@ -226,11 +226,17 @@ def test_rank0_chunks_are_pytorchs(size, dim, n):
         got[n]
 
 
-def test_two_tracked_steps_are_one():
-    """Tracking both steps (reset_mod_stats() between them) or only the second gives the same second step."""
-    one = fsdp_step(ODD, batch=2, seq=16, world=8, track_first=False)
-    two = fsdp_step(ODD, batch=2, seq=16, world=8)
-    assert {k: v for k, v in one.items() if k != "modules"} == {k: v for k, v in two.items() if k != "modules"}
+@pytest.mark.parametrize("c, options", [
+    (ODD, dict()), (ODD, dict(reshard=2, loss_in_root=True)), (ODD, dict(replicate=2, reduce_dtype="bf16")),
+    (dataclasses.replace(ODD, recompute="selective", dropout=0.1), dict(reshard=False, foreach=True)),
+    (RefConfig(64, 2, 4, 256, 1000, "llama", tp=2), dict(tp=2, sequence_parallel=True))])
+def test_two_tracked_steps_are_one(c, options):
+    """A first step tracked (reset_mod_stats() between them) or the optimizer's state made without one
+    (``track_first=False``: Trainer.init_state, FSDP2's lazy init at the tracked forward) gives the same second
+    step: every landmark, phase peak and category, and every FSDP hook's snapshot."""
+    one = fsdp_step(c, batch=2, seq=16, world=8, track_first=False, **options)
+    two = fsdp_step(c, batch=2, seq=16, world=8, **options)
+    assert one == two
 
 
 @pytest.mark.parametrize("root_reshard", [True, False])
