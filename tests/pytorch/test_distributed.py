@@ -227,8 +227,8 @@ def test_rank0_chunks_are_pytorchs(size, dim, n):
 
 
 @pytest.mark.parametrize("c, options", [
-    (ODD, dict()), (ODD, dict(reshard=2, loss_in_root=True)), (ODD, dict(replicate=2, reduce_dtype="bf16")),
     (dataclasses.replace(ODD, recompute="selective", dropout=0.1), dict(reshard=False, foreach=True)),
+    (ODD, dict(reshard=2, loss_in_root=True, replicate=2, reduce_dtype="bf16")),
     (RefConfig(64, 2, 4, 256, 1000, "llama", tp=2), dict(tp=2, sequence_parallel=True))])
 def test_two_tracked_steps_are_one(c, options):
     """A first step tracked (reset_mod_stats() between them) or the optimizer's state made without one
