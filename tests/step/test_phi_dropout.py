@@ -30,7 +30,6 @@ def test_phi2_drops_its_residual_branches_only():
     assert arch.dropout and not arch.attention_dropout and not arch.attention_dropped
     assert _phi(attention_dropout=0.1).attention_dropped                  # a nonzero p: the probabilities too
     assert not _phi(resid_pdrop=0.0).dropout                              # every p 0: no dropout at all
-    assert _phi(resid_pdrop=0.0, embd_pdrop=0.1).attention_dropout is False    # the blocks' sites as the config says
 
 
 @pytest.mark.slow
