@@ -31,21 +31,23 @@ def _elements(sharded):
 
 
 def _activations(mlp, norm, dropout, flash, recompute, tp, sequence_parallel, gqa=False, head_dim=False, moe=False,
-                 dtype="bf16", parallel=False, shared_norm=False, compiled=False):
+                 dtype="bf16", parallel=False, shared_norm=False, compiled=False, attention_dropout=True):
     """L layers' saved activations; the next three (grouped-query K/V, explicit head size, MoE)
     appear in a key only when one is set, or when the last two do: the activation dtype, only where it is
     not 16-bit (``"fp32"``: an FP32 model saves 4-byte tensors), so the keys of the article's models stay
     as they were; the families' block shapes (``parallel``, ``shared_norm``: GPT-NeoX, Phi) next, only where
     set; ``compiled`` last, only where set: the blocks under ``torch.compile``, what the min-cut partitioner saves
-    (:mod:`memledger.activations.partitioned`; not compiled ahead, evaluated by lambdify)."""
+    (:mod:`memledger.activations.partitioned`; not compiled ahead, evaluated by lambdify); ``attention_dropout``
+    after it, only where False with dropout (Phi-2: the residual dropouts run, the probabilities' does not)."""
     from .activations.inventory import activation_bytes, inventory
     if compiled:
         from .activations.partitioned import compiled_options, compiled_rows
         options = compiled_options(dict(dtype=dtype))
-        rows = compiled_rows(inventory(mlp, norm, dropout, flash, gqa=gqa, head_dim=head_dim, moe=moe, **options))
+        rows = compiled_rows(inventory(mlp, norm, dropout, flash, gqa=gqa, head_dim=head_dim, moe=moe,
+                                       attention_dropout=attention_dropout, **options))
     else:
         rows = inventory(mlp, norm, dropout, flash, gqa=gqa, head_dim=head_dim, moe=moe, dtype=dtype,
-                         parallel=parallel, shared_norm=shared_norm)
+                         parallel=parallel, shared_norm=shared_norm, attention_dropout=attention_dropout)
     return activation_bytes(rows, recompute, tp, sequence_parallel, dtype)
 
 
@@ -101,7 +103,13 @@ def _activation_domain():
     parallel = [(mlp, norm, drop, flash, rec) + par + (gqa, hd, moe, dtype, p, sn)
                 for mlp, norm, gqa, hd, moe, p, sn in families for drop, flash, rec, par, dtype in product(
                     _BOOLS, _BOOLS, RECOMPUTE, _PARALLEL, ("bf16", "fp32"))]
-    return base + refined + fp32 + parallel
+    # the families whose attention probabilities' dropout does not run (Phi-2): with dropout, the flag last
+    partial = sorted({(a.mlp, a.norm, a.features.gqa, a.features.head_dim, a.features.moe, a.parallel, a.shared_norm)
+                      for a in all_presets().values() if a.dropout and not a.attention_dropout})
+    residual = [(mlp, norm, True, flash, rec) + par + (gqa, hd, moe, dtype, p, sn, False, False)
+                for mlp, norm, gqa, hd, moe, p, sn in partial for flash, rec, par, dtype in product(
+                    _BOOLS, RECOMPUTE, _PARALLEL, ("bf16", "fp32"))]
+    return base + refined + fp32 + parallel + residual
 
 
 def _components(parts, count_key, *features):

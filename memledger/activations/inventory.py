@@ -110,7 +110,8 @@ def inventory(mlp: str = "gelu", norm: str = "LayerNorm", dropout: bool = True,
               flash_attention: bool = False, *, gqa: bool = False, head_dim: bool = False,
               repeat_kv: bool = False, moe: bool = False, capacity_factor=None, dtype: str = "bf16",
               mask_dtype: str = "bool", norm_stats: str = None, rmsnorm: str = "fused",
-              attention: str = None, parallel: bool = False, shared_norm: bool = False) -> list:
+              attention: str = None, parallel: bool = False, shared_norm: bool = False,
+              attention_dropout: bool = True) -> list:
     """What autograd keeps in one block (Korthikanti et al. 2022, Sec. 4.1).
 
     gelu + dropout gives 11BSd + 5BHS^2 (attention), 19BSd at F = 4d (MLP) and
@@ -148,6 +149,9 @@ def inventory(mlp: str = "gelu", norm: str = "LayerNorm", dropout: bool = True,
     input row go. ALiBi (BLOOM) adds a bias to the scores that no backward reads (an add keeps nothing):
     no row. Multi-query attention (GPT-BigCode) is ``gqa`` at one key/value head. Rotary embeddings (full or
     partial) keep their cos/sin tables once per forward, outside the blocks, not here (as LLaMA's).
+    ``attention_dropout=False`` (with ``dropout``): the probabilities' dropout runs at p = 0, which ATen returns as
+    its input (``_dropout_impl``, ``aten/src/ATen/native/Dropout.cpp``): no attention dropout rows, the residual
+    dropouts' masks stay (Phi-2: attention_dropout 0.0, resid_pdrop 0.1).
     """
     check_choice("mlp", mlp, ("gelu", "swiglu"))
     if moe and mlp != "swiglu":
@@ -174,7 +178,7 @@ def inventory(mlp: str = "gelu", norm: str = "LayerNorm", dropout: bool = True,
                           (B, H, S), "fp32", tp_sharded=True))
     else:
         rows.append(Saved("softmax output", "softmax backward needs its output", BHSS, f, tp_sharded=True))
-        if dropout:
+        if dropout and attention_dropout:
             rows += [
                 Saved("attention dropout mask", "dropout backward needs the mask", BHSS,
                       "fp32" if attention == "math" else mask_dtype, tp_sharded=True, dropout=True),

@@ -92,7 +92,7 @@ def layer_activation_bytes(arch, batch_size: int, seq_len: int, flash_attention:
     arch = get_preset(arch) if isinstance(arch, str) else arch
     f = arch.features
     rows = inventory(arch.mlp, arch.norm, dropout=arch.dropout, flash_attention=flash_attention, gqa=f.gqa,
-                     head_dim=f.head_dim, repeat_kv=repeat_kv, moe=f.moe)
+                     head_dim=f.head_dim, repeat_kv=repeat_kv, moe=f.moe, attention_dropout=arch.attention_dropout)
     return evaluate_expr(per_layer_bytes(rows), dict(arch.values, B=batch_size, S=seq_len))
 
 

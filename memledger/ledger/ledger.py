@@ -125,6 +125,10 @@ def row_specs(s: Structure) -> tuple:
         dtype = activation_dtype(recipe)
         family = (f.parallel, f.shared_norm) if f.parallel else ()      # GPT-NeoX, Phi (issue 16)
         compiled = (False, False, True) if s.compiled else ()          # torch.compile's blocks (never a family's)
+        # Phi-2: the residual dropouts run, the probabilities' does not (p = 0): the flag last, only then
+        partial = s.dropout and not s.arch.attention_dropout
+        if partial:
+            family, compiled = (), (f.parallel, f.shared_norm, bool(s.compiled), False)
         refined = f.gqa or f.head_dim or f.moe or dtype == "fp32" or family or compiled
         refinements = (f.gqa, f.head_dim, f.moe) if refined else ()
         specs.append(RowSpec("activations", Group.ACTIVATIONS, Device.GPU,

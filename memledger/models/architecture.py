@@ -65,6 +65,8 @@ class Architecture:
     relative_buckets: int = 0     # T5: relative_attention_num_buckets (an N_rb x H bias per stack)
     rotary_fraction: float = None  # the share of each head RoPE rotates (GPT-NeoX rotary_pct, Phi partial_rotary_factor)
     no_dropout: bool = False      # every dropout probability of the config is 0 (Pythia, BLOOM)
+    attention_dropout: bool = True  # with dropout, the attention probabilities' dropout runs (p > 0); False: Phi-2's
+    #                                 attention_dropout 0.0 beside resid_pdrop 0.1 (ATen's dropout returns its input)
 
     def __post_init__(self):
         check_choice("style", self.style, STYLES)
@@ -87,7 +89,7 @@ class Architecture:
         if self.relative_buckets and not self.n_decoder_layers:
             raise ValueError("relative_buckets: T5's relative bias is modelled for encoder-decoders (n_decoder_layers)")
         for name in ("pooler", "embedding_norm", "causal", "parallel", "shared_norm", "head_bias", "alibi",
-                     "input_norm", "no_dropout"):
+                     "input_norm", "no_dropout", "attention_dropout"):
             check_flag(name, getattr(self, name))
         if self.head_size is None:
             if self.d_model % self.n_heads:
@@ -114,6 +116,11 @@ class Architecture:
     def dropout(self) -> bool:
         """GPT-style blocks train with dropout (unless the config sets it to 0); LLaMA-style blocks do not."""
         return self.style == "gpt" and not self.no_dropout
+
+    @property
+    def attention_dropped(self) -> bool:
+        """Whether training with dropout runs the attention probabilities' dropout too (not Phi-2's, p = 0)."""
+        return self.dropout and self.attention_dropout
 
     @property
     def mlp(self) -> str:
@@ -234,5 +241,6 @@ class Architecture:
 
 _REFINEMENTS = ("n_kv_heads", "head_size", "tied_embeddings", "qkv_bias", "n_token_types", "pooler",
                 "embedding_norm", "causal", "n_experts", "top_k", "model_type", "parallel", "shared_norm", "head_bias",
-                "alibi", "input_norm", "gated", "n_decoder_layers", "relative_buckets", "rotary_fraction", "no_dropout")
+                "alibi", "input_norm", "gated", "n_decoder_layers", "relative_buckets", "rotary_fraction", "no_dropout",
+                "attention_dropout")
 

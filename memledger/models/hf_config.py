@@ -244,8 +244,20 @@ def _phi(config):
                 vocab_size=_get(config, "vocab_size"), style="gpt", n_kv_heads=_get(config, "num_key_value_heads", None),
                 tied_embeddings=_flag(config, "tie_word_embeddings", False), parallel=True, shared_norm=True,
                 head_bias=True, rotary_fraction=_fraction(config, "partial_rotary_factor", 0.5),
-                no_dropout=_dropout_free(config, ("resid_pdrop", 0.0), ("attention_dropout", 0.0),
-                                         ("embd_pdrop", 0.0)))
+                **_phi_dropout(config))
+
+
+def _phi_dropout(config) -> dict:
+    """Phi's dropout sites (``modeling_phi.py``): ``embed_dropout`` (embd_pdrop) on the embedding,
+    ``resid_dropout`` (resid_pdrop) on the attention and MLP branches, and ``attention_dropout`` on the
+    probabilities in ``PhiAttention``. ATen's dropout with p == 0 returns its input (``_dropout_impl``,
+    ``aten/src/ATen/native/Dropout.cpp``): no mask, no copy. So where resid_pdrop is set but attention_dropout is 0
+    (microsoft/phi-2), the blocks drop their residual branches only (``attention_dropout=False``). The embedding's
+    dropout is not booked (:mod:`memledger.step.structure` refuses it with learned positions only); Phi-2's is 0."""
+    free = _dropout_free(config, ("resid_pdrop", 0.0), ("attention_dropout", 0.0), ("embd_pdrop", 0.0))
+    if free or not _dropout_free(config, ("attention_dropout", 0.0)):
+        return dict(no_dropout=free)
+    return dict(no_dropout=False, attention_dropout=False)
 
 
 def _bloom(config):

@@ -52,13 +52,13 @@ def architecture_of(c: RefConfig) -> Architecture:
                         qkv_bias=True if c.qkv_bias else None,
                         tied_embeddings=True if c.tied else (False if c.untied else None), head_bias=c.head_bias,
                         head_size=c.head_dim, parallel=c.parallel, shared_norm=c.shared_norm, alibi=c.alibi,
-                        input_norm=c.input_norm, n_positions=c.positions)
+                        input_norm=c.input_norm, n_positions=c.positions, attention_dropout=c.attention_dropout)
 
 
 def run_options(c: RefConfig, loop: str) -> dict:
     """``inventory`` options for what the CPU run of ``c`` does (see the module docstring)."""
     dtype = "fp32" if loop == "fp32-adamw" else "bf16"
-    kernel = "eager" if c.kernel == "eager" else ("math" if c.dropout else "flash")
+    kernel = "eager" if c.kernel == "eager" else ("math" if c.dropout and c.attention_dropout else "flash")
     return dict(dtype=dtype, mask_dtype="bool" if c.native_dropout else dtype, norm_stats=dtype,
                 rmsnorm=c.rmsnorm, attention=kernel)
 
@@ -67,7 +67,7 @@ def _block_rows(c, options):
     """The inventory rows of one block of ``c`` (without the attention core's own under selective recomputation)."""
     mlp, norm = ("gelu", "LayerNorm") if c.style == "gpt" else ("swiglu", "RMSNorm")
     rows = inventory(mlp, norm, bool(c.dropout), gqa=c.kv_heads != c.H, head_dim=c.hd * c.H != c.d,
-                     parallel=c.parallel, shared_norm=c.shared_norm, **options)
+                     parallel=c.parallel, shared_norm=c.shared_norm, attention_dropout=c.attention_dropout, **options)
     return kept_rows(rows, "selective") if c.recompute == "selective" else rows
 
 

@@ -111,6 +111,11 @@ class RefConfig:
     (:mod:`memledger.pytorch.packing`), passed to every block's SDPA as ``mask[:, None]`` (torchtune's
     ``_sdpa_or_flex_attention``), ``is_causal=False``; the eager core instead gets it inverted, (B, 1, S, S),
     for its ``masked_fill`` (Megatron-LM's ``attention_mask_func``).
+    ``attention_dropout``: False runs the probabilities' dropout at p = 0, as ``PhiAttention`` does with Phi-2's
+    ``attention_dropout`` 0.0 beside ``resid_pdrop`` 0.1 (``nn.functional.dropout(attn_weights,
+    p=self.attention_dropout, training=self.training)``, ``models/phi/modeling_phi.py``): ATen's ``_dropout_impl``
+    returns the input at p == 0 (``aten/src/ATen/native/Dropout.cpp``), so only the residual dropouts keep masks;
+    SDPA gets ``dropout_p=0``.
     """
     d: int
     L: int
@@ -140,6 +145,7 @@ class RefConfig:
     positions: int = 0              # n > 0: learned positions, an n x d embedding added to the tokens' (GPT-2's wpe)
     untied: bool = False            # a GPT decoder's LM head has its own weight (GPT-NeoX's embed_out, Phi's lm_head)
     head_bias: bool = False         # the LM head has a bias (Phi's lm_head: nn.Linear(d, V, bias=True))
+    attention_dropout: bool = True  # False: the probabilities' dropout at p = 0 (Phi-2's attention_dropout 0.0)
 
     def __post_init__(self):
         if self.attention not in (None, "eager", "sdpa"):
@@ -237,6 +243,13 @@ class Block(nn.Module):
             return x
         return torch.native_dropout(x, c.dropout, True)[0] if c.native_dropout else F.dropout(x, c.dropout)
 
+    def _drop_probs(self, x):
+        """The attention probabilities' dropout: the block's, or (``attention_dropout=False``) F.dropout at p = 0."""
+        c = self.c
+        if c.attention_dropout or c.style != "gpt" or not c.dropout:
+            return self._drop(x)
+        return F.dropout(x, 0.0)
+
     def _core(self, q, k, v, mask, alibi=None):
         c = self.c
         scale = 1 / math.sqrt(c.hd)
@@ -249,7 +262,7 @@ class Block(nn.Module):
             if mask is not None:
                 scores = scores + mask
             scores = F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
-            return self._drop(scores) @ v
+            return self._drop_probs(scores) @ v
         if c.kernel == "eager" and c.kv_heads != c.H:        # grouped: no K/V copies to H heads
             B, H, S, hd = q.shape
             q = q.reshape(B, kv, H // kv * S, hd)
@@ -257,14 +270,14 @@ class Block(nn.Module):
             scores = (q @ k.transpose(-1, -2)).view(B, H, S, S) * scale
             if alibi is not None:
                 scores = scores + alibi
-            probs = self._drop(scores.masked_fill(mask, float("-inf")).softmax(-1))
+            probs = self._drop_probs(scores.masked_fill(mask, float("-inf")).softmax(-1))
             return (probs.view(B, kv, H // kv * S, S) @ v).view(B, H, S, hd)
         if c.kernel == "eager":
             scores = (q @ k.transpose(-1, -2)) * scale
             if alibi is not None:
                 scores = scores + alibi
-            return self._drop(scores.masked_fill(mask, float("-inf")).softmax(-1)) @ v
-        p = c.dropout if c.style == "gpt" else 0.0
+            return self._drop_probs(scores.masked_fill(mask, float("-inf")).softmax(-1)) @ v
+        p = c.dropout if c.style == "gpt" and c.attention_dropout else 0.0
         if c.packed:                    # packed documents: the block-causal mask, (B, 1, S, S)
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None], dropout_p=p,
                                                   enable_gqa=c.kv_heads != c.H)

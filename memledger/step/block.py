@@ -194,7 +194,7 @@ def attention_core(p, c, save):
     output, a local until the block returns. DROPPED: each dies with its last reference; returns the output.
     RECOMPUTED: re-run up to ``@ v``'s inputs; returns the :class:`Core` its backward reads. q, k, v (views
     of the fused projection's output) are live."""
-    a, drop, gqa = c.dtype, c.dropout, c.gqa
+    a, drop, gqa = c.dtype, c.attention_dropped, c.gqa
     kept, dropped, again = save is Save.KEPT, save is Save.DROPPED, save is Save.RECOMPUTED
     in_place = c.single and not gqa                  # B = 1, multi-head: the matmuls read the views
     BSq, BSkv = widths_of(c)
@@ -365,7 +365,7 @@ def attention_backward(p, c: Shape, g, share, release):
     gradient of norm 1's output (returned): output projection, the core (re-run first under selective
     recomputation), q, k and v's gradients into the fused projection's, its backward. ``release``: what goes
     with the output projection's backward (eager) or the kernel's (flash), beside what the branch saved."""
-    a, drop = c.dtype, c.dropout
+    a, drop = c.dtype, c.attention_dropped          # the probabilities' dropout (not at p = 0, Phi-2's)
     recomputed, selective = c.recompute == "full", c.recompute == "selective"
     BSq, BSkv = widths_of(c)
     gpi = p.new("gradient of the output projection input", BSq, a, "the output projection's input gradient")

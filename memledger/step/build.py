@@ -57,7 +57,7 @@ class Built:
         opts = conv.inventory_options(c.style, c.dtype, c.dropout) | {"attention": c.attention}
         mlp, norm = ("gelu", "LayerNorm") if c.gpt else ("swiglu", "RMSNorm")
         layer_rows = inventory(mlp, norm, c.dropout, gqa=c.gqa, head_dim=c.head_dim, parallel=c.parallel,
-                               shared_norm=c.shared_norm, **opts)
+                               shared_norm=c.shared_norm, attention_dropout=c.attention_dropout, **opts)
         if s.recompute == "selective":          # the attention core's own tensors are recomputed, not kept
             layer_rows = kept_rows(layer_rows, "selective")
         layer_rows = layer_rows + packing.saved_rows(c)         # packed rows: SDPA's additive mask per block

@@ -84,6 +84,12 @@ class Shape:
     parallel: bool = False  # GPT-NeoX: x + attn(norm1(x)) + mlp(norm2(x)) (memledger.step.parallel)
     shared_norm: bool = False   # Phi: with parallel, one norm feeds attention and MLP
     head_bias: bool = False     # the LM head has a bias (Phi's lm_head)
+    attention_dropout: bool = True  # with dropout, the probabilities' dropout runs; False: Phi-2's p = 0 (no tensor)
+
+    @property
+    def attention_dropped(self):
+        """The eager core drops out its probabilities (a mask and an output saved): dropout, not at p = 0."""
+        return self.dropout and self.attention_dropout
 
     @property
     def gpt(self):
@@ -168,7 +174,9 @@ class StepStructure:
                     getattr(ledger, "fsdp_loss_in_root", False),
                     getattr(ledger, "fsdp_offload_pin_memory", True) if getattr(ledger, "fsdp_cpu_offload", False)
                     else None)
-        kernel = conv.kernel(arch.style, ledger.dropout, ledger.flash_attention)
+        # the attention probabilities' dropout (off at p = 0, Phi-2's) decides SDPA's kernel, not the residual ones
+        partial = bool(ledger.dropout) and not arch.attention_dropout
+        kernel = conv.kernel(arch.style, ledger.dropout and not partial, ledger.flash_attention)
         if kernel == "math":
             raise ValueError("the math SDPA kernel (CPU, LLaMA blocks with dropout) is not modelled op by op; "
                              "use flash_attention or no dropout")
@@ -180,7 +188,7 @@ class StepStructure:
                       ledger.recompute, f.head_dim, ledger.tp > 1,
                       check_loss_chunks(ledger.loss_chunks), ledger.loss_impl,
                       *check_packed(ledger, conv, kernel), check_amp(ledger, conv, kernel), **refined,
-                      **check_parallel(ledger, f, kernel))
+                      **check_parallel(ledger, f, kernel), **({"attention_dropout": False} if partial else {}))
         if ledger.sequence_parallel and ledger.recompute == "full":
             raise ValueError("the step timeline runs sequence parallelism as DTensor runs it without full "
                              "recomputation only (its recomputed norms on S/t are not modelled); use selective or "

@@ -251,7 +251,7 @@ def tensor_parallel_split(ledger: Ledger, t: int = 4, unit: str = "MiB"):
     left.axis("off")
     left.text(0, left.get_ylim()[1], "input width \u2192, output height \u2191 (units of d); one colour per GPU",
               fontsize=7, va="bottom")
-    rows = inventory(arch.mlp, arch.norm, dropout=ledger.dropout)
+    rows = inventory(arch.mlp, arch.norm, dropout=ledger.dropout, attention_dropout=arch.attention_dropout)
     values = {**ledger.values, "t": t}
     sizes = [[float(in_unit(_value(r.rank_bytes(tp, sp_), values), unit)) for tp, sp_ in
               ((False, False), (True, False), (True, True))] for r in rows]

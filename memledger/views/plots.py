@@ -112,7 +112,8 @@ def activations_vs_seq(preset: str = "article-7b", batch_size: int = 1, max_seq:
     """Saved activations of all layers against S: the linear (B x S x d) and the quadratic (S x S) parts."""
     ax = ax or plt.subplots(figsize=(6.5, 3.8))[1]
     ledger = Ledger(preset, batch_size=batch_size)
-    rows = inventory(ledger.arch.mlp, ledger.arch.norm, dropout=ledger.dropout)
+    rows = inventory(ledger.arch.mlp, ledger.arch.norm, dropout=ledger.dropout,
+                     attention_dropout=ledger.arch.attention_dropout)
     fixed = {k: v for k, v in ledger.bindings.items() if k != S}
     linear = sp.lambdify(S, (L * sum(r.bytes for r in rows if not r.quadratic)).subs(fixed), "numpy")
     quadratic = sp.lambdify(S, (L * sum(r.bytes for r in rows if r.quadratic)).subs(fixed), "numpy")

@@ -14,6 +14,8 @@ from memledger.core.exact import evaluate_expr
 FAMILIES = {
     "gpt_neox (parallel residual, two LayerNorms)": dict(parallel=True),
     "phi (one LayerNorm, parallel attention and MLP)": dict(parallel=True, shared_norm=True),
+    "phi-2 (attention_dropout 0.0: the residual dropouts only)": dict(parallel=True, shared_norm=True,
+                                                                      attention_dropout=False),
     "bloom (ALiBi, embedding LayerNorm)": dict(alibi=True, input_norm=True),
     "gpt_bigcode (multi-query attention)": dict(n_kv_heads=1),
 }
