@@ -31,7 +31,7 @@ def test_weight_copies_are_the_linears_weights_in_fp16():
     assert {r.name: r.bytes for r in ledger.rows}["autocast FP16 weight copies (saved by autograd)"] == linear
 
 
-@pytest.mark.sample(4)
+@pytest.mark.slow
 @pytest.mark.parametrize("refinement", [{"n_kv_heads": 2}, {"n_kv_heads": 1}, {"qkv_bias": True}, {"tied": True},
                                         {"head_dim": 32}, {"recompute": "selective"}, {"recompute": "full"},
                                         {"recompute": "full", "qkv_bias": True, "n_kv_heads": 2, "L_": 5},
@@ -48,7 +48,7 @@ def test_llama_refinements_are_memtrackers(refinement):
     amp_against_memtracker(1, 16, **refinement)
 
 
-@pytest.mark.sample(1)
+@pytest.mark.slow
 @pytest.mark.parametrize("recompute", ["none", "selective", "full"])
 def test_gpt_blocks_are_memtrackers(recompute):
     """GPT blocks (LayerNorm in FP32 on the FP32 residual stream, biased FP16 linears whose bias copies only the
