@@ -118,11 +118,6 @@ class Architecture:
         return self.style == "gpt" and not self.no_dropout
 
     @property
-    def attention_dropped(self) -> bool:
-        """Whether training with dropout runs the attention probabilities' dropout too (not Phi-2's, p = 0)."""
-        return self.dropout and self.attention_dropout
-
-    @property
     def mlp(self) -> str:
         """The MLP kind the activation inventory saves tensors for: gelu or swiglu (any gated MLP)."""
         return "swiglu" if self.features.is_gated else "gelu"

@@ -27,8 +27,8 @@ def _phi(**dropout):
 
 def test_phi2_drops_its_residual_branches_only():
     arch = get_preset("phi-2")
-    assert arch.dropout and not arch.attention_dropout and not arch.attention_dropped
-    assert _phi(attention_dropout=0.1).attention_dropped                  # a nonzero p: the probabilities too
+    assert arch.dropout and not arch.attention_dropout
+    assert _phi(attention_dropout=0.1).attention_dropout                  # a nonzero p: the probabilities too
     assert not _phi(resid_pdrop=0.0).dropout                              # every p 0: no dropout at all
 
 
