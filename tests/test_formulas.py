@@ -10,7 +10,6 @@ import memledger
 import pytest
 
 from memledger import formulas
-from memledger.core import keyed
 from memledger.core.exact import exact_function
 
 
@@ -48,7 +47,6 @@ def test_uncompiled_key_falls_back_to_sympy(monkeypatch):
     from memledger.core import compiled
     key = ("elements", True)
     monkeypatch.setattr(compiled, "FORMULAS", {})
-    keyed.compiled_function.cache_clear()
     assert formulas.evaluate(key, {"P": 7, "N_d": 2, "t": 1}) == 4
 
 
@@ -61,13 +59,9 @@ def test_projection_shapes_are_the_symbolic_projections(monkeypatch, compiled):
     from memledger.models.tensors import projections
     if not compiled:
         monkeypatch.setattr(table, "FORMULAS", {})
-    keyed.compiled_function.cache_clear()
-    try:
-        for name, arch in all_presets().items():
-            expected = tuple(tuple(arch.evaluate(x) for x in shape) for shape in projections(arch.features).values())
-            assert formulas.projection_shapes(arch) == expected, name
-    finally:
-        keyed.compiled_function.cache_clear()
+    for name, arch in all_presets().items():
+        expected = tuple(tuple(arch.evaluate(x) for x in shape) for shape in projections(arch.features).values())
+        assert formulas.projection_shapes(arch) == expected, name
 
 
 @pytest.mark.slow

@@ -3,9 +3,9 @@
 :class:`StepStructure` holds the discrete choices (block style, kernels,
 recipe, ZeRO, offload, recomputation, ...); :func:`build` turns one into the
 flat op list (:mod:`memledger.step.trace`), the table of named tensors with
-their SymPy sizes, and one compiled function that evaluates every size
-exactly (:func:`memledger.core.exact.exact_function`). A :class:`~memledger.step.timeline.Step`
-then only evaluates that function and adds integers.
+their SymPy sizes, and one tape that evaluates every size exactly
+(:mod:`memledger.core.tape`). A :class:`~memledger.step.timeline.Step` then only evaluates that tape and adds
+integers.
 """
 from functools import lru_cache
 
@@ -15,7 +15,9 @@ import sympy as sp
 from ..activations.inventory import inventory, kept_rows
 from ..activations.outside import outside_inventory
 from ..core.dtypes import nbytes
-from ..core.exact import evaluate_expr, exact_function, integer_function, is_integral_polynomial
+from ..core.exact import evaluate_expr
+from ..core.keyed import as_int
+from ..core.tape import Tape, record as tape
 from ..core.symbols import L, N_d, O, P, t
 from ..states.placement import ZERO_SHARDS, device_of, state_specs
 from ..states.recipes import ALL_RECIPES as RECIPES
@@ -206,11 +208,8 @@ class Built:
                       for dev in Device}
         self.gpu = self.masks[Device.GPU]
         exprs = [sp.sympify(tensors[n].expr) for n in self.names]
-        whole = [i for i, e in enumerate(exprs) if is_integral_polynomial(e)]
-        other = [i for i in range(len(exprs)) if i not in set(whole)]
         self.symbols = tuple(sorted(set().union(*(e.free_symbols for e in exprs)), key=lambda x: x.name))
-        self._groups = [(whole, integer_function(self.symbols, [exprs[i] for i in whole])),
-                        (other, exact_function(self.symbols, tuple(exprs[i] for i in other)))]
+        self._tape = Tape(tape(self.symbols, exprs))
 
     def _static_rows(self, recipe):
         """Model states (no backward-written gradient), step counters, ids, overhead: live the whole step."""
@@ -271,12 +270,7 @@ class Built:
         """Every tensor's bytes at ``values``, in the order of ``self.names``: exact ints, in an int64 array
         where no total of the step can pass 2^63 (every tensor live at once, as many copies as any op holds),
         else in an array of Python ints (``dtype=object``), so that no sum ever wraps around."""
-        args = [values[x.name] for x in self.symbols]
-        out = [0] * len(self.names)
-        for indices, fn in self._groups:
-            if indices:
-                for i, v in zip(indices, fn(*args)):
-                    out[i] = int(v)
+        out = [as_int(v) for v in self._tape(*(int(values[x.name]) for x in self.symbols))]
         bound = sum(out) * self.max_count
         return np.array(out, dtype=np.int64 if bound < 2**63 else object)
 

@@ -1,41 +1,44 @@
-"""The step's peak without SymPy: each step structure compiled once to plain Python, kept on disk.
+"""The step's peak without SymPy: each step structure compiled once into data, kept on disk.
 
 The command line judges a run by its peak (:class:`memledger.step.timeline.Step`), yet must answer about as fast
 as Python starts, and SymPy alone takes ~0.3 s to import. A step's numbers depend on a ledger's values
 only through the sizes of its tensors, and its programs only on the discrete choices of a
 :class:`~memledger.step.structure.StepStructure`. So the first time a structure is met, :func:`compile_step`
-builds its programs with SymPy (:func:`memledger.step.build.build`) and prints them as data: every tensor's
-size as a Python expression over ``Fraction`` arguments (the printer of :mod:`memledger.core.compiled`) and,
-after every op, the change of each GPU tensor's count. That record is written to the user's cache
-directory (``platformdirs.user_cache_dir("memledger")``, or ``$MEMLEDGER_CACHE_DIR``), named by a hash
-of the structure and of memledger's own source, so an edited library never reads a stale record. Later
-runs evaluate the sizes and add them up op by op: the largest running total is the peak, to the byte
-the same as ``Step.peak`` (``tests/step/test_cache.py``).
+builds its programs with SymPy (:func:`memledger.step.build.build`) and records them as data: every tensor's
+size as a tape of operations over the symbols (:mod:`memledger.core.tape`) and, after every op, the change of
+each GPU tensor's count. That record is written to the user's cache directory
+(``platformdirs.user_cache_dir("memledger")``, or ``$MEMLEDGER_CACHE_DIR``), named by a hash of the structure
+and of every file of the memledger package, so an edited or upgraded library never reads a stale record.
+Later runs evaluate the tape (no ``eval``: a cache folder may be shared, and a record is never run) and add
+the sizes up op by op: the largest running total is the peak, to the byte the same as ``Step.peak``
+(``tests/step/test_cache.py``). A damaged or foreign record is reported in one line and compiled again.
 """
-from fractions import Fraction
 from functools import lru_cache
 import hashlib
 import json
-import math
 import os
 from pathlib import Path
+import sys
 
 from ..activations.backends import get_backend
 from ..core.keyed import as_int
+from ..core.tape import Tape
 from .structure import StepStructure, block_of, step_values
 
 __all__ = ["CompiledStep", "cache_dir", "compile_step", "compiled_step", "record_path", "source_hash", "step_peak",
            "step_record"]
 
-PACKAGE = Path(__file__).parent
-FORMAT = 2          # bump when the record's layout changes
+PACKAGE = Path(__file__).resolve().parents[1]      # memledger/, the whole package
+FORMAT = 3          # bump when the record's layout changes (3: sizes as a tape, data only)
 
 
 @lru_cache(maxsize=1)
 def source_hash() -> str:
-    """A digest of memledger's Python source: any edit gives new cache names."""
+    """A digest of every file of the memledger package (its source and data, bytecode caches aside): an edit
+    anywhere, or another version, gives new cache names."""
     digest = hashlib.sha256()
-    for path in sorted(PACKAGE.rglob("*.py")):
+    files = (p for p in PACKAGE.rglob("*") if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc")
+    for path in sorted(files):
         digest.update(path.relative_to(PACKAGE).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()
 
@@ -74,20 +77,15 @@ def step_record(structure: StepStructure) -> dict:
 
 
 def compile_step(structure: StepStructure) -> dict:
-    """The record of ``structure`` printed as plain Python: :func:`step_record`'s ``symbols``, ``deltas`` and
-    ``moments``; ``whole`` and ``exact``, each a pair of tensor indices and a Python list expression of their
-    bytes (integer polynomials in plain ints; the others over ``Fraction`` arguments, ``math.ceil`` for
-    ceilings)."""
-    from ..core.exact import ExactPrinter, is_integral_polynomial
+    """The record of ``structure`` as data: :func:`step_record`'s ``symbols``, ``deltas`` and ``moments``, and
+    ``sizes``, every tensor's bytes as a tape (:func:`memledger.core.tape.record`: operations over the symbols,
+    read back and evaluated without SymPy and without running any code from the file)."""
+    from ..core.tape import record as tape
     step = step_record(structure)
-    printer, exprs = ExactPrinter(), step["sizes"]
-    groups = {"whole": [j for j, e in enumerate(exprs) if is_integral_polynomial(e)]}
-    groups["exact"] = [j for j in range(len(exprs)) if j not in set(groups["whole"])]
-    record = {"format": FORMAT, "structure": repr(structure), "symbols": step["symbols"], "size_count": len(exprs),
-              "deltas": step["deltas"], "moments": step["moments"]}
-    for group, indices in groups.items():
-        record[group] = [indices, "[" + ", ".join(printer.doprint(exprs[j]) for j in indices) + "]"]
-    return record
+    by_name = {x.name: x for e in step["sizes"] for x in e.free_symbols}
+    return {"format": FORMAT, "structure": repr(structure), "symbols": step["symbols"],
+            "sizes": tape([by_name[n] for n in step["symbols"]], step["sizes"]),
+            "deltas": step["deltas"], "moments": step["moments"]}
 
 
 def _write(path: Path, record: dict) -> None:
@@ -102,41 +100,43 @@ def _write(path: Path, record: dict) -> None:
 
 
 def _read(path: Path, structure: StepStructure):
+    """The record at ``path`` if it is ``structure``'s, else None; a damaged or foreign record is reported in one
+    line on stderr and ignored (it is data: nothing in it is ever run)."""
     try:
-        record = json.loads(path.read_text())
-    except (OSError, ValueError):
+        text = path.read_text()
+    except OSError:
+        return None                                     # not cached yet (or unreadable): compiled below
+    try:
+        record = json.loads(text)
+        if not (isinstance(record, dict) and record.get("format") == FORMAT):
+            raise ValueError(f"format {record.get('format') if isinstance(record, dict) else None!r}, not {FORMAT}")
+        if record.get("structure") != repr(structure):
+            raise ValueError("it records another step structure")
+        return CompiledStep(record, structure.layers is None)
+    except (KeyError, IndexError, TypeError, ValueError) as error:
+        print(f"memledger: ignoring the step cache record {path} ({error}); compiling the step again",
+              file=sys.stderr)
         return None
-    ok = isinstance(record, dict) and record.get("format") == FORMAT and record.get("structure") == repr(structure)
-    return record if ok else None
 
 
 class CompiledStep:
-    """One structure's step as plain Python: :meth:`peak` at a ledger's values."""
+    """One structure's step read from its record: :meth:`peak` at a ledger's values, without SymPy."""
 
     def __init__(self, record: dict, lumped: bool):
-        self.symbols = record["symbols"]
-        self.size_count = record["size_count"]
+        self.symbols = list(record["symbols"])
+        self.tape = Tape(record["sizes"])
         self.deltas = record["deltas"]
         self.moments = record["moments"]
         self.lumped = lumped
-        arguments = ", ".join(self.symbols) or "*_"
-        self._groups = [(record[group][0], eval(f"lambda {arguments}: {record[group][1]}",
-                                                {"Fraction": Fraction, "math": math}), group == "exact")
-                        for group in ("whole", "exact")]
-        indices = sorted(j for indices, _, _ in self._groups for j in indices)
-        if indices != list(range(self.size_count)) or len(self.moments) != len(self.deltas) or any(
-                not 0 <= j < self.size_count for changes in self.deltas for j, _ in changes):
+        self.size_count = len(self.tape.outputs)
+        if self.tape.args != self.symbols or len(self.moments) != len(self.deltas) or any(
+                not (isinstance(j, int) and 0 <= j < self.size_count and isinstance(change, int))
+                for changes in self.deltas for j, change in changes):
             raise ValueError("a step record whose parts do not match")
 
     def sizes(self, values: dict) -> list:
         """Every tensor's bytes at ``values`` (symbol name -> int), exactly."""
-        whole = [int(values[n]) for n in self.symbols]
-        out = [0] * self.size_count
-        for indices, function, exact in self._groups:
-            results = function(*(map(Fraction, whole) if exact else whole)) if indices else ()
-            for j, value in zip(indices, results):
-                out[j] = as_int(value) if exact else value
-        return out
+        return [as_int(x) for x in self.tape(*(int(values[n]) for n in self.symbols))]
 
     def peak(self, values: dict) -> tuple:
         """(bytes, phase, block) of the largest GPU total after any op; block is None outside the blocks."""
@@ -154,16 +154,13 @@ class CompiledStep:
 @lru_cache(maxsize=64)
 def compiled_step(structure: StepStructure) -> CompiledStep:
     """``structure``'s compiled step: from the cache, else compiled (with SymPy) and cached."""
-    path, lumped = record_path(structure), structure.layers is None
-    record = _read(path, structure)
-    if record is not None:
-        try:
-            return CompiledStep(record, lumped)
-        except (KeyError, IndexError, TypeError, ValueError, SyntaxError, NameError):
-            pass                                            # damaged inside: compiled again below
-    record = compile_step(structure)
-    _write(path, record)
-    return CompiledStep(record, lumped)
+    path = record_path(structure)
+    step = _read(path, structure)
+    if step is None:
+        record = compile_step(structure)
+        _write(path, record)
+        step = CompiledStep(record, structure.layers is None)
+    return step
 
 
 def step_peak(ledger, backend="article", **changes):

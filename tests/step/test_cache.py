@@ -4,6 +4,7 @@ Step.peak itself is proved against PyTorch's MemTracker in tests/step/test_timel
 record must agree with the SymPy timeline it was printed from, at several numbers per structure.
 """
 import json
+from pathlib import Path
 import subprocess
 import sys
 
@@ -113,19 +114,59 @@ def test_record_is_cached_and_read_back(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_a_damaged_or_foreign_record_is_rebuilt(tmp_path, monkeypatch):
+def test_a_damaged_or_foreign_record_is_rebuilt(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("MEMLEDGER_CACHE_DIR", str(tmp_path))
     structure = _structure(zero_stage=2, dp=4)
     ledger = Ledger("llama2-7b", zero_stage=2, dp=4)
     good = steppeak.compile_step(structure)
-    damaged = [{**good, "deltas": good["deltas"][:-1]}, {**good, "whole": [good["whole"][0][:-1], "[]"]},
-               {**good, "exact": "not a pair"}, {k: v for k, v in good.items() if k != "moments"}]
+    tape = good["sizes"]
+    last = len(tape["args"]) + len(tape["constants"]) + len(tape["ops"])
+    damaged = [{**good, "deltas": good["deltas"][:-1]}, {k: v for k, v in good.items() if k != "moments"},
+               {**good, "sizes": {**tape, "ops": [["exec", 0]] + tape["ops"]}},              # an unknown operation
+               {**good, "sizes": {**tape, "ops": [["add", last + 5]] + tape["ops"]}},        # a slot not yet computed
+               {**good, "sizes": {**tape, "constants": [["1", 2]] + tape["constants"]}},     # not a number
+               {**good, "sizes": {**tape, "outputs": tape["outputs"] + [last]}},
+               {**good, "sizes": "not a tape"}]
     for damage in ["{not json", json.dumps({"format": steppeak.FORMAT, "structure": "another"})] + [
             json.dumps(d) for d in damaged]:
         compiled_step.cache_clear()
         record_path(structure).write_text(damage)
         assert step_peak(ledger)[0] == ledger.step().peak.bytes
         assert json.loads(record_path(structure).read_text()) == good          # compiled and written again
+        warning = capsys.readouterr().err
+        assert warning.count("\n") == 1 and "ignoring the step cache record" in warning, warning
+
+
+@pytest.mark.slow
+def test_a_record_is_data_never_run(tmp_path, monkeypatch, capsys):
+    """A record written as code (the layout of memledger before tapes: Python text read back with ``eval``) is
+    ignored, and nothing in it runs, whoever wrote it into a shared cache folder."""
+    monkeypatch.setenv("MEMLEDGER_CACHE_DIR", str(tmp_path))
+    structure = _structure(recompute="full")
+    marker = tmp_path / "ran"
+    code = f"[__import__('pathlib').Path({str(marker)!r}).touch()]"
+    good = steppeak.compile_step(structure)
+    for record in ({**good, "format": 2, "whole": [[0], code], "exact": [[], "[]"]},
+                   {**good, "sizes": {**good["sizes"], "ops": [[code, 0]] + good["sizes"]["ops"]}},
+                   {**good, "sizes": {**good["sizes"], "args": [code]}}):
+        compiled_step.cache_clear()
+        record_path(structure).write_text(json.dumps(record))
+        ledger = Ledger("llama2-7b", recompute="full")
+        assert step_peak(ledger)[0] == ledger.step().peak.bytes
+        assert not marker.exists()
+    assert "ignoring the step cache record" in capsys.readouterr().err
+
+
+def test_no_eval_or_exec_in_the_package():
+    import ast
+    from pathlib import Path
+    import memledger
+    calls = []
+    for path in Path(memledger.__file__).parent.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("eval", "exec", "compile"):
+                calls.append(f"{path.name}:{node.lineno}")
+    assert calls == []
 
 
 @pytest.mark.slow
@@ -139,11 +180,31 @@ def test_an_unwritable_cache_still_answers(tmp_path, monkeypatch):
     assert not list(tmp_path.glob("**/*.json"))
 
 
-def test_an_edited_library_gets_new_records(monkeypatch):
-    structure = _structure()
-    before = record_path(structure)
-    monkeypatch.setattr(steppeak, "source_hash", lambda: "edited")
-    assert record_path(structure) != before
+@pytest.mark.slow
+@pytest.mark.parametrize("edit", ["activations/inventory.py", "states/recipes.py", "core/units.py",
+                                  "ledger/ledger.py", "models/configs/llama2-7b.json", "step/block.py"])
+def test_an_edited_library_gets_new_records(tmp_path, edit):
+    """The record's name covers every file of the package: an edit outside ``step/`` (or to a config the presets
+    read) must not reuse a record compiled from the old source. Measured on a copy of the package."""
+    import shutil
+    import memledger
+    copy = tmp_path / "memledger"
+    shutil.copytree(Path(memledger.__file__).parent, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    code = ("from memledger.step.cache import record_path; from memledger.step.structure import StepStructure;"
+            "from memledger.ledger.ledger import Ledger; from memledger.activations.backends import get_backend;"
+            "print(record_path(StepStructure.of(Ledger('llama2-7b'), get_backend('article'))).name)")
+
+    def name():
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
+                              env={"PYTHONPATH": str(tmp_path), "MEMLEDGER_CACHE_DIR": str(tmp_path / "cache")})
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip()
+    before = name()
+    assert name() == before                                     # the same source, the same record
+    target = copy / edit
+    assert target.is_file(), edit
+    target.write_bytes(target.read_bytes() + (b"\n" if edit.endswith(".json") else b"\n# edited\n"))
+    assert name() != before
 
 
 @pytest.mark.slow
