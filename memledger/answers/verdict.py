@@ -33,10 +33,8 @@ leaves less is no fit (:func:`assess`; :func:`memledger.fit` searches with it).
 """
 from typing import NamedTuple
 
-from ..core.units import GB, format_bytes
-
-#: Bytes a fit must leave free on the GPU beside what it judges (about 1 GB); less is no fit.
-MARGIN = 1 * GB
+from ..core.capacity import MARGIN, leaves_margin, standing
+from ..core.units import format_bytes
 
 __all__ = ["ASSESSMENTS", "CHOICES", "CLAUSES", "MARGIN", "MEASURE", "SENTENCE", "SUM_CLAUSE", "SUM_NOTE",
            "UNMODELLED_NOTE", "Judgement", "assess", "describe", "is_nominal", "judge", "leaves_margin", "sentence",
@@ -136,11 +134,6 @@ def describe(ledger, judgement: Judgement, unit: str = "GB", note: str = None) -
                                   peak=None if ledger.peak is None else format_bytes(ledger.peak, unit))
 
 
-def leaves_margin(judged_bytes: int, gpu_bytes: int, margin: int = MARGIN) -> bool:
-    """Whether ``judged_bytes`` fits in ``gpu_bytes`` with at least ``margin`` bytes to spare."""
-    return judged_bytes + margin <= gpu_bytes
-
-
 #: The verdict in words, by :func:`standing` (:func:`assess` fills it; the static calculator too): over the GPU,
 #: in it with less than the margin to spare (no fit), or in it with the margin to spare.
 ASSESSMENTS = {
@@ -151,13 +144,6 @@ ASSESSMENTS = {
 #: One verdict sentence, the same in ``memledger ledger``/``step``/``fit``, the explorer and the static calculator:
 #: the assessment, then the bytes judged against the GPU and the measure's clause (:data:`CLAUSES`).
 SENTENCE = "{assessment}; {judged} per GPU against {gpu}{clause}"
-
-
-def standing(judged_bytes: int, gpu_bytes: int, margin: int = MARGIN) -> str:
-    """The key of :data:`ASSESSMENTS`: ``"over"`` (more than the GPU), ``"tight"`` (less than ``margin`` left)
-    or ``"fits"``."""
-    room = gpu_bytes - judged_bytes
-    return "over" if room < 0 else "tight" if room < margin else "fits"
 
 
 def assess(judged_bytes: int, gpu_bytes: int, unit: str = "GB", margin: int = MARGIN) -> str:

@@ -17,6 +17,7 @@ from functools import cached_property, lru_cache
 from typing import NamedTuple, Optional, Union
 
 from .. import formulas
+from ..core.capacity import MARGIN, leaves_margin
 from ..core.rows import DEVICES, Row, Rows
 from ..core.vocabulary import Device, Group, Role
 from ..models.architecture import Architecture
@@ -380,10 +381,16 @@ class Ledger:
         peak = step_peak(self)
         return None if peak is None else peak[0]
 
-    def fits(self, gpu_bytes: int, peak: bool = False) -> bool:
-        """Whether the GPU total fits in ``gpu_bytes``; with ``peak``, whether the step fits: its peak
-        (:attr:`peak`, where modelled). Where the ledger books a nominal parameter count (the article's
-        7x10^9) that the timeline, which counts tensors, does not see, the larger of the two decides."""
+    def fits(self, gpu_bytes: int, peak: bool = False, margin: int = MARGIN) -> bool:
+        """Whether the run fits on a GPU of ``gpu_bytes``: what it is judged by (:meth:`judged_bytes`: the GPU
+        total, or with ``peak`` the step's peak) leaves ``margin`` free (:mod:`memledger.core.capacity`), as every
+        verdict of memledger asks. Where the ledger books a nominal parameter count (the article's 7x10^9) that
+        the timeline, which counts tensors, does not see, the larger of the two decides."""
+        return leaves_margin(self.judged_bytes(peak), gpu_bytes, margin)
+
+    def within(self, gpu_bytes: int, peak: bool = False) -> bool:
+        """Whether what it is judged by is at most ``gpu_bytes``, nothing to spare: the article's bare
+        comparison ("fits in 80 GB"), not a fit (:meth:`fits` leaves the margin)."""
         return self.judged_bytes(peak) <= gpu_bytes
 
     def judged_bytes(self, peak: bool = False) -> int:

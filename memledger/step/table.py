@@ -7,6 +7,7 @@ Numbers come from the step; this module only arranges and formats them (as
 from fractions import Fraction
 
 from ..core.table import DEVICE_LABELS, Table
+from ..core.capacity import standing
 from ..core.units import format_bytes
 
 __all__ = ["PHASE_NAMES", "backends_table", "kind_at_peak", "live_table", "states_per_param_at_peak",
@@ -55,14 +56,14 @@ def states_per_param_at_peak(step) -> Fraction:
 
 def sum_and_peak_table(ledgers: dict, gpu_bytes: int, unit: str = "GB") -> Table:
     """One row per setup: the ledger's GPU sum, the step's peak and its phase, and each verdict against
-    ``gpu_bytes``."""
-    def verdict(ok):
-        return "fits" if ok else "does not fit"
+    ``gpu_bytes`` (a fit leaves the margin free, :mod:`memledger.core.capacity`)."""
+    def verdict(judged):
+        return {"fits": "fits", "tight": "no fit (margin)", "over": "does not fit"}[standing(judged, gpu_bytes)]
     rows = []
     for name, ledger in ledgers.items():
         step = ledger.step()
         rows.append((name, format_bytes(ledger.totals["gpu"], unit), format_bytes(step.peak.bytes, unit),
-                     step.peak.phase, verdict(ledger.fits(gpu_bytes)), verdict(step.fits(gpu_bytes))))
+                     step.peak.phase, verdict(ledger.judged_bytes()), verdict(step.peak.bytes)))
     return Table(("setup", "ledger sum", "step peak", "peak in", "by the sum", "by the peak"), rows, numeric=(1, 2))
 
 

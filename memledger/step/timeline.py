@@ -39,6 +39,7 @@ to the byte against ``tp_step`` by ``tests/step/test_tensor.py``).
 from dataclasses import dataclass
 from functools import cached_property
 
+from ..core.capacity import MARGIN, leaves_margin
 from ..activations.backends import Backend, get_backend
 from . import ddp
 from .build import build
@@ -149,8 +150,13 @@ class Step:
                  "after step": 2 * L + 3.0}
         return np.array(built.positions(L)), by_kind, marks
 
-    def fits(self, gpu_bytes: int) -> bool:
-        """Whether the peak fits in ``gpu_bytes`` (the GPU's real capacity, :mod:`memledger.ledger.hardware`)."""
+    def fits(self, gpu_bytes: int, margin: int = MARGIN) -> bool:
+        """Whether the peak fits in ``gpu_bytes`` (the GPU's real capacity, :mod:`memledger.ledger.hardware`)
+        with ``margin`` to spare, as every verdict asks (:mod:`memledger.core.capacity`)."""
+        return leaves_margin(self.peak.bytes, gpu_bytes, margin)
+
+    def within(self, gpu_bytes: int) -> bool:
+        """Whether the peak is at most ``gpu_bytes``, nothing to spare (not a fit: :meth:`fits`)."""
         return self.peak.bytes <= gpu_bytes
 
     def to_dict(self) -> dict:

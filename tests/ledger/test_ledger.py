@@ -30,6 +30,20 @@ def test_article_offload_split():
     assert ledger.fits(80 * GB)
 
 
+def test_fits_leaves_the_margin_within_does_not():
+    """One meaning of "fits" (issue 27): the judged bytes leave MARGIN free, for the ledger's sum, its step's peak
+    and the step itself; ``within`` is the bare comparison."""
+    from memledger.core.capacity import MARGIN
+    ledger = Ledger("llama2-7b")
+    for judged, fits, within in [(ledger.totals["gpu"], ledger.fits, ledger.within),
+                                 (ledger.peak, lambda g: ledger.fits(g, peak=True), lambda g: ledger.within(g, peak=True))]:
+        assert fits(judged + MARGIN) and not fits(judged + MARGIN - 1)
+        assert within(judged) and not within(judged - 1)
+    step = ledger.step()
+    assert step.fits(step.peak.bytes + MARGIN) and not step.fits(step.peak.bytes + MARGIN - 1)
+    assert step.within(step.peak.bytes) and not step.within(step.peak.bytes - 1)
+
+
 def test_params_alone_give_model_states_only():
     ledger = Ledger(n_params=7 * 10**9)
     assert {r.group for r in ledger.rows} == {"model_states", "overhead"}

@@ -103,7 +103,8 @@ def test_step_counters_live_on_the_host_with_cuda():
 
 def test_peak_decides_fits():
     step = Step(Ledger(GPT7B))
-    assert step.fits(step.peak.bytes) and not step.fits(step.peak.bytes - 1)
+    assert step.within(step.peak.bytes) and not step.within(step.peak.bytes - 1)
+    assert step.fits(step.peak.bytes, margin=0) and not step.fits(step.peak.bytes - 1, margin=0)
     assert step.peak.bytes > step.landmarks["after backward"]["gpu"]
 
 
