@@ -21,13 +21,15 @@ The knobs are those torchtune's low-memory full fine-tune of LLaMA-2 7B turns on
 (``recipes/configs/llama2/7B_full_low_memory.yaml`` at 03317787): ``dtype: bf16`` (BF16 weights, gradients
 and optimizer states), ``CEWithChunkedOutputLoss`` (8 output chunks by default),
 ``enable_activation_checkpointing`` (every layer), ``optimizer_in_bwd``, ``enable_activation_offloading``;
-LoRA as its ``7B_lora_single_device.yaml`` (at 04dc3801): rank 8 on Q and V, adapters in the model's BF16;
+LoRA as its ``7B_lora_single_device.yaml`` (at 2bd69062: rank 8 on Q and V, lines 22 and 25; the chunked loss,
+lines 65-66; checkpointing on, offloading off), adapters in the model's BF16;
 QLoRA as the same adapters on an NF4 base (one knob; the paper's whole recipe is :func:`qlora`). The
 conventions are PyTorch's on CUDA (``backend="cuda"``: SDPA's flash kernel, ``AdamW(foreach)``) with
 torchtune's RMSNorm, which is composite (``torchtune/modules/rms_norm.py``: ``x.float()``, ``pow``, ``mean``,
 ``rsqrt``, ``type_as``; ``rmsnorm="composite"``), as the offloaded step requires. Not rungs: bitsandbytes'
-8-bit and paged optimizers (the step books them from bitsandbytes' sources, :mod:`memledger.step.bnb`, but no
-reference run here can measure them: their kernels run on CUDA only), packed sequences (a throughput knob: on
+8-bit and paged optimizers (the low-memory config's ``bitsandbytes.optim.PagedAdamW``: 32-bit moments, paged;
+the step books them from bitsandbytes' sources, :mod:`memledger.step.bnb`, but no reference run here can
+measure them: their kernels run on CUDA only), packed sequences (a throughput knob: on
 CUDA, flash-attention's varlen path adds position ids and ``cu_seqlens`` only), ``torch.compile`` (measured
 for the blocks' saved tensors, :mod:`memledger.activations.partitioned`, but not in the step's timeline).
 """

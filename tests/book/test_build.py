@@ -897,6 +897,7 @@ EXPECTED = {
     "ex18.logits_expandable": (20 * -(-4 * 4097 * LLAMA3["V"] // (20 * MiB)), "MiB"),
     "ex18.lab_peak": Measured(lambda: (Fraction(memtracker_lab("llama")["peak"], MiB), "MiB")),
     # chapter 17: the knobs' ladder (see knob_step above)
+    "knobs.context": (4096, ""),            # LLaMA-2's context length (Touvron et al. 2023, Table 1: 4k)
     "knobs.seq": (KNOBS_S, ""), "knobs.margin": (1, "GB"), "knobs.a100": (Fraction(A100_REAL, GB), "GB"),
     "knobs.chunks": (8, ""),                                   # CEWithChunkedOutputLoss(num_output_chunks=8)
     "knobs.vocab": (32000, ""), "knobs.lora_rank": (8, ""),   # LLaMA-2's vocabulary; torchtune's lora_rank
@@ -936,6 +937,9 @@ EXPECTED = {
     "ex17.rtx_lora": longest_multiple(knobs_lora, RTX_ROOM),
     "ex17.rtx_qlora": longest_multiple(knobs_qlora, RTX_ROOM),
     "ex17.states_floor": (Fraction(6 * LLAMA, GB), "GB"),          # BF16 weights, m and v: 2 + 2 + 2 B/param
+    # BF16 weights and bitsandbytes' blockwise 8-bit m and v: 1 byte an element and an FP32 absmax per 256
+    # (bitsandbytes optim/optimizer.py init_state, block size 256): 2 + 2 x (1 + 4/256) B/param
+    "ex17.states_8bit": (Fraction(2 * LLAMA, GB) + 2 * Fraction(LLAMA * (256 + 4), 256 * GB), "GB"),
     "ex17.peft_peak": lazy(lambda: Fraction(lora_step(adapters="fp32-adamw").bytes, GB), "GB"),
     "ex17.peft_more": lazy(lambda: Fraction(lora_step(adapters="fp32-adamw").bytes - knobs_lora(KNOBS_S), GB), "GB"),
     # chapter 16: the steps (tests/step/test_fsdp2.py and test_ddp.py hold them to PyTorch's FSDP2 and DDP), the
@@ -965,6 +969,10 @@ EXPECTED = {
     "fw.tp_dtensor": lazy(lambda: Fraction(tp_forward_kept(), GB), "GB"),
     "fw.tp_copy": (Fraction(2 * 4096 * 4096, MiB), "MiB"),                  # 2BSd, the whole sequence
     "fw.tp_extra_layer": (Fraction(3 * 2 * 4096 * 4096 - 2 * 2 * 4096 * 4096 // 8, MiB), "MiB"),
+    # torchtitan's apply_tp (81c12433, llama3/infra/parallelize.py): one PrepareModuleInput for attention (wq, wk, wv
+    # share it) and one for the feed-forward (w1, w3 share it): two 2BSd inputs a layer against Megatron's two slices
+    "fw.tp_titan_extra_layer": (Fraction(2 * 2 * 4096 * 4096 - 2 * 2 * 4096 * 4096 // 8, MiB), "MiB"),
+    "fw.tp_titan": lazy(lambda: Fraction(tp_forward_kept() - 32 * 2 * 4096 * 4096, GB), "GB"),
     "fw.ex_a100": (Fraction(A100_40_REAL, GB), "GB"),
     "fw.ex_batch": fits_at_answer_not_beyond(thirteen_fsdp2_peak, A100_40_ROOM),
     "fw.ex_peak": lazy(lambda: Fraction(thirteen_fsdp2_peak(largest(
