@@ -32,6 +32,8 @@ def add_parser(sub, formatter):
     add(conv, "--no-foreach", "the optimizer's for-loop (foreach=False; the cuda backend's default is foreach)",
         switch=True)
     add(conv, "--fused", "AdamW/SGD(fused=True): one kernel, no temporaries", switch=True)
+    add(conv, "--rmsnorm", "fused (input + FP32 rstd, one kernel) or composite (the FP32 copies PyTorch's composite "
+        "ops keep, as torchtune's, transformers' and LitGPT's RMSNorm run even on CUDA); default: the backend's")
     from .compare import lora_options
     lora_options(step)
 
@@ -43,7 +45,7 @@ def step(a) -> str:
         return lora_step(a, build_ledger(Namespace(**(vars(a) | {"optimizer_in_backward": False}))))
     ledger = build_ledger(a)
     reads = set(MODEL) | set(WORKLOAD) | set(FRAMEWORK) | set(LOSS) | {"units", "gpu_memory", "json", "backend",
-                                                                        "foreach", "no_foreach", "fused",
+                                                                        "foreach", "no_foreach", "fused", "rmsnorm",
                                                                         "optimizer_in_backward", "offload_activations",
                                                                         "packed", "paged_optimizer"}
     if ledger.offload_optimizer == "none":
@@ -74,13 +76,24 @@ def implementation(a, recipe: str) -> dict:
         raise ValueError(f"give one of --foreach, --no-foreach, --fused, not {' and '.join(flag(f) for f in given)}")
     if a.foreach and recipe in ("adafactor", "bf16-adafactor"):
         raise ValueError("--foreach: torch.optim.Adafactor's foreach step is not modelled (its default is the for-loop)")
-    return {"foreach": True} if a.foreach else {"foreach": False} if a.no_foreach else \
+    changes = {"foreach": True} if a.foreach else {"foreach": False} if a.no_foreach else \
         {"foreach": False, "fused": True} if a.fused else {}
+    return changes | norm(a)
+
+
+def norm(a) -> dict:
+    """``--rmsnorm fused|composite`` as a backend change (none given: the backend's own)."""
+    if getattr(a, "rmsnorm", None) is None:
+        return {}
+    from ..activations.backends import RMSNORMS
+    from ..core.choices import check_choice
+    check_choice("rmsnorm", a.rmsnorm, RMSNORMS)
+    return {"rmsnorm": a.rmsnorm}
 
 
 #: What the LoRA step reads: the model, one GPU's workload, --recipe for the base's precision, the LoRA options.
 LORA_STEP_READS = set(MODEL) | {"batch", "seq", "recompute", "flash_attention", "overhead", "recipe", "units",
-                                "gpu_memory", "json", "backend", "foreach", "loss_chunks", "loss_impl",
+                                "gpu_memory", "json", "backend", "foreach", "rmsnorm", "loss_chunks", "loss_impl",
                                 "optimizer_in_backward"} | set(LORA)
 
 
@@ -105,7 +118,7 @@ def lora_step(a, ledger) -> str:
     return output(LoraLedger(ledger.arch, config, ledger.batch_size, ledger.seq_len, ledger.recompute,
                              ledger.flash_attention, ledger.overhead_bytes, ledger.loss_chunks,
                              ledger.loss_impl, bool(getattr(a, "optimizer_in_backward", False))).step(
-                                 a.backend, foreach=a.foreach), a)
+                                 a.backend, foreach=a.foreach, **norm(a)), a)
 
 
 def text(result, memory: int, unit: str = "GB") -> str:
