@@ -1,4 +1,4 @@
-"""Command line: ``memledger ledger|step|compare|fit|infer|presets|recipes|claims [--json]``.
+"""Command line: ``memledger ledger|step|compare|fit|infer|check|presets|recipes|claims [--json]``.
 
 Bad input of any kind prints one line on stderr, nothing on stdout, and exits
 with status 2 (the messages are the Python API's); so does a given option the
@@ -18,7 +18,7 @@ from ..core.units import format_bytes
 from ..ledger.hardware import NVME_LINKS
 from ..models.presets import all_presets
 from ..states.recipes import ALL_RECIPES
-from . import compare as cli_compare, models as cli_models, step as cli_step
+from . import check as cli_check, compare as cli_compare, models as cli_models, step as cli_step
 from .options import add, build_ledger, fill_defaults, given_options, gpu_bytes, host_link, ledger_options, one_of
 from .options import output_options
 from .paths import (FRAMEWORK, IN_BACKWARD_WHY, LOSS, MODEL, PIPELINE, WORKLOAD, in_backward_reads,
@@ -27,7 +27,7 @@ from .verdict import judged_by, verdict_line
 
 __all__ = ["COMMANDS", "main"]
 
-COMMANDS = ("ledger", "step", "compare", "fit", "infer", "presets", "recipes", "claims")
+COMMANDS = ("ledger", "step", "compare", "fit", "infer", "check", "presets", "recipes", "claims")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -66,6 +66,7 @@ def _parser():
     add(pipe, "--microbatches", "micro-batches per step M (needs --pp; default: P)")
     add(pipe, "--interleave", "model chunks per device V, the interleaved schedule (needs --pp; default: 1)")
     cli_models.add_parsers(sub, _Help)
+    cli_check.add_parser(sub, _Help)
     for name, text in (("presets", "list the presets and their architecture"),
                        ("recipes", "list the precision/optimizer recipes"),
                        ("claims", "the article audit: each claim, stated vs computed, status")):
@@ -221,7 +222,8 @@ def _run(argv) -> str:
     a.given = given_options(parser, a)
     fill_defaults(parser, a)
     handlers = {"ledger": _ledger, "step": cli_step.step, "compare": cli_compare.compare, "fit": cli_models.fit,
-                "infer": cli_models.infer, "presets": _presets, "recipes": _recipes, "claims": _claims}
+                "infer": cli_models.infer, "check": lambda a: cli_check.check(a, _run),
+                "presets": _presets, "recipes": _recipes, "claims": _claims}
     return handlers[a.command](a)
 
 
