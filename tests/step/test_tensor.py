@@ -116,3 +116,33 @@ def test_sharding_propagations_global_tensors_are_not_a_ranks_memory(monkeypatch
     assert {k: counted[k] for k in LANDMARKS} == {k: measured[k] for k in LANDMARKS}
     global_args = 4 + B * S * V * 4 + B * S * 8 + 4
     assert counted["peak"] == measured["after forward"] + 4 + global_args + B * S * V * 4
+
+
+def test_torchtitans_held_logits_raise_the_forward_peak_only(monkeypatch):
+    """torchtitan's train step holds the BF16 logits through the loss (``torchtitan/train.py``,
+    ``forward_backward_step``: ``pred = model_parts[0](inputs, ...)``, ``loss = self.loss_fn(pred, labels)``, then
+    "need to free pred before bwd to avoid peaking memory": ``del pred`` before ``loss.backward()``); the
+    reference frees them once ``.float()`` has copied them. Held, the forward's peak (the vocabulary-parallel
+    log-softmax) is B*S*V/t*2 B higher; the landmarks and the step's peak (the final norm's backward) are the
+    same at the issue's setup. With the propagation's global tensors counted too, the forward's peak is after
+    forward - 8 + 2 B*S*V*4 + B*S*V/t*2: of the issue's 929,570,808 B, all but 8192*S + S^2 (48 MiB at S 4096,
+    9 MiB at S 1024, which fit both of its figures) is the propagation's phantom and these held logits."""
+    import torch.nn.functional as F
+    from contextlib import nullcontext
+
+    import memledger.pytorch.distributed as distributed
+    from memledger.pytorch.reference import Decoder
+
+    def loss(self, ids, targets):
+        pred = self(ids)
+        return F.cross_entropy(pred.flatten(0, 1).float(), targets.flatten(0, 1))
+    B, S, V, t = 1, 4096, 32000, 8
+    step = agree(LLAMA7B_2, t, B, S)[0]
+    monkeypatch.setattr(Decoder, "loss", loss)
+    held = tp_step(RefConfig(**LLAMA7B_2, tp=t), "bf16-pure-adamw", batch=B, seq=S)
+    assert {k: held[k] for k in LANDMARKS} == {k: step.landmarks[k]["gpu"] for k in LANDMARKS}
+    assert held["phase peaks"]["forward"] == step.phase_peaks()["forward"] + B * S * V // t * 2
+    assert held["peak"] == step.peak.bytes
+    monkeypatch.setattr(distributed, "_propagation_as_in_a_real_run", nullcontext)
+    counted = tp_step(RefConfig(**LLAMA7B_2, tp=t), "bf16-pure-adamw", batch=B, seq=S)
+    assert counted["phase peaks"]["forward"] == held["after forward"] - 8 + 2 * B * S * V * 4 + B * S * V // t * 2
