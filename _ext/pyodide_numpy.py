@@ -4,7 +4,7 @@ Shipped as ``numpy.py`` next to memledger in the calculator's Python archive (_e
 that :func:`memledger.step.cache.step_record` runs in the browser: :mod:`memledger.step.build` and
 :mod:`memledger.step.trace` make integer vectors and a matrix of counts with ``array`` and ``zeros`` and
 fill them item by item; the record reads them back as Python ints. Anything else fails loudly
-(AttributeError), which tests/test_browser.py would show as the calculator's error.
+(AttributeError), which tests/book/test_browser.py would show as the calculator's error.
 """
 int64 = "int64"
 

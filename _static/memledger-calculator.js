@@ -9,7 +9,7 @@
  * changes op by op), from the site's memledger-steps/ folder or, for a structure the site does
  * not carry, from the library itself running in Pyodide; the running totals are the peak and the
  * timeline drawn. It is loaded only on pages that hold a calculator (_ext/memledger_site.py), and
- * under Node it exports its functions for tests/test_webcalc.py.
+ * under Node it exports its functions for tests/views/test_webcalc.py.
  */
 (function () {
   "use strict";

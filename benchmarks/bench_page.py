@@ -3,7 +3,7 @@
     python benchmarks/bench_page.py          # after a book build (_build/html)
 
 Serves the built site from 127.0.0.1 and opens the calculator's page in a fresh browser context (nothing
-cached) with Debian's Chromium, as tests/test_browser.py does. Reports, as medians of a few runs:
+cached) with Debian's Chromium, as tests/book/test_browser.py does. Reports, as medians of a few runs:
 
 1. the bytes the page loads until its first verdict (the step's peak of the starting state, from a record the
    site carries) and the time from navigation to that verdict;

@@ -65,7 +65,7 @@ def _largest_unit(*features):
 
 
 def _params(*features):
-    """The architecture's parameter count (``features``: a style, or a :class:`Features` tuple);
+    """The architecture's parameter count (``features``: a style, or a :class:`~memledger.models.features.Features` tuple);
     learned positions are n_positions*d."""
     from .models.parameters import param_count_expr
     return param_count_expr(_features(features))

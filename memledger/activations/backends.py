@@ -138,7 +138,7 @@ def get_backend(backend="article", **changes) -> Backend:
 
 def conventions_table(names=("article", "cuda", "cpu")):
     """Every switch, its value under each named backend, and what it models (a
-    :class:`memledger.views.display.Table`)."""
+    :class:`memledger.core.table.Table`)."""
     from ..core.table import Table
     chosen = [get_backend(n) for n in names]
     show = lambda v: "not booked" if v is None else str(v)            # noqa: E731

@@ -142,7 +142,7 @@ def inventory(mlp: str = "gelu", norm: str = "LayerNorm", dropout: bool = True,
     (PyTorch's math SDPA on CPU: a 16-bit q, k, v upcast to FP32, the S x S
     tensors in FP32). Measured against PyTorch 2.13 in ``tests/pytorch/test_reference.py``.
 
-    Model families (:mod:`memledger.models.features`; measured in ``tests/activations/test_families.py``):
+    Model families (:mod:`memledger.models.features`; measured in ``tests/activations/test_family_inventory.py``):
     ``parallel`` (GPT-NeoX's ``use_parallel_residual``, x + attn(n1(x)) + mlp(n2(x))): the second norm reads
     the block input the first one keeps, so its input row goes (its statistics stay); ``shared_norm`` (Phi,
     with ``parallel``): one norm, whose output feeds Q/K/V and the MLP, so the second norm's rows and the MLP

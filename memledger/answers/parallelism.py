@@ -115,7 +115,7 @@ def layouts(template: Ledger, n_gpus: int, microbatches: int) -> list:
 
 
 def layout_table(rows, unit: str = "GB"):
-    """The layouts as a :class:`~memledger.views.display.Table`."""
+    """The layouts as a :class:`~memledger.core.table.Table`."""
     from ..core.table import Table
     from ..core.units import format_bytes, in_unit
 

@@ -22,8 +22,8 @@ The knobs are those torchtune's low-memory full fine-tune of LLaMA-2 7B turns on
 and optimizer states), ``CEWithChunkedOutputLoss`` (8 output chunks by default),
 ``enable_activation_checkpointing`` (every layer), ``optimizer_in_bwd``, ``enable_activation_offloading``;
 LoRA as its ``7B_lora_single_device.yaml`` (at 2bd69062: rank 8 on Q and V, lines 22 and 25; the chunked loss,
-lines 65-66; checkpointing on, offloading off), adapters in the model's BF16;
-QLoRA as the same adapters on an NF4 base (one knob; the paper's whole recipe is :func:`qlora`). The
+lines 65-66; checkpointing on, offloading off), adapters in the model's BF16; QLoRA as the same adapters on an
+NF4 base (one knob; the paper's whole recipe is :func:`~memledger.ledger.lora.qlora`). The
 conventions are PyTorch's on CUDA (``backend="cuda"``: SDPA's flash kernel, ``AdamW(foreach)``) with
 torchtune's RMSNorm, which is composite (``torchtune/modules/rms_norm.py``: ``x.float()``, ``pow``, ``mean``,
 ``rsqrt``, ``type_as``; ``rmsnorm="composite"``), as the offloaded step requires. Not rungs: bitsandbytes'

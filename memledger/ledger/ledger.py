@@ -434,7 +434,7 @@ class Ledger:
         return self.rows.by_role(device)
 
     def table(self, unit: str = "GB"):
-        """The rows and per-device totals as a :class:`~memledger.views.display.Table`
+        """The rows and per-device totals as a :class:`~memledger.core.table.Table`
         (prints as text; renders as HTML in Jupyter; ``.markdown()`` for Markdown)."""
         from .table import ledger_table
         return ledger_table(self, unit)

@@ -294,6 +294,6 @@ class LoraLedger:
         return LoraStep(self, ledger, backend, **conventions)
 
     def table(self, unit: str = "GB"):
-        """Rows and totals as a :class:`memledger.views.display.Table` (text, Markdown, HTML)."""
+        """Rows and totals as a :class:`memledger.core.table.Table` (text, Markdown, HTML)."""
         from .table import ledger_table
         return ledger_table(self, unit)

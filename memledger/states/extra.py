@@ -1,6 +1,6 @@
 """Recipes people fine-tune and train with beyond the article's: 8-bit Adam, Adafactor, SGD, FP8.
 
-Each is a tuple of :class:`memledger.states.recipes.Component` with dtype, ZeRO role
+Each is a tuple of :class:`memledger.states.recipe.Component` with dtype, ZeRO role
 and source, registered in :data:`memledger.states.recipes.FINETUNE_RECIPES` (and ``ALL_RECIPES``).
 
 * bitsandbytes 8-bit Adam (Dettmers et al. 2022, "8-bit Optimizers via

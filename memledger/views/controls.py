@@ -8,7 +8,7 @@ devices and placements, GPUs) and from :class:`~memledger.ledger.ledger.Ledger`'
 defaults, so a new recipe or GPU appears in both without an edit here.
 
 A control is a *choice* (one of ``options``) or a *count* (a positive integer
-up to :data:`memledger.core.units.LIMIT`, read from text exactly as the CLI reads
+up to :data:`memledger.core.choices.LIMIT`, read from text exactly as the CLI reads
 it, :func:`memledger.core.units.parse_count`, so both refuse the same input with the
 same message). ``field`` is the :class:`Ledger` keyword it sets; ``gpu`` is the
 one control that is not a ledger input (it sets the memory of the verdict).

@@ -29,19 +29,21 @@ def fsdp2_ledger(arch, B, S, N, recompute="none", reshard=True, param="bf16", re
 
 
 def against_fsdp2(shape, B, S, N, recompute="none", reshard=True, param="bf16", reduce="fp32", loop="fp32-adamw",
-                  dropout=0.0, replicate=1, foreach=False, loss_in_root=False, offload=False):
-    """Landmarks and every phase peak of memledger's FSDP2 step equal FSDPMemTracker's, byte for byte."""
+                  dropout=0.0, replicate=1, foreach=False, loss_in_root=False, offload=False, attention=None):
+    """Landmarks and every phase peak of memledger's FSDP2 step equal FSDPMemTracker's, byte for byte
+    (``attention="eager"``: the eager core in LLaMA blocks, its S x S causal mask built once per forward)."""
     pytest.importorskip("torch")
     from memledger.pytorch.compare import architecture_of
     from memledger.pytorch.distributed import fsdp_step
     from memledger.pytorch.reference import RefConfig
-    c = RefConfig(**shape, recompute=recompute, dropout=dropout)
+    c = RefConfig(**shape, recompute=recompute, dropout=dropout, attention=attention)
+    eager = {"attention": "eager"} if attention == "eager" else {}
     pytorch_default = dict(reshard=True, root_reshard=False) if reshard is None else dict(reshard=reshard)
     measured = fsdp_step(c, loop, batch=B, seq=S, world=N, param_dtype=param, reduce_dtype=reduce,
                          replicate=replicate, foreach=foreach, track_first=False, loss_in_root=loss_in_root,
                          cpu_offload=offload, pin_memory=False, **pytorch_default)
     step = fsdp2_ledger(architecture_of(c), B, S, N, recompute, reshard, param, reduce, loop,
-                        dropout > 0, replicate, loss_in_root, offload).step("cpu", foreach=foreach)
+                        dropout > 0, replicate, loss_in_root, offload).step("cpu", foreach=foreach, **eager)
     if offload:     # the device's side (the host's storages counted apart), and the host's at each landmark
         assert {k: step.landmarks[k]["cpu"] for k in LANDMARKS} == measured["host"]
         measured = measured["device"]
@@ -84,6 +86,27 @@ def test_issue_figures_llama2_7b_world_8():
     assert inside.peak.phase == "loss"
     live = dict(inside.live_at_peak())
     assert "FSDP2 all-gather output (BF16), block 31" in live and "FSDP2 unsharded parameters (BF16), root" in live
+
+
+@pytest.mark.slow
+def test_issue_after_forward_16_mib_is_the_eager_cores_causal_mask():
+    """The issue's second disagreement: LLaMA-2 7B, world 8, B 2, S 4096, full recomputation, the loss in the
+    root, BF16/FP32 policy; after forward an independent harness measured 13,656,169,364 B, memledger's default
+    step 13,639,392,148 B, 16 MiB less. Both are PyTorch's, for two attention cores: SDPA with ``is_causal=True``
+    (the reference's LLaMA block, memledger's default) holds no mask; an eager core (or any core given an
+    explicit mask) builds one S x S bool mask per forward and passes it to every block, and full recomputation's
+    ``checkpoint`` keeps it as an input of each block until the blocks' backward: S^2 = 4096^2 B = 16 MiB. The
+    issue's PyTorch figure is FSDPMemTracker's with the eager core, which memledger's step with
+    ``attention="eager"`` books (its "causal mask" row), to the byte. 32 layers, each core measured."""
+    B, S = 2, 4096
+    options = dict(recompute="full", loss_in_root=True)
+    sdpa, sdpa_measured = against_fsdp2(LLAMA, B, S, 8, **options)
+    eager, eager_measured = against_fsdp2(LLAMA, B, S, 8, **options, attention="eager")
+    assert eager_measured["after forward"] == 13_656_169_364                # the issue's PyTorch figure
+    assert eager_measured["after forward"] - sdpa_measured["after forward"] == S * S     # one bool per (i, j)
+    mask = [r for r in eager.rows if "after forward" in r["live"] and r["name"] == "causal mask"]
+    assert [r["bytes"] for r in mask] == [S * S]
+    assert eager.landmarks["after forward"]["gpu"] == 13_656_169_364
 
 
 @pytest.mark.slow
