@@ -24,7 +24,7 @@ from .block import block_backward, block_forward
 from .ops import BSd, Placement, Program, Tensor, block_params, residual_names
 from .outer import Param
 from .params import param_tensors, zero3_units
-from .structure import BNB_KINDS, OPTIMIZER_OF, StepStructure
+from .structure import BNB_KINDS, OPTIMIZER_OF, StepStructure, split_refusal
 from .trace import GRADIENT_LUMP, LUMP, SAVED_LUMP, Compiled, Part, explicit_layers, flatten
 from .vocab import LANDMARKS, Device, Kind, Lifetime, Phase
 
@@ -273,10 +273,14 @@ class Built:
         else in an array of Python ints (``dtype=object``), so that no sum ever wraps around."""
         args = [values[x.name] for x in self.symbols]
         out = [0] * len(self.names)
-        for indices, fn in self._groups:
-            if indices:
-                for i, v in zip(indices, fn(*args)):
-                    out[i] = int(v)
+        try:
+            for indices, fn in self._groups:
+                if indices:
+                    for i, v in zip(indices, fn(*args)):
+                        out[i] = int(v)
+        except ArithmeticError:          # a split that is not whole bytes: named, one line
+            raise split_refusal(self.names, lambda j: evaluate_expr(self.tensors[self.names[j]].expr, values),
+                                values) from None
         bound = sum(out) * self.max_count
         return np.array(out, dtype=np.int64 if bound < 2**63 else object)
 

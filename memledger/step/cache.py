@@ -22,13 +22,13 @@ from pathlib import Path
 
 from ..activations.backends import get_backend
 from ..core.keyed import as_int
-from .structure import StepStructure, block_of, step_values
+from .structure import StepStructure, block_of, split_refusal, step_values
 
 __all__ = ["CompiledStep", "cache_dir", "compile_step", "compiled_step", "record_path", "source_hash", "step_peak",
            "step_record"]
 
 PACKAGE = Path(__file__).parent
-FORMAT = 2          # bump when the record's layout changes
+FORMAT = 3          # bump when the record's layout changes
 
 
 @lru_cache(maxsize=1)
@@ -69,7 +69,8 @@ def step_record(structure: StepStructure) -> dict:
         previous = counts
     moments = [[built.ops[i].phase.value, built.ops[i].layer if isinstance(built.ops[i].layer, int) else None]
                for i in built.compiled.ops]
-    return {"symbols": [x.name for x in built.symbols], "sizes": [sympify(built.tensors[n].expr) for n in built.names],
+    return {"symbols": [x.name for x in built.symbols], "names": list(built.names),
+            "sizes": [sympify(built.tensors[n].expr) for n in built.names],
             "deltas": deltas, "moments": moments, "lumped": structure.layers is None}
 
 
@@ -83,7 +84,8 @@ def compile_step(structure: StepStructure) -> dict:
     printer, exprs = ExactPrinter(), step["sizes"]
     groups = {"whole": [j for j, e in enumerate(exprs) if is_integral_polynomial(e)]}
     groups["exact"] = [j for j in range(len(exprs)) if j not in set(groups["whole"])]
-    record = {"format": FORMAT, "structure": repr(structure), "symbols": step["symbols"], "size_count": len(exprs),
+    record = {"format": FORMAT, "structure": repr(structure), "symbols": step["symbols"], "names": step["names"],
+              "size_count": len(exprs),
               "deltas": step["deltas"], "moments": step["moments"]}
     for group, indices in groups.items():
         record[group] = [indices, "[" + ", ".join(printer.doprint(exprs[j]) for j in indices) + "]"]
@@ -116,6 +118,7 @@ class CompiledStep:
     def __init__(self, record: dict, lumped: bool):
         self.symbols = record["symbols"]
         self.size_count = record["size_count"]
+        self.names = record["names"]
         self.deltas = record["deltas"]
         self.moments = record["moments"]
         self.lumped = lumped
@@ -124,7 +127,8 @@ class CompiledStep:
                                                 {"Fraction": Fraction, "math": math}), group == "exact")
                         for group in ("whole", "exact")]
         indices = sorted(j for indices, _, _ in self._groups for j in indices)
-        if indices != list(range(self.size_count)) or len(self.moments) != len(self.deltas) or any(
+        sized = indices == list(range(self.size_count)) and len(self.names) == self.size_count
+        if not sized or len(self.moments) != len(self.deltas) or any(
                 not 0 <= j < self.size_count for changes in self.deltas for j, _ in changes):
             raise ValueError("a step record whose parts do not match")
 
@@ -135,7 +139,10 @@ class CompiledStep:
         for indices, function, exact in self._groups:
             results = function(*(map(Fraction, whole) if exact else whole)) if indices else ()
             for j, value in zip(indices, results):
-                out[j] = as_int(value) if exact else value
+                try:
+                    out[j] = as_int(value) if exact else value
+                except ArithmeticError:          # a split that is not whole bytes: named, one line
+                    raise split_refusal([self.names[j]], lambda _, v=value: as_int(v), values) from None
         return out
 
     def peak(self, values: dict) -> tuple:
