@@ -348,7 +348,7 @@ def huge_invocations(draw, commands=("ledger", "step", "fit", "compare", "infer"
         argv += ["--vary", draw(st.sampled_from(("batch", "seq", "layers", "zero")))]
     if command == "infer":
         argv += draw(st.sampled_from(([], ["--attention", "eager"], ["--batch", "4", "--seq", "4096"],
-                                      ["--logits-to-keep", "0"], ["--weights", "nf4"])))
+                                      ["--logits-to-keep", "0"], ["--weights", "nf4"], ["--seq", "1e18"])))
     elif command != "compare":
         argv += draw(st.sampled_from(([], ["--batch", "1", "--seq", "1"], ["--measure", "total"],
                                       ["--seq", "1e18"], ["--recompute", "full"])))
