@@ -187,6 +187,14 @@ class Convention:
         if unknown:
             raise ValueError(f"{self.name} reads unknown inputs {', '.join(sorted(unknown))}")
 
+    def stage_conflict(self, stage) -> str:
+        """Why a stated ZeRO ``stage`` (the command line's ``--zero``; None: not stated) contradicts this
+        convention, an estimator named after another stage, or "" (``ledger --convention`` refuses it, ``compare``
+        gives the same line as the convention's error row)."""
+        if self.zero_stage is None or stage is None or stage == self.zero_stage:
+            return ""
+        return f"{self.name} estimates ZeRO stage {self.zero_stage}; --zero {stage} contradicts it"
+
     def estimate(self, ledger: Ledger, inputs: ConventionInputs = None) -> Estimate:
         """This convention's estimate of ``ledger``'s setup with the ``inputs`` the ledger lacks (None: the
         defaults of :class:`ConventionInputs`)."""

@@ -56,9 +56,12 @@ def ledger_title(ledger: Ledger) -> str:
     return f"memledger's exact ledger ({recipe.name}, {recipe.bytes_per_param} B/param{factored})"
 
 
-def compare(ledger: Ledger, inputs: ConventionInputs = None, names=None) -> list:
+def compare(ledger: Ledger, inputs: ConventionInputs = None, names=None, stated_zero=None) -> list:
     """memledger's row (``ledger`` itself), then one :class:`Comparison` per convention (``names``: all);
-    ``inputs``: what the conventions read beyond the ledger (None: :class:`ConventionInputs`' defaults)."""
+    ``inputs``: what the conventions read beyond the ledger (None: :class:`ConventionInputs`' defaults);
+    ``stated_zero``: the ZeRO stage the user stated (the command line's ``--zero``), which a convention named
+    after another stage gets as its error row (:meth:`~memledger.calculators.base.Convention.stage_conflict`,
+    the refusal of ``ledger --convention``), not a number."""
     inputs = ConventionInputs() if inputs is None else inputs
     if not isinstance(ledger, Ledger):
         raise TypeError(f"ledger must be a Ledger, got {ledger!r}")
@@ -72,6 +75,9 @@ def compare(ledger: Ledger, inputs: ConventionInputs = None, names=None) -> list
     for name in names or CONVENTIONS:
         convention = CONVENTIONS[name]
         try:
+            conflict = convention.stage_conflict(stated_zero)
+            if conflict:
+                raise ValueError(conflict)
             e = convention.estimate(ledger, inputs)
         except ValueError as error:
             rows.append(Comparison(name, convention.title, 0, 0, 0, 0, "", convention.differs, str(error)))

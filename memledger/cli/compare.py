@@ -110,6 +110,11 @@ def _placement(reads, ledger):
     return reads if ledger.offload_optimizer != "none" else reads - {"offload_placement"}
 
 
+def _stated_zero(a, ledger):
+    """The ZeRO stage ``--zero`` states, or None where it is not given (a DeepSpeed estimator then runs at its own)."""
+    return ledger.zero_stage if "zero" in a.given else None
+
+
 def convention(a) -> str:
     """``ledger --convention NAME``: that convention's rows, its own printed text, why it differs."""
     from ..calculators import get_convention
@@ -119,8 +124,9 @@ def convention(a) -> str:
     refuse_unread(a, reads, f"--convention {c.name}", dict.fromkeys(a.given, "it reads the model" + (
         f" and {', '.join(options)}" if options else " only")))
     ledger, inputs = _conventions_ledger(a)
-    if c.zero_stage is not None and "zero" in a.given and ledger.zero_stage != c.zero_stage:
-        raise ValueError(f"{c.name} estimates ZeRO stage {c.zero_stage}; --zero {ledger.zero_stage} contradicts it")
+    conflict = c.stage_conflict(_stated_zero(a, ledger))
+    if conflict:
+        raise ValueError(conflict)
     estimate = c.estimate(ledger, inputs)
     if a.json:
         import json
@@ -151,7 +157,7 @@ def compare(a) -> str:
                          "by memledger step only")
     reads = set(MODEL) | set(WORKLOAD) | set(CONVENTION_INPUTS) | {"units", "json"}
     refuse_unread(a, _placement(reads, ledger), "memledger compare")
-    rows = run(ledger, inputs)
+    rows = run(ledger, inputs, stated_zero=_stated_zero(a, ledger))
     if a.json:
         import json
         return json.dumps({"conventions": [r.to_dict(rows[0]) for r in rows]}, indent=2)

@@ -60,8 +60,9 @@ MAX_DEPTH = 32
 
 
 def _shown(path) -> str:
+    """The path, its middle left out past 60 characters (its end, the file's name, kept)."""
     text = str(path)
-    return repr(text if len(text) <= 60 else text[:57] + "...")
+    return repr(text if len(text) <= 60 else text[:22] + "..." + text[-35:])
 
 
 def _depth(text: str) -> int:
@@ -94,10 +95,15 @@ def _read(path: Path) -> bytes:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except (OSError, ValueError) as e:        # ValueError: a NUL in the name
         raise ValueError(f"config: cannot read {_shown(path)} ({getattr(e, 'strerror', None) or e})") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):     # checked on the descriptor: os.fdopen refuses a directory itself
+            kind = "a directory, not a config.json file" if stat.S_ISDIR(info.st_mode) else "not a regular file"
+            raise ValueError(f"config: {_shown(path)} is {kind}")
+    except BaseException:
+        os.close(fd)
+        raise
     with os.fdopen(fd, "rb") as handle:
-        info = os.fstat(handle.fileno())
-        if not stat.S_ISREG(info.st_mode):
-            raise ValueError(f"config: {_shown(path)} is not a regular file")
         if info.st_size > MAX_BYTES:
             raise ValueError(f"config: {_shown(path)} is {info.st_size:,} bytes; a config.json is at most "
                              f"{MAX_BYTES:,}")
@@ -149,10 +155,18 @@ def _get(config, key, default=...):
 
 
 def _flag(config, key, default):
-    """A flag field: JSON ``true`` or ``false`` (a string "false" is not false), or ``default`` if absent."""
+    """A flag field: JSON ``true`` or ``false`` (a string "false" is not false, nor is 0), or ``default`` if absent.
+
+    0 and 1 are refused as transformers' own typed configs refuse them: since its configs became ``@strict``
+    dataclasses (``LlamaConfig``: ``tie_word_embeddings: bool = False``, ``models/llama/configuration_llama.py``
+    at 008e5743), ``huggingface_hub``'s ``_validate_simple_type`` (``dataclasses.py`` at 0237ed03) raises "expected
+    bool, got int" on loading such a config.json. (Older releases stored the value unchecked,
+    ``PretrainedConfig.__init__``: ``kwargs.pop("tie_word_embeddings", True)``, and read it by truth: 0 untied.)"""
     value = config.get(key, default)
     if value is not None and not isinstance(value, bool):
-        raise ValueError(f"config: {key} must be true or false, got {_json(value)}")
+        hint = (" (a number is not a flag: transformers' typed configs refuse it too)"
+                if isinstance(value, (int, float)) else "")
+        raise ValueError(f"config: {key} must be true or false, got {_json(value)}{hint}")
     return value
 
 

@@ -26,7 +26,7 @@ from .block import block_backward, block_forward
 from .ops import BSd, Placement, Program, Tensor, block_params, residual_names
 from .outer import Param
 from .params import param_tensors, zero3_units
-from .structure import BNB_KINDS, OPTIMIZER_OF, StepStructure
+from .structure import BNB_KINDS, OPTIMIZER_OF, StepStructure, split_refusal
 from .trace import GRADIENT_LUMP, LUMP, SAVED_LUMP, Compiled, Part, explicit_layers, flatten
 from .vocab import LANDMARKS, Device, Kind, Lifetime, Phase
 
@@ -270,7 +270,11 @@ class Built:
         """Every tensor's bytes at ``values``, in the order of ``self.names``: exact ints, in an int64 array
         where no total of the step can pass 2^63 (every tensor live at once, as many copies as any op holds),
         else in an array of Python ints (``dtype=object``), so that no sum ever wraps around."""
-        out = [as_int(v) for v in self._tape(*(int(values[x.name]) for x in self.symbols))]
+        try:
+            out = [as_int(v) for v in self._tape(*(int(values[x.name]) for x in self.symbols))]
+        except ArithmeticError:          # a split that is not whole bytes: named, one line
+            raise split_refusal(self.names, lambda j: evaluate_expr(self.tensors[self.names[j]].expr, values),
+                                values) from None
         bound = sum(out) * self.max_count
         return np.array(out, dtype=np.int64 if bound < 2**63 else object)
 

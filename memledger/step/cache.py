@@ -23,13 +23,13 @@ import sys
 from ..activations.backends import get_backend
 from ..core.keyed import as_int
 from ..core.tape import Tape
-from .structure import StepStructure, block_of, step_values
+from .structure import StepStructure, block_of, split_refusal, step_values
 
 __all__ = ["CompiledStep", "cache_dir", "compile_step", "compiled_step", "record_path", "source_hash", "step_peak",
            "step_record"]
 
 PACKAGE = Path(__file__).resolve().parents[1]      # memledger/, the whole package
-FORMAT = 3          # bump when the record's layout changes (3: sizes as a tape, data only)
+FORMAT = 4          # bump when the record's layout changes (4: sizes as a tape, data only, with tensor names)
 
 
 @lru_cache(maxsize=1)
@@ -72,7 +72,8 @@ def step_record(structure: StepStructure) -> dict:
         previous = counts
     moments = [[built.ops[i].phase.value, built.ops[i].layer if isinstance(built.ops[i].layer, int) else None]
                for i in built.compiled.ops]
-    return {"symbols": [x.name for x in built.symbols], "sizes": [sympify(built.tensors[n].expr) for n in built.names],
+    return {"symbols": [x.name for x in built.symbols], "names": list(built.names),
+            "sizes": [sympify(built.tensors[n].expr) for n in built.names],
             "deltas": deltas, "moments": moments, "lumped": structure.layers is None}
 
 
@@ -83,7 +84,7 @@ def compile_step(structure: StepStructure) -> dict:
     from ..core.tape import record as tape
     step = step_record(structure)
     by_name = {x.name: x for e in step["sizes"] for x in e.free_symbols}
-    return {"format": FORMAT, "structure": repr(structure), "symbols": step["symbols"],
+    return {"format": FORMAT, "structure": repr(structure), "symbols": step["symbols"], "names": step["names"],
             "sizes": tape([by_name[n] for n in step["symbols"]], step["sizes"]),
             "deltas": step["deltas"], "moments": step["moments"]}
 
@@ -125,18 +126,23 @@ class CompiledStep:
     def __init__(self, record: dict, lumped: bool):
         self.symbols = list(record["symbols"])
         self.tape = Tape(record["sizes"])
+        self.names = list(record["names"])
         self.deltas = record["deltas"]
         self.moments = record["moments"]
         self.lumped = lumped
         self.size_count = len(self.tape.outputs)
-        if self.tape.args != self.symbols or len(self.moments) != len(self.deltas) or any(
-                not (isinstance(j, int) and 0 <= j < self.size_count and isinstance(change, int))
-                for changes in self.deltas for j, change in changes):
+        if self.tape.args != self.symbols or len(self.names) != self.size_count or len(self.moments) != len(
+                self.deltas) or any(not (isinstance(j, int) and 0 <= j < self.size_count and isinstance(change, int))
+                                    for changes in self.deltas for j, change in changes):
             raise ValueError("a step record whose parts do not match")
 
     def sizes(self, values: dict) -> list:
         """Every tensor's bytes at ``values`` (symbol name -> int), exactly."""
-        return [as_int(x) for x in self.tape(*(int(values[n]) for n in self.symbols))]
+        sizes = self.tape(*(int(values[n]) for n in self.symbols))
+        try:
+            return [as_int(x) for x in sizes]
+        except ArithmeticError:          # a split that is not whole bytes: named, one line
+            raise split_refusal(self.names, lambda j: as_int(sizes[j]), values) from None
 
     def peak(self, values: dict) -> tuple:
         """(bytes, phase, block) of the largest GPU total after any op; block is None outside the blocks."""

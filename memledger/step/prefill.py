@@ -33,6 +33,10 @@ two FP32 absmax arrays (n/64 values each: dequantized, plus the offset) and the 
 alive through ``F.linear`` (:func:`memledger.step.nf4.nf4_forward_ops`, shared with the QLoRA step). The resident
 weights are the packed codes, the absmax and the ``QuantState``'s tables. LLM.int8 is not modelled op by op.
 
+Every block runs the same ops and leaves only its KV cache behind, so where L > 4 blocks 2..L-3 are one op
+(their cache) and blocks 0, 1, L-2 and L-1 run op by op, as the training step lumps them
+(:mod:`memledger.step.trace`): the peak is exact and the time the same for any L.
+
 :class:`Prefill` evaluates the totals after every op (resident: the weights, the ids and the FP32 ``inv_freq``
 buffer, d_h/2 values) and names the op and block of the peak. Programs are lists of
 :class:`memledger.step.ops.ProgramOp` over :class:`memledger.step.ops.Tensor` rows (:class:`~memledger.step.ops.Program`).
@@ -46,7 +50,8 @@ from .nf4 import nf4_forward_ops
 from .program import Program
 from .vocab import Kind
 
-__all__ = ["ATTENTIONS", "DTYPES", "WEIGHTS", "Prefill", "PrefillPeak", "prefill_programs", "projection_shapes"]
+__all__ = ["ATTENTIONS", "DTYPES", "LUMP", "WEIGHTS", "Prefill", "PrefillPeak", "explicit_blocks", "prefill_programs",
+           "projection_shapes"]
 
 #: The attention kernels the prefill runs: SDPA (flash: no S x S tensor) and transformers' eager core.
 ATTENTIONS = ("sdpa", "eager")
@@ -54,6 +59,8 @@ ATTENTIONS = ("sdpa", "eager")
 DTYPES = ("bf16", "fp32")
 #: The blocks' projections: in the compute dtype, or bitsandbytes NF4 with double quantization.
 WEIGHTS = ("dense", "nf4")
+#: The ``layer`` of the program that stands for blocks 2..L-3 at once (:func:`prefill_programs`).
+LUMP = "2..L-3"
 
 
 def projection_shapes(arch) -> list:
@@ -300,15 +307,40 @@ def _end(p, n, c, x, logits_to_keep):
     return last
 
 
+def explicit_blocks(n_layers: int) -> list:
+    """The blocks the prefill runs op by op: all when L <= 4, else 0, 1, L-2, L-1 (the step's choice,
+    :func:`memledger.step.trace.explicit_layers`, not imported: it loads SymPy)."""
+    return list(range(n_layers)) if n_layers <= 4 else [0, 1, n_layers - 2, n_layers - 1]
+
+
+def _lump(p, n, c, n_layers):
+    """Blocks 2..L-3 as one op: what they leave behind, their KV cache (the hidden state they pass on is the
+    size of the one they take). Every block runs the same ops, and block i's total after any op is block 0's plus
+    i times one block's cache (the only tensors a block leaves), so the largest over blocks 2..L-3 is below block
+    L-2's at the same op: the peak stays exact, and the programs the same length whatever L (as the step lumps
+    them, :mod:`memledger.step.trace`)."""
+    B, S, kv, hd = n["B"], n["S"], n["kv"], n["hd"]
+    cache = p.new(f"KV cache: blocks {LUMP}", (n_layers - 4, 2, B, S, kv * hd), c, "the K and V that blocks 2..L-3 "
+                  "write (DynamicLayer.update)", kind=Kind.ACTIVATION)
+    p.op(f"blocks {LUMP} (their KV cache)", alloc=[cache])
+
+
 def prefill_programs(arch, batch_size: int, seq_len: int, dtype: str = "bf16", attention: str = "sdpa",
-                     logits_to_keep: int = 1, weights: str = "dense") -> list:
-    """[(layer or None, :class:`Program`)]: the start, each block, the end (module docstring)."""
+                     logits_to_keep: int = 1, weights: str = "dense", lump: bool = True) -> list:
+    """[(layer or None, :class:`Program`)]: the start, each block, the end (module docstring); with ``lump``
+    (and L > 4) blocks 2..L-3 are one program of layer :data:`LUMP` (:func:`_lump`), so any L takes the time of
+    five blocks."""
     n, c = _dims(arch, batch_size, seq_len), dtype
     tensors = {}
     start = Program(tensors)
     x, tables, shared = _start(start, n, c, attention)
     programs = [(None, start)]
-    for i in range(arch.n_layers):
+    L = arch.n_layers
+    for i in explicit_blocks(L) if lump else range(L):
+        if lump and i == L - 2 and L > 4:
+            p = start.fork()
+            _lump(p, n, c, L)
+            programs.append((LUMP, p))
         p = start.fork()
         x, _ = _block(p, n, c, x, i, attention, weights == "nf4")
         programs.append((i, p))
@@ -361,7 +393,8 @@ class Prefill:
 
     @cached_property
     def moments(self) -> list:
-        """[(total, layer, op label, allocates?)] after every op."""
+        """[(total, layer, op label, allocates?)] after every op (layer: the block, None outside the blocks,
+        :data:`LUMP` for the one op that stands for blocks 2..L-3 where L > 4)."""
         tensors = self.programs[0][1].tensors
         live, total, out = set(), self.resident_bytes, []
         for layer, p in self.programs:

@@ -15,7 +15,7 @@ from .parallel_check import check as check_parallel, modelled as parallel_fields
 __all__ = ["AMP_RECIPES", "BNB_KINDS", "COMPILE_REFUSED", "FAMILIES", "LOSS_IMPLS", "MAX_LOSS_CHUNKS",
            "MODELLED_RECIPES", "OPTIMIZER_OF", "REFUSED_LOSSES", "Shape", "StepStructure", "block_of", "check_amp",
            "check_family", "check_implementation", "check_loss_chunks", "check_loss_impl", "check_offload", "check_packed",
-           "check_recipe", "step_values", "unmodelled"]
+           "check_recipe", "split_refusal", "step_values", "unmodelled"]
 
 #: The optimizer each recipe the timeline models runs (``torch.optim.AdamW``, ``SGD`` with ``momentum`` 0 or not,
 #: ``Adafactor``; :mod:`memledger.step.optim`), with one gradient buffer, with or without FP32 master weights
@@ -430,6 +430,24 @@ def step_values(ledger) -> dict:
     if ledger.framework == "fsdp2":         # FSDP2 shards over its shard group (HSDP: dp / dp_replicate ranks)
         values["N_d"] = ledger.dp // ledger.dp_replicate
     return values
+
+
+def split_refusal(names, sizes, values) -> ValueError:
+    """The error for a step whose tensor is not a whole number of bytes per rank: ``sizes(j)`` evaluates tensor
+    ``j`` exactly (``ArithmeticError`` where it is not whole); the first such of ``names`` is named, as the
+    ledger names a row tp does not divide (:attr:`memledger.ledger.ledger.Ledger.rows`)."""
+    for j, name in enumerate(names):
+        try:
+            sizes(j)
+        except ArithmeticError as e:
+            share = str(e).rsplit(" ", 1)[-1]
+            tokens = values.get("B", 1) * values.get("S", 1)
+            t = values.get("t", 1)
+            why = (f" (sequence parallelism splits the B x S = {tokens:,} token{'s' * (tokens != 1)} over the {t} ranks)"
+                   if tokens % t else "")
+            return ValueError(f"the step's {name!r} would be {share} bytes per rank at tp {t}: tp must divide the "
+                              f"tensors it splits{why}")
+    return ValueError("a tensor of the step is not a whole number of bytes at these values")
 
 
 def block_of(layer, lumped: bool, n_layers: int):

@@ -12,8 +12,12 @@ non-ASCII digits, empty text. The contract, for every invocation (run in-process
 * no run over 10 s.
 
 The API raises only ``ValueError`` or ``TypeError`` on bad input, and what it accepts keeps the same
-invariants. The fast slice (a few examples, paths that need no step compiled) runs with ``-m "not slow"``;
-the slow slice draws many more, over every command, and runs with the full suite.
+invariants. The neighbours of issue 32's five inputs are drawn too: config paths that are directories (a model
+directory whose config.json is one), tiny shapes under tensor and sequence parallelism on every backend, shapes up to
+10^18 on every command (each answered in seconds), and ``compare`` against ``ledger --convention`` on the same
+options (the same number, or the same refusal). The fast slice (a few examples, paths that need no step
+compiled) runs with ``-m "not slow"``; the slow slice draws many more, over every command, and runs with the full
+suite.
 """
 import contextlib
 import io
@@ -23,10 +27,11 @@ from pathlib import Path
 import tempfile
 import time
 
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, example, given, settings, strategies as st
 import pytest
 
 import memledger as ml
+from memledger.activations.backends import BACKENDS
 from memledger.calculators import CONVENTIONS, ConventionInputs
 from memledger.cli.main import _parser, main
 from memledger.ledger.hardware import GPU_MEMORY, LINKS
@@ -34,6 +39,15 @@ from memledger.states.recipes import ALL_RECIPES
 
 SECONDS = 10
 CONFIGS = Path(ml.__file__).parent / "models" / "configs"
+#: Model directories a user may point --config at: one whose config.json is itself a directory, one without a
+#: config.json, one with a real one (made once per session, left to the system's temporary folder).
+FOLDERS = Path(tempfile.mkdtemp(prefix="memledger-fuzz-"))
+for _name in ("config-is-a-folder/config.json", "no-config", "real"):
+    (FOLDERS / _name).mkdir(parents=True)
+(FOLDERS / "real" / "config.json").write_bytes((CONFIGS / "llama3-8b.json").read_bytes())
+CONFIG_PATHS = (str(CONFIGS / "llama3-8b.json"), str(CONFIGS), "nope.json", str(CONFIGS / "index.json"), "/dev/null",
+                str(FOLDERS / "config-is-a-folder"), str(FOLDERS / "config-is-a-folder/config.json"),
+                str(FOLDERS / "no-config"), str(FOLDERS / "real"))
 PRESETS = ("gpt2", "llama2-7b", "article-7b", "qwen2.5-0.5b", "gemma-2b", "mixtral-8x7b", "bert-base-uncased")
 JUNK = st.sampled_from(("", " ", "x", "-1", "0", "1.5", "nan", "inf", "-inf", "1e999999999", "1e-999999999", "1e19",
                         "\u0663", "1\n2", "9" * 200, "--json"))
@@ -74,8 +88,7 @@ VALID = {
     "backend": st.sampled_from(("article", "cuda", "cpu", "tpu")),
     "dtype": st.sampled_from(("bf16", "fp16", "fp8", "int8", "fp32", "int4")),
     "kv_dtype": st.sampled_from(("bf16", "fp16", "fp8", "int8", "fp32", "int4")),
-    "config": st.sampled_from((str(CONFIGS / "llama3-8b.json"), str(CONFIGS), "nope.json", str(CONFIGS / "index.json"),
-                               "/dev/null")),
+    "config": st.sampled_from(CONFIG_PATHS),
 }
 #: Options a model is given by (one of them, usually a preset).
 MODEL = ("preset", "config", "params", "hidden")
@@ -266,6 +279,179 @@ def steps(draw):
 @given(steps())
 def test_step_slow(argv):
     check_contract(argv)
+
+
+MODEL_COMMANDS = (["ledger"], ["ledger", "--measure", "total"], ["step"], ["fit", "--vary", "batch"],
+                  ["fit", "--vary", "seq"], ["compare"], ["infer"])
+#: The paths that are not a config.json file: each refused in one line by every command, before any model is built.
+NOT_FILES = tuple(p for p in CONFIG_PATHS if not p.endswith("llama3-8b.json") and not p.endswith("real"))
+
+
+@settings(max_examples=8, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(st.sampled_from(MODEL_COMMANDS), st.sampled_from(NOT_FILES), st.booleans())
+def test_config_paths_that_are_not_files_fast(command, path, as_json):
+    status, _, err = check_contract([*command, "--config", path] + ["--json"] * as_json)
+    assert status == 2 and "config" in err
+
+
+@pytest.mark.slow
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.sampled_from(MODEL_COMMANDS), st.sampled_from(CONFIG_PATHS), st.booleans())
+def test_config_paths_slow(command, path, as_json):
+    check_contract([*command, "--config", path] + ["--json"] * as_json)
+
+
+@st.composite
+def tiny_parallel_steps(draw):
+    """``step --json`` at the smallest shapes under tensor and sequence parallelism, on every backend: B x S of 1
+    to 3 tokens over tp up to 8 (a split that is not whole bytes per rank is refused in one line naming it)."""
+    heads = draw(st.sampled_from((2, 4, 8)))
+    tp = draw(st.sampled_from([t for t in (2, 4, 8) if heads % t == 0]))
+    argv = ["step", "--hidden", str(heads * draw(st.sampled_from((1, 2, 16)))), "--heads", str(heads), "--layers",
+            draw(st.sampled_from(("1", "2", "5", "24"))), "--style", draw(st.sampled_from(("gpt", "llama"))),
+            "--vocab", draw(st.sampled_from(("8", "24", "100"))), "--batch", draw(st.sampled_from(("1", "2", "3"))),
+            "--seq", draw(st.sampled_from(("1", "2", "3"))), "--tp", str(tp),
+            "--backend", draw(st.sampled_from(tuple(BACKENDS))), "--json"]
+    if draw(st.booleans()):
+        argv.append("--sp")
+    argv += draw(st.sampled_from(([], ["--foreach"], ["--no-foreach"], ["--fused"], ["--flash-attention"],
+                                  ["--recompute", "selective"], ["--recompute", "full"], ["--no-dropout"])))
+    argv += draw(st.sampled_from(([], ["--zero", "1", "--dp", "2"], ["--zero", "3", "--dp", "3"])))
+    return argv
+
+
+@pytest.mark.slow
+@settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
+@given(tiny_parallel_steps())
+def test_tiny_parallel_steps_slow(argv):
+    check_contract(argv)
+
+
+HUGE = st.sampled_from((1, 2, 3, 64, 10**9, 10**18))
+
+
+@st.composite
+def huge_invocations(draw, commands=("ledger", "step", "fit", "compare", "infer")):
+    """Every command that takes a model, on a LLaMA or GPT-2 config.json whose sizes go up to 10^18 (or a shape
+    given by --hidden/--layers/--heads up to 10^18): answered in seconds, or refused in one line."""
+    command = draw(st.sampled_from(commands))
+    if draw(st.booleans()):
+        config = {"model_type": "llama", "hidden_size": draw(HUGE), "num_hidden_layers": draw(HUGE),
+                  "num_attention_heads": draw(st.sampled_from((1, 2))), "num_key_value_heads": 1,
+                  "intermediate_size": draw(HUGE), "vocab_size": draw(HUGE), "tie_word_embeddings": draw(st.booleans())}
+        model = ["--config", json.dumps(config)]
+    else:
+        model = ["--hidden", str(draw(HUGE)), "--layers", str(draw(HUGE)), "--heads", "1", "--style",
+                 draw(st.sampled_from(("gpt", "llama"))), "--ffn", str(draw(HUGE)), "--vocab", str(draw(HUGE))]
+    argv = [command, *model]
+    if command == "fit":
+        argv += ["--vary", draw(st.sampled_from(("batch", "seq", "layers", "zero")))]
+    if command == "infer":
+        argv += draw(st.sampled_from(([], ["--attention", "eager"], ["--batch", "4", "--seq", "4096"],
+                                      ["--logits-to-keep", "0"], ["--weights", "nf4"], ["--seq", "1e18"])))
+    elif command != "compare":
+        argv += draw(st.sampled_from(([], ["--batch", "1", "--seq", "1"], ["--measure", "total"],
+                                      ["--seq", "1e18"], ["--recompute", "full"])))
+    return argv + ["--json"]
+
+
+def _huge_run(argv):
+    """``argv`` with a config given as JSON text written to a config.json first."""
+    if "--config" not in argv:
+        return check_contract(argv)
+    with tempfile.TemporaryDirectory() as folder:
+        i = argv.index("--config") + 1
+        (Path(folder) / "config.json").write_text(argv[i])
+        return check_contract(argv[:i] + [folder] + argv[i + 1:])
+
+
+@pytest.mark.slow
+@settings(max_examples=10, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(huge_invocations(commands=("infer", "compare")))
+def test_huge_shapes_fast(argv):
+    _huge_run(argv)
+
+
+@pytest.mark.slow
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(huge_invocations())
+def test_huge_shapes_slow(argv):
+    _huge_run(argv)
+
+
+# --- compare against ledger --convention on the same options
+
+#: flag -> values, for the options compare and the conventions read.
+CONVENTION_OPTIONS = {
+    "--zero": ("0", "1", "2", "3"), "--dp": ("1", "2", "8", "64"), "--tp": ("1", "2", "8"), "--nodes": ("1", "2", "3"),
+    "--gpus-per-node": ("1", "8"), "--largest-layer": ("1e6", "1e8"), "--buffer-factor": ("1", "1.5", "3"),
+    "--offload-optimizer": ("none", "cpu", "nvme"), "--offload-params": ("none", "cpu"), "--batch": ("1", "4"),
+    "--seq": ("1", "512", "2048"), "--recipe": ("bf16-adamw", "fp32-adamw", "bf16-adamw-fp32-grads"),
+    "--recompute": ("none", "selective", "full"), "--no-zero-init": None, "--sp": None}
+
+
+@st.composite
+def convention_setups(draw):
+    """compare's options: a model (--params alone, or a preset) and a few of :data:`CONVENTION_OPTIONS`."""
+    argv = draw(st.sampled_from((["--params", "175e9"], ["--params", "7e9"], ["--preset", "gpt2"],
+                                 ["--preset", "llama2-7b"])))
+    for flag in draw(st.lists(st.sampled_from(sorted(CONVENTION_OPTIONS)), max_size=5, unique=True)):
+        values = CONVENTION_OPTIONS[flag]
+        argv += [flag] if values is None else [flag, draw(st.sampled_from(values))]
+    return argv
+
+
+def _dest(flag):
+    return flag[2:].replace("-", "_")
+
+
+def _convention_argv(name, options):
+    """``ledger --convention NAME`` with those of ``options`` the convention reads (it refuses the others); where
+    --gpus-per-node x --nodes sets the GPUs (no --dp) but the convention does not read them, the --dp they set."""
+    from memledger.cli.paths import convention_reads
+    reads, argv, i = convention_reads(CONVENTIONS[name]), [], 0
+    given = dict(zip(options, options[1:] + [""]))
+    if "--gpus-per-node" in given and "--dp" not in given and "gpus_per_node" not in reads and "dp" in reads:
+        gpus = int(given["--gpus-per-node"]) * int(given.get("--nodes", "1"))
+        argv += ["--dp", str(gpus // int(given.get("--tp", "1")))]
+    while i < len(options):
+        flag = options[i]
+        valued = i + 1 < len(options) and not options[i + 1].startswith("--")
+        if _dest(flag) in reads:
+            argv += options[i:i + 1 + valued]
+        i += 1 + valued
+    return ["ledger", *argv, "--convention", name, "--json"]
+
+
+def check_compare_against_conventions(options):
+    """Each convention's row of ``compare`` is what ``ledger --convention`` gives on the same options (those it
+    reads): the same GPU and CPU totals, or the same refusal as its error."""
+    status, out, _ = check_contract(["compare", *options, "--json"])
+    if status != 0:
+        return
+    for row in json.loads(out)["conventions"][1:]:
+        argv = _convention_argv(row["name"], options)
+        status, out, err = check_contract(argv)
+        if status == 2:
+            assert row.get("error") == err.removeprefix("memledger: error: ").rstrip("\n"), (argv, row, err)
+        else:
+            totals = json.loads(out)["totals"]
+            assert "error" not in row, (argv, row)
+            assert (row["gpu"]["total"], row["cpu"]) == (totals["gpu"], totals.get("cpu", 0)), (argv, row, totals)
+
+
+@settings(max_examples=2, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(convention_setups())
+@example(["--params", "175e9", "--zero", "0", "--dp", "8", "--nodes", "2"])      # issue 32's
+def test_compare_against_ledger_convention_fast(options):
+    check_compare_against_conventions(options)
+
+
+@pytest.mark.slow
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(convention_setups())
+def test_compare_against_ledger_convention_slow(options):
+    check_compare_against_conventions(options)
 
 
 # --- malformed config.json files, through the command line
