@@ -13,8 +13,17 @@ import math
 
 __all__ = ["Tape", "record"]
 
-#: The operations a tape knows; :func:`record` refuses an expression that needs another.
-OPERATIONS = ("add", "mul", "pow", "ceil", "floor", "max", "min")
+#: The operations a tape knows; :func:`record` refuses an expression that needs another. ``piecewise`` takes
+#: (value, condition) slot pairs, as SymPy orders them, and gives the first value whose condition holds (SymPy's
+#: ``Piecewise``, as bitsandbytes' size thresholds are written); the comparisons and ``and``/``or``/``not`` give
+#: its conditions.
+COMPARISONS = {"lt": lambda a, b: a < b, "le": lambda a, b: a <= b, "gt": lambda a, b: a > b,
+               "ge": lambda a, b: a >= b, "eq": lambda a, b: a == b, "ne": lambda a, b: a != b}
+OPERATIONS = ("add", "mul", "pow", "ceil", "floor", "max", "min", "piecewise", "and", "or", "not", *COMPARISONS)
+
+
+#: SymPy's relational operators -> the tape's comparisons.
+RELATIONS = {"<": "lt", "<=": "le", ">": "gt", ">=": "ge", "==": "eq", "!=": "ne"}
 
 
 def record(args, exprs) -> dict:
@@ -48,6 +57,14 @@ def record(args, exprs) -> dict:
             op, operands = ("ceil" if isinstance(e, sp.ceiling) else "floor"), [visit(e.args[0])]
         elif isinstance(e, (sp.Max, sp.Min)):
             op, operands = ("max" if isinstance(e, sp.Max) else "min"), [visit(a) for a in e.args]
+        elif isinstance(e, sp.Piecewise):
+            op, operands = "piecewise", [visit(x) for pair in e.args for x in pair]
+        elif e is sp.true or e is sp.false:
+            return constant(sp.Integer(1 if e is sp.true else 0))
+        elif isinstance(e, sp.core.relational.Relational) and e.rel_op in RELATIONS:
+            op, operands = RELATIONS[e.rel_op], [visit(e.lhs), visit(e.rhs)]
+        elif isinstance(e, (sp.And, sp.Or, sp.Not)):
+            op, operands = type(e).__name__.lower(), [visit(a) for a in e.args]
         else:
             raise ValueError(f"a tape cannot hold {type(e).__name__} ({e})")
         ops.append([op, *operands])
@@ -91,6 +108,8 @@ class Tape:
             refs = operands[:1] if name == "pow" else operands
             if name == "pow" and (len(operands) != 2 or not isinstance(operands[1], int)):
                 raise ValueError(f"a tape power needs a slot and a whole exponent, got {op!r}")
+            if (name == "piecewise" and len(operands) % 2) or (name in COMPARISONS and len(operands) != 2):
+                raise ValueError(f"a tape operation with the wrong number of operands: {op!r}")
             if not all(isinstance(i, int) and 0 <= i < slots for i in refs):
                 raise ValueError(f"a tape operation reads a slot not yet computed: {op!r}")
             self.ops.append((name, tuple(operands)))
@@ -115,6 +134,14 @@ class Tape:
                 push(math.ceil(v[operands[0]]))
             elif name == "floor":
                 push(math.floor(v[operands[0]]))
-            else:
+            elif name in ("max", "min"):
                 push((max if name == "max" else min)(map(get, operands)))
+            elif name == "piecewise":
+                push(next((v[x] for x, c in zip(operands[::2], operands[1::2]) if v[c]), None))
+            elif name in COMPARISONS:
+                push(int(COMPARISONS[name](v[operands[0]], v[operands[1]])))
+            elif name == "not":
+                push(int(not v[operands[0]]))
+            else:
+                push(int((all if name == "and" else any)(map(get, operands))))
         return [v[i] for i in self.outputs]

@@ -79,7 +79,7 @@ from .timeline import Step
 from .nf4 import nf4_forward_ops
 from .norms import norm_forward
 from .trace import GRADIENT_LUMP, SAVED_LUMP, explicit_layers, flatten
-from .vocab import Device, Kind, Lifetime, Save, Scope
+from .vocab import LANDMARKS, Device, Kind, Lifetime, Save, Scope
 
 __all__ = ["BLOCK_TARGETS", "LoraSpec", "LoraStep", "LoraStructure", "adapter_shape", "build_lora", "lora_rows"]
 
@@ -957,4 +957,4 @@ class LoraStep(Step):
                          "detail": self.peak.detail,
                          "live": [{"name": n, "bytes": b} for n, b in self.live_at_peak()]},
                 "rows": [{k: row[k] for k in ("name", "kind", "phase", "device", "bytes", "formula")}
-                         for row in self.rows]}
+                         | {"live": [m for m in LANDMARKS if m in row.get("live", ())]} for row in self.rows]}

@@ -170,7 +170,7 @@ class Step:
                          "detail": self.peak.detail,
                          "live": [{"name": n, "bytes": b} for n, b in self.live_at_peak()]},
                 "rows": [{k: r[k] for k in ("name", "kind", "phase", "device", "bytes", "formula")}
-                         for r in self.rows]}
+                         | {"live": [m for m in LANDMARKS if m in r.get("live", ())]} for r in self.rows]}
 
     def table(self, unit: str = "GB"):
         from .table import step_table

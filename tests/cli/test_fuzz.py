@@ -7,7 +7,8 @@ non-ASCII digits, empty text. The contract, for every invocation (run in-process
 * exit 0 or 2 (1 only where the output cannot be written, which these runs never hit);
 * on exit 2, one line on stderr and nothing on stdout; on exit 0 nothing on stderr;
 * ``--json`` output parses; every byte count is a non-negative integer; totals are the sums of their rows;
-  a step's landmarks are the sums of the rows live there and its peak is at least every landmark;
+  a step's landmarks are the sums of the rows live there (each row's ``live`` landmarks) and its peak is at least
+  every landmark;
   ``fit``'s answer fits and the next value does not;
 * no run over 10 s.
 
@@ -194,7 +195,8 @@ def _check_json(command, argv, data):
         assert all(_bytes_ok(r["bytes"]) for r in rows)
         for mark, devices in data["landmarks"].items():
             for device, total in devices.items():
-                live = sum(r["bytes"] for r in rows if r["device"] == device and mark in STEP_LIVE.get(r["phase"], ()))
+                live = sum(r["bytes"] for r in rows if r["device"] == device and mark in r.get(
+                    "live", STEP_LIVE.get(r["phase"], ())))
                 assert total == live, (mark, device, total, live)
             assert peak >= devices["gpu"], (mark, peak, devices)
     elif command == "fit":
@@ -596,5 +598,87 @@ def test_config_dicts_raise_only_value_or_type_errors(changes):
 
 
 def test_the_fuzz_sees_every_command():
-    assert set(COMMANDS) == {"ledger", "step", "compare", "fit", "infer", "presets", "recipes", "claims"}
+    assert set(COMMANDS) == {"ledger", "step", "compare", "fit", "infer", "check", "presets", "recipes", "claims"}
     assert os.path.exists(CONFIGS / "llama3-8b.json")
+
+
+# --- memledger check: users' own config files, real and malformed (issue 30) ------------------------------------
+
+USER_CONFIGS = sorted(str(p) for p in (Path(__file__).resolve().parents[1] / "intake" / "configs").iterdir()
+                      if p.suffix in (".yaml", ".json", ".toml"))
+for _name, _bytes in (("bad.yaml", b"model: [unclosed\n"), ("list.yaml", b"- a\n- b\n"), ("bin.json", b"\xff\xfe{}"),
+                      ("empty.toml", b""), ("deep.json", b"[" * 5000 + b"]" * 5000), ("notes.txt", b"hello"),
+                      ("other.yaml", b"model:\n  _component_: torchtune.models.llama2.llama2_999b\nbatch_size: 2\n")):
+    (FOLDERS / _name).write_bytes(_bytes)
+(FOLDERS / "folder.yaml").mkdir(exist_ok=True)
+BAD_CONFIGS = tuple(str(FOLDERS / n) for n in ("bad.yaml", "list.yaml", "bin.json", "empty.toml", "deep.json",
+                                               "notes.txt", "other.yaml", "folder.yaml", "missing.yaml"))
+OVERRIDES = st.sampled_from(("batch_size=4", "batch_size=0", "batch_size=x", "tokenizer.max_seq_len=4096",
+                             "tokenizer.max_seq_len=null", "tokenizer.max_seq_len=1e99", "dtype=fp16", "dtype=bf16",
+                             "enable_activation_checkpointing=true", "optimizer_in_bwd=true", "compile=true",
+                             "model.lora_rank=-3", "=1", "a..b=1", "~loss", "~model", "loss._component_=x",
+                             "torch_dtype=bfloat16", "per_device_train_batch_size=2"))
+
+
+@st.composite
+def checks(draw):
+    """``memledger check`` with one or two config files (mostly the committed real ones, now and then a malformed
+    one), a few key=value overrides, and its options drawn with junk now and then."""
+    files = draw(st.lists(st.sampled_from(USER_CONFIGS * 4 + list(BAD_CONFIGS)), min_size=1, max_size=2))
+    argv = ["check", *files, *draw(st.lists(OVERRIDES, max_size=2))]
+    if draw(_one_in(3)):
+        argv += ["--model", draw(st.sampled_from(("meta-llama/Llama-2-7b-hf", "Qwen/Qwen2.5-0.5B", "nobody/nothing",
+                                                   str(FOLDERS / "real"), str(FOLDERS / "no-config"), "x")))]
+    if draw(_one_in(3)):
+        argv += ["--gpus", draw(st.sampled_from(("8", "64", "0", "x", "1e19")))]
+    for flag in ("--strict", "--json"):
+        if draw(_one_in(3)):
+            argv.append(flag)
+    return argv
+
+
+def _check_check(argv):
+    status, out, _ = check_contract(argv)
+    if status == 0 and "--json" in argv:
+        data = json.loads(out)
+        assert all(r["outcome"] in ("option", "default", "ignored", "refused", "unknown") for r in data["rows"])
+        assert data["command"].startswith("memledger step ")
+        assert (data["step"] is None) == (data["refusal"] is not None)
+        if data["step"] is not None and not LORA_COMPOSITE_ROWS_BUG(data["command"]):
+            _check_json("step", argv, data["step"])
+        assert "--strict" not in argv or (data["refused"] == 0 and data["refusal"] is None)
+
+
+def LORA_COMPOSITE_ROWS_BUG(command: str) -> bool:
+    """A known defect this fuzz found (:func:`test_lora_composite_rmsnorm_rows_sum_to_the_landmarks`): without
+    recomputation, the LoRA step with a composite RMSNorm lists a block input the caller still holds at the end of
+    forward as a forward transient, so its rows miss B x S x d x 2 bytes at "after forward" (its landmarks are
+    MemTracker's: tests/step/test_lora.py, the CPU backend's composite norm). Such a check's other invariants (its
+    rows' outcomes, the refusal, the one-line contract) are still checked."""
+    return ("--lora-rank" in command or "--qlora" in command) and "--rmsnorm composite" in command and (
+        "--recompute full" not in command)
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="known: the LoRA step's rows with a composite RMSNorm miss the block input "
+                                       "held at the end of forward (found by test_check_slow); list it as a row of "
+                                       "'after forward' where no checkpoint row already books it, then drop the "
+                                       "marker and LORA_COMPOSITE_ROWS_BUG")
+def test_lora_composite_rmsnorm_rows_sum_to_the_landmarks():
+    check_contract(["step", "--preset", "llama2-7b", "--backend", "cuda", "--rmsnorm", "composite", "--lora-rank", "8",
+                    "--lora-targets", "q_proj,v_proj", "--batch", "2", "--seq", "512", "--json"])
+
+
+@settings(max_examples=6, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(checks())
+@example(["check", USER_CONFIGS[0], "--json"])
+@example(["check", str(FOLDERS / "folder.yaml")])
+def test_check_fast(argv):
+    _check_check(argv)
+
+
+@pytest.mark.slow
+@settings(max_examples=80, deadline=None, suppress_health_check=list(HealthCheck))
+@given(checks())
+def test_check_slow(argv):
+    _check_check(argv)
