@@ -220,3 +220,14 @@ def test_zero_bytes_take_no_block_and_sizes_round():
     assert round_size(1200, 4) == 1536      # round_size() divides only sizes above kMinBlockSize * divisions
     with pytest.raises(ValueError, match="nbytes"):
         a.malloc(-1)
+
+
+def test_expandable_blocks_are_skipped_once_expandable_segments_are_off():
+    """``get_free_block()``: "Rarely expandable segments has been turned off after we have already allocated some
+    blocks as expandable ... we need to honor this request by only finding non-expandable blocks": a cached 40 MiB
+    expandable block is not given to a 30 MiB request once the option is off; a new 30 MiB segment is."""
+    a = CachingAllocator(expandable_segments=True)
+    a.free(a.malloc(40 * MiB))
+    a.set_allocator_settings(expandable_segments=False)
+    a.malloc(30 * MiB)
+    assert a.reserved == 40 * MiB + 30 * MiB
