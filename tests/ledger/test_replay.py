@@ -79,3 +79,22 @@ def test_side_streams_are_refused_for_reserved():
     check_streams("plain")
     with pytest.raises(ValueError, match="max_split_size_mb"):
         replay(Ledger(arch=SHAPES[0]), max_split_size_mb=20)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(4))
+def test_fuzzed_strategies_keep_the_order_of_the_measures(seed):
+    """The same order over strategies: ZeRO stages and data parallelism, tensor parallelism, FSDP2 (allocated only,
+    reserved is refused there), selective recomputation, the cuda and cpu backends."""
+    rng = random.Random(100 + seed)
+    for _ in range(4):
+        arch = SHAPES[0].with_changes(d_model=64 * rng.randint(2, 6), n_layers=rng.choice([3, 6]))
+        strategy = rng.choice([dict(zero_stage=rng.choice([1, 2, 3]), dp=rng.choice([2, 4])), dict(tp=2),
+                               dict(framework="fsdp2", dp=2, recipe="fp32-adamw"), {}])
+        ledger = Ledger(arch=arch, batch_size=rng.randint(1, 4), seq_len=rng.choice([64, 256]),
+                        recompute=rng.choice(["none", "selective", "full"]), **strategy)
+        backend = rng.choice(["article", "cuda", "cpu"])
+        r = replay(ledger, backend, expandable_segments=rng.random() < 0.5)
+        assert r.allocated + r.outside >= ledger.step(backend).peak.bytes
+        assert r.reserved >= r.allocated
+        assert all(reserved >= allocated for _, _, _, allocated, reserved in r.series)
