@@ -64,3 +64,20 @@ def test_allocator_options_need_an_allocator_measure_and_side_streams_are_refuse
     refused(capsys, "step", *SHAPE, "--measure", "total", message="memledger step judges the step")
     code, out, _ = run(capsys, "step", *SHAPE, "--measure", "allocated", "--framework", "fsdp2", "--dp", "2")
     assert code == 0 and "max_memory_allocated" in out.splitlines()[-1]
+
+
+def test_a_cached_replay_imports_no_sympy(tmp_path):
+    """Once a structure's step is compiled (and its tensors' roles kept beside it), ``--measure reserved`` replays
+    it without SymPy or NumPy, as fast as the peak."""
+    import os
+    import subprocess
+    import sys
+    command = ["ledger", *SHAPE, "--measure", "reserved", "--json"]
+    code = (f"import sys; from memledger.cli.main import main; main({command!r}); "
+            "assert 'sympy' not in sys.modules and 'numpy' not in sys.modules, 'heavy import'")
+    env = {**os.environ, "MEMLEDGER_CACHE_DIR": str(tmp_path)}
+    first = subprocess.run([sys.executable, "-c", f"from memledger.cli.main import main; main({command!r})"],
+                           capture_output=True, text=True, env=env)
+    assert first.returncode == 0, first.stderr
+    second = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert second.returncode == 0, second.stderr
