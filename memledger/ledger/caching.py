@@ -404,7 +404,7 @@ class CachingAllocator:
                 return False
             self._release_block(pool, block)
             return True
-        released, i = 0, i - 1
+        released, i = 0, i - 1        # expandable blocks are skipped (release_block() refuses them), as later PyTorch
         while released < want and i >= 0 and keys[i][0] == stream and keys[i][1] >= self.max_split:
             block = pool.by_key[keys[i]]
             i -= 1
