@@ -42,7 +42,7 @@ from dataclasses import replace
 
 from ..core.choices import LIMIT, check_choice, check_count
 from ..ledger.ledger import Ledger
-from .verdict import CHOICES, MARGIN, MEASURE, judge, leaves_margin, uses_peak
+from .verdict import ALLOCATOR, MARGIN, MEASURE, allocator_spec, check_measure, judge, leaves_margin, uses_peak
 
 __all__ = ["MEASURE", "VARY", "fit", "fit_many"]
 
@@ -102,11 +102,15 @@ def _dp_range(template: Ledger) -> tuple:
     return 1, _UPPER
 
 
-def fit(template: Ledger, vary: str, gpu_bytes: int, measure: str = "auto", margin: int = MARGIN) -> dict:
+def fit(template: Ledger, vary: str, gpu_bytes: int, measure: str = "auto", margin: int = MARGIN,
+        expandable_segments: bool = False, max_split_size_mb=None) -> dict:
     """The boundary of ``vary`` for ``template`` on a GPU of ``gpu_bytes``, leaving ``margin`` bytes free; see the
     module docstring.
 
-    ``measure``: ``"auto"`` (the step's peak where modelled, else the sum), ``"peak"`` or ``"total"``.
+    ``measure``: ``"auto"`` (the step's peak where modelled, else the sum), ``"peak"`` or ``"total"``; or
+    ``"allocated"``/``"reserved"``, the step replayed through the caching allocator (:mod:`memledger.ledger.replay`,
+    with ``expandable_segments`` and ``max_split_size_mb``). A replay's segments need not grow with every value: the
+    answer is the boundary the bisection finds, where the answer fits and the next value does not.
     Returns {"vary", "answer" (None: nothing fits), "measure" (a value of :data:`MEASURE`), "measure_key",
     "gpu_memory", "margin", "judged_at_answer" (the bytes the measure gives there), "total_at_answer" (the ledger's
     sum), "peak_at_answer" (None without a timeline), "next" (the first value that does not fit:
@@ -115,7 +119,8 @@ def fit(template: Ledger, vary: str, gpu_bytes: int, measure: str = "auto", marg
     if not isinstance(template, Ledger):
         raise TypeError(f"template must be a Ledger, got {template!r}")
     check_choice("vary", vary, VARY)
-    check_choice("measure", measure, CHOICES)
+    check_measure(measure)
+    spec = allocator_spec(measure, expandable_segments, max_split_size_mb)
     gpu_bytes = check_count("gpu_bytes", gpu_bytes, limit=LIMIT)
     margin = check_count("margin", margin, minimum=0, limit=LIMIT)
     if vary in ("batch", "seq", "layers") and template.arch is None:
@@ -134,6 +139,8 @@ def fit(template: Ledger, vary: str, gpu_bytes: int, measure: str = "auto", marg
     if vary == "dp" and isinstance(k, int) and not isinstance(k, bool):
         raise ValueError(f"vary='dp' is not searched with an int reshard_after_forward ({k}): it must divide every dp")
     peak = uses_peak(template, measure)
+    if spec is not None:
+        peak = spec
 
     def fits(value):
         return leaves_margin(judge(_at(template, vary, value), peak).bytes, gpu_bytes, margin)
@@ -182,10 +189,10 @@ def fit_many(template: Ledger, vary: str, gpu_memories, measure: str = "auto", m
     """:func:`fit` for each of ``gpu_memories``, as a list of its answer dictionaries; the largest batch or sequence
     judged by the step's peak is searched for all of them at once over NumPy arrays (the module docstring)."""
     check_choice("vary", vary, VARY)
-    check_choice("measure", measure, CHOICES)
+    check_measure(measure)
     memories = [check_count("gpu_bytes", m, limit=LIMIT) for m in gpu_memories]
     margin = check_count("margin", margin, minimum=0, limit=LIMIT)
-    if (vary not in ("batch", "seq") or template.arch is None or not uses_peak(template, measure)
+    if (vary not in ("batch", "seq") or template.arch is None or measure in ALLOCATOR or not uses_peak(template, measure)
             or (vary == "seq" and template.arch.n_positions)):
         return [fit(template, vary, m, measure, margin) for m in memories]
     from ..ledger.ledger import sweep
@@ -249,6 +256,9 @@ def _binding(vary, answer, beyond, over, peak, gpu_bytes, margin) -> str:
     head = f"at {_LABEL[vary]} {beyond} {judged.measure} {verb} {judged.bytes:,} B > {limit}"
     if answer is None and vary in ("batch", "seq", "layers"):
         head = f"nothing fits: even at {_LABEL[vary]} 1 {judged.measure} needs {judged.bytes:,} B > {limit}"
+    if judged.key in ALLOCATOR:
+        return (f"{head}; the step's peak there is {over.peak:,} B, the allocator's rounding and cached blocks add "
+                f"{judged.bytes - over.peak:,} B")
     if peak and judged.bytes == over.peak:
         step = over.step()
         name, size = step.live_at_peak()[0]

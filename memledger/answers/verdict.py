@@ -19,7 +19,12 @@ explorer, the static calculator) says which it printed:
   article's 7x10^9) which the timeline, counting tensors, does not see, the
   larger of the peak and the sum (:meth:`memledger.ledger.ledger.Ledger.judged_bytes`);
 * ``"total"``: the sum, where the timeline does not model the setup (MoE,
-  encoders) or where the sum is asked for.
+  encoders) or where the sum is asked for;
+* ``"allocated"`` and ``"reserved"``: the step replayed twice through a port of PyTorch's caching allocator
+  (:mod:`memledger.ledger.replay`): the peak of its blocks (``torch.cuda.max_memory_allocated()``) or of its
+  segments, free cached blocks included (``max_memory_reserved()``, what runs out first), with the ledger's
+  overhead row beside them. Asked for only (``measure="allocated"``/``"reserved"``), never chosen by ``auto``;
+  ``"nvidia-smi"`` and ``"run"`` are refused in one line (:data:`REFUSED`).
 
 Against what a verdict compares: the GPU's total as ``nvidia-smi`` reports it
 (:data:`memledger.ledger.hardware.GPU_MEMORY`), the judged bytes including the
@@ -31,20 +36,36 @@ about a gigabyte: the caching allocator rounds every block up
 wrong size (fragmentation), and libraries allocate beside it, so a plan that
 leaves less is no fit (:func:`assess`; :func:`memledger.fit` searches with it).
 """
+from functools import lru_cache
 from typing import NamedTuple
 
 from ..core.capacity import MARGIN, leaves_margin, standing
 from ..core.units import format_bytes
 
-__all__ = ["ASSESSMENTS", "CHOICES", "CLAUSES", "MARGIN", "MEASURE", "SENTENCE", "SUM_CLAUSE", "SUM_NOTE",
-           "UNMODELLED_NOTE", "Judgement", "assess", "describe", "is_nominal", "judge", "leaves_margin", "sentence",
-           "standing", "unmodelled", "uses_peak"]
+__all__ = ["ALLOCATOR", "ASSESSMENTS", "AllocatorSpec", "CHOICES", "CLAUSES", "Judgement", "MARGIN", "MEASURE",
+           "REFUSED", "SENTENCE", "SUM_CLAUSE", "SUM_NOTE", "UNMODELLED_NOTE", "allocator_spec", "assess",
+           "check_measure", "describe", "is_nominal", "judge", "leaves_margin", "replayed", "sentence", "standing",
+           "unmodelled", "uses_peak"]
 
 #: Each measure a verdict can use, as prose prints it (``result["measure"]`` of :func:`memledger.fit`).
 MEASURE = {
     "peak": "the peak of a training step",
     "nominal": "the peak of a training step or, where larger, the sum of the rows with the nominal parameter count",
     "total": "the sum of the rows at the end of the forward pass",
+    "allocated": "the peak of the caching allocator's blocks over two training steps (max_memory_allocated) and "
+                 "the overhead row",
+    "reserved": "the peak of the caching allocator's segments over two training steps (max_memory_reserved, "
+                "fragmentation included) and the overhead row",
+}
+#: The measures a replay through the caching allocator gives (:mod:`memledger.ledger.replay`).
+ALLOCATOR = ("allocated", "reserved")
+#: Measures named by the issue that are not modelled yet, and why (each refused in one line).
+REFUSED = {
+    "nvidia-smi": "nvidia-smi adds to the reserved segments the CUDA context, cuBLAS/cuBLASLt workspaces and NCCL's "
+                  "buffers, whose sizes per PyTorch/CUDA version and GPU generation memledger does not yet have from "
+                  "a cited source; use --measure reserved (the ledger's overhead row stands for them)",
+    "run": "the peak of a whole run (loading and quantizing the weights, then the steps) is not modelled yet: the "
+           "step is; use --measure reserved for the steps",
 }
 #: Why a verdict by the sum is not the peak: the static calculator's note, and the explorer's without a timeline.
 SUM_NOTE = "the peak of a step can be higher; see the chapter on the peak"
@@ -52,7 +73,35 @@ UNMODELLED_NOTE = "the step timeline does not model this setup"
 #: The clause after a verdict by the sum where the peak was not asked for (the static calculator prints it too).
 SUM_CLAUSE = f", {MEASURE['total']} ({SUM_NOTE})"
 #: ``measure`` choices of :func:`judge` and :func:`memledger.fit`: the peak where modelled, or one of the two.
-CHOICES = ("auto", "peak", "total")
+CHOICES = ("auto", "peak", "total") + ALLOCATOR + tuple(REFUSED)
+
+
+class AllocatorSpec(NamedTuple):
+    """A verdict by the caching allocator's replay: ``measure`` ("allocated" or "reserved") and the
+    ``PYTORCH_CUDA_ALLOC_CONF`` options it replays with."""
+    measure: str
+    expandable_segments: bool = False
+    max_split_size_mb: object = None
+
+
+def check_measure(measure: str) -> str:
+    """``measure`` if it is one of :data:`CHOICES` and modelled; one line naming why otherwise."""
+    if measure not in CHOICES:
+        raise ValueError(f"measure must be one of {', '.join(CHOICES)}, got {measure!r}")
+    if measure in REFUSED:
+        raise ValueError(f"measure {measure} is refused: {REFUSED[measure]}")
+    return measure
+
+
+def allocator_spec(measure: str, expandable_segments: bool = False, max_split_size_mb=None):
+    """An :class:`AllocatorSpec` for ``measure`` "allocated" or "reserved", else None; the options are refused
+    in one line with another measure."""
+    if measure in ALLOCATOR:
+        return AllocatorSpec(measure, bool(expandable_segments), max_split_size_mb)
+    if expandable_segments or max_split_size_mb is not None:
+        raise ValueError("expandable_segments and max_split_size_mb configure the caching allocator's replay: "
+                         "measure allocated or reserved")
+    return None
 
 
 class Judgement(NamedTuple):
@@ -73,20 +122,22 @@ def is_nominal(ledger) -> bool:
 def uses_peak(ledger, measure: str = "auto") -> bool:
     """Whether a verdict on ``ledger`` judges the step's peak: not if ``measure="total"`` or if the timeline
     does not model the setup (``measure="peak"`` then raises the timeline's own ``ValueError``)."""
-    if measure not in CHOICES:
-        raise ValueError(f"measure must be one of {', '.join(CHOICES)}, got {measure!r}")
+    check_measure(measure)
     if measure == "total":
         return False
     if ledger.peak is None:
-        if measure == "peak":
+        if measure != "auto":
             ledger.step()                      # raises the timeline's reason
         return False
     return True
 
 
-def judge(ledger, peak: bool) -> Judgement:
+def judge(ledger, peak) -> Judgement:
     """The bytes ``ledger`` is judged by: the sum, or (``peak``) the step's peak, the larger of the two
-    for a nominal parameter count (:meth:`memledger.ledger.ledger.Ledger.judged_bytes`)."""
+    for a nominal parameter count (:meth:`memledger.ledger.ledger.Ledger.judged_bytes`); or, ``peak`` an
+    :class:`AllocatorSpec`, the caching allocator's replay of the step (:func:`replayed`)."""
+    if isinstance(peak, AllocatorSpec):
+        return Judgement(replayed(ledger, peak).judged(peak.measure), peak.measure)
     if not peak:
         return Judgement(ledger.totals["gpu"], "total")
     if ledger.peak is None:
@@ -94,6 +145,20 @@ def judge(ledger, peak: bool) -> Judgement:
     if is_nominal(ledger):
         return Judgement(max(ledger.peak, ledger.totals["gpu"]), "nominal")
     return Judgement(ledger.peak, "peak")
+
+
+def replayed(ledger, spec: AllocatorSpec, backend: str = "article", **changes):
+    """``ledger``'s step replayed through the caching allocator (:func:`memledger.ledger.replay.replay`) as
+    ``spec`` asks; a framework with side streams is refused for "reserved" in one line."""
+    from ..ledger.replay import check_streams
+    check_streams(ledger.framework, spec.measure)
+    return _replayed(ledger, spec.expandable_segments, spec.max_split_size_mb, backend, tuple(sorted(changes.items())))
+
+
+@lru_cache(maxsize=256)
+def _replayed(ledger, expandable, max_split, backend, changes):
+    from ..ledger.replay import replay
+    return replay(ledger, backend, expandable, max_split, **dict(changes))
 
 
 #: The verdict's clause after the bytes, by which of the two it judged (:func:`describe` fills it; the static
@@ -104,6 +169,7 @@ CLAUSES = {
     "peak": ", {peak_measure} ({total_measure}: {total})",
     "nominal": ", {total_measure}, larger here than {peak_measure} ({peak}), which counts the model's tensors, "
                "not the nominal parameter count",
+    "allocator": ", {measure} ({peak_measure}: {peak})",
 }
 
 
@@ -120,6 +186,9 @@ def unmodelled(ledger) -> str:
 def describe(ledger, judgement: Judgement, unit: str = "GB", note: str = None) -> str:
     """The verdict's clause after the bytes: which measure, and the other one for comparison. A sum is
     followed by ``note``, by default why it is not the peak (:data:`UNMODELLED_NOTE` or :data:`SUM_NOTE`)."""
+    if judgement.key in ALLOCATOR:
+        return CLAUSES["allocator"].format(measure=MEASURE[judgement.key], peak_measure=MEASURE["peak"],
+                                           peak=format_bytes(ledger.peak, unit))
     if ledger.framework == "fsdp2":         # FSDP2 books no sum: its step's peak alone
         return f", {MEASURE['peak']}"
     total = ledger.totals["gpu"]

@@ -20,8 +20,8 @@ from ..models.presets import all_presets
 from ..states.recipes import ALL_RECIPES
 from . import check as cli_check, compare as cli_compare, models as cli_models, step as cli_step
 from .options import add, build_ledger, fill_defaults, given_options, gpu_bytes, host_link, ledger_options, one_of
-from .options import output_options
-from .paths import (FRAMEWORK, IN_BACKWARD_WHY, LOSS, MODEL, PIPELINE, WORKLOAD, in_backward_reads,
+from .options import allocator_options, allocator_spec_of, output_options
+from .paths import (FRAMEWORK, IN_BACKWARD_WHY, LOSS, MODEL, PIPELINE, WORKLOAD, allocator_reads, in_backward_reads,
                     refuse_unread)
 from .verdict import judged_by, verdict_line
 
@@ -58,9 +58,9 @@ def _parser():
     cli_compare.add_options(led)
     cli_compare.add_parser(sub, _Help)
     cli_step.add_parser(sub, _Help)
-    add(led, "--measure", "what the fits verdict judges: auto (the step's peak, memledger step, where the timeline "
-        "models the setup, else the sum of the rows at the end of the forward pass), peak, or total (the sum, "
-        "without evaluating the step)", "auto")
+    allocator_options(led, "what the fits verdict judges: auto (the step's peak, memledger step, where the timeline "
+                      "models the setup, else the sum of the rows at the end of the forward pass), peak, total (the "
+                      "sum, without evaluating the step)", "auto")
     pipe = led.add_argument_group("pipeline parallelism (Megatron-LM schedules)")
     add(pipe, "--pp", "pipeline stages P (rows per stage: first and last)")
     add(pipe, "--microbatches", "micro-batches per step M (needs --pp; default: P)")
@@ -90,9 +90,12 @@ def _ledger(a):
     if ledger.arch is None:
         reads -= {"measure"} | set(PIPELINE)
         where = "a ledger without an architecture (--params alone)"
+    else:
+        reads |= allocator_reads(a)
     if ledger.offload_optimizer == "none":
         reads.discard("offload_placement")
     from ..answers.verdict import uses_peak
+    spec = allocator_spec_of(a) if ledger.arch is not None else None
     if ledger.arch is not None and a.measure != "total" and uses_peak(ledger, a.measure):
         reads |= set(LOSS)                  # the chunked loss changes the verdict by the peak, not the sum
     traffic = ledger.traffic
@@ -114,16 +117,19 @@ def _ledger(a):
         if pipe is not None:
             data["pipeline"] = pipe
         data["gpu_memory"] = memory
-        judged = judged_by(ledger, a.measure)
+        judged = judged_by(ledger, a.measure, spec)
         data["fits"] = leaves_margin(judged.bytes, memory)         # with the margin free (answers.verdict)
         data["margin"] = MARGIN
         data["measure"] = judged.key
         data["judged_bytes"] = judged.bytes
         data["peak"] = None if a.measure == "total" else ledger.peak      # total: the step is not evaluated
+        if spec is not None:
+            from ..answers.verdict import replayed
+            data["allocator"] = replayed(ledger, spec).to_dict()
         data["traffic"]["link"] = link
         data["traffic"]["pcie_seconds"] = float(traffic.pcie_seconds(link))
         return json.dumps(data, indent=2)
-    lines = [ledger.table(a.units).text(), "", verdict_line(ledger, memory, a.measure, a.units)]
+    lines = [ledger.table(a.units).text(), "", verdict_line(ledger, memory, a.measure, a.units, spec)]
     lines += framework_lines(ledger, a.units)
     if traffic.pcie_bytes:
         lines.append(f"Per step over {link}: GPU->CPU {format_bytes(traffic.gpu_to_cpu, a.units)}, "

@@ -4,9 +4,11 @@ Split from :mod:`memledger.cli.main` (which parses the options and reports error
 each function takes the parsed arguments and returns the text to print.
 """
 from ..core.units import format_bytes, parse_bytes, parse_count
-from .options import (DEFAULT_OVERHEAD, add, architecture_from_args, build_ledger, check_units, gpu_bytes,
+from .options import (DEFAULT_OVERHEAD, add, allocator_options, allocator_spec_of, architecture_from_args,
+                      build_ledger, check_units, gpu_bytes,
                       ledger_options, model_options, output_options)
-from .paths import FRAMEWORK, IN_BACKWARD_WHY, LOSS, MODEL, WORKLOAD, in_backward_reads, refuse_unread
+from .paths import (FRAMEWORK, IN_BACKWARD_WHY, LOSS, MODEL, WORKLOAD, allocator_reads, in_backward_reads,
+                    refuse_unread)
 from .verdict import verdict_line
 from ..answers.verdict import MARGIN, assess, leaves_margin
 
@@ -21,8 +23,8 @@ def add_parsers(sub, formatter):
     fit = sub.add_parser("fit", help="the largest batch, sequence or model that fits (or the smallest dp/ZeRO)",
                          formatter_class=formatter)
     add(fit, "--vary", "batch, seq or layers (largest that fits); dp or zero (smallest that fits)").required = True
-    add(fit, "--measure", "what a candidate is judged by: auto (the step's peak where the timeline models the "
-        "setup, else the sum of the rows at the end of the forward pass), peak, or total (the sum)", "auto")
+    allocator_options(fit, "what a candidate is judged by: auto (the step's peak where the timeline models the "
+                      "setup, else the sum of the rows at the end of the forward pass), peak, total (the sum)", "auto")
     ledger_options(fit)
     output_options(fit, link=False)
     inf = sub.add_parser("infer", help="inference for contrast: weights + KV cache + working buffer",
@@ -83,6 +85,7 @@ def fit(a):
     from ..core.choices import check_choice
     check_choice("vary", a.vary, VARY)
     check_choice("measure", a.measure, CHOICES)
+    spec = allocator_spec_of(a)
     where = f"memledger fit --vary {a.vary}"
     searched = SEARCHED[a.vary]
     if searched in a.given:
@@ -98,7 +101,9 @@ def fit(a):
     reads = set(MODEL) | set(WORKLOAD) | set(FRAMEWORK) | {"units", "gpu_memory", "json", "measure", "vary"}
     if ledger.arch is None:
         reads.discard("measure")
-    elif uses_peak(ledger, a.measure):
+    else:
+        reads |= allocator_reads(a)
+    if ledger.arch is not None and uses_peak(ledger, a.measure):
         reads |= set(LOSS)                  # the chunked loss changes the peak, not the sum
     if ledger.offload_optimizer == "none":
         reads.discard("offload_placement")
@@ -108,7 +113,9 @@ def fit(a):
     refuse_unread(a, reads, where, {"scope": "the step's peak decides, and the step runs the whole model "
                                              "(--measure total judges the sum, which --scope changes)",
                                     **IN_BACKWARD_WHY})
-    result = fit(ledger, a.vary, gpu_bytes(a.gpu_memory), measure=a.measure)
+    split = None if spec is None else spec.max_split_size_mb
+    result = fit(ledger, a.vary, gpu_bytes(a.gpu_memory), measure=a.measure,
+                 expandable_segments=spec is not None and spec.expandable_segments, max_split_size_mb=split)
     at = result.pop("ledger")
     if a.json:
         import json
@@ -120,7 +127,7 @@ def fit(a):
     kind = "smallest" if a.vary in ("dp", "zero") else "largest"
     return (f"The {kind} {a.vary} that fits in {format_bytes(result['gpu_memory'], a.units)} with "
             f"{format_bytes(result['margin'], a.units)} free: {result['answer']}.\n"
-            f"There: {verdict_line(at, result['gpu_memory'], a.measure, a.units)}\n"
+            f"There: {verdict_line(at, result['gpu_memory'], a.measure, a.units, spec)}\n"
             f"Binding: {result['binding']}.")
 
 

@@ -18,7 +18,8 @@ from ..states.frameworks import DEEPSPEED_DEFAULTS
 from ..states.placement import OFFLOAD_DEVICES, PLACEMENTS, ZERO_STAGES
 from ..states.recipes import ALL_RECIPES
 
-__all__ = ["DEEPSPEED_COUNTS", "UNITS", "UNITS_HELP", "add", "architecture_from_args", "build_ledger", "check_units",
+__all__ = ["DEEPSPEED_COUNTS", "MEASURE_HELP", "UNITS", "UNITS_HELP", "add", "allocator_options",
+           "allocator_spec_of", "architecture_from_args", "build_ledger", "check_units",
            "fill_defaults", "flag", "framework_fields", "framework_options", "fsdp_dtype", "given_options", "gpu_bytes",
            "host_link", "ledger_options", "model_options", "one_of", "output_options", "parse_mib", "zero_stage"]
 
@@ -193,6 +194,37 @@ def parse_mib(text, field: str) -> float:
     if not 0 <= value <= 2 ** 40:
         raise ValueError(f"{field} must be a number of MiB >= 0, got {shown(text)!r}")
     return int(value) if value.is_integer() else value
+
+
+#: ``--measure``'s help: what each value judges (:mod:`memledger.answers.verdict`).
+MEASURE_HELP = ("allocated (the step replayed twice through PyTorch's caching allocator: max_memory_allocated, "
+                "blocks rounded to 512 B), reserved (its segments, free cached blocks included: max_memory_reserved); "
+                "nvidia-smi and run are refused (not modelled yet)")
+
+
+def allocator_options(parser, measure_help: str, default: str):
+    """``--measure`` and the caching allocator's options (``PYTORCH_CUDA_ALLOC_CONF``) its replay reads."""
+    add(parser, "--measure", f"{measure_help}, {MEASURE_HELP}", default)
+    alloc = parser.add_argument_group("caching allocator (--measure allocated or reserved)")
+    add(alloc, "--expandable-segments", "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: one growing segment per "
+        "pool and stream", switch=True)
+    add(alloc, "--max-split-size-mb", "PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:N: blocks of N MiB or more are "
+        "never split (N > 20)")
+
+
+def allocator_spec_of(a):
+    """The :class:`~memledger.answers.verdict.AllocatorSpec` ``--measure allocated|reserved`` asks for, else None
+    (``--measure nvidia-smi``/``run`` refused in one line)."""
+    from ..answers.verdict import ALLOCATOR, allocator_spec, check_measure
+    check_measure(a.measure)
+    if a.measure not in ALLOCATOR:
+        return None                 # the allocator's options are refused by the command's reads
+    split = getattr(a, "max_split_size_mb", None)
+    if split is not None:
+        split = parse_count(split, "max_split_size_mb")
+        if split <= 20:
+            raise ValueError(f"max_split_size_mb must be above 20 (PyTorch's minimum), got {split}")
+    return allocator_spec(a.measure, bool(getattr(a, "expandable_segments", False)), split)
 
 
 def output_options(parser, verdict: bool = True, link: bool = True):

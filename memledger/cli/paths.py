@@ -11,8 +11,9 @@ the step's peak.
 """
 from .options import flag
 
-__all__ = ["CONVENTION_INPUTS", "FRAMEWORK", "IN_BACKWARD_WHY", "LORA", "LOSS", "MODEL", "OUTPUT", "PIPELINE",
-           "STATES", "WORKLOAD", "convention_reads", "in_backward_reads", "refuse_unread", "unread"]
+__all__ = ["ALLOCATOR_OPTIONS", "CONVENTION_INPUTS", "FRAMEWORK", "IN_BACKWARD_WHY", "LORA", "LOSS", "MODEL", "OUTPUT",
+           "PIPELINE", "STATES", "WORKLOAD", "allocator_reads", "convention_reads", "in_backward_reads",
+           "refuse_unread", "unread"]
 
 MODEL = ("preset", "config", "params", "hidden", "layers", "heads", "ffn", "vocab", "style")
 #: Options of the activations (an architecture needed), then of the model states and the runtime.
@@ -26,6 +27,8 @@ FRAMEWORK = ("framework", "ddp_bucket_mb", "gradient_as_bucket_view", "deepspeed
              "fsdp_param_dtype", "fsdp_reduce_dtype", "no_reshard_after_forward", "dp_replicate",
              "reshard_after_forward", "fsdp_loss_in_root", "fsdp_cpu_offload", "fsdp_offload_no_pin")
 OUTPUT = ("units", "gpu_memory", "link", "json")
+#: The caching allocator's options, read only under ``--measure allocated`` or ``reserved``.
+ALLOCATOR_OPTIONS = ("expandable_segments", "max_split_size_mb")
 PIPELINE = ("pp", "microbatches", "interleave")
 CONVENTION_INPUTS = ("largest_layer", "gpus_per_node", "nodes", "buffer_factor", "no_zero_init")
 LORA = ("lora_rank", "lora_targets", "qlora", "lora_dropout", "adapter_recipe", "no_double_quant")
@@ -43,6 +46,8 @@ WHY = {
     "loss_chunks": "the chunked loss changes the step's peak (memledger step), not the sums this path prints",
     "loss_impl": "the loss's implementation changes the step's peak (memledger step), not the sums this path prints",
     "measure": "without an architecture there is no step to judge, only the sum of the model states",
+    "expandable_segments": "it configures the caching allocator's replay: --measure allocated or reserved",
+    "max_split_size_mb": "it configures the caching allocator's replay: --measure allocated or reserved",
     "offload_placement": "it places offloaded optimizer states, and --offload-optimizer is none",
     "offload_activations": "it books the activations on the GPU; memledger step --backend cpu models them offloaded",
     "packed": "packed documents change the attention's masks per backend: memledger step models them",
@@ -61,6 +66,11 @@ def in_backward_reads(a) -> set:
     if getattr(a, "measure", "auto") == "total" or getattr(a, "pp", None) is not None:
         return set()
     return {"optimizer_in_backward"}
+
+
+def allocator_reads(a) -> set:
+    """The caching allocator's options where ``--measure`` is allocated or reserved, else none."""
+    return set(ALLOCATOR_OPTIONS) if getattr(a, "measure", None) in ("allocated", "reserved") else set()
 
 
 def convention_reads(convention) -> set:

@@ -14,8 +14,9 @@ from the library's formulas on first use).
 from ..activations.backends import BACKENDS
 from ..answers.verdict import CLAUSES, MARGIN, MEASURE, leaves_margin, sentence
 from ..core.units import format_bytes
-from .options import add, build_ledger, flag, gpu_bytes, ledger_options, output_options
-from .paths import FRAMEWORK, LORA, LOSS, MODEL, WORKLOAD, refuse_unread
+from .options import add, allocator_options, allocator_spec_of, build_ledger, flag, gpu_bytes, ledger_options, \
+    output_options
+from .paths import FRAMEWORK, LORA, LOSS, MODEL, WORKLOAD, allocator_reads, refuse_unread
 
 __all__ = ["LORA_STEP_READS", "add_parser", "implementation", "lora_step", "output", "step", "text"]
 
@@ -34,37 +35,61 @@ def add_parser(sub, formatter):
     add(conv, "--fused", "AdamW/SGD(fused=True): one kernel, no temporaries", switch=True)
     add(conv, "--rmsnorm", "fused (input + FP32 rstd, one kernel) or composite (the FP32 copies PyTorch's composite "
         "ops keep, as torchtune's, transformers' and LitGPT's RMSNorm run even on CUDA); default: the backend's")
+    allocator_options(step, "what the fits verdict judges: peak (the step's peak of live tensors)", "peak")
     from .compare import lora_options
     lora_options(step)
 
 
 def step(a) -> str:
     """``memledger step``: every ledger option but --scope (the step runs the whole model), plus the backend."""
+    if a.measure == "total":
+        raise ValueError("memledger step judges the step, not the sum of the rows: --measure peak, allocated or "
+                         "reserved (memledger ledger --measure total prints the sum)")
+    if a.measure == "auto":
+        a.measure = "peak"
+    spec = allocator_spec_of(a)
     if any(d in a.given for d in LORA):      # --optimizer-in-backward is the adapters' (LoraStep checks it)
+        if spec is not None:
+            raise ValueError(f"--measure {a.measure}: the LoRA step is not compiled to the trace the caching "
+                             "allocator replays; use --measure peak")
         from argparse import Namespace
         return lora_step(a, build_ledger(Namespace(**(vars(a) | {"optimizer_in_backward": False}))))
     ledger = build_ledger(a)
     reads = set(MODEL) | set(WORKLOAD) | set(FRAMEWORK) | set(LOSS) | {"units", "gpu_memory", "json", "backend",
                                                                         "foreach", "no_foreach", "fused", "rmsnorm",
                                                                         "optimizer_in_backward", "offload_activations",
-                                                                        "packed", "paged_optimizer"}
+                                                                        "packed", "paged_optimizer", "measure"}
+    reads |= allocator_reads(a)
     if ledger.offload_optimizer == "none":
         reads.discard("offload_placement")
     refuse_unread(a, reads, "memledger step")
-    return output(ledger.step(a.backend, **implementation(a, ledger.recipe)), a)
+    changes = implementation(a, ledger.recipe)
+    replay = None
+    if spec is not None:
+        from ..answers.verdict import replayed
+        replay = replayed(ledger, spec, a.backend, **changes)
+    return output(ledger.step(a.backend, **changes), a, replay)
 
 
-def output(result, a) -> str:
-    """A step's JSON object (with the GPU, the verdict with the margin free, the margin) or its text."""
+def output(result, a, replay=None) -> str:
+    """A step's JSON object (with the GPU, the verdict with the margin free, the margin, the measure and the bytes
+    it judges; under ``--measure allocated|reserved`` the replay, with the segments at the reserved peak) or its
+    text."""
     memory = gpu_bytes(a.gpu_memory)
+    measure = getattr(a, "measure", "peak")
+    judged = result.peak.bytes if replay is None else replay.judged(measure)
     if a.json:
         import json
         data = result.to_dict()
         data["gpu_memory"] = memory
-        data["fits"] = leaves_margin(result.peak.bytes, memory)     # with the margin free (answers.verdict)
+        data["fits"] = leaves_margin(judged, memory)     # with the margin free (answers.verdict)
         data["margin"] = MARGIN
+        data["measure"] = measure
+        data["judged_bytes"] = judged
+        if replay is not None:
+            data["allocator"] = replay.to_dict()
         return json.dumps(data, indent=2)
-    return text(result, memory, a.units)
+    return text(result, memory, a.units, replay, measure)
 
 
 def implementation(a, recipe: str) -> dict:
@@ -121,8 +146,10 @@ def lora_step(a, ledger) -> str:
                                  a.backend, foreach=a.foreach, **norm(a)), a)
 
 
-def text(result, memory: int, unit: str = "GB") -> str:
-    """The landmarks per device, the phase peaks, the peak and what is live there, the verdict."""
+def text(result, memory: int, unit: str = "GB", replay=None, measure: str = "peak") -> str:
+    """The landmarks per device, the phase peaks, the peak and what is live there, the verdict; with a ``replay``
+    through the caching allocator, its allocated and reserved bytes per phase beside the live tensors', and the
+    segments at the reserved peak."""
     def size(n):
         return format_bytes(n, unit)
     lines = [f"{'landmark':<16} {'GPU':>12} {'CPU':>12} {'NVMe':>12}"]
@@ -154,5 +181,42 @@ def text(result, memory: int, unit: str = "GB") -> str:
     else:
         clause = CLAUSES["peak"].format(peak_measure=MEASURE["peak"], total_measure=MEASURE["total"],
                                         total=size(result.ledger.totals["gpu"])) + note
-    lines += ["", f"{sentence(result.peak.bytes, memory, clause, unit)}."]
+    judged = result.peak.bytes
+    if replay is not None:
+        lines += allocator_lines(result, replay, unit)
+        judged = replay.judged(measure)
+        clause = f", {MEASURE[measure]} ({MEASURE['peak']}: {size(result.peak.bytes)})"
+    lines += ["", f"{sentence(judged, memory, clause, unit)}."]
     return "\n".join(lines)
+
+
+def allocator_lines(result, replay, unit: str) -> list:
+    """The caching allocator beside the live tensors: per phase, the largest live total, allocated and reserved
+    (over the two replayed steps, the overhead row added to each as to the peak), and the segments at the reserved
+    peak with their free bytes."""
+    def size(n):
+        return format_bytes(n, unit)
+    live = result.phase_peaks()
+    options = ", ".join(o for o in ((replay.expandable_segments and "expandable_segments:True"),
+                                    (replay.max_split_size_mb is not None
+                                     and f"max_split_size_mb:{replay.max_split_size_mb}")) if o) or "defaults"
+    lines = ["", f"caching allocator, two steps replayed ({options}); the overhead row "
+             f"{size(replay.outside)} added to allocated and reserved:",
+             f"  {'phase':<10} {'live tensors':>14} {'allocated':>14} {'reserved':>14}"]
+    for phase, (allocated, reserved) in replay.phase_peaks().items():
+        lines.append(f"  {phase:<10} {size(live.get(phase, 0)):>14} {size(allocated + replay.outside):>14} "
+                     f"{size(reserved + replay.outside):>14}")
+    step, op, phase = replay.reserved_at
+    free = sum(s["free_size"] for s in replay.segments)
+    lines += [f"  peak: allocated {size(replay.allocated + replay.outside)}, reserved "
+              f"{size(replay.reserved + replay.outside)} (step {step}, {phase}), of which {size(free)} free in "
+              f"{len(replay.segments)} segments:"]
+    for seg in sorted(replay.segments, key=lambda s: -s["total_size"])[:8]:
+        lines.append(f"    {seg['pool']:<5} {'expandable ' if seg['expandable'] else ''}segment "
+                     f"{size(seg['total_size']):>12}, {size(seg['free_size']):>12} free")
+    if len(replay.segments) > 8:
+        rest = replay.segments
+        rest = sorted(rest, key=lambda s: -s["total_size"])[8:]
+        lines.append(f"    {len(rest)} smaller segments {size(sum(s['total_size'] for s in rest)):>12}, "
+                     f"{size(sum(s['free_size'] for s in rest)):>12} free")
+    return lines

@@ -208,4 +208,5 @@ def test_measure_peak_refuses_what_the_timeline_does_not_model(capsys):
     assert code == 2 and err.strip().startswith("memledger: error: the step timeline models") and \
         "mixture of experts is not modelled" in err
     code, _, err = run(capsys, "ledger", "--preset", "llama2-7b", "--measure", "sum")
-    assert code == 2 and err.strip() == "memledger: error: measure must be one of auto, peak, total, got 'sum'"
+    assert code == 2 and err.strip() == ("memledger: error: measure must be one of auto, peak, total, allocated, "
+                                         "reserved, nvidia-smi, run, got 'sum'")

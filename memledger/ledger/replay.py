@@ -1,0 +1,213 @@
+"""A training step replayed through the caching allocator: what ``max_memory_allocated()`` and
+``max_memory_reserved()`` would report.
+
+The step (:mod:`memledger.step.timeline`, compiled by :func:`memledger.step.cache.compiled_step`) says, after each op,
+which tensors are live on the GPU, to the byte. :func:`replay` hands every one of them to the port of PyTorch's
+caching allocator (:class:`memledger.ledger.caching.CachingAllocator`) op by op, and reads its statistics:
+
+* **allocated**: the blocks of the live tensors (each rounded to 512 bytes, or a whole unsplit block of the large
+  pool), what ``torch.cuda.max_memory_allocated()`` reports;
+* **reserved**: the segments the allocator holds, free cached blocks included (fragmentation), what
+  ``torch.cuda.max_memory_reserved()`` reports and what runs out first.
+
+How the trace is replayed:
+
+* Two steps. In the first, Adam's moments and step counters (PyTorch creates them in the first ``optimizer.step()``,
+  ``_init_group``) are allocated when the optimizer starts (where the optimizer steps in backward, when backward
+  starts), after the activations of the step have been freed into the cache; the second step runs from the
+  allocator's state the first left. The peaks are over both.
+* Within one op, the tensors it frees are freed before those it allocates: the step already puts a PyTorch op's
+  output before the free of its inputs (an input dies in a later op), and an op that does both replaces one
+  bookkeeping lump by another (the gradients still to release, the blocks run as one), which a real run frees and
+  allocates one tensor at a time. Of several live copies of one tensor, the last allocated is freed first.
+* The ledger's overhead row (the CUDA context and workspaces) is not a tensor of the allocator: it is left out of
+  the replay and added to the judged bytes, as nvidia-smi would count it beside the allocator.
+* One stream. Frameworks that allocate on side streams (FSDP2's all-gather and reduce-scatter, DDP's and
+  DeepSpeed's buckets, Megatron's) are refused for ``reserved`` (:func:`check_streams`): the step does not say which
+  of its tensors each stream allocates, and a pool per stream changes the segments.
+* The step runs blocks 2..L-3 as one lump: a tensor of the lump ("saved tensors of blocks 2..L-3", "... of
+  @blocks 1..L-2") is replayed as one block per block of the model (L-4, or L-2, equal parts), not one block for
+  all. Other tensors the step books as one (a model's parameters, a block's saved tensors together) are one block
+  each: the rounding of their parts, at most 511 bytes each, and the placement of each part are not replayed, so
+  the fragmentation ``reserved`` shows is that of the step's tensors.
+"""
+from dataclasses import dataclass, field
+import json
+import os
+
+from .caching import CachingAllocator
+
+__all__ = ["ALLOCATOR_MEASURES", "Replay", "check_streams", "replay", "roles"]
+
+#: The measures a replay gives.
+ALLOCATOR_MEASURES = ("allocated", "reserved")
+#: Frameworks whose collectives allocate on side streams (see the module docstring).
+SIDE_STREAMS = {"fsdp2": "FSDP2 allocates its all-gather and reduce-scatter buffers on their own streams",
+                "ddp": "DDP reduces its buckets on a side stream",
+                "deepspeed": "DeepSpeed allocates its reduce and gather buckets on side streams",
+                "megatron": "Megatron-LM's distributed optimizer communicates on side streams"}
+
+
+@dataclass
+class Replay:
+    """What the allocator reports over the replayed steps. ``allocated`` and ``reserved`` are the peaks of the
+    allocator alone; ``outside`` the ledger's overhead row beside it; ``series`` (step, op, phase, allocated,
+    reserved) after every op; ``segments`` the allocator's segments at the reserved peak (``snapshot()``)."""
+    allocated: int
+    reserved: int
+    outside: int
+    allocated_at: tuple
+    reserved_at: tuple
+    segments: list
+    series: list = field(repr=False)
+    expandable_segments: bool = False
+    max_split_size_mb: object = None
+
+    def judged(self, measure: str) -> int:
+        """The bytes a verdict by ``measure`` ("allocated" or "reserved") compares with the GPU: the peak and the
+        overhead row."""
+        return (self.allocated if measure == "allocated" else self.reserved) + self.outside
+
+    def phase_peaks(self) -> dict:
+        """{phase: (largest allocated, largest reserved)} over the replayed steps."""
+        out = {}
+        for _, _, phase, allocated, reserved in self.series:
+            a, r = out.get(phase, (0, 0))
+            out[phase] = (max(a, allocated), max(r, reserved))
+        return out
+
+    def to_dict(self) -> dict:
+        return {"allocated": self.allocated, "reserved": self.reserved, "outside_allocator": self.outside,
+                "allocated_at": {"step": self.allocated_at[0], "op": self.allocated_at[1],
+                                 "phase": self.allocated_at[2]},
+                "reserved_at": {"step": self.reserved_at[0], "op": self.reserved_at[1], "phase": self.reserved_at[2]},
+                "expandable_segments": self.expandable_segments, "max_split_size_mb": self.max_split_size_mb,
+                "segments": [{k: s[k] for k in ("address", "stream", "pool", "expandable", "total_size",
+                                                "allocated_size", "free_size")} for s in self.segments],
+                "fragmentation": sum(s["free_size"] for s in self.segments)}
+
+
+def check_streams(framework: str, measure: str = "reserved") -> None:
+    """``ValueError`` in one line where ``measure`` would need the side streams of ``framework``."""
+    if measure == "reserved" and framework in SIDE_STREAMS:
+        raise ValueError(f"--measure reserved is not modelled under --framework {framework}: "
+                         f"{SIDE_STREAMS[framework]}, a pool of its own that the step does not yet say which tensors "
+                         "use (--measure allocated does not depend on streams)")
+
+
+def _roles_path(structure):
+    from ..step.cache import record_path
+    path = record_path(structure)
+    return path.with_name(path.stem + "-roles.json")
+
+
+def roles(structure) -> dict:
+    """{"outside": [tensor indices of the overhead row], "lazy": [indices of the optimizer states PyTorch creates in
+    the first step], "lumps": {index: "L-4" or "L-2", the blocks a lumped tensor spans}}, by the step's tensor names
+    and kinds; kept beside the compiled step's record (computed once, with SymPy)."""
+    path = _roles_path(structure)
+    try:
+        data = json.loads(path.read_text())
+        if isinstance(data, dict) and data.get("structure") == repr(structure):
+            return data
+    except (OSError, ValueError):
+        pass
+    from ..step.build import build
+    built = build(structure)
+    kinds = [(name, built.tensors[name].kind.value) for name in built.names]
+    data = {"structure": repr(structure),
+            "outside": [j for j, (_, kind) in enumerate(kinds) if kind == "overhead"],
+            "lazy": [j for j, (name, kind) in enumerate(kinds) if kind == "optimizer" and "master" not in name.lower()],
+            "lumps": {str(j): span for j, (name, _) in enumerate(kinds)
+                      for pattern, span in (("2..L-3", "L-4"), ("1..L-2", "L-2")) if pattern in name}}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_name(f".{path.name}.{os.getpid()}")
+        temporary.write_text(json.dumps(data))
+        os.replace(temporary, path)
+    except OSError:
+        pass
+    return data
+
+
+def replay(ledger, backend="article", expandable_segments: bool = False, max_split_size_mb=None, steps: int = 2,
+           **changes) -> Replay:
+    """``ledger``'s step (under ``backend``'s conventions, changed as in
+    :func:`memledger.activations.backends.get_backend`) replayed ``steps`` times through the caching allocator; see
+    the module docstring. ``ValueError`` where the timeline does not model the setup."""
+    from ..activations.backends import get_backend
+    from ..step.cache import compiled_step
+    from ..step.structure import StepStructure, step_values
+    if ledger.arch is None:
+        raise ValueError("the allocator replays the step, and without an architecture there is no step")
+    if max_split_size_mb is not None and (isinstance(max_split_size_mb, bool) or not isinstance(max_split_size_mb, int)
+                                          or max_split_size_mb <= 20):
+        raise ValueError(f"max_split_size_mb must be an integer above 20 (PyTorch's minimum), got {max_split_size_mb!r}")
+    structure = StepStructure.of(ledger, get_backend(backend, **changes))
+    step = compiled_step(structure)
+    sizes = step.sizes(step_values(ledger))
+    part = roles(structure)
+    n_layers = step_values(ledger)["L"]
+    pieces = {int(j): n_layers - (4 if span == "L-4" else 2) for j, span in part["lumps"].items()}
+    return run(step.deltas, step.moments, sizes, part["outside"], part["lazy"], expandable_segments,
+               max_split_size_mb, steps, pieces)
+
+
+def run(deltas, moments, sizes, outside=(), lazy=(), expandable_segments=False, max_split_size_mb=None,
+        steps: int = 2, pieces=None) -> Replay:
+    """Replay a trace: ``deltas[k]`` the [tensor, change of its count] pairs of op k, ``moments[k]`` its [phase,
+    layer], ``sizes[j]`` tensor j's bytes; ``outside`` tensors are not the allocator's, ``lazy`` ones are created
+    in the first step only when the optimizer starts; ``pieces[j]``: tensor j is that many equal blocks."""
+    if not deltas:
+        raise ValueError("an empty trace")
+    allocator = CachingAllocator(expandable_segments, max_split_size_mb)
+    outside, lazy = set(outside), set(lazy)
+    live = {}                                     # tensor -> its blocks, last allocated last
+    target = {j: c for j, c in deltas[0]}         # the counts the step starts from
+    phases = [m[0] for m in moments]
+    start = next((k for k, p in enumerate(phases) if p == "optimizer"), None)
+    if start is None:
+        start = next((k for k, p in enumerate(phases) if p == "backward"), 0)
+    series, best_allocated, best_reserved = [], (-1, None), (-1, None)
+    snapshot = []
+
+    pieces = pieces or {}
+
+    def parts(j):
+        n = max(1, pieces.get(j, 1))
+        size = sizes[j]
+        return [size // n] * (n - 1) + [size - (n - 1) * (size // n)]
+
+    def change(j, count):
+        copies = live.setdefault(j, [])
+        for _ in range(count):
+            copies.append([allocator.malloc(part) for part in parts(j)])
+        for _ in range(-count):
+            for block in reversed(copies.pop()):
+                allocator.free(block)
+    for n in range(1, steps + 1):
+        for k, changes in enumerate(deltas):
+            if k == 0:                            # bring the live tensors to the step's start
+                changes = [[j, target[j] - len(live.get(j, ()))] for j, _ in changes]
+                if n == 1:
+                    changes = [[j, c] for j, c in changes if j not in lazy]
+            if n == 1 and k == start:
+                for j in sorted(lazy & set(target)):
+                    change(j, target[j])
+            changes = [(j, c) for j, c in changes if j not in outside and c]
+            for j, c in changes:
+                if c < 0:
+                    change(j, c)
+            for j, c in changes:
+                if c > 0:
+                    change(j, c)
+            at = (n, k, phases[k])
+            series.append((n, k, phases[k], allocator.allocated, allocator.reserved))
+            if allocator.max_allocated > best_allocated[0]:
+                best_allocated = (allocator.max_allocated, at)
+            if allocator.max_reserved > best_reserved[0]:
+                best_reserved = (allocator.max_reserved, at)
+                snapshot = allocator.snapshot()
+    over = sum(sizes[j] * c for j, c in deltas[0] if j in outside)
+    return Replay(allocator.max_allocated, allocator.max_reserved, over, best_allocated[1], best_reserved[1],
+                  snapshot, series, bool(expandable_segments), max_split_size_mb)

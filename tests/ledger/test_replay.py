@@ -1,0 +1,100 @@
+"""A step replayed through the caching allocator (memledger/ledger/replay.py): hand-made traces with their numbers
+written out, determinism, and for fuzzed setups ``allocated >= peak`` and ``reserved >= allocated``."""
+import random
+
+import pytest
+
+from memledger.ledger.ledger import Ledger
+from memledger.ledger.replay import check_streams, replay, run
+from memledger.models.architecture import Architecture
+
+MiB = 1024 * 1024
+
+
+def test_trace_frees_before_allocating_within_an_op():
+    """30 MiB and 10 MiB (segments of their size, >= kMinLargeAlloc), then one op frees the 30 MiB tensor and
+    allocates 25 MiB: freed first, the cached 30 MiB block is split for it, reserved stays 40 MiB; allocated peaks
+    at 40 MiB. An overhead tensor (outside) is kept out of the allocator and counted beside it."""
+    deltas = [[[0, 1], [3, 1]], [[1, 1]], [[0, -1], [2, 1]]]
+    moments = [["forward", None], ["forward", 0], ["backward", 0]]
+    sizes = [30 * MiB, 10 * MiB, 25 * MiB, 7]
+    r = run(deltas, moments, sizes, outside=[3], steps=1)
+    assert (r.allocated, r.reserved, r.outside) == (40 * MiB, 40 * MiB, 7)
+    assert r.judged("allocated") == 40 * MiB + 7
+    assert [s[3] for s in r.series] == [30 * MiB, 40 * MiB, 35 * MiB]
+
+
+def test_second_step_starts_from_the_first_and_lazy_states_wait_for_the_optimizer():
+    """Two steps: the step starts with a parameter (1 MiB + 512 B, large pool: a 20 MiB segment) and an optimizer
+    state (lazy: created in step 1 only when the optimizer starts); the activation (30 MiB) is freed before the
+    optimizer, so in step 1 the state takes 1 MiB + 512 B of the parameter's cached 20 MiB segment and reserved is
+    20 + 30 MiB; in step 2 the state is live from the start."""
+    deltas = [[[0, 1], [1, 1]], [[2, 1]], [[2, -1]], [[3, 1]], [[3, -1]]]
+    moments = [["forward", None], ["forward", 0], ["backward", 0], ["optimizer", None], ["optimizer", None]]
+    sizes = [MiB + 512, MiB + 512, 30 * MiB, 512]
+    r = run(deltas, moments, sizes, lazy=[1])
+    first = [s[3] for s in r.series if s[0] == 1]
+    second = [s[3] for s in r.series if s[0] == 2]
+    assert first[:3] == [MiB + 512, MiB + 512 + 30 * MiB, MiB + 512]       # the state not yet created
+    assert first[3] == 2 * (MiB + 512) + 512 and second[0] == 2 * (MiB + 512)
+    assert r.reserved == 50 * MiB + 2 * MiB      # + the small pool's 2 MiB segment of the 512 B temporary
+
+
+def test_lumps_are_replayed_one_block_per_block():
+    """``pieces``: a lumped tensor of 3 x 30 MiB is three 30 MiB blocks (three segments), not one 90 MiB block."""
+    r = run([[[0, 1]]], [["forward", None]], [90 * MiB], steps=1, pieces={0: 3})
+    assert r.allocated == 90 * MiB and len(r.segments) == 3
+
+
+SHAPES = [Architecture(256, 6, 4, 688, 1000, "llama"), Architecture(128, 3, 4, 512, 512, "gpt")]
+
+
+def test_replay_is_deterministic():
+    ledger = Ledger(arch=SHAPES[0], batch_size=2, seq_len=128)
+    a, b = replay(ledger), replay(ledger)
+    assert a.to_dict() == b.to_dict() and a.series == b.series
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_fuzzed_setups_keep_the_order_of_the_measures(seed):
+    """For random shapes, batches, sequences, recipes, recomputation and allocator options: the blocks hold at least
+    the live tensors (allocated + overhead >= the step's peak) and the segments at least the blocks."""
+    rng = random.Random(seed)
+    for _ in range(4):
+        base = rng.choice(SHAPES)
+        arch = base.with_changes(d_model=64 * rng.randint(1, 8), n_layers=rng.choice([2, 3, 6, 9]))
+        ledger = Ledger(arch=arch, batch_size=rng.randint(1, 8), seq_len=rng.choice([64, 100, 512, 1000]),
+                        recipe=rng.choice(["bf16-adamw", "fp32-adamw", "bf16-pure-adamw"]),
+                        recompute=rng.choice(["none", "full"]))
+        r = replay(ledger, expandable_segments=rng.random() < 0.5, max_split_size_mb=rng.choice([None, 21, 200]))
+        assert r.allocated + r.outside >= ledger.peak
+        assert r.reserved >= r.allocated
+        assert all(reserved >= allocated for _, _, _, allocated, reserved in r.series)
+
+
+def test_side_streams_are_refused_for_reserved():
+    with pytest.raises(ValueError, match="framework fsdp2: FSDP2 allocates"):
+        check_streams("fsdp2")
+    check_streams("fsdp2", "allocated")
+    check_streams("plain")
+    with pytest.raises(ValueError, match="max_split_size_mb"):
+        replay(Ledger(arch=SHAPES[0]), max_split_size_mb=20)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(4))
+def test_fuzzed_strategies_keep_the_order_of_the_measures(seed):
+    """The same order over strategies: ZeRO stages and data parallelism, tensor parallelism, FSDP2 (allocated only,
+    reserved is refused there), selective recomputation, the cuda and cpu backends."""
+    rng = random.Random(100 + seed)
+    for _ in range(4):
+        arch = SHAPES[0].with_changes(d_model=64 * rng.randint(2, 6), n_layers=rng.choice([3, 6]))
+        strategy = rng.choice([dict(zero_stage=rng.choice([1, 2, 3]), dp=rng.choice([2, 4])), dict(tp=2),
+                               dict(framework="fsdp2", dp=2, recipe="fp32-adamw"), {}])
+        ledger = Ledger(arch=arch, batch_size=rng.randint(1, 4), seq_len=rng.choice([64, 256]),
+                        recompute=rng.choice(["none", "selective", "full"]), **strategy)
+        backend = rng.choice(["article", "cuda", "cpu"])
+        r = replay(ledger, backend, expandable_segments=rng.random() < 0.5)
+        assert r.allocated + r.outside >= ledger.step(backend).peak.bytes
+        assert r.reserved >= r.allocated
+        assert all(reserved >= allocated for _, _, _, allocated, reserved in r.series)
