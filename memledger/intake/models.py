@@ -1,6 +1,6 @@
 """Which model a config names: a torchtune builder, a Hugging Face id or a local model directory.
 
-A model becomes ``--preset NAME`` where memledger ships its config (:mod:`memledger.models.configs`, each
+A model becomes ``--preset NAME`` where memledger ships its config (``memledger/models/configs/``, each
 preset's Hugging Face id in ``index.json``), or ``--config PATH`` for a ``config.json`` found locally: a model
 directory, or a Hugging Face id in the local Hub cache (``$HF_HUB_CACHE``, ``$HF_HOME/hub`` or
 ``~/.cache/huggingface/hub``; ``models--ORG--NAME/snapshots/*/config.json``), never the network.
