@@ -33,6 +33,7 @@ __getattr__, __dir__, __all__ = lazy(__name__, {
     "ledger.transfer": ("Traffic",),
     "step.timeline": ("Step",),
     "answers.fit": ("fit",),
+    "intake": ("from_config",),
     "answers.verdict": ("MARGIN", "assess"),
     "calculators": ("CONVENTIONS", "ERRATA", "ConventionInputs", "get_convention"),
     "core.units": ("format_bytes", "in_unit"),

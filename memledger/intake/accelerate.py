@@ -7,7 +7,6 @@ PyTorch's ``fully_shard``, which memledger models; version 1's flat parameters a
 FP32 weights outside FSDP (not modelled), and under FSDP2 a ``MixedPrecisionPolicy`` with BF16 compute.
 """
 
-from .rows import NO_EFFECT
 
 __all__ = ["is_accelerate", "read_accelerate"]
 
@@ -70,24 +69,24 @@ def read_accelerate(intake, name: str, flat: dict) -> None:
             intake.refuse(name, "fsdp_config.fsdp_sharding_strategy", strategy, "memledger models FULL_SHARD")
     elif kind in ("NO", "MULTI_GPU"):
         if kind == "MULTI_GPU":
-            intake.option(name, "distributed_type", kind, "--framework", "ddp", "--dp", processes,
+            intake.option(name, "distributed_type", kind, "--framework", "ddp",
                           why="DistributedDataParallel on every process")
+            intake.option(name, "num_processes", processes, "--dp", processes)
         else:
             intake.ignore(name, "distributed_type", kind, "one process, one GPU")
+            if "num_processes" in flat:
+                intake.ignore(name, "num_processes", processes, "one process")
         if precision in ("bf16", "fp16"):
             intake.refuse(name, "mixed_precision", precision, "accelerate's autocast over FP32 weights: BF16 autocast "
                           "is not modelled (memledger models FP16 autocast only as fp16-amp-adamw)")
         else:
             intake.option(name, "mixed_precision", precision, "--recipe", "fp32-adamw")
     elif kind == "DEEPSPEED":
-        intake.option(name, "distributed_type", kind, "--dp", processes,
-                      why="the ZeRO stage and buffers come from DeepSpeed's own JSON: give that file too")
+        intake.option(name, "distributed_type", kind, why="the ZeRO stage and buffers come from DeepSpeed's own JSON "
+                      "(deepspeed_config.deepspeed_config_file): give that file too")
+        intake.option(name, "num_processes", processes, "--dp", processes)
+        if "mixed_precision" in flat:
+            intake.ignore(name, "mixed_precision", precision, "DeepSpeed's JSON sets its precision")
     else:
         intake.refuse(name, "distributed_type", kind, "memledger models NO, MULTI_GPU, FSDP (version 2) and DEEPSPEED")
-    for key, value in flat.items():
-        if key in seen:
-            continue
-        if key in IGNORED or key.startswith("tpu_") or key.startswith("dynamo_config."):
-            intake.ignore(name, key, value, NO_EFFECT)
-        else:
-            intake.unknown(name, key, value)
+    intake.rest(name, flat, seen, lambda key: key in IGNORED or key.startswith(("tpu_", "dynamo_config.")))

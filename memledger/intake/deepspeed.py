@@ -8,7 +8,6 @@ Keys and defaults as DeepSpeed reads them (``deepspeed/runtime/zero/config.py``,
 filled in by the Hugging Face integration from its own arguments, which this file does not hold.
 """
 
-from .rows import NO_EFFECT
 
 __all__ = ["is_deepspeed", "read_deepspeed"]
 
@@ -90,10 +89,4 @@ def read_deepspeed(intake, name: str, flat: dict, gpus=None) -> None:
         intake.option(name, "bf16.enabled", bf16, "--recipe", "bf16-adamw",
                       why="BF16 weights and gradients, FP32 masters and Adam's moments in the optimizer")
     seen |= {"bf16.enabled", "fp16.enabled"}
-    for key, value in flat.items():
-        if key in seen:
-            continue
-        if key in IGNORED or key.startswith(IGNORED_PREFIXES) or key.startswith("fp16.") or key.startswith("bf16."):
-            intake.ignore(name, key, value, NO_EFFECT)
-        else:
-            intake.unknown(name, key, value)
+    intake.rest(name, flat, seen, lambda key: key in IGNORED or key.startswith(IGNORED_PREFIXES + ("fp16.", "bf16.")))

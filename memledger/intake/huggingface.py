@@ -9,7 +9,6 @@ is ``from_pretrained``'s ``torch_dtype``, which ``TrainingArguments`` does not h
 saves other tensors than memledger's reference decoder (its RMSNorm keeps FP32 copies: ``--rmsnorm composite``).
 """
 
-from .rows import NO_EFFECT
 
 __all__ = ["is_bnb", "is_model_config", "is_peft", "is_training_args", "read_bnb", "read_model_config", "read_peft",
            "read_training_args"]
@@ -67,6 +66,8 @@ def read_peft(intake, name: str, flat: dict) -> None:
     targets = flat.get("target_modules")
     if targets == "all-linear":
         targets = list(ALL_LINEAR)
+    elif targets is None:       # PEFT's default for LLaMA-style models (src/peft/utils/constants.py, line 85)
+        targets = ["q_proj", "v_proj"]
     if not isinstance(targets, list) or not targets or any(t not in PEFT_TARGETS for t in targets):
         intake.refuse(name, "target_modules", targets, f"memledger's projections are {', '.join(sorted(PEFT_TARGETS))}")
         targets = None
@@ -76,6 +77,7 @@ def read_peft(intake, name: str, flat: dict) -> None:
                       ",".join(targets), why="PEFT's adapters are FP32 by default (autocast_adapter_dtype=True)")
     dropout = flat.get("lora_dropout", 0.0)
     intake.option(name, "lora_dropout", dropout, "--lora-dropout", dropout or 0)
+    seen.add("use_rslora")           # rsLoRA only rescales the adapters' output: no bytes
     base = flat.get("base_model_name_or_path")
     if base:
         from .models import local_config
@@ -85,16 +87,12 @@ def read_peft(intake, name: str, flat: dict) -> None:
             intake.refuse(name, "base_model_name_or_path", base, str(e))
         else:
             intake.option(name, "base_model_name_or_path", base, flag, value)
-    for key, value in flat.items():
-        if key in seen:
-            continue
-        if key in ("use_dora", "use_rslora") and value:
-            intake.refuse(name, key, value, "DoRA and rsLoRA are not modelled" if key == "use_dora" else
-                          "rsLoRA only rescales: ignored")
-        elif key == "modules_to_save" and value:
-            intake.refuse(name, key, value, "fully trained extra modules are not modelled")
-        else:
-            intake.ignore(name, key, value, NO_EFFECT)
+    for key, why in (("use_dora", "DoRA's magnitude vectors and its weight norm are not modelled"),
+                     ("modules_to_save", "fully trained extra modules are not modelled")):
+        if flat.get(key):
+            seen.add(key)
+            intake.refuse(name, key, flat[key], why)
+    intake.rest(name, flat, seen, lambda key: True)
 
 
 def read_bnb(intake, name: str, flat: dict) -> None:
@@ -114,10 +112,8 @@ def read_bnb(intake, name: str, flat: dict) -> None:
     compute = flat.get("bnb_4bit_compute_dtype", "float32")
     if compute not in ("bfloat16", "torch.bfloat16"):
         intake.refuse(name, "bnb_4bit_compute_dtype", compute, "memledger models BF16 compute")
-    for key, value in flat.items():
-        if key not in ("load_in_4bit", "bnb_4bit_quant_type", "bnb_4bit_use_double_quant", "bnb_4bit_compute_dtype",
-                       "load_in_8bit"):
-            intake.ignore(name, key, value, NO_EFFECT)
+    intake.rest(name, flat, {"load_in_4bit", "bnb_4bit_quant_type", "bnb_4bit_use_double_quant",
+                             "bnb_4bit_compute_dtype"}, lambda key: True)
 
 
 def read_training_args(intake, name: str, flat: dict) -> None:
@@ -182,10 +178,4 @@ def read_training_args(intake, name: str, flat: dict) -> None:
             intake.refuse(name, key, value, why)
         elif value is not None:
             intake.ignore(name, key, value, "off")
-    for key, value in flat.items():
-        if key in seen:
-            continue
-        if key in TRAINING_IGNORED or key.startswith("gradient_checkpointing_kwargs."):
-            intake.ignore(name, key, value, NO_EFFECT)
-        else:
-            intake.unknown(name, key, value)
+    intake.rest(name, flat, seen, lambda key: key in TRAINING_IGNORED)

@@ -11,8 +11,6 @@ output projection, ``lora_mlp`` the three MLP projections, ``lora_head`` the LM 
 """
 from .models import local_config
 
-from .rows import NO_EFFECT
-
 __all__ = ["is_litgpt", "read_litgpt"]
 
 IGNORED_PREFIXES = ("data.", "eval.", "logger", "optimizer.init_args.", "train.save", "train.log", "train.lr",
@@ -94,10 +92,4 @@ def read_litgpt(intake, name: str, flat: dict) -> None:
     optimizer = take("optimizer.class_path") or take("optimizer")
     if optimizer not in ("torch.optim.AdamW", "AdamW", None):
         intake.refuse(name, "optimizer", optimizer, "memledger models torch.optim.AdamW")
-    for key, value in flat.items():
-        if key in seen:
-            continue
-        if key in IGNORED or key.startswith(IGNORED_PREFIXES):
-            intake.ignore(name, key, value, NO_EFFECT)
-        else:
-            intake.unknown(name, key, value)
+    intake.rest(name, flat, seen, lambda key: key in IGNORED or key.startswith(IGNORED_PREFIXES))

@@ -77,6 +77,20 @@ class Intake:
     def unknown(self, file: str, key: str, value) -> None:
         self.add(Row(file, key, value, "unknown", (), "memledger does not know this key"))
 
+    def rest(self, file: str, flat: dict, seen: set, ignorable) -> None:
+        """A row for every key of ``file`` that has none yet: read with the option of another key (``seen``), of no
+        memory effect (``ignorable(key)``), or not known."""
+        rowed = {r.key for r in self.rows if r.file == file}
+        for key, value in flat.items():
+            if key in rowed:
+                continue
+            if key in seen:
+                self.ignore(file, key, value, "read into the options above")
+            elif ignorable(key):
+                self.ignore(file, key, value, NO_EFFECT)
+            else:
+                self.unknown(file, key, value)
+
     def has(self, flag: str) -> bool:
         return flag in self.options
 

@@ -9,7 +9,6 @@ so the world size (``torchrun``'s ``--nproc_per_node`` times the nodes) is neede
 FSDP2 keeps FP32 shards and gathers BF16 copies: memledger's ``--framework fsdp2`` (``fp32-adamw`` states).
 """
 
-from .rows import NO_EFFECT
 
 __all__ = ["is_torchtitan", "read_torchtitan"]
 
@@ -78,13 +77,7 @@ def read_torchtitan(intake, name: str, flat: dict, gpus) -> None:
         intake.refuse(name, "optimizer.implementation", implementation, "not modelled")
     if take("training.compile"):
         intake.refuse(name, "training.compile", True, "compiled graphs' transients are not modelled in the step")
-    for key, value in flat.items():
-        if key in seen:
-            continue
-        if key in IGNORED or key.startswith(IGNORED_PREFIXES) or key == "training.compile":
-            intake.ignore(name, key, value, NO_EFFECT)
-        else:
-            intake.unknown(name, key, value)
+    intake.rest(name, flat, seen, lambda key: key in IGNORED or key.startswith(IGNORED_PREFIXES))
 
 
 def _parallel(intake, name, take, gpus):

@@ -11,8 +11,6 @@ FP32 before ``F.rms_norm``, so no fused kernel runs (``--rmsnorm composite``).
 """
 from .models import torchtune_model
 
-from .rows import NO_EFFECT
-
 __all__ = ["IGNORED_PREFIXES", "read_torchtune"]
 
 #: Keys whose whole subtree has no effect on a training step's memory (logging, data sources, checkpoint files,
@@ -58,13 +56,7 @@ def read_torchtune(intake, name: str, flat: dict) -> None:
     if adapters:
         _adapters(intake, name, flat, take, adapters)
     _knobs(intake, name, flat, take, adapters)
-    for key, value in flat.items():
-        if key in seen:
-            continue
-        if key in IGNORED or key.startswith(IGNORED_PREFIXES):
-            intake.ignore(name, key, value, NO_EFFECT)
-        else:
-            intake.unknown(name, key, value)
+    intake.rest(name, flat, seen, lambda key: key in IGNORED or key.startswith(IGNORED_PREFIXES))
 
 
 def _workload(intake, name, flat, take):
