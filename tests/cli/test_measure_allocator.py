@@ -15,6 +15,7 @@ SHAPE = ("--hidden", "256", "--layers", "6", "--heads", "4", "--ffn", "688", "--
 LEDGER = Ledger(arch=Architecture(256, 6, 4, 688, 1000, "llama"), batch_size=2, seq_len=128)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("measure", ["allocated", "reserved"])
 def test_ledger_and_step_json_name_the_measure_and_its_bytes(capsys, measure):
     expected = replay(LEDGER, expandable_segments=True).judged(measure)
@@ -33,6 +34,7 @@ def test_step_text_shows_allocated_and_reserved_and_the_verdict_names_the_measur
     assert "live tensors      allocated       reserved" in out and "free in" in out
 
 
+@pytest.mark.slow
 def test_fit_by_reserved_is_the_api(capsys):
     memory = 3 * 10**9
     spec = AllocatorSpec("reserved")
@@ -66,6 +68,7 @@ def test_allocator_options_need_an_allocator_measure_and_side_streams_are_refuse
     assert code == 0 and "max_memory_allocated" in out.splitlines()[-1]
 
 
+@pytest.mark.slow
 def test_a_cached_replay_imports_no_sympy(tmp_path):
     """Once a structure's step is compiled (and its tensors' roles kept beside it), ``--measure reserved`` replays
     it without SymPy or NumPy, as fast as the peak."""

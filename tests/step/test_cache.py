@@ -157,6 +157,7 @@ def test_a_record_is_data_never_run(tmp_path, monkeypatch, capsys):
     assert "ignoring the step cache record" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_no_eval_or_exec_in_the_package():
     import ast
     from pathlib import Path
