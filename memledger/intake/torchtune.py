@@ -132,7 +132,7 @@ def _adapters(intake, name, flat, take, adapters):
     rank = take("model.lora_rank")
     flags = (["--qlora"] if adapters == "qlora" else []) + ["--lora-rank", rank, "--lora-targets", ",".join(targets)]
     intake.option(name, "model.lora_attn_modules", modules, *flags,
-                  why=f"{adapters.upper()} adapters of rank {rank} on {', '.join(targets)}"
+                  why=f"{'QLoRA' if adapters == 'qlora' else 'LoRA'} adapters of rank {rank} on {', '.join(targets)}"
                       + ("; the base's projections in NF4 with double quantization" if adapters == "qlora" else ""))
     for key, value in (("model.apply_lora_to_mlp", mlp), ("model.apply_lora_to_output", output),
                        ("model.lora_rank", rank)):
