@@ -115,14 +115,15 @@ MEASURES = (
     ("memledger's step, MemTracker on the CPU", "the exact bytes of every live tensor",
      "rounding, the allocator's cache, the CUDA context, libraries' own buffers"),
     ("torch.cuda.memory_allocated(), max_memory_allocated()", "the blocks of live tensors: each rounded up to "
-     "512 B, or a whole unsplit block; cuBLAS workspaces once a matmul has run",
+     "512 B, or a whole unsplit block; cuBLAS's workspaces once a matmul has run, and cuDNN's convolution "
+     "workspaces, which PyTorch takes from the same allocator (aten/src/ATen/native/cudnn/Conv_v7.cpp, Conv_v8.cpp)",
      "freed blocks kept in the cache, the CUDA context, NCCL's and other libraries' own buffers"),
     ("torch.cuda.memory_reserved(), max_memory_reserved()", "the allocator's segments: live blocks and the free "
      "blocks it keeps cached (fragmentation)", "the CUDA context, NCCL's and other libraries' own buffers"),
     ("torch.cuda.mem_get_info()", "free and total bytes of the device, as the driver sees them: total less "
      "everything every process holds", "nothing on the device; it does not say who holds what"),
-    ("nvidia-smi (this process)", "reserved + the CUDA context + what NCCL, cuDNN and other libraries allocate "
-     "outside PyTorch's allocator", "nothing of this process's"),
+    ("nvidia-smi (this process)", "reserved + the CUDA context + what NCCL and other libraries allocate outside "
+     "PyTorch's allocator", "nothing of this process's"),
 )
 
 
