@@ -3,7 +3,7 @@ understood of each key, and the verdict of the step they describe (:mod:`memledg
 from pathlib import Path
 import textwrap
 
-__all__ = ["add_parser", "check", "checked"]
+__all__ = ["add_parser", "check"]
 
 
 def add_parser(sub, formatter):
@@ -75,13 +75,3 @@ def check(a, run) -> str:
                      "know (--strict refuses them).")
     return "\n".join(lines + ["", answer if refusal is None else f"memledger step refuses this run: {refusal}"])
 
-
-def checked(*files, overrides=(), model=None, gpus=None, gpu_memory=None) -> dict:
-    """``memledger check FILE ... --json`` from Python: the rows, the ``memledger step`` command and its JSON (or
-    the refusal); bad input raises the command's ``ValueError``."""
-    import json
-    from .main import _run
-    argv = ["check", *map(str, files), *overrides, "--json"]
-    for flag, value in (("--model", model), ("--gpus", gpus), ("--gpu-memory", gpu_memory)):
-        argv += [flag, str(value)] if value is not None else []
-    return json.loads(_run(argv))

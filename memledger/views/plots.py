@@ -18,7 +18,7 @@ from ..core.symbols import L, S
 from ..core.units import in_unit, unit_size
 
 __all__ = ["A100_BYTES", "GPU_LINE", "PALETTE", "STEP_KINDS", "activations_vs_seq", "colour", "largest_fit_chart",
-           "layer_breakdown", "ledger_bars", "parameter_breakdown", "parts_bars", "step_timeline",
+           "layer_breakdown", "ledger_bars", "parameter_breakdown", "parts_bars", "peaks_bars", "step_timeline",
            "zero_states_vs_dp"]
 
 A100_BYTES = GPU_MEMORY["a100-80gb"]
@@ -187,6 +187,26 @@ def parts_bars(views: dict, capacities: dict = None, unit: str = "GB", ax=None):
                    label=name if name == size else f"{name} ({size})")
     ax.set_yticks(y, labels, fontsize=8)
     ax.set_xlabel(f"memory per GPU ({unit})")
+    ax.legend(fontsize=8, frameon=False, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.figure.tight_layout()
+    return ax.figure
+
+
+def peaks_bars(peaks: dict, capacities: dict = None, unit: str = "GB", ax=None):
+    """Horizontal bars of each run's step peak (label -> bytes, top to bottom, in the activations' orange), each of
+    ``capacities`` (label -> bytes) a dashed vertical line: which GPU holds which run."""
+    labels = list(peaks)
+    ax = ax or plt.subplots(figsize=(7.5, 0.8 + 0.38 * len(labels)))[1]
+    y = np.arange(len(labels))[::-1]
+    widths = [float(in_unit(b, unit)) for b in peaks.values()]
+    ax.barh(y, widths, color=colour("activations"), edgecolor="white")
+    for yi, w in zip(y, widths):
+        ax.text(w, yi, f" {w:.1f}", va="center", fontsize=8)
+    for (name, nbytes), style in zip((capacities or {}).items(), ("--", "-.", ":", (0, (5, 1)))):
+        ax.axvline(float(in_unit(nbytes, unit)), color=GPU_LINE, linestyle=style, linewidth=1.2,
+                   label=f"{name} ({float(in_unit(nbytes, unit)):.4g} {unit})")
+    ax.set_yticks(y, labels, fontsize=8)
+    ax.set_xlabel(f"peak of a training step per GPU ({unit})")
     ax.legend(fontsize=8, frameon=False, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     ax.figure.tight_layout()
     return ax.figure

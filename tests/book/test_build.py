@@ -501,6 +501,40 @@ def tp_forward_kept() -> int:
     return marks["after forward"]["gpu"] - marks["before forward"]["gpu"]
 
 
+#: chapter 21: published configs read by memledger check, each step rebuilt here from the setup its file describes
+#: (tests/intake/configs, read by hand): LLaMA-2 7B on CUDA with torchtune's and LitGPT's composite RMSNorm
+CONFIG_S = 4096
+
+
+def config_lora(batch=2, seq=CONFIG_S, rank=8, targets=("q_proj", "v_proj"), quantized=False, litgpt=False):
+    """torchtune's 7B_lora_single_device (2bd69062: rank 8 on q and v, BF16 adapters, no dropout, every block
+    checkpointed, CEWithChunkedOutputLoss's 8 chunks) or, with ``quantized``, 7B_qlora_single_device (rank 8 on
+    q, v, o and the MLP, NF4 with double quantization); with ``litgpt``, LitGPT's config_hub lora/qlora.yaml (rank
+    32 on q and v, dropout 0.05, 512 tokens, the head in 128-token chunks, no recomputation; its QLoRA nf4 without
+    double quantization and bitsandbytes' paged AdamW)."""
+    from memledger.ledger.lora import LoraConfig, LoraLedger, qlora
+    if quantized:
+        config = qlora(rank, targets, "llama", double_quant=not litgpt, dropout=litgpt,
+                       **({} if litgpt else {"adapter_recipe": "bf16-pure-adamw"}))
+    else:
+        config = LoraConfig(rank=rank, targets=targets, adapter_recipe="bf16-pure-adamw", dropout=litgpt)
+    loss = dict(loss_chunks=seq // 128, loss_impl="litgpt") if litgpt else dict(loss_chunks=8, recompute="full")
+    return LoraLedger("llama2-7b", config, batch_size=batch, seq_len=seq, **loss).step(
+        "cuda", rmsnorm="composite").peak
+
+
+QVO_MLP = ("q_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def config_low_memory():
+    """torchtune's 7B_full_low_memory.yaml with optimizer_in_bwd false: BF16 weights, bitsandbytes' paged 32-bit
+    AdamW, every block checkpointed and its checkpoints offloaded, batch 2 (its loss, LinearCrossEntropyLoss, is
+    not modelled: the plain cross-entropy)."""
+    from memledger.ledger.ledger import Ledger
+    return Ledger("llama2-7b", recipe="bf16-adamw32-bnb", paged_optimizer=True, batch_size=2, seq_len=CONFIG_S,
+                  recompute="full", offload_activations=True).step("cuda", rmsnorm="composite").peak
+
+
 #: Megatron-LM's sequence parallelism (Korthikanti et al. 2022, Sec. 4.2.2): every saved tensor of a block on S/t
 #: tokens, the final norm's and the LM head's inputs too, the vocabulary-parallel FP32 log-softmax 4BSV/t
 TP_MEGATRON = LLAMA2["L"] * layer(LLAMA2) // 8 + 16 * 4096 + 2 * (2 * 4096 * 4096 // 8) + 4 * 4096 * 32000 // 8 + 8
@@ -941,7 +975,27 @@ EXPECTED = {
     "ex17.qlora_next": lazy(lambda: Fraction(knobs_qlora(knobs_longest("qlora", L40S_ROOM) + 1024), GB), "GB"),
     "ex17.rtx_lora": longest_multiple(knobs_lora, RTX_ROOM),
     "ex17.rtx_qlora": longest_multiple(knobs_qlora, RTX_ROOM),
-    "ex17.states_floor": (Fraction(6 * LLAMA, GB), "GB"),          # BF16 weights, m and v: 2 + 2 + 2 B/param
+    "ex17.states_floor": (Fraction(6 * LLAMA, GB), "GB"),
+    # chapter 21 (memledger check on published configs): each step built here from the file's setup
+    "config.seq": (CONFIG_S, ""), "config.rtx": (Fraction(RTX_REAL, GB), "GB"),
+    "config.lora_peak": lazy(lambda: Fraction(config_lora().bytes, GB), "GB"),
+    "config.lora_phase": phase_is(config_lora),
+    "config.qlora_peak": lazy(lambda: Fraction(config_lora(targets=QVO_MLP, quantized=True).bytes, GB), "GB"),
+    "config.litgpt_lora_peak": lazy(lambda: Fraction(config_lora(seq=512, rank=32, litgpt=True).bytes, GB), "GB"),
+    "config.litgpt_qlora_peak": lazy(lambda: Fraction(config_lora(seq=512, rank=32, litgpt=True,
+                                                                  quantized=True).bytes, GB), "GB"),
+    "config.litgpt_seq": (512, ""),                          # litgpt config_hub llama-2-7b: max_seq_length 512
+    # accelerate's zero_stage3_offload_config.json: fp16.enabled, and "auto" micro-batch, reduce, prefetch and
+    # persistence sizes
+    "config.ds_refused": (5, ""),
+    "config.low_loss": lambda text: None if text == "LinearCrossEntropyLoss" else f"{text!r}: the loss the newest "
+                                    "torchtune configs name (loss._component_ in 7B_full_low_memory.yaml at bd2a0fc7)",
+    "ex21.qlora_batch": fits_at_answer_not_beyond(lambda n: config_lora(n, targets=QVO_MLP, quantized=True).bytes,
+                                                  RTX_ROOM),
+    "ex21.qlora_batch_peak": lazy(lambda: Fraction(config_lora(9, targets=QVO_MLP, quantized=True).bytes, GB), "GB"),
+    "ex21.qlora_batch_next": lazy(lambda: Fraction(config_lora(10, targets=QVO_MLP, quantized=True).bytes, GB), "GB"),
+    "ex21.paged_peak": lazy(lambda: Fraction(config_low_memory().bytes, GB), "GB"),
+    "ex21.l40s": (Fraction(L40S_REAL, GB), "GB"),          # BF16 weights, m and v: 2 + 2 + 2 B/param
     # BF16 weights and bitsandbytes' blockwise 8-bit m and v: 1 byte an element and an FP32 absmax per 256
     # (bitsandbytes optim/optimizer.py init_state, block size 256): 2 + 2 x (1 + 4/256) B/param
     "ex17.states_8bit": (Fraction(2 * LLAMA, GB) + 2 * Fraction(LLAMA * (256 + 4), 256 * GB), "GB"),
