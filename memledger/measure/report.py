@@ -5,14 +5,18 @@ Plain Python (no PyTorch): :mod:`memledger.measure.recorder` measures, this modu
 The difference (measured minus predicted, bytes) is split into parts that each say where the two part ways,
 read off the step's four landmarks and three phase peaks (:class:`memledger.step.timeline.Step`):
 
-* ``before forward``: what is held when the step starts (parameters, gradients if any, optimizer states, the batch);
-* ``saved by forward``: after forward minus before forward (the saved activations, the loss);
-* ``held after backward``: after backward minus before forward (the gradients, anything backward leaves);
-* ``held after the step``: after step minus before forward (what the step leaves that the next one starts with);
+* ``held before forward``: what is held when the step starts (parameters, optimizer states, the batch, and
+  anything the previous step left, such as gradients not yet freed);
+* ``added by forward``: after forward minus before forward (the saved activations and the loss, less what the
+  forward phase freed);
+* ``added by backward``: after backward minus after forward (the gradients, less the activations freed);
+* ``added by the optimizer step``: after step minus after backward (the optimizer's new state, less the gradients
+  freed);
 * ``forward transients``, ``backward transients``, ``optimizer transients``: each phase's peak above the larger of
   the landmarks around it (what the phase allocates and frees within itself).
 
-The largest part by size is the largest unexplained part: where to look first.
+The landmark parts add up: a difference at one landmark shows in the part of the phase that made it, not in every
+later one. The largest part by size is the largest unexplained part: where to look first.
 """
 import json
 from pathlib import Path
@@ -24,7 +28,7 @@ LANDMARKS = ("before forward", "after forward", "after backward", "after step")
 #: Each phase and the landmarks it runs between (Step.phase_peaks: forward includes the loss).
 PHASES = {"forward": ("before forward", "after forward"), "backward": ("after forward", "after backward"),
           "optimizer": ("after backward", "after step")}
-PARTS = ("before forward", "saved by forward", "held after backward", "held after the step",
+PARTS = ("held before forward", "added by forward", "added by backward", "added by the optimizer step",
          "forward transients", "backward transients", "optimizer transients")
 
 
@@ -44,12 +48,12 @@ def _values(side: dict) -> dict:
     marks, peaks = side.get("landmarks", {}), side.get("phase_peaks", {})
     out = {}
     if "before forward" in marks:
-        start = marks["before forward"]
-        out["before forward"] = start
-        for part, mark in (("saved by forward", "after forward"), ("held after backward", "after backward"),
-                           ("held after the step", "after step")):
-            if mark in marks:
-                out[part] = marks[mark] - start
+        out["held before forward"] = marks["before forward"]
+    for part, (first, last) in (("added by forward", ("before forward", "after forward")),
+                                ("added by backward", ("after forward", "after backward")),
+                                ("added by the optimizer step", ("after backward", "after step"))):
+        if first in marks and last in marks:
+            out[part] = marks[last] - marks[first]
     for phase, (first, last) in PHASES.items():
         if phase in peaks and first in marks and last in marks:
             out[f"{phase} transients"] = peaks[phase] - max(marks[first], marks[last])

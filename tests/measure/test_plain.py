@@ -70,8 +70,10 @@ def test_plain_loop_measures_the_reference_decoder_to_the_byte(tmp_path, capsys,
     assert report == json.loads(json.dumps(m.report))
     _check_exact(report, c, loop)
     assert [s["step"] for s in report["measured"]["steps"]] == [1, 2] and report["measured"]["compared_step"] == 2
-    first = report["measured"]["steps"][0]                      # the first step creates AdamW's state
-    assert first["landmarks"]["after step"] > first["landmarks"]["before forward"]
+    first = report["measured"]["steps"][0]                      # the parameters and the batch (int64 ids, targets)
+    assert first["landmarks"]["before forward"] == report["observed"]["parameters"] * (4 if loop == "fp32-adamw" else 2) \
+        + 2 * B * S * 8
+    assert first["landmarks"]["after step"] > first["landmarks"]["before forward"]     # the step made AdamW's state
     assert report["observed"]["batch"] == [B, S]
     assert report["environment"]["torch"] == torch.__version__
     assert report["predicted"]["backend"] == "cpu"
@@ -135,3 +137,68 @@ def test_bad_arguments_are_refused_in_one_line():
     with pytest.raises(ValueError, match="steps must be"):
         track(model, setup=_setup(LLAMA, "fp32-adamw"), steps=0)
     assert not model._forward_pre_hooks
+
+
+def test_frozen_parameters_are_measured(tmp_path):
+    """MemTracker cannot hook a frozen parameter's gradient: the recorder gives it a no-op handle first. With the
+    embedding frozen, the steady step starts with every parameter (FP32), AdamW's two FP32 moments and 4-byte step
+    of each trainable tensor only, and the batch."""
+    c, loop = LLAMA, "fp32-adamw"
+    model = make_model(c, loop)
+    model.embed.weight.requires_grad_(False)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(trainable)
+    with track(model, opt, setup=_setup(c, loop), report=tmp_path / "r.json", plot=False, echo=False) as m:
+        _loop(model, opt, c, 2)
+    params = sum(p.numel() for p in model.parameters())
+    states = sum(2 * 4 * p.numel() + 4 for p in trainable)
+    assert m.report["measured"]["landmarks"]["before forward"] == 4 * params + states + 2 * B * S * 8
+    assert m.report["observed"]["trainable_parameters"] == params - c.V * c.d
+
+
+class FakeAllocator:
+    """Stands in for torch.cuda's allocator counters (this machine has no GPU): allocated grows by 512 bytes at
+    each reading, the peak since the last reset is 1,000 bytes above it, reserved 2 MiB above that."""
+
+    def __init__(self):
+        self.allocated, self.resets = 0, 0
+
+    def memory_allocated(self, device=None):
+        self.allocated += 512
+        return self.allocated
+
+    def max_memory_allocated(self, device=None):
+        return self.allocated + 1000
+
+    def max_memory_reserved(self, device=None):
+        return self.allocated + 1000 + 2**21
+
+    def reset_peak_memory_stats(self, device=None):
+        self.resets += 1
+
+
+def test_on_cuda_the_allocator_counters_are_read(tmp_path, monkeypatch):
+    """The CUDA path's wiring, on fake counters: the allocator's counters are what is read, its peaks reset at each
+    landmark, reserved reported beside allocated, and the prediction made under the CUDA backend."""
+    from memledger.measure import recorder
+    fake = FakeAllocator()
+    for name in ("memory_allocated", "max_memory_allocated", "max_memory_reserved", "reset_peak_memory_stats"):
+        monkeypatch.setattr(torch.cuda, name, getattr(fake, name))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Fake GPU")
+    monkeypatch.setattr(recorder, "_device_of", lambda model: torch.device("cuda", 0))
+    c, loop = LLAMA, "bf16-pure-adamw"
+    model = make_model(c, loop)
+    opt = torch.optim.AdamW(model.parameters())
+    with track(model, opt, setup=_setup(c, loop), steps=1, report=tmp_path / "r.json", plot=False,
+               echo=False) as m:
+        _loop(model, opt, c, 1)
+    measured = m.report["measured"]
+    assert measured["what"] == "torch.cuda.max_memory_allocated" and measured["device"] == "cuda:0"
+    assert list(measured["landmarks"].values()) == [512, 1024, 1536, 2048]     # one reading per landmark, in order
+    assert measured["phase_peaks"] == {"forward": 1024 + 1000, "backward": 1536 + 1000, "optimizer": 2048 + 1000}
+    assert measured["peak"] == 3048 and measured["peak_reserved"] == 3048 + 2**21
+    assert fake.resets == 1 + 4                       # when the step begins, and at each landmark
+    assert m.report["predicted"]["backend"] == "cuda"
+    assert m.report["environment"]["device_name"] == "Fake GPU"
+    assert "(2.10 MB reserved)" in m.report["line"]

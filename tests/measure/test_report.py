@@ -12,7 +12,7 @@ from memledger.measure.report import build_report, difference_parts, human, summ
 # A step as the report holds it; the numbers are made up so that each part's difference is distinct.
 PREDICTED = {"landmarks": {"before forward": 1000, "after forward": 1600, "after backward": 1400, "after step": 1000},
              "phase_peaks": {"forward": 1700, "backward": 1900, "optimizer": 1500}, "peak": 1900}
-MEASURED = {"landmarks": {"before forward": 1010, "after forward": 1710, "after backward": 1410, "after step": 1010},
+MEASURED = {"landmarks": {"before forward": 1010, "after forward": 1710, "after backward": 1420, "after step": 1010},
             "phase_peaks": {"forward": 1810, "backward": 2030, "optimizer": 1520}, "peak": 2030,
             "compared_step": 2, "what": "MemTracker"}
 
@@ -20,13 +20,13 @@ MEASURED = {"landmarks": {"before forward": 1010, "after forward": 1710, "after 
 def test_parts_are_differences_of_landmarks_and_phase_peaks():
     parts = {p["part"]: p["bytes"] for p in difference_parts(PREDICTED, MEASURED)}
     assert parts == {
-        "before forward": 1010 - 1000,
-        "saved by forward": (1710 - 1010) - (1600 - 1000),                   # +100
-        "held after backward": (1410 - 1010) - (1400 - 1000),                # 0
-        "held after the step": (1010 - 1010) - (1000 - 1000),                # 0
+        "held before forward": 1010 - 1000,                                  # +10
+        "added by forward": (1710 - 1010) - (1600 - 1000),                   # +100
+        "added by backward": (1420 - 1710) - (1400 - 1600),                  # -90
+        "added by the optimizer step": (1010 - 1420) - (1000 - 1400),        # -10
         "forward transients": (1810 - max(1010, 1710)) - (1700 - max(1000, 1600)),      # 0
-        "backward transients": (2030 - max(1710, 1410)) - (1900 - max(1600, 1400)),     # +20
-        "optimizer transients": (1520 - max(1410, 1010)) - (1500 - max(1400, 1000)),    # +10
+        "backward transients": (2030 - max(1710, 1420)) - (1900 - max(1600, 1400)),     # +20
+        "optimizer transients": (1520 - max(1420, 1010)) - (1500 - max(1400, 1000)),    # 0
     }
 
 
@@ -34,9 +34,9 @@ def test_report_names_the_largest_part_and_words_it_in_one_line():
     report = build_report({"arch": "x"}, PREDICTED, MEASURED, {}, {})
     assert report["difference"]["bytes"] == 2030 - 1900
     assert report["difference"]["percent"] == round(100 * 130 / 1900, 4)
-    assert report["difference"]["largest_unexplained"]["part"] == "saved by forward"
+    assert report["difference"]["largest_unexplained"]["part"] == "added by forward"
     assert report["line"] == ("memledger: step 2 peak predicted 1.90 kB, measured 2.03 kB (MemTracker); "
-                              "difference +130 B (+6.84%); largest unexplained part: saved by forward +100 B")
+                              "difference +130 B (+6.84%); largest unexplained part: added by forward +100 B")
     assert "\n" not in report["line"]
 
 
