@@ -10,6 +10,7 @@ from pathlib import Path
 
 from ..activations.backends import BACKENDS, get_backend
 from ..ledger.ledger import Ledger
+from ..ledger.lora import LoraLedger
 
 __all__ = ["Plan", "check_steps", "output_path", "predicted_side"]
 
@@ -17,15 +18,16 @@ _FIELDS = tuple(f.name for f in fields(Ledger))
 
 
 class Plan:
-    """The setup to predict, checked now: ``setup`` a Ledger or a dict of Ledger keywords (``batch_size`` and
-    ``seq_len`` may be left out: the first batch the model sees gives them; ``overhead_bytes`` left out is 0, as
-    neither PyTorch's allocator counters nor MemTracker count the CUDA context); ``backend`` None (``"cuda"`` for
-    a model on a CUDA device, else ``"cpu"``) or a backend's name; ``conventions``: the backend's switches
-    (:mod:`memledger.activations.backends`), over those read off the optimizer (``foreach``, ``fused``).
+    """The setup to predict, checked now: ``setup`` a Ledger (or a LoraLedger) or a dict of Ledger keywords
+    (``batch_size`` and ``seq_len`` may be left out: the first batch the model sees gives them; ``overhead_bytes``
+    left out is 0, as neither PyTorch's allocator counters nor MemTracker count the CUDA context); ``backend``
+    None (``"cuda"`` for a model on a CUDA device, else ``"cpu"``) or a backend's name; ``conventions``: the
+    backend's switches (:mod:`memledger.activations.backends`), over those read off the optimizer (``foreach``,
+    ``fused``).
     Bad input raises ValueError naming the field."""
 
     def __init__(self, setup, backend=None, conventions=None):
-        if isinstance(setup, Ledger):
+        if isinstance(setup, (Ledger, LoraLedger)):
             self.given, self.fields = setup, None
         elif isinstance(setup, dict):
             unknown = sorted(k for k in setup if k not in _FIELDS)
@@ -35,7 +37,8 @@ class Plan:
             self.given = None
             Ledger(**self.fields)                # every field checked now (a missing batch shape: the defaults)
         else:
-            raise ValueError(f"setup must be a memledger Ledger or a dict of Ledger keywords, got {setup!r}"[:200])
+            raise ValueError(f"setup must be a memledger Ledger, LoraLedger or a dict of Ledger keywords, got "
+                             f"{setup!r}"[:200])
         if backend is not None and backend not in BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)} or None, got {backend!r}")
         self.backend = backend
@@ -76,6 +79,13 @@ class Plan:
         backend = self.backend or ("cuda" if device_type == "cuda" else "cpu")
         conventions = {**read_conventions, **self.conventions}
         return ledger.step(backend, **conventions), backend, conventions, notes
+
+    def inputs(self, step) -> dict:
+        """The report's setup: the step's inputs (``memledger step --json``), a LoRA run's adapters beside them."""
+        inputs = step.to_dict()["inputs"]
+        if isinstance(self.given, LoraLedger):
+            inputs["lora"] = self.given.to_dict()["inputs"]
+        return inputs
 
     def bare(self):
         """The Ledger as given, without a batch shape filled in (for the report's setup when prediction fails)."""

@@ -412,7 +412,7 @@ class Recorder:
             notes += more
             predicted = predicted_side(step)
             predicted.update(backend=backend, conventions=conventions, n_params=int(step.values["P"]))
-            setup = step.to_dict()["inputs"]
+            setup = self.plan.inputs(step)
         except (ValueError, NotImplementedError) as error:
             notes.append(f"memledger cannot predict this setup: {error}")
             setup = _plain(self.plan.bare())

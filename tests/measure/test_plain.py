@@ -202,3 +202,26 @@ def test_on_cuda_the_allocator_counters_are_read(tmp_path, monkeypatch):
     assert m.report["predicted"]["backend"] == "cuda"
     assert m.report["environment"]["device_name"] == "Fake GPU"
     assert "(2.10 MB reserved)" in m.report["line"]
+
+
+def test_a_lora_ledger_is_a_setup(tmp_path):
+    """A LoraLedger predicts the reference decoder under LoRA (memledger/pytorch/lora.py). MemTracker's run keeps
+    one thing the step does not: the embedding's output made a leaf that requires grad, and its .grad,
+    2 * B * S * d * 2 bytes in BF16 (tests/stepcheck.py, lora_against_memtracker), alive into the next step and
+    until its backward has made the next pair; every other part agrees to the byte."""
+    from memledger.ledger.lora import LoraConfig, LoraLedger
+    from memledger.pytorch.lora import LoraRef, make_lora_model
+    c, loop = LLAMA, "bf16-pure-adamw"
+    torch.manual_seed(0)
+    model = make_lora_model(c, LoraRef(4, ("q_proj", "v_proj")), loop)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad])
+    setup = LoraLedger(architecture_of(c), LoraConfig(4, ("q_proj", "v_proj"), base="bf16", adapter_recipe=loop), B,
+                       S, overhead_bytes=0)
+    with track(model, opt, setup=setup, report=tmp_path / "r.json", plot=False, echo=False) as m:
+        _loop(model, opt, c, 2)
+    assert m.report["setup"]["lora"]["rank"] == 4
+    held = 2 * B * S * c.d * 2
+    parts = {p["part"]: p["bytes"] for p in m.report["difference"]["parts"]}
+    assert parts == {"held before forward": held, "added by forward": 0, "added by backward": held,
+                     "added by the optimizer step": 0, "forward transients": 0, "backward transients": 0,
+                     "optimizer transients": 0}

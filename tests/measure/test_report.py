@@ -69,7 +69,7 @@ def test_human(n, text):
 def test_setup_is_checked_when_the_callback_is_made():
     with pytest.raises(ValueError, match="setup: unknown Ledger field 'batch'"):
         Plan(dict(arch="llama2-7b", batch=2))
-    with pytest.raises(ValueError, match="setup must be a memledger Ledger or a dict"):
+    with pytest.raises(ValueError, match="setup must be a memledger Ledger, LoraLedger or a dict"):
         Plan("llama2-7b")
     with pytest.raises(ValueError, match="unknown recipe"):
         Plan(dict(arch="llama2-7b", recipe="bf16-adam"))
