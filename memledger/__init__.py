@@ -7,7 +7,7 @@
 
 Packages by idea, arrows one way (an import-linter contract in pyproject.toml):
 core -> models -> states, activations -> formulas -> step -> ledger -> answers, calculators, pytorch
--> views, article -> cli. Names load on first use (PEP 562), so that ``import memledger`` and the
+-> measure -> views, article -> cli. Names load on first use (PEP 562), so that ``import memledger`` and the
 command line stay fast: SymPy is loaded only when a formula is asked for.
 """
 from .core.lazy import lazy
@@ -38,6 +38,6 @@ __getattr__, __dir__, __all__ = lazy(__name__, {
     "calculators": ("CONVENTIONS", "ERRATA", "ConventionInputs", "get_convention"),
     "core.units": ("format_bytes", "in_unit"),
     "formulas": (),
-    "core": (), "models": (), "states": (), "step": (), "ledger": (), "answers": (), "pytorch": (),
+    "core": (), "models": (), "states": (), "step": (), "ledger": (), "answers": (), "pytorch": (), "measure": (),
     "views": (), "cli": (), "article": (),
 })

@@ -23,7 +23,7 @@ from torch.utils._pytree import tree_map_only
 from .packing import document_ids
 from .reference import RefConfig, Trainer, make_model
 
-__all__ = ["OUTSIDE", "live_after_forward", "memtracker_step", "saved_tensors"]
+__all__ = ["OUTSIDE", "live_after_forward", "memtracker_step", "saved_tensors", "tracker_class"]
 
 OUTSIDE = "outside"
 
@@ -116,7 +116,8 @@ def live_after_forward(c: RefConfig, loop: str, batch: int, seq: int, seed: int 
     return {k: sorted(v) for k, v in found.items()}
 
 
-def _tracker_class():
+def tracker_class():
+    """MemTracker's subclass the package measures with (also :mod:`memledger.measure`'s CPU measurement)."""
     from torch.distributed._tools.mem_tracker import MemTracker
 
     class Tracker(MemTracker):
@@ -149,6 +150,9 @@ def _tracker_class():
                 self.trace.append((snap["Total"], self._mod_tracker.is_bw, self._in_opt,
                                    tuple(sorted(self._mod_tracker.parents)), str(self._func)))
     return Tracker
+
+
+_tracker_class = tracker_class          # the name the package's modules import
 
 
 def memtracker_step(c: RefConfig, loop: str, batch: int, seq: int, foreach: bool = False,
@@ -189,7 +193,7 @@ def memtracker_step(c: RefConfig, loop: str, batch: int, seq: int, foreach: bool
         trainer.init_state()
         ids, targets = _inputs(c, batch, seq)
         documents = document_ids(batch, seq, c.packed) if c.packed else None
-        tracker = _tracker_class()()
+        tracker = tracker_class()()
         tracker.trace = [] if trace else None
         tracker.blocks = {} if blocks else None
         tracker.track_external(model, *trainer.optimizers, ids, targets, *trainer.masters,
