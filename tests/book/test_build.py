@@ -302,6 +302,15 @@ class Measured:
 SMALL_GPT = dict(d=64, L=2, H=4, F=256, V=1000, dropout=0.1)       # chapter 12's small block, BF16, B = 2, S = 32
 
 
+def measured_small_llama_peak() -> int:
+    """MemTracker's peak of the project's hand-marked harness (memledger.pytorch.measure.memtracker_step, fake
+    tensors) for chapter 21's small LLaMA-style decoder, FP32 AdamW, B 2, S 32: what memledger.measure's CPU
+    measurement must find in a real loop."""
+    from memledger.pytorch.measure import memtracker_step
+    from memledger.pytorch.reference import RefConfig
+    return memtracker_step(RefConfig(64, 2, 4, 160, 1000, "llama"), "fp32-adamw", 2, 32)["peak"]
+
+
 @cache
 def saved_storages(batch: int) -> dict:
     """What autograd saves in one forward pass of the small GPT decoder (saved-tensor hooks, PyTorch)."""
@@ -995,7 +1004,10 @@ EXPECTED = {
     "ex21.qlora_batch_peak": lazy(lambda: Fraction(config_lora(9, targets=QVO_MLP, quantized=True).bytes, GB), "GB"),
     "ex21.qlora_batch_next": lazy(lambda: Fraction(config_lora(10, targets=QVO_MLP, quantized=True).bytes, GB), "GB"),
     "ex21.paged_peak": lazy(lambda: Fraction(config_low_memory().bytes, GB), "GB"),
-    "ex21.l40s": (Fraction(L40S_REAL, GB), "GB"),          # BF16 weights, m and v: 2 + 2 + 2 B/param
+    "ex21.l40s": (Fraction(L40S_REAL, GB), "GB"),
+    # memledger.measure on the CPU: MemTracker's peak of chapter 12's harness for the same small LLaMA decoder and loop
+    "config.measured_peak": Measured(lambda: (measured_small_llama_peak(), "bytes")),
+    "config.measured_difference": (0, "bytes"),          # BF16 weights, m and v: 2 + 2 + 2 B/param
     # BF16 weights and bitsandbytes' blockwise 8-bit m and v: 1 byte an element and an FP32 absmax per 256
     # (bitsandbytes optim/optimizer.py init_state, block size 256): 2 + 2 x (1 + 4/256) B/param
     "ex17.states_8bit": (Fraction(2 * LLAMA, GB) + 2 * Fraction(LLAMA * (256 + 4), 256 * GB), "GB"),
