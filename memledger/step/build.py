@@ -49,7 +49,7 @@ class Built:
         grad_sharded = "grad" in sharded
         on = (s.offload_optimizer, s.offload_params, s.offload_placement)
         placement = Placement(Device(device_of("grad", *on)), Device(device_of("optimizer", *on)))
-        if s.fsdp and s.fsdp[6] is not None:        # FSDP2's CPUOffloadPolicy: the optimizer steps on the host
+        if s.fsdp and s.fsdp.offload is not None:      # FSDP2's CPUOffloadPolicy: the optimizer steps on the host
             placement = Placement(Device.GPU, Device.CPU)
 
         def share(n):

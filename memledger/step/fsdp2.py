@@ -84,12 +84,13 @@ def _label(dtype):
 
 
 class FSDP2:
-    """The FSDP2 tensors of one step structure (``s.fsdp`` = (param dtype, reduce dtype, original dtype,
-    reshard after forward: True, False or None, HSDP))."""
+    """The FSDP2 tensors of one step structure (``s.fsdp``: its :class:`~memledger.step.structure.FSDP2Plan`)."""
 
     def __init__(self, c, s):
         self.c, self.s = c, s
-        self.param, self.reduce, self.original, reshard, self.hsdp, self.loss_in_root, self.offload = s.fsdp
+        plan = s.fsdp
+        self.param, self.reduce, self.original, reshard = plan.param, plan.reduce, plan.original, plan.reshard
+        self.hsdp, self.loss_in_root, self.offload = plan.hsdp, plan.loss_in_root, plan.offload
         # None: PyTorch's default, True for every block and False for the root (_fully_shard.py:246, 260)
         self.reshard, self.root_reshard = (True, False) if reshard is None else (reshard, reshard)
         # an int k: each unit keeps a clone of its 1/k slice after forward (_fsdp_param.py:709-745)

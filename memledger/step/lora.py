@@ -65,6 +65,7 @@ from ..activations.backends import get_backend
 from ..activations.inventory import Saved, inventory
 from ..activations.outside import outside_inventory
 from ..core.dtypes import nbytes
+from ..core.exact import evaluate_expr
 from ..core.symbols import B, F, H, L, O, S, V, d, r
 from ..states.bnb import nf4_gemm_fallback, nf4_parts
 from ..states.recipes import get_recipe
@@ -73,6 +74,7 @@ from .build import IDS, Built
 from .lora_loss import lora_chunked_backward_start, lora_chunked_forward_end
 from .ops import BS, BSd, BSF, INPUT_GRADIENT, Program, Ref, Tensor, dropout_ops, gradient, qkv_width, \
     residual_names, widths_of
+from .inputs import inputs_of
 from .outer import Param
 from .structure import StepStructure
 from .timeline import Step
@@ -910,10 +912,14 @@ ADAPTER_RECIPES = ("fp32-adamw", "bf16-pure-adamw", "bf16-adamw", "bf16-adamw32-
 class LoraStep(Step):
     """The step timeline of a :class:`memledger.ledger.lora.LoraLedger` (``LoraLedger(...).step(backend)``)."""
 
-    def __init__(self, lora_ledger, ledger, backend="article", **changes):
-        """``ledger``: a :class:`memledger.ledger.ledger.Ledger` of the same model and workload (its values)."""
-        config, arch = lora_ledger.config, lora_ledger.arch
-        self.ledger = lora_ledger
+    def __init__(self, setup, config, backend="article", *, record=None, origin=None, **changes):
+        """``setup``: the :class:`~memledger.step.inputs.StepInputs` of the frozen base's model and workload (a BF16
+        loop without dropout; a Ledger's ``step_inputs``); ``config``: the adapters'
+        (:class:`memledger.states.lora.LoraConfig`); ``record``: the run's inputs as the JSON echoes them;
+        ``origin``: what the step was made from, kept for display (:attr:`ledger`)."""
+        setup = inputs_of(setup)
+        arch = setup.arch
+        self.ledger, self.inputs, self.record = origin, setup, dict(record or {})
         self.conventions = conv = get_backend(backend, **changes)
         if config.base not in ("bf16", "nf4"):
             raise ValueError(f"the LoRA step models a BF16 base (or NF4 under QLoRA), got base {config.base}")
@@ -922,36 +928,35 @@ class LoraStep(Step):
                              f"{', '.join(ADAPTER_RECIPES)}, got {config.adapter_recipe}")
         if arch.style != "llama":
             raise ValueError("the LoRA step models LLaMA blocks")
-        if lora_ledger.optimizer_in_backward and (config.adapter_recipe in ("bf16-adamw", "bf16-adamw32-bnb")):
+        if setup.optimizer_in_backward and (config.adapter_recipe in ("bf16-adamw", "bf16-adamw32-bnb")):
             raise ValueError(f"optimizer_in_backward steps each adapter in its own hook with torch.optim.AdamW: "
                              f"adapter_recipe {config.adapter_recipe} keeps FP32 masters or is bitsandbytes'; use "
                              f"fp32-adamw or bf16-pure-adamw")
-        if "lm_head" in config.targets and (lora_ledger.loss_chunks > 1 or lora_ledger.loss_impl == "litgpt"):
+        if "lm_head" in config.targets and setup.chunked_loss:
             raise ValueError("the LoRA step does not model an lm_head adapter with the chunked loss (the adapter per "
                              "chunk): drop lm_head from the targets or use loss_chunks 1")
-        if conv.kernel(arch.style, False, lora_ledger.flash_attention) != "flash":
+        if conv.kernel(arch.style, False, setup.flash_attention) != "flash":
             raise ValueError("the LoRA step models the SDPA flash kernel: use --backend cpu or cuda, or "
                              "--flash-attention")
-        base = StepStructure.of(ledger, conv)
+        base = StepStructure.of(setup, conv)
         grad_dtype = next(x.dtype for x in get_recipe(config.adapter_recipe).components if x.role == "grad")
         shape = replace(base.shape, grad_dtype=grad_dtype)
         spec = LoraSpec(tuple(t for t in BLOCK_TARGETS if t in config.targets), config.dropout,
                         config.base == "nf4", config.adapter_recipe.endswith("-bnb"),
                         config.adapter_recipe.startswith("fp32"), "lm_head" in config.targets,
-                        _nf4_fallback(shape, ledger.values) if config.base == "nf4" else ())
+                        _nf4_fallback(shape, setup.values) if config.base == "nf4" else ())
         fields = {f: getattr(base, f) for f in base.__dataclass_fields__}
         self.structure = LoraStructure(**(fields | {"shape": shape, "recipe": config.adapter_recipe, "lora": spec}))
         self.built = build_lora(self.structure)
-        self.values = dict(ledger.values) | {"r": config.rank}
-        self.values["P"] = ledger.evaluate(self.built.adapter_params.subs(r, config.rank))
+        self.values = dict(setup.values) | {"r": config.rank}
+        self.values["P"] = evaluate_expr(self.built.adapter_params.subs(r, config.rank), setup.values)
 
     def to_dict(self) -> dict:
         """The JSON object of ``memledger step --lora-rank ...``: the LoRA ledger's inputs (with the backend),
         landmarks, peak (with what is live there), rows."""
-        inputs = self.ledger.to_dict()["inputs"] | {"loss_chunks": self.ledger.loss_chunks,
-                                                    "loss_impl": self.ledger.loss_impl,
-                                                    "backend": self.conventions.name, "conventions": {
-            k: v for k, v in vars(self.conventions).items() if k != "name"}}
+        inputs = self.record | {"loss_chunks": self.inputs.loss_chunks, "loss_impl": self.inputs.loss_impl,
+                                "backend": self.conventions.name, "conventions": {
+                                    k: v for k, v in vars(self.conventions).items() if k != "name"}}
         return {"inputs": inputs, "landmarks": self.landmarks,
                 "peak": {"gpu": self.peak.bytes, "phase": self.peak.phase, "layer": self.peak.layer,
                          "detail": self.peak.detail,
