@@ -23,6 +23,8 @@ the fused kernels, SGD, Adafactor, and torchtune's optimizer stepped in backward
   each gradient is stepped and freed as soon as backward writes it (:func:`in_backward`), so no gradient
   outlives its op and the optimizer phase does nothing.
 """
+from dataclasses import replace
+
 import sympy as sp
 
 from ..core.dtypes import nbytes
@@ -31,7 +33,7 @@ from .ops import block_params, qkv_width, widths_of
 from .outer import Param, head_params
 from .structure import Shape
 from .trace import GRADIENT_LUMP, Op
-from .vocab import Action, Kind, Lifetime, Phase
+from .vocab import Action, Kind, Lifetime, OpRole, Phase
 
 __all__ = ["adafactor", "factored_bytes", "in_backward", "one_parameter", "param_shape", "temporaries"]
 
@@ -154,9 +156,9 @@ def in_backward(ops: list, tensors: dict, step_ops) -> list:
 
     def step(where):
         for layer, name in waiting:
-            for label, frees, allocs, action in step_ops(layer, name.removeprefix("grad ")):
-                out.append(Op(where.phase, where.layer, label, tuple((layer, n) for n in frees),
-                              tuple((layer, n) for n in allocs), action))
+            for q in step_ops(layer, name.removeprefix("grad ")):
+                out.append(Op(where.phase, where.layer, q.label, tuple((layer, n) for n in q.frees),
+                              tuple((layer, n) for n in q.allocs), q.action))
             out.append(Op(where.phase, where.layer, f"optimizer in backward: {name} freed", ((layer, name),), ()))
         waiting.clear()
     for op in ops:
@@ -164,11 +166,10 @@ def in_backward(ops: list, tensors: dict, step_ops) -> list:
             step(out[-1])
         if op.phase is Phase.OPTIMIZER and op.action is not Action.LANDMARK:
             continue
-        if op.phase is Phase.OPTIMIZER and op.label == "after step":
+        if op.role is OpRole.OPTIMIZER_STEP_DONE:
             out.append(Op(Phase.OPTIMIZER, None, "nothing left: every parameter was stepped in backward", (), ()))
         if (None, GRADIENT_LUMP) in op.allocs:
-            op = Op(op.phase, op.layer, op.label, op.frees, tuple(q for q in op.allocs if q != (None, GRADIENT_LUMP)),
-                    op.action)
+            op = replace(op, allocs=tuple(q for q in op.allocs if q != (None, GRADIENT_LUMP)))
         out.append(op)
         waiting += [q for q in op.allocs if tensors[q[1]].kind is Kind.GRAD and
                     tensors[q[1]].lifetime is Lifetime.GRADIENT]

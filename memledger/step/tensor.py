@@ -33,7 +33,7 @@ from .norms import norm_backward, norm_forward
 from .ops import BSd, ProgramOp, Ref, Tensor, final_input, residual_names
 from .outer import final_norm_params
 from .structure import Shape
-from .vocab import Kind, Lifetime, Scope
+from .vocab import Kind, Lifetime, OpRole, Scope
 
 __all__ = ["BSd_t", "COLUMN_BACKWARD", "LOGITS", "OUTSIDE", "ROW_FORWARD", "SP_NORM_OUTPUT", "SP_TEMPORARIES",
            "UP_COPY", "WHOLE", "WHOLE_ROW", "backward_end", "backward_start", "beyond_share", "collectives",
@@ -60,9 +60,9 @@ SP_TEMPORARIES = ("output projection output", "down-projection output", "gradien
 #: Parameters a tensor-parallel plan leaves whole on every rank: the norms, the row-wise layers' biases.
 WHOLE = ("norm1.weight", "norm1.bias", "norm2.weight", "norm2.bias", "final norm.weight", "final norm.bias",
          "proj.bias", "down.bias")
-#: The labels of the row-wise layers' forward ops and of the column-wise layers' backward ops in a block.
-ROW_FORWARD = ("output projection", "down projection")
-COLUMN_BACKWARD = ("QKV projection backward", "up projection backward", "gate projection backward")
+#: The row-wise layers' forward ops and the column-wise layers' backward ops in a block.
+ROW_FORWARD = (OpRole.OUTPUT_PROJECTION, OpRole.DOWN_PROJECTION)
+COLUMN_BACKWARD = (OpRole.QKV_PROJECTION_BACKWARD, OpRole.UP_PROJECTION_BACKWARD, OpRole.GATE_PROJECTION_BACKWARD)
 
 
 def _whole(name: str) -> bool:
@@ -130,10 +130,11 @@ def forward_end(p, c: Shape, sequence_parallel=False):
     if sequence_parallel:
         _all_gather(p, "LM head input", "the LM head's input")
     logits = p.new("logits", LOGITS, a, "the LM head's output: the rank's V/t columns")
-    p.op("LM head", alloc=[logits])
+    p.op("LM head", alloc=[logits], role=OpRole.LM_HEAD)
     if c.upcast or sequence_parallel:
         p.op("final norm input released", free=[final_input(c) if c.upcast else None,
-                                                 out if sequence_parallel else None])
+                                                 out if sequence_parallel else None],
+             role=OpRole.FINAL_NORM_INPUT_RELEASED)
     src = logits
     if a != "fp32":
         src = p.new("logits in FP32", LOGITS, f, "logits.float(): cross-entropy runs in FP32")
@@ -181,7 +182,7 @@ def forward_end(p, c: Shape, sequence_parallel=False):
     p.op("result.sum()", free=[count], alloc=[total])
     p.op("sum / total weight", alloc=["loss"])
     p.op("released", free=[safe, shifted_ids, gathered, reduced, res, total])
-    p.op("loss computed", free=[src])
+    p.op("loss computed", free=[src], role=OpRole.LOSS_COMPUTED)
 
 
 def backward_start(p, c: Shape, sequence_parallel=False):
@@ -201,7 +202,7 @@ def backward_start(p, c: Shape, sequence_parallel=False):
     e = p.new("exp(log-softmax output)", LOGITS, f, "(grad_input + exp(x)) * grad_output")
     total = p.new("grad_input + exp(x)", LOGITS, f, "before the product")
     g = p.new("log_softmax gradient", LOGITS, f, "(grad_input + exp(x)) * grad_output")
-    p.op("loss.backward()", alloc=[dl])
+    p.op("loss.backward()", alloc=[dl], role=OpRole.LOSS_BACKWARD)
     p.op("grad / total weight", alloc=[go])
     p.op("target != ignore_index", alloc=[ne])
     p.op("safe target", alloc=[safe])
@@ -233,7 +234,7 @@ def backward_start(p, c: Shape, sequence_parallel=False):
         x = p.tensors["grad embedding.weight"]
         p.tensors[head] = Tensor(head, x.expr, Kind.TRANSIENT, Lifetime.TEMPORARY, x.device,
                                  "waits in autograd's buffer for the embedding's contribution")
-    p.op("LM head backward", alloc=[head, partial])
+    p.op("LM head backward", alloc=[head, partial], role=OpRole.LM_HEAD_BACKWARD)
     p.op("released", free=[g, "LM head input"])
     if sequence_parallel:
         _reduce_scatter(p, partial, gfn, "the LM head's input gradient")
@@ -264,7 +265,7 @@ def backward_end(p, c: Shape, sequence_parallel=False):
     else:
         p.op("embedding backward", alloc=["grad embedding.weight"])
         p.op("released", free=[g])
-    p.op("loss released", free=["gradient of the loss", "loss"])
+    p.op("loss released", free=["gradient of the loss", "loss"], role=OpRole.LOSS_RELEASED)
 
 
 def _all_gather(p, out, what):
@@ -293,12 +294,12 @@ def _like(p, name, other: str, why):
     return name
 
 
-def _all_reduced(ops, tensors, labels, after: int):
-    """``ops`` with the output of each op labelled in ``labels`` (its one temporary) made a partial sum and
+def _all_reduced(ops, tensors, roles, after: int):
+    """``ops`` with the output of each op of one of ``roles`` (its one temporary) made a partial sum and
     all-reduced into the tensor it was, ``after`` ops later (0: at once); the partial sum is then released."""
     out, pending = [], {}
     for k, op in enumerate(ops):
-        if op.label in labels:
+        if op.role in roles:
             name = next(n for n in op.allocs if isinstance(n, str)
                         and tensors[n].lifetime is Lifetime.TEMPORARY)
             x = tensors[name]
@@ -335,7 +336,7 @@ def _partial_biases(ops, tensors, size):
     the layer has run."""
     k = 0
     while k < len(ops):
-        if ops[k].label in ROW_FORWARD:
+        if ops[k].role in ROW_FORWARD:
             name = f"{ops[k].label} bias / t"
             tensors[name] = Tensor(name, size, Kind.TRANSIENT, Lifetime.TEMPORARY,
                                    why="redistribute(Replicate -> Partial) of the bias")
@@ -380,22 +381,23 @@ def sequence_parallel_block(fwd, bwd, tensors, gpt=False):
     whole = tensors["Q/K/V projection input"].expr
     outputs = {row: temporary(n, whole / t, "the norm's output, the rank's positions")
                for row, n in SP_NORM_OUTPUT.items() if row != "LM head input"}
-    gathered = {"QKV": "Q/K/V projection input", "gate projection": "MLP input", "up projection": UP_COPY}
+    gathered = {OpRole.QKV_PROJECTION: "Q/K/V projection input", OpRole.GATE_PROJECTION: "MLP input",
+                OpRole.UP_PROJECTION: UP_COPY}
     if gpt:
-        gathered["up projection"] = "MLP input"
+        gathered[OpRole.UP_PROJECTION] = "MLP input"
     out = []
     for op in fwd.ops:
         op = op._replace(allocs=tuple(outputs.get(n, n) if isinstance(n, str) else n for n in op.allocs))
-        column = next((k for k in gathered if op.label.startswith(k) and "backward" not in op.label), None)
+        column = op.role if op.role in gathered else None
         if column:
-            what = f"the {column} input"
+            what = f"the {'QKV' if column is OpRole.QKV_PROJECTION else column} input"
             stacked = temporary(f"all-gather output: {what}", whole, "the ranks' shards on dim 0")
             out += [ProgramOp(f"all-gather: {what}", (), (stacked,)),
                     ProgramOp("cat: the sequence in order", (), (gathered[column],)),
                     ProgramOp("released", (stacked,), ())]
-        if op.label == "block returns":
+        if op.role is OpRole.BLOCK_RETURNS:
             op = op._replace(frees=op.frees + (outputs["MLP input"],))
-        if op.label in ROW_FORWARD:
+        if op.role in ROW_FORWARD:
             name = next(n for n in op.allocs if isinstance(n, str) and tensors[n].lifetime is Lifetime.TEMPORARY)
             partial = temporary(f"{name} (partial sum)", whole, "the rank's share, before the reduce-scatter")
             flat = temporary(f"reduce-scatter input: {name}", whole, "cat of the split on the sequence")
@@ -405,26 +407,26 @@ def sequence_parallel_block(fwd, bwd, tensors, gpt=False):
                     ProgramOp("released", (partial,), ())]
             continue
         out.append(op)
-        if column == "QKV":
+        if column is OpRole.QKV_PROJECTION:
             out.append(ProgramOp("released", (outputs["Q/K/V projection input"],), ()))
     fwd.ops[:] = out
     out, pending = [], {}
-    row_grads = {"down projection backward": "gradient of the block output", "output projection backward":
-                 "gradient of the attention residual sum"}
+    row_grads = {OpRole.DOWN_PROJECTION_BACKWARD: "gradient of the block output",
+                 OpRole.OUTPUT_PROJECTION_BACKWARD: "gradient of the attention residual sum"}
     for k, op in enumerate(bwd.ops):
-        if op.label in row_grads:
-            what = row_grads[op.label]
+        if op.role in row_grads:
+            what = row_grads[op.role]
             stacked = temporary(f"all-gather output: {what}", whole, "the ranks' shards on dim 0")
             copy = temporary(f"{what}, all-gathered", whole, "the row-wise layer's output gradient, whole")
             out += [ProgramOp(f"all-gather: {what}", (), (stacked,)),
                     ProgramOp("cat: the sequence in order", (), (copy,)), ProgramOp("released", (stacked,), ())]
             pending[k + 1] = ("free", copy)
-        if op.label in COLUMN_BACKWARD:
+        if op.role in COLUMN_BACKWARD:
             name = next(n for n in op.allocs if isinstance(n, str) and tensors[n].lifetime is Lifetime.TEMPORARY)
             partial = temporary(f"{name} (partial sum)", whole, "the rank's share, before the reduce-scatter")
             op = op._replace(allocs=tuple(partial if n == name else n for n in op.allocs))
             pending[k + 1] = ("scatter", name, partial)
-        if op.label == "up projection backward" and not gpt:
+        if op.role is OpRole.UP_PROJECTION_BACKWARD and not gpt:
             pending.setdefault(("up", k + 1), UP_COPY)
         if ("up", k) in pending:
             op = op._replace(frees=op.frees + (pending.pop(("up", k)),))
