@@ -316,14 +316,14 @@ def block_backward(p, c: Shape, share):
         p.op("released", free=[g if drop else None, "down-projection input"])
         gs = p.new("gradient of the SiLU output", per_rank(c, BSF), a, "dL/d(SiLU(gate)) = g * up")
         gup = p.new("gradient of the up-projection output", per_rank(c, BSF), a, "dL/d(up) = g * SiLU(gate)")
-        p.op("SiLU(gate) * up backward", alloc=[gs, gup])
+        p.op("SiLU(gate) * up backward", alloc=[gs, gup], role=OpRole.SWIGLU_PRODUCT_BACKWARD)
         p.op("released", free=[gdi, "up-projection output", "SiLU output"])
         gh_up = p.new("gradient of the MLP input via up", BSd, a, "the up projection's input gradient")
         p.op("up projection backward", alloc=define_grads(p, ["up.weight"], c, share) + [gh_up],
              role=OpRole.UP_PROJECTION_BACKWARD)
         p.op("released", free=[gup])
         gg = p.new("gradient of the gate output", per_rank(c, BSF), a, "SiLU backward's output")
-        p.op("SiLU backward", alloc=[gg])
+        p.op("SiLU backward", alloc=[gg], role=OpRole.SILU_BACKWARD)
         p.op("released", free=[gs, "gate output"])
         gh_gate = p.new("gradient of the MLP input via gate", BSd, a, "the gate projection's input gradient")
         p.op("gate projection backward", alloc=define_grads(p, ["gate.weight"], c, share) + [gh_gate],

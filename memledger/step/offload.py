@@ -25,6 +25,7 @@ MemTracker's allocation log (PyTorch 2.13, CPU) and checked by ``tests/step/test
 """
 from ..core.dtypes import nbytes
 from . import packing as packing_
+from .norms import NODE_ROLES
 from .ops import Tensor, block_params, residual_names
 from .vocab import Device, Kind, Lifetime, OpRole, Save
 
@@ -37,15 +38,15 @@ HOST = "offloaded saved tensors (pinned host copies)"
 _NORM_READS = {"weight": (("norm{k}.weight",), ("RMSNorm {k} x*rstd",)),
                "x*rstd": ((), ("RMSNorm {k} rstd", "RMSNorm {k} input")),
                "rsqrt": ((), ("RMSNorm {k} rstd",)), "pow": ((), ("RMSNorm {k} input",))}
-READS = {"down projection backward": (("down.weight",), ("down-projection input",)),
-         "SiLU(gate) * up backward": ((), ("SiLU output", "up-projection output")),
-         "up projection backward": (("up.weight",), ("MLP input",)),
-         "SiLU backward": ((), ("gate output",)),
-         "gate projection backward": (("gate.weight",), ("MLP input",)),
-         "output projection backward": (("proj.weight",), ("output projection input",)),
-         "flash attention backward": ((), ("Q", "K", "V", "softmax log-sum-exp", "output projection input")),
-         "QKV projection backward": (("qkv.weight",), ("Q/K/V projection input",))} | {
-    f"norm {k} backward: {node}": (tuple(w.format(k=k) for w in ws), tuple(r.format(k=k) for r in rs))
+READS = {OpRole.DOWN_PROJECTION_BACKWARD: (("down.weight",), ("down-projection input",)),
+         OpRole.SWIGLU_PRODUCT_BACKWARD: ((), ("SiLU output", "up-projection output")),
+         OpRole.UP_PROJECTION_BACKWARD: (("up.weight",), ("MLP input",)),
+         OpRole.SILU_BACKWARD: ((), ("gate output",)),
+         OpRole.GATE_PROJECTION_BACKWARD: (("gate.weight",), ("MLP input",)),
+         OpRole.OUTPUT_PROJECTION_BACKWARD: (("proj.weight",), ("output projection input",)),
+         OpRole.FLASH_ATTENTION_BACKWARD: ((), ("Q", "K", "V", "softmax log-sum-exp", "output projection input")),
+         OpRole.QKV_PROJECTION_BACKWARD: (("qkv.weight",), ("Q/K/V projection input",))} | {
+    NODE_ROLES[k, node]: (tuple(w.format(k=k) for w in ws), tuple(r.format(k=k) for r in rs))
     for k in ("1", "2") for node, (ws, rs) in _NORM_READS.items()}
 
 
@@ -132,7 +133,7 @@ def offloaded_backward(p, c, block_backward, share):
             return isinstance(n, str) and t[n].lifetime is Lifetime.SAVED
         for op in q.ops:
             frees = tuple(n for n in op.frees if not saved(n))
-            reads = READS.get(op.label)
+            reads = READS.get(op.role)
             if reads and op.role is OpRole.FLASH_ATTENTION_BACKWARD:   # packed rows: the additive mask too
                 reads = (reads[0], reads[1] + tuple(packing_.saved_names(c)))
             if not reads:

@@ -28,6 +28,7 @@ class Param(NamedTuple):
     name: str
     elements: object
     lump: bool = False
+    step: OpRole = None     # the role of its optimizer step's op (the embedding's: TP redistributes its gradient)
 
 
 def final_norm_params(c: Shape) -> list:
@@ -182,7 +183,7 @@ def optimizer(p, params, state_dtype: str, master: bool, foreach: bool, grad_dty
                        "AdamW(foreach=False): its square root", device=where)
             s2 = p.new(f"denom of {x.name}", (x.elements,), state_dtype,
                        "sqrt / bias correction + eps, a local until the next parameter's is assigned", device=where)
-            p.op(f"AdamW step: {x.name}", alloc=[s1, s2])
+            p.op(f"AdamW step: {x.name}", alloc=[s1, s2], role=x.step)
             p.op("released", free=[s1, previous])
             previous = s2
         p.op("step done", free=[previous])

@@ -482,7 +482,7 @@ def redistribute_embedding_gradient(ops, tensors, dtype: str):
     for n in names:
         tensors[n] = Tensor(n, sp.ceiling(V * d / t) * nbytes(dtype), Kind.TRANSIENT, Lifetime.TEMPORARY,
                             why="redistribute(Replicate -> Shard(0)): a contiguous copy of the rank's rows")
-    k = next((i for i, op in enumerate(ops) if op.label == "AdamW step: embedding.weight"), None)
+    k = next((i for i, op in enumerate(ops) if op.role is OpRole.EMBEDDING_STEP), None)
     if k is None:
         return
     ops[k:k] = [ProgramOp("exp_avg.lerp_(grad)", (), (names[0],)), ProgramOp("released", (names[0],), ()),

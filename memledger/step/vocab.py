@@ -80,6 +80,18 @@ class OpRole(StrEnum):
     GATE_PROJECTION_BACKWARD = "gate projection backward"
     UP_PROJECTION_BACKWARD = "up projection backward"
     DOWN_PROJECTION_BACKWARD = "down projection backward"
+    SWIGLU_PRODUCT_BACKWARD = "SiLU(gate) * up backward"
+    SILU_BACKWARD = "SiLU backward"
+    # composite RMSNorm's backward nodes that unpack saved tensors, per norm of a block (activation offloading)
+    NORM1_WEIGHT_BACKWARD = "norm 1 backward: weight"
+    NORM1_X_RSTD_BACKWARD = "norm 1 backward: x*rstd"
+    NORM1_RSQRT_BACKWARD = "norm 1 backward: rsqrt"
+    NORM1_POW_BACKWARD = "norm 1 backward: pow"
+    NORM2_WEIGHT_BACKWARD = "norm 2 backward: weight"
+    NORM2_X_RSTD_BACKWARD = "norm 2 backward: x*rstd"
+    NORM2_RSQRT_BACKWARD = "norm 2 backward: rsqrt"
+    NORM2_POW_BACKWARD = "norm 2 backward: pow"
+    EMBEDDING_STEP = "AdamW step: embedding.weight"       # the for-loop AdamW's step of the embedding's weight
     LORA_DOWN_B = "LoRA down_proj B"                      # the down_proj adapter's B matmul
     LORA_DOWN_B_BACKWARD = "LoRA down_proj B backward"
     FSDP2_CLEARED = "FSDP2 root cleared"                  # FSDP2's root post-backward: its buffers cleared
