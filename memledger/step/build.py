@@ -142,7 +142,7 @@ class Built:
         if kind in BNB_KINDS:
             impl = "bitsandbytes"               # one in-place kernel per tensor (memledger.step.bnb)
         rank = tensor.param_share(share) if s.tensor_parallel else (lambda name, n: share(n))
-        params = [x._replace(elements=rank(x.name, x.elements)) for x in param_tensors(c, layers)] \
+        params = [x._replace(elements=rank(x.key, x.elements)) for x in param_tensors(c, layers)] \
             if not grad_sharded else [Param("flat partition", sp.ceiling(P / (t * N_d)))]
         if self.fsdp:
             params = self.fsdp.optimizer_params(layers)

@@ -56,10 +56,9 @@ _MATRIX_ROWS = {"qkv.weight": None, "proj.weight": d, "gate.weight": F, "up.weig
                 "embedding.weight": V, "head.weight": V}
 
 
-def dim0(name: str, n, c):
-    """Dim 0 of parameter ``name`` (``n`` elements): a weight's output features (nn.Linear stores
-    (out, in)), the vocabulary of the embedding and head; a vector's length."""
-    key = name.rsplit(" ", 1)[-1] if name.startswith("block ") else name
+def dim0(key: str, n, c):
+    """Dim 0 of parameter ``key`` (its name in its module, ``n`` elements): a weight's output features (nn.Linear
+    stores (out, in)), the vocabulary of the embedding and head; a vector's length."""
     if key in _MATRIX_ROWS:
         return qkv_width(c) if key == "qkv.weight" else _MATRIX_ROWS[key]
     return n
@@ -123,7 +122,8 @@ class FSDP2:
         the all-gather buffers of block L-3 (gathered as the lump ends, prefetched by block L-2) and the
         reduce-scatter input of block 2 (the lump's last post-backward)."""
         if lumped and layer == 2:
-            return 2 if "reduce-scatter" in name else n_layers - 3
+            scattered = (self.name("reduce-scatter input", "block"), self.name("reduce-scatter output", "block"))
+            return 2 if name in scattered else n_layers - 3
         return block_of(layer, lumped, n_layers)
 
     @property
@@ -409,7 +409,7 @@ class FSDP2:
             if x.lump:
                 out.append(Param(x.name, (L - 2) * self.shards["block"], lump=True))
             else:
-                out.append(Param(x.name, shard(x.name, x.elements, c)))
+                out.append(Param(x.name, shard(x.key, x.elements, c)))
         return out
 
     def static(self) -> list:

@@ -59,10 +59,10 @@ def factored_bytes(c: Shape, component):
     return nbytes(component.dtype) * sp.expand(L * block + sum(factored(param_shape(c, n)) for n, _ in outside))
 
 
-def param_shape(c: Shape, name: str) -> tuple:
-    """The shape of parameter ``name`` ("block 3 qkv.weight", "embedding.weight", "final norm.bias"); a vector
-    of d elements unless named otherwise (norms, the output projection's and the down projection's biases)."""
-    base = name.split(" ", 2)[2] if name.startswith("block ") else name
+def param_shape(c: Shape, base: str) -> tuple:
+    """The shape of parameter ``base``, its name in its module ("qkv.weight", "embedding.weight", "final
+    norm.bias"); a vector of d elements unless named otherwise (norms, the output projection's and the down
+    projection's biases)."""
     shape = _shapes(c).get(base, (d,))
     sizes = dict(block_params(c))
     if base in sizes and sp.expand(sp.Mul(*shape) - sizes[base]) != 0:
@@ -92,7 +92,7 @@ def adafactor(p, c: Shape, params, dtype: str, where, carried: dict = None, end:
     for x in params:
         if x.lump:
             continue
-        shape = param_shape(c, x.name)
+        shape = param_shape(c, x.key)
         scalar(x.name, "param.norm(2)")
         if len(shape) == 2:
             r, k = shape

@@ -29,6 +29,13 @@ class Param(NamedTuple):
     elements: object
     lump: bool = False
     step: OpRole = None     # the role of its optimizer step's op (the embedding's: TP redistributes its gradient)
+    local: str = None       # its name in its module ("qkv.weight" for "block 3 qkv.weight"); None: ``name``
+
+    @property
+    def key(self) -> str:
+        """The parameter's name in its module (a block's own, or the embedding's, the head's): what decides its
+        shape and layout."""
+        return self.local or self.name
 
 
 def final_norm_params(c: Shape) -> list:

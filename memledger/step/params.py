@@ -17,10 +17,10 @@ def param_tensors(c: Shape, layers) -> list:
     block = block_params(c)
     out = [Param("embedding.weight", V * d, step=OpRole.EMBEDDING_STEP)]
     for i in layers:
-        out += [Param(f"block {i} {n}", e) for n, e in block]
+        out += [Param(f"block {i} {n}", e, local=n) for n, e in block]
         if i == 0 and layers[-1] > 1 and layers != list(range(layers[-1] + 1)):
             out.append(Param("@blocks 1..L-2", (L - 2) * sum(e for _, e in block), lump=True))
-            out += [Param(f"block L-1 {n}", e) for n, e in block]
+            out += [Param(f"block L-1 {n}", e, local=n) for n, e in block]
             break
     return out + [Param(n, e) for n, e in head_params(c)]
 

@@ -70,8 +70,9 @@ def _whole(name: str) -> bool:
 
 
 def param_share(share):
-    """The elements of a parameter on one rank: whole for :data:`WHOLE`, else ``share`` (ceil(n/t))."""
-    return lambda name, n: n if _whole(name) else share(n)
+    """The elements of a parameter (by its name in its module) on one rank: whole for :data:`WHOLE`, else
+    ``share`` (ceil(n/t))."""
+    return lambda key, n: n if key in WHOLE else share(n)
 
 
 def _token(p, name, dtype, why):
