@@ -16,8 +16,8 @@ from .parallel_check import check as check_parallel, modelled as parallel_fields
 
 __all__ = ["AMP_RECIPES", "BNB_KINDS", "COMPILE_REFUSED", "FAMILIES", "FSDP2Plan", "LOSS_IMPLS", "MAX_LOSS_CHUNKS",
            "MODELLED_RECIPES", "OPTIMIZER_OF", "REFUSED_LOSSES", "Shape", "StepStructure", "block_of", "check_amp",
-           "check_family", "check_implementation", "check_loss_chunks", "check_loss_impl", "check_offload", "check_packed",
-           "check_recipe", "step_values", "unmodelled"]
+           "check_family", "check_implementation", "check_loss_chunks", "check_loss_impl", "check_modelled",
+           "check_offload", "check_packed", "check_recipe", "step_values", "unmodelled"]
 
 #: The optimizer each recipe the timeline models runs (``torch.optim.AdamW``, ``SGD`` with ``momentum`` 0 or not,
 #: ``Adafactor``; :mod:`memledger.step.optim`), with one gradient buffer, with or without FP32 master weights
@@ -168,48 +168,8 @@ class StepStructure:
         check_recipe(setup.recipe)
         if setup.compile:
             raise ValueError(COMPILE_REFUSED)
-        f = arch.features
-        llama = arch.style == "llama"
-        # LLaMA blocks may add grouped-query attention, QKV biases (Qwen2) and a tied LM head (Gemma)
-        modelled = Features.of(arch.style)._replace(gqa=f.gqa, qkv_bias=f.qkv_bias, tied=f.tied) if llama else \
-            Features.of(arch.style)._replace(tied=f.tied if f.is_tied else None, qkv_bias=f.qkv_bias if f.has_qkv_bias
-                                             else None)
-        # any style: Q and O at H*d_h (Gemma-7B), K and V at H_kv heads (a GPT block's: GPT-BigCode's multi-query)
-        modelled = modelled._replace(head_dim=f.head_dim, gqa=f.gqa)
-        # GPT decoders: learned positions (StarCoder), ALiBi and an embedding LayerNorm (BLOOM); memledger.step.families
-        modelled = modelled._replace(**({} if llama else _refinements(f)))
-        modelled = modelled._replace(**parallel_fields(f))   # GPT-NeoX's, Phi's blocks, untied heads (parallel_check)
-        if f != modelled:
-            family = f" (model_type {arch.model_type!r})" if arch.model_type in FAMILIES else ""
-            raise ValueError(f"the step timeline models the reference decoder's GPT and LLaMA blocks (grouped-query "
-                             f"attention; LLaMA blocks also with QKV biases and tied embeddings; GPT decoders also "
-                             f"with learned positions, ALiBi and an embedding LayerNorm, untied, with a parallel "
-                             f"residual; any head size; no, selective or full recomputation); {unmodelled(f)} not "
-                             f"modelled op by op{family}")
-        refined = check_family(setup) if not llama else {}
-        gqa = f.gqa
-        recipe = RECIPES[setup.recipe]
-        act = next(c.dtype for c in recipe.components if c.role == "param")
-        grad = next(c.dtype for c in recipe.components if c.role == "grad")
-        fsdp = None
-        if setup.framework == "fsdp2":     # compute (and the unsharded gradients) in the policy's param dtype
-            fsdp = FSDP2Plan.of(setup.fsdp2, act, setup.shard_group)
-            act = grad = fsdp.param
-        # the attention probabilities' dropout (off at p = 0, Phi-2's) decides SDPA's kernel, not the residual ones
-        partial = bool(setup.dropout) and not arch.attention_dropout
-        kernel = conv.kernel(arch.style, setup.dropout and not partial, setup.flash_attention)
-        if kernel == "math":
-            raise ValueError("the math SDPA kernel (CPU, LLaMA blocks with dropout) is not modelled op by op; "
-                             "use flash_attention or no dropout")
-        opts = conv.inventory_options(arch.style, act, setup.dropout, setup.flash_attention)
-        shape = Shape(arch.style, kernel, bool(setup.dropout), conv.rmsnorm, act, conv.norm_stats is not None,
-                      setup.batch_size == 1, grad, opts["mask_dtype"], opts["norm_stats"], gqa,
-                      gqa and arch.kv_heads == 1, True if llama and f.has_qkv_bias else None,
-                      (True if f.is_tied else None) if llama else (None if f.is_tied else False),
-                      setup.recompute, f.head_dim, setup.tp > 1,
-                      check_loss_chunks(setup.loss_chunks), setup.loss_impl,
-                      *check_packed(setup, conv, kernel), check_amp(setup, conv, kernel), **refined,
-                      **check_parallel(setup, f, kernel), **({"attention_dropout": False} if partial else {}))
+        check_modelled(arch)
+        shape, fsdp = _shape(setup, conv)
         if setup.sequence_parallel and setup.recompute == "full":
             raise ValueError("the step timeline runs sequence parallelism as DTensor runs it without full "
                              "recomputation only (its recomputed norms on S/t are not modelled); use selective or "
@@ -218,14 +178,72 @@ class StepStructure:
             raise ValueError("the step timeline runs a chunked loss on one rank's whole vocabulary; under tensor "
                              "parallelism (tp > 1) it runs DTensor's loss_parallel: give loss_chunks 1 or tp 1")
         check_implementation(setup, conv)
-        offloaded = setup.offload_activations
-        if offloaded:
+        if setup.offload_activations:
             check_offload(shape, setup.recompute, setup.zero_stage, setup.tp > 1, setup.framework)
-        return cls(shape, setup.recipe, setup.zero_stage, setup.offload_optimizer, setup.offload_params,
-                   setup.offload_placement, setup.recompute, setup.tp > 1, setup.sequence_parallel, conv,
-                   arch.n_layers if arch.n_layers <= 4 else None, True, *_framework(setup), fsdp=fsdp,
-                   offload_activations=offloaded, in_backward=setup.optimizer_in_backward,
-                   paged_optimizer=setup.paged_optimizer)
+        framework, bucket_view = _framework(setup)
+        return cls(shape=shape, recipe=setup.recipe, zero_stage=setup.zero_stage,
+                   offload_optimizer=setup.offload_optimizer, offload_params=setup.offload_params,
+                   offload_placement=setup.offload_placement, recompute=setup.recompute,
+                   tensor_parallel=setup.tp > 1, sequence_parallel=setup.sequence_parallel, conventions=conv,
+                   layers=arch.n_layers if arch.n_layers <= 4 else None, prefetch=True, framework=framework,
+                   bucket_view=bucket_view, fsdp=fsdp, offload_activations=setup.offload_activations,
+                   in_backward=setup.optimizer_in_backward, paged_optimizer=setup.paged_optimizer)
+
+
+def check_modelled(arch) -> None:
+    """``ValueError`` naming the refinements of ``arch`` the step does not model op by op."""
+    f = arch.features
+    llama = arch.style == "llama"
+    # LLaMA blocks may add grouped-query attention, QKV biases (Qwen2) and a tied LM head (Gemma)
+    modelled = Features.of(arch.style)._replace(gqa=f.gqa, qkv_bias=f.qkv_bias, tied=f.tied) if llama else \
+        Features.of(arch.style)._replace(tied=f.tied if f.is_tied else None, qkv_bias=f.qkv_bias if f.has_qkv_bias
+                                         else None)
+    # any style: Q and O at H*d_h (Gemma-7B), K and V at H_kv heads (a GPT block's: GPT-BigCode's multi-query)
+    modelled = modelled._replace(head_dim=f.head_dim, gqa=f.gqa)
+    # GPT decoders: learned positions (StarCoder), ALiBi and an embedding LayerNorm (BLOOM); memledger.step.families
+    modelled = modelled._replace(**({} if llama else _refinements(f)))
+    modelled = modelled._replace(**parallel_fields(f))   # GPT-NeoX's, Phi's blocks, untied heads (parallel_check)
+    if f != modelled:
+        family = f" (model_type {arch.model_type!r})" if arch.model_type in FAMILIES else ""
+        raise ValueError(f"the step timeline models the reference decoder's GPT and LLaMA blocks (grouped-query "
+                         f"attention; LLaMA blocks also with QKV biases and tied embeddings; GPT decoders also "
+                         f"with learned positions, ALiBi and an embedding LayerNorm, untied, with a parallel "
+                         f"residual; any head size; no, selective or full recomputation); {unmodelled(f)} not "
+                         f"modelled op by op{family}")
+
+
+def _shape(setup: StepInputs, conv) -> tuple:
+    """(the :class:`Shape` of ``setup``'s blocks under ``conv``, FSDP2's plan or None), or ``ValueError`` naming
+    what is not modelled (the families', packing's, autocast's, parallel blocks' checks, in that order)."""
+    arch = setup.arch
+    f, llama = arch.features, arch.style == "llama"
+    refined = check_family(setup) if not llama else {}
+    recipe = RECIPES[setup.recipe]
+    act = next(c.dtype for c in recipe.components if c.role == "param")
+    grad = next(c.dtype for c in recipe.components if c.role == "grad")
+    fsdp = None
+    if setup.framework == "fsdp2":     # compute (and the unsharded gradients) in the policy's param dtype
+        fsdp = FSDP2Plan.of(setup.fsdp2, act, setup.shard_group)
+        act = grad = fsdp.param
+    # the attention probabilities' dropout (off at p = 0, Phi-2's) decides SDPA's kernel, not the residual ones
+    partial = bool(setup.dropout) and not arch.attention_dropout
+    kernel = conv.kernel(arch.style, setup.dropout and not partial, setup.flash_attention)
+    if kernel == "math":
+        raise ValueError("the math SDPA kernel (CPU, LLaMA blocks with dropout) is not modelled op by op; "
+                         "use flash_attention or no dropout")
+    opts = conv.inventory_options(arch.style, act, setup.dropout, setup.flash_attention)
+    loss_chunks = check_loss_chunks(setup.loss_chunks)
+    packed, packing = check_packed(setup, conv, kernel)
+    amp = check_amp(setup, conv, kernel)
+    shape = Shape(style=arch.style, attention=kernel, dropout=bool(setup.dropout), rmsnorm=conv.rmsnorm, dtype=act,
+                  stats=conv.norm_stats is not None, single=setup.batch_size == 1, grad_dtype=grad,
+                  mask_dtype=opts["mask_dtype"], stats_dtype=opts["norm_stats"], gqa=f.gqa,
+                  mqa=f.gqa and arch.kv_heads == 1, qkv_bias=True if llama and f.has_qkv_bias else None,
+                  tied=(True if f.is_tied else None) if llama else (None if f.is_tied else False),
+                  recompute=setup.recompute, head_dim=f.head_dim, tp=setup.tp > 1, loss_chunks=loss_chunks,
+                  loss_impl=setup.loss_impl, packed=packed, packing=packing, amp=amp, **refined,
+                  **check_parallel(setup, f, kernel), **({"attention_dropout": False} if partial else {}))
+    return shape, fsdp
 
 
 def _refinements(f: Features) -> dict:
