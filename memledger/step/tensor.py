@@ -65,10 +65,6 @@ ROW_FORWARD = (OpRole.OUTPUT_PROJECTION, OpRole.DOWN_PROJECTION)
 COLUMN_BACKWARD = (OpRole.QKV_PROJECTION_BACKWARD, OpRole.UP_PROJECTION_BACKWARD, OpRole.GATE_PROJECTION_BACKWARD)
 
 
-def _whole(name: str) -> bool:
-    return any(name.endswith(w) for w in WHOLE)
-
-
 def param_share(share):
     """The elements of a parameter (by its name in its module) on one rank: whole for :data:`WHOLE`, else
     ``share`` (ceil(n/t))."""
@@ -446,11 +442,10 @@ def whole_gradients(tensors, grad_dtype: str, tied=False):
     """The gradients a rank holds whole: the replicated parameters' (:data:`WHOLE`) and, untied, the
     vocabulary-parallel embedding's, which DTensor's embedding backward returns Replicate (tied, the sum
     with the LM head's Shard(0) gradient is Shard(0))."""
-    for name, x in list(tensors.items()):
-        if x.lifetime is Lifetime.GRADIENT and name.startswith("grad ") and _whole(name):
-            elements = d if "norm" in name or name.endswith(("proj.bias", "down.bias")) else None
-            if elements is not None:
-                tensors[name] = Tensor(name, elements * nbytes(grad_dtype), x.kind, x.lifetime, x.device, x.why)
+    for key in WHOLE:                   # each a vector of d elements
+        x = tensors.get(f"grad {key}")
+        if x is not None and x.lifetime is Lifetime.GRADIENT:
+            tensors[x.name] = Tensor(x.name, d * nbytes(grad_dtype), x.kind, x.lifetime, x.device, x.why)
     if tied:
         return
     x = tensors["grad embedding.weight"]
