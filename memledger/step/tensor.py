@@ -365,9 +365,6 @@ def sequence_parallel_rows(tensors, layer_rows, c: Shape):
 def sequence_parallel_block(fwd, bwd, tensors, gpt=False):
     """A block's forward and backward under SP (``SequenceParallel`` norms; column-wise layers with
     ``input_layouts=Shard(1)``, row-wise with ``output_layouts=Shard(1)``), as MemTracker saw them."""
-    def temporary(name, expr, why):
-        tensors[name] = Tensor(name, expr, Kind.TRANSIENT, Lifetime.TEMPORARY, why=why)
-        return name
     for name in SP_TEMPORARIES:
         if name in tensors:
             x = tensors[name]
@@ -376,19 +373,31 @@ def sequence_parallel_block(fwd, bwd, tensors, gpt=False):
         if x.lifetime is Lifetime.TEMPORARY and name.startswith("norm ") and "S/t" not in name:
             tensors[name] = Tensor(name, x.expr.subs(S, S / t), x.kind, x.lifetime, x.device, x.why)
     whole = tensors["Q/K/V projection input"].expr
-    outputs = {row: temporary(n, whole / t, "the norm's output, the rank's positions")
+    outputs = {row: _temporary(tensors, n, whole / t, "the norm's output, the rank's positions")
                for row, n in SP_NORM_OUTPUT.items() if row != "LM head input"}
+    fwd.ops[:] = _sequence_parallel_forward(fwd.ops, tensors, whole, outputs, gpt)
+    bwd.ops[:] = _sequence_parallel_backward(bwd.ops, tensors, whole, gpt)
+
+
+def _temporary(tensors, name, expr, why):
+    tensors[name] = Tensor(name, expr, Kind.TRANSIENT, Lifetime.TEMPORARY, why=why)
+    return name
+
+
+def _sequence_parallel_forward(ops, tensors, whole, outputs, gpt) -> list:
+    """A block's forward ``ops`` under SP: the norms' outputs the rank's positions, an all-gather before each
+    column-wise layer, a reduce-scatter after each row-wise one."""
     gathered = {OpRole.QKV_PROJECTION: "Q/K/V projection input", OpRole.GATE_PROJECTION: "MLP input",
                 OpRole.UP_PROJECTION: UP_COPY}
     if gpt:
         gathered[OpRole.UP_PROJECTION] = "MLP input"
     out = []
-    for op in fwd.ops:
+    for op in ops:
         op = op._replace(allocs=tuple(outputs.get(n, n) if isinstance(n, str) else n for n in op.allocs))
         column = op.role if op.role in gathered else None
         if column:
             what = f"the {'QKV' if column is OpRole.QKV_PROJECTION else column} input"
-            stacked = temporary(f"all-gather output: {what}", whole, "the ranks' shards on dim 0")
+            stacked = _temporary(tensors, f"all-gather output: {what}", whole, "the ranks' shards on dim 0")
             out += [ProgramOp(f"all-gather: {what}", (), (stacked,)),
                     ProgramOp("cat: the sequence in order", (), (gathered[column],)),
                     ProgramOp("released", (stacked,), ())]
@@ -396,8 +405,8 @@ def sequence_parallel_block(fwd, bwd, tensors, gpt=False):
             op = op._replace(frees=op.frees + (outputs["MLP input"],))
         if op.role in ROW_FORWARD:
             name = next(n for n in op.allocs if isinstance(n, str) and tensors[n].lifetime is Lifetime.TEMPORARY)
-            partial = temporary(f"{name} (partial sum)", whole, "the rank's share, before the reduce-scatter")
-            flat = temporary(f"reduce-scatter input: {name}", whole, "cat of the split on the sequence")
+            partial = _temporary(tensors, f"{name} (partial sum)", whole, "the rank's share, before the reduce-scatter")
+            flat = _temporary(tensors, f"reduce-scatter input: {name}", whole, "cat of the split on the sequence")
             out += [op._replace(allocs=tuple(partial if n == name else n for n in op.allocs)),
                     ProgramOp("cat: split on the sequence", (), (flat,)),
                     ProgramOp("reduce-scatter", (), (name,)), ProgramOp("released", (flat,), ()),
@@ -406,21 +415,26 @@ def sequence_parallel_block(fwd, bwd, tensors, gpt=False):
         out.append(op)
         if column is OpRole.QKV_PROJECTION:
             out.append(ProgramOp("released", (outputs["Q/K/V projection input"],), ()))
-    fwd.ops[:] = out
+    return out
+
+
+def _sequence_parallel_backward(ops, tensors, whole, gpt) -> list:
+    """A block's backward ``ops`` under SP: an all-gather of each row-wise layer's output gradient, a
+    reduce-scatter of each column-wise layer's input gradient."""
     out, pending = [], {}
     row_grads = {OpRole.DOWN_PROJECTION_BACKWARD: "gradient of the block output",
                  OpRole.OUTPUT_PROJECTION_BACKWARD: "gradient of the attention residual sum"}
-    for k, op in enumerate(bwd.ops):
+    for k, op in enumerate(ops):
         if op.role in row_grads:
             what = row_grads[op.role]
-            stacked = temporary(f"all-gather output: {what}", whole, "the ranks' shards on dim 0")
-            copy = temporary(f"{what}, all-gathered", whole, "the row-wise layer's output gradient, whole")
+            stacked = _temporary(tensors, f"all-gather output: {what}", whole, "the ranks' shards on dim 0")
+            copy = _temporary(tensors, f"{what}, all-gathered", whole, "the row-wise layer's output gradient, whole")
             out += [ProgramOp(f"all-gather: {what}", (), (stacked,)),
                     ProgramOp("cat: the sequence in order", (), (copy,)), ProgramOp("released", (stacked,), ())]
             pending[k + 1] = ("free", copy)
         if op.role in COLUMN_BACKWARD:
             name = next(n for n in op.allocs if isinstance(n, str) and tensors[n].lifetime is Lifetime.TEMPORARY)
-            partial = temporary(f"{name} (partial sum)", whole, "the rank's share, before the reduce-scatter")
+            partial = _temporary(tensors, f"{name} (partial sum)", whole, "the rank's share, before the reduce-scatter")
             op = op._replace(allocs=tuple(partial if n == name else n for n in op.allocs))
             pending[k + 1] = ("scatter", name, partial)
         if op.role is OpRole.UP_PROJECTION_BACKWARD and not gpt:
@@ -432,10 +446,10 @@ def sequence_parallel_block(fwd, bwd, tensors, gpt=False):
         out.append(op)
         if k in pending:
             _, name, partial = pending.pop(k)
-            flat = temporary(f"reduce-scatter input: {name}", whole, "cat of the split on the sequence")
+            flat = _temporary(tensors, f"reduce-scatter input: {name}", whole, "cat of the split on the sequence")
             out += [ProgramOp("cat: split on the sequence", (), (flat,)), ProgramOp("reduce-scatter", (), (name,)),
                     ProgramOp("released", (flat,), ()), ProgramOp("released", (partial,), ())]
-    bwd.ops[:] = out
+    return out
 
 
 def whole_gradients(tensors, grad_dtype: str, tied=False):
