@@ -300,6 +300,42 @@ def block_backward(p, c: Shape, share):
         g = p.new("gradient through the MLP dropout", BSd, a, "dX times the mask")
         p.op("MLP residual dropout backward", alloc=[g])
         p.op("mask released", free=["MLP residual dropout mask"])
+    gh = _mlp_backward(p, c, share, g, recomputed)
+    fp32_composite = c.composite and not c.upcast
+    gn2 = p.new("gradient of norm 2's input", BSd, a, "norm 2 backward's output")
+    norm_backward(p, c, "2", gh, gn2, define_grads(p, ["norm2.weight", "norm2.bias"], c, share),
+                  residual="dX_out" if fp32_composite else None)
+    if fp32_composite:
+        gxm = gn2
+    else:
+        gxm = p.new("gradient of the attention residual sum", BSd, a, "skip and norm gradients summed")
+        p.op("residual gradients summed", alloc=[gxm])
+        p.op("released", free=[gn2, "dX_out"])
+    g = gxm
+    if drop:
+        g = p.new("gradient through the attention residual dropout", BSd, a, "times the mask")
+        p.op("attention residual dropout backward", alloc=[g])
+        p.op("mask released", free=["attention residual dropout mask"])
+    gn1 = attention_backward(p, c, g, share, [g if drop else None])
+    # A recomputed block's inputs (the checkpoint's x and, eager, the causal mask) are released with the
+    # last tensor its recomputation saved: norm 1's input (read off MemTracker's log).
+    last = [] if not recomputed else ([residual_names(c)[0]] if c.upcast else []) + (
+        [CAUSAL_MASK] if c.attention == "eager" else []) + ([ALIBI_INPUT] if c.alibi else []) + packing.frame(c)
+    if fp32_composite:
+        norm_backward(p, c, "1", gn1, INPUT_GRADIENT, define_grads(p, ["norm1.weight", "norm1.bias"], c, share),
+                      residual=gxm, also_free=last)
+    else:
+        gx1 = p.new("gradient of norm 1's input", BSd, a, "norm 1 backward's output")
+        norm_backward(p, c, "1", gn1, gx1, define_grads(p, ["norm1.weight", "norm1.bias"], c, share),
+                      also_free=last)
+        p.op("residual gradients summed", alloc=[INPUT_GRADIENT])
+        p.op("released", free=[gx1, gxm])
+
+
+def _mlp_backward(p, c: Shape, share, g, recomputed: bool) -> str:
+    """The MLP's backward from ``g`` (the block output's gradient, through the dropout where there is one):
+    GeLU's or SwiGLU's; returns the MLP input's gradient."""
+    a, drop = c.dtype, c.dropout
     gdi = p.new("gradient of the down-projection input", per_rank(c, BSF), a, "dL/d(down input)")
     if c.gpt:
         _linear_backward(p, c, "down projection backward", gdi, define_grads(p, ["down.weight", "down.bias"], c, share),
@@ -332,35 +368,7 @@ def block_backward(p, c: Shape, share):
         gh = p.new("gradient of the MLP input", BSd, a, "the two input gradients summed")
         p.op("MLP input gradients summed", alloc=[gh])
         p.op("released", free=[gh_up, gh_gate])
-    fp32_composite = c.composite and not c.upcast
-    gn2 = p.new("gradient of norm 2's input", BSd, a, "norm 2 backward's output")
-    norm_backward(p, c, "2", gh, gn2, define_grads(p, ["norm2.weight", "norm2.bias"], c, share),
-                  residual="dX_out" if fp32_composite else None)
-    if fp32_composite:
-        gxm = gn2
-    else:
-        gxm = p.new("gradient of the attention residual sum", BSd, a, "skip and norm gradients summed")
-        p.op("residual gradients summed", alloc=[gxm])
-        p.op("released", free=[gn2, "dX_out"])
-    g = gxm
-    if drop:
-        g = p.new("gradient through the attention residual dropout", BSd, a, "times the mask")
-        p.op("attention residual dropout backward", alloc=[g])
-        p.op("mask released", free=["attention residual dropout mask"])
-    gn1 = attention_backward(p, c, g, share, [g if drop else None])
-    # A recomputed block's inputs (the checkpoint's x and, eager, the causal mask) are released with the
-    # last tensor its recomputation saved: norm 1's input (read off MemTracker's log).
-    last = [] if not recomputed else ([residual_names(c)[0]] if c.upcast else []) + (
-        [CAUSAL_MASK] if c.attention == "eager" else []) + ([ALIBI_INPUT] if c.alibi else []) + packing.frame(c)
-    if fp32_composite:
-        norm_backward(p, c, "1", gn1, INPUT_GRADIENT, define_grads(p, ["norm1.weight", "norm1.bias"], c, share),
-                      residual=gxm, also_free=last)
-    else:
-        gx1 = p.new("gradient of norm 1's input", BSd, a, "norm 1 backward's output")
-        norm_backward(p, c, "1", gn1, gx1, define_grads(p, ["norm1.weight", "norm1.bias"], c, share),
-                      also_free=last)
-        p.op("residual gradients summed", alloc=[INPUT_GRADIENT])
-        p.op("released", free=[gx1, gxm])
+    return gh
 
 
 def attention_backward(p, c: Shape, g, share, release):
