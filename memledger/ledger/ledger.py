@@ -31,6 +31,7 @@ from .amp import weight_copy_row
 from .in_backward import check_in_backward
 from ..activations.partitioned import check_compiled
 from .transfer import Traffic, step_traffic
+from ..step.inputs import DDPConfig, FSDP2Config, StepInputs
 from ..step.structure import AMP_RECIPES, BNB_KINDS, OPTIMIZER_OF, check_loss_impl
 from ..core.units import GB
 
@@ -367,6 +368,20 @@ class Ledger:
         """Bytes of one group (on one device, or on all)."""
         return self.rows.total(device, group)
 
+    @cached_property
+    def step_inputs(self) -> StepInputs:
+        """What the step timeline reads of this setup (:class:`memledger.step.inputs.StepInputs`): the model, the
+        workload and strategy, the framework with its config, the values, the inputs it echoes."""
+        return StepInputs(
+            self.arch, self.recipe, self.batch_size, self.seq_len, self.recompute, bool(self.dropout),
+            self.flash_attention, self.tp, self.sequence_parallel, self.zero_stage, self.dp, self.offload_optimizer,
+            self.offload_params, self.offload_placement, self.loss_chunks, self.loss_impl, self.framework,
+            DDPConfig(self.ddp_bucket_mb, self.gradient_as_bucket_view),
+            FSDP2Config(self.fsdp_param_dtype, self.fsdp_reduce_dtype, self.reshard_after_forward, self.dp_replicate,
+                        self.fsdp_loss_in_root, self.fsdp_cpu_offload, self.fsdp_offload_pin_memory),
+            self.offload_activations, self.optimizer_in_backward, self.packed, self.compile, self.paged_optimizer,
+            self.values, self.inputs())
+
     def step(self, backend="article", **conventions):
         """The step timeline of this setup (:class:`memledger.step.timeline.Step`): landmarks, transients, peak."""
         from ..step.timeline import Step
@@ -378,7 +393,7 @@ class Ledger:
         timeline does not model the setup (no architecture, MoE or encoder blocks).
         Evaluated from the step compiled to plain Python (:mod:`memledger.step.cache`): no SymPy once cached."""
         from ..step.cache import step_peak
-        peak = step_peak(self)
+        peak = step_peak(self.step_inputs)
         return None if peak is None else peak[0]
 
     def fits(self, gpu_bytes: int, peak: bool = False, margin: int = MARGIN) -> bool:
@@ -517,8 +532,8 @@ def _peak_sweep(template: Ledger, arrays: dict):
         if not mask.any():
             continue
         ledger = replace(template, batch_size=1 if is_single else max(template.batch_size, 2))
-        structure = StepStructure.of(ledger, get_backend("article"))
-        fixed = tuple(sorted((k, v) for k, v in step_values(ledger).items() if k not in names))
+        structure = StepStructure.of(ledger.step_inputs, get_backend("article"))
+        fixed = tuple(sorted((k, v) for k, v in step_values(ledger.step_inputs).items() if k not in names))
         peaks = peak_program(structure, fixed, names).peak([v[mask] for v in values])
         if out is None:
             out = np.zeros(shape, dtype=peaks.dtype)

@@ -260,13 +260,16 @@ class LoraLedger:
     def by_role(self) -> dict:
         return self.rows.by_role()
 
-    def to_dict(self) -> dict:
+    def inputs(self) -> dict:
+        """The run's inputs as its JSON object echoes them."""
         c = self.config
-        return {"inputs": {"arch": self.arch.description or self.arch.style, "rank": c.rank, "targets": list(c.targets),
-                           "base": c.base, "double_quant": c.double_quant, "adapter_recipe": c.adapter_recipe,
-                           "lora_dropout": c.dropout, "paged": c.paged, "batch_size": self.batch_size,
-                           "seq_len": self.seq_len, "recompute": self.recompute,
-                           "trainable_params": adapter_params(self.arch, c)},
+        return {"arch": self.arch.description or self.arch.style, "rank": c.rank, "targets": list(c.targets),
+                "base": c.base, "double_quant": c.double_quant, "adapter_recipe": c.adapter_recipe,
+                "lora_dropout": c.dropout, "paged": c.paged, "batch_size": self.batch_size,
+                "seq_len": self.seq_len, "recompute": self.recompute, "trainable_params": adapter_params(self.arch, c)}
+
+    def to_dict(self) -> dict:
+        return {"inputs": self.inputs(),
                 "rows": [r.to_dict() for r in self.rows],
                 "model_states_by_role": self.by_role(), "totals": self.totals}
 
@@ -291,7 +294,8 @@ class LoraLedger:
                         overhead_bytes=self.overhead_bytes, dropout=False, flash_attention=self.flash_attention,
                         recompute=self.recompute, loss_chunks=self.loss_chunks, loss_impl=self.loss_impl,
                         optimizer_in_backward=self.optimizer_in_backward)
-        return LoraStep(self, ledger, backend, **conventions)
+        return LoraStep(ledger.step_inputs, self.config, backend, record=self.inputs(), origin=self,
+                        **conventions)
 
     def table(self, unit: str = "GB"):
         """Rows and totals as a :class:`memledger.core.table.Table` (text, Markdown, HTML)."""

@@ -58,7 +58,7 @@ from .norms import norm_backward, norm_forward
 from .outer import cross_entropy, final_norm_params
 from .ops import INPUT_GRADIENT, Ref, Tensor, block_output, define_grads, qkv_width, residual_names, widths_of
 from .structure import Shape
-from .vocab import Kind, Lifetime, Phase, Save, Scope
+from .vocab import Action, Kind, Lifetime, OpRole, Phase, Save, Scope
 
 __all__ = ["CACHE_LUMP", "EXIT", "backward_end", "backward_start", "bias_copy", "block_backward", "block_forward",
            "cache_copy", "cached", "copy_name", "forward_end", "layer_rows", "optimizer_end", "optimizer_start",
@@ -192,7 +192,7 @@ def _checkpointed_forward(p, c: Shape):
     linear("down", dn)
     p.op("released", free=[h])
     p.op("residual add (FP32 + FP16: FP32)", alloc=[block_output(c)])
-    p.op("block returns", free=[dn, out, n2, xm, qkv])
+    p.op("block returns", free=[dn, out, n2, xm, qkv], role=OpRole.BLOCK_RETURNS)
 
 
 def _checkpointed_swiglu(p, linear, new):
@@ -247,7 +247,7 @@ def block_forward(p, c: Shape, recomputing=False):
     dn = p.new("down-projection output (FP16)", (B, S, d), H16, "the MLP branch before the residual add")
     _linear(p, c, "down", [dn], cast_input=False)
     p.op("residual add (FP32 + FP16: FP32)", alloc=[block_output(c)])
-    p.op("block returns", free=[dn, n2])
+    p.op("block returns", free=[dn, n2], role=OpRole.BLOCK_RETURNS)
 
 
 def _weight_grad_to_fp32(p, c, share, module, kind="weight"):
@@ -366,7 +366,7 @@ def _norm2_and_attention_backward(p, c, share, shapes, to_fp32, gh):
     gq, gk, gv = (p.new(f"gradient of {n}", w, H16, f"dL/d{n}") for n, w in (("q", widths_of(c)[0]),
                                                                            ("k", widths_of(c)[1]),
                                                                            ("v", widths_of(c)[1])))
-    p.op("flash attention backward", alloc=[gq, gk, gv])
+    p.op("flash attention backward", alloc=[gq, gk, gv], role=OpRole.FLASH_ATTENTION_BACKWARD)
     if again:
         p.op("recomputed output released", free=again)
     p.op("released", free=[gpi, "Q", "K", "V"] + ([] if selective else ["softmax log-sum-exp",
@@ -410,7 +410,7 @@ def forward_end(p, c: Shape):
     p.op("FP16 logits released", free=[logits])
     cross_entropy(p, src)
     if cached(c):           # every block's cached copies are freed here: release_cached
-        p.op(EXIT, free=[])
+        p.op(EXIT, free=[], role=OpRole.AUTOCAST_EXIT)
 
 
 def backward_start(p, c: Shape):
@@ -422,7 +422,7 @@ def backward_start(p, c: Shape):
     g1 = p.new("nll_loss gradient", (B, S, V), "fp32", "nll_loss backward: B*S*V FP32")
     g2 = p.new("log_softmax gradient", (B, S, V), "fp32", "log_softmax backward: B*S*V FP32")
     p.op("scaler.scale(loss)", alloc=[scaled])
-    p.op("loss.backward()", alloc=[dl])
+    p.op("loss.backward()", alloc=[dl], role=OpRole.LOSS_BACKWARD)
     p.op("scale backward", alloc=[dl2])
     p.op("nll_loss backward", alloc=[g1])
     p.op("released", free=["nll_loss total weight", dl2])
@@ -447,7 +447,8 @@ def backward_start(p, c: Shape):
 
 def backward_end(ops: list) -> list:
     """``ops`` (the embedding's backward) with the scaled loss released with the loss."""
-    return [op._replace(frees=op.frees + ("scaled loss",)) if op.label == "loss released" else op for op in ops]
+    return [op._replace(frees=op.frees + ("scaled loss",)) if op.role is OpRole.LOSS_RELEASED else op
+            for op in ops]
 
 
 def scaler_state() -> list:
@@ -479,7 +480,7 @@ def optimizer_start(p):
 def optimizer_end(ops: list) -> list:
     """``ops`` (the optimizer program) with ``scaler.update()`` releasing the replicated ``found_inf`` before
     ``zero_grad``."""
-    at = max(i for i, op in enumerate(ops) if op.label == "gradients released")
+    at = max(i for i, op in enumerate(ops) if op.action is Action.RELEASE_GRADIENTS)
     return ops[:at] + [type(ops[0])("scaler.update(): found_inf released", ("found_inf (per device)",), ())] + ops[at:]
 
 
@@ -500,7 +501,7 @@ def release_cached(ops: list, tensors: dict, c: Shape, n_layers: int) -> list:
     for op in ops:
         if op.layer == LUMP and op.phase is Phase.FORWARD:
             op = replace(op, allocs=op.allocs + ((None, CACHE_LUMP),))
-        elif op.layer is None and op.label == EXIT:
+        elif op.layer is None and op.role is OpRole.AUTOCAST_EXIT:
             op = replace(op, frees=tuple((i, n) for i in explicit_layers(n_layers) for n in names) +
                          (((None, CACHE_LUMP),) if lumped else ()))
         out.append(op)

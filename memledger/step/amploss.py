@@ -19,7 +19,7 @@ from .loss import _count, _labels, _saved, _tokens
 from .norms import norm_backward, norm_forward
 from .ops import BSd, Ref, Tensor
 from .outer import final_norm_params
-from .vocab import Kind, Lifetime, Scope
+from .vocab import Kind, Lifetime, OpRole, Scope
 
 __all__ = ["chunked_backward_start", "chunked_forward_end", "replaced_rows", "saved_names"]
 
@@ -59,7 +59,7 @@ def chunked_forward_end(p, c):
         p.op(f"chunk {k}: autocast: LM head input to FP16", alloc=[x])
         logits.append(p.new(f"logits, chunk {k} (FP16)", (B, T[k], V), H16, "the LM head's output on chunk k"))
         p.op(f"LM head, chunk {k} (FP16)", alloc=[logits[-1]])
-    p.op("the decoder returns", free=[fn])
+    p.op("the decoder returns", free=[fn], role=OpRole.DECODER_RETURNS)
     _count(p)
     _labels(p, c, T)
     total = p.new("sum of the chunks' losses", (), "fp32", "total_loss: 0.0 + the first chunk's, then += in place")
@@ -77,7 +77,7 @@ def chunked_forward_end(p, c):
     p.op("total_loss / tokens", alloc=["loss"])
     p.op("released", free=[total] + logits)
     if cached(c):
-        p.op(EXIT, free=[])
+        p.op(EXIT, free=[], role=OpRole.AUTOCAST_EXIT)
 
 
 def chunked_backward_start(p, c):
@@ -87,7 +87,8 @@ def chunked_backward_start(p, c):
     n, T = c.loss_chunks, _tokens(c)
     scaled = p.new("scaled loss", (), "fp32", "scaler.scale(loss): loss * scale")
     p.op("scaler.scale(loss)", alloc=[scaled])
-    p.op("loss.backward()", alloc=[p.new("gradient of the loss", (), "fp32", "loss.backward() seeds a 1")])
+    p.op("loss.backward()", alloc=[p.new("gradient of the loss", (), "fp32", "loss.backward() seeds a 1")],
+         role=OpRole.LOSS_BACKWARD)
     dl2 = p.new("gradient of the unscaled loss", (), "fp32", "the product's backward: seed * scale")
     p.op("scale backward", alloc=[dl2])
     total = p.new("gradient of the chunks' sum", (), "fp32", "the division's backward")

@@ -33,7 +33,7 @@ from .norms import norm_backward, norm_forward
 from .ops import (BHSS, CAUSAL_MASK, INPUT_GRADIENT, BSd, BSF, block_output, define_grads, dropout_ops, per_rank,
                   residual_names, qkv_width, widths_of)
 from .structure import Shape
-from .vocab import Lifetime, Save
+from .vocab import Lifetime, OpRole, Save
 
 __all__ = ["POLICIES", "Core", "attention_backward", "attention_core", "block_backward", "block_forward",
            "flash_attention"]
@@ -72,7 +72,7 @@ def block_forward(p, c: Shape, policy=None):
     po = p.new("output projection output" + MARKS[rest], BSd, a, "the attention branch before the residual add")
     if not kept:
         xm = p.new("attention residual sum (checkpointed)", BSd, a, "x + attention")
-    p.op("output projection", alloc=[po])
+    p.op("output projection", alloc=[po], role=OpRole.OUTPUT_PROJECTION)
     held = _residual(p, c, rest, "attention residual", pin, po, xm)
     p.op("residual done" if kept else "released", free=[held])
     n2 = norm_forward(p, c, "2", "MLP input", rest)
@@ -80,7 +80,7 @@ def block_forward(p, c: Shape, policy=None):
         u = saved("GeLU input", "up-projection output (checkpointed)", per_rank(c, BSF), "GeLU's input")
         h = saved("down-projection input", "GeLU output (checkpointed)", per_rank(c, BSF),
                   "the down projection's input")
-        p.op("up projection", alloc=[u])
+        p.op("up projection", alloc=[u], role=OpRole.UP_PROJECTION)
         p.op("GeLU", alloc=[h])
         release(u)
     else:
@@ -89,17 +89,17 @@ def block_forward(p, c: Shape, policy=None):
         up = saved("up-projection output", "up-projection output (checkpointed)", per_rank(c, BSF), "a factor")
         h = saved("down-projection input", "SiLU(gate) * up (checkpointed)", per_rank(c, BSF),
                   "the down projection's input")
-        p.op("gate projection", alloc=[gate])
+        p.op("gate projection", alloc=[gate], role=OpRole.GATE_PROJECTION)
         p.op("SiLU", alloc=[silu])
         release(gate)
-        p.op("up projection", alloc=[up])
+        p.op("up projection", alloc=[up], role=OpRole.UP_PROJECTION)
         p.op("SiLU(gate) * up", alloc=[h])
         release(silu, up)
     dn = p.new("down-projection output" + MARKS[rest], BSd, a, "the MLP branch before the residual add")
-    p.op("down projection", alloc=[dn])
+    p.op("down projection", alloc=[dn], role=OpRole.DOWN_PROJECTION)
     held = _residual(p, c, rest, "MLP residual", h, dn, block_output(c))
     temporaries = [n for n in (xm, n2) + (() if not kept else (x,)) if p.tensors[n].lifetime is Lifetime.TEMPORARY]
-    p.op("block returns", free=[held] + leftovers + temporaries)
+    p.op("block returns", free=[held] + leftovers + temporaries, role=OpRole.BLOCK_RETURNS)
 
 
 def _attention(p, c, core, rest, n1):
@@ -116,11 +116,11 @@ def _attention(p, c, core, rest, n1):
         views = "QKV projection (q, k, v: views the checkpoint keeps)"
     qkv = None
     if views:
-        p.op(views, alloc=["Q", "K", "V"])
+        p.op(views, alloc=["Q", "K", "V"], role=OpRole.QKV_PROJECTION)
     else:
         qkv = p.new("QKV projection output" + MARKS[rest], (B, S, qkv_width(c)), a,
                     "the fused projection's output, alive while the block's q, k, v views are")
-        p.op("QKV projection", alloc=[qkv])
+        p.op("QKV projection", alloc=[qkv], role=OpRole.QKV_PROJECTION)
         if rest is Save.DROPPED:
             p.op("released", free=[n1])
     if c.attention == "flash":
@@ -254,20 +254,20 @@ def attention_core(p, c, save):
     return result
 
 
-def _linear_backward(p, c, label, g_in, grads, saved_input, frees=(), recomputed=False):
+def _linear_backward(p, c, label, g_in, grads, saved_input, frees=(), recomputed=False, role: OpRole = None):
     """A linear layer's backward: the input gradient and the weight (and bias) gradients; then its saved
     input and ``frees`` are released. nn.Linear with a bias runs addmm (input gradient first), without one
     mm (weight gradient first): ``grads`` has a bias gradient exactly when the layer has a bias. A
     recomputed input is released when unpacked, before the bias gradient."""
     if len(grads) == 1:
-        p.op(label, alloc=grads + [g_in])
+        p.op(label, alloc=grads + [g_in], role=role)
     elif recomputed:
-        p.op(label, alloc=[g_in] + grads[:1])
+        p.op(label, alloc=[g_in] + grads[:1], role=role)
         p.op("released (unpacked)", free=[saved_input])
         p.op("bias gradient", alloc=grads[1:])
         saved_input = None
     else:
-        p.op(label, alloc=[g_in] + grads)
+        p.op(label, alloc=[g_in] + grads, role=role)
     p.op("released", free=list(frees) + [saved_input])
 
 
@@ -284,7 +284,7 @@ def _recompute_forward(p, c, forward=None):
     p.ops.extend(q.ops[:last + 1])
     x = residual_names(c)[0]
     p.op("recomputation stops", free=[n for n in alive if isinstance(n, str) and n != x and
-                                      p.tensors[n].lifetime is Lifetime.TEMPORARY])
+                                      p.tensors[n].lifetime is Lifetime.TEMPORARY], role=OpRole.RECOMPUTATION_STOPS)
 
 
 def block_backward(p, c: Shape, share):
@@ -300,35 +300,7 @@ def block_backward(p, c: Shape, share):
         g = p.new("gradient through the MLP dropout", BSd, a, "dX times the mask")
         p.op("MLP residual dropout backward", alloc=[g])
         p.op("mask released", free=["MLP residual dropout mask"])
-    gdi = p.new("gradient of the down-projection input", per_rank(c, BSF), a, "dL/d(down input)")
-    if c.gpt:
-        _linear_backward(p, c, "down projection backward", gdi, define_grads(p, ["down.weight", "down.bias"], c, share),
-                         "down-projection input", [g if drop else None], recomputed)
-        gu = p.new("gradient of the GeLU input", per_rank(c, BSF), a, "GeLU backward's output")
-        p.op("GeLU backward", alloc=[gu])
-        p.op("released", free=[gdi, "GeLU input"])
-        gh = p.new("gradient of the MLP input", BSd, a, "the up projection's input gradient")
-        _linear_backward(p, c, "up projection backward", gh, define_grads(p, ["up.weight", "up.bias"], c, share),
-                         "MLP input", [gu], recomputed)
-    else:
-        p.op("down projection backward", alloc=define_grads(p, ["down.weight"], c, share) + [gdi])
-        p.op("released", free=[g if drop else None, "down-projection input"])
-        gs = p.new("gradient of the SiLU output", per_rank(c, BSF), a, "dL/d(SiLU(gate)) = g * up")
-        gup = p.new("gradient of the up-projection output", per_rank(c, BSF), a, "dL/d(up) = g * SiLU(gate)")
-        p.op("SiLU(gate) * up backward", alloc=[gs, gup])
-        p.op("released", free=[gdi, "up-projection output", "SiLU output"])
-        gh_up = p.new("gradient of the MLP input via up", BSd, a, "the up projection's input gradient")
-        p.op("up projection backward", alloc=define_grads(p, ["up.weight"], c, share) + [gh_up])
-        p.op("released", free=[gup])
-        gg = p.new("gradient of the gate output", per_rank(c, BSF), a, "SiLU backward's output")
-        p.op("SiLU backward", alloc=[gg])
-        p.op("released", free=[gs, "gate output"])
-        gh_gate = p.new("gradient of the MLP input via gate", BSd, a, "the gate projection's input gradient")
-        p.op("gate projection backward", alloc=define_grads(p, ["gate.weight"], c, share) + [gh_gate])
-        p.op("released", free=[gg, "MLP input"])
-        gh = p.new("gradient of the MLP input", BSd, a, "the two input gradients summed")
-        p.op("MLP input gradients summed", alloc=[gh])
-        p.op("released", free=[gh_up, gh_gate])
+    gh = _mlp_backward(p, c, share, g, recomputed)
     fp32_composite = c.composite and not c.upcast
     gn2 = p.new("gradient of norm 2's input", BSd, a, "norm 2 backward's output")
     norm_backward(p, c, "2", gh, gn2, define_grads(p, ["norm2.weight", "norm2.bias"], c, share),
@@ -360,6 +332,45 @@ def block_backward(p, c: Shape, share):
         p.op("released", free=[gx1, gxm])
 
 
+def _mlp_backward(p, c: Shape, share, g, recomputed: bool) -> str:
+    """The MLP's backward from ``g`` (the block output's gradient, through the dropout where there is one):
+    GeLU's or SwiGLU's; returns the MLP input's gradient."""
+    a, drop = c.dtype, c.dropout
+    gdi = p.new("gradient of the down-projection input", per_rank(c, BSF), a, "dL/d(down input)")
+    if c.gpt:
+        _linear_backward(p, c, "down projection backward", gdi, define_grads(p, ["down.weight", "down.bias"], c, share),
+                         "down-projection input", [g if drop else None], recomputed, role=OpRole.DOWN_PROJECTION_BACKWARD)
+        gu = p.new("gradient of the GeLU input", per_rank(c, BSF), a, "GeLU backward's output")
+        p.op("GeLU backward", alloc=[gu])
+        p.op("released", free=[gdi, "GeLU input"])
+        gh = p.new("gradient of the MLP input", BSd, a, "the up projection's input gradient")
+        _linear_backward(p, c, "up projection backward", gh, define_grads(p, ["up.weight", "up.bias"], c, share),
+                         "MLP input", [gu], recomputed, role=OpRole.UP_PROJECTION_BACKWARD)
+    else:
+        p.op("down projection backward", alloc=define_grads(p, ["down.weight"], c, share) + [gdi],
+             role=OpRole.DOWN_PROJECTION_BACKWARD)
+        p.op("released", free=[g if drop else None, "down-projection input"])
+        gs = p.new("gradient of the SiLU output", per_rank(c, BSF), a, "dL/d(SiLU(gate)) = g * up")
+        gup = p.new("gradient of the up-projection output", per_rank(c, BSF), a, "dL/d(up) = g * SiLU(gate)")
+        p.op("SiLU(gate) * up backward", alloc=[gs, gup], role=OpRole.SWIGLU_PRODUCT_BACKWARD)
+        p.op("released", free=[gdi, "up-projection output", "SiLU output"])
+        gh_up = p.new("gradient of the MLP input via up", BSd, a, "the up projection's input gradient")
+        p.op("up projection backward", alloc=define_grads(p, ["up.weight"], c, share) + [gh_up],
+             role=OpRole.UP_PROJECTION_BACKWARD)
+        p.op("released", free=[gup])
+        gg = p.new("gradient of the gate output", per_rank(c, BSF), a, "SiLU backward's output")
+        p.op("SiLU backward", alloc=[gg], role=OpRole.SILU_BACKWARD)
+        p.op("released", free=[gs, "gate output"])
+        gh_gate = p.new("gradient of the MLP input via gate", BSd, a, "the gate projection's input gradient")
+        p.op("gate projection backward", alloc=define_grads(p, ["gate.weight"], c, share) + [gh_gate],
+             role=OpRole.GATE_PROJECTION_BACKWARD)
+        p.op("released", free=[gg, "MLP input"])
+        gh = p.new("gradient of the MLP input", BSd, a, "the two input gradients summed")
+        p.op("MLP input gradients summed", alloc=[gh])
+        p.op("released", free=[gh_up, gh_gate])
+    return gh
+
+
 def attention_backward(p, c: Shape, g, share, release):
     """The attention branch's backward, from ``g`` (the gradient of the output projection's output, live) to the
     gradient of norm 1's output (returned): output projection, the core (re-run first under selective
@@ -375,16 +386,16 @@ def attention_backward(p, c: Shape, g, share, release):
     if c.attention == "flash":      # selective: the projection's input is released, then the kernel re-runs
         kept = [] if selective else ["softmax log-sum-exp", "output projection input"]
         _linear_backward(p, c, "output projection backward", gpi, proj, "output projection input" if selective
-                         else None, (), recomputed)
+                         else None, (), recomputed, role=OpRole.OUTPUT_PROJECTION_BACKWARD)
         again = flash_attention(p, c, Save.RECOMPUTED) if selective else []
-        p.op("flash attention backward", alloc=[gq, gk, gv])
+        p.op("flash attention backward", alloc=[gq, gk, gv], role=OpRole.FLASH_ATTENTION_BACKWARD)
         if again:
             p.op("recomputed output released", free=again)
         p.op("released", free=release + [gpi, "Q", "K", "V"] + kept + packing.saved_names(c) + (
             packing.frame(c) if selective else []))
     else:
         _linear_backward(p, c, "output projection backward", gpi, proj, "output projection input",
-                         release, recomputed)
+                         release, recomputed, role=OpRole.OUTPUT_PROJECTION_BACKWARD)
         g4 = gpi
         single = c.single and not c.gqa         # the grouped core copies q, k and v at any B
         if not single:
@@ -441,5 +452,5 @@ def attention_backward(p, c: Shape, g, share, release):
         p.op("released", free=[stack])
     gn1 = p.new("gradient of norm 1's output", BSd, a, "the QKV projection's input gradient")
     _linear_backward(p, c, "QKV projection backward", gn1, define_grads(p, ["qkv.weight", "qkv.bias"], c, share),
-                     "Q/K/V projection input", [gqkv], recomputed)
+                     "Q/K/V projection input", [gqkv], recomputed, role=OpRole.QKV_PROJECTION_BACKWARD)
     return gn1

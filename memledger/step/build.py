@@ -45,107 +45,38 @@ class Built:
     def __init__(self, s: StepStructure):
         self.shape = c = s.shape
         self.structure = s
-        conv = s.conventions
         recipe = RECIPES[s.recipe]
-        sharded = ZERO_SHARDS[s.zero_stage]
-        grad_sharded = "grad" in sharded
-        on = (s.offload_optimizer, s.offload_params, s.offload_placement)
-        placement = Placement(Device(device_of("grad", *on)), Device(device_of("optimizer", *on)))
-        if s.fsdp and s.fsdp[6] is not None:        # FSDP2's CPUOffloadPolicy: the optimizer steps on the host
-            placement = Placement(Device.GPU, Device.CPU)
-
-        def share(n):
-            return sp.ceiling(n / (t * N_d)) if grad_sharded else (sp.ceiling(n / t) if s.tensor_parallel else n)
-        opts = conv.inventory_options(c.style, c.dtype, c.dropout) | {"attention": c.attention}
-        mlp, norm = ("gelu", "LayerNorm") if c.gpt else ("swiglu", "RMSNorm")
-        layer_rows = inventory(mlp, norm, c.dropout, gqa=c.gqa, head_dim=c.head_dim, parallel=c.parallel,
-                               shared_norm=c.shared_norm, attention_dropout=c.attention_dropout, **opts)
-        if s.recompute == "selective":          # the attention core's own tensors are recomputed, not kept
-            layer_rows = kept_rows(layer_rows, "selective")
-        layer_rows = layer_rows + packing.saved_rows(c)         # packed rows: SDPA's additive mask per block
-        if c.amp:                               # FP16 autocast: FP16 copies and outputs (memledger.step.amp)
-            layer_rows = amp.layer_rows(layer_rows, c)
-        outside_rows = outside_inventory(c.style, **{k: opts[k] for k in ("dtype", "norm_stats", "rmsnorm",
-                                                                            "attention")}, input_norm=c.input_norm)
-        outside_rows = outside_rows + families.outside_rows(c)     # positions' ids (memledger.step.families)
-        if c.amp:
-            outside_rows = amp.outside_rows(outside_rows)
-        outside_rows = packing.outside_rows(outside_rows, c, s.offload_activations)     # packed rows' masks
-        tensors = {}
-        for r in layer_rows + outside_rows:       # one rank's share: Saved.rank_bytes, the ledger's rule
-            tensors[r.name] = Tensor(r.name, r.rank_bytes(s.tensor_parallel, s.sequence_parallel), Kind.ACTIVATION,
-                                     Lifetime.SAVED, why=r.why)
-        for name, why in [("dX_out", "the gradient flowing back into the block's output"),
-                          ("grad of the embedding output", "the first block's input gradient"),
-                          ("block input", "the block's input, held by the caller until the block returns"),
-                          ("attention residual sum", "x + attention, norm 2's input"),
-                          ("final norm input", "the last block's output, until the LM head has run")]:
-            tensors[name] = Tensor(name, BSd[0] * BSd[1] * BSd[2] * (4 if c.dtype == "fp32" else 2) /
-                                   (t if s.sequence_parallel else 1), Kind.TRANSIENT, Lifetime.TEMPORARY, why=why)
-        if s.tensor_parallel and s.sequence_parallel:       # DTensor saves the all-gathered inputs
-            tensor.sequence_parallel_rows(tensors, layer_rows, c)
+        placement, share = _placement(s), _share(s)
+        layer_rows, outside_rows = _saved_rows(s)
+        tensors = _tensors(s, layer_rows, outside_rows)
         p = Program(tensors, placement)
         outer.define_grads(p, c, share)
-        outside = {}
-        chunked = c.loss_chunks > 1 or c.loss_impl == "litgpt"      # memledger.step.loss
-        if chunked:
-            replaced = amploss.replaced_rows(c) if c.amp else loss.replaced_rows(c)
-            outside_rows = [r for r in outside_rows if r.name not in replaced]
-        for part, fn in [(Part.FORWARD_START, outer.forward_start),
-                         (Part.FORWARD_END, (amploss.chunked_forward_end if c.amp else loss.chunked_forward_end)
-                          if chunked else (
-                             amp.forward_end if c.amp else outer.forward_end)),
-                         (Part.BACKWARD_START, (amploss.chunked_backward_start if c.amp else
-                                                loss.chunked_backward_start) if chunked else (
-                             amp.backward_start if c.amp else outer.backward_start)),
-                         (Part.BACKWARD_END, outer.backward_end)]:
-            q = p.fork()
-            if s.tensor_parallel:
-                tensor.OUTSIDE[part.value](q, c, s.sequence_parallel)
-            else:
-                if part is Part.FORWARD_START:
-                    packing.forward_start(q, c)         # packed rows: the block-causal mask
-                fn(q, c)
-            outside[part] = packing.forward_end(q.ops, c, s.offload_activations) if part is Part.FORWARD_END else \
-                q.ops
-            if c.amp and part is Part.BACKWARD_END:
-                outside[part] = amp.backward_end(outside[part])
-        if s.recompute == "full":
-            x = residual_names(c)[0]
-            tensors["layer input"] = Tensor("layer input", tensors[x].expr if x in tensors else 0, Kind.ACTIVATION,
-                                            Lifetime.SAVED, why="the checkpoint")
-        fwd, bwd = p.fork(), p.fork()
-        if s.offload_activations:        # the saved tensors as pinned host copies (memledger.step.offload)
-            offload.define_host(tensors, c, s.recompute == "full")
-            offload.offloaded_forward(fwd, c, block_forward)
-            offload.offloaded_backward(bwd, c, block_backward, share)
-        elif c.amp:
-            amp.block_forward(fwd, c)
-            amp.block_backward(bwd, c, share)
-        elif c.parallel:                # GPT-NeoX's and Phi's blocks (memledger.step.parallel)
-            parallel.parallel_forward(fwd, c)
-            parallel.parallel_backward(bwd, c, share)
-        else:
-            block_forward(fwd, c)
-            block_backward(bwd, c, share)
-        if s.tensor_parallel:       # DTensor's collectives, and the gradients it leaves whole
-            tensor.collectives(fwd, bwd, tensors, c, s.sequence_parallel)
-            tensor.whole_gradients(tensors, c.grad_dtype, c.is_tied)
+        outside_rows, outside = _outside(p, s, outside_rows)
+        fwd, bwd = _blocks(p, s, share)
         if s.zero_stage == 3:
             zero3_units(tensors, outside, fwd, bwd, c, recipe, s)
         self.fsdp = fsdp2.wrap(tensors, outside, fwd, bwd, c, s) if s.framework == "fsdp2" else None
-        layers = explicit_layers(s.layers or 5)
+        opt, step_ops = self._optimizer(p, recipe, share)
+        _lumps(tensors, s, layer_rows, placement)
+        if self.fsdp:
+            tensors[GRADIENT_LUMP] = self.fsdp.gradient_lump()
+        self.ops = self._flattened(outside, fwd, bwd, opt, tensors, step_ops)
+        self.tensors, self.layer_rows, self.outside_rows, self.placement = tensors, layer_rows, outside_rows, placement
+        self._static_rows(recipe)
+        self._compile()
+
+    def _optimizer(self, p, recipe, share):
+        """The optimizer step's program (empty with the optimizer in backward), and ``step_ops(layer, name)``: one
+        parameter's step, for the optimizer in backward."""
+        s, c = self.structure, self.shape
+        conv, placement = s.conventions, p.placement
         opt = p.fork()
         moments, master = outer.adamw(recipe)
-        master = any(x.name == "FP32 master weights" for x in recipe.components)
-        kind, impl = OPTIMIZER_OF[s.recipe], "fused" if conv.fused else ("foreach" if conv.foreach else "for-loop")
-        if kind == "adafactor":
-            impl = "for-loop"                   # its default on every device (memledger.step.structure)
-        if kind in BNB_KINDS:
-            impl = "bitsandbytes"               # one in-place kernel per tensor (memledger.step.bnb)
+        kind, impl = OPTIMIZER_OF[s.recipe], implementation(s)
+        layers = explicit_layers(s.layers or 5)
         rank = tensor.param_share(share) if s.tensor_parallel else (lambda name, n: share(n))
-        params = [Param(x.name, rank(x.name, x.elements), x.lump) for x in param_tensors(c, layers)] \
-            if not grad_sharded else [Param("flat partition", sp.ceiling(P / (t * N_d)))]
+        params = [x._replace(elements=rank(x.key, x.elements)) for x in param_tensors(c, layers)] \
+            if "grad" not in ZERO_SHARDS[s.zero_stage] else [Param("flat partition", sp.ceiling(P / (t * N_d)))]
         if self.fsdp:
             params = self.fsdp.optimizer_params(layers)
         others = None if kind == "adamw" and impl != "fused" else \
@@ -154,37 +85,28 @@ class Built:
             outer.optimizer(opt, params, moments, master and c.grad_dtype != "fp32", conv.foreach, c.grad_dtype,
                             kept=s.bucket_view, others=others)
             if s.tensor_parallel and not conv.foreach and not c.is_tied and others is None and not self.fsdp:
-                tensor.redistribute_embedding_gradient(opt.ops, tensors, c.grad_dtype)
+                tensor.redistribute_embedding_gradient(opt.ops, p.tensors, c.grad_dtype)
             if c.amp:                   # GradScaler: unscale_ after the gradients are collected, update() at the end
                 q = p.fork()
                 amp.optimizer_start(q)
                 opt.ops[1:1] = q.ops
                 opt.ops[:] = amp.optimizer_end(opt.ops)
-        saved = sum((tensors[r.name].expr for r in layer_rows), sp.Integer(0)) if s.recompute != "full" \
-            else tensors["layer input"].expr
-        grads = sum((tensors[f"grad {n}"].expr for n, _ in block_params(c)), sp.Integer(0))
-        if s.offload_activations:
-            tensors[SAVED_LUMP] = Tensor(SAVED_LUMP, (L - 4) * tensors[offload.HOST].expr, Kind.ACTIVATION,
-                                         Lifetime.SAVED, Device.CPU)
-        else:
-            tensors[SAVED_LUMP] = Tensor(SAVED_LUMP, (L - 4) * saved, Kind.ACTIVATION, Lifetime.SAVED)
-        tensors[GRADIENT_LUMP] = Tensor(GRADIENT_LUMP, (L - 4) * grads, Kind.GRAD, Lifetime.GRADIENT,
-                                        placement.gradients)
-        if self.fsdp:
-            tensors[GRADIENT_LUMP] = self.fsdp.gradient_lump()
-        self.ops = flatten(s.layers or 5, c, outside, fwd.ops, bwd.ops, opt.ops, self.fsdp and self.fsdp.lump)
+        return opt, lambda layer, name: optim.one_parameter(p.fork(), c, kind, impl, name, moments, c.grad_dtype,
+                                                           placement.optimizer)
+
+    def _flattened(self, outside, fwd, bwd, opt, tensors, step_ops) -> list:
+        """The step's flat op list, with what frameworks and features do across programs."""
+        s, c = self.structure, self.shape
+        ops = flatten(s.layers or 5, c, outside, fwd.ops, bwd.ops, opt.ops, self.fsdp and self.fsdp.lump)
         if c.amp:                       # the FP16 copies only the cache holds, freed as the autocast region exits
-            self.ops = amp.release_cached(self.ops, tensors, c, s.layers or 5)
+            ops = amp.release_cached(ops, tensors, c, s.layers or 5)
         if self.fsdp:
-            self.ops = self.fsdp.finalize(self.ops)
+            ops = self.fsdp.finalize(ops)
         if s.bucket_view:               # DDP: each gradient copied into its bucket as it is written
-            self.ops = ddp.bucket_views(self.ops, tensors)
+            ops = ddp.bucket_views(ops, tensors)
         if s.in_backward:
-            self.ops = optim.in_backward(self.ops, tensors, lambda layer, name: optim.one_parameter(
-                p.fork(), c, kind, impl, name, moments, c.grad_dtype, placement.optimizer))
-        self.tensors, self.layer_rows, self.outside_rows, self.placement = tensors, layer_rows, outside_rows, placement
-        self._static_rows(recipe)
-        self._compile()
+            ops = optim.in_backward(ops, tensors, step_ops)
+        return ops
 
     def _bnb_rows(self, static):
         """bitsandbytes' Adam states, per tensor from source (:mod:`memledger.step.bnb`); paged ones on the host
@@ -401,6 +323,155 @@ class Built:
                     seen.add(name)
                     row(name, Kind.TRANSIENT, op.phase, x.device, x.expr, set())
         return out
+
+
+def implementation(s: StepStructure) -> str:
+    """The optimizer's implementation: fused, foreach or the for-loop as the conventions say; Adafactor's for-loop
+    (its default on every device, memledger.step.structure); bitsandbytes' own kernel per tensor."""
+    kind, conv = OPTIMIZER_OF[s.recipe], s.conventions
+    if kind == "adafactor":
+        return "for-loop"
+    if kind in BNB_KINDS:
+        return "bitsandbytes"           # one in-place kernel per tensor (memledger.step.bnb)
+    return "fused" if conv.fused else ("foreach" if conv.foreach else "for-loop")
+
+
+def _placement(s: StepStructure) -> Placement:
+    """Where the gradients live and the optimizer steps (ZeRO-Offload's placement; FSDP2's CPUOffloadPolicy: the
+    optimizer on the host)."""
+    on = (s.offload_optimizer, s.offload_params, s.offload_placement)
+    if s.fsdp and s.fsdp.offload is not None:
+        return Placement(Device.GPU, Device.CPU)
+    return Placement(Device(device_of("grad", *on)), Device(device_of("optimizer", *on)))
+
+
+def _share(s: StepStructure):
+    """A tensor of n elements' share on one rank: sharded by ZeRO over t x N_d ranks, or split over t."""
+    grad_sharded = "grad" in ZERO_SHARDS[s.zero_stage]
+
+    def share(n):
+        return sp.ceiling(n / (t * N_d)) if grad_sharded else (sp.ceiling(n / t) if s.tensor_parallel else n)
+    return share
+
+
+def _saved_rows(s: StepStructure) -> tuple:
+    """(a block's saved rows, the rows outside the blocks) of the activation inventory, as the step keeps them."""
+    c = s.shape
+    opts = s.conventions.inventory_options(c.style, c.dtype, c.dropout) | {"attention": c.attention}
+    mlp, norm = ("gelu", "LayerNorm") if c.gpt else ("swiglu", "RMSNorm")
+    layer_rows = inventory(mlp, norm, c.dropout, gqa=c.gqa, head_dim=c.head_dim, parallel=c.parallel,
+                           shared_norm=c.shared_norm, attention_dropout=c.attention_dropout, **opts)
+    if s.recompute == "selective":          # the attention core's own tensors are recomputed, not kept
+        layer_rows = kept_rows(layer_rows, "selective")
+    layer_rows = layer_rows + packing.saved_rows(c)         # packed rows: SDPA's additive mask per block
+    if c.amp:                               # FP16 autocast: FP16 copies and outputs (memledger.step.amp)
+        layer_rows = amp.layer_rows(layer_rows, c)
+    outside_rows = outside_inventory(c.style, **{k: opts[k] for k in ("dtype", "norm_stats", "rmsnorm",
+                                                                        "attention")}, input_norm=c.input_norm)
+    outside_rows = outside_rows + families.outside_rows(c)     # positions' ids (memledger.step.families)
+    if c.amp:
+        outside_rows = amp.outside_rows(outside_rows)
+    outside_rows = packing.outside_rows(outside_rows, c, s.offload_activations)     # packed rows' masks
+    return layer_rows, outside_rows
+
+
+def _tensors(s: StepStructure, layer_rows, outside_rows) -> dict:
+    """The table of named tensors the programs start from: the saved rows (one rank's share) and the residual
+    stream's temporaries."""
+    c = s.shape
+    tensors = {}
+    for r in layer_rows + outside_rows:       # one rank's share: Saved.rank_bytes, the ledger's rule
+        tensors[r.name] = Tensor(r.name, r.rank_bytes(s.tensor_parallel, s.sequence_parallel), Kind.ACTIVATION,
+                                 Lifetime.SAVED, why=r.why)
+    for name, why in [("dX_out", "the gradient flowing back into the block's output"),
+                      ("grad of the embedding output", "the first block's input gradient"),
+                      ("block input", "the block's input, held by the caller until the block returns"),
+                      ("attention residual sum", "x + attention, norm 2's input"),
+                      ("final norm input", "the last block's output, until the LM head has run")]:
+        tensors[name] = Tensor(name, BSd[0] * BSd[1] * BSd[2] * (4 if c.dtype == "fp32" else 2) /
+                               (t if s.sequence_parallel else 1), Kind.TRANSIENT, Lifetime.TEMPORARY, why=why)
+    if s.tensor_parallel and s.sequence_parallel:       # DTensor saves the all-gathered inputs
+        tensor.sequence_parallel_rows(tensors, layer_rows, c)
+    return tensors
+
+
+def _outside_programs(c, chunked: bool) -> list:
+    """(part, the function writing its program) of the programs outside the blocks: the chunked loss's or the
+    plain one's, under FP16 autocast or not."""
+    if chunked:
+        forward_end = amploss.chunked_forward_end if c.amp else loss.chunked_forward_end
+        backward_start = amploss.chunked_backward_start if c.amp else loss.chunked_backward_start
+    else:
+        forward_end = amp.forward_end if c.amp else outer.forward_end
+        backward_start = amp.backward_start if c.amp else outer.backward_start
+    return [(Part.FORWARD_START, outer.forward_start), (Part.FORWARD_END, forward_end),
+            (Part.BACKWARD_START, backward_start), (Part.BACKWARD_END, outer.backward_end)]
+
+
+def _outside(p, s: StepStructure, outside_rows) -> tuple:
+    """(the rows outside the blocks the loss keeps, {part: its program's ops})."""
+    c = s.shape
+    outside = {}
+    chunked = c.loss_chunks > 1 or c.loss_impl == "litgpt"      # memledger.step.loss
+    if chunked:
+        replaced = amploss.replaced_rows(c) if c.amp else loss.replaced_rows(c)
+        outside_rows = [r for r in outside_rows if r.name not in replaced]
+    for part, fn in _outside_programs(c, chunked):
+        q = p.fork()
+        if s.tensor_parallel:
+            tensor.OUTSIDE[part.value](q, c, s.sequence_parallel)
+        else:
+            if part is Part.FORWARD_START:
+                packing.forward_start(q, c)         # packed rows: the block-causal mask
+            fn(q, c)
+        outside[part] = packing.forward_end(q.ops, c, s.offload_activations) if part is Part.FORWARD_END else \
+            q.ops
+        if c.amp and part is Part.BACKWARD_END:
+            outside[part] = amp.backward_end(outside[part])
+    return outside_rows, outside
+
+
+def _blocks(p, s: StepStructure, share) -> tuple:
+    """(one block's forward, its backward): the plain block, offloaded, under FP16 autocast or a parallel
+    block; with DTensor's collectives under tensor parallelism."""
+    c, tensors = s.shape, p.tensors
+    if s.recompute == "full":
+        x = residual_names(c)[0]
+        tensors["layer input"] = Tensor("layer input", tensors[x].expr if x in tensors else 0, Kind.ACTIVATION,
+                                        Lifetime.SAVED, why="the checkpoint")
+    fwd, bwd = p.fork(), p.fork()
+    if s.offload_activations:        # the saved tensors as pinned host copies (memledger.step.offload)
+        offload.define_host(tensors, c, s.recompute == "full")
+        offload.offloaded_forward(fwd, c, block_forward)
+        offload.offloaded_backward(bwd, c, block_backward, share)
+    elif c.amp:
+        amp.block_forward(fwd, c)
+        amp.block_backward(bwd, c, share)
+    elif c.parallel:                # GPT-NeoX's and Phi's blocks (memledger.step.parallel)
+        parallel.parallel_forward(fwd, c)
+        parallel.parallel_backward(bwd, c, share)
+    else:
+        block_forward(fwd, c)
+        block_backward(bwd, c, share)
+    if s.tensor_parallel:       # DTensor's collectives, and the gradients it leaves whole
+        tensor.collectives(fwd, bwd, tensors, c, s.sequence_parallel)
+        tensor.whole_gradients(tensors, c.grad_dtype, c.is_tied)
+    return fwd, bwd
+
+
+def _lumps(tensors, s: StepStructure, layer_rows, placement) -> None:
+    """The lumped middle blocks' saved tensors and gradients (L - 4 blocks' worth) in ``tensors``."""
+    c = s.shape
+    saved = sum((tensors[r.name].expr for r in layer_rows), sp.Integer(0)) if s.recompute != "full" \
+        else tensors["layer input"].expr
+    grads = sum((tensors[f"grad {n}"].expr for n, _ in block_params(c)), sp.Integer(0))
+    if s.offload_activations:
+        tensors[SAVED_LUMP] = Tensor(SAVED_LUMP, (L - 4) * tensors[offload.HOST].expr, Kind.ACTIVATION,
+                                     Lifetime.SAVED, Device.CPU)
+    else:
+        tensors[SAVED_LUMP] = Tensor(SAVED_LUMP, (L - 4) * saved, Kind.ACTIVATION, Lifetime.SAVED)
+    tensors[GRADIENT_LUMP] = Tensor(GRADIENT_LUMP, (L - 4) * grads, Kind.GRAD, Lifetime.GRADIENT,
+                                    placement.gradients)
 
 
 @lru_cache(maxsize=128)

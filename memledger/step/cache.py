@@ -23,6 +23,7 @@ import sys
 from ..activations.backends import get_backend
 from ..core.keyed import as_int
 from ..core.tape import Tape
+from .inputs import inputs_of
 from .structure import StepStructure, block_of, split_refusal, step_values
 
 __all__ = ["CompiledStep", "cache_dir", "compile_step", "compiled_step", "record_path", "source_hash", "step_peak",
@@ -174,10 +175,11 @@ def step_peak(ledger, backend="article", **changes):
     :func:`memledger.activations.backends.get_backend`), or None where the timeline does not model the setup (the
     reasons of :meth:`StepStructure.of`)."""
     conv = get_backend(backend, **changes)
-    if ledger.arch is None:
+    setup = inputs_of(ledger)
+    if setup.arch is None:
         return None
     try:
-        step = compiled_step(StepStructure.of(ledger, conv))
+        step = compiled_step(StepStructure.of(setup, conv))
     except ValueError:
         return None
-    return step.peak(step_values(ledger))
+    return step.peak(step_values(setup))

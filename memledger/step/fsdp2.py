@@ -44,7 +44,7 @@ from .outer import Param, head_params
 from .params import param_tensors
 from .structure import block_of
 from .trace import GRADIENT_LUMP, Part
-from .vocab import Device, Kind, Lifetime, Phase, Scope
+from .vocab import Device, Kind, Lifetime, OpRole, Phase, Scope
 
 __all__ = ["UNIT_TENSORS", "FSDP2", "dim0", "shard", "unit_params", "wrap"]
 
@@ -56,10 +56,9 @@ _MATRIX_ROWS = {"qkv.weight": None, "proj.weight": d, "gate.weight": F, "up.weig
                 "embedding.weight": V, "head.weight": V}
 
 
-def dim0(name: str, n, c):
-    """Dim 0 of parameter ``name`` (``n`` elements): a weight's output features (nn.Linear stores
-    (out, in)), the vocabulary of the embedding and head; a vector's length."""
-    key = name.rsplit(" ", 1)[-1] if name.startswith("block ") else name
+def dim0(key: str, n, c):
+    """Dim 0 of parameter ``key`` (its name in its module, ``n`` elements): a weight's output features (nn.Linear
+    stores (out, in)), the vocabulary of the embedding and head; a vector's length."""
     if key in _MATRIX_ROWS:
         return qkv_width(c) if key == "qkv.weight" else _MATRIX_ROWS[key]
     return n
@@ -84,12 +83,13 @@ def _label(dtype):
 
 
 class FSDP2:
-    """The FSDP2 tensors of one step structure (``s.fsdp`` = (param dtype, reduce dtype, original dtype,
-    reshard after forward: True, False or None, HSDP))."""
+    """The FSDP2 tensors of one step structure (``s.fsdp``: its :class:`~memledger.step.structure.FSDP2Plan`)."""
 
     def __init__(self, c, s):
         self.c, self.s = c, s
-        self.param, self.reduce, self.original, reshard, self.hsdp, self.loss_in_root, self.offload = s.fsdp
+        plan = s.fsdp
+        self.param, self.reduce, self.original, reshard = plan.param, plan.reduce, plan.original, plan.reshard
+        self.hsdp, self.loss_in_root, self.offload = plan.hsdp, plan.loss_in_root, plan.offload
         # None: PyTorch's default, True for every block and False for the root (_fully_shard.py:246, 260)
         self.reshard, self.root_reshard = (True, False) if reshard is None else (reshard, reshard)
         # an int k: each unit keeps a clone of its 1/k slice after forward (_fsdp_param.py:709-745)
@@ -122,7 +122,8 @@ class FSDP2:
         the all-gather buffers of block L-3 (gathered as the lump ends, prefetched by block L-2) and the
         reduce-scatter input of block 2 (the lump's last post-backward)."""
         if lumped and layer == 2:
-            return 2 if "reduce-scatter" in name else n_layers - 3
+            scattered = (self.name("reduce-scatter input", "block"), self.name("reduce-scatter output", "block"))
+            return 2 if name in scattered else n_layers - 3
         return block_of(layer, lumped, n_layers)
 
     @property
@@ -347,10 +348,10 @@ class FSDP2:
         outside[Part.FORWARD_START][:0] = self._gather(root) + self._copy_out(root)
         ops = outside[Part.FORWARD_END]
         if self.loss_in_root:       # the root's forward returns the loss: its post-forward after the loss
-            at = _index(ops, "loss computed") + 1
+            at = _index(ops, OpRole.LOSS_COMPUTED) + 1
         else:
-            at = _index(ops, "LM head") + 1
-            at += at < len(ops) and ops[at].label == "final norm input released"
+            at = _index(ops, OpRole.LM_HEAD) + 1
+            at += at < len(ops) and ops[at].role is OpRole.FINAL_NORM_INPUT_RELEASED
         if self.k and self.root_reshard:      # the root's slices cloned, then the last block's output freed
             ops[at:at] = self._post_forward(root) + [ProgramOp("FSDP2 root post-forward", (last_out,), ())]
         else:
@@ -365,13 +366,13 @@ class FSDP2:
         ops = outside[Part.BACKWARD_START]
         # the root's pre-backward hook is on its output's gradient: the logits' (before the LM head's backward)
         # or, with the loss inside the root, the loss's (as loss.backward() starts, before the loss's backward)
-        at = _index(ops, "loss.backward()") + 1 if self.loss_in_root else _index(ops, "LM head backward")
+        at = _index(ops, OpRole.LOSS_BACKWARD) + 1 if self.loss_in_root else _index(ops, OpRole.LM_HEAD_BACKWARD)
         ops[at:at] = pre
         ops = outside[Part.BACKWARD_END]
         grads = [f"grad {n}" for n, _ in self.units[root]]
-        at = _index(ops, "loss released")
+        at = _index(ops, OpRole.LOSS_RELEASED)
         ops[at:at] = self._reduce(root, grads, Ref(Scope.FIRST, self.name("reduce-scatter input", "block"))) + [
-            ProgramOp(_CLEARED, (self.name("reduce-scatter input", root),), ())]
+            ProgramOp(_CLEARED, (self.name("reduce-scatter input", root),), (), role=OpRole.FSDP2_CLEARED)]
 
     def lump(self, phase, n_layers):
         """(frees, allocs) the lumped blocks 2..L-3 add to the plain lump op, qualified ``(layer, name)``."""
@@ -395,7 +396,7 @@ class FSDP2:
             return ops
         out = self.name("reduce-scatter output", "block")
         held = sorted({n for op in ops for n in op.allocs if n[1] in (out, self.held_lump)}, key=str)
-        at = next(i for i, op in enumerate(ops) if op.label == _CLEARED)
+        at = next(i for i, op in enumerate(ops) if op.role is OpRole.FSDP2_CLEARED)
         ops[at] = replace(ops[at], frees=ops[at].frees + tuple(held)
                           + ((None, self.name("reduce-scatter output", "root")),))
         return ops
@@ -408,7 +409,7 @@ class FSDP2:
             if x.lump:
                 out.append(Param(x.name, (L - 2) * self.shards["block"], lump=True))
             else:
-                out.append(Param(x.name, shard(x.name, x.elements, c)))
+                out.append(Param(x.name, shard(x.key, x.elements, c)))
         return out
 
     def static(self) -> list:
@@ -427,11 +428,12 @@ class FSDP2:
                  "zeros_like of rank 0's shards (torch/optim/adamw.py)", self.device)]
 
 
-def _index(ops, label):
+def _index(ops, role: OpRole) -> int:
+    """The index of the op of ``role`` in a program FSDP2 hooks into."""
     for i, op in enumerate(ops):
-        if op.label == label:
+        if op.role is role:
             return i
-    raise AssertionError(f"no op {label!r} in the program FSDP2 hooks into")
+    raise AssertionError(f"no op {role.value!r} in the program FSDP2 hooks into")
 
 
 def wrap(tensors, outside, fwd, bwd, c, s) -> FSDP2:

@@ -25,14 +25,14 @@ COLUMN_ROWS = {"qkv.weight": None, "qkv.bias": None, "gate.weight": F / t, "up.w
                "embedding.weight": V / t, "head.weight": V / t}
 
 
-def local(name: str, n, c) -> tuple:
-    """(dim 0, elements) of ``name``'s TP-local tensor, ``n`` its whole elements."""
-    key = name.rsplit(" ", 1)[-1] if name.startswith("block ") else name
-    if any(key.endswith(w) for w in WHOLE):
+def local(key: str, n, c) -> tuple:
+    """(dim 0, elements) of parameter ``key``'s (its name in its module) TP-local tensor, ``n`` its whole
+    elements."""
+    if key in WHOLE:
         return n, n
     if key in COLUMN_ROWS:
-        rows = qkv_width(c) if key.startswith("qkv") else COLUMN_ROWS[key]     # qkv_width: already the rank's
+        rows = qkv_width(c) if key in ("qkv.weight", "qkv.bias") else COLUMN_ROWS[key]  # qkv_width: the rank's
         return rows, sp.cancel(n / t)
     if key in ("proj.weight", "down.weight"):       # row-wise: Shard(1), every row t times shorter
         return d, sp.cancel(n / t)
-    raise AssertionError(f"no tensor-parallel layout for parameter {name!r}")
+    raise AssertionError(f"no tensor-parallel layout for parameter {key!r}")

@@ -65,6 +65,7 @@ from ..activations.backends import get_backend
 from ..activations.inventory import Saved, inventory
 from ..activations.outside import outside_inventory
 from ..core.dtypes import nbytes
+from ..core.exact import evaluate_expr
 from ..core.symbols import B, F, H, L, O, S, V, d, r
 from ..states.bnb import nf4_gemm_fallback, nf4_parts
 from ..states.recipes import get_recipe
@@ -73,13 +74,14 @@ from .build import IDS, Built
 from .lora_loss import lora_chunked_backward_start, lora_chunked_forward_end
 from .ops import BS, BSd, BSF, INPUT_GRADIENT, Program, Ref, Tensor, dropout_ops, gradient, qkv_width, \
     residual_names, widths_of
+from .inputs import inputs_of
 from .outer import Param
 from .structure import StepStructure
 from .timeline import Step
 from .nf4 import nf4_forward_ops
 from .norms import norm_forward
 from .trace import GRADIENT_LUMP, SAVED_LUMP, explicit_layers, flatten
-from .vocab import LANDMARKS, Device, Kind, Lifetime, Save, Scope
+from .vocab import LANDMARKS, Device, Kind, Lifetime, OpRole, Save, Scope
 
 __all__ = ["BLOCK_TARGETS", "LoraSpec", "LoraStep", "LoraStructure", "adapter_shape", "build_lora", "lora_rows"]
 
@@ -259,15 +261,16 @@ def _nf4_fallback(c, values) -> tuple:
     return tuple(base for base, _ in BASES if nf4_gemm_fallback(value(B * S), value(widths[base])))
 
 
-def _base_forward(p, c, spec, base, out):
+def _base_forward(p, c, spec, base, out, role: OpRole = None):
     """A frozen base projection writing ``out`` (a name or a list of names: views of one output); under QLoRA
     bitsandbytes' ``gemm_4bit`` (:func:`memledger.step.nf4.nf4_forward_ops`): the fallback for the bases in
     ``spec.nf4_fallback``, else the fused kernel."""
     if not spec.qlora:
         out = [out] if isinstance(out, str) else list(out)
-        p.op(f"{base} (frozen)", alloc=out)
+        p.op(f"{base} (frozen)", alloc=out, role=role)
         return
-    nf4_forward_ops(p, c.dtype, base, out, _base_shapes(c)[base], base in spec.nf4_fallback, f"{base} (frozen, NF4)")
+    nf4_forward_ops(p, c.dtype, base, out, _base_shapes(c)[base], base in spec.nf4_fallback, f"{base} (frozen, NF4)",
+                    role)
 
 
 def _base_backward(p, c, spec, base, g_in, frees=()):
@@ -284,7 +287,7 @@ def _base_backward(p, c, spec, base, g_in, frees=()):
     p.op("released", free=list(frees))
 
 
-def _adapter_forward(p, c, spec, t, x, dropped=False):
+def _adapter_forward(p, c, spec, t, x, dropped=False, role_b: OpRole = None):
     """An adapter on input ``x`` (live; FP32 adapters first copy it to FP32): returns its output's name and the
     temporaries the sum with the base frees (:func:`_adapter_sum`). ``dropped`` (under a whole-block checkpoint):
     nothing is saved; A's output goes once B has read it, the dropout's mask when the dropout returns, its output
@@ -313,7 +316,7 @@ def _adapter_forward(p, c, spec, t, x, dropped=False):
     b = p.new(f"LoRA {t} B output", (B, S, out), ad, "lora_B's output, until the scaling")
     delta = p.new(f"LoRA {t} delta", (B, S, out), ad, "lora_B(lora_A(x)) * scaling")
     p.op(f"LoRA {t} A", alloc=[a_out], free=[mask] if dropped else [])
-    p.op(f"LoRA {t} B", alloc=[b])
+    p.op(f"LoRA {t} B", alloc=[b], role=role_b)
     p.op(f"LoRA {t} scaling", alloc=[delta], free=[a_out] if dropped else [])
     return b, delta, cast, gone
 
@@ -335,7 +338,7 @@ def _adapter_sum(p, c, spec, t, adapter, out, raw=None, after=()):
     p.op("released", free=[s32, cast] + list(after))
 
 
-def _adapter_backward(p, c, spec, t, x, share, last_reader, g_out=None):
+def _adapter_backward(p, c, spec, t, x, share, last_reader, g_out=None, role_b: OpRole = None):
     """An adapter's backward from its output gradient: returns (the gradient of its input, the gradient its base
     reads: None where it is the same tensor). ``x``: its saved input (without dropout, in the base's dtype),
     freed here if ``last_reader``; ``g_out``: the output gradient, freed here once read (FP32 adapters only:
@@ -357,7 +360,7 @@ def _adapter_backward(p, c, spec, t, x, share, last_reader, g_out=None):
     p.op(f"LoRA {t} scaling backward", alloc=[gs])
     if spec.fp32_adapters:
         p.op("released", free=[g32])
-    p.op(f"LoRA {t} B backward", alloc=[grad_b, ga])
+    p.op(f"LoRA {t} B backward", alloc=[grad_b, ga], role=role_b)
     p.op("released", free=[gs, f"LoRA {t} A output"])
     p.op(f"LoRA {t} A backward", alloc=[grad_a, gx])
     if not spec.dropout:
@@ -462,15 +465,16 @@ def lora_block_forward(p, c, spec: LoraSpec, dropped=False):
         h2 = "MLP input" if "MLP input" in kept else local("norm 2 output")
         _norm_forward(p, c, "2", h2)
 
-    def projection(base, t, out, shape):
-        """A frozen MLP projection (and its adapter) writing ``out``."""
+    def projection(base, t, out, shape, role=None, role_b=None):
+        """A frozen MLP projection (and its adapter) writing ``out``; ``role``: the base's op's, ``role_b``: the
+        adapter's B's."""
         if t not in T:
-            _base_forward(p, c, spec, base, out)
+            _base_forward(p, c, spec, base, out, role)
             return
         raw = p.new(f"{base} output (frozen)", shape, a, "the base's output, before the adapter's is added")
-        _base_forward(p, c, spec, base, raw)
-        _adapter_sum(p, c, spec, t, _adapter_forward(p, c, spec, t, h2 if base != "down" else prod, dropped), out,
-                     raw=raw)
+        _base_forward(p, c, spec, base, raw, role)
+        _adapter_sum(p, c, spec, t, _adapter_forward(p, c, spec, t, h2 if base != "down" else prod, dropped,
+                                                     role_b), out, raw=raw)
     prod = "down-projection input" if "down-projection input" in kept else p.new(
         "SiLU(gate) * up", BSF, a, "not kept: only the frozen down projection's weight gradient would read it")
     gate, silu, up = ("gate output", "SiLU output", "up-projection output") if not dropped else (
@@ -485,12 +489,12 @@ def lora_block_forward(p, c, spec: LoraSpec, dropped=False):
     if dropped:
         p.op("released", free=[silu, up])
     dn = p.new("down-projection output", BSd, a, "the MLP branch before the residual add")
-    projection("down", "down_proj", dn, BSd)
+    projection("down", "down_proj", dn, BSd, OpRole.DOWN_PROJECTION, OpRole.LORA_DOWN_B)
     temporary = [prod] if prod not in ("down-projection input",) else []
     p.op("residual add", free=temporary, alloc=[Ref(Scope.NEXT, x, _final_input(c))])
     held = (xm,) if dropped else (xm, x)      # the checkpoint keeps the block's input
     leftovers = [dn] + [n for n in held if p.tensors[n].lifetime is Lifetime.TEMPORARY] + temps
-    p.op("block returns", free=leftovers)
+    p.op("block returns", free=leftovers, role=OpRole.BLOCK_RETURNS)
 
 
 def _final_input(c):
@@ -509,20 +513,20 @@ def _recompute(p, c, spec):
     and run before)."""
     q = p.fork()
     lora_block_forward(q, c, spec)
-    labels = [op.label for op in q.ops]
+    roles = [op.role for op in q.ops]
     if "down_proj" in spec.targets:
-        stop = labels.index("LoRA down_proj B")
+        stop = roles.index(OpRole.LORA_DOWN_B)
     elif spec.qlora:
-        stop = labels.index("down (frozen, NF4)") + (2 if "down" in spec.nf4_fallback else 1)   # the output made
+        stop = roles.index(OpRole.DOWN_PROJECTION) + (2 if "down" in spec.nf4_fallback else 1)   # the output made
     else:
-        stop = labels.index("down (frozen)")
+        stop = roles.index(OpRole.DOWN_PROJECTION)
     alive = []
     for op in q.ops[:stop]:
         alive = [n for n in alive if n not in op.frees] + list(op.allocs)
     x = residual_names(c)[0]
     q.ops[stop:] = []
     q.op("recomputation stops", free=[n for n in alive if isinstance(n, str) and n != x
-                                      and p.tensors[n].lifetime is Lifetime.TEMPORARY])
+                                      and p.tensors[n].lifetime is Lifetime.TEMPORARY], role=OpRole.RECOMPUTATION_STOPS)
     return q.ops
 
 
@@ -531,7 +535,7 @@ def _with_recomputation(p, c, spec, start):
     saved tensor is unpacked."""
     at = start
     if "down_proj" in spec.targets:
-        at = next(i for i in range(start, len(p.ops)) if p.ops[i].label == "LoRA down_proj B backward")
+        at = next(i for i in range(start, len(p.ops)) if p.ops[i].role is OpRole.LORA_DOWN_B_BACKWARD)
     p.ops[at:at] = _recompute(p, c, spec)
 
 
@@ -547,7 +551,7 @@ def lora_block_backward(p, c, spec: LoraSpec, share):
     g_prod = _Sum(p, "gradient of the down-projection input", BSF, a)
     gb = None
     if "down_proj" in T:
-        gx, gb = _adapter_backward(p, c, spec, "down_proj", prod, share, True)
+        gx, gb = _adapter_backward(p, c, spec, "down_proj", prod, share, True, role_b=OpRole.LORA_DOWN_B_BACKWARD)
         g_prod.add(gx)
     g = p.new("gradient of the down-projection input (frozen down)", BSF, a, "the frozen down projection's")
     _base_backward(p, c, spec, "down", g, [gb])
@@ -598,7 +602,7 @@ def lora_block_backward(p, c, spec: LoraSpec, share):
         again = [p.new("flash output (recomputed)", widths_of(c)[0], a, "the re-run kernel's output"),
                  p.new("softmax log-sum-exp (recomputed)", (B, H, S), "fp32", "the re-run kernel's statistics")]
         p.op("flash attention recomputed", alloc=again)
-    p.op("flash attention backward", alloc=[gq, gk, gv])
+    p.op("flash attention backward", alloc=[gq, gk, gv], role=OpRole.FLASH_ATTENTION_BACKWARD)
     if selective:
         p.op("recomputed output released", free=again)
     kept_core = ["softmax log-sum-exp", "output projection input"] if not selective else \
@@ -696,7 +700,7 @@ def _backward_start(p, c, spec, share=lambda n: n):
     dl = p.new("gradient of the loss", (), "fp32", "loss.backward() seeds a 1")
     g1 = p.new("nll_loss gradient", outer.LOGITS, "fp32", "nll_loss backward: B*S*V FP32")
     g2 = p.new("log_softmax gradient", outer.LOGITS, "fp32", "log_softmax backward: B*S*V FP32")
-    p.op("loss.backward()", alloc=[dl])
+    p.op("loss.backward()", alloc=[dl], role=OpRole.LOSS_BACKWARD)
     p.op("nll_loss backward", alloc=[g1])
     p.op("released", free=["nll_loss total weight"])
     p.op("log_softmax backward", alloc=[g2])
@@ -752,11 +756,10 @@ def _head_params(spec) -> list:
 
 def _hold_leaf(ops, x):
     """The embedding's output is a leaf the graph holds: block 0 never frees it (:func:`_backward_end` does)."""
-    from .trace import Op
     out = []
     for op in ops:
         if op.layer == 0 and (0, x) in op.frees:
-            op = Op(op.phase, op.layer, op.label, tuple(n for n in op.frees if n != (0, x)), op.allocs, op.action)
+            op = replace(op, frees=tuple(n for n in op.frees if n != (0, x)))
         out.append(op)
     return out
 
@@ -910,10 +913,14 @@ ADAPTER_RECIPES = ("fp32-adamw", "bf16-pure-adamw", "bf16-adamw", "bf16-adamw32-
 class LoraStep(Step):
     """The step timeline of a :class:`memledger.ledger.lora.LoraLedger` (``LoraLedger(...).step(backend)``)."""
 
-    def __init__(self, lora_ledger, ledger, backend="article", **changes):
-        """``ledger``: a :class:`memledger.ledger.ledger.Ledger` of the same model and workload (its values)."""
-        config, arch = lora_ledger.config, lora_ledger.arch
-        self.ledger = lora_ledger
+    def __init__(self, setup, config, backend="article", *, record=None, origin=None, **changes):
+        """``setup``: the :class:`~memledger.step.inputs.StepInputs` of the frozen base's model and workload (a BF16
+        loop without dropout; a Ledger's ``step_inputs``); ``config``: the adapters'
+        (:class:`memledger.states.lora.LoraConfig`); ``record``: the run's inputs as the JSON echoes them;
+        ``origin``: what the step was made from, kept for display (:attr:`ledger`)."""
+        setup = inputs_of(setup)
+        arch = setup.arch
+        self.ledger, self.inputs, self.record = origin, setup, dict(record or {})
         self.conventions = conv = get_backend(backend, **changes)
         if config.base not in ("bf16", "nf4"):
             raise ValueError(f"the LoRA step models a BF16 base (or NF4 under QLoRA), got base {config.base}")
@@ -922,36 +929,35 @@ class LoraStep(Step):
                              f"{', '.join(ADAPTER_RECIPES)}, got {config.adapter_recipe}")
         if arch.style != "llama":
             raise ValueError("the LoRA step models LLaMA blocks")
-        if lora_ledger.optimizer_in_backward and (config.adapter_recipe in ("bf16-adamw", "bf16-adamw32-bnb")):
+        if setup.optimizer_in_backward and (config.adapter_recipe in ("bf16-adamw", "bf16-adamw32-bnb")):
             raise ValueError(f"optimizer_in_backward steps each adapter in its own hook with torch.optim.AdamW: "
                              f"adapter_recipe {config.adapter_recipe} keeps FP32 masters or is bitsandbytes'; use "
                              f"fp32-adamw or bf16-pure-adamw")
-        if "lm_head" in config.targets and (lora_ledger.loss_chunks > 1 or lora_ledger.loss_impl == "litgpt"):
+        if "lm_head" in config.targets and setup.chunked_loss:
             raise ValueError("the LoRA step does not model an lm_head adapter with the chunked loss (the adapter per "
                              "chunk): drop lm_head from the targets or use loss_chunks 1")
-        if conv.kernel(arch.style, False, lora_ledger.flash_attention) != "flash":
+        if conv.kernel(arch.style, False, setup.flash_attention) != "flash":
             raise ValueError("the LoRA step models the SDPA flash kernel: use --backend cpu or cuda, or "
                              "--flash-attention")
-        base = StepStructure.of(ledger, conv)
+        base = StepStructure.of(setup, conv)
         grad_dtype = next(x.dtype for x in get_recipe(config.adapter_recipe).components if x.role == "grad")
         shape = replace(base.shape, grad_dtype=grad_dtype)
         spec = LoraSpec(tuple(t for t in BLOCK_TARGETS if t in config.targets), config.dropout,
                         config.base == "nf4", config.adapter_recipe.endswith("-bnb"),
                         config.adapter_recipe.startswith("fp32"), "lm_head" in config.targets,
-                        _nf4_fallback(shape, ledger.values) if config.base == "nf4" else ())
+                        _nf4_fallback(shape, setup.values) if config.base == "nf4" else ())
         fields = {f: getattr(base, f) for f in base.__dataclass_fields__}
         self.structure = LoraStructure(**(fields | {"shape": shape, "recipe": config.adapter_recipe, "lora": spec}))
         self.built = build_lora(self.structure)
-        self.values = dict(ledger.values) | {"r": config.rank}
-        self.values["P"] = ledger.evaluate(self.built.adapter_params.subs(r, config.rank))
+        self.values = dict(setup.values) | {"r": config.rank}
+        self.values["P"] = evaluate_expr(self.built.adapter_params.subs(r, config.rank), setup.values)
 
     def to_dict(self) -> dict:
         """The JSON object of ``memledger step --lora-rank ...``: the LoRA ledger's inputs (with the backend),
         landmarks, peak (with what is live there), rows."""
-        inputs = self.ledger.to_dict()["inputs"] | {"loss_chunks": self.ledger.loss_chunks,
-                                                    "loss_impl": self.ledger.loss_impl,
-                                                    "backend": self.conventions.name, "conventions": {
-            k: v for k, v in vars(self.conventions).items() if k != "name"}}
+        inputs = self.record | {"loss_chunks": self.inputs.loss_chunks, "loss_impl": self.inputs.loss_impl,
+                                "backend": self.conventions.name, "conventions": {
+                                    k: v for k, v in vars(self.conventions).items() if k != "name"}}
         return {"inputs": inputs, "landmarks": self.landmarks,
                 "peak": {"gpu": self.peak.bytes, "phase": self.peak.phase, "layer": self.peak.layer,
                          "detail": self.peak.detail,

@@ -22,7 +22,7 @@ An adapter on ``lm_head`` with a chunked loss (PEFT's adapter per chunk) is not 
 from ..core.symbols import B, V, d
 from .loss import chunked_backward_start, chunked_forward_end, join_input_gradients
 from .ops import BSd, Ref, final_input
-from .vocab import Scope
+from .vocab import OpRole, Scope
 
 __all__ = ["lora_chunked_backward_start", "lora_chunked_forward_end"]
 
@@ -44,7 +44,7 @@ def _frozen_head_forward(p, c, T, norm) -> list:
         p.op(f"LM head (frozen), chunk {k}" if n > 1 else "LM head (frozen)", alloc=[logits[-1]])
         if copy:
             p.op("released", free=[copy])
-    p.op("the decoder returns", free=[head_in] + ([final_input(c)] if c.upcast else []))
+    p.op("the decoder returns", free=[head_in] + ([final_input(c)] if c.upcast else []), role=OpRole.DECODER_RETURNS)
     return logits
 
 

@@ -43,7 +43,7 @@ from ..core.symbols import B, S, V, d
 from .norms import norm_backward, norm_forward
 from .ops import BSd, Ref, Tensor, final_input
 from .outer import final_norm_params
-from .vocab import Kind, Lifetime, Scope
+from .vocab import Kind, Lifetime, OpRole, Scope
 
 __all__ = ["chunk_tokens", "chunked_backward_start", "chunked_forward_end", "join_input_gradients",
            "litgpt_forward_end", "replaced_rows", "saved_names", "tokens"]
@@ -106,9 +106,10 @@ def _head_forward(p, c, T) -> list:
                        "the matmul copies it and saves the copy")
             p.op(f"chunk {k}: LM head input copied", alloc=[x])
         logits.append(p.new(f"logits, chunk {k}", (B, T[k], V), a, "the LM head's output on chunk k"))
-        p.op(f"LM head, chunk {k}" if n > 1 else "LM head", alloc=[logits[-1]])
+        p.op(f"LM head, chunk {k}" if n > 1 else "LM head", alloc=[logits[-1]],
+             role=None if n > 1 else OpRole.LM_HEAD)
     released = ([final_input(c)] if c.upcast else []) + ([] if c.single or n == 1 else ["LM head input"])
-    p.op("the decoder returns", free=released)
+    p.op("the decoder returns", free=released, role=OpRole.DECODER_RETURNS)
     return logits
 
 
@@ -203,7 +204,8 @@ def chunked_backward_start(p, c, head=None):
     a, n, litgpt = c.dtype, c.loss_chunks, c.loss_impl == "litgpt"
     T = _tokens(c)
     seed = "fp32" if not litgpt else a
-    p.op("loss.backward()", alloc=[p.new("gradient of the loss", (), seed, "loss.backward() seeds a 1")])
+    p.op("loss.backward()", alloc=[p.new("gradient of the loss", (), seed, "loss.backward() seeds a 1")],
+         role=OpRole.LOSS_BACKWARD)
     total = None
     if n > 1:
         total = p.new("gradient of the chunks' sum", (), seed, "the division's backward")
@@ -245,7 +247,8 @@ def _head_backward(p, c, T, grads):
                                   "one chunk's matmul writes a whole V x d weight gradient")
         inputs[k] = gfn if n == 1 else p.new(f"LM head input gradient, chunk {k}", (B, T[k], d), a,
                                              "waits for the chunks' gradients to be joined")
-        p.op(f"LM head backward, chunk {k}" if n > 1 else "LM head backward", alloc=[w, inputs[k]])
+        p.op(f"LM head backward, chunk {k}" if n > 1 else "LM head backward", alloc=[w, inputs[k]],
+             role=None if n > 1 else OpRole.LM_HEAD_BACKWARD)
         p.op("released", free=[grads[k], (f"LM head input, chunk {k}" if not c.single and n > 1 else
                                          "LM head input" if k == 0 else None)])
         if buffer is None:

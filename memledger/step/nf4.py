@@ -14,14 +14,14 @@ from ..states.bnb import BLOCKSIZE
 __all__ = ["nf4_forward_ops"]
 
 
-def nf4_forward_ops(p, dtype: str, label: str, out, shape, fallback: bool = True, matmul: str = None):
+def nf4_forward_ops(p, dtype: str, label: str, out, shape, fallback: bool = True, matmul: str = None, role=None):
     """Ops of one NF4 projection of ``shape`` (out, in) writing ``out`` (a name or a list: views of one output) in
     ``dtype``; ``fallback``: ``_dequant_linear_fallback``, else the fused kernel; ``matmul``: the label of the op
-    that writes the output (``label (NF4)``)."""
+    that writes the output (``label (NF4)``), ``role`` its role (an OpRole)."""
     out = [out] if isinstance(out, str) else list(out)
     matmul = matmul or f"{label} (NF4)"
     if not fallback:
-        p.op(matmul, alloc=out)
+        p.op(matmul, alloc=out, role=role)
         return
     n = shape[0] * shape[1]
     if isinstance(n, int):                   # the prefill's whole numbers: no SymPy (memledger infer)
@@ -35,5 +35,5 @@ def nf4_forward_ops(p, dtype: str, label: str, out, shape, fallback: bool = True
     p.op(f"{label}: dequantize absmax", alloc=[scales])
     p.op(f"{label}: absmax + offset", alloc=[shifted])
     p.op(f"{label}: dequantize weight", alloc=[weight])
-    p.op(matmul, alloc=out)
+    p.op(matmul, alloc=out, role=role)
     p.op("released", free=[scales, shifted, weight])

@@ -12,7 +12,7 @@ Read off MemTracker's allocation log of the reference decoder and checked by
 """
 from ..core.symbols import d
 from .ops import BS, BSd
-from .vocab import Save
+from .vocab import OpRole, Save
 
 __all__ = ["norm_backward", "norm_forward"]
 
@@ -75,6 +75,13 @@ def norm_forward(p, c, k, out, save=Save.KEPT) -> str:
     return out
 
 
+#: The roles of a block's norms' backward nodes that read saved tensors: (norm, node) -> OpRole.
+NODE_ROLES = {("1", "weight"): OpRole.NORM1_WEIGHT_BACKWARD, ("1", "x*rstd"): OpRole.NORM1_X_RSTD_BACKWARD,
+              ("1", "rsqrt"): OpRole.NORM1_RSQRT_BACKWARD, ("1", "pow"): OpRole.NORM1_POW_BACKWARD,
+              ("2", "weight"): OpRole.NORM2_WEIGHT_BACKWARD, ("2", "x*rstd"): OpRole.NORM2_X_RSTD_BACKWARD,
+              ("2", "rsqrt"): OpRole.NORM2_RSQRT_BACKWARD, ("2", "pow"): OpRole.NORM2_POW_BACKWARD}
+
+
 def norm_backward(p, c, k, g_out, g_in, grads, residual=None, also_free=()):
     """Backward of norm ``k``: ``g_out`` (live) -> ``g_in``; frees what the norm saved; writes ``grads``.
 
@@ -105,27 +112,30 @@ def norm_backward(p, c, k, g_out, g_in, grads, residual=None, also_free=()):
         ("pow'", BSd, "pow backward: a temporary"), ("pow''", BSd, "pow backward: a temporary"),
         ("g_pow", BSd, "gradient of x through x^2"), ("g_x32", BSd, "sum of both gradients of x (FP32)"),
         ("g_x+res", BSd, "autograd's input buffer: the skip gradient plus the first norm gradient")]}
+    role = {node: NODE_ROLES.get((k, node)) for node in ("weight", "x*rstd", "rsqrt", "pow")}
     if c.upcast:
         p.op(f"norm {k} backward: upcast", alloc=[t["g32"]])
-        p.op(f"norm {k} backward: weight", free=[g_out], alloc=[t["g*w"], t["g*xr"]])
+        p.op(f"norm {k} backward: weight", free=[g_out], alloc=[t["g*w"], t["g*xr"]], role=role["weight"])
         p.op(f"norm {k} backward: weight sum", alloc=[t["sum g*xr"]])
         p.op(f"norm {k} backward: weight gradient", free=[t["g*xr"]], alloc=grads)
-        p.op(f"norm {k} backward: x*rstd", free=[t["sum g*xr"], t["g32"], xr], alloc=[t["g*rstd"], t["g*x"]])
+        p.op(f"norm {k} backward: x*rstd", free=[t["sum g*xr"], t["g32"], xr], alloc=[t["g*rstd"], t["g*x"]],
+             role=role["x*rstd"])
         p.op(f"norm {k} backward: rstd gradient", alloc=[t["g_rstd"]])
         first, pending = t["g*rstd"], [t["g*x"], t["g*w"]]
     else:
-        p.op(f"norm {k} backward: weight", alloc=[t["g*w"], t["g*xr"]])
+        p.op(f"norm {k} backward: weight", alloc=[t["g*w"], t["g*xr"]], role=role["weight"])
         p.op(f"norm {k} backward: weight gradient", alloc=grads)
-        p.op(f"norm {k} backward: x*rstd", free=[t["g*xr"], g_out, xr], alloc=[t["g*rstd"], t["g*x"]])
+        p.op(f"norm {k} backward: x*rstd", free=[t["g*xr"], g_out, xr], alloc=[t["g*rstd"], t["g*x"]],
+             role=role["x*rstd"])
         p.op(f"norm {k} backward: rstd gradient", alloc=[t["g_rstd"]])
         first, pending = t["g*rstd"], [t["g*x"], t["g*w"]]
         if residual:
             p.op(f"norm {k} backward: add to the skip gradient", free=pending, alloc=[t["g_x+res"]])
             p.op(f"norm {k} backward: buffer", free=[residual, t["g*rstd"]])
             first, pending = t["g_x+res"], []
-    p.op(f"norm {k} backward: rsqrt", free=pending, alloc=[t["rsqrt'"], t["rsqrt''"], t["g_ms"]])
+    p.op(f"norm {k} backward: rsqrt", free=pending, alloc=[t["rsqrt'"], t["rsqrt''"], t["g_ms"]], role=role["rsqrt"])
     p.op(f"norm {k} backward: mean", free=[t["rsqrt''"], t["rsqrt'"], t["g_rstd"], rstd], alloc=[t["g_mean"]])
-    p.op(f"norm {k} backward: pow", free=[t["g_ms"]], alloc=[t["pow'"], t["pow''"], t["g_pow"]])
+    p.op(f"norm {k} backward: pow", free=[t["g_ms"]], alloc=[t["pow'"], t["pow''"], t["g_pow"]], role=role["pow"])
     total = t["g_x32"] if c.upcast else g_in
     p.op(f"norm {k} backward: sum", free=[t["pow''"], t["pow'"], t["g_mean"], x32] + list(also_free), alloc=[total])
     p.op(f"norm {k} backward: summed", free=[first, t["g_pow"]])

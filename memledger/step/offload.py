@@ -25,8 +25,9 @@ MemTracker's allocation log (PyTorch 2.13, CPU) and checked by ``tests/step/test
 """
 from ..core.dtypes import nbytes
 from . import packing as packing_
-from .ops import ProgramOp, Tensor, block_params, residual_names
-from .vocab import Device, Kind, Lifetime, Save
+from .norms import NODE_ROLES
+from .ops import Tensor, block_params, residual_names
+from .vocab import Device, Kind, Lifetime, OpRole, Save
 
 __all__ = ["HOST", "READS", "define_host", "host_rows", "offloaded_backward", "offloaded_forward", "packed"]
 
@@ -37,15 +38,15 @@ HOST = "offloaded saved tensors (pinned host copies)"
 _NORM_READS = {"weight": (("norm{k}.weight",), ("RMSNorm {k} x*rstd",)),
                "x*rstd": ((), ("RMSNorm {k} rstd", "RMSNorm {k} input")),
                "rsqrt": ((), ("RMSNorm {k} rstd",)), "pow": ((), ("RMSNorm {k} input",))}
-READS = {"down projection backward": (("down.weight",), ("down-projection input",)),
-         "SiLU(gate) * up backward": ((), ("SiLU output", "up-projection output")),
-         "up projection backward": (("up.weight",), ("MLP input",)),
-         "SiLU backward": ((), ("gate output",)),
-         "gate projection backward": (("gate.weight",), ("MLP input",)),
-         "output projection backward": (("proj.weight",), ("output projection input",)),
-         "flash attention backward": ((), ("Q", "K", "V", "softmax log-sum-exp", "output projection input")),
-         "QKV projection backward": (("qkv.weight",), ("Q/K/V projection input",))} | {
-    f"norm {k} backward: {node}": (tuple(w.format(k=k) for w in ws), tuple(r.format(k=k) for r in rs))
+READS = {OpRole.DOWN_PROJECTION_BACKWARD: (("down.weight",), ("down-projection input",)),
+         OpRole.SWIGLU_PRODUCT_BACKWARD: ((), ("SiLU output", "up-projection output")),
+         OpRole.UP_PROJECTION_BACKWARD: (("up.weight",), ("MLP input",)),
+         OpRole.SILU_BACKWARD: ((), ("gate output",)),
+         OpRole.GATE_PROJECTION_BACKWARD: (("gate.weight",), ("MLP input",)),
+         OpRole.OUTPUT_PROJECTION_BACKWARD: (("proj.weight",), ("output projection input",)),
+         OpRole.FLASH_ATTENTION_BACKWARD: ((), ("Q", "K", "V", "softmax log-sum-exp", "output projection input")),
+         OpRole.QKV_PROJECTION_BACKWARD: (("qkv.weight",), ("Q/K/V projection input",))} | {
+    NODE_ROLES[k, node]: (tuple(w.format(k=k) for w in ws), tuple(r.format(k=k) for r in rs))
     for k in ("1", "2") for node, (ws, rs) in _NORM_READS.items()}
 
 
@@ -91,7 +92,7 @@ def offloaded_forward(p, c, block_forward):
     q = p.fork()
     block_forward(q, c, (Save.DROPPED, Save.DROPPED))
     last, x = q.ops[-1], residual_names(c)[0]
-    q.ops[-1] = ProgramOp(last.label, last.frees + (x,), last.allocs, last.action)
+    q.ops[-1] = last._replace(frees=last.frees + (x,))
     first = next(i for i, op in enumerate(q.ops) if op.allocs)     # the host copies: counted from the block's start
     q.ops[first] = q.ops[first]._replace(allocs=q.ops[first].allocs + (HOST,))
     p.ops.extend(q.ops)
@@ -121,10 +122,10 @@ def offloaded_backward(p, c, block_backward, share):
         for op in q.ops:
             frees = tuple(n for n in op.frees if n not in frame)    # the frame's mask is the host copy
             if c.upcast:
-                frees = frees + (x,) if op.label == "recomputation stops" else tuple(n for n in frees if n != x)
-            if mask and op.label == "recomputation stops":
+                frees = frees + (x,) if op.role is OpRole.RECOMPUTATION_STOPS else tuple(n for n in frees if n != x)
+            if mask and op.role is OpRole.RECOMPUTATION_STOPS:
                 frees = frees + (mask,)
-            p.ops.append(ProgramOp(op.label, frees, op.allocs, op.action))
+            p.ops.append(op._replace(frees=frees))
     else:
         t = p.tensors
 
@@ -132,11 +133,11 @@ def offloaded_backward(p, c, block_backward, share):
             return isinstance(n, str) and t[n].lifetime is Lifetime.SAVED
         for op in q.ops:
             frees = tuple(n for n in op.frees if not saved(n))
-            reads = READS.get(op.label)
-            if reads and op.label == "flash attention backward":      # packed rows: the additive mask too
+            reads = READS.get(op.role)
+            if reads and op.role is OpRole.FLASH_ATTENTION_BACKWARD:   # packed rows: the additive mask too
                 reads = (reads[0], reads[1] + tuple(packing_.saved_names(c)))
             if not reads:
-                p.ops.append(ProgramOp(op.label, frees, op.allocs, op.action))
+                p.ops.append(op._replace(frees=frees))
                 continue
             copies = []
             for name in reads[0] + reads[1]:
@@ -145,6 +146,6 @@ def offloaded_backward(p, c, block_backward, share):
                                  "unpacked from the host for this node's backward")
                 copies.append(copy)
             p.op(f"{op.label}: saved tensors copied back", free=frees, alloc=copies)
-            p.op(op.label, alloc=op.allocs)
+            p.op(op.label, alloc=op.allocs, role=op.role)
             p.op("GPU copies released", free=copies)
     p.op("host copies released", free=[HOST])

@@ -23,6 +23,8 @@ the fused kernels, SGD, Adafactor, and torchtune's optimizer stepped in backward
   each gradient is stepped and freed as soon as backward writes it (:func:`in_backward`), so no gradient
   outlives its op and the optimizer phase does nothing.
 """
+from dataclasses import replace
+
 import sympy as sp
 
 from ..core.dtypes import nbytes
@@ -31,7 +33,7 @@ from .ops import block_params, qkv_width, widths_of
 from .outer import Param, head_params
 from .structure import Shape
 from .trace import GRADIENT_LUMP, Op
-from .vocab import Action, Kind, Lifetime, Phase
+from .vocab import Action, Kind, Lifetime, OpRole, Phase
 
 __all__ = ["adafactor", "factored_bytes", "in_backward", "one_parameter", "param_shape", "temporaries"]
 
@@ -57,10 +59,10 @@ def factored_bytes(c: Shape, component):
     return nbytes(component.dtype) * sp.expand(L * block + sum(factored(param_shape(c, n)) for n, _ in outside))
 
 
-def param_shape(c: Shape, name: str) -> tuple:
-    """The shape of parameter ``name`` ("block 3 qkv.weight", "embedding.weight", "final norm.bias"); a vector
-    of d elements unless named otherwise (norms, the output projection's and the down projection's biases)."""
-    base = name.split(" ", 2)[2] if name.startswith("block ") else name
+def param_shape(c: Shape, base: str) -> tuple:
+    """The shape of parameter ``base``, its name in its module ("qkv.weight", "embedding.weight", "final
+    norm.bias"); a vector of d elements unless named otherwise (norms, the output projection's and the down
+    projection's biases)."""
     shape = _shapes(c).get(base, (d,))
     sizes = dict(block_params(c))
     if base in sizes and sp.expand(sp.Mul(*shape) - sizes[base]) != 0:
@@ -90,7 +92,7 @@ def adafactor(p, c: Shape, params, dtype: str, where, carried: dict = None, end:
     for x in params:
         if x.lump:
             continue
-        shape = param_shape(c, x.name)
+        shape = param_shape(c, x.key)
         scalar(x.name, "param.norm(2)")
         if len(shape) == 2:
             r, k = shape
@@ -154,9 +156,9 @@ def in_backward(ops: list, tensors: dict, step_ops) -> list:
 
     def step(where):
         for layer, name in waiting:
-            for label, frees, allocs, action in step_ops(layer, name.removeprefix("grad ")):
-                out.append(Op(where.phase, where.layer, label, tuple((layer, n) for n in frees),
-                              tuple((layer, n) for n in allocs), action))
+            for q in step_ops(layer, name.removeprefix("grad ")):
+                out.append(Op(where.phase, where.layer, q.label, tuple((layer, n) for n in q.frees),
+                              tuple((layer, n) for n in q.allocs), q.action))
             out.append(Op(where.phase, where.layer, f"optimizer in backward: {name} freed", ((layer, name),), ()))
         waiting.clear()
     for op in ops:
@@ -164,11 +166,10 @@ def in_backward(ops: list, tensors: dict, step_ops) -> list:
             step(out[-1])
         if op.phase is Phase.OPTIMIZER and op.action is not Action.LANDMARK:
             continue
-        if op.phase is Phase.OPTIMIZER and op.label == "after step":
+        if op.role is OpRole.OPTIMIZER_STEP_DONE:
             out.append(Op(Phase.OPTIMIZER, None, "nothing left: every parameter was stepped in backward", (), ()))
         if (None, GRADIENT_LUMP) in op.allocs:
-            op = Op(op.phase, op.layer, op.label, op.frees, tuple(q for q in op.allocs if q != (None, GRADIENT_LUMP)),
-                    op.action)
+            op = replace(op, allocs=tuple(q for q in op.allocs if q != (None, GRADIENT_LUMP)))
         out.append(op)
         waiting += [q for q in op.allocs if tensors[q[1]].kind is Kind.GRAD and
                     tensors[q[1]].lifetime is Lifetime.GRADIENT]

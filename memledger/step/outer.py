@@ -15,7 +15,7 @@ from .families import alibi_released, embedding_backward, embedding_forward, ext
 from .norms import norm_backward, norm_forward
 from .ops import BSd, Ref, Tensor, final_input, gradient
 from .structure import Shape
-from .vocab import Action, Kind, Lifetime, Scope
+from .vocab import Action, Kind, Lifetime, OpRole, Scope
 
 __all__ = ["LOGITS", "Param", "adamw", "backward_end", "backward_start", "cross_entropy", "define_grads",
            "final_norm_params", "forward_end", "forward_start", "head_params", "optimizer"]
@@ -28,6 +28,14 @@ class Param(NamedTuple):
     name: str
     elements: object
     lump: bool = False
+    step: OpRole = None     # the role of its optimizer step's op (the embedding's: TP redistributes its gradient)
+    local: str = None       # its name in its module ("qkv.weight" for "block 3 qkv.weight"); None: ``name``
+
+    @property
+    def key(self) -> str:
+        """The parameter's name in its module (a block's own, or the embedding's, the head's): what decides its
+        shape and layout."""
+        return self.local or self.name
 
 
 def final_norm_params(c: Shape) -> list:
@@ -63,10 +71,10 @@ def forward_end(p, c: Shape):
     a = c.dtype
     norm_forward(p, c, "final", "LM head input")
     logits = p.new("logits", LOGITS, a, "the LM head's output")
-    p.op("LM head", alloc=[logits])
+    p.op("LM head", alloc=[logits], role=OpRole.LM_HEAD)
     alibi_released(p, c)
     if c.upcast:
-        p.op("final norm input released", free=[final_input(c)])
+        p.op("final norm input released", free=[final_input(c)], role=OpRole.FINAL_NORM_INPUT_RELEASED)
     src = logits
     if a != "fp32":
         src = p.new("logits in FP32", LOGITS, "fp32", "logits.float(): cross-entropy runs in FP32")
@@ -80,7 +88,7 @@ def cross_entropy(p, src):
     ``src`` dies with the loss."""
     p.op("log_softmax", alloc=["log-softmax output (FP32)"])
     p.op("nll_loss", alloc=["loss", "nll_loss total weight"])
-    p.op("loss computed", free=[src])
+    p.op("loss computed", free=[src], role=OpRole.LOSS_COMPUTED)
 
 
 def backward_start(p, c: Shape):
@@ -89,7 +97,7 @@ def backward_start(p, c: Shape):
     dl = p.new("gradient of the loss", (), "fp32", "loss.backward() seeds a 1")
     g1 = p.new("nll_loss gradient", LOGITS, "fp32", "nll_loss backward: B*S*V FP32")
     g2 = p.new("log_softmax gradient", LOGITS, "fp32", "log_softmax backward: B*S*V FP32")
-    p.op("loss.backward()", alloc=[dl])
+    p.op("loss.backward()", alloc=[dl], role=OpRole.LOSS_BACKWARD)
     p.op("nll_loss backward", alloc=[g1])
     p.op("released", free=["nll_loss total weight"])
     p.op("log_softmax backward", alloc=[g2])
@@ -105,9 +113,9 @@ def backward_start(p, c: Shape):
         p.tensors[head] = Tensor(head, p.tensors["grad embedding.weight"].expr, Kind.TRANSIENT, Lifetime.TEMPORARY,
                                  p.placement.gradients, "waits in autograd's buffer for the embedding's contribution")
     if c.head_bias:         # addmm: the input gradient first, then the weight's and the bias's (Phi's lm_head)
-        p.op("LM head backward", alloc=[gfn, head, "grad head.bias"])
+        p.op("LM head backward", alloc=[gfn, head, "grad head.bias"], role=OpRole.LM_HEAD_BACKWARD)
     else:
-        p.op("LM head backward", alloc=[head, gfn])
+        p.op("LM head backward", alloc=[head, gfn], role=OpRole.LM_HEAD_BACKWARD)
     p.op("released", free=[g, "LM head input"])
     grads = [f"grad {n}" for n, _ in final_norm_params(c)]
     norm_backward(p, c, "final", gfn, Ref(Scope.LAST, "dX_out"), grads)
@@ -125,7 +133,7 @@ def backward_end(p, c: Shape):
     else:
         p.op("embedding backward", alloc=["grad embedding.weight"])
         p.op("released", free=[g])
-    p.op("loss released", free=["gradient of the loss", "loss"])
+    p.op("loss released", free=["gradient of the loss", "loss"], role=OpRole.LOSS_RELEASED)
 
 
 def adamw(recipe) -> tuple:
@@ -182,7 +190,7 @@ def optimizer(p, params, state_dtype: str, master: bool, foreach: bool, grad_dty
                        "AdamW(foreach=False): its square root", device=where)
             s2 = p.new(f"denom of {x.name}", (x.elements,), state_dtype,
                        "sqrt / bias correction + eps, a local until the next parameter's is assigned", device=where)
-            p.op(f"AdamW step: {x.name}", alloc=[s1, s2])
+            p.op(f"AdamW step: {x.name}", alloc=[s1, s2], role=x.step)
             p.op("released", free=[s1, previous])
             previous = s2
         p.op("step done", free=[previous])

@@ -34,7 +34,7 @@ from ..activations.inventory import Saved
 from ..core.symbols import B, S
 from .ops import Ref, Tensor
 from .structure import Shape
-from .vocab import Kind, Lifetime, Scope
+from .vocab import Kind, Lifetime, OpRole, Scope
 
 __all__ = ["ADDITIVE", "MASK", "additive_mask", "forward_end", "forward_start", "frame", "held_by_frames", "inputs",
            "outside_rows", "saved_names", "saved_rows"]
@@ -104,9 +104,9 @@ def forward_end(ops: list, c: Shape, offloaded: bool = False) -> list:
     right after the LM head (under recomputation every block's checkpoint frame holds it: :func:`frame`)."""
     if c.packing != "mask" or held_by_frames(c, offloaded):
         return ops
-    if any(op.label == "the decoder returns" for op in ops):         # the chunked loss (memledger.step.loss)
-        return [op._replace(frees=op.frees + (MASK,)) if op.label == "the decoder returns" else op for op in ops]
-    at = next(i for i, op in enumerate(ops) if op.label == "LM head") + 1
+    if any(op.role is OpRole.DECODER_RETURNS for op in ops):         # the chunked loss (memledger.step.loss)
+        return [op._replace(frees=op.frees + (MASK,)) if op.role is OpRole.DECODER_RETURNS else op for op in ops]
+    at = next(i for i, op in enumerate(ops) if op.role is OpRole.LM_HEAD) + 1
     return ops[:at] + [type(ops[0])("block-causal mask released (forward returns)", (MASK,), ())] + ops[at:]
 
 

@@ -23,7 +23,7 @@ from .block import POLICIES, _attention, _linear_backward, _recompute_forward, a
 from .norms import norm_backward, norm_forward
 from .ops import BSF, CAUSAL_MASK, BSd, INPUT_GRADIENT, block_output, define_grads, dropout_ops, per_rank
 from .structure import Shape
-from .vocab import Save
+from .vocab import OpRole, Save
 
 __all__ = ["parallel_backward", "parallel_forward"]
 
@@ -44,7 +44,7 @@ def parallel_forward(p, c: Shape, policy=None):
     # norm 1's output dies after the QKV projection unless saved, or (Phi) the MLP's input too
     merged, leftovers = _attention(p, c, core, rest, None if c.shared_norm else n1)
     attn = p.new("output projection output" + mark, BSd, a, "the attention branch, a local until the block returns")
-    p.op("output projection", alloc=[attn])
+    p.op("output projection", alloc=[attn], role=OpRole.OUTPUT_PROJECTION)
     if not kept:
         p.op("released", free=[merged])
     attn = _dropout(p, c, "attention", attn, kept)
@@ -52,19 +52,19 @@ def parallel_forward(p, c: Shape, policy=None):
     u = "GeLU input" if kept else p.new("up-projection output (checkpointed)", per_rank(c, BSF), a, "GeLU's input")
     g = "down-projection input" if kept else p.new("GeLU output (checkpointed)", per_rank(c, BSF), a,
                                                    "the down projection's input")
-    p.op("up projection", alloc=[u])
+    p.op("up projection", alloc=[u], role=OpRole.UP_PROJECTION)
     p.op("GeLU", alloc=[g])
     if not kept:
         p.op("released", free=[u])
     mlp = p.new("down-projection output" + mark, BSd, a, "the MLP branch, a local until the block returns")
-    p.op("down projection", alloc=[mlp])
+    p.op("down projection", alloc=[mlp], role=OpRole.DOWN_PROJECTION)
     if not kept:
         p.op("released", free=[g])
     mlp = _dropout(p, c, "MLP", mlp, kept)
     partial = p.new("x + attention" + mark, BSd, a, "the sum's first add, a temporary")
     p.op("x + attention", alloc=[partial])
     p.op("+ MLP: the block's output", alloc=[block_output(c)])
-    p.op("block returns", free=[partial, attn, mlp] + leftovers + ([] if kept else [h]))
+    p.op("block returns", free=[partial, attn, mlp] + leftovers + ([] if kept else [h]), role=OpRole.BLOCK_RETURNS)
 
 
 def _dropout(p, c, where, branch, kept=True):
@@ -98,17 +98,18 @@ def parallel_backward(p, c: Shape, share):
         p.op("mask released", free=["MLP residual dropout mask"])
     gdi = p.new("gradient of the down-projection input", per_rank(c, BSF), a, "dL/d(down input)")
     _linear_backward(p, c, "down projection backward", gdi, define_grads(p, ["down.weight", "down.bias"], c, share),
-                     "down-projection input", [gm], recomputed)
+                     "down-projection input", [gm], recomputed, role=OpRole.DOWN_PROJECTION_BACKWARD)
     gu = p.new("gradient of the GeLU input", per_rank(c, BSF), a, "GeLU backward's output")
     p.op("GeLU backward", alloc=[gu])
     p.op("released", free=[gdi, "GeLU input"])
     up = define_grads(p, ["up.weight", "up.bias"], c, share)
     if c.shared_norm:       # norm 1's output is saved for the QKV projection's backward too: it stays
         gh = p.new("gradient of norm 1's output via the MLP", BSd, a, "the up projection's input gradient")
-        _linear_backward(p, c, "up projection backward", gh, up, None, [gu], recomputed)
+        _linear_backward(p, c, "up projection backward", gh, up, None, [gu], recomputed, role=OpRole.UP_PROJECTION_BACKWARD)
     else:
         gh = p.new("gradient of the MLP input", BSd, a, "the up projection's input gradient")
-        _linear_backward(p, c, "up projection backward", gh, up, "MLP input", [gu], recomputed)
+        _linear_backward(p, c, "up projection backward", gh, up, "MLP input", [gu], recomputed,
+                         role=OpRole.UP_PROJECTION_BACKWARD)
         gn2 = p.new("gradient of norm 2's input", BSd, a, "norm 2 backward's output")
         p.op("norm 2 backward", alloc=[gn2] + define_grads(p, ["norm2.weight", "norm2.bias"], c, share))
         p.op("norm 2 released", free=[gh] + _stats(c, "2"))       # its input is norm 1's, kept

@@ -13,6 +13,7 @@ reference's q and k views, and the rotation's temporaries. (Phi's separate q, k 
 leave the rotated copies in place of their outputs: the same saved bytes as the reference's views.)
 """
 from ..models.features import Features
+from .inputs import StepInputs
 
 __all__ = ["check", "modelled"]
 
@@ -26,7 +27,7 @@ def modelled(f: Features) -> dict:
                 head_bias=f.head_bias and not f.is_tied)
 
 
-def check(ledger, f: Features, kernel: str) -> tuple:
+def check(setup: StepInputs, f: Features, kernel: str) -> tuple:
     """{"parallel": ..., "shared_norm": ..., "head_bias": ...}: the step's :class:`~memledger.step.structure.Shape`
     fields (empty where none applies), or
     ``ValueError`` naming what a parallel block or an untied GPT head (checked against PyTorch in the plain loop
@@ -36,16 +37,16 @@ def check(ledger, f: Features, kernel: str) -> tuple:
     lacks = [what for what, off in [
         (f"the {kernel} attention kernel (use the eager core)", kernel != "eager"),
         ("grouped-query attention", f.gqa), ("a head size other than d/H", f.head_dim),
-        ("tensor parallelism", ledger.tp > 1), ("ZeRO-3", ledger.zero_stage == 3),
-        (f"framework {ledger.framework}", ledger.framework != "plain"),
-        ("a chunked loss", ledger.loss_chunks > 1 or ledger.loss_impl != "torchtune"),
-        ("activation offloading", getattr(ledger, "offload_activations", False)),
-        ("packed documents", getattr(ledger, "packed", 0)),
-        ("the optimizer in backward", getattr(ledger, "optimizer_in_backward", False))] if off]
+        ("tensor parallelism", setup.tp > 1), ("ZeRO-3", setup.zero_stage == 3),
+        (f"framework {setup.framework}", setup.framework != "plain"),
+        ("a chunked loss", setup.loss_chunks > 1 or setup.loss_impl != "torchtune"),
+        ("activation offloading", setup.offload_activations),
+        ("packed documents", setup.packed),
+        ("the optimizer in backward", setup.optimizer_in_backward)] if off]
     if lacks:
         family = ("Phi's one-norm parallel attention and MLP" if f.shared_norm else "GPT-NeoX's parallel attention "
                   "and MLP" if f.parallel else "an untied GPT decoder")
-        named = f" (model_type {ledger.arch.model_type!r})" if ledger.arch.model_type else ""
+        named = f" (model_type {setup.arch.model_type!r})" if setup.arch.model_type else ""
         raise ValueError(f"the step timeline models {family}{named} with the eager core (no, selective or full "
                          f"recomputation), one rank, the plain loop; not with {', '.join(lacks)}")
     return dict(parallel=f.parallel, shared_norm=f.shared_norm, head_bias=bool(f.head_bias))

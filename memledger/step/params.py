@@ -6,7 +6,7 @@ from ..core.symbols import L, V, d, t
 from .ops import ProgramOp, Tensor, block_params
 from .outer import Param, head_params
 from .structure import Shape
-from .vocab import Kind, Lifetime
+from .vocab import Kind, Lifetime, OpRole
 
 __all__ = ["param_tensors", "zero3_units"]
 
@@ -15,12 +15,12 @@ def param_tensors(c: Shape, layers) -> list:
     """:class:`~memledger.step.outer.Param` of every parameter tensor in ``model.parameters()`` order; blocks
     1..L-2 as one lump where ``layers`` (the blocks run op by op) skips some."""
     block = block_params(c)
-    out = [Param("embedding.weight", V * d)]
+    out = [Param("embedding.weight", V * d, step=OpRole.EMBEDDING_STEP)]
     for i in layers:
-        out += [Param(f"block {i} {n}", e) for n, e in block]
+        out += [Param(f"block {i} {n}", e, local=n) for n, e in block]
         if i == 0 and layers[-1] > 1 and layers != list(range(layers[-1] + 1)):
             out.append(Param("@blocks 1..L-2", (L - 2) * sum(e for _, e in block), lump=True))
-            out += [Param(f"block L-1 {n}", e) for n, e in block]
+            out += [Param(f"block L-1 {n}", e, local=n) for n, e in block]
             break
     return out + [Param(n, e) for n, e in head_params(c)]
 

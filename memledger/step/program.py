@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from ..core.dtypes import nbytes
-from .vocab import Action, Device, Kind, Lifetime, Scope
+from .vocab import Action, Device, Kind, Lifetime, OpRole, Scope
 
 __all__ = ["CAUSAL_MASK", "INPUT_GRADIENT", "Placement", "Program", "ProgramOp", "Ref", "Tensor"]
 
@@ -45,11 +45,12 @@ class Placement(NamedTuple):
 
 class ProgramOp(NamedTuple):
     """One op of a program: the tensors (names or :class:`Ref`) its inputs release just before it runs, and
-    those it creates."""
+    those it creates; ``role``: what it is, for the transforms that look for it (its label is for display)."""
     label: str
     frees: tuple
     allocs: tuple
     action: Action = Action.RUN
+    role: OpRole = None
 
 
 class Program:
@@ -70,5 +71,5 @@ class Program:
         self.tensors[name] = Tensor(name, size, kind, Lifetime.TEMPORARY, device, why)
         return name
 
-    def op(self, label, alloc=(), free=(), action=Action.RUN):
-        self.ops.append(ProgramOp(label, tuple(n for n in free if n), tuple(n for n in alloc if n), action))
+    def op(self, label, alloc=(), free=(), action=Action.RUN, role: OpRole = None):
+        self.ops.append(ProgramOp(label, tuple(n for n in free if n), tuple(n for n in alloc if n), action, role))

@@ -1,6 +1,7 @@
 """What decides a step's programs: :class:`Shape` (a block's choices) and :class:`StepStructure` (read off a
-ledger), and the numbers a step is evaluated at (:func:`step_values`). Free of SymPy, so that the command
-line can key a compiled step (:mod:`memledger.step.cache`) without loading it.
+setup's :class:`~memledger.step.inputs.StepInputs`), and the numbers a step is evaluated at
+(:func:`step_values`). Free of SymPy, so that the command line can key a compiled step
+(:mod:`memledger.step.cache`) without loading it.
 
 Two ledgers with the same structure share compiled programs (:func:`memledger.step.build.build`); only
 their numbers differ. B = 1 is part of the structure: q, k and v then stay views of the fused QKV
@@ -10,12 +11,13 @@ from dataclasses import dataclass
 
 from ..models.features import Features
 from ..states.recipes import ALL_RECIPES as RECIPES
+from .inputs import StepInputs, inputs_of
 from .parallel_check import check as check_parallel, modelled as parallel_fields
 
-__all__ = ["AMP_RECIPES", "BNB_KINDS", "COMPILE_REFUSED", "FAMILIES", "LOSS_IMPLS", "MAX_LOSS_CHUNKS",
+__all__ = ["AMP_RECIPES", "BNB_KINDS", "COMPILE_REFUSED", "FAMILIES", "FSDP2Plan", "LOSS_IMPLS", "MAX_LOSS_CHUNKS",
            "MODELLED_RECIPES", "OPTIMIZER_OF", "REFUSED_LOSSES", "Shape", "StepStructure", "block_of", "check_amp",
-           "check_family", "check_implementation", "check_loss_chunks", "check_loss_impl", "check_offload", "check_packed",
-           "check_recipe", "split_refusal", "step_values", "unmodelled"]
+           "check_family", "check_implementation", "check_loss_chunks", "check_loss_impl", "check_modelled",
+           "check_offload", "check_packed", "check_recipe", "split_refusal", "step_values", "unmodelled"]
 
 #: The optimizer each recipe the timeline models runs (``torch.optim.AdamW``, ``SGD`` with ``momentum`` 0 or not,
 #: ``Adafactor``; :mod:`memledger.step.optim`), with one gradient buffer, with or without FP32 master weights
@@ -114,6 +116,27 @@ class Shape:
 
 
 @dataclass(frozen=True)
+class FSDP2Plan:
+    """What FSDP2 runs (framework fsdp2; :mod:`memledger.step.fsdp2`), its policy resolved for the step."""
+    param: str              # the dtype the units compute in (MixedPrecisionPolicy's param_dtype, else the original)
+    reduce: str             # the dtype gradients are reduced in
+    original: str           # the parameters' own dtype (the recipe's)
+    reshard: object         # reshard_after_forward as fully_shard normalizes it: True, False, None or an int k
+    hsdp: bool              # HSDP: replicas of a shard group (a 2-D mesh)
+    loss_in_root: bool      # the loss computed inside the root module's forward
+    offload: object = None  # CPUOffloadPolicy: None (none), else its pin_memory
+
+    @classmethod
+    def of(cls, config, original: str, shard_group: int) -> "FSDP2Plan":
+        """The plan of ``config`` (:class:`~memledger.step.inputs.FSDP2Config`) over parameters of dtype
+        ``original`` sharded over ``shard_group`` ranks."""
+        param = config.param_dtype or original
+        return cls(param, config.reduce_dtype or param, original, _reshard(config.reshard_after_forward, shard_group),
+                   config.dp_replicate > 1, config.loss_in_root,
+                   config.offload_pin_memory if config.cpu_offload else None)
+
+
+@dataclass(frozen=True)
 class StepStructure:
     shape: Shape
     recipe: str
@@ -129,82 +152,98 @@ class StepStructure:
     prefetch: bool = True
     framework: str = "plain"    # issue 15: "ddp" adds its gradient buckets (memledger.step.ddp)
     bucket_view: bool = False   # DDP's gradient_as_bucket_view
-    fsdp: object = None     # framework fsdp2: (param dtype, reduce dtype, original dtype, reshard after forward
-    #                         (True, False, None or an int k), HSDP, loss in the root, CPU offload: None or pin_memory)
+    fsdp: FSDP2Plan = None  # framework fsdp2: what it runs
     offload_activations: bool = False   # the blocks' saved tensors as pinned host copies (memledger.step.offload)
     in_backward: bool = False   # torchtune's optimizer in backward (memledger.step.optim.in_backward)
     paged_optimizer: bool = False   # bitsandbytes' paged states in unified memory (memledger.step.bnb)
 
     @classmethod
-    def of(cls, ledger, conv):
-        arch = ledger.arch
+    def of(cls, setup: StepInputs, conv):
+        """The structure of ``setup`` (StepInputs, or a Ledger: its ``step_inputs``) under the backend ``conv``,
+        or ``ValueError`` naming what the timeline does not model."""
+        setup = inputs_of(setup)
+        arch = setup.arch
         if arch is None:
             raise ValueError("the step timeline needs an architecture (a preset or --hidden/--layers/--heads)")
-        check_recipe(ledger.recipe)
-        if getattr(ledger, "compile", False):
+        check_recipe(setup.recipe)
+        if setup.compile:
             raise ValueError(COMPILE_REFUSED)
-        f = arch.features
-        llama = arch.style == "llama"
-        # LLaMA blocks may add grouped-query attention, QKV biases (Qwen2) and a tied LM head (Gemma)
-        modelled = Features.of(arch.style)._replace(gqa=f.gqa, qkv_bias=f.qkv_bias, tied=f.tied) if llama else \
-            Features.of(arch.style)._replace(tied=f.tied if f.is_tied else None, qkv_bias=f.qkv_bias if f.has_qkv_bias
-                                             else None)
-        # any style: Q and O at H*d_h (Gemma-7B), K and V at H_kv heads (a GPT block's: GPT-BigCode's multi-query)
-        modelled = modelled._replace(head_dim=f.head_dim, gqa=f.gqa)
-        # GPT decoders: learned positions (StarCoder), ALiBi and an embedding LayerNorm (BLOOM); memledger.step.families
-        modelled = modelled._replace(**({} if llama else _refinements(f)))
-        modelled = modelled._replace(**parallel_fields(f))   # GPT-NeoX's, Phi's blocks, untied heads (parallel_check)
-        if f != modelled:
-            family = f" (model_type {arch.model_type!r})" if arch.model_type in FAMILIES else ""
-            raise ValueError(f"the step timeline models the reference decoder's GPT and LLaMA blocks (grouped-query "
-                             f"attention; LLaMA blocks also with QKV biases and tied embeddings; GPT decoders also "
-                             f"with learned positions, ALiBi and an embedding LayerNorm, untied, with a parallel "
-                             f"residual; any head size; no, selective or full recomputation); {unmodelled(f)} not "
-                             f"modelled op by op{family}")
-        refined = check_family(ledger) if not llama else {}
-        gqa = f.gqa
-        recipe = RECIPES[ledger.recipe]
-        act = next(c.dtype for c in recipe.components if c.role == "param")
-        grad = next(c.dtype for c in recipe.components if c.role == "grad")
-        fsdp = None
-        if ledger.framework == "fsdp2":     # compute (and the unsharded gradients) in the policy's param dtype
-            original = act
-            act = grad = ledger.fsdp_param_dtype or original
-            fsdp = (act, ledger.fsdp_reduce_dtype or act, original, _reshard(ledger), ledger.dp_replicate > 1,
-                    getattr(ledger, "fsdp_loss_in_root", False),
-                    getattr(ledger, "fsdp_offload_pin_memory", True) if getattr(ledger, "fsdp_cpu_offload", False)
-                    else None)
-        # the attention probabilities' dropout (off at p = 0, Phi-2's) decides SDPA's kernel, not the residual ones
-        partial = bool(ledger.dropout) and not arch.attention_dropout
-        kernel = conv.kernel(arch.style, ledger.dropout and not partial, ledger.flash_attention)
-        if kernel == "math":
-            raise ValueError("the math SDPA kernel (CPU, LLaMA blocks with dropout) is not modelled op by op; "
-                             "use flash_attention or no dropout")
-        opts = conv.inventory_options(arch.style, act, ledger.dropout, ledger.flash_attention)
-        shape = Shape(arch.style, kernel, bool(ledger.dropout), conv.rmsnorm, act, conv.norm_stats is not None,
-                      ledger.batch_size == 1, grad, opts["mask_dtype"], opts["norm_stats"], gqa,
-                      gqa and arch.kv_heads == 1, True if llama and f.has_qkv_bias else None,
-                      (True if f.is_tied else None) if llama else (None if f.is_tied else False),
-                      ledger.recompute, f.head_dim, ledger.tp > 1,
-                      check_loss_chunks(ledger.loss_chunks), ledger.loss_impl,
-                      *check_packed(ledger, conv, kernel), check_amp(ledger, conv, kernel), **refined,
-                      **check_parallel(ledger, f, kernel), **({"attention_dropout": False} if partial else {}))
-        if ledger.sequence_parallel and ledger.recompute == "full":
+        check_modelled(arch)
+        shape, fsdp = _shape(setup, conv)
+        if setup.sequence_parallel and setup.recompute == "full":
             raise ValueError("the step timeline runs sequence parallelism as DTensor runs it without full "
                              "recomputation only (its recomputed norms on S/t are not modelled); use selective or "
                              "no recomputation")
-        if ledger.tp > 1 and (ledger.loss_chunks > 1 or ledger.loss_impl != "torchtune"):
+        if setup.tp > 1 and (setup.loss_chunks > 1 or setup.loss_impl != "torchtune"):
             raise ValueError("the step timeline runs a chunked loss on one rank's whole vocabulary; under tensor "
                              "parallelism (tp > 1) it runs DTensor's loss_parallel: give loss_chunks 1 or tp 1")
-        check_implementation(ledger, conv)
-        offloaded = getattr(ledger, "offload_activations", False)
-        if offloaded:
-            check_offload(shape, ledger.recompute, ledger.zero_stage, ledger.tp > 1, ledger.framework)
-        return cls(shape, ledger.recipe, ledger.zero_stage, ledger.offload_optimizer, ledger.offload_params,
-                   ledger.offload_placement, ledger.recompute, ledger.tp > 1, ledger.sequence_parallel, conv,
-                   arch.n_layers if arch.n_layers <= 4 else None, True, *_framework(ledger), fsdp=fsdp,
-                   offload_activations=offloaded, in_backward=getattr(ledger, "optimizer_in_backward", False),
-                   paged_optimizer=getattr(ledger, "paged_optimizer", False))
+        check_implementation(setup, conv)
+        if setup.offload_activations:
+            check_offload(shape, setup.recompute, setup.zero_stage, setup.tp > 1, setup.framework)
+        framework, bucket_view = _framework(setup)
+        return cls(shape=shape, recipe=setup.recipe, zero_stage=setup.zero_stage,
+                   offload_optimizer=setup.offload_optimizer, offload_params=setup.offload_params,
+                   offload_placement=setup.offload_placement, recompute=setup.recompute,
+                   tensor_parallel=setup.tp > 1, sequence_parallel=setup.sequence_parallel, conventions=conv,
+                   layers=arch.n_layers if arch.n_layers <= 4 else None, prefetch=True, framework=framework,
+                   bucket_view=bucket_view, fsdp=fsdp, offload_activations=setup.offload_activations,
+                   in_backward=setup.optimizer_in_backward, paged_optimizer=setup.paged_optimizer)
+
+
+def check_modelled(arch) -> None:
+    """``ValueError`` naming the refinements of ``arch`` the step does not model op by op."""
+    f = arch.features
+    llama = arch.style == "llama"
+    # LLaMA blocks may add grouped-query attention, QKV biases (Qwen2) and a tied LM head (Gemma)
+    modelled = Features.of(arch.style)._replace(gqa=f.gqa, qkv_bias=f.qkv_bias, tied=f.tied) if llama else \
+        Features.of(arch.style)._replace(tied=f.tied if f.is_tied else None, qkv_bias=f.qkv_bias if f.has_qkv_bias
+                                         else None)
+    # any style: Q and O at H*d_h (Gemma-7B), K and V at H_kv heads (a GPT block's: GPT-BigCode's multi-query)
+    modelled = modelled._replace(head_dim=f.head_dim, gqa=f.gqa)
+    # GPT decoders: learned positions (StarCoder), ALiBi and an embedding LayerNorm (BLOOM); memledger.step.families
+    modelled = modelled._replace(**({} if llama else _refinements(f)))
+    modelled = modelled._replace(**parallel_fields(f))   # GPT-NeoX's, Phi's blocks, untied heads (parallel_check)
+    if f != modelled:
+        family = f" (model_type {arch.model_type!r})" if arch.model_type in FAMILIES else ""
+        raise ValueError(f"the step timeline models the reference decoder's GPT and LLaMA blocks (grouped-query "
+                         f"attention; LLaMA blocks also with QKV biases and tied embeddings; GPT decoders also "
+                         f"with learned positions, ALiBi and an embedding LayerNorm, untied, with a parallel "
+                         f"residual; any head size; no, selective or full recomputation); {unmodelled(f)} not "
+                         f"modelled op by op{family}")
+
+
+def _shape(setup: StepInputs, conv) -> tuple:
+    """(the :class:`Shape` of ``setup``'s blocks under ``conv``, FSDP2's plan or None), or ``ValueError`` naming
+    what is not modelled (the families', packing's, autocast's, parallel blocks' checks, in that order)."""
+    arch = setup.arch
+    f, llama = arch.features, arch.style == "llama"
+    refined = check_family(setup) if not llama else {}
+    recipe = RECIPES[setup.recipe]
+    act = next(c.dtype for c in recipe.components if c.role == "param")
+    grad = next(c.dtype for c in recipe.components if c.role == "grad")
+    fsdp = None
+    if setup.framework == "fsdp2":     # compute (and the unsharded gradients) in the policy's param dtype
+        fsdp = FSDP2Plan.of(setup.fsdp2, act, setup.shard_group)
+        act = grad = fsdp.param
+    # the attention probabilities' dropout (off at p = 0, Phi-2's) decides SDPA's kernel, not the residual ones
+    partial = bool(setup.dropout) and not arch.attention_dropout
+    kernel = conv.kernel(arch.style, setup.dropout and not partial, setup.flash_attention)
+    if kernel == "math":
+        raise ValueError("the math SDPA kernel (CPU, LLaMA blocks with dropout) is not modelled op by op; "
+                         "use flash_attention or no dropout")
+    opts = conv.inventory_options(arch.style, act, setup.dropout, setup.flash_attention)
+    loss_chunks = check_loss_chunks(setup.loss_chunks)
+    packed, packing = check_packed(setup, conv, kernel)
+    amp = check_amp(setup, conv, kernel)
+    shape = Shape(style=arch.style, attention=kernel, dropout=bool(setup.dropout), rmsnorm=conv.rmsnorm, dtype=act,
+                  stats=conv.norm_stats is not None, single=setup.batch_size == 1, grad_dtype=grad,
+                  mask_dtype=opts["mask_dtype"], stats_dtype=opts["norm_stats"], gqa=f.gqa,
+                  mqa=f.gqa and arch.kv_heads == 1, qkv_bias=True if llama and f.has_qkv_bias else None,
+                  tied=(True if f.is_tied else None) if llama else (None if f.is_tied else False),
+                  recompute=setup.recompute, head_dim=f.head_dim, tp=setup.tp > 1, loss_chunks=loss_chunks,
+                  loss_impl=setup.loss_impl, packed=packed, packing=packing, amp=amp, **refined,
+                  **check_parallel(setup, f, kernel), **({"attention_dropout": False} if partial else {}))
+    return shape, fsdp
 
 
 def _refinements(f: Features) -> dict:
@@ -212,29 +251,29 @@ def _refinements(f: Features) -> dict:
     return {k: True for k in ("positions", "alibi", "input_norm") if getattr(f, k)}
 
 
-def check_family(ledger) -> dict:
+def check_family(setup: StepInputs) -> dict:
     """The families' refinements of a GPT decoder the step models ({"positions": ..., "alibi": ..., "input_norm":
     ...}, as set), or ``ValueError`` naming what they are not modelled with: they run in the plain loop on one rank
     (no ZeRO, tensor parallelism or framework), ALiBi with an eager core, learned positions without dropout, with
     the plain loss."""
-    f = ledger.arch.features
+    f = setup.arch.features
     family = _refinements(f)
     if not family:
         return family
     lacks = [what for what, off in [
-        ("ZeRO", ledger.zero_stage > 0), ("tensor parallelism", ledger.tp > 1),
+        ("ZeRO", setup.zero_stage > 0), ("tensor parallelism", setup.tp > 1),
         ("dropout (the embeddings' own, GPT-2's and GPT-BigCode's embd_pdrop, is not modelled)",
-         f.positions and ledger.dropout),
+         f.positions and setup.dropout),
         ("a flash attention kernel (ALiBi is added to the eager core's scores)",
-         f.alibi and getattr(ledger, "flash_attention", False)),
-        (f"framework {ledger.framework}", ledger.framework != "plain"),
-        ("a chunked loss", ledger.loss_chunks > 1 or ledger.loss_impl != "torchtune"),
-        ("the optimizer in backward", getattr(ledger, "optimizer_in_backward", False)),
-        ("activation offloading", getattr(ledger, "offload_activations", False))] if off]
+         f.alibi and setup.flash_attention),
+        (f"framework {setup.framework}", setup.framework != "plain"),
+        ("a chunked loss", setup.loss_chunks > 1 or setup.loss_impl != "torchtune"),
+        ("the optimizer in backward", setup.optimizer_in_backward),
+        ("activation offloading", setup.offload_activations)] if off]
     if lacks:
         names = " and ".join(n for n, on in [("learned positions", f.positions), ("ALiBi", f.alibi),
                                              ("an embedding LayerNorm", f.input_norm)] if on)
-        kind = f" (model_type {ledger.arch.model_type!r})" if ledger.arch.model_type else ""
+        kind = f" (model_type {setup.arch.model_type!r})" if setup.arch.model_type else ""
         raise ValueError(f"the step timeline models {names} in the plain loop on one rank{kind}; not with "
                          f"{', '.join(lacks)}")
     return family
@@ -244,50 +283,50 @@ def check_family(ledger) -> dict:
 AMP_RECIPES = ("fp16-amp-adamw",)
 
 
-def check_amp(ledger, conv, kernel) -> bool:
+def check_amp(setup: StepInputs, conv, kernel) -> bool:
     """Whether the ledger's recipe runs under autocast; ``ValueError`` naming what the step does not model
     with it."""
-    if ledger.recipe not in AMP_RECIPES:
+    if setup.recipe not in AMP_RECIPES:
         return False
-    f = ledger.arch.features
+    f = setup.arch.features
     lacks = [what for what, off in [
-        (f"{ledger.arch.style} blocks", ledger.arch.style not in ("llama", "gpt")),
+        (f"{setup.arch.style} blocks", setup.arch.style not in ("llama", "gpt")),
         ("parallel attention and MLP", getattr(f, "parallel", False)), ("ALiBi", getattr(f, "alibi", False)),
         ("an embedding norm", getattr(f, "input_norm", False)), ("learned positions", f.positions),
         ("grouped-query attention in a GPT block", f.gpt and f.gqa), ("an untied GPT head", f.gpt and not f.is_tied),
         ("an LM head bias", f.head_bias),
-        (f"the {kernel} attention kernel", kernel != "flash"), ("dropout", ledger.arch.style == "gpt" and ledger.dropout),
-        ("tensor parallelism", ledger.tp > 1),
-        ("ZeRO", ledger.zero_stage > 0), ("offloading", ledger.offload_optimizer != "none"),
-        ("activation offloading", getattr(ledger, "offload_activations", False)),
-        ("LitGPT's loss", ledger.loss_impl != "torchtune"),
-        ("packed documents", getattr(ledger, "packed", 0)), ("the optimizer in backward",
-                                                             getattr(ledger, "optimizer_in_backward", False)),
-        (f"framework {ledger.framework}", ledger.framework != "plain")] if off]
+        (f"the {kernel} attention kernel", kernel != "flash"), ("dropout", setup.arch.style == "gpt" and setup.dropout),
+        ("tensor parallelism", setup.tp > 1),
+        ("ZeRO", setup.zero_stage > 0), ("offloading", setup.offload_optimizer != "none"),
+        ("activation offloading", setup.offload_activations),
+        ("LitGPT's loss", setup.loss_impl != "torchtune"),
+        ("packed documents", setup.packed), ("the optimizer in backward",
+                                                             setup.optimizer_in_backward),
+        (f"framework {setup.framework}", setup.framework != "plain")] if off]
     if lacks:
-        raise ValueError(f"recipe {ledger.recipe}: the step models FP16 autocast for the reference decoder's LLaMA "
+        raise ValueError(f"recipe {setup.recipe}: the step models FP16 autocast for the reference decoder's LLaMA "
                          f"and GPT blocks with a flash SDPA kernel (--backend cpu or cuda; GPT: --flash-attention, no "
                          f"dropout); not for {', '.join(lacks)}")
     return True
 
 
-def check_packed(ledger, conv, kernel) -> tuple:
+def check_packed(setup: StepInputs, conv, kernel) -> tuple:
     """(documents per row, the backend's packing) of ``ledger`` (``(0, None)`` unpacked), or ``ValueError`` naming
     what packed documents are not modelled with (:mod:`memledger.step.packing`)."""
-    n = getattr(ledger, "packed", 0)
+    n = setup.packed
     if not n:
         return 0, None
     packing = "eager" if kernel == "eager" else conv.packing    # the eager core: masked_fill's shared bool mask
     if packing is None:
         raise ValueError(f"packed: the {conv.name} backend's {kernel} attention is not modelled with document masks; "
                          "use --backend cpu (SDPA with a block-causal mask) or cuda (flash-attention varlen)")
-    offloaded = getattr(ledger, "offload_activations", False)
-    f = ledger.arch.features
+    offloaded = setup.offload_activations
+    f = setup.arch.features
     lacks = [what for what, off in [
-        ("tensor parallelism", ledger.tp > 1), ("ZeRO-3 (no measured run of it with packing here)",
-                                                ledger.zero_stage == 3),
+        ("tensor parallelism", setup.tp > 1), ("ZeRO-3 (no measured run of it with packing here)",
+                                                setup.zero_stage == 3),
         ("activation offloading with the eager core", offloaded and packing == "eager"),
-        (f"framework {ledger.framework}", ledger.framework != "plain"),
+        (f"framework {setup.framework}", setup.framework != "plain"),
         ("learned positions, ALiBi or an embedding norm (no measured run of them with packing here)",
          f.positions or f.alibi or f.input_norm)] if off]
     if lacks:
@@ -296,25 +335,24 @@ def check_packed(ledger, conv, kernel) -> tuple:
     return n, packing
 
 
-def _reshard(ledger):
+def _reshard(value, shard_group: int):
     """FSDP2's ``reshard_after_forward`` as ``fully_shard`` normalizes it (``_fsdp_init.py:174-182``): an int 1 is
     False, the shard group's size True, another divisor k stays k (a post-forward shard group of k ranks)."""
-    value = ledger.reshard_after_forward
     if value is None or isinstance(value, bool):
         return value
-    return False if value == 1 else True if value == ledger.dp // ledger.dp_replicate else value
+    return False if value == 1 else True if value == shard_group else value
 
 
-def _framework(ledger) -> tuple:
+def _framework(setup: StepInputs) -> tuple:
     """(framework, DDP's gradient_as_bucket_view) of ``ledger``, for the step; a chunked loss runs in the plain
     loop only (not checked against PyTorch's DDP or FSDP2)."""
-    if ledger.framework not in ("plain", "ddp", "fsdp2"):
-        raise ValueError(f"the step timeline does not run framework {ledger.framework} op by op; its buffers are "
+    if setup.framework not in ("plain", "ddp", "fsdp2"):
+        raise ValueError(f"the step timeline does not run framework {setup.framework} op by op; its buffers are "
                          "ledger rows (memledger ledger --framework ...)")
-    if ledger.framework != "plain" and (ledger.loss_chunks > 1 or ledger.loss_impl != "torchtune"):
+    if setup.framework != "plain" and (setup.loss_chunks > 1 or setup.loss_impl != "torchtune"):
         raise ValueError(f"the step timeline runs a chunked loss in the plain loop only, not under framework "
-                         f"{ledger.framework}: give loss_chunks 1")
-    return ledger.framework, ledger.framework == "ddp" and ledger.gradient_as_bucket_view
+                         f"{setup.framework}: give loss_chunks 1")
+    return setup.framework, setup.framework == "ddp" and setup.ddp.gradient_as_bucket_view
 
 
 #: The most loss chunks the timeline runs op by op (each chunk is a few ops and tensors of its own).
@@ -370,26 +408,26 @@ def check_offload(c: Shape, recompute: str, zero_stage: int, tensor_parallel: bo
                          f"backend, no or full recomputation; not for {', '.join(lacks)}")
 
 
-def check_implementation(ledger, conv) -> None:
+def check_implementation(setup: StepInputs, conv) -> None:
     """``ValueError`` where the optimizer has no such implementation: Adafactor has no fused kernel, and its
     ``foreach=None`` default is the for-loop on every device (``torch/optim/_adafactor.py``), so the cuda
     backend's foreach (AdamW's and SGD's default there) does not apply to it, and foreach asked elsewhere is
     not modelled; Adafactor's factored moments need whole matrices (no ZeRO, no tensor parallelism).
     bitsandbytes' optimizers are their own kernels (no foreach or fused choice) over whole tensors; ``paged_optimizer``
     is theirs only."""
-    kind = OPTIMIZER_OF[ledger.recipe]
-    paged = getattr(ledger, "paged_optimizer", False)
+    kind = OPTIMIZER_OF[setup.recipe]
+    paged = setup.paged_optimizer
     if paged and kind not in BNB_KINDS:
         raise ValueError(f"paged_optimizer: bitsandbytes' paged optimizers keep their states in unified memory; "
-                         f"recipe {ledger.recipe} runs torch.optim (use bf16-adam8bit-bnb, "
+                         f"recipe {setup.recipe} runs torch.optim (use bf16-adam8bit-bnb, "
                          f"bf16-adam8bit-bnb-nomaster or bf16-adamw32-bnb)")
     if kind in BNB_KINDS:
         if getattr(conv, "fused", False) or (conv.foreach and conv.name != "cuda"):
-            raise ValueError(f"foreach/fused: recipe {ledger.recipe} runs bitsandbytes' own in-place kernel per "
+            raise ValueError(f"foreach/fused: recipe {setup.recipe} runs bitsandbytes' own in-place kernel per "
                              "tensor, not torch.optim's implementations")
-        if ledger.zero_stage or ledger.tp > 1:
+        if setup.zero_stage or setup.tp > 1:
             raise ValueError("the step models bitsandbytes' optimizers (from source) on whole tensors: no ZeRO, tp 1")
-        if getattr(ledger, "optimizer_in_backward", False):
+        if setup.optimizer_in_backward:
             raise ValueError("optimizer_in_backward: one bitsandbytes optimizer per parameter (each with its own "
                              "qmaps) is not modelled")
         return
@@ -399,7 +437,7 @@ def check_implementation(ledger, conv) -> None:
         raise ValueError("fused: torch.optim.Adafactor has no fused implementation")
     if conv.foreach and conv.name != "cuda":
         raise ValueError("foreach: Adafactor's foreach step is not modelled (its default is the for-loop)")
-    if ledger.zero_stage or ledger.tp > 1:
+    if setup.zero_stage or setup.tp > 1:
         raise ValueError("the step models Adafactor's factored moments on whole matrices: no ZeRO, tp 1")
 
 
@@ -421,14 +459,15 @@ def unmodelled(f: Features) -> str:
     return (", ".join(found) if found else "this architecture's refinements") + (" is" if len(found) == 1 else " are")
 
 
-def step_values(ledger) -> dict:
+def step_values(setup: StepInputs) -> dict:
     """Symbol name -> number for the step: the ledger's values, with P the architecture's counted
     parameters (the timeline books tensors, not a nominal count such as the article's 7x10^9); under FSDP2
     N_d is the shard group's size."""
-    values = dict(ledger.values)
-    values["P"] = ledger.arch.computed_params
-    if ledger.framework == "fsdp2":         # FSDP2 shards over its shard group (HSDP: dp / dp_replicate ranks)
-        values["N_d"] = ledger.dp // ledger.dp_replicate
+    setup = inputs_of(setup)
+    values = dict(setup.values)
+    values["P"] = setup.arch.computed_params
+    if setup.framework == "fsdp2":         # FSDP2 shards over its shard group (HSDP: dp / dp_replicate ranks)
+        values["N_d"] = setup.shard_group
     return values
 
 

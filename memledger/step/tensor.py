@@ -33,7 +33,7 @@ from .norms import norm_backward, norm_forward
 from .ops import BSd, ProgramOp, Ref, Tensor, final_input, residual_names
 from .outer import final_norm_params
 from .structure import Shape
-from .vocab import Kind, Lifetime, Scope
+from .vocab import Kind, Lifetime, OpRole, Scope
 
 __all__ = ["BSd_t", "COLUMN_BACKWARD", "LOGITS", "OUTSIDE", "ROW_FORWARD", "SP_NORM_OUTPUT", "SP_TEMPORARIES",
            "UP_COPY", "WHOLE", "WHOLE_ROW", "backward_end", "backward_start", "beyond_share", "collectives",
@@ -60,18 +60,15 @@ SP_TEMPORARIES = ("output projection output", "down-projection output", "gradien
 #: Parameters a tensor-parallel plan leaves whole on every rank: the norms, the row-wise layers' biases.
 WHOLE = ("norm1.weight", "norm1.bias", "norm2.weight", "norm2.bias", "final norm.weight", "final norm.bias",
          "proj.bias", "down.bias")
-#: The labels of the row-wise layers' forward ops and of the column-wise layers' backward ops in a block.
-ROW_FORWARD = ("output projection", "down projection")
-COLUMN_BACKWARD = ("QKV projection backward", "up projection backward", "gate projection backward")
-
-
-def _whole(name: str) -> bool:
-    return any(name.endswith(w) for w in WHOLE)
+#: The row-wise layers' forward ops and the column-wise layers' backward ops in a block.
+ROW_FORWARD = (OpRole.OUTPUT_PROJECTION, OpRole.DOWN_PROJECTION)
+COLUMN_BACKWARD = (OpRole.QKV_PROJECTION_BACKWARD, OpRole.UP_PROJECTION_BACKWARD, OpRole.GATE_PROJECTION_BACKWARD)
 
 
 def param_share(share):
-    """The elements of a parameter on one rank: whole for :data:`WHOLE`, else ``share`` (ceil(n/t))."""
-    return lambda name, n: n if _whole(name) else share(n)
+    """The elements of a parameter (by its name in its module) on one rank: whole for :data:`WHOLE`, else
+    ``share`` (ceil(n/t))."""
+    return lambda key, n: n if key in WHOLE else share(n)
 
 
 def _token(p, name, dtype, why):
@@ -130,10 +127,11 @@ def forward_end(p, c: Shape, sequence_parallel=False):
     if sequence_parallel:
         _all_gather(p, "LM head input", "the LM head's input")
     logits = p.new("logits", LOGITS, a, "the LM head's output: the rank's V/t columns")
-    p.op("LM head", alloc=[logits])
+    p.op("LM head", alloc=[logits], role=OpRole.LM_HEAD)
     if c.upcast or sequence_parallel:
         p.op("final norm input released", free=[final_input(c) if c.upcast else None,
-                                                 out if sequence_parallel else None])
+                                                 out if sequence_parallel else None],
+             role=OpRole.FINAL_NORM_INPUT_RELEASED)
     src = logits
     if a != "fp32":
         src = p.new("logits in FP32", LOGITS, f, "logits.float(): cross-entropy runs in FP32")
@@ -181,7 +179,7 @@ def forward_end(p, c: Shape, sequence_parallel=False):
     p.op("result.sum()", free=[count], alloc=[total])
     p.op("sum / total weight", alloc=["loss"])
     p.op("released", free=[safe, shifted_ids, gathered, reduced, res, total])
-    p.op("loss computed", free=[src])
+    p.op("loss computed", free=[src], role=OpRole.LOSS_COMPUTED)
 
 
 def backward_start(p, c: Shape, sequence_parallel=False):
@@ -201,7 +199,7 @@ def backward_start(p, c: Shape, sequence_parallel=False):
     e = p.new("exp(log-softmax output)", LOGITS, f, "(grad_input + exp(x)) * grad_output")
     total = p.new("grad_input + exp(x)", LOGITS, f, "before the product")
     g = p.new("log_softmax gradient", LOGITS, f, "(grad_input + exp(x)) * grad_output")
-    p.op("loss.backward()", alloc=[dl])
+    p.op("loss.backward()", alloc=[dl], role=OpRole.LOSS_BACKWARD)
     p.op("grad / total weight", alloc=[go])
     p.op("target != ignore_index", alloc=[ne])
     p.op("safe target", alloc=[safe])
@@ -233,7 +231,7 @@ def backward_start(p, c: Shape, sequence_parallel=False):
         x = p.tensors["grad embedding.weight"]
         p.tensors[head] = Tensor(head, x.expr, Kind.TRANSIENT, Lifetime.TEMPORARY, x.device,
                                  "waits in autograd's buffer for the embedding's contribution")
-    p.op("LM head backward", alloc=[head, partial])
+    p.op("LM head backward", alloc=[head, partial], role=OpRole.LM_HEAD_BACKWARD)
     p.op("released", free=[g, "LM head input"])
     if sequence_parallel:
         _reduce_scatter(p, partial, gfn, "the LM head's input gradient")
@@ -264,7 +262,7 @@ def backward_end(p, c: Shape, sequence_parallel=False):
     else:
         p.op("embedding backward", alloc=["grad embedding.weight"])
         p.op("released", free=[g])
-    p.op("loss released", free=["gradient of the loss", "loss"])
+    p.op("loss released", free=["gradient of the loss", "loss"], role=OpRole.LOSS_RELEASED)
 
 
 def _all_gather(p, out, what):
@@ -293,12 +291,12 @@ def _like(p, name, other: str, why):
     return name
 
 
-def _all_reduced(ops, tensors, labels, after: int):
-    """``ops`` with the output of each op labelled in ``labels`` (its one temporary) made a partial sum and
+def _all_reduced(ops, tensors, roles, after: int):
+    """``ops`` with the output of each op of one of ``roles`` (its one temporary) made a partial sum and
     all-reduced into the tensor it was, ``after`` ops later (0: at once); the partial sum is then released."""
     out, pending = [], {}
     for k, op in enumerate(ops):
-        if op.label in labels:
+        if op.role in roles:
             name = next(n for n in op.allocs if isinstance(n, str)
                         and tensors[n].lifetime is Lifetime.TEMPORARY)
             x = tensors[name]
@@ -335,7 +333,7 @@ def _partial_biases(ops, tensors, size):
     the layer has run."""
     k = 0
     while k < len(ops):
-        if ops[k].label in ROW_FORWARD:
+        if ops[k].role in ROW_FORWARD:
             name = f"{ops[k].label} bias / t"
             tensors[name] = Tensor(name, size, Kind.TRANSIENT, Lifetime.TEMPORARY,
                                    why="redistribute(Replicate -> Partial) of the bias")
@@ -367,9 +365,6 @@ def sequence_parallel_rows(tensors, layer_rows, c: Shape):
 def sequence_parallel_block(fwd, bwd, tensors, gpt=False):
     """A block's forward and backward under SP (``SequenceParallel`` norms; column-wise layers with
     ``input_layouts=Shard(1)``, row-wise with ``output_layouts=Shard(1)``), as MemTracker saw them."""
-    def temporary(name, expr, why):
-        tensors[name] = Tensor(name, expr, Kind.TRANSIENT, Lifetime.TEMPORARY, why=why)
-        return name
     for name in SP_TEMPORARIES:
         if name in tensors:
             x = tensors[name]
@@ -378,53 +373,71 @@ def sequence_parallel_block(fwd, bwd, tensors, gpt=False):
         if x.lifetime is Lifetime.TEMPORARY and name.startswith("norm ") and "S/t" not in name:
             tensors[name] = Tensor(name, x.expr.subs(S, S / t), x.kind, x.lifetime, x.device, x.why)
     whole = tensors["Q/K/V projection input"].expr
-    outputs = {row: temporary(n, whole / t, "the norm's output, the rank's positions")
+    outputs = {row: _temporary(tensors, n, whole / t, "the norm's output, the rank's positions")
                for row, n in SP_NORM_OUTPUT.items() if row != "LM head input"}
-    gathered = {"QKV": "Q/K/V projection input", "gate projection": "MLP input", "up projection": UP_COPY}
+    fwd.ops[:] = _sequence_parallel_forward(fwd.ops, tensors, whole, outputs, gpt)
+    bwd.ops[:] = _sequence_parallel_backward(bwd.ops, tensors, whole, gpt)
+
+
+def _temporary(tensors, name, expr, why):
+    tensors[name] = Tensor(name, expr, Kind.TRANSIENT, Lifetime.TEMPORARY, why=why)
+    return name
+
+
+def _sequence_parallel_forward(ops, tensors, whole, outputs, gpt) -> list:
+    """A block's forward ``ops`` under SP: the norms' outputs the rank's positions, an all-gather before each
+    column-wise layer, a reduce-scatter after each row-wise one."""
+    gathered = {OpRole.QKV_PROJECTION: "Q/K/V projection input", OpRole.GATE_PROJECTION: "MLP input",
+                OpRole.UP_PROJECTION: UP_COPY}
     if gpt:
-        gathered["up projection"] = "MLP input"
+        gathered[OpRole.UP_PROJECTION] = "MLP input"
     out = []
-    for op in fwd.ops:
+    for op in ops:
         op = op._replace(allocs=tuple(outputs.get(n, n) if isinstance(n, str) else n for n in op.allocs))
-        column = next((k for k in gathered if op.label.startswith(k) and "backward" not in op.label), None)
+        column = op.role if op.role in gathered else None
         if column:
-            what = f"the {column} input"
-            stacked = temporary(f"all-gather output: {what}", whole, "the ranks' shards on dim 0")
+            what = f"the {'QKV' if column is OpRole.QKV_PROJECTION else column} input"
+            stacked = _temporary(tensors, f"all-gather output: {what}", whole, "the ranks' shards on dim 0")
             out += [ProgramOp(f"all-gather: {what}", (), (stacked,)),
                     ProgramOp("cat: the sequence in order", (), (gathered[column],)),
                     ProgramOp("released", (stacked,), ())]
-        if op.label == "block returns":
+        if op.role is OpRole.BLOCK_RETURNS:
             op = op._replace(frees=op.frees + (outputs["MLP input"],))
-        if op.label in ROW_FORWARD:
+        if op.role in ROW_FORWARD:
             name = next(n for n in op.allocs if isinstance(n, str) and tensors[n].lifetime is Lifetime.TEMPORARY)
-            partial = temporary(f"{name} (partial sum)", whole, "the rank's share, before the reduce-scatter")
-            flat = temporary(f"reduce-scatter input: {name}", whole, "cat of the split on the sequence")
+            partial = _temporary(tensors, f"{name} (partial sum)", whole, "the rank's share, before the reduce-scatter")
+            flat = _temporary(tensors, f"reduce-scatter input: {name}", whole, "cat of the split on the sequence")
             out += [op._replace(allocs=tuple(partial if n == name else n for n in op.allocs)),
                     ProgramOp("cat: split on the sequence", (), (flat,)),
                     ProgramOp("reduce-scatter", (), (name,)), ProgramOp("released", (flat,), ()),
                     ProgramOp("released", (partial,), ())]
             continue
         out.append(op)
-        if column == "QKV":
+        if column is OpRole.QKV_PROJECTION:
             out.append(ProgramOp("released", (outputs["Q/K/V projection input"],), ()))
-    fwd.ops[:] = out
+    return out
+
+
+def _sequence_parallel_backward(ops, tensors, whole, gpt) -> list:
+    """A block's backward ``ops`` under SP: an all-gather of each row-wise layer's output gradient, a
+    reduce-scatter of each column-wise layer's input gradient."""
     out, pending = [], {}
-    row_grads = {"down projection backward": "gradient of the block output", "output projection backward":
-                 "gradient of the attention residual sum"}
-    for k, op in enumerate(bwd.ops):
-        if op.label in row_grads:
-            what = row_grads[op.label]
-            stacked = temporary(f"all-gather output: {what}", whole, "the ranks' shards on dim 0")
-            copy = temporary(f"{what}, all-gathered", whole, "the row-wise layer's output gradient, whole")
+    row_grads = {OpRole.DOWN_PROJECTION_BACKWARD: "gradient of the block output",
+                 OpRole.OUTPUT_PROJECTION_BACKWARD: "gradient of the attention residual sum"}
+    for k, op in enumerate(ops):
+        if op.role in row_grads:
+            what = row_grads[op.role]
+            stacked = _temporary(tensors, f"all-gather output: {what}", whole, "the ranks' shards on dim 0")
+            copy = _temporary(tensors, f"{what}, all-gathered", whole, "the row-wise layer's output gradient, whole")
             out += [ProgramOp(f"all-gather: {what}", (), (stacked,)),
                     ProgramOp("cat: the sequence in order", (), (copy,)), ProgramOp("released", (stacked,), ())]
             pending[k + 1] = ("free", copy)
-        if op.label in COLUMN_BACKWARD:
+        if op.role in COLUMN_BACKWARD:
             name = next(n for n in op.allocs if isinstance(n, str) and tensors[n].lifetime is Lifetime.TEMPORARY)
-            partial = temporary(f"{name} (partial sum)", whole, "the rank's share, before the reduce-scatter")
+            partial = _temporary(tensors, f"{name} (partial sum)", whole, "the rank's share, before the reduce-scatter")
             op = op._replace(allocs=tuple(partial if n == name else n for n in op.allocs))
             pending[k + 1] = ("scatter", name, partial)
-        if op.label == "up projection backward" and not gpt:
+        if op.role is OpRole.UP_PROJECTION_BACKWARD and not gpt:
             pending.setdefault(("up", k + 1), UP_COPY)
         if ("up", k) in pending:
             op = op._replace(frees=op.frees + (pending.pop(("up", k)),))
@@ -433,21 +446,20 @@ def sequence_parallel_block(fwd, bwd, tensors, gpt=False):
         out.append(op)
         if k in pending:
             _, name, partial = pending.pop(k)
-            flat = temporary(f"reduce-scatter input: {name}", whole, "cat of the split on the sequence")
+            flat = _temporary(tensors, f"reduce-scatter input: {name}", whole, "cat of the split on the sequence")
             out += [ProgramOp("cat: split on the sequence", (), (flat,)), ProgramOp("reduce-scatter", (), (name,)),
                     ProgramOp("released", (flat,), ()), ProgramOp("released", (partial,), ())]
-    bwd.ops[:] = out
+    return out
 
 
 def whole_gradients(tensors, grad_dtype: str, tied=False):
     """The gradients a rank holds whole: the replicated parameters' (:data:`WHOLE`) and, untied, the
     vocabulary-parallel embedding's, which DTensor's embedding backward returns Replicate (tied, the sum
     with the LM head's Shard(0) gradient is Shard(0))."""
-    for name, x in list(tensors.items()):
-        if x.lifetime is Lifetime.GRADIENT and name.startswith("grad ") and _whole(name):
-            elements = d if "norm" in name or name.endswith(("proj.bias", "down.bias")) else None
-            if elements is not None:
-                tensors[name] = Tensor(name, elements * nbytes(grad_dtype), x.kind, x.lifetime, x.device, x.why)
+    for key in WHOLE:                   # each a vector of d elements
+        x = tensors.get(f"grad {key}")
+        if x is not None and x.lifetime is Lifetime.GRADIENT:
+            tensors[x.name] = Tensor(x.name, d * nbytes(grad_dtype), x.kind, x.lifetime, x.device, x.why)
     if tied:
         return
     x = tensors["grad embedding.weight"]
@@ -480,7 +492,7 @@ def redistribute_embedding_gradient(ops, tensors, dtype: str):
     for n in names:
         tensors[n] = Tensor(n, sp.ceiling(V * d / t) * nbytes(dtype), Kind.TRANSIENT, Lifetime.TEMPORARY,
                             why="redistribute(Replicate -> Shard(0)): a contiguous copy of the rank's rows")
-    k = next((i for i, op in enumerate(ops) if op.label == "AdamW step: embedding.weight"), None)
+    k = next((i for i, op in enumerate(ops) if op.role is OpRole.EMBEDDING_STEP), None)
     if k is None:
         return
     ops[k:k] = [ProgramOp("exp_avg.lerp_(grad)", (), (names[0],)), ProgramOp("released", (names[0],), ()),

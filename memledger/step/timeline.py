@@ -43,6 +43,7 @@ from ..core.capacity import MARGIN, leaves_margin
 from ..activations.backends import Backend, get_backend
 from . import ddp
 from .build import build
+from .inputs import StepInputs, inputs_of
 from .structure import StepStructure, block_of, step_values
 from .vocab import LANDMARKS, Action, Device, Phase
 
@@ -60,14 +61,17 @@ class Peak:
 
 
 class Step:
-    """The step timeline of a :class:`memledger.ledger.ledger.Ledger` under a backend's conventions."""
+    """The step timeline of a setup (:class:`~memledger.step.inputs.StepInputs`, or a
+    :class:`memledger.ledger.ledger.Ledger`: its ``step_inputs``) under a backend's conventions. ``ledger`` keeps
+    what was given (for the caller's display; the step reads only :attr:`inputs`)."""
 
-    def __init__(self, ledger, backend="article", **changes):
-        self.ledger = ledger
+    def __init__(self, setup, backend="article", **changes):
+        self.ledger = setup
+        self.inputs: StepInputs = inputs_of(setup)
         self.conventions: Backend = get_backend(backend, **changes)
-        self.structure = StepStructure.of(ledger, self.conventions)
+        self.structure = StepStructure.of(self.inputs, self.conventions)
         self.built = build(self.structure)
-        self.values = step_values(ledger)
+        self.values = step_values(self.inputs)
 
     @cached_property
     def sizes(self):
@@ -92,7 +96,7 @@ class Step:
         (:mod:`memledger.step.ddp`); [] under another framework."""
         if self.structure.framework != "ddp":
             return []
-        return ddp.bucket_rows(self.built, self.values, self.ledger.ddp_bucket_mb)
+        return ddp.bucket_rows(self.built, self.values, self.inputs.ddp.bucket_mb)
 
     @cached_property
     def landmarks(self) -> dict:
@@ -161,7 +165,7 @@ class Step:
 
     def to_dict(self) -> dict:
         """The JSON object of ``memledger step --json``: inputs, landmarks, peak (with what is live there), rows."""
-        inputs = self.ledger.inputs()
+        inputs = dict(self.inputs.record)
         inputs["n_params"] = self.values["P"]
         inputs["backend"] = self.conventions.name
         inputs["conventions"] = {k: v for k, v in vars(self.conventions).items() if k != "name"}

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from .ops import Ref, residual_names
-from .vocab import Action, Kind, Lifetime, Phase, Scope
+from .vocab import Action, Kind, Lifetime, OpRole, Phase, Scope
 
 __all__ = ["GRADIENT_LUMP", "LUMP", "SAVED_LUMP", "Compiled", "Op", "Part", "explicit_layers", "flatten"]
 
@@ -47,6 +47,7 @@ class Op:
     frees: tuple
     allocs: tuple
     action: Action = Action.RUN
+    role: object = None     # an OpRole (memledger.step.vocab): what the op is, for the transforms that find it
 
 
 def explicit_layers(n_layers):
@@ -78,16 +79,17 @@ def flatten(n_layers: int, c, outside: dict, fwd, bwd, optimizer, lump=None) -> 
     extra = lump or (lambda phase, n: ((), ()))
 
     def add(phase, layer, program):
-        for label, frees, allocs, action in program:
-            q = [_qualify(n, layer, n_layers) for n in frees]
-            a = [_qualify(n, layer, n_layers) for n in allocs]
-            ops.append(Op(phase, layer, label, tuple(n for n in q if n), tuple(n for n in a if n), action))
+        for op in program:
+            q = [_qualify(n, layer, n_layers) for n in op.frees]
+            a = [_qualify(n, layer, n_layers) for n in op.allocs]
+            ops.append(Op(phase, layer, op.label, tuple(n for n in q if n), tuple(n for n in a if n), op.action,
+                          op.role))
 
     def outside_ops(part, phase):
         add(phase, None, outside[part])
 
-    def landmark(phase, name):
-        ops.append(Op(phase, None, name, (), (), Action.LANDMARK))
+    def landmark(phase, name, role=None):
+        ops.append(Op(phase, None, name, (), (), Action.LANDMARK, role))
 
     layers = explicit_layers(n_layers)
     x = residual_names(c)[0]
@@ -110,7 +112,7 @@ def flatten(n_layers: int, c, outside: dict, fwd, bwd, optimizer, lump=None) -> 
     outside_ops(Part.BACKWARD_END, Phase.BACKWARD)
     landmark(Phase.BACKWARD, "after backward")
     add(Phase.OPTIMIZER, None, optimizer)
-    landmark(Phase.OPTIMIZER, "after step")
+    landmark(Phase.OPTIMIZER, "after step", OpRole.OPTIMIZER_STEP_DONE)
     return ops
 
 

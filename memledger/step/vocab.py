@@ -10,7 +10,7 @@ from enum import StrEnum
 
 from ..core.vocabulary import Device, Kind
 
-__all__ = ["LANDMARKS", "Action", "Device", "Kind", "Lifetime", "Phase", "Save", "Scope"]
+__all__ = ["LANDMARKS", "Action", "Device", "Kind", "Lifetime", "OpRole", "Phase", "Save", "Scope"]
 
 #: The moments at which the live set is exact (docstring of :mod:`memledger.step.timeline`).
 LANDMARKS = ("before forward", "after forward", "after backward", "after step")
@@ -52,3 +52,47 @@ class Save(StrEnum):
     KEPT = "kept"                # held by autograd until the backward node that reads it has run
     DROPPED = "dropped"          # forward under a checkpoint: it dies with its last reference
     RECOMPUTED = "recomputed"    # made again just before the backward that reads it
+
+
+class OpRole(StrEnum):
+    """What an op is, for the transforms that find it in a program (TP/SP, FSDP2, AMP, LoRA, offloading, packing,
+    the optimizer in backward); set where the op is made. An op's label is for display only: nothing selects by it.
+    None: an op no transform looks for."""
+    LM_HEAD = "LM head"                                   # the LM head's matmul (the logits made; unchunked)
+    LM_HEAD_BACKWARD = "LM head backward"
+    LOSS_COMPUTED = "loss computed"
+    LOSS_BACKWARD = "loss.backward()"                     # the loss's gradient seeded
+    DECODER_RETURNS = "the decoder returns"               # the chunked loss: the decoder's output handed over
+    LOSS_RELEASED = "loss released"                       # the loss freed after backward starts
+    FINAL_NORM_INPUT_RELEASED = "final norm input released"
+    OPTIMIZER_STEP_DONE = "after step"                    # the landmark after the optimizer step
+    BLOCK_RETURNS = "block returns"                       # a block's output made (its residual sum)
+    RECOMPUTATION_STOPS = "recomputation stops"           # full recomputation: the re-run forward ends
+    FLASH_ATTENTION_BACKWARD = "flash attention backward"
+    # a block's linear layers: forward (the output made) and backward (the input and weight gradients made)
+    QKV_PROJECTION = "QKV projection"
+    OUTPUT_PROJECTION = "output projection"
+    GATE_PROJECTION = "gate projection"
+    UP_PROJECTION = "up projection"
+    DOWN_PROJECTION = "down projection"
+    QKV_PROJECTION_BACKWARD = "QKV projection backward"
+    OUTPUT_PROJECTION_BACKWARD = "output projection backward"
+    GATE_PROJECTION_BACKWARD = "gate projection backward"
+    UP_PROJECTION_BACKWARD = "up projection backward"
+    DOWN_PROJECTION_BACKWARD = "down projection backward"
+    SWIGLU_PRODUCT_BACKWARD = "SiLU(gate) * up backward"
+    SILU_BACKWARD = "SiLU backward"
+    # composite RMSNorm's backward nodes that unpack saved tensors, per norm of a block (activation offloading)
+    NORM1_WEIGHT_BACKWARD = "norm 1 backward: weight"
+    NORM1_X_RSTD_BACKWARD = "norm 1 backward: x*rstd"
+    NORM1_RSQRT_BACKWARD = "norm 1 backward: rsqrt"
+    NORM1_POW_BACKWARD = "norm 1 backward: pow"
+    NORM2_WEIGHT_BACKWARD = "norm 2 backward: weight"
+    NORM2_X_RSTD_BACKWARD = "norm 2 backward: x*rstd"
+    NORM2_RSQRT_BACKWARD = "norm 2 backward: rsqrt"
+    NORM2_POW_BACKWARD = "norm 2 backward: pow"
+    EMBEDDING_STEP = "AdamW step: embedding.weight"       # the for-loop AdamW's step of the embedding's weight
+    LORA_DOWN_B = "LoRA down_proj B"                      # the down_proj adapter's B matmul
+    LORA_DOWN_B_BACKWARD = "LoRA down_proj B backward"
+    FSDP2_CLEARED = "FSDP2 root cleared"                  # FSDP2's root post-backward: its buffers cleared
+    AUTOCAST_EXIT = "autocast exits"                      # AMP: the autocast region exits, its cache cleared

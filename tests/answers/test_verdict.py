@@ -14,8 +14,8 @@ from memledger.models.presets import get_preset
 from memledger.ledger.hardware import GPU_MEMORY
 from memledger.ledger.ledger import Ledger
 from memledger.answers.fit import fit
-from memledger.step.table import (backends_table, live_table, states_per_param_at_peak, step_table,
-                                 sum_and_peak_table)
+from memledger.ledger.table import backends_table, sum_and_peak_table
+from memledger.step.table import live_table, states_per_param_at_peak, step_table
 
 d, V, L, H, O = 4096, 32000, 32, 32, 2 * 10**9
 BLOCK = 12 * d * d + 13 * d

@@ -1,0 +1,96 @@
+"""What the step reads of a setup: :class:`StepInputs`, typed, with each framework's knobs in its own small config
+(:class:`FSDP2Config`, :class:`DDPConfig`). A :class:`~memledger.ledger.ledger.Ledger` produces it
+(``Ledger.step_inputs``); nothing in :mod:`memledger.step` reads a Ledger's attributes, so the layer contract
+(the step under the ledger) shows everything the step depends on: this module. Free of SymPy.
+
+DeepSpeed's and Megatron-LM's knobs are not here: the step refuses those frameworks (their buffers are ledger
+rows, :mod:`memledger.states.frameworks`).
+"""
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Mapping, Optional, Union
+
+from ..models.architecture import Architecture
+
+__all__ = ["DDPConfig", "FSDP2Config", "StepInputs", "inputs_of"]
+
+
+@dataclass(frozen=True)
+class FSDP2Config:
+    """``fully_shard``'s knobs as the setup gives them (framework fsdp2; :mod:`memledger.step.fsdp2`)."""
+    param_dtype: Optional[str] = "bf16"     # MixedPrecisionPolicy(param_dtype); None: no cast
+    reduce_dtype: Optional[str] = "fp32"    # MixedPrecisionPolicy(reduce_dtype); None: the param dtype
+    reshard_after_forward: Union[bool, int, None] = True    # True, False, None (PyTorch: the root False) or an int k
+    dp_replicate: int = 1                   # HSDP: replicas of a dp / dp_replicate shard group
+    loss_in_root: bool = False              # the loss computed inside the root module's forward
+    cpu_offload: bool = False               # CPUOffloadPolicy: shards, gradients and states on the host
+    offload_pin_memory: bool = True         # CPUOffloadPolicy(pin_memory=...)
+
+
+@dataclass(frozen=True)
+class DDPConfig:
+    """``DistributedDataParallel``'s knobs (framework ddp; :mod:`memledger.step.ddp`)."""
+    bucket_mb: Optional[float] = None       # bucket_cap_mb; None: PyTorch's 25 MiB (the first bucket 1 MiB)
+    gradient_as_bucket_view: bool = False
+
+
+@dataclass(frozen=True)
+class StepInputs:
+    """Everything the step timeline reads of one training setup, per GPU: the model, the workload and strategy,
+    the framework and its config, and the symbol values the formulas are evaluated at."""
+    arch: Optional[Architecture]
+    recipe: str
+    batch_size: int
+    seq_len: int
+    recompute: str = "none"
+    dropout: bool = False
+    flash_attention: bool = False
+    tp: int = 1
+    sequence_parallel: bool = False
+    zero_stage: int = 0
+    dp: int = 1
+    offload_optimizer: str = "none"
+    offload_params: str = "none"
+    offload_placement: str = "article"
+    loss_chunks: int = 1
+    loss_impl: str = "torchtune"
+    framework: str = "plain"
+    ddp: DDPConfig = DDPConfig()
+    fsdp2: FSDP2Config = FSDP2Config()
+    offload_activations: bool = False
+    optimizer_in_backward: bool = False
+    packed: int = 0
+    compile: bool = False
+    paged_optimizer: bool = False
+    #: symbol name -> value (``Ledger.values``: B, S, d, H, L, F, V, P, N_d, t, O and the architecture's own)
+    values: Mapping[str, int] = field(default_factory=dict, compare=False)
+    #: the setup's inputs as ``memledger step --json`` prints them (``Ledger.inputs()``)
+    record: Mapping[str, object] = field(default_factory=dict, compare=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "values", MappingProxyType(dict(self.values)))
+        object.__setattr__(self, "record", MappingProxyType(dict(self.record)))
+
+    @property
+    def chunked_loss(self) -> bool:
+        """A chunked or LitGPT loss (not the plain unchunked cross-entropy)."""
+        return self.loss_chunks > 1 or self.loss_impl != "torchtune"
+
+    @property
+    def shard_group(self) -> int:
+        """The ranks a state is sharded over: dp, or under FSDP2's HSDP dp / dp_replicate."""
+        return self.dp // self.fsdp2.dp_replicate if self.framework == "fsdp2" else self.dp
+
+
+def inputs_of(setup) -> StepInputs:
+    """``setup`` if it is a :class:`StepInputs`, else the ones it produces (``Ledger.step_inputs``): the step's
+    entry points (``Step``, ``StepStructure.of``, ``step_values``, ``step_peak``) accept a Ledger this way."""
+    if isinstance(setup, StepInputs):
+        return setup
+    try:
+        inputs = setup.step_inputs
+    except AttributeError:
+        raise TypeError(f"the step reads StepInputs (Ledger.step_inputs), got {type(setup).__name__}") from None
+    if not isinstance(inputs, StepInputs):
+        raise TypeError(f"{type(setup).__name__}.step_inputs must be StepInputs, got {type(inputs).__name__}")
+    return inputs

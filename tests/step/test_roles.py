@@ -1,0 +1,59 @@
+"""Ops are found by their typed role (memledger.step.vocab.OpRole), set where each is made; an op's label is for
+display only. A step's programs carry the roles the transforms look for, and nothing in memledger/step selects
+an op by its label's text."""
+from pathlib import Path
+import re
+
+import pytest
+
+from memledger import Ledger
+from memledger.activations.backends import get_backend
+from memledger.step.build import build
+from memledger.step.structure import StepStructure
+from memledger.step.vocab import OpRole
+
+STEP = Path(__file__).resolve().parents[2] / "memledger" / "step"
+SMALL = dict(arch="llama2-7b", seq_len=512, overhead_bytes=0)
+
+
+def roles(backend="article", **changes) -> list:
+    ops = build(StepStructure.of(Ledger(**SMALL, **changes), get_backend(backend))).ops
+    return [op.role for op in ops if op.role is not None]
+
+
+def test_a_llama_step_carries_the_roles_its_transforms_find():
+    found = set(roles("cpu"))
+    assert {OpRole.LM_HEAD, OpRole.LOSS_COMPUTED, OpRole.LOSS_BACKWARD, OpRole.LM_HEAD_BACKWARD,
+            OpRole.LOSS_RELEASED, OpRole.OPTIMIZER_STEP_DONE, OpRole.BLOCK_RETURNS, OpRole.QKV_PROJECTION,
+            OpRole.OUTPUT_PROJECTION, OpRole.GATE_PROJECTION, OpRole.UP_PROJECTION, OpRole.DOWN_PROJECTION,
+            OpRole.QKV_PROJECTION_BACKWARD, OpRole.OUTPUT_PROJECTION_BACKWARD, OpRole.GATE_PROJECTION_BACKWARD,
+            OpRole.UP_PROJECTION_BACKWARD, OpRole.DOWN_PROJECTION_BACKWARD, OpRole.SWIGLU_PRODUCT_BACKWARD,
+            OpRole.SILU_BACKWARD, OpRole.EMBEDDING_STEP} <= found
+    # the cpu backend's composite RMSNorm: both block norms' backward nodes that read saved tensors
+    assert {r for r in OpRole if r.name.startswith(("NORM1_", "NORM2_"))} <= found
+
+
+@pytest.mark.parametrize("changes, role", [(dict(recompute="full"), OpRole.RECOMPUTATION_STOPS),
+                                           (dict(loss_chunks=4), OpRole.DECODER_RETURNS),
+                                           (dict(flash_attention=True), OpRole.FLASH_ATTENTION_BACKWARD),
+                                           (dict(framework="fsdp2", recipe="fp32-adamw", dp=8), OpRole.FSDP2_CLEARED)])
+def test_each_feature_marks_its_op(changes, role):
+    assert role in roles("cpu", **changes)
+
+
+def test_one_op_per_block_and_role_where_the_transforms_expect_one():
+    """FSDP2's hooks and packing insert after the first op of a role: the outside programs have one of each."""
+    found = roles("cpu")
+    for role in (OpRole.LM_HEAD, OpRole.LOSS_COMPUTED, OpRole.LOSS_BACKWARD, OpRole.LOSS_RELEASED,
+                 OpRole.OPTIMIZER_STEP_DONE, OpRole.EMBEDDING_STEP):
+        assert found.count(role) == 1, role
+
+
+def test_no_op_is_selected_by_its_label():
+    """No comparison, membership, lookup or index by an op's label (a landmark's live set is recorded under its
+    label, the landmark's name: a record, not a selection)."""
+    selects = re.compile(r"\.label\s*(==|!=|\bin\b|\.startswith|\.endswith)|\bin\s+(op\.)?label\b|labels\.index|"
+                         r"\[\s*op\.label\s*\](?!\s*=)|\.get\(\s*op\.label")
+    found = [f"{path.name}:{n}: {line.strip()}" for path in sorted(STEP.glob("*.py"))
+             for n, line in enumerate(path.read_text().splitlines(), 1) if selects.search(line.split("#")[0])]
+    assert found == []
