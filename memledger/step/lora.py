@@ -916,7 +916,7 @@ class LoraStep(Step):
     def __init__(self, setup, config, backend="article", *, record=None, origin=None, **changes):
         """``setup``: the :class:`~memledger.step.inputs.StepInputs` of the frozen base's model and workload (a BF16
         loop without dropout; a Ledger's ``step_inputs``); ``config``: the adapters'
-        (:class:`memledger.states.lora.LoraConfig`); ``record``: the run's inputs as the JSON echoes them;
+        (:class:`memledger.ledger.lora.LoraConfig`); ``record``: the run's inputs as the JSON echoes them;
         ``origin``: what the step was made from, kept for display (:attr:`ledger`)."""
         setup = inputs_of(setup)
         arch = setup.arch
