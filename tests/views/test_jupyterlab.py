@@ -308,6 +308,8 @@ def test_chapter_runs_and_its_explorers_respond(browser, lab, chapter, capsys):
 
 #: MyST as typed, which a reader must never see in the rendered prose: glue, a role, a directive.
 RAW = re.compile(r"\{glue|\{(?:ref|numref|eq|doc|cite(?::\w+)?)\}|:::\{|```\{")
+#: What jupyterlab-myst makes of each directive the copies may hold (it drops one it does not know, silently).
+DIRECTIVES = {"admonition": "aside.myst-admonition", "dropdown": "details.myst-dropdown", "math": ".katex-display"}
 #: The words right before a ``{glue:text}`` role when they are plain text (no markup, within its paragraph).
 PLAIN = re.compile(r"[A-Za-z0-9,; -]{8,}\Z")
 #: LLaMA-2 7B's parameters, from its config.json (V 32000, d 4096, L 32, F 11008; an untied LM head; per block
@@ -364,7 +366,7 @@ def glued_sentences(name: str) -> list[str]:
 _RENDERED = """n => { const cells = [...document.querySelectorAll('.jp-Notebook .jp-MarkdownCell')];
     cells.forEach(c => c.scrollIntoView());                  // JupyterLab renders a cell as it comes into view
     return cells.length == n && cells.every(c => c.querySelector('.myst, .jp-RenderedMarkdown')); }"""
-_PROSE = """() => {
+_PROSE = """selectors => {
   const text = e => { const c = e.cloneNode(true); c.querySelectorAll('.katex').forEach(k => k.remove());
                       return c.textContent; };
   const cells = [...document.querySelectorAll('.jp-Notebook .jp-MarkdownCell')];
@@ -374,6 +376,8 @@ _PROSE = """() => {
     outputs: [...document.querySelectorAll('.jp-OutputArea-output[data-mime-type="text/markdown"]')].map(text),
     unresolved: [...document.querySelectorAll('.jp-Notebook [title$="Not Found"]')]
                   .map(e => `${e.title}: ${e.textContent}`),
+    shown: Object.fromEntries(Object.entries(selectors).map(([name, selector]) =>
+             [name, document.querySelectorAll(`.jp-Notebook .jp-MarkdownCell ${selector}`).length])),
   };
 }"""
 
@@ -383,6 +387,11 @@ def test_page_reads_as_in_the_book(browser, lab, name):
     base, token, log, copies = lab
     cells = json.loads((copies / name).read_text())["cells"]
     markdown = sum(c["cell_type"] == "markdown" for c in cells)
+    source = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
+    fences = len(re.findall(r"^```+[a-z]*$", source, re.M))     # a code block's two, a ```{directive}'s last
+    typed = {"code": (fences - len(re.findall(r"^```+\{", source, re.M))) // 2}
+    for directive in re.findall(r"^(?:```+|:::+)\{([^}]+)\}", source, re.M):
+        typed[directive] = typed.get(directive, 0) + 1
     problems = []
     context, page = watched_page(browser, base, problems)
     try:
@@ -391,7 +400,7 @@ def test_page_reads_as_in_the_book(browser, lab, name):
                                timeout=OPEN_S * 1000)
         page.wait_for_function(_RENDERED, arg=markdown, timeout=OPEN_S * 1000, polling=250)
         page.wait_for_timeout(300)                                   # late asynchronous errors
-        shown = page.evaluate(_PROSE)
+        shown = page.evaluate(_PROSE, {**DIRECTIVES, "code": "pre"})
     except Exception as error:
         raise AssertionError(f"{error}\n--- JupyterLab's log:\n{log.read_text()[-3000:]}") from error
     finally:
@@ -403,6 +412,7 @@ def test_page_reads_as_in_the_book(browser, lab, name):
     prose = " ".join(" ".join(shown["cells"] + shown["outputs"]).split())
     assert sorted({m.group() for m in RAW.finditer(prose)}) == []
     assert shown["unresolved"] == []
+    assert {k: n for k, n in typed.items() if shown["shown"].get(k, 0) < n} == {}     # each directive rendered
     assert [s for s in glued_sentences(name) if s not in prose] == []
     assert KNOWN.get(name, "") in prose
 
