@@ -10,10 +10,11 @@ JupyterLab, even with jupyterlab-myst (requirements.txt), renders MyST but not J
 
 - each ``{glue:text}`key``` is the value the chapter's own committed glue output holds (MyST-NB stores it in
   the gluing cell's outputs under ``application/papermill.record/``, rendered as MyST-NB renders it), and each
-  ``{glue:math}`` block the stored equation in a ``{math}`` block with the same label: so the numbers in the
-  prose are still computed, never typed, and are those nbval checks against a fresh run;
+  ``{glue:math}`` block the stored equation in a ``{math}`` block with the same label and the number the site
+  gives it (the site numbers labelled equations through the whole book, ``:enumerator:``): so the numbers in
+  the prose are still computed, never typed, and are those nbval checks against a fresh run;
 - each ``{ref}`` is a link to its target (the target's title, or the role's own text), each ``{eq}`` to
-  another chapter a link showing the equation's number there, each ``{cite}`` / ``{cite:t}`` the short form
+  another chapter a link showing the equation's number, each ``{cite}`` / ``{cite:t}`` the short form
   sphinxcontrib-bibtex prints on the site (``bibtex_reference_style: author_year``), linked to
   ``references.ipynb``;
 - each ``literalinclude`` the code it includes (Sphinx's own reader), as a Python block;
@@ -103,12 +104,25 @@ def targets(pages) -> dict[str, Target]:
     return found
 
 
+def toc_order() -> list[str]:
+    """The book's pages in the order of ``_toc.yml`` (output names)."""
+    import yaml
+
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    files = [toc["root"]] + [c["file"] for part in toc.get("parts", []) for c in part["chapters"]]
+    return [notebook_name(Path(f)) for f in files]
+
+
 def equations(pages) -> dict[str, tuple[str, int]]:
-    """label -> (page, number): Sphinx numbers a page's labelled equations 1, 2, ... in order."""
-    found = {}
-    for name, (_, cells) in pages.items():
-        labels = [m.group(1) for text in _markdown(cells) for m in re.finditer(r"^:label:[ \t]*(\S+)", text, re.M)]
-        found.update({label: (name, i) for i, label in enumerate(labels, 1)})
+    """label -> (page, number): the site numbers the labelled equations through the whole book, in the order of
+    ``_toc.yml`` (chapter 3's is (1), chapter 4's (2), ...); a page outside it comes after."""
+    order = toc_order()
+    found, number = {}, 0
+    for name in sorted(pages, key=lambda n: (order.index(n) if n in order else len(order), n)):
+        for text in _markdown(pages[name][1]):
+            for m in re.finditer(r"^:label:[ \t]*(\S+)", text, re.M):
+                number += 1
+                found[m.group(1)] = (name, number)
     return found
 
 
@@ -197,7 +211,7 @@ class Page:
                 raise Problem(f"{self.name}: {{eq}} to an unknown equation {content!r}")
             page, number = self.numbers[content]
             if page == self.name:
-                return m.group(0)                               # jupyterlab-myst numbers and links it
+                return m.group(0)                   # jupyterlab-myst links it, showing the block's :enumerator:
             return _link(f"({number})", page)
         keys = [k.strip() for k in content.split(",")]
         return _link(self.citations.short("t" if role == "cite:t" else "p", keys), "references.ipynb")
@@ -227,7 +241,7 @@ class Page:
                 raise Problem(f"{self.name}: {{glue:math}} {argument} has no stored equation "
                               f"(run: python scripts/execute_notebooks.py book/{self.name})")
             label = options.get("label") or options.get("name")
-            head = f":label: {label}\n" if label else ""
+            head = f":label: {label}\n:enumerator: {self.numbers[label][1]}\n" if label else ""
             return f"```{{math}}\n{head}{strip_latex_delimiters(data['text/latex'])}\n```"
         if name == "literalinclude":
             return self.included(argument, options)

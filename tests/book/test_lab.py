@@ -89,7 +89,7 @@ def test_citations_print_the_short_form_of_their_entry(copies):
 def test_references_show_their_targets_title(copies):
     text = "\n".join(markdown(copies["12_pytorch.ipynb"]))
     assert "[Itemize what a transformer block saves for backward](04_activations.ipynb)" in text
-    assert "Eq. [(1)](04_activations.ipynb)" in text                  # the chapter's one labelled equation
+    assert "Eq. [(2)](04_activations.ipynb)" in text          # the book's second labelled equation (chapter 3 has one)
 
 
 def a_book(folder: Path) -> Path:

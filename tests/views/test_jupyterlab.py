@@ -324,6 +324,26 @@ KNOWN = {
 }
 
 
+def site_equation_numbers() -> dict[str, list[str]]:
+    """The numbers the site shows beside each page's labelled equations: Sphinx (numfig, no section numbers)
+    counts them through the whole book in the order of _toc.yml (as the built site shows: chapter 3's is (1),
+    chapter 4's (2), chapter 10's (4) to (11))."""
+    import yaml
+
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    found, number = {}, 0
+    for file in [c["file"] for part in toc["parts"] for c in part["chapters"]]:
+        path = (ROOT / file).with_suffix(".ipynb")
+        cells = json.loads(path.read_text())["cells"] if path.exists() else []
+        labels = sum(len(re.findall(r"^:label:", "".join(c["source"]), re.M)) for c in cells if c["cell_type"] == "markdown")
+        found[path.name] = [f"({n})" for n in range(number + 1, number + labels + 1)]
+        number += labels
+    return found
+
+
+EQUATIONS = site_equation_numbers()
+
+
 def _paragraph(text: str) -> str:
     """The end of ``text`` from the start of its paragraph, its wrapped lines joined by spaces."""
     lines = text.split("\n")
@@ -376,6 +396,8 @@ _PROSE = """selectors => {
     outputs: [...document.querySelectorAll('.jp-OutputArea-output[data-mime-type="text/markdown"]')].map(text),
     unresolved: [...document.querySelectorAll('.jp-Notebook [title$="Not Found"]')]
                   .map(e => `${e.title}: ${e.textContent}`),
+    equations: [...document.querySelectorAll('.jp-Notebook .jp-MarkdownCell a[title="Link to this Equation"]')]
+                 .map(e => e.textContent),
     shown: Object.fromEntries(Object.entries(selectors).map(([name, selector]) =>
              [name, document.querySelectorAll(`.jp-Notebook .jp-MarkdownCell ${selector}`).length])),
   };
@@ -415,6 +437,7 @@ def test_page_reads_as_in_the_book(browser, lab, name):
     assert {k: n for k, n in typed.items() if shown["shown"].get(k, 0) < n} == {}     # each directive rendered
     assert [s for s in glued_sentences(name) if s not in prose] == []
     assert KNOWN.get(name, "") in prose
+    assert shown["equations"] == EQUATIONS.get(name, [])                # numbered as on the site
 
 
 def test_the_checks_see_the_glued_numbers():
