@@ -25,9 +25,9 @@ chapter, tables, definition lists. ``book/intro.md`` and ``book/references.md`` 
 Code cells and their outputs are copied unchanged: every cell runs there as in ``book/`` (the chapters find
 their data through the installed package, not the working folder).
 
-A copy you changed since the script wrote it (running cells changes it too) is kept, and the script says so;
-``--force`` overwrites it. Bad input (a glue key without a stored value, an unknown label or citation key)
-stops the script with one line and exit status 2.
+A copy whose cells you edited since the script wrote it is kept, and the script says so; ``--force`` overwrites
+it (a copy whose cells were only run, or that JupyterLab saved as it was, is written anew). Bad input (a glue
+key without a stored value, an unknown label or citation key) stops the script with one line and exit status 2.
 """
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ import nbformat
 ROOT = Path(__file__).resolve().parents[1]
 BOOK = ROOT / "book"
 OUT = ROOT / "notebooks"
-#: sha256 of every file as the script last wrote it: a copy whose bytes differ was changed by its reader
+#: the fingerprint of every copy as the script last wrote it: a copy whose cells' sources differ was edited
 MANIFEST = ".lab-written.json"
 RECORD = "application/papermill.record/"
 ROLE = re.compile(r"\{(glue:text|ref|eq|cite|cite:t|cite:p)\}`([^`]+)`")
@@ -325,30 +325,37 @@ def reader_copies() -> dict[str, str]:
     return copies
 
 
-def _sha(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
+def fingerprint(text: str) -> str:
+    """What a reader writes in a notebook: its cells' types and sources (running cells, or JupyterLab saving
+    the notebook with its own metadata, changes neither)."""
+    try:
+        cells = json.loads(text)["cells"]
+    except (ValueError, KeyError, TypeError):
+        return "unreadable"
+    typed = [(c.get("cell_type"), _text(c.get("source", ""))) for c in cells]
+    return hashlib.sha256(json.dumps(typed).encode()).hexdigest()
 
 
 def write(out: Path, force: bool = False) -> list[str]:
-    """Write the copies to ``out``; returns the names kept because their reader changed them."""
+    """Write the copies to ``out``; returns the names kept because their reader changed a cell's source."""
     copies = reader_copies()
     out.mkdir(parents=True, exist_ok=True)
     manifest_path = out / MANIFEST
     written = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
     kept = []
     for name, text in copies.items():
-        path, data = out / name, text.encode()
-        if path.exists() and not force and _sha(path.read_bytes()) not in (written.get(name), _sha(data)):
+        path = out / name
+        if path.exists() and not force and fingerprint(path.read_text()) not in (written.get(name), fingerprint(text)):
             kept.append(name)
             continue
-        if not path.exists() or path.read_bytes() != data:
-            path.write_bytes(data)
-        written[name] = _sha(data)
+        if not path.exists() or path.read_text() != text:
+            path.write_text(text)
+        written[name] = fingerprint(text)
     manifest_path.write_text(json.dumps(written, indent=1, sort_keys=True) + "\n")
     (out / "README.md").write_text(
         "# The book's chapters for JupyterLab\n\nWritten by `python scripts/lab.py` from `book/` (edit the "
-        "chapters there); open them with `jupyter lab notebooks/`. A copy you change here is yours: the "
-        "script keeps it until you delete it or run it with `--force`.\n")
+        "chapters there); open them with `jupyter lab notebooks/`. A copy whose cells you edit here is yours: "
+        "the script keeps it until you delete it or run it with `--force`.\n")
     return kept
 
 

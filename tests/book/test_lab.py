@@ -112,12 +112,17 @@ def test_a_missing_glued_value_stops_the_script_in_one_line(tmp_path, monkeypatc
     assert err.count("\n") == 1 and "17_knobs.ipynb: {glue:text}`knobs.seq` has no stored value" in err
 
 
-def test_a_copy_its_reader_changed_is_kept_until_forced(tmp_path, monkeypatch, capsys):
+def test_a_copy_whose_cells_its_reader_edited_is_kept_until_forced(tmp_path, monkeypatch, capsys):
     book = a_book(tmp_path)
     monkeypatch.setattr(lab, "BOOK", book)
     out = tmp_path / "out"
     assert lab.main(["--out", str(out)]) == 0
     written = (out / "17_knobs.ipynb").read_text()
+    nb = json.loads(written)
+    nb["cells"][1]["outputs"], nb["metadata"]["saved_by"] = [], "JupyterLab"     # cells run, notebook saved
+    (out / "17_knobs.ipynb").write_text(json.dumps(nb))
+    assert lab.main(["--out", str(out)]) == 0 and "kept" not in capsys.readouterr().out
+    assert (out / "17_knobs.ipynb").read_text() == written                     # written anew
     (out / "17_knobs.ipynb").write_text(written.replace("16,384", "my own note"))
     assert lab.main(["--out", str(out)]) == 0
     assert "kept" in capsys.readouterr().out and "my own note" in (out / "17_knobs.ipynb").read_text()
