@@ -21,6 +21,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map_only
 
 from .packing import document_ids
+from .record import recorded
 from .reference import RefConfig, Trainer, make_model
 
 __all__ = ["OUTSIDE", "live_after_forward", "memtracker_step", "saved_tensors"]
@@ -48,6 +49,7 @@ def _layer_tags(model):
             h.remove()
 
 
+@recorded
 def saved_tensors(c: RefConfig, loop: str, batch: int, seq: int, seed: int = 0) -> dict:
     """{block index or "outside": sorted [(bytes, dtype, shape), ...]} of one forward pass with real tensors.
 
@@ -96,6 +98,7 @@ class _Births(TorchDispatchMode):
         return out
 
 
+@recorded
 def live_after_forward(c: RefConfig, loop: str, batch: int, seq: int, seed: int = 0) -> dict:
     """{block index or "outside": sorted [(bytes, dtype, shape), ...]}: storages born in forward, alive after it
     (the loss included)."""
@@ -151,6 +154,7 @@ def _tracker_class():
     return Tracker
 
 
+@recorded
 def memtracker_step(c: RefConfig, loop: str, batch: int, seq: int, foreach: bool = False,
                     trace: bool = False, blocks: bool = False, lora=None, fused: bool = False,
                     in_backward: bool = False, amp: bool = None) -> dict:
