@@ -35,13 +35,13 @@ def _run_id(config) -> str:
 
 #: PyTorch's measurements, recorded (memledger/pytorch/record.py): read by default, measured with --pytorch=live,
 #: written with --pytorch=record (its command: memledger.pytorch.record.COMMAND).
-RECORD = ROOT / "tests" / "pytorch_record.json.gz"
+RECORD = ROOT / "tests" / "pytorch_record.jsonl.gz"
 
 
 def pytest_addoption(parser):
     group = parser.getgroup("memledger")
     group.addoption("--pytorch", choices=("recorded", "live", "record"), default="recorded",
-                    help="PyTorch's measurements: read from tests/pytorch_record.json.gz (recorded, the default), "
+                    help="PyTorch's measurements: read from tests/pytorch_record.jsonl.gz (recorded, the default), "
                          "run (live: each also checked against the record), or run and written into it (record)")
     group.addoption("--live-sample", type=int, default=6, metavar="N",
                     help="recorded mode: N recorded calls run live each run (tests/pytorch/test_record.py)")
@@ -69,9 +69,9 @@ def pytest_report_header(config):
     from memledger.pytorch import record
     mode = config.getoption("pytorch")
     if mode == "recorded":
-        stored = record.load(RECORD)
+        stored = record.head(RECORD)
         status = record.record_status(stored) or "current"
-        return (f"pytorch: recorded, {len(stored.get('cases', {}))} calls in {RECORD.relative_to(ROOT)} "
+        return (f"pytorch: recorded, {stored.get('calls', 0)} calls in {RECORD.relative_to(ROOT)} "
                 f"({status}); live sample: {config.getoption('live_sample')} calls, "
                 f"--live-sample-seed={live_sample_seed(config)}")
     return f"pytorch: {mode} (every measurement runs PyTorch)"

@@ -14,10 +14,11 @@ The mode (:func:`configure`; the tests' ``--pytorch`` option, tests/conftest.py)
 * ``recorded``: the result is read from the record (nothing runs), which must be current and hold the call.
 * ``record``: the function runs and its result is kept; :func:`save` writes them into the record.
 
-The record (``tests/pytorch_record.json.gz``): gzip'd JSON {"torch": the PyTorch version measured, "harness": the
-:func:`harness_hash` of the source measured, "cases": {call: result}}, a result being the ``repr`` of what the
-function returned (``ast.literal_eval`` reads it back: ints, strings, tuples, lists, dicts) or, where it raised,
-{"raises": the exception's class, "message": its text}. It is current when its PyTorch version is the installed
+The record (``tests/pytorch_record.jsonl.gz``): gzip'd JSON lines, the first {"torch": the PyTorch version
+measured, "harness": the :func:`harness_hash` of the source measured, "command": how to regenerate it, "calls": how
+many}, then one [call, result] a line, sorted, a result being the ``repr`` of what the function returned
+(``ast.literal_eval`` reads it back: ints, strings, tuples, lists, dicts) or, where it raised, {"raises": the
+exception's class, "message": its text}. It is current when its PyTorch version is the installed
 one (public version: ``2.13.0+cpu`` is ``2.13.0``) and its harness hash is this source's. Written with sorted keys
 and a fixed gzip header, so the same measurements give the same bytes.
 
@@ -38,7 +39,7 @@ import json
 from pathlib import Path
 import sys
 
-__all__ = ["HARNESS", "MODES", "RecordError", "call", "call_key", "configure", "harness_hash", "load", "mode",
+__all__ = ["HARNESS", "MODES", "RecordError", "call", "call_key", "configure", "harness_hash", "head", "load", "mode",
            "record_status", "recorded", "save", "torch_version"]
 
 #: The modules (of this package) whose functions are recorded; the harness hash starts from them.
@@ -108,6 +109,7 @@ def call_key(function, args=(), kwargs=None) -> str:
 
 # --- the record -----------------------------------------------------------------------------------------------
 
+@functools.cache
 def torch_version() -> str:
     """The installed PyTorch's public version (no local label), read without importing it."""
     from importlib.metadata import version
@@ -139,20 +141,32 @@ def harness_files() -> list:
     return sorted(_module_file(n) for n in seen)
 
 
+@functools.cache
 def harness_hash() -> str:
-    """sha256 of the harness files' paths (relative to the repository) and contents."""
+    """sha256 of the harness files' paths (relative to the repository) and contents (read once a process)."""
     digest = hashlib.sha256()
     for path in harness_files():
         digest.update(path.relative_to(ROOT.parent).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()
 
 
-def load(path=None) -> dict:
-    """The record at ``path`` (default: the configured one); {} if there is none."""
+def head(path=None) -> dict:
+    """The record's first line, {"torch", "harness", "command", "calls"}, read without the cases; {} if there is
+    no record."""
     path = Path(path or _state["path"])
     if not path.exists():
         return {}
-    return json.loads(gzip.decompress(path.read_bytes()))
+    with gzip.open(path, "rt") as lines:
+        return json.loads(lines.readline())
+
+
+def load(path=None) -> dict:
+    """The record at ``path`` (default: the configured one): its head and "cases"; {} if there is none."""
+    path = Path(path or _state["path"])
+    if not path.exists():
+        return {}
+    lines = gzip.decompress(path.read_bytes()).decode().splitlines()
+    return {**json.loads(lines[0]), "cases": dict(json.loads(line) for line in lines[1:])}
 
 
 def record_status(record: dict) -> str:
@@ -185,10 +199,10 @@ def save(cases: dict, path=None, keep: bool = True) -> dict:
     old = load(path)
     merged = dict(old.get("cases", {})) if keep and record_status(old) is None else {}
     merged.update(cases)
-    record = {"torch": torch_version(), "harness": harness_hash(), "command": COMMAND, "cases": merged}
-    text = json.dumps(record, sort_keys=True, indent=0, ensure_ascii=True) + "\n"
-    path.write_bytes(gzip.compress(text.encode(), mtime=0))
-    return record
+    top = {"torch": torch_version(), "harness": harness_hash(), "command": COMMAND, "calls": len(merged)}
+    lines = [json.dumps(top, sort_keys=True)] + [json.dumps([key, merged[key]], sort_keys=True) for key in sorted(merged)]
+    path.write_bytes(gzip.compress(("\n".join(lines) + "\n").encode(), mtime=0))
+    return {**top, "cases": merged}
 
 
 def measured() -> dict:
