@@ -141,20 +141,38 @@ def pytest_ignore_collect(collection_path, config):
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """``@pytest.mark.sample(n)`` on a parametrized test: n of its cases, spread over the grid, run in the fast
-    loop; the others are marked slow (the whole grid runs in the full suite). A test that reads the book's build or
-    drives a browser is marked ``book``."""
-    grids = {}
+    loop; the others are marked slow (the whole grid runs in the full suite). ``@pytest.mark.live(n)``: under
+    ``--pytorch=live`` n of its cases, spread the same way, run PyTorch; the others read the record (as every case
+    does by default). A test that reads the book's build or drives a browser is marked ``book``."""
+    live = config.getoption("pytorch") == "live"
+    for name, spread_out in (("sample", lambda item: item.add_marker(pytest.mark.slow)),
+                             ("live", lambda item: setattr(item, "reads_the_record", live))):
+        grids = {}
+        for item in items:
+            marker = item.get_closest_marker(name)
+            if marker is not None:
+                grids.setdefault((item.path, item.originalname), (marker.args[0], []))[1].append(item)
+        for n, cases in grids.values():
+            keep = {i * len(cases) // n for i in range(min(n, len(cases)))}
+            for i, item in enumerate(cases):
+                if i not in keep:
+                    spread_out(item)
     for item in items:
         if {"build", "browser"} & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.book)
-        marker = item.get_closest_marker("sample")
-        if marker is not None:
-            grids.setdefault((item.path, item.originalname), (marker.args[0], []))[1].append(item)
-    for n, cases in grids.values():
-        keep = {i * len(cases) // n for i in range(min(n, len(cases)))}
-        for i, item in enumerate(cases):
-            if i not in keep:
-                item.add_marker(pytest.mark.slow)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    """A case ``@pytest.mark.live(n)`` leaves out of the live run reads PyTorch's numbers from the record."""
+    if not getattr(item, "reads_the_record", False):
+        return (yield)
+    from memledger.pytorch import record
+    before = record.switch("recorded")
+    try:
+        return (yield)
+    finally:
+        record.switch(before)
 
 
 #: Debian's Chromium, driven by Playwright (never its own browser download), for the site and JupyterLab tests.

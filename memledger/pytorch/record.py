@@ -40,7 +40,7 @@ from pathlib import Path
 import sys
 
 __all__ = ["HARNESS", "MODES", "RecordError", "call", "call_key", "configure", "harness_hash", "head", "load", "mode",
-           "record_status", "recorded", "save", "torch_version"]
+           "record_status", "recorded", "save", "switch", "torch_version"]
 
 #: The modules (of this package) whose functions are recorded; the harness hash starts from them.
 HARNESS = ("measure", "distributed", "ddp", "prefill", "compiled")
@@ -69,6 +69,14 @@ def configure(mode: str, path=None):
 
 def mode() -> str:
     return _state["mode"]
+
+
+def switch(mode: str) -> str:
+    """Sets the mode, keeping the record loaded and what was measured; returns the mode it replaces."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+    before, _state["mode"] = _state["mode"], mode
+    return before
 
 
 # --- canonical text of a call ---------------------------------------------------------------------------------
