@@ -188,12 +188,17 @@ def record_status(record: dict) -> str:
     return None
 
 
-def _current() -> dict:
-    """The configured record, loaded once; raises :class:`RecordError` if it is not current."""
+def _loaded() -> dict:
+    """The configured record, loaded once a process, and why it is not current (None where it is)."""
     if _state["record"] is None:
-        record = load()
-        _state["record"] = record
-        _state["status"] = record_status(record)
+        _state["record"] = load()
+        _state["status"] = record_status(_state["record"])
+    return _state["record"]
+
+
+def _current() -> dict:
+    """The configured record; raises :class:`RecordError` if it is not current."""
+    _loaded()
     if _state["status"]:
         raise RecordError(f"the PyTorch record {_state['path']} is stale: {_state['status']}; "
                           f"regenerate it with `{COMMAND}`")
@@ -259,17 +264,14 @@ def recorded(function):
             if mode == "live":
                 check_against_record(key, _measured[key])
         return _replay(_measured[key])
-    wrapper.__wrapped_by_record__ = True
     return wrapper
 
 
 def check_against_record(key: str, stored):
     """Live mode: where the record is current and holds ``key``, its result must be ``stored``."""
-    if _state["record"] is None:
-        _state["record"] = load()
-        _state["status"] = record_status(_state["record"])
-    if _state["status"] is None and key in _state["record"]["cases"]:
-        if _state["record"]["cases"][key] != stored:
+    cases = _loaded().get("cases", {})
+    if _state["status"] is None and key in cases:
+        if cases[key] != stored:
             raise RecordError(f"PyTorch's live result differs from the record's for {key}: regenerate the record "
                               f"with `{COMMAND}`")
 

@@ -142,6 +142,17 @@ def sample(cases: dict, seed: str, n: int) -> list:
     return sorted(filter(light, cases), key=lambda key: hashlib.sha256(f"{seed}\0{key}".encode()).hexdigest())[:n]
 
 
+def test_the_live_sample_rotates_with_its_seed_among_light_calls():
+    small = {f"measure.memtracker_step(c=RefConfig(d=64, L=2, H=4, F=160, V=1000), seq={s})": "" for s in range(40)}
+    heavy = {"measure.memtracker_step(c=RefConfig(d=4096, L=32, H=32, F=11008, V=32000), seq=4096)": "",
+             "compiled.compiled_saved(c=RefConfig(d=64, L=1, H=4, F=176, V=128), backend='inductor')": "",
+             "distributed.ddp_buckets(c=RefConfig(d=64, L=2, H=4, F=160, V=1000), seq=16)": ""}
+    assert all(map(light, small)) and not any(map(light, heavy))
+    today, tomorrow = sample({**small, **heavy}, "20261207", 6), sample({**small, **heavy}, "20261208", 6)
+    assert len(today) == len(tomorrow) == 6 and set(today) <= set(small) and set(tomorrow) <= set(small)
+    assert today == sample({**heavy, **small}, "20261207", 6) and today != tomorrow
+
+
 def pytest_generate_tests(metafunc):
     if "sampled" in metafunc.fixturenames:
         metafunc.parametrize("sampled", range(metafunc.config.getoption("live_sample")))
