@@ -36,6 +36,7 @@ import hashlib
 from importlib import import_module
 import inspect
 import json
+import os
 from pathlib import Path
 import sys
 
@@ -214,7 +215,9 @@ def save(cases: dict, path=None, keep: bool = True) -> dict:
     merged.update(cases)
     top = {"torch": torch_version(), "harness": harness_hash(), "command": COMMAND, "calls": len(merged)}
     lines = [json.dumps(top, sort_keys=True)] + [json.dumps([key, merged[key]], sort_keys=True) for key in sorted(merged)]
-    path.write_bytes(gzip.compress(("\n".join(lines) + "\n").encode(), mtime=0))
+    part = path.with_name(path.name + ".part")          # written whole, then renamed: a reader never sees half
+    part.write_bytes(gzip.compress(("\n".join(lines) + "\n").encode(), mtime=0))
+    os.replace(part, path)
     return {**top, "cases": merged}
 
 
