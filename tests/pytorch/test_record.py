@@ -109,6 +109,11 @@ def test_live_results_must_equal_the_record(layer):
     stored = record.save(record.measured(), layer)
     record.configure("live", layer)
     assert measuring((1, 2)) == {"peak": 3, ("forward", 0): [1, (2, "x")]}
+    reordered = {("forward", 0): [1, (2, "x")], "peak": 3}
+    stored["cases"]["test_record.measuring(shape=(1, 2))"] = repr(reordered)
+    record.save(stored["cases"], layer)
+    record.configure("live", layer)
+    assert measuring((1, 2)) == reordered                         # the same values: a dict's order is not compared
     stored["cases"]["test_record.measuring(shape=(1, 2))"] = repr({"peak": 4})
     record.save(stored["cases"], layer)
     record.configure("live", layer)
@@ -162,7 +167,8 @@ def pytest_generate_tests(metafunc):
 
 @pytest.mark.slow
 def test_live_sample_equals_the_record(request, sampled):
-    """One of today's sample: the recorded call run live gives the record's result, byte for byte."""
+    """One of today's sample: the recorded call run live gives the record's result (every byte count, shape and
+    order of a list; not the order of a dict's keys)."""
     if record.mode() != "recorded":
         pytest.skip(f"--pytorch={record.mode()}: every measurement runs live")
     pytest.importorskip("torch")
@@ -170,4 +176,4 @@ def test_live_sample_equals_the_record(request, sampled):
     keys = sample(cases, live_sample_seed(request.config), request.config.getoption("live_sample"))
     if sampled >= len(keys):
         pytest.skip("the record holds fewer calls")
-    assert record.call(keys[sampled]) == cases[keys[sampled]], keys[sampled]
+    assert record.same(record.call(keys[sampled]), cases[keys[sampled]]), keys[sampled]
