@@ -33,9 +33,66 @@ def _run_id(config) -> str:
     return getattr(config, "workerinput", {}).get("testrunuid", _SOLO_RUN)
 
 
+#: PyTorch's measurements, recorded (memledger/pytorch/record.py): read by default, measured with --pytorch=live,
+#: written with --pytorch=record (its command: memledger.pytorch.record.COMMAND).
+RECORD = ROOT / "tests" / "pytorch_record.jsonl.gz"
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("memledger")
+    group.addoption("--pytorch", choices=("recorded", "live", "record"), default="recorded",
+                    help="PyTorch's measurements: read from tests/pytorch_record.jsonl.gz (recorded, the default), "
+                         "run (live: each also checked against the record), or run and written into it (record)")
+    group.addoption("--live-sample", type=int, default=6, metavar="N",
+                    help="recorded mode: N recorded calls run live each run (tests/pytorch/test_record.py)")
+    group.addoption("--live-sample-seed", default=None, metavar="SEED",
+                    help="which calls the live sample runs (default: today's date, UTC, so it rotates daily)")
+
+
 def pytest_configure(config):
-    """Compiled steps (memledger/step/cache.py) go to a cache of the test runs, not the user's own."""
+    """Compiled steps (memledger/step/cache.py) go to a cache of the test runs, not the user's own; PyTorch's
+    measurements in the mode ``--pytorch`` asks for; a record run's workers put what they measured in one folder."""
+    from memledger.pytorch import record
     os.environ.setdefault("MEMLEDGER_CACHE_DIR", str(Path(tempfile.gettempdir()) / "memledger-test-cache"))
+    mode = config.getoption("pytorch")
+    record.configure(mode, RECORD)
+    if mode == "record" and not hasattr(config, "workerinput"):
+        os.environ["MEMLEDGER_RECORD_PARTS"] = tempfile.mkdtemp(prefix="memledger-record-")
+
+
+def live_sample_seed(config) -> str:
+    import datetime
+    return config.getoption("live_sample_seed") or datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d")
+
+
+def pytest_report_header(config):
+    from memledger.pytorch import record
+    mode = config.getoption("pytorch")
+    if mode == "recorded":
+        stored = record.head(RECORD)
+        status = record.record_status(stored) or "current"
+        return (f"pytorch: recorded, {stored.get('calls', 0)} calls in {RECORD.relative_to(ROOT)} "
+                f"({status}); live sample: {config.getoption('live_sample')} calls, "
+                f"--live-sample-seed={live_sample_seed(config)}")
+    return f"pytorch: {mode} (every measurement runs PyTorch)"
+
+
+def pytest_sessionfinish(session):
+    """``--pytorch=record``: each process leaves what it measured in the run's folder; the controller (or the
+    only process) writes them all into the record."""
+    from memledger.pytorch import record
+    if session.config.getoption("pytorch") != "record":
+        return
+    import json
+    parts = Path(os.environ["MEMLEDGER_RECORD_PARTS"])
+    (parts / f"{os.getpid()}.json").write_text(json.dumps(record.measured()))
+    if not hasattr(session.config, "workerinput"):
+        cases = {}
+        for part in sorted(parts.glob("*.json")):
+            cases.update(json.loads(part.read_text()))
+        shutil.rmtree(parts, ignore_errors=True)
+        written = record.save(cases, RECORD)
+        print(f"\npytorch: {len(cases)} calls measured, {len(written['cases'])} in {RECORD.relative_to(ROOT)}")
 
 
 @pytest.fixture(scope="session")
@@ -84,17 +141,38 @@ def pytest_ignore_collect(collection_path, config):
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """``@pytest.mark.sample(n)`` on a parametrized test: n of its cases, spread over the grid, run in the fast
-    loop; the others are marked slow (the whole grid runs in the full suite)."""
-    grids = {}
+    loop; the others are marked slow (the whole grid runs in the full suite). ``@pytest.mark.live(n)``: under
+    ``--pytorch=live`` n of its cases, spread the same way, run PyTorch; the others read the record (as every case
+    does by default). A test that reads the book's build or drives a browser is marked ``book``."""
+    live = config.getoption("pytorch") == "live"
+    for name, spread_out in (("sample", lambda item: item.add_marker(pytest.mark.slow)),
+                             ("live", lambda item: setattr(item, "reads_the_record", live))):
+        grids = {}
+        for item in items:
+            marker = item.get_closest_marker(name)
+            if marker is not None:
+                grids.setdefault((item.path, item.originalname), (marker.args[0], []))[1].append(item)
+        for n, cases in grids.values():
+            keep = {i * len(cases) // n for i in range(min(n, len(cases)))}
+            for i, item in enumerate(cases):
+                if i not in keep:
+                    spread_out(item)
     for item in items:
-        marker = item.get_closest_marker("sample")
-        if marker is not None:
-            grids.setdefault((item.path, item.originalname), (marker.args[0], []))[1].append(item)
-    for n, cases in grids.values():
-        keep = {i * len(cases) // n for i in range(min(n, len(cases)))}
-        for i, item in enumerate(cases):
-            if i not in keep:
-                item.add_marker(pytest.mark.slow)
+        if {"build", "browser"} & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.book)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    """A case ``@pytest.mark.live(n)`` leaves out of the live run reads PyTorch's numbers from the record."""
+    if not getattr(item, "reads_the_record", False):
+        return (yield)
+    from memledger.pytorch import record
+    before = record.switch("recorded")
+    try:
+        return (yield)
+    finally:
+        record.switch(before)
 
 
 #: Debian's Chromium, driven by Playwright (never its own browser download), for the site and JupyterLab tests.

@@ -11,6 +11,7 @@ parameters skipped, the block's input and the causal mask named.
 """
 import torch
 
+from .record import recorded
 from .reference import RefConfig, Block
 
 __all__ = ["BACKENDS", "compiled_saved", "eager_saved"]
@@ -51,6 +52,7 @@ def _saved(fn, block, c: RefConfig, dtype, batch, seq, seed):
     return sorted(seen.values(), key=lambda r: (-r[0], r[1], r[2], r[3]))
 
 
+@recorded
 def compiled_saved(c: RefConfig, dtype=torch.bfloat16, batch: int = 2, seq: int = 16, seed: int = 0,
                    backend: str = "aot_eager_decomp_partition") -> list:
     """[(bytes, dtype, shape, what), ...] one compiled block saves (largest first)."""
@@ -62,6 +64,7 @@ def compiled_saved(c: RefConfig, dtype=torch.bfloat16, batch: int = 2, seq: int 
                   seq, seed)
 
 
+@recorded
 def eager_saved(c: RefConfig, dtype=torch.bfloat16, batch: int = 2, seq: int = 16, seed: int = 0) -> list:
     """The same, the block run eagerly."""
     block = _block(c, dtype, seed)

@@ -13,6 +13,7 @@ import torch
 
 from .distributed import LossRoot, gloo_world
 from .measure import _inputs, _tracker_class
+from .record import recorded
 from .reference import RefConfig, Trainer, make_model
 
 __all__ = ["ddp_step"]
@@ -33,6 +34,7 @@ class _Wrapped:
         return self.ddp(ids, targets)
 
 
+@recorded
 def ddp_step(c: RefConfig, loop: str = "fp32-adamw", batch: int = 2, seq: int = 16, *, bucket_cap_mb=None,
              gradient_as_bucket_view: bool = False, foreach: bool = False, seed: int = 0) -> dict:
     """MemTracker's account of the third training step of ``c`` under DDP (real tensors, world 1): {landmark:

@@ -35,6 +35,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from .measure import _inputs
+from .record import recorded
 from .reference import LANDMARKS, RefConfig, Trainer, make_model
 
 __all__ = ["DTYPES", "PHASES", "LossRoot", "fake_world", "fsdp_step", "tp_plan", "tp_step", "ddp_buckets", "gloo_world"]
@@ -269,6 +270,7 @@ def _check(name, value, allowed):
         raise ValueError(f"{name} must be one of {', '.join(map(str, allowed))}, got {value!r}")
 
 
+@recorded
 def fsdp_step(c: RefConfig, loop: str = "fp32-adamw", batch: int = 1, seq: int = 2048, world: int = 8, *,
               param_dtype: str = "bf16", reduce_dtype: str = "fp32", reshard=True, root_reshard=None,
               replicate: int = 1, tp: int = 1, sequence_parallel: bool = False, loss_in_root: bool = False,
@@ -409,6 +411,7 @@ def _parallelize(model, mesh, sequence_parallel):
         model.head.weight = model.embed.weight
 
 
+@recorded
 def tp_step(c: RefConfig, loop: str = "bf16-pure-adamw", batch: int = 1, seq: int = 2048, *,
             sequence_parallel: bool = False, foreach: bool = False, trace: bool = False) -> dict:
     """``MemTracker``'s account of the second training step of ``c`` under tensor parallelism of degree
@@ -488,6 +491,7 @@ class _Births:
         return Births()
 
 
+@recorded
 def ddp_buckets(c: RefConfig, loop: str = "fp32-adamw", batch: int = 1, seq: int = 16, *,
                 bucket_cap_mb: float = None, gradient_as_bucket_view: bool = False, seed: int = 0) -> dict:
     """DDP's gradient buckets, measured with real CPU tensors on a one-rank gloo group.

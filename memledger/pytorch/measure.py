@@ -21,6 +21,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map_only
 
 from .packing import document_ids
+from .record import recorded
 from .reference import RefConfig, Trainer, make_model
 
 __all__ = ["OUTSIDE", "live_after_forward", "memtracker_step", "saved_tensors", "tracker_class"]
@@ -48,6 +49,7 @@ def _layer_tags(model):
             h.remove()
 
 
+@recorded
 def saved_tensors(c: RefConfig, loop: str, batch: int, seq: int, seed: int = 0) -> dict:
     """{block index or "outside": sorted [(bytes, dtype, shape), ...]} of one forward pass with real tensors.
 
@@ -96,6 +98,7 @@ class _Births(TorchDispatchMode):
         return out
 
 
+@recorded
 def live_after_forward(c: RefConfig, loop: str, batch: int, seq: int, seed: int = 0) -> dict:
     """{block index or "outside": sorted [(bytes, dtype, shape), ...]}: storages born in forward, alive after it
     (the loss included)."""
@@ -113,7 +116,7 @@ def live_after_forward(c: RefConfig, loop: str, batch: int, seq: int, seed: int 
         if st is not None:
             found.setdefault(tag, []).append((st.nbytes(), dtype, shape))
     del loss
-    return {k: sorted(v) for k, v in found.items()}
+    return {k: sorted(found[k]) for k in sorted(found, key=str)}   # in key order: a record of it is byte-stable
 
 
 def tracker_class():
@@ -155,6 +158,7 @@ def tracker_class():
 _tracker_class = tracker_class          # the name the package's modules import
 
 
+@recorded
 def memtracker_step(c: RefConfig, loop: str, batch: int, seq: int, foreach: bool = False,
                     trace: bool = False, blocks: bool = False, lora=None, fused: bool = False,
                     in_backward: bool = False, amp: bool = None) -> dict:

@@ -19,6 +19,7 @@ storage bytes on the CPU backend).
 import torch
 import torch.nn.functional as F
 
+from .record import recorded
 from .reference import RefConfig, make_model
 
 __all__ = ["LOGITS_TO_KEEP", "NF4Fallback", "generate_prefill", "memtracker_generate_prefill", "memtracker_prefill",
@@ -51,6 +52,7 @@ def prefill(model, ids):
         return logits[:, -1, :].to(copy=True, dtype=torch.float32)
 
 
+@recorded
 def memtracker_prefill(c: RefConfig, batch: int, seq: int, dtype: str = "bf16", trace: bool = False) -> dict:
     """MemTracker's totals of :func:`prefill` under ``FakeTensorMode``: {"before": weights and ids, "peak": the
     largest total, "after": with the FP32 logits, "trace": [(total, op), ...] with ``trace``}, CPU bytes."""
@@ -218,6 +220,7 @@ def quantize_blocks(model):
     return model
 
 
+@recorded
 def memtracker_generate_prefill(c: RefConfig, batch: int, seq: int, dtype: str = "bf16",
                                 logits_to_keep: int = 1, nf4: bool = False) -> dict:
     """MemTracker's run of :func:`generate_prefill` under ``FakeTensorMode`` (CPU bytes): {"before": weights, the

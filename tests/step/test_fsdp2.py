@@ -161,6 +161,7 @@ FULL_SCALE = [
 ]
 
 
+@pytest.mark.live(4)  # full-scale repeats of the small grids' proofs: n run PyTorch under --pytorch=live
 @pytest.mark.slow
 @pytest.mark.parametrize("shape, B, S, N, options", FULL_SCALE)
 def test_7b_shapes_match_fsdp_mem_tracker(shape, B, S, N, options):

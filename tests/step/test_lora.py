@@ -72,6 +72,7 @@ GRID = [(1, 8, QV, 0.0, False, "bf16-adamw"), (2, 8, QV, 0.1, False, "bf16-adamw
         (1, 64, ALL, 0.1, True, "bf16-adamw"), (2, 8, QV, 0.0, True, "bf16-adamw"), (1, 8, QV, 0.1, False, "fp32-adamw")]
 
 
+@pytest.mark.live(2)  # full-scale repeats of the small grids' proofs: n run PyTorch under --pytorch=live
 @pytest.mark.slow
 @pytest.mark.parametrize("batch, rank, targets, dropout, nf4, recipe", GRID)
 def test_llama2_7b_lora_equals_memtracker(batch, rank, targets, dropout, nf4, recipe):

@@ -57,6 +57,7 @@ FULL = [(LLAMA7B, 1, 4096, 8, "none"), (LLAMA7B, 2, 4096, 16, "none"), (LLAMA7B,
 LITGPT = [(LLAMA3_8B, 1, 8192, 1, "none"), (LLAMA3_8B, 1, 8192, 64, "none"), (LLAMA7B, 2, 4096, 32, "full")]
 
 
+@pytest.mark.live(3)  # full-scale repeats of the small grids' proofs: n run PyTorch under --pytorch=live
 @pytest.mark.slow
 @pytest.mark.parametrize("arch, B, S, n, recompute", FULL)
 def test_full_scale_chunked_loss_equals_memtracker(arch, B, S, n, recompute):

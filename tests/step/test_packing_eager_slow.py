@@ -39,6 +39,7 @@ def test_what_eager_packing_adds_is_what_pytorch_allocates():
     assert runs[0] - runs[1] == (B_ - 1) * S_ * S_ + 8 * B_ * S_
 
 
+@pytest.mark.live(2)  # full-scale repeats of the small grids' proofs: n run PyTorch under --pytorch=live
 @pytest.mark.parametrize("kw", [dict(LLAMA2_7B, attention="eager"), dict(LLAMA2_7B, attention="eager",
                                 recompute="selective"), dict(LLAMA2_7B, attention="eager", recompute="full"), GPT_7B])
 def test_7b_packed_eager_is_memtrackers(kw):

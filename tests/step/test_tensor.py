@@ -69,6 +69,7 @@ def test_small_variants(shape, t, B, S, sp_, loop, kv):
     agree(shape, t, B, S, sp_, loop, kv, op_by_op=True)
 
 
+@pytest.mark.live(2)  # full-scale repeats of the small grids' proofs: n run PyTorch under --pytorch=live
 @pytest.mark.parametrize("arch, t, sp_", [(LLAMA7B, 2, False), (LLAMA7B, 4, True), (LLAMA7B, 8, False),
                                           (LLAMA7B, 8, True), (GPT7B, 4, False), (GPT7B, 8, True)])
 def test_7b(arch, t, sp_):

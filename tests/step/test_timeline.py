@@ -183,6 +183,7 @@ FULL = [("gpt", 16384, "bf16-pure-adamw", 1, 2048, "none", 0.0), ("gpt", 16384, 
         ("llama", 11008, "fp32-adamw", 2, 2048, "full", 0.0), ("llama", 11008, "bf16-adamw", 1, 4096, "full", 0.0)]
 
 
+@pytest.mark.live(3)  # full-scale repeats of the small grids' proofs: n run PyTorch under --pytorch=live
 @pytest.mark.slow
 @pytest.mark.parametrize("style, F_, loop, B, S, recompute, dropout", FULL)
 def test_7b_steps_match_memtracker(style, F_, loop, B, S, recompute, dropout):
@@ -244,6 +245,7 @@ def test_qkv_biases_and_tied_heads_match_memtracker(kernel, kv, bias, tied, loop
         peaks_agree(step, measured, op_by_op=recompute == "none")
 
 
+@pytest.mark.live(3)  # full-scale repeats of the small grids' proofs: n run PyTorch under --pytorch=live
 @pytest.mark.slow
 @pytest.mark.parametrize("preset, loop, B, S, recompute, kernel", [
     ("llama3-8b", "bf16-pure-adamw", 1, 2048, "none", "sdpa"), ("llama3-8b", "bf16-adamw", 1, 2048, "none", "eager"),
