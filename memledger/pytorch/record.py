@@ -38,7 +38,6 @@ import inspect
 import json
 import os
 from pathlib import Path
-import sys
 
 __all__ = ["HARNESS", "MODES", "RecordError", "call", "call_key", "configure", "harness_hash", "head", "load", "mode",
            "record_status", "recorded", "same", "save", "switch", "torch_version"]
@@ -294,6 +293,36 @@ def call(key: str):
     import_module(f"{PACKAGE}.{name.split('.')[0]}")                  # registers its functions
     function = _functions[name]
     namespace = {"RefConfig": import_module(f"{PACKAGE}.reference").RefConfig,
-                 "LoraRef": import_module(f"{PACKAGE}.lora").LoraRef, "torch": sys.modules.get("torch")}
-    args = eval(f"dict{key[len(name):]}", {"__builtins__": {"dict": dict}}, namespace)  # our own record's text
-    return _store(function, (), args)
+                 "LoraRef": import_module(f"{PACKAGE}.lora").LoraRef}
+    return _store(function, (), _arguments(key[len(name):], namespace))
+
+
+def _arguments(text: str, namespace: dict) -> dict:
+    """The keyword arguments a key's ``(name=value, ...)`` text names (what :func:`_text` writes), read back as data:
+    literals, tuples, lists, dicts, the dataclasses of ``namespace`` called by keyword, ``torch.<dtype>``; nothing
+    else is accepted, and nothing in it is run."""
+    import ast
+
+    def value(node):
+        if isinstance(node, ast.Constant):
+            return node.value
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub) and isinstance(node.operand, ast.Constant):
+            return -node.operand.value
+        if isinstance(node, (ast.Tuple, ast.List)):
+            items = [value(x) for x in node.elts]
+            return tuple(items) if isinstance(node, ast.Tuple) else items
+        if isinstance(node, ast.Dict):
+            return {value(k): value(v) for k, v in zip(node.keys, node.values)}
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in namespace \
+                and not node.args:
+            return namespace[node.func.id](**{k.arg: value(k.value) for k in node.keywords})
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "torch":
+            import torch
+            dtype = getattr(torch, node.attr)
+            if isinstance(dtype, torch.dtype):
+                return dtype
+        raise ValueError(f"a record key holds what the record never writes: {ast.dump(node)[:80]}")
+    call = ast.parse(f"f{text}", mode="eval").body
+    if not isinstance(call, ast.Call) or call.args:
+        raise ValueError(f"a record key's arguments are by name: {text[:80]}")
+    return {k.arg: value(k.value) for k in call.keywords}

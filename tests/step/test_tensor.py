@@ -113,7 +113,8 @@ def test_sharding_propagations_global_tensors_are_not_a_ranks_memory(monkeypatch
     B, S, V = 1, 4096, 32000
     step, measured = agree(LLAMA7B_2, 8, B, S)
     monkeypatch.setattr(distributed, "_propagation_as_in_a_real_run", nullcontext)
-    counted = tp_step(RefConfig(**LLAMA7B_2, tp=8), "bf16-pure-adamw", batch=B, seq=S)
+    # the harness patched: no recordable call (tp_step.__wrapped__ runs PyTorch, never the record)
+    counted = tp_step.__wrapped__(RefConfig(**LLAMA7B_2, tp=8), "bf16-pure-adamw", batch=B, seq=S)
     assert {k: counted[k] for k in LANDMARKS} == {k: measured[k] for k in LANDMARKS}
     global_args = 4 + B * S * V * 4 + B * S * 8 + 4
     assert counted["peak"] == measured["after forward"] + 4 + global_args + B * S * V * 4
@@ -140,10 +141,10 @@ def test_torchtitans_held_logits_raise_the_forward_peak_only(monkeypatch):
     B, S, V, t = 1, 4096, 32000, 8
     step = agree(LLAMA7B_2, t, B, S)[0]
     monkeypatch.setattr(Decoder, "loss", loss)
-    held = tp_step(RefConfig(**LLAMA7B_2, tp=t), "bf16-pure-adamw", batch=B, seq=S)
+    held = tp_step.__wrapped__(RefConfig(**LLAMA7B_2, tp=t), "bf16-pure-adamw", batch=B, seq=S)    # patched: live
     assert {k: held[k] for k in LANDMARKS} == {k: step.landmarks[k]["gpu"] for k in LANDMARKS}
     assert held["phase peaks"]["forward"] == step.phase_peaks()["forward"] + B * S * V // t * 2
     assert held["peak"] == step.peak.bytes
     monkeypatch.setattr(distributed, "_propagation_as_in_a_real_run", nullcontext)
-    counted = tp_step(RefConfig(**LLAMA7B_2, tp=t), "bf16-pure-adamw", batch=B, seq=S)
+    counted = tp_step.__wrapped__(RefConfig(**LLAMA7B_2, tp=t), "bf16-pure-adamw", batch=B, seq=S)
     assert counted["phase peaks"]["forward"] == held["after forward"] - 8 + 2 * B * S * V * 4 + B * S * V // t * 2

@@ -154,7 +154,8 @@ def test_json_contract():
     names = {s.name: s for s in (B, S, d, H, L, F, V, P, t, N_d, O)}
     logits = next(r for r in data["rows"] if r["name"] == "logits")
     assert sp.sympify(logits["formula"], locals=names) == B * S * V * 2
-    assert sum(r["bytes"] for r in data["rows"] if "after forward" in r.get("live", ())) == 0   # "live" not in JSON
+    for mark, devices in data["landmarks"].items():       # each row names the landmarks it is live at
+        assert devices["gpu"] == sum(r["bytes"] for r in data["rows"] if r["device"] == "gpu" and mark in r["live"])
     # the vocabulary is typed inside (memledger/step/vocab.py); what the API hands out are plain strings
     assert all(type(r[k]) is str for r in data["rows"] for k in ("kind", "phase", "device"))
     assert all(type(dev) is str for v in data["landmarks"].values() for dev in v)
