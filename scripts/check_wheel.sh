@@ -26,5 +26,8 @@ PY
 "$ml" claims --json > /dev/null
 "$ml" presets > /dev/null
 "$ml" recipes > /dev/null
+"$ml" check "$root/tests/intake/configs/torchtune_llama2_7B_lora_single_device_2bd69062.yaml" tokenizer.max_seq_len=4096 > /dev/null
+"$ml" check "$root/tests/intake/configs/torchtitan_llama3_8b.toml" --gpus 64 --json > /dev/null
+"$ml" ledger --preset llama2-7b --measure reserved --json > /dev/null
 "$work/venv/bin/python" -m memledger ledger --params 7e9 --zero 3 --dp 64 > /dev/null
 echo "wheel: $(basename "$work"/dist/memledger-*.whl) installed and every command ran"
