@@ -11,29 +11,16 @@ micro-batches' forward and backward; ``on_pre_optimizer_step`` and ``optimizer.s
 """
 from transformers import TrainerCallback
 
-from .recorder import Recorder
+from .recorder import Recorded
 
 __all__ = ["HFCallback"]
 
 
-class HFCallback(TrainerCallback):
+class HFCallback(Recorded, TrainerCallback):
     """Measures the Trainer's first ``steps`` optimizer steps and reports the last beside memledger's prediction
     for ``setup`` (a Ledger or a dict of its keywords; the batch shape, if left out, is the first batch's). The other
     arguments are :class:`~memledger.measure.recorder.Recorder`'s. After training, ``callback.report`` holds the
     report and ``callback.line`` the printed line."""
-
-    def __init__(self, setup, steps=2, report="memledger-report.json", plot=True, backend=None, conventions=None,
-                 echo=True):
-        self.recorder = Recorder(setup, steps=steps, report=report, plot=plot, backend=backend,
-                                 conventions=conventions, echo=echo, auto=False)
-
-    @property
-    def report(self):
-        return self.recorder.report
-
-    @property
-    def line(self):
-        return self.recorder.line
 
     def on_step_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
         recorder = self.recorder

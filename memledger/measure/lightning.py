@@ -18,28 +18,14 @@ except ImportError:
         raise ImportError("memledger.measure.LightningCallback needs Lightning: pip install lightning "
                           "(or pytorch-lightning); memledger does not install it") from None
 
-from .recorder import Recorder, _batch_shape
+from .recorder import Recorded, _batch_shape
 
 __all__ = ["LightningCallback"]
 
 
-class LightningCallback(Callback):
+class LightningCallback(Recorded, Callback):
     """Measures the first ``steps`` training batches and reports the last beside memledger's prediction for
     ``setup``; the other arguments are :class:`~memledger.measure.recorder.Recorder`'s."""
-
-    def __init__(self, setup, steps=2, report="memledger-report.json", plot=True, backend=None, conventions=None,
-                 echo=True):
-        super().__init__()
-        self.recorder = Recorder(setup, steps=steps, report=report, plot=plot, backend=backend,
-                                 conventions=conventions, echo=echo, auto=False)
-
-    @property
-    def report(self):
-        return self.recorder.report
-
-    @property
-    def line(self):
-        return self.recorder.line
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         recorder = self.recorder

@@ -41,7 +41,7 @@ from torch.utils._pytree import tree_flatten
 from .plan import Plan, check_steps, output_path, predicted_side
 from .report import LANDMARKS, PHASES, build_report, write_report
 
-__all__ = ["Recorder", "track"]
+__all__ = ["Recorded", "Recorder", "track"]
 
 _BATCH_NAMES = ("input_ids", "tokens", "idx", "ids", "input")
 _MODTRACKER_WARNING = "The module hierarchy tracking maybe be messed up"
@@ -511,3 +511,24 @@ def track(model, optimizer=None, *, setup, steps=2, report="memledger-report.jso
                         echo=echo, auto=True)
     recorder.attach(model, optimizer)
     return recorder
+
+
+class Recorded:
+    """What every measuring tool (:class:`~memledger.measure.hf.HFCallback`, the Lightning callback, the torchtune
+    hook) shares: a :class:`Recorder` made from the same arguments (``AUTO``: whether the tool's calls mark the
+    steps themselves), and its ``report`` and printed ``line``."""
+    AUTO = False
+
+    def __init__(self, setup, steps=2, report="memledger-report.json", plot=True, backend=None, conventions=None,
+                 echo=True):
+        super().__init__()
+        self.recorder = Recorder(setup, steps=steps, report=report, plot=plot, backend=backend,
+                                 conventions=conventions, echo=echo, auto=self.AUTO)
+
+    @property
+    def report(self):
+        return self.recorder.report
+
+    @property
+    def line(self):
+        return self.recorder.line

@@ -16,26 +16,15 @@ steps measured are the next ``steps`` ones. Each later call ends a step (if the 
 inside a step the landmarks are read as :mod:`memledger.measure.recorder` says. The report is written after the
 last measured step; ``hook.close()`` (e.g. in the recipe's ``cleanup()``) writes it if training ended first.
 """
-from .recorder import Recorder
+from .recorder import Recorded
 
 __all__ = ["TorchtuneHook", "torchtune_hook"]
 
 
-class TorchtuneHook:
+class TorchtuneHook(Recorded):
     """Call it with the model and the optimizer after each optimizer step; see the module's docstring."""
 
-    def __init__(self, setup, steps=2, report="memledger-report.json", plot=True, backend=None, conventions=None,
-                 echo=True):
-        self.recorder = Recorder(setup, steps=steps, report=report, plot=plot, backend=backend,
-                                 conventions=conventions, echo=echo, auto=True)
-
-    @property
-    def report(self):
-        return self.recorder.report
-
-    @property
-    def line(self):
-        return self.recorder.line
+    AUTO = True
 
     def __call__(self, model, optimizer=None):
         recorder = self.recorder
