@@ -24,10 +24,21 @@ too (``int(bucket_cap_mb * 2**20)`` bytes).
 
 Checked against PyTorch's own DDP with real tensors (``memledger.pytorch.ddp.ddp_step``,
 ``tests/step/test_ddp.py``).
+
+Streams (the caching allocator's pools, ``memledger --measure reserved``): every tensor of DDP's step is allocated on
+the default stream. The reducer is built, and its buckets allocated, where ``DistributedDataParallel`` is constructed
+(``torch/nn/parallel/distributed.py:1437``, ``dist.Reducer(...)``) and rebuilt before the second forward
+(``_pre_forward``, ``:1775``, ``self.reducer._rebuild_buckets()``), both on the current stream; the allreduce runs on
+ProcessGroupNCCL's internal stream in place on the bucket and allocates nothing of the step's; DDP's side streams
+are for inputs copied from another GPU (``torch/distributed/utils.py:105-117``: a CPU input is copied on the current
+stream) and for its ``mixed_precision`` casts (``distributed.py:1090``), neither modelled. ProcessGroupNCCL no longer
+calls ``recordStream`` on a collective's tensors: it keeps them referenced until the work is waited on
+(``stashed_for_allocator_safety_``; ``TORCH_NCCL_AVOID_RECORD_STREAMS`` ignored, pytorch/pytorch#194701), and the
+buckets live the whole step anyway, so no block's reuse is delayed.
+Sympy-free where the replay needs it (:func:`bucket_limits`, :func:`assign_buckets`).
 """
 from dataclasses import replace
 
-from .trace import GRADIENT_LUMP, Op
 from .vocab import Action, Lifetime, Phase
 
 __all__ = ["BUCKETS", "DEFAULT_BUCKET_CAP_MB", "FIRST_BUCKET_BYTES", "MIB", "assign_buckets", "bucket_limits",
@@ -71,6 +82,15 @@ def ready_order(ops, tensors, n_layers: int) -> list:
     (the order DDP's reducer rebuilds its buckets in), read off the step's programs (within an op, see
     :func:`_linear_bias_first`): the gradients written
     outside the blocks before and after them, each block's in its own program's order, blocks L-1 down to 0."""
+    before, block, after = ready_parts(ops, tensors)
+    blocks = [(i, name) for i in reversed(range(n_layers)) for _, name in block]
+    return before + blocks + after
+
+
+def ready_parts(ops, tensors) -> tuple:
+    """(before, block, after): the gradients of :func:`ready_order` written before the blocks, in one block, after
+    them, as (None, name) pairs (the block's repeat for every block)."""
+    from .trace import GRADIENT_LUMP
     before, block, after, seen_block = [], [], [], False
     for op in ops:
         if op.phase not in (Phase.LOSS, Phase.BACKWARD):
@@ -84,8 +104,7 @@ def ready_order(ops, tensors, n_layers: int) -> list:
                 seen_block = True
                 if (None, name) not in block:
                     block.append((None, name))
-    blocks = [(i, name) for i in reversed(range(n_layers)) for _, name in block]
-    return before + blocks + after
+    return before, block, after
 
 
 def _linear_bias_first(q) -> int:
@@ -117,6 +136,7 @@ def bucket_views(ops, tensors) -> list:
     """The step's ops with ``gradient_as_bucket_view=True``: each gradient backward writes is freed right after
     it is written (its contents copied into its bucket, ``.grad`` now a view of it); the lumped middle blocks
     keep none."""
+    from .trace import GRADIENT_LUMP, Op
     out = []
     for op in ops:
         grads = tuple(q for q in op.allocs if tensors[q[1]].lifetime is Lifetime.GRADIENT)

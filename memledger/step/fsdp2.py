@@ -31,6 +31,27 @@ re-gathered from it in backward. ``loss_in_root``: the loss runs in the root's f
 the loss, its pre-backward as ``loss.backward()`` starts). ``CPUOffloadPolicy``: shards, sharded gradients and
 AdamW on the host, each shard copied to the device before its all-gather, each gradient to the host after its
 reduce-scatter (docs/fsdp2.md section 13).
+
+The stream each buffer is allocated on (:class:`~memledger.step.vocab.Stream`, the caching allocator's pool;
+PyTorch 2.13, ``torch/distributed/fsdp/_fully_shard/``):
+
+* all-gather copy-in stream: the all-gather input (the cast copy, ``_fsdp_collectives.py:419``; under offload the
+  shard's device copy, ``_fsdp_param.py:897-899``, read by ``_get_param_all_gather_inputs`` at
+  ``_fsdp_collectives.py:337``) and output (``:351``), both under ``device_handle.stream(all_gather_copy_in_stream)``
+  (``:336``): ``unshard`` passes the separate streams in forward and pre-backward, prefetches included, unless
+  ``unshard_async_op`` (``_fsdp_param_group.py:411``, ``FSDPCommContext.get_all_gather_streams`` ``:116-126``);
+* default stream: the unsharded parameters (the copy-out in ``wait_for_unshard`` on the current stream,
+  ``alloc_all_gather_outputs`` at ``_fsdp_collectives.py:463``, ``_fsdp_param.py:823-825``), the post-forward
+  slices (``_fsdp_param.py:733``), the reduce-scatter input (allocated before the reduce-scatter stream is
+  entered, ``_fsdp_collectives.py:597-601``), the autograd gradients;
+* reduce-scatter stream: the reduce-scatter output (``:611-616``) and, where the reduce dtype is the shards', the
+  sharded gradients (its views, ``:703``); the cast to the shards' dtype runs on the post-reduce stream (``:685-696``),
+  the reduce-scatter stream, or under HSDP the all-reduce stream (``:652``).
+
+No ``record_stream``: FSDP2 frees a buffer used on another stream only after making the streams wait on an event
+(``_wait_all_gather_streams_on_event``, ``_fsdp_param_group.py:430-432, 491-496``; the reduce-scatter input after
+the current stream waits on its reduce-scatter, ``:655-658``; ``_fully_shard.py:721``: "no extra stream and no
+``record_stream``"), so a freed block returns to its stream's pool at once.
 """
 from dataclasses import replace
 
@@ -44,7 +65,7 @@ from .outer import Param, head_params
 from .params import param_tensors
 from .structure import block_of
 from .trace import GRADIENT_LUMP, Part
-from .vocab import Device, Kind, Lifetime, OpRole, Phase, Scope
+from .vocab import Device, Kind, Lifetime, OpRole, Phase, Scope, Stream
 
 __all__ = ["UNIT_TENSORS", "FSDP2", "dim0", "shard", "unit_params", "wrap"]
 
@@ -103,6 +124,18 @@ class FSDP2:
         self.units = unit_params(c)
         self.shards = {u: sum((shard(n, e, c) for n, e in ps), sp.Integer(0)) for u, ps in self.units.items()}
 
+    @property
+    def post_reduce_stream(self) -> Stream:
+        """Where ``foreach_reduce`` casts the reduced shard to the shards' dtype: the reduce-scatter stream, or under
+        HSDP the all-reduce stream (``_fsdp_collectives.py:633, 652, 685-696``)."""
+        return Stream.ALL_REDUCE if self.hsdp else Stream.REDUCE_SCATTER
+
+    @property
+    def gradient_stream(self) -> Stream:
+        """The stream of the sharded gradients on the device: views of the reduce-scatter output (the reduce-scatter
+        stream) where the reduce dtype is the shards', else the cast's (:attr:`post_reduce_stream`)."""
+        return Stream.REDUCE_SCATTER if self.reduce == self.original else self.post_reduce_stream
+
     def name(self, role, unit):
         dtype = {"all-gather input": self.param, "all-gather output": self.param, "unsharded parameters": self.param,
                  "post-forward slices": self.param, "all-gather input from the slices": self.param,
@@ -144,6 +177,8 @@ class FSDP2:
                                         "(_fsdp_collectives.py:612)",
                "sharded gradients": "this rank's gradient shards (views of the reduce-scatter output, "
                                     "_fsdp_collectives.py:704)"}
+        streams = {"all-gather input": Stream.ALL_GATHER_COPY_IN, "all-gather output": Stream.ALL_GATHER_COPY_IN,
+                   "reduce-scatter output": Stream.REDUCE_SCATTER, "sharded gradients": self.gradient_stream}
         for unit, n in self.shards.items():
             sizes = {"all-gather input": self.p * n, "all-gather output": self.p * n * N_d,
                      "unsharded parameters": self.p * n * N_d, "reduce-scatter input": self.r * n * N_d,
@@ -153,14 +188,15 @@ class FSDP2:
                 kind = Kind.PARAM if role in UNIT_TENSORS[:3] else Kind.GRAD
                 life = Lifetime.GRADIENT if role == "sharded gradients" else Lifetime.TEMPORARY
                 tensors[name] = Tensor(name, size, kind, life, self.device if role == "sharded gradients" else
-                                       Device.GPU, why=why[role])
+                                       Device.GPU, why=why[role], stream=streams.get(role, Stream.DEFAULT))
         if self.offload is not None:
             self._define_copies(tensors)
         if self.k:
             self._define_slices(tensors)
         held = "FSDP2 reduce-scatter outputs, blocks 2..L-3"
         tensors[held] = Tensor(held, (L - 4) * self.r * self.shards["block"], Kind.GRAD, Lifetime.TEMPORARY,
-                               why="HSDP: kept by each group's all-reduce state (_fsdp_param_group.py:759)")
+                               why="HSDP: kept by each group's all-reduce state (_fsdp_param_group.py:759)",
+                               stream=Stream.REDUCE_SCATTER)
         self.held_lump = held
         lump = "FSDP2 unsharded parameters, blocks 2..L-3"
         tensors[lump] = Tensor(lump, (L - 4) * self.p * self.shards["block"] * N_d, Kind.PARAM, Lifetime.TEMPORARY,
@@ -187,15 +223,17 @@ class FSDP2:
             for j, (param, _) in enumerate(params):
                 name = self._copy_name(unit, param)
                 tensors[name] = Tensor(name, self.o * elements[j], Kind.PARAM, Lifetime.TEMPORARY,
-                                       why="the shard copied to the device (_fsdp_param.py:898)")
+                                       why="the shard copied to the device (_fsdp_param.py:898)",
+                                       stream=Stream.ALL_GATHER_COPY_IN)
                 if j < len(params) - 1:
                     name = self._input_name(unit, j)
                     tensors[name] = Tensor(name, self.p * sum(elements[:j + 1], sp.Integer(0)), Kind.PARAM,
-                                           Lifetime.TEMPORARY, why="the all-gather inputs so far (_fsdp_collectives.py:348)")
+                                           Lifetime.TEMPORARY, why="the all-gather inputs so far (_fsdp_collectives.py:348)",
+                                           stream=Stream.ALL_GATHER_COPY_IN)
             name = self.name("device gradients", unit)
             tensors[name] = Tensor(name, self.o * self.shards[unit], Kind.GRAD, Lifetime.TEMPORARY,
                                    why="the reduce-scatter output cast to the sharded dtype, on the device until "
-                                       "foreach_reduce returns (_fsdp_collectives.py:696)")
+                                       "foreach_reduce returns (_fsdp_collectives.py:696)", stream=self.post_reduce_stream)
 
     def _slice_name(self, unit, j):
         """The post-forward slices of ``unit``'s first j + 1 parameters (all of them: the unit's slices)."""
@@ -225,7 +263,8 @@ class FSDP2:
                                            why="freed parameter by parameter (_fsdp_param.py:744)")
             name = self.name("all-gather input from the slices", unit)
             tensors[name] = Tensor(name, self.p * self.shards[unit] * N_d / k, Kind.PARAM, Lifetime.TEMPORARY,
-                                   why="the slices cast-copied into one flat input (_fsdp_collectives.py:419)")
+                                   why="the slices cast-copied into one flat input (_fsdp_collectives.py:419)",
+                                   stream=Stream.ALL_GATHER_COPY_IN)
         lump = "FSDP2 post-forward slices, blocks 2..L-3"
         tensors[lump] = Tensor(lump, (L - 4) * self.p * self.shards["block"] * N_d / k, Kind.PARAM,
                                Lifetime.TEMPORARY, why=f"kept after forward (reshard_after_forward={k})")
@@ -250,7 +289,7 @@ class FSDP2:
         """What the lumped blocks 2..L-3 leave after their backward: their sharded gradients."""
         return Tensor(GRADIENT_LUMP, (L - 4) * self.o * self.shards["block"], Kind.GRAD, Lifetime.GRADIENT,
                       self.device, why="their sharded gradients" + (f" ({self.host})" if self.offload is not None
-                                                                      else ""))
+                                                                      else ""), stream=self.gradient_stream)
 
     # ---- the programs -------------------------------------------------------------------------------------
 

@@ -6,20 +6,22 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from ..core.dtypes import nbytes
-from .vocab import Action, Device, Kind, Lifetime, OpRole, Scope
+from .vocab import Action, Device, Kind, Lifetime, OpRole, Scope, Stream
 
 __all__ = ["CAUSAL_MASK", "INPUT_GRADIENT", "Placement", "Program", "ProgramOp", "Ref", "Tensor"]
 
 
 @dataclass(frozen=True)
 class Tensor:
-    """One tensor of the step: ``expr`` bytes (SymPy), what it is, how long and where it lives, ``why`` it exists."""
+    """One tensor of the step: ``expr`` bytes (SymPy), what it is, how long and where it lives, ``why`` it exists,
+    and the CUDA ``stream`` its memory is allocated on (the caching allocator's pool it comes from)."""
     name: str
     expr: object
     kind: Kind
     lifetime: Lifetime
     device: Device = Device.GPU
     why: str = ""
+    stream: Stream = Stream.DEFAULT
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from enum import StrEnum
 
 from ..core.vocabulary import Device, Kind
 
-__all__ = ["LANDMARKS", "Action", "Device", "Kind", "Lifetime", "OpRole", "Phase", "Save", "Scope"]
+__all__ = ["LANDMARKS", "Action", "Device", "Kind", "Lifetime", "OpRole", "Phase", "Save", "Scope", "Stream"]
 
 #: The moments at which the live set is exact (docstring of :mod:`memledger.step.timeline`).
 LANDMARKS = ("before forward", "after forward", "after backward", "after step")
@@ -27,6 +27,18 @@ class Lifetime(StrEnum):
     SAVED = "forward to backward"               # saved for backward (the activation inventory's rows)
     GRADIENT = "backward to optimizer step"     # written by backward, read by the optimizer
     TEMPORARY = "temporary"                     # made and freed within one phase
+
+
+class Stream(StrEnum):
+    """The CUDA stream a tensor's memory is allocated on: the caching allocator keeps a pool per stream and reuses a
+    cached block only for the stream that allocated it (``get_free_block()`` in ``c10/cuda/CUDACachingAllocator.cpp``
+    searches by (stream, size)), so where the step's tensors are allocated on side streams their segments are apart.
+    Where each FSDP2 buffer is allocated: :mod:`memledger.step.fsdp2`; every other tensor, DDP's buckets included, is
+    allocated on the default stream (:mod:`memledger.ledger.replay`)."""
+    DEFAULT = "default"
+    ALL_GATHER_COPY_IN = "FSDP2 all-gather copy-in"      # FSDPCommContext.all_gather_copy_in_stream
+    REDUCE_SCATTER = "FSDP2 reduce-scatter"              # FSDPCommContext.reduce_scatter_stream
+    ALL_REDUCE = "FSDP2 all-reduce"                      # FSDPCommContext.all_reduce_stream (HSDP)
 
 
 class Scope(StrEnum):
