@@ -211,9 +211,17 @@ def allocator_lines(result, replay, unit: str) -> list:
     lines += [f"  peak: allocated {size(replay.allocated + replay.outside)}, reserved "
               f"{size(replay.reserved + replay.outside)} (step {step}, {phase}), of which {size(free)} free in "
               f"{len(replay.segments)} segments:"]
+    streams = {}
+    for seg in replay.segments:
+        total, unused = streams.get(seg["stream"], (0, 0))
+        streams[seg["stream"]] = (total + seg["total_size"], unused + seg["free_size"])
+    if len(streams) > 1:        # a pool per stream (FSDP2's side streams)
+        lines += [f"    {name} stream: {size(total)} in segments, {size(unused)} free"
+                  for name, (total, unused) in sorted(streams.items(), key=lambda kv: kv[0] != "default")]
     for seg in sorted(replay.segments, key=lambda s: -s["total_size"])[:8]:
+        on = "" if seg["stream"] == "default" else f", {seg['stream']} stream"
         lines.append(f"    {seg['pool']:<5} {'expandable ' if seg['expandable'] else ''}segment "
-                     f"{size(seg['total_size']):>12}, {size(seg['free_size']):>12} free")
+                     f"{size(seg['total_size']):>12}, {size(seg['free_size']):>12} free{on}")
     if len(replay.segments) > 8:
         rest = replay.segments
         rest = sorted(rest, key=lambda s: -s["total_size"])[8:]

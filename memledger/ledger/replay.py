@@ -22,9 +22,18 @@ How the trace is replayed:
   allocates one tensor at a time. Of several live copies of one tensor, the last allocated is freed first.
 * The ledger's overhead row (the CUDA context and workspaces) is not a tensor of the allocator: it is left out of
   the replay and added to the judged bytes, as nvidia-smi would count it beside the allocator.
-* One stream. Frameworks that allocate on side streams (FSDP2's all-gather and reduce-scatter, DDP's and
-  DeepSpeed's buckets, Megatron's) are refused for ``reserved`` (:func:`check_streams`): the step does not say which
-  of its tensors each stream allocates, and a pool per stream changes the segments.
+* A pool per stream. Each tensor of the step says the CUDA stream its memory is allocated on
+  (:class:`memledger.step.vocab.Stream`, a field of the step's tensors): FSDP2's all-gather buffers on its all-gather
+  copy-in stream, its reduce-scatter outputs and sharded gradients on its reduce-scatter stream (HSDP's cast on the
+  all-reduce stream), everything else, DDP's buckets included, on the default stream (the sources:
+  :mod:`memledger.step.fsdp2`, :mod:`memledger.step.ddp`). The allocator reuses a cached block only for the stream
+  that allocated it, whichever stream frees it. Neither framework calls ``record_stream`` (FSDP2 makes the streams
+  wait on events before it drops a buffer; ProcessGroupNCCL keeps a collective's tensors referenced until it is
+  waited on), so no free is delayed; the allocator's ``record_stream()`` is there for the frameworks that would.
+  DeepSpeed and Megatron-LM are refused for ``reserved`` (:func:`check_streams`): their side streams' buffers are not
+  in the step.
+* DDP's buckets, one tensor of the step, are replayed as the reducer allocates them: one block per bucket, the
+  gradients in the order backward writes them grouped by ``bucket_cap_mb`` (:func:`memledger.step.ddp.assign_buckets`).
 * The step runs blocks 2..L-3 as one lump: a tensor of the lump ("saved tensors of blocks 2..L-3", "... of
   @blocks 1..L-2") is replayed as one block per block of the model (L-4, or L-2, equal parts), not one block for
   all. Other tensors the step books as one (a model's parameters, a block's saved tensors together) are one block
@@ -35,6 +44,7 @@ from dataclasses import dataclass, field
 import json
 import os
 
+from ..step.vocab import Stream
 from .caching import CachingAllocator
 
 __all__ = ["ALLOCATOR_MEASURES", "Replay", "check_streams", "replay", "roles"]
@@ -42,9 +52,7 @@ __all__ = ["ALLOCATOR_MEASURES", "Replay", "check_streams", "replay", "roles"]
 #: The measures a replay gives.
 ALLOCATOR_MEASURES = ("allocated", "reserved")
 #: Frameworks whose collectives allocate on side streams (see the module docstring).
-SIDE_STREAMS = {"fsdp2": "FSDP2 allocates its all-gather and reduce-scatter buffers on their own streams",
-                "ddp": "DDP reduces its buckets on a side stream",
-                "deepspeed": "DeepSpeed allocates its reduce and gather buckets on side streams",
+SIDE_STREAMS = {"deepspeed": "DeepSpeed allocates its reduce and gather buckets on side streams",
                 "megatron": "Megatron-LM's distributed optimizer communicates on side streams"}
 
 
@@ -91,8 +99,8 @@ def check_streams(framework: str, measure: str = "reserved") -> None:
     """``ValueError`` in one line where ``measure`` would need the side streams of ``framework``."""
     if measure == "reserved" and framework in SIDE_STREAMS:
         raise ValueError(f"--measure reserved is not modelled under --framework {framework}: "
-                         f"{SIDE_STREAMS[framework]}, a pool of its own that the step does not yet say which tensors "
-                         "use (--measure allocated does not depend on streams)")
+                         f"{SIDE_STREAMS[framework]}, a pool of its own that the step does not model (--measure "
+                         "allocated does not depend on streams)")
 
 
 def _roles_path(structure):
@@ -103,8 +111,10 @@ def _roles_path(structure):
 
 def roles(structure) -> dict:
     """{"outside": [tensor indices of the overhead row], "lazy": [indices of the optimizer states PyTorch creates in
-    the first step], "lumps": {index: "L-4" or "L-2", the blocks a lumped tensor spans}}, by the step's tensor names
-    and kinds; kept beside the compiled step's record (computed once, with SymPy)."""
+    the first step], "lumps": {index: "L-4" or "L-2", the blocks a lumped tensor spans}, "streams": {index: the
+    stream of a tensor not allocated on the default one}, "buckets": None or [index of DDP's buckets, [indices of the
+    gradients written before the blocks], [... in one block], [... after them]]}, by the step's tensor names, kinds
+    and streams; kept beside the compiled step's record (computed once, with SymPy)."""
     path = _roles_path(structure)
     try:
         data = json.loads(path.read_text())
@@ -112,14 +122,23 @@ def roles(structure) -> dict:
             return data
     except (OSError, ValueError):
         pass
+    from ..step import ddp
     from ..step.build import build
     built = build(structure)
     kinds = [(name, built.tensors[name].kind.value) for name in built.names]
+    index = {name: j for j, name in enumerate(built.names)}
+    buckets = None
+    if ddp.BUCKETS in index:
+        buckets = [index[ddp.BUCKETS]] + [[index[name] for _, name in part]
+                                          for part in ddp.ready_parts(built.ops, built.tensors)]
     data = {"structure": repr(structure),
             "outside": [j for j, (_, kind) in enumerate(kinds) if kind == "overhead"],
             "lazy": [j for j, (name, kind) in enumerate(kinds) if kind == "optimizer" and "master" not in name.lower()],
             "lumps": {str(j): span for j, (name, _) in enumerate(kinds)
-                      for pattern, span in (("2..L-3", "L-4"), ("1..L-2", "L-2")) if pattern in name}}
+                      for pattern, span in (("2..L-3", "L-4"), ("1..L-2", "L-2")) if pattern in name},
+            "streams": {str(j): built.tensors[name].stream.value for j, name in enumerate(built.names)
+                        if built.tensors[name].stream is not Stream.DEFAULT},
+            "buckets": buckets}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         temporary = path.with_name(f".{path.name}.{os.getpid()}")
@@ -149,18 +168,36 @@ def replay(ledger, backend="article", expandable_segments: bool = False, max_spl
     part = roles(structure)
     n_layers = step_values(ledger)["L"]
     pieces = {int(j): n_layers - (4 if span == "L-4" else 2) for j, span in part["lumps"].items()}
+    if part.get("buckets"):
+        from ..step.ddp import assign_buckets, bucket_limits
+        from ..step.inputs import inputs_of
+        j, before, block, after = part["buckets"]
+        order = [sizes[i] for i in before + block * n_layers + after]
+        buckets = [sum(order[i] for i in members)
+                   for members in assign_buckets(order, bucket_limits(inputs_of(ledger).ddp.bucket_mb))]
+        if sum(buckets) != sizes[j]:
+            raise AssertionError(f"DDP's buckets add up to {sum(buckets):,} bytes, the step's row to {sizes[j]:,}")
+        pieces[j] = buckets
+    streams = {int(j): Stream(s) for j, s in part.get("streams", {}).items()}
     return run(step.deltas, step.moments, sizes, part["outside"], part["lazy"], expandable_segments,
-               max_split_size_mb, steps, pieces)
+               max_split_size_mb, steps, pieces, streams)
 
 
 def run(deltas, moments, sizes, outside=(), lazy=(), expandable_segments=False, max_split_size_mb=None,
-        steps: int = 2, pieces=None) -> Replay:
+        steps: int = 2, pieces=None, streams=None) -> Replay:
     """Replay a trace: ``deltas[k]`` the [tensor, change of its count] pairs of op k, ``moments[k]`` its [phase,
     layer], ``sizes[j]`` tensor j's bytes; ``outside`` tensors are not the allocator's, ``lazy`` ones are created
-    in the first step only when the optimizer starts; ``pieces[j]``: tensor j is that many equal blocks."""
+    in the first step only when the optimizer starts; ``pieces[j]``: tensor j is that many equal blocks, or (a list)
+    blocks of those bytes; ``streams[j]``: the stream tensor j is allocated on (a :class:`Stream`; else the default
+    one), each stream a pool of its own."""
     if not deltas:
         raise ValueError("an empty trace")
     allocator = CachingAllocator(expandable_segments, max_split_size_mb)
+    streams = streams or {}
+    # the allocator's stream ids: 0 the default stream, then the others in the order of Stream
+    ids = {s: k for k, s in enumerate(Stream)}
+    names = {k: s.value for s, k in ids.items()}
+    stream_of = {j: ids[Stream(s)] for j, s in streams.items()}
     outside, lazy = set(outside), set(lazy)
     live = {}                                     # tensor -> its blocks, last allocated last
     target = {j: c for j, c in deltas[0]}         # the counts the step starts from
@@ -174,14 +211,17 @@ def run(deltas, moments, sizes, outside=(), lazy=(), expandable_segments=False, 
     pieces = pieces or {}
 
     def parts(j):
-        n = max(1, pieces.get(j, 1))
-        size = sizes[j]
+        n = pieces.get(j, 1)
+        if isinstance(n, list):
+            return n
+        n, size = max(1, n), sizes[j]
         return [size // n] * (n - 1) + [size - (n - 1) * (size // n)]
 
     def change(j, count):
         copies = live.setdefault(j, [])
+        stream = stream_of.get(j, 0)
         for _ in range(count):
-            copies.append([allocator.malloc(part) for part in parts(j)])
+            copies.append([allocator.malloc(part, stream) for part in parts(j)])
         for _ in range(-count):
             for block in reversed(copies.pop()):
                 allocator.free(block)
@@ -207,7 +247,7 @@ def run(deltas, moments, sizes, outside=(), lazy=(), expandable_segments=False, 
                 best_allocated = (allocator.max_allocated, at)
             if allocator.max_reserved > best_reserved[0]:
                 best_reserved = (allocator.max_reserved, at)
-                snapshot = allocator.snapshot()
+                snapshot = [dict(s, stream=names[s["stream"]]) for s in allocator.snapshot()]
     over = sum(sizes[j] * c for j, c in deltas[0] if j in outside)
     return Replay(allocator.max_allocated, allocator.max_reserved, over, best_allocated[1], best_reserved[1],
                   snapshot, series, bool(expandable_segments), max_split_size_mb)

@@ -61,11 +61,15 @@ def test_allocator_options_need_an_allocator_measure_and_side_streams_are_refuse
     refused(capsys, "ledger", *SHAPE, "--expandable-segments", message="does not read --expandable-segments")
     refused(capsys, "step", *SHAPE, "--max-split-size-mb", "100", message="does not read --max-split-size-mb")
     refused(capsys, "step", *SHAPE, "--measure", "reserved", "--max-split-size-mb", "20", message="above 20")
-    refused(capsys, "step", *SHAPE, "--measure", "reserved", "--framework", "fsdp2", "--dp", "2",
-            message="--measure reserved is not modelled under --framework fsdp2")
+    refused(capsys, "step", *SHAPE, "--measure", "reserved", "--framework", "deepspeed", "--zero", "2", "--dp", "2",
+            message="--measure reserved is not modelled under --framework deepspeed")
     refused(capsys, "step", *SHAPE, "--measure", "total", message="memledger step judges the step")
     code, out, _ = run(capsys, "step", *SHAPE, "--measure", "allocated", "--framework", "fsdp2", "--dp", "2")
     assert code == 0 and "max_memory_allocated" in out.splitlines()[-1]
+    # FSDP2's side streams are replayed, each a pool of its own: the segments at the peak by stream
+    code, out, _ = run(capsys, "step", *SHAPE, "--measure", "reserved", "--framework", "fsdp2", "--dp", "2")
+    assert code == 0 and "max_memory_reserved" in out.splitlines()[-1]
+    assert "FSDP2 reduce-scatter stream:" in out and "default stream:" in out
 
 
 @pytest.mark.slow

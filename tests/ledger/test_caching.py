@@ -126,6 +126,25 @@ def test_record_stream():
     assert tmp3.addr == ptr
 
 
+def test_record_stream_on_shifted_view():
+    """test_cuda.py ``test_record_stream_on_shifted_view`` (issue #27366): "the allocator will not reuse free blocks
+    which were allocated from another stream"; a block allocated on ``stream_alloc`` and used (through a view) on
+    ``stream_record`` is not reused on ``stream_alloc`` after only ``stream_alloc`` is synchronized
+    (``assertNotEqual(try_realloc.data_ptr(), data_ptr)``). The isolation the test relies on: a block the default
+    stream freed is not given to ``stream_alloc`` either."""
+    a = CachingAllocator()
+    current, stream_alloc, stream_record = 0, 1, 2
+    a.free(a.malloc(100 * FLOAT, current))       # a cached block of the default stream
+    base = a.malloc(100 * FLOAT, stream_alloc)   # torch.cuda.FloatTensor([10, 10]) under stream_alloc
+    assert base.segment is not a.segments[0] and a.reserved == 2 * 2 * MiB    # its own 2 MiB small segment
+    data_ptr = base.addr
+    a.record_stream(base, stream_record)         # view.record_stream(stream_record), the stream still busy
+    a.free(base)
+    a.synchronize(stream_alloc)
+    try_realloc = a.malloc(100 * FLOAT, stream_alloc)
+    assert try_realloc.addr != data_ptr
+
+
 def test_max_split_expandable():
     """test_cuda.py ``test_max_split_expandable``: with 120 MiB allowed, 40 MiB with expandable segments off, on, then
     off (max_split_size_mb:40) fit, a fourth 40 MiB raises OutOfMemoryError, and after the three are freed 120 MiB

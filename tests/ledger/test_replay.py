@@ -7,6 +7,7 @@ import pytest
 from memledger.ledger.ledger import Ledger
 from memledger.ledger.replay import check_streams, replay, run
 from memledger.models.architecture import Architecture
+from memledger.step.vocab import Stream
 
 MiB = 1024 * 1024
 
@@ -72,11 +73,47 @@ def test_fuzzed_setups_keep_the_order_of_the_measures(seed):
         assert all(reserved >= allocated for _, _, _, allocated, reserved in r.series)
 
 
+def test_a_pool_per_stream():
+    """Two streams, worked out from the allocator's rules (``c10/cuda/CUDACachingAllocator.cpp``): 30 MiB on the
+    default stream, then freed as 25 MiB are allocated on FSDP2's reduce-scatter stream, then those freed as 20 MiB
+    are allocated on the default stream.
+
+    * op 0: 30 MiB >= kMinLargeAlloc (10 MiB): a segment of 30 MiB (rounded to 2 MiB), the default stream's.
+    * op 1: the 30 MiB block is cached in the default stream's pool; ``get_free_block()`` searches by (stream, size),
+      so the reduce-scatter stream finds nothing: a new segment of 26 MiB (25 MiB rounded up to 2 MiB), not split
+      (``should_split()``: the 1 MiB left is not more than kSmallSize), so the block and allocated are 26 MiB.
+      Reserved 30 + 26 = 56 MiB. On one stream the cached 30 MiB block would be split for it (30 - 25 = 5 MiB
+      > kSmallSize remains): reserved 30 MiB.
+    * op 2: the 25 MiB block returns to the reduce-scatter stream's pool; 20 MiB on the default stream split the
+      default stream's 30 MiB block (10 MiB > 1 MiB remains): reserved stays 56 MiB.
+    Allocated peaks at 30 MiB (op 0)."""
+    deltas = [[[0, 1]], [[0, -1], [1, 1]], [[1, -1], [2, 1]]]
+    moments = [["forward", None], ["backward", 0], ["backward", 0]]
+    sizes = [30 * MiB, 25 * MiB, 20 * MiB]
+    r = run(deltas, moments, sizes, steps=1, streams={1: Stream.REDUCE_SCATTER})
+    assert (r.allocated, r.reserved) == (30 * MiB, 56 * MiB)
+    assert [s[3:] for s in r.series] == [(30 * MiB, 30 * MiB), (26 * MiB, 56 * MiB), (20 * MiB, 56 * MiB)]
+    assert sorted((s["stream"], s["total_size"], s["free_size"]) for s in r.segments) == [   # at op 1
+        ("FSDP2 reduce-scatter", 26 * MiB, 0), ("default", 30 * MiB, 30 * MiB)]
+    one = run(deltas, moments, sizes, steps=1)
+    assert (one.allocated, one.reserved) == (30 * MiB, 30 * MiB)
+
+
+def test_ddp_buckets_are_one_block_each():
+    """``pieces[j]`` a list: tensor j is blocks of those bytes (DDP's buckets): 12 MiB and 14 MiB are two segments
+    of their size (>= kMinLargeAlloc, multiples of 2 MiB), not one of 26 MiB."""
+    r = run([[[0, 1]]], [["forward", None]], [26 * MiB], steps=1, pieces={0: [12 * MiB, 14 * MiB]})
+    assert r.allocated == 26 * MiB and sorted(s["total_size"] for s in r.segments) == [12 * MiB, 14 * MiB]
+
+
 def test_side_streams_are_refused_for_reserved():
-    with pytest.raises(ValueError, match="framework fsdp2: FSDP2 allocates"):
-        check_streams("fsdp2")
-    check_streams("fsdp2", "allocated")
-    check_streams("plain")
+    with pytest.raises(ValueError, match="framework deepspeed: DeepSpeed allocates"):
+        check_streams("deepspeed")
+    with pytest.raises(ValueError, match="framework megatron: Megatron-LM"):
+        check_streams("megatron")
+    check_streams("deepspeed", "allocated")
+    for framework in ("plain", "fsdp2", "ddp"):
+        check_streams(framework)
     with pytest.raises(ValueError, match="max_split_size_mb"):
         replay(Ledger(arch=SHAPES[0]), max_split_size_mb=20)
 
@@ -84,8 +121,8 @@ def test_side_streams_are_refused_for_reserved():
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", range(4))
 def test_fuzzed_strategies_keep_the_order_of_the_measures(seed):
-    """The same order over strategies: ZeRO stages and data parallelism, tensor parallelism, FSDP2 (allocated only,
-    reserved is refused there), selective recomputation, the cuda and cpu backends."""
+    """The same order over strategies: ZeRO stages and data parallelism, tensor parallelism, FSDP2 (a pool per
+    stream), selective recomputation, the cuda and cpu backends."""
     rng = random.Random(100 + seed)
     for _ in range(4):
         arch = SHAPES[0].with_changes(d_model=64 * rng.randint(2, 6), n_layers=rng.choice([3, 6]))
