@@ -149,7 +149,8 @@ def judge(ledger, peak) -> Judgement:
 
 def replayed(ledger, spec: AllocatorSpec, backend: str = "article", **changes):
     """``ledger``'s step replayed through the caching allocator (:func:`memledger.ledger.replay.replay`) as
-    ``spec`` asks; a framework with side streams is refused for "reserved" in one line."""
+    ``spec`` asks; DeepSpeed and Megatron-LM (side streams the step does not model) are refused for "reserved" in
+    one line."""
     from ..ledger.replay import check_streams
     check_streams(ledger.framework, spec.measure)
     return _replayed(ledger, spec.expandable_segments, spec.max_split_size_mb, backend, tuple(sorted(changes.items())))
