@@ -104,13 +104,13 @@ def _fuzzed(rng):
                   **common)
 
 
-@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("seed", range(6))
 def test_fuzzed_fsdp2_and_ddp_setups_keep_the_order_of_the_measures(seed):
     """For random shapes, batches, FSDP2 (world, HSDP, CPU offload, reduce dtype, reshard_after_forward) and DDP
     (world, bucket size, gradient_as_bucket_view) setups, with and without expandable segments: the blocks hold at
     least the live tensors and the segments at least the blocks, after every op."""
     rng = random.Random(300 + seed)
-    for _ in range(3):
+    for _ in range(4):
         try:
             ledger = _fuzzed(rng)
         except ValueError:              # a combination the ledger refuses (one line): nothing to replay
