@@ -73,13 +73,16 @@ def test_allocator_options_need_an_allocator_measure_and_side_streams_are_refuse
 
 
 @pytest.mark.slow
-def test_a_cached_replay_imports_no_sympy(tmp_path):
-    """Once a structure's step is compiled (and its tensors' roles kept beside it), ``--measure reserved`` replays
-    it without SymPy or NumPy, as fast as the peak."""
+@pytest.mark.parametrize("command", [["ledger", *SHAPE, "--measure", "reserved", "--json"],
+                                     ["ledger", *SHAPE, "--framework", "ddp", "--dp", "2", "--measure", "reserved"],
+                                     ["fit", "--vary", "batch", *SHAPE, "--framework", "fsdp2", "--dp", "2",
+                                      "--measure", "reserved"]])
+def test_a_cached_replay_imports_no_sympy(tmp_path, command):
+    """Once a structure's step is compiled (and its tensors' roles kept beside it: their streams, DDP's buckets),
+    ``--measure reserved`` replays it without SymPy or NumPy, as fast as the peak."""
     import os
     import subprocess
     import sys
-    command = ["ledger", *SHAPE, "--measure", "reserved", "--json"]
     code = (f"import sys; from memledger.cli.main import main; main({command!r}); "
             "assert 'sympy' not in sys.modules and 'numpy' not in sys.modules, 'heavy import'")
     env = {**os.environ, "MEMLEDGER_CACHE_DIR": str(tmp_path)}

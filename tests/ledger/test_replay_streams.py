@@ -81,9 +81,8 @@ def test_fsdp2_and_ddp_replays_are_deterministic():
 
 
 def test_fsdp2_side_streams_hold_segments_of_their_own():
-    """At the reserved peak of an FSDP2 step the all-gather copy-in and reduce-scatter streams hold segments, and a
-    pool per stream reserves at least as much as the same trace on one stream would not: the side streams' cached
-    blocks are not the default stream's."""
+    """At the reserved peak of an FSDP2 step (here in the first step's optimizer, the activations freed into the
+    cache) the all-gather copy-in and reduce-scatter streams hold segments of their own beside the default stream's."""
     ledger = Ledger(arch=SHAPE, framework="fsdp2", dp=2, recipe="fp32-adamw", batch_size=2, seq_len=128)
     r = replay(ledger)
     assert {s["stream"] for s in r.segments} == {"default", "FSDP2 all-gather copy-in", "FSDP2 reduce-scatter"}
