@@ -131,7 +131,7 @@ def roles(structure) -> dict:
 
 
 def replay(ledger, backend="article", expandable_segments: bool = False, max_split_size_mb=None, steps: int = 2,
-           **changes) -> Replay:
+           resident=(), **changes) -> Replay:
     """``ledger``'s step (under ``backend``'s conventions, changed as in
     :func:`memledger.activations.backends.get_backend`) replayed ``steps`` times through the caching allocator; see
     the module docstring. ``ValueError`` where the timeline does not model the setup."""
@@ -150,14 +150,16 @@ def replay(ledger, backend="article", expandable_segments: bool = False, max_spl
     n_layers = step_values(ledger)["L"]
     pieces = {int(j): n_layers - (4 if span == "L-4" else 2) for j, span in part["lumps"].items()}
     return run(step.deltas, step.moments, sizes, part["outside"], part["lazy"], expandable_segments,
-               max_split_size_mb, steps, pieces)
+               max_split_size_mb, steps, pieces, resident)
 
 
 def run(deltas, moments, sizes, outside=(), lazy=(), expandable_segments=False, max_split_size_mb=None,
-        steps: int = 2, pieces=None) -> Replay:
+        steps: int = 2, pieces=None, resident=()) -> Replay:
     """Replay a trace: ``deltas[k]`` the [tensor, change of its count] pairs of op k, ``moments[k]`` its [phase,
     layer], ``sizes[j]`` tensor j's bytes; ``outside`` tensors are not the allocator's, ``lazy`` ones are created
-    in the first step only when the optimizer starts; ``pieces[j]``: tensor j is that many equal blocks."""
+    in the first step only when the optimizer starts; ``pieces[j]``: tensor j is that many equal blocks;
+    ``resident``: (phase, bytes) allocations made with the first op of that phase in the first step and never
+    freed (cuBLAS's workspaces, :mod:`memledger.ledger.outside`)."""
     if not deltas:
         raise ValueError("an empty trace")
     allocator = CachingAllocator(expandable_segments, max_split_size_mb)
@@ -172,6 +174,7 @@ def run(deltas, moments, sizes, outside=(), lazy=(), expandable_segments=False, 
     snapshot = []
 
     pieces = pieces or {}
+    booked = set()                                # the phases whose resident allocations are made
 
     def parts(j):
         n = max(1, pieces.get(j, 1))
@@ -201,6 +204,11 @@ def run(deltas, moments, sizes, outside=(), lazy=(), expandable_segments=False, 
             for j, c in changes:
                 if c > 0:
                     change(j, c)
+            if n == 1 and phases[k] not in booked:
+                for phase, size in resident:
+                    if phase == phases[k]:
+                        allocator.malloc(size)
+                booked.add(phases[k])
             at = (n, k, phases[k])
             series.append((n, k, phases[k], allocator.allocated, allocator.reserved))
             if allocator.max_allocated > best_allocated[0]:
