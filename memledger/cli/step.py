@@ -49,9 +49,9 @@ def step(a) -> str:
         a.measure = "peak"
     spec = allocator_spec_of(a)
     if any(d in a.given for d in LORA):      # --optimizer-in-backward is the adapters' (LoraStep checks it)
-        if spec is not None:
+        if spec is not None and spec.measure != "run":
             raise ValueError(f"--measure {a.measure}: the LoRA step is not compiled to the trace the caching "
-                             "allocator replays, nor its loading (NF4 at load) modelled; use --measure peak")
+                             "allocator replays; use --measure peak or run")
         from argparse import Namespace
         return lora_step(a, build_ledger(Namespace(**(vars(a) | {"optimizer_in_backward": False}))))
     ledger = build_ledger(a)
@@ -151,8 +151,9 @@ def lora_step(a, ledger) -> str:
     from ..ledger.lora import LoraLedger
     from ..states.recipes import get_recipe
     from .compare import lora_config
-    refused = [d for d in a.given if d not in LORA_STEP_READS]
-    refuse_unread(a, LORA_STEP_READS, "the LoRA step", {d: "the LoRA step runs on one GPU, without ZeRO, "
+    reads = LORA_STEP_READS | {"measure"} | ({"load"} if a.measure == "run" else set())
+    refused = [d for d in a.given if d not in reads]
+    refuse_unread(a, reads, "the LoRA step", {d: "the LoRA step runs on one GPU, without ZeRO, "
                                                           "offload or parallelism" for d in refused} | {
         "offload_activations": "activation offloading of a LoRA block (its frozen weights and NF4 tensors saved "
                                "too) is not modelled"})
@@ -163,10 +164,19 @@ def lora_step(a, ledger) -> str:
         raise ValueError(f"--qlora quantizes a 16-bit base to NF4 and computes in BF16; --recipe {ledger.recipe} "
                          f"gives an {base.upper()} base")
     config = lora_config(a, ledger.arch, base)
-    return output(LoraLedger(ledger.arch, config, ledger.batch_size, ledger.seq_len, ledger.recompute,
-                             ledger.flash_attention, ledger.overhead_bytes, ledger.loss_chunks,
-                             ledger.loss_impl, bool(getattr(a, "optimizer_in_backward", False))).step(
-                                 a.backend, foreach=a.foreach, **norm(a)), a)
+    lora = LoraLedger(ledger.arch, config, ledger.batch_size, ledger.seq_len, ledger.recompute,
+                      ledger.flash_attention, ledger.overhead_bytes, ledger.loss_chunks,
+                      ledger.loss_impl, bool(getattr(a, "optimizer_in_backward", False)))
+    result = lora.step(a.backend, foreach=a.foreach, **norm(a))
+    extra = None
+    if a.measure == "run":
+        from ..core.units import format_bytes
+        from ..ledger.loading import lora_run_phases
+        run = lora_run_phases(lora, result.peak.bytes, a.load)
+        lines = ["", f"the run, loading by {run.load} (the overhead row in each phase):"]
+        lines += [f"  {p:<16} {format_bytes(b, a.units):>12}  {w}" for p, b, w in run.phases]
+        extra = (run.judged, {"run": run.to_dict()}, lines, f"; the run's peak is in phase {run.phase!r}")
+    return output(result, a, None, extra)
 
 
 def text(result, memory: int, unit: str = "GB", replay=None, measure: str = "peak", extra=None) -> str:

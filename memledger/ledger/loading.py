@@ -18,8 +18,14 @@ verdict names its phase. The loading path is an option (``--load``); its default
   ``dtype=torch.bfloat16`` under a dispatch mode): 57 ``aten._to_copy`` FP32 -> BF16, one per parameter, covering
   exactly the 5,258,496 elements, and no other copy of a weight. With
   on-the-fly quantization (bitsandbytes NF4) transformers loads one tensor at a time ("to avoid worker threads loading
-  full-precision tensors to GPU faster than the main thread can quantize them", lines 1862-1872): the BF16 weight of
-  one layer beside its NF4 copy; the LoRA step does not yet take ``--measure run`` (refused in one line).
+  full-precision tensors to GPU faster than the main thread can quantize them", lines 1862-1872): each projection's
+  weight is materialized in BF16 on the GPU (the dtype asked for, lines 1911-1928) and quantized there
+  (``integrations/bitsandbytes.py`` line 58, ``Params4bit(value, ...).to(value.device)``); bitsandbytes'
+  ``quantize_4bit`` keeps the FP32 absmax (one per 64 weights) until its 8-bit copy is made (``compress_statistics``:
+  ``offset = absmax.mean(); absmax -= offset; qabsmax, state2 = quantize_blockwise(...); del absmax``). So
+  :func:`lora_run_phases` books, for the LoRA/QLoRA step, the frozen base as loaded (its ``frozen`` rows) plus the
+  BF16 weight and FP32 absmax of the largest quantized projection: an upper bound by at most the weights loaded
+  after it (transformers loads in natural key order, the last block's attention projections after its MLP's).
 * ``state-dict``: ``model.load_state_dict(torch.load(path, map_location="cuda"))``: the whole state dict is on the
   GPU beside the model, whose parameters it is copied into in place (``torch/nn/modules/module.py`` line 2495,
   ``param.copy_(input_param)``, PyTorch 2.13.0): twice the weights until the state dict is dropped.
@@ -34,7 +40,7 @@ avoids this (meta init, then a distributed checkpoint); ``--load`` describes a s
 Refused in one line: ZeRO stage 3 and tensor parallelism (each loads and partitions in its own way, not modelled),
 and frameworks other than plain and fsdp2.
 """
-__all__ = ["LOADS", "RunPeak", "run_phases"]
+__all__ = ["LOADS", "RunPeak", "lora_run_phases", "run_phases"]
 
 #: ``--load``: the loading paths, the default first.
 LOADS = ("from-pretrained", "state-dict")
@@ -99,3 +105,32 @@ def run_phases(ledger, load: str = LOADS[0], step_peak: int = None) -> RunPeak:
         raise ValueError("--measure run: the step timeline does not model this setup")
     phases.append(("step", peak, "the training step's peak (the overhead row included)"))
     return RunPeak(phases, load)
+
+
+def lora_run_phases(lora_ledger, step_peak: int, load: str = LOADS[0]) -> RunPeak:
+    """The run of a LoRA or QLoRA step (:class:`memledger.ledger.lora.LoraLedger`) loaded by transformers'
+    ``from_pretrained`` (only that path: PEFT wraps a model from_pretrained loaded): the frozen base as loaded, with
+    NF4 the moment its largest projection is quantized, then the step (``step_peak``). The adapters come after
+    loading (``get_peft_model``) and are the step's."""
+    from ..models.tensors import PROJECTIONS, parameter_tensors
+    from ..states.bnb import BLOCKSIZE
+    if load != LOADS[0]:
+        raise ValueError(f"--measure run with LoRA models --load {LOADS[0]} only (PEFT wraps a from_pretrained model)")
+    arch, config = lora_ledger.arch, lora_ledger.config
+    overhead = lora_ledger.overhead_bytes
+    base = sum(r.bytes for r in lora_ledger.rows if r.name.startswith("frozen"))
+    phases = [("load", base + overhead, "the frozen base as loaded (from_pretrained)")]
+    if config.base == "nf4":
+        n = max(arch.evaluate(_prod(t.shape)) for t in parameter_tensors(arch.features)
+                if t.module in PROJECTIONS[arch.style] and t.name == "weight")
+        absmax = 4 * -(-n // BLOCKSIZE) if config.double_quant else 0
+        phases.insert(0, ("quantize at load", base + 2 * n + absmax + overhead,
+                          f"the base as loaded, and the largest projection ({n:,} weights) in BF16 beside its NF4 "
+                          "copy" + (" and its FP32 absmax" if absmax else "")))
+    phases.append(("step", step_peak, "the training step's peak (the overhead row included)"))
+    return RunPeak(phases, load)
+
+
+def _prod(shape):
+    import sympy as sp
+    return sp.prod(shape)

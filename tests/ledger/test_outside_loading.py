@@ -97,4 +97,19 @@ def test_step_json_and_verdict_carry_the_measure_and_its_rows(capsys):
     assert data["nvidia_smi"]["cuda_context"] == 500 * MiB
     code, out, _ = cli(capsys, "step", *SHAPE, "--measure", "run")
     assert code == 0 and "the peak of the whole run" in out and "the run's peak is in phase 'step'" in out
-    refused(capsys, "step", *SHAPE, "--measure", "run", "--lora-rank", "8", message="--measure run")
+    refused(capsys, "step", *SHAPE, "--measure", "reserved", "--lora-rank", "8", message="use --measure peak or run")
+
+
+def test_qlora_run_books_the_largest_projection_in_bf16_beside_its_nf4_copy(capsys):
+    # The shape's largest projection is d x F = 256 x 688 = 176,128 weights: in BF16 2 bytes each, and the FP32
+    # absmax quantize_4bit keeps until its 8-bit copy is made, 4 bytes per 64 weights (176,128 / 64 = 2,752 blocks).
+    code, out, _ = cli(capsys, "step", *SHAPE, "--qlora", "--backend", "cuda", "--measure", "run", "--json")
+    data = json.loads(out)
+    phases = {p["phase"]: p["bytes"] for p in data["run"]["phases"]}
+    assert code == 0 and list(phases) == ["quantize at load", "load", "step"]
+    assert phases["quantize at load"] - phases["load"] == 2 * 256 * 688 + 4 * 2752
+    assert data["judged_bytes"] == max(phases.values()) == data["run"]["run_peak"]
+    refused(capsys, "step", *SHAPE, "--qlora", "--backend", "cuda", "--measure", "run", "--load", "state-dict",
+            message="--load from-pretrained only")
+    refused(capsys, "step", *SHAPE, "--qlora", "--backend", "cuda", "--load", "state-dict",
+            message="does not read --load")
