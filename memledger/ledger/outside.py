@@ -9,7 +9,8 @@ allocate()`` (``aten/src/ATen/cuda/CublasHandlePool.cpp`` at PyTorch commit
 ``cublas_handle_stream_to_workspace()``), when a thread first asks for its handle (``getCurrentCUDABlasHandle()``, at
 the first matmul) and kept until ``torch._C._cuda_clearCublasWorkspaces()``. Handles are per thread (a
 ``thread_local`` pool window, same function): the forward runs on the Python thread, the backward on the autograd
-engine's device thread, so a training step holds two of each (the second booked at the first op of the backward).
+engine's device thread (``torch/csrc/autograd/engine.cpp``, ``Engine::start_device_threads()``: "allocate one thread
+for every GPU device"), so a training step holds two of each (the second booked at the first op of the backward).
 
 * cuBLAS: ``parseChosenWorkspaceSize()`` (lines 147-150): ``4096 * 8 * 1024`` = 32 MiB on compute capability 9.0
   (Hopper: H100, H200), else ``4096 * 1024 * 2 + 16 * 1024 * 8`` = 8,519,680 bytes (``:4096:2:16:8``), unless
