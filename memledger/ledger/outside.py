@@ -71,7 +71,7 @@ def workspaces(gpu: str, biased: bool = False) -> list:
     forward's thread and again for the autograd thread's backward. ``ValueError`` in one line for a GPU of unknown
     compute capability."""
     if gpu not in GPU_ARCH:
-        raise ValueError(f"--measure nvidia-smi needs a named GPU (--gpu-memory one of {', '.join(GPU_ARCH)}): "
+        raise ValueError(f"--measure nvidia-smi needs a named GPU (gpu, --gpu-memory: one of {', '.join(GPU_ARCH)}): "
                          f"cuBLAS's workspace depends on its compute capability, got {gpu!r}")
     cublas = CUBLAS_WORKSPACE["sm90" if GPU_ARCH[gpu] == "9.0" else "other"]
     return [(phase, f"{lib} workspace ({phase})", size) for phase in WORKSPACE_PHASES
@@ -91,7 +91,7 @@ def cuda_context(gpu: str, given=None) -> tuple:
         return size, f"{stack}; {source}"
     known = "; ".join(f"{name} {size // MiB} MiB ({stack})" for name, (size, stack, _) in CUDA_CONTEXT.items())
     raise ValueError(f"--measure nvidia-smi: no published CUDA context size for {gpu} (it depends on the GPU's SMs, "
-                     f"the driver, CUDA and PyTorch; published: {known}); give --cuda-context BYTES, what nvidia-smi "
+                     f"the driver, CUDA and PyTorch; published: {known}); give cuda_context (--cuda-context BYTES), what nvidia-smi "
                      "shows for your process after one training step less torch.cuda.memory_reserved()")
 
 

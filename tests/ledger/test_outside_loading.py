@@ -113,3 +113,19 @@ def test_qlora_run_books_the_largest_projection_in_bf16_beside_its_nf4_copy(caps
             message="--load from-pretrained only")
     refused(capsys, "step", *SHAPE, "--qlora", "--backend", "cuda", "--load", "state-dict",
             message="does not read --load")
+
+
+def test_fit_searches_by_nvidia_smi_and_by_the_run():
+    from memledger.answers.fit import fit
+    memory = 3 * 10 ** 9
+    result = fit(LEDGER, "batch", memory, measure="nvidia-smi", margin=0, gpu="h100-80gb", cuda_context=500 * MiB)
+    answer = result["answer"]
+    spec = AllocatorSpec("nvidia-smi", gpu="h100-80gb", cuda_context=500 * MiB)
+    assert result["measure_key"] == "nvidia-smi" and judge(replace(LEDGER, batch_size=answer), spec).bytes <= memory
+    assert judge(replace(LEDGER, batch_size=answer + 1), spec).bytes > memory
+    with pytest.raises(ValueError, match=r"needs a named GPU \(gpu, --gpu-memory"):
+        fit(LEDGER, "batch", memory, measure="nvidia-smi", cuda_context=0)
+    with pytest.raises(ValueError, match="load says how a run loads"):
+        fit(LEDGER, "batch", memory, load="state-dict")
+    run = fit(LEDGER, "batch", memory, measure="run", load="state-dict")
+    assert run["measure_key"] == "run" and run["answer"] == fit(LEDGER, "batch", memory, measure="peak")["answer"]
