@@ -91,8 +91,9 @@ def cuda_context(gpu: str, given=None) -> tuple:
         return size, f"{stack}; {source}"
     known = "; ".join(f"{name} {size // MiB} MiB ({stack})" for name, (size, stack, _) in CUDA_CONTEXT.items())
     raise ValueError(f"--measure nvidia-smi: no published CUDA context size for {gpu} (it depends on the GPU's SMs, "
-                     f"the driver, CUDA and PyTorch; published: {known}); give cuda_context (--cuda-context BYTES), what nvidia-smi "
-                     "shows for your process after one training step less torch.cuda.memory_reserved()")
+                     f"the driver, CUDA and PyTorch; published: {known}); give cuda_context (--cuda-context BYTES), "
+                     "what nvidia-smi shows for your process after one training step less "
+                     "torch.cuda.memory_reserved()")
 
 
 def check_ranks(ledger) -> None:
