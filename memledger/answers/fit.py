@@ -42,7 +42,7 @@ from dataclasses import replace
 
 from ..core.choices import LIMIT, check_choice, check_count
 from ..ledger.ledger import Ledger
-from .verdict import ALLOCATOR, MARGIN, MEASURE, allocator_spec, check_measure, judge, leaves_margin, uses_peak
+from .verdict import ALLOCATOR, MARGIN, MEASURE, SPECS, allocator_spec, check_measure, judge, leaves_margin, uses_peak
 
 __all__ = ["MEASURE", "VARY", "fit", "fit_many"]
 
@@ -103,14 +103,18 @@ def _dp_range(template: Ledger) -> tuple:
 
 
 def fit(template: Ledger, vary: str, gpu_bytes: int, measure: str = "auto", margin: int = MARGIN,
-        expandable_segments: bool = False, max_split_size_mb=None) -> dict:
+        expandable_segments: bool = False, max_split_size_mb=None, gpu: str = None, cuda_context: int = None,
+        load: str = None) -> dict:
     """The boundary of ``vary`` for ``template`` on a GPU of ``gpu_bytes``, leaving ``margin`` bytes free; see the
     module docstring.
 
     ``measure``: ``"auto"`` (the step's peak where modelled, else the sum), ``"peak"`` or ``"total"``; or
     ``"allocated"``/``"reserved"``, the step replayed through the caching allocator (:mod:`memledger.ledger.replay`,
-    with ``expandable_segments`` and ``max_split_size_mb``). A replay's segments need not grow with every value: the
-    answer is the boundary the bisection finds, where the answer fits and the next value does not.
+    with ``expandable_segments`` and ``max_split_size_mb``); ``"nvidia-smi"``, the replay's segments with cuBLAS's
+    workspaces and the CUDA context on the GPU named ``gpu`` (:mod:`memledger.ledger.outside`; ``cuda_context``
+    bytes where no published figure exists); ``"run"``, the peak over loading the weights by ``load`` and the step
+    (:mod:`memledger.ledger.loading`). A replay's segments need not grow with every value: the answer is the
+    boundary the bisection finds, where the answer fits and the next value does not.
     Returns {"vary", "answer" (None: nothing fits), "measure" (a value of :data:`MEASURE`), "measure_key",
     "gpu_memory", "margin", "judged_at_answer" (the bytes the measure gives there), "total_at_answer" (the ledger's
     sum), "peak_at_answer" (None without a timeline), "next" (the first value that does not fit:
@@ -120,7 +124,7 @@ def fit(template: Ledger, vary: str, gpu_bytes: int, measure: str = "auto", marg
         raise TypeError(f"template must be a Ledger, got {template!r}")
     check_choice("vary", vary, VARY)
     check_measure(measure)
-    spec = allocator_spec(measure, expandable_segments, max_split_size_mb)
+    spec = allocator_spec(measure, expandable_segments, max_split_size_mb, gpu, cuda_context, load)
     gpu_bytes = check_count("gpu_bytes", gpu_bytes, limit=LIMIT)
     margin = check_count("margin", margin, minimum=0, limit=LIMIT)
     if vary in ("batch", "seq", "layers") and template.arch is None:
@@ -192,7 +196,7 @@ def fit_many(template: Ledger, vary: str, gpu_memories, measure: str = "auto", m
     check_measure(measure)
     memories = [check_count("gpu_bytes", m, limit=LIMIT) for m in gpu_memories]
     margin = check_count("margin", margin, minimum=0, limit=LIMIT)
-    if (vary not in ("batch", "seq") or template.arch is None or measure in ALLOCATOR or not uses_peak(template, measure)
+    if (vary not in ("batch", "seq") or template.arch is None or measure in SPECS or not uses_peak(template, measure)
             or (vary == "seq" and template.arch.n_positions)):
         return [fit(template, vary, m, measure, margin) for m in memories]
     from ..ledger.ledger import sweep
@@ -256,6 +260,8 @@ def _binding(vary, answer, beyond, over, peak, gpu_bytes, margin) -> str:
     head = f"at {_LABEL[vary]} {beyond} {judged.measure} {verb} {judged.bytes:,} B > {limit}"
     if answer is None and vary in ("batch", "seq", "layers"):
         head = f"nothing fits: even at {_LABEL[vary]} 1 {judged.measure} needs {judged.bytes:,} B > {limit}"
+    if judged.key in ("nvidia-smi", "run"):
+        return f"{head}; the step's peak there is {over.peak:,} B"
     if judged.key in ALLOCATOR:
         return (f"{head}; the step's peak there is {over.peak:,} B, the allocator's rounding and cached blocks add "
                 f"{judged.bytes - over.peak:,} B")

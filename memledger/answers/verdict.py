@@ -24,7 +24,12 @@ explorer, the static calculator) says which it printed:
   (:mod:`memledger.ledger.replay`): the peak of its blocks (``torch.cuda.max_memory_allocated()``) or of its
   segments, free cached blocks included (``max_memory_reserved()``, what runs out first), with the ledger's
   overhead row beside them. Asked for only (``measure="allocated"``/``"reserved"``), never chosen by ``auto``;
-  ``"nvidia-smi"`` and ``"run"`` are refused in one line (:data:`REFUSED`).
+* ``"nvidia-smi"``: the replay's reserved segments with cuBLAS's workspaces booked in them, and the CUDA context
+  beside them, each a cited constant per GPU (:mod:`memledger.ledger.outside`), instead of the overhead row; refused in
+  one line where a constant is not known (a GPU without a published context and no ``cuda_context``, more than one
+  rank: NCCL's buffers);
+* ``"run"``: the peak over loading the weights (``load``, :mod:`memledger.ledger.loading`) and the step, live bytes
+  and the overhead row as the step's peak; the verdict names the phase of the peak.
 
 Against what a verdict compares: the GPU's total as ``nvidia-smi`` reports it
 (:data:`memledger.ledger.hardware.GPU_MEMORY`), the judged bytes including the
@@ -42,7 +47,8 @@ from typing import NamedTuple
 from ..core.capacity import MARGIN, leaves_margin, standing
 from ..core.units import format_bytes
 
-__all__ = ["ALLOCATOR", "ASSESSMENTS", "AllocatorSpec", "CHOICES", "CLAUSES", "Judgement", "MARGIN", "MEASURE",
+__all__ = ["ALLOCATOR", "SPECS", "nvidia_smi", "run_peak",
+           "ASSESSMENTS", "AllocatorSpec", "CHOICES", "CLAUSES", "Judgement", "MARGIN", "MEASURE",
            "REFUSED", "SENTENCE", "SUM_CLAUSE", "SUM_NOTE", "UNMODELLED_NOTE", "allocator_spec", "assess",
            "check_measure", "describe", "is_nominal", "judge", "leaves_margin", "replayed", "sentence", "standing",
            "unmodelled", "uses_peak"]
@@ -56,32 +62,35 @@ MEASURE = {
                  "the overhead row",
     "reserved": "the peak of the caching allocator's segments over two training steps (max_memory_reserved, "
                 "fragmentation included) and the overhead row",
+    "nvidia-smi": "what nvidia-smi would show: the caching allocator's segments over two training steps, cuBLAS's "
+                  "workspaces among them, and the CUDA context",
+    "run": "the peak of the whole run, loading the weights and the training step",
 }
 #: The measures a replay through the caching allocator gives (:mod:`memledger.ledger.replay`).
 ALLOCATOR = ("allocated", "reserved")
-#: Measures named by the issue that are not modelled yet, and why (each refused in one line).
-REFUSED = {
-    "nvidia-smi": "nvidia-smi adds to the reserved segments the CUDA context, cuBLAS/cuBLASLt workspaces and NCCL's "
-                  "buffers, whose sizes per PyTorch/CUDA version and GPU generation memledger does not yet have from "
-                  "a cited source; use --measure reserved (the ledger's overhead row stands for them)",
-    "run": "the peak of a whole run (loading and quantizing the weights, then the steps) is not modelled yet: the "
-           "step is; use --measure reserved for the steps",
-}
+#: Measures named by the issue that are not modelled yet, and why (each refused in one line); none left.
+REFUSED = {}
+#: The measures judged beside the step's own (:class:`AllocatorSpec`): the allocator's two, nvidia-smi and the run.
+SPECS = ALLOCATOR + ("nvidia-smi", "run")
 #: Why a verdict by the sum is not the peak: the static calculator's note, and the explorer's without a timeline.
 SUM_NOTE = "the peak of a step can be higher; see the chapter on the peak"
 UNMODELLED_NOTE = "the step timeline does not model this setup"
 #: The clause after a verdict by the sum where the peak was not asked for (the static calculator prints it too).
 SUM_CLAUSE = f", {MEASURE['total']} ({SUM_NOTE})"
 #: ``measure`` choices of :func:`judge` and :func:`memledger.fit`: the peak where modelled, or one of the two.
-CHOICES = ("auto", "peak", "total") + ALLOCATOR + tuple(REFUSED)
+CHOICES = ("auto", "peak", "total") + SPECS
 
 
 class AllocatorSpec(NamedTuple):
-    """A verdict by the caching allocator's replay: ``measure`` ("allocated" or "reserved") and the
-    ``PYTORCH_CUDA_ALLOC_CONF`` options it replays with."""
+    """A verdict by the caching allocator's replay: ``measure`` ("allocated", "reserved" or "nvidia-smi") and the
+    ``PYTORCH_CUDA_ALLOC_CONF`` options it replays with; for "nvidia-smi" the ``gpu``'s name and the
+    ``cuda_context`` given (bytes, or None: the published constant); for "run" the ``load`` path."""
     measure: str
     expandable_segments: bool = False
     max_split_size_mb: object = None
+    gpu: object = None
+    cuda_context: object = None
+    load: object = None
 
 
 def check_measure(measure: str) -> str:
@@ -93,14 +102,22 @@ def check_measure(measure: str) -> str:
     return measure
 
 
-def allocator_spec(measure: str, expandable_segments: bool = False, max_split_size_mb=None):
-    """An :class:`AllocatorSpec` for ``measure`` "allocated" or "reserved", else None; the options are refused
-    in one line with another measure."""
-    if measure in ALLOCATOR:
-        return AllocatorSpec(measure, bool(expandable_segments), max_split_size_mb)
+def allocator_spec(measure: str, expandable_segments: bool = False, max_split_size_mb=None, gpu=None,
+                   cuda_context=None, load=None):
+    """An :class:`AllocatorSpec` for ``measure`` "allocated", "reserved", "nvidia-smi" or "run", else None; an option
+    of another measure is refused in one line."""
+    from ..ledger.loading import LOADS
+    if measure != "nvidia-smi" and cuda_context is not None:
+        raise ValueError("cuda_context is a part of what nvidia-smi shows: measure nvidia-smi")
+    if measure != "run" and load is not None:
+        raise ValueError("load says how a run loads its weights: measure run")
+    if measure in ALLOCATOR + ("nvidia-smi",):
+        return AllocatorSpec(measure, bool(expandable_segments), max_split_size_mb, gpu, cuda_context)
     if expandable_segments or max_split_size_mb is not None:
         raise ValueError("expandable_segments and max_split_size_mb configure the caching allocator's replay: "
-                         "measure allocated or reserved")
+                         "measure allocated, reserved or nvidia-smi")
+    if measure == "run":
+        return AllocatorSpec(measure, load=LOADS[0] if load is None else load)
     return None
 
 
@@ -137,6 +154,10 @@ def judge(ledger, peak) -> Judgement:
     for a nominal parameter count (:meth:`memledger.ledger.ledger.Ledger.judged_bytes`); or, ``peak`` an
     :class:`AllocatorSpec`, the caching allocator's replay of the step (:func:`replayed`)."""
     if isinstance(peak, AllocatorSpec):
+        if peak.measure == "nvidia-smi":
+            return Judgement(nvidia_smi(ledger, peak).judged, peak.measure)
+        if peak.measure == "run":
+            return Judgement(run_peak(ledger, peak).judged, peak.measure)
         return Judgement(replayed(ledger, peak).judged(peak.measure), peak.measure)
     if not peak:
         return Judgement(ledger.totals["gpu"], "total")
@@ -150,16 +171,47 @@ def judge(ledger, peak) -> Judgement:
 def replayed(ledger, spec: AllocatorSpec, backend: str = "article", **changes):
     """``ledger``'s step replayed through the caching allocator (:func:`memledger.ledger.replay.replay`) as
     ``spec`` asks; DeepSpeed and Megatron-LM (side streams the step does not model) are refused for "reserved" in
-    one line."""
+    one line. Under "nvidia-smi" cuBLAS's workspaces are booked in the replay
+    (:func:`memledger.ledger.outside.workspaces`)."""
     from ..ledger.replay import check_streams
-    check_streams(ledger.framework, spec.measure)
-    return _replayed(ledger, spec.expandable_segments, spec.max_split_size_mb, backend, tuple(sorted(changes.items())))
+    resident = ()
+    if spec.measure == "nvidia-smi":
+        from ..ledger.outside import check_ranks
+        check_ranks(ledger)
+        resident = tuple((phase, size) for phase, _, size in _workspaces(ledger, spec.gpu))
+    check_streams(ledger.framework, "reserved" if spec.measure == "nvidia-smi" else spec.measure)
+    return _replayed(ledger, spec.expandable_segments, spec.max_split_size_mb, backend, tuple(sorted(changes.items())),
+                     resident)
+
+
+def _workspaces(ledger, gpu):
+    from ..ledger.outside import workspaces
+    arch = ledger.arch
+    return workspaces(gpu, biased=arch is not None and (arch.style == "gpt" or bool(arch.qkv_bias)))
 
 
 @lru_cache(maxsize=256)
-def _replayed(ledger, expandable, max_split, backend, changes):
+def _replayed(ledger, expandable, max_split, backend, changes, resident=()):
     from ..ledger.replay import replay
-    return replay(ledger, backend, expandable, max_split, **dict(changes))
+    return replay(ledger, backend, expandable, max_split, resident=resident, **dict(changes))
+
+
+def nvidia_smi(ledger, spec: AllocatorSpec, backend: str = "article", **changes):
+    """What nvidia-smi would show for ``ledger``'s step (:class:`memledger.ledger.outside.Outside`): the replay's
+    reserved peak (cuBLAS's workspaces in it) and the CUDA context; refused in one line where a constant is not
+    known. The context is looked up first, so that a refusal costs no replay."""
+    from ..ledger.outside import Outside, check_ranks, cuda_context
+    check_ranks(ledger)
+    context, source = cuda_context(spec.gpu, spec.cuda_context)
+    rows = _workspaces(ledger, spec.gpu)
+    replay = replayed(ledger, spec, backend, **changes)
+    return Outside(replay.reserved, rows, context, source, spec.gpu)
+
+
+def run_peak(ledger, spec: AllocatorSpec, step_peak: int = None):
+    """The peak of ``ledger``'s whole run (:func:`memledger.ledger.loading.run_phases`), loading by ``spec.load``."""
+    from ..ledger.loading import run_phases
+    return run_phases(ledger, spec.load, step_peak)
 
 
 #: The verdict's clause after the bytes, by which of the two it judged (:func:`describe` fills it; the static
@@ -187,7 +239,7 @@ def unmodelled(ledger) -> str:
 def describe(ledger, judgement: Judgement, unit: str = "GB", note: str = None) -> str:
     """The verdict's clause after the bytes: which measure, and the other one for comparison. A sum is
     followed by ``note``, by default why it is not the peak (:data:`UNMODELLED_NOTE` or :data:`SUM_NOTE`)."""
-    if judgement.key in ALLOCATOR:
+    if judgement.key in SPECS:
         return CLAUSES["allocator"].format(measure=MEASURE[judgement.key], peak_measure=MEASURE["peak"],
                                            peak=format_bytes(ledger.peak, unit))
     if ledger.framework == "fsdp2":         # FSDP2 books no sum: its step's peak alone

@@ -23,7 +23,7 @@ from .options import add, build_ledger, fill_defaults, given_options, gpu_bytes,
 from .options import allocator_options, allocator_spec_of, output_options
 from .paths import (FRAMEWORK, IN_BACKWARD_WHY, LOSS, MODEL, PIPELINE, WORKLOAD, allocator_reads, in_backward_reads,
                     refuse_unread)
-from .verdict import judged_by, verdict_line
+from .verdict import judged_by, measure_data, measure_lines, verdict_line
 
 __all__ = ["COMMANDS", "main"]
 
@@ -123,13 +123,12 @@ def _ledger(a):
         data["measure"] = judged.key
         data["judged_bytes"] = judged.bytes
         data["peak"] = None if a.measure == "total" else ledger.peak      # total: the step is not evaluated
-        if spec is not None:
-            from ..answers.verdict import replayed
-            data["allocator"] = replayed(ledger, spec).to_dict()
+        data.update(measure_data(ledger, spec))
         data["traffic"]["link"] = link
         data["traffic"]["pcie_seconds"] = float(traffic.pcie_seconds(link))
         return json.dumps(data, indent=2)
     lines = [ledger.table(a.units).text(), "", verdict_line(ledger, memory, a.measure, a.units, spec)]
+    lines += measure_lines(ledger, spec, a.units)
     lines += framework_lines(ledger, a.units)
     if traffic.pcie_bytes:
         lines.append(f"Per step over {link}: GPU->CPU {format_bytes(traffic.gpu_to_cpu, a.units)}, "

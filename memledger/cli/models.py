@@ -115,7 +115,9 @@ def fit(a):
                                     **IN_BACKWARD_WHY})
     split = None if spec is None else spec.max_split_size_mb
     result = fit(ledger, a.vary, gpu_bytes(a.gpu_memory), measure=a.measure,
-                 expandable_segments=spec is not None and spec.expandable_segments, max_split_size_mb=split)
+                 expandable_segments=spec is not None and spec.expandable_segments, max_split_size_mb=split,
+                 gpu=None if spec is None else spec.gpu, cuda_context=None if spec is None else spec.cuda_context,
+                 load=None if spec is None else spec.load)
     at = result.pop("ledger")
     if a.json:
         import json

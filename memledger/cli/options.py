@@ -198,8 +198,10 @@ def parse_mib(text, field: str) -> float:
 
 #: ``--measure``'s help: what each value judges (:mod:`memledger.answers.verdict`).
 MEASURE_HELP = ("allocated (the step replayed twice through PyTorch's caching allocator: max_memory_allocated, "
-                "blocks rounded to 512 B), reserved (its segments, free cached blocks included: max_memory_reserved); "
-                "nvidia-smi and run are refused (not modelled yet)")
+                "blocks rounded to 512 B), reserved (its segments, free cached blocks included: max_memory_reserved), "
+                "nvidia-smi (reserved with cuBLAS's workspaces booked in it, plus the CUDA context: needs a named "
+                "--gpu-memory, one rank, and a published context size or --cuda-context), run (the peak over loading "
+                "the weights, --load, and the step)")
 
 
 def allocator_options(parser, measure_help: str, default: str):
@@ -210,21 +212,35 @@ def allocator_options(parser, measure_help: str, default: str):
         "pool and stream", switch=True)
     add(alloc, "--max-split-size-mb", "PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:N: blocks of N MiB or more are "
         "never split (N > 20)")
+    add(alloc, "--cuda-context", "--measure nvidia-smi: the CUDA context's size, e.g. 500MiB (what nvidia-smi shows "
+        "for your process after one step less torch.cuda.memory_reserved()); default: the published figure for the "
+        "GPU, refused where none is published")
+    from ..ledger.loading import LOADS
+    add(alloc, "--load", f"--measure run: how the weights are loaded: {one_of(LOADS)} (from-pretrained: transformers' "
+        "from_pretrained, each tensor materialized in its final dtype; state-dict: torch.load(map_location='cuda') "
+        "beside the model, then load_state_dict)", LOADS[0])
 
 
 def allocator_spec_of(a):
     """The :class:`~memledger.answers.verdict.AllocatorSpec` ``--measure allocated|reserved`` asks for, else None
     (``--measure nvidia-smi``/``run`` refused in one line)."""
-    from ..answers.verdict import ALLOCATOR, allocator_spec, check_measure
+    from ..answers.verdict import SPECS, allocator_spec, check_measure
     check_measure(a.measure)
-    if a.measure not in ALLOCATOR:
+    if a.measure not in SPECS:
         return None                 # the allocator's options are refused by the command's reads
+    if a.measure == "run":
+        return allocator_spec(a.measure, load=getattr(a, "load", None))
     split = getattr(a, "max_split_size_mb", None)
     if split is not None:
         split = parse_count(split, "max_split_size_mb")
         if split <= 20:
             raise ValueError(f"max_split_size_mb must be above 20 (PyTorch's minimum), got {split}")
-    return allocator_spec(a.measure, bool(getattr(a, "expandable_segments", False)), split)
+    gpu = context = None
+    if a.measure == "nvidia-smi":
+        gpu = getattr(a, "gpu_memory", None)
+        context = getattr(a, "cuda_context", None)
+        context = None if context is None else parse_bytes(context, "cuda_context")
+    return allocator_spec(a.measure, bool(getattr(a, "expandable_segments", False)), split, gpu, context)
 
 
 def output_options(parser, verdict: bool = True, link: bool = True):

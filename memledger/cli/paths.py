@@ -46,8 +46,11 @@ WHY = {
     "loss_chunks": "the chunked loss changes the step's peak (memledger step), not the sums this path prints",
     "loss_impl": "the loss's implementation changes the step's peak (memledger step), not the sums this path prints",
     "measure": "without an architecture there is no step to judge, only the sum of the model states",
-    "expandable_segments": "it configures the caching allocator's replay: --measure allocated or reserved",
+    "expandable_segments": "it configures the caching allocator's replay: --measure allocated, reserved or "
+                           "nvidia-smi",
     "max_split_size_mb": "it configures the caching allocator's replay: --measure allocated or reserved",
+    "cuda_context": "it is a part of what nvidia-smi shows: --measure nvidia-smi",
+    "load": "it says how a run loads its weights: --measure run",
     "offload_placement": "it places offloaded optimizer states, and --offload-optimizer is none",
     "offload_activations": "it books the activations on the GPU; memledger step --backend cpu models them offloaded",
     "packed": "packed documents change the attention's masks per backend: memledger step models them",
@@ -69,8 +72,14 @@ def in_backward_reads(a) -> set:
 
 
 def allocator_reads(a) -> set:
-    """The caching allocator's options where ``--measure`` is allocated or reserved, else none."""
-    return set(ALLOCATOR_OPTIONS) if getattr(a, "measure", None) in ("allocated", "reserved") else set()
+    """The caching allocator's options where ``--measure`` is allocated, reserved or nvidia-smi (and
+    ``--cuda-context`` there); ``--load`` under ``--measure run``; else none."""
+    measure = getattr(a, "measure", None)
+    if measure == "run":
+        return {"load"}
+    if measure == "nvidia-smi":
+        return set(ALLOCATOR_OPTIONS) | {"cuda_context"}
+    return set(ALLOCATOR_OPTIONS) if measure in ("allocated", "reserved") else set()
 
 
 def convention_reads(convention) -> set:

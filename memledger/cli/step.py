@@ -49,9 +49,9 @@ def step(a) -> str:
         a.measure = "peak"
     spec = allocator_spec_of(a)
     if any(d in a.given for d in LORA):      # --optimizer-in-backward is the adapters' (LoraStep checks it)
-        if spec is not None:
+        if spec is not None and spec.measure != "run":
             raise ValueError(f"--measure {a.measure}: the LoRA step is not compiled to the trace the caching "
-                             "allocator replays; use --measure peak")
+                             "allocator replays; use --measure peak or run")
         from argparse import Namespace
         return lora_step(a, build_ledger(Namespace(**(vars(a) | {"optimizer_in_backward": False}))))
     ledger = build_ledger(a)
@@ -64,20 +64,41 @@ def step(a) -> str:
         reads.discard("offload_placement")
     refuse_unread(a, reads, "memledger step")
     changes = implementation(a, ledger.recipe)
-    replay = None
-    if spec is not None:
+    replay = extra = None
+    if spec is not None and spec.measure != "run":
         from ..answers.verdict import replayed
+        if spec.measure == "nvidia-smi":
+            from ..answers.verdict import nvidia_smi
+            nvidia_smi(ledger, spec, a.backend, **changes)     # refusals first (a GPU without a context, ranks)
         replay = replayed(ledger, spec, a.backend, **changes)
-    return output(ledger.step(a.backend, **changes), a, replay)
+    result = ledger.step(a.backend, **changes)
+    if spec is not None and spec.measure in ("nvidia-smi", "run"):
+        extra = measured(ledger, spec, a, result.peak.bytes, changes)
+    return output(result, a, replay, extra)
 
 
-def output(result, a, replay=None) -> str:
+def measured(ledger, spec, a, step_peak: int, changes: dict) -> tuple:
+    """(judged bytes, JSON keys, text rows, the verdict's clause after the measure) of ``--measure nvidia-smi`` or
+    ``run`` on the step (:func:`memledger.cli.verdict.measure_data`)."""
+    from ..answers.verdict import nvidia_smi, run_peak
+    from .verdict import measure_data, measure_lines
+    data = measure_data(ledger, spec, a.backend, step_peak, **changes)
+    lines = measure_lines(ledger, spec, a.units, a.backend, step_peak, **changes)
+    if spec.measure == "run":
+        run = run_peak(ledger, spec, step_peak)
+        return run.judged, data, lines, f"; the run's peak is in phase {run.phase!r}"
+    return nvidia_smi(ledger, spec, a.backend, **changes).judged, data, lines, ""
+
+
+def output(result, a, replay=None, extra=None) -> str:
     """A step's JSON object (with the GPU, the verdict with the margin free, the margin, the measure and the bytes
     it judges; under ``--measure allocated|reserved`` the replay, with the segments at the reserved peak) or its
     text."""
     memory = gpu_bytes(a.gpu_memory)
     measure = getattr(a, "measure", "peak")
     judged = result.peak.bytes if replay is None else replay.judged(measure)
+    if extra is not None:
+        judged = extra[0]
     if a.json:
         import json
         data = result.to_dict()
@@ -88,8 +109,10 @@ def output(result, a, replay=None) -> str:
         data["judged_bytes"] = judged
         if replay is not None:
             data["allocator"] = replay.to_dict()
+        if extra is not None:
+            data.update(extra[1])
         return json.dumps(data, indent=2)
-    return text(result, memory, a.units, replay, measure)
+    return text(result, memory, a.units, replay, measure, extra)
 
 
 def implementation(a, recipe: str) -> dict:
@@ -128,8 +151,9 @@ def lora_step(a, ledger) -> str:
     from ..ledger.lora import LoraLedger
     from ..states.recipes import get_recipe
     from .compare import lora_config
-    refused = [d for d in a.given if d not in LORA_STEP_READS]
-    refuse_unread(a, LORA_STEP_READS, "the LoRA step", {d: "the LoRA step runs on one GPU, without ZeRO, "
+    reads = LORA_STEP_READS | {"measure"} | ({"load"} if a.measure == "run" else set())
+    refused = [d for d in a.given if d not in reads]
+    refuse_unread(a, reads, "the LoRA step", {d: "the LoRA step runs on one GPU, without ZeRO, "
                                                           "offload or parallelism" for d in refused} | {
         "offload_activations": "activation offloading of a LoRA block (its frozen weights and NF4 tensors saved "
                                "too) is not modelled"})
@@ -140,13 +164,22 @@ def lora_step(a, ledger) -> str:
         raise ValueError(f"--qlora quantizes a 16-bit base to NF4 and computes in BF16; --recipe {ledger.recipe} "
                          f"gives an {base.upper()} base")
     config = lora_config(a, ledger.arch, base)
-    return output(LoraLedger(ledger.arch, config, ledger.batch_size, ledger.seq_len, ledger.recompute,
-                             ledger.flash_attention, ledger.overhead_bytes, ledger.loss_chunks,
-                             ledger.loss_impl, bool(getattr(a, "optimizer_in_backward", False))).step(
-                                 a.backend, foreach=a.foreach, **norm(a)), a)
+    lora = LoraLedger(ledger.arch, config, ledger.batch_size, ledger.seq_len, ledger.recompute,
+                      ledger.flash_attention, ledger.overhead_bytes, ledger.loss_chunks,
+                      ledger.loss_impl, bool(getattr(a, "optimizer_in_backward", False)))
+    result = lora.step(a.backend, foreach=a.foreach, **norm(a))
+    extra = None
+    if a.measure == "run":
+        from ..core.units import format_bytes
+        from ..ledger.loading import lora_run_phases
+        run = lora_run_phases(lora, result.peak.bytes, a.load)
+        lines = ["", f"the run, loading by {run.load} (the overhead row in each phase):"]
+        lines += [f"  {p:<16} {format_bytes(b, a.units):>12}  {w}" for p, b, w in run.phases]
+        extra = (run.judged, {"run": run.to_dict()}, lines, f"; the run's peak is in phase {run.phase!r}")
+    return output(result, a, None, extra)
 
 
-def text(result, memory: int, unit: str = "GB", replay=None, measure: str = "peak") -> str:
+def text(result, memory: int, unit: str = "GB", replay=None, measure: str = "peak", extra=None) -> str:
     """The landmarks per device, the phase peaks, the peak and what is live there, the verdict; with a ``replay``
     through the caching allocator, its allocated and reserved bytes per phase beside the live tensors', and the
     segments at the reserved peak."""
@@ -186,6 +219,10 @@ def text(result, memory: int, unit: str = "GB", replay=None, measure: str = "pea
         lines += allocator_lines(result, replay, unit)
         judged = replay.judged(measure)
         clause = f", {MEASURE[measure]} ({MEASURE['peak']}: {size(result.peak.bytes)})"
+    if extra is not None:
+        judged, _, more, tail = extra
+        lines += more
+        clause = f", {MEASURE[measure]} ({MEASURE['peak']}: {size(result.peak.bytes)}){tail}"
     lines += ["", f"{sentence(judged, memory, clause, unit)}."]
     return "\n".join(lines)
 

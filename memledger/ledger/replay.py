@@ -150,7 +150,7 @@ def roles(structure) -> dict:
 
 
 def replay(ledger, backend="article", expandable_segments: bool = False, max_split_size_mb=None, steps: int = 2,
-           **changes) -> Replay:
+           resident=(), **changes) -> Replay:
     """``ledger``'s step (under ``backend``'s conventions, changed as in
     :func:`memledger.activations.backends.get_backend`) replayed ``steps`` times through the caching allocator; see
     the module docstring. ``ValueError`` where the timeline does not model the setup."""
@@ -180,16 +180,17 @@ def replay(ledger, backend="article", expandable_segments: bool = False, max_spl
         pieces[j] = buckets
     streams = {int(j): Stream(s) for j, s in part.get("streams", {}).items()}
     return run(step.deltas, step.moments, sizes, part["outside"], part["lazy"], expandable_segments,
-               max_split_size_mb, steps, pieces, streams)
+               max_split_size_mb, steps, pieces, streams, resident)
 
 
 def run(deltas, moments, sizes, outside=(), lazy=(), expandable_segments=False, max_split_size_mb=None,
-        steps: int = 2, pieces=None, streams=None) -> Replay:
+        steps: int = 2, pieces=None, streams=None, resident=()) -> Replay:
     """Replay a trace: ``deltas[k]`` the [tensor, change of its count] pairs of op k, ``moments[k]`` its [phase,
     layer], ``sizes[j]`` tensor j's bytes; ``outside`` tensors are not the allocator's, ``lazy`` ones are created
     in the first step only when the optimizer starts; ``pieces[j]``: tensor j is that many equal blocks, or (a list)
     blocks of those bytes; ``streams[j]``: the stream tensor j is allocated on (a :class:`Stream`; else the default
-    one), each stream a pool of its own."""
+    one), each stream a pool of its own; ``resident``: (phase, bytes) allocations made with the first op of that phase
+    in the first step and never freed (cuBLAS's workspaces, :mod:`memledger.ledger.outside`)."""
     if not deltas:
         raise ValueError("an empty trace")
     allocator = CachingAllocator(expandable_segments, max_split_size_mb)
@@ -209,6 +210,7 @@ def run(deltas, moments, sizes, outside=(), lazy=(), expandable_segments=False, 
     snapshot = []
 
     pieces = pieces or {}
+    booked = set()                                # the phases whose resident allocations are made
 
     def parts(j):
         n = pieces.get(j, 1)
@@ -241,6 +243,11 @@ def run(deltas, moments, sizes, outside=(), lazy=(), expandable_segments=False, 
             for j, c in changes:
                 if c > 0:
                     change(j, c)
+            if n == 1 and phases[k] not in booked:
+                for phase, size in resident:
+                    if phase == phases[k]:
+                        allocator.malloc(size)
+                booked.add(phases[k])
             at = (n, k, phases[k])
             series.append((n, k, phases[k], allocator.allocated, allocator.reserved))
             if allocator.max_allocated > best_allocated[0]:

@@ -1,5 +1,6 @@
 """``--measure allocated|reserved`` on ledger, step and fit (the caching allocator's replay), named in the verdict and
-in --json; nvidia-smi and run refused in one line, and the allocator's options without those measures."""
+in --json; what nvidia-smi and run do not model refused in one line, and the allocator's options without those
+measures."""
 import json
 
 import pytest
@@ -49,12 +50,20 @@ def test_fit_by_reserved_is_the_api(capsys):
     assert code == 0 and json.loads(out)["answer"] == answer and json.loads(out)["measure_key"] == "reserved"
 
 
-@pytest.mark.parametrize("measure, message", [("nvidia-smi", "measure nvidia-smi is refused: nvidia-smi adds"),
-                                              ("run", "measure run is refused: the peak of a whole run")])
-def test_unmodelled_measures_are_refused_in_one_line(capsys, measure, message):
+@pytest.mark.parametrize("args, message", [
+    (("--measure", "nvidia-smi"), "no published CUDA context size for a100-80gb"),        # the default GPU
+    (("--measure", "nvidia-smi", "--gpu-memory", "80GB", "--cuda-context", "500MiB"), "needs a named GPU"),
+    (("--measure", "nvidia-smi", "--gpu-memory", "h100-80gb", "--cuda-context", "500MiB", "--dp", "2", "--zero", "1"),
+     "NCCL's buffers"),
+    (("--measure", "run", "--zero", "3", "--dp", "2"), "ZeRO stage 3"),
+    (("--measure", "run", "--load", "disk"), "load must be one of from-pretrained, state-dict"),
+    (("--measure", "reserved", "--load", "state-dict"), "does not read --load"),
+    (("--measure", "reserved", "--cuda-context", "1GB"), "does not read --cuda-context"),
+    (("--measure", "run", "--expandable-segments"), "does not read --expandable-segments")])
+def test_what_nvidia_smi_and_run_do_not_model_is_refused_in_one_line(capsys, args, message):
     for command in ("ledger", "step"):
-        refused(capsys, command, *SHAPE, "--measure", measure, message=message)
-    refused(capsys, "fit", "--vary", "batch", *SHAPE, "--measure", measure, message=message)
+        refused(capsys, command, *SHAPE, *args, message=message)
+    refused(capsys, "fit", "--vary", "batch", *SHAPE, *args, message=message)
 
 
 def test_allocator_options_need_an_allocator_measure_and_side_streams_are_refused(capsys):
