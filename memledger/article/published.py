@@ -7,8 +7,9 @@ scripts resets the peak; ``load``: after loading, before training), the setup as
 line, at a pinned commit), and how memledger models that setup.
 
 :func:`compare` computes memledger's prediction for every row with the measure that matches the row's where memledger
-has it, and otherwise with what it has, naming what is missing (``missing``): today the caching allocator's replay
-(``allocated``, ``reserved``) does not run the LoRA step, nothing models loading (``run``), and ``nvidia-smi`` has no
+has it, and otherwise with what it has, naming what is missing (``missing``): the LoRA steps are replayed through the
+caching allocator's port (:func:`memledger.ledger.replay.replay_step`) for the row's counter, but nothing yet models
+loading (the ``run`` measure: every row here is a whole run, or the reading after loading), and ``nvidia-smi`` has no
 cited constants for the CUDA context. The relative error is always printed: it is the point of the table.
 """
 from dataclasses import dataclass
@@ -84,56 +85,68 @@ class Published:
 
 # --- memledger's side: the setups as memledger models them -------------------------------------------------------
 
-def _lora_peak(config, batch, seq, *, recompute="none", loss_chunks=1, loss_impl="torchtune", arch="llama2-7b") -> int:
-    """The peak of the LoRA step on CUDA (composite RMSNorm, as both libraries' norms upcast), no overhead row: the
-    allocator's counters do not see the CUDA context."""
+def _lora_step(config, batch, seq, *, recompute="none", loss_chunks=1, loss_impl="torchtune", arch="llama2-7b"):
+    """The LoRA step on CUDA (composite RMSNorm, as both libraries' norms upcast), no overhead row: the allocator's
+    counters do not see the CUDA context."""
     from ..ledger.lora import LoraLedger
     return LoraLedger(arch, config, batch_size=batch, seq_len=seq, recompute=recompute, loss_chunks=loss_chunks,
-                      loss_impl=loss_impl, overhead_bytes=0).step("cuda", rmsnorm="composite").peak.bytes
+                      loss_impl=loss_impl, overhead_bytes=0).step("cuda", rmsnorm="composite")
 
 
-LORA_STEP = "the allocator's replay does not run the LoRA step yet: the step's peak of live tensors"
+def _replayed(step, measure: str) -> int:
+    """``measure`` ("allocated" or "reserved") of ``step`` replayed twice through the caching allocator's port."""
+    from ..ledger.replay import replay_step
+    replay = replay_step(step)
+    return replay.allocated if measure == "allocated" else replay.reserved
+
+
 LOADING = "loading the checkpoint is not modelled (--measure run)"
+WHOLE_RUN = "the step replayed through the allocator; the peak since loading (--measure run) is not modelled"
+QLORA_LOAD = ("the step replayed through the allocator; the peak since loading, where the BF16 weights are quantized, "
+              "is not modelled (--measure run)")
+QV = ("q_proj", "v_proj")
+ALL_BUT_HEAD = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+ALL = ALL_BUT_HEAD + ("lm_head",)
+
+
+def _torchtune_config(rank, targets, quantized):
+    from ..ledger.lora import LoraConfig, qlora
+    if quantized:
+        return qlora(rank, targets, "llama", double_quant=True, dropout=True, adapter_recipe="bf16-pure-adamw",
+                     paged=False)
+    return LoraConfig(rank=rank, targets=targets, adapter_recipe="bf16-pure-adamw", dropout=True)
 
 
 def torchtune_lora(rank, targets, quantized=False):
-    from ..ledger.lora import LoraConfig, qlora
-    if quantized:
-        config = qlora(rank, targets, "llama", double_quant=True, dropout=True, adapter_recipe="bf16-pure-adamw",
-                       paged=False)
-    else:
-        config = LoraConfig(rank=rank, targets=targets, adapter_recipe="bf16-pure-adamw", dropout=True)
-    return lambda: Prediction(_lora_peak(config, 2, 512, recompute="full"), "peak",
-                              LORA_STEP + "; the peak since loading is not modelled (--measure run)")
+    def predict():
+        step = _lora_step(_torchtune_config(rank, targets, quantized), 2, 512, recompute="full")
+        return Prediction(_replayed(step, "reserved"), "reserved (step)", QLORA_LOAD if quantized else WHOLE_RUN)
+    return predict
 
 
 def torchtune_load(quantized=False):
-    """What memledger has for the peak after loading: the model's weights (NF4 where quantized), adapters included."""
+    """What memledger has for the reading after loading: the weights the step starts with (NF4 where quantized)."""
     def predict():
-        from ..ledger.lora import LoraConfig, LoraLedger, qlora
-        config = (qlora(8, ALL_BUT_HEAD, "llama", double_quant=True, dropout=True, adapter_recipe="bf16-pure-adamw",
-                        paged=False) if quantized else
-                  LoraConfig(rank=8, targets=QV, adapter_recipe="bf16-pure-adamw", dropout=True))
-        ledger = LoraLedger("llama2-7b", config, batch_size=2, seq_len=512, recompute="full", overhead_bytes=0)
-        step = ledger.step("cuda", rmsnorm="composite")
-        return Prediction(step.landmarks["before forward"]["gpu"], "before forward",
+        config = _torchtune_config(8, ALL_BUT_HEAD if quantized else QV, quantized)
+        step = _lora_step(config, 2, 512, recompute="full")
+        return Prediction(step.landmarks["before forward"]["gpu"], "weights (before forward)",
                           LOADING + ": the weights the step starts with")
     return predict
 
 
 def litgpt_lora(rank, batch, seq, arch="llama2-7b", quant=None):
-    from ..ledger.lora import LoraConfig, qlora
-    if quant:
-        config = qlora(rank, QV, "llama", double_quant=quant == "bnb.nf4-dq", dropout=True)
-    else:
-        config = LoraConfig(rank=rank, targets=QV, adapter_recipe="bf16-pure-adamw", dropout=True)
-    # LitGPT's head runs in chunks of 128 tokens, the last one shorter; memledger's chunks are equal: the nearest
-    # whole number of chunks that divides S (1304 = 8 x 163; 512 = 4 x 128)
-    chunks = next(n for n in range(-(-seq // 128), 0, -1) if seq % n == 0)
-    return lambda: Prediction(_lora_peak(config, batch, seq, loss_chunks=chunks, loss_impl="litgpt", arch=arch),
-                              "peak", LORA_STEP + "; the peak since loading (with the BF16 weights a QLoRA load "
-                              "quantizes) is not modelled (--measure run)" if quant else
-                              LORA_STEP + "; loading is not modelled (--measure run)")
+    def predict():
+        from ..ledger.lora import LoraConfig, qlora
+        if quant:
+            config = qlora(rank, QV, "llama", double_quant=quant == "bnb.nf4-dq", dropout=True)
+        else:
+            config = LoraConfig(rank=rank, targets=QV, adapter_recipe="bf16-pure-adamw", dropout=True)
+        # LitGPT's head runs in chunks of 128 tokens, the last one shorter; memledger's chunks are equal: the most
+        # chunks of at least 128 tokens that divide S (1304 = 8 x 163; 512 = 4 x 128)
+        chunks = next(n for n in range(seq // 128, 0, -1) if seq % n == 0)
+        step = _lora_step(config, batch, seq, loss_chunks=chunks, loss_impl="litgpt", arch=arch)
+        return Prediction(_replayed(step, "allocated"), "allocated (step)", QLORA_LOAD if quant else WHOLE_RUN)
+    return predict
 
 
 def bert_large():
@@ -165,9 +178,6 @@ def bert_load():
     return predict
 
 
-QV = ("q_proj", "v_proj")
-ALL_BUT_HEAD = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-ALL = ALL_BUT_HEAD + ("lm_head",)
 TT_URL = "https://github.com/pytorch/torchtune/blob/bd2a0fc7c31430972728494fa01aaeeb0ebf1ba1/docs/source/tutorials/"
 LG_URL = "https://github.com/Lightning-AI/litgpt/blob/e567dbe8e5d3125af918550254258008b9228a71/tutorials/resource-tables.md"
 HUB_URL = ("https://github.com/Lightning-AI/litgpt/blob/00af8b0d9b43eaa3f8c812e3e8bd53ef38cbb49d/config_hub/finetune/"

@@ -38,7 +38,8 @@ def test_the_error_is_predicted_less_measured_over_measured():
 
 def test_a_row_not_computed_with_its_own_measure_says_why():
     rows = {row["id"]: row for row in compare()}
-    assert "LoRA step" in rows["tt-lora"]["missing"]
+    assert rows["tt-lora"]["computed"] == "reserved (step)" and "loading" in rows["tt-lora"]["missing"]
+    assert rows["lg-lora"]["computed"] == "allocated (step)"
     assert "loading" in rows["tt-qlora-load"]["missing"]
     assert "nvidia-smi" in rows["hf-bert"]["missing"]
     # the QLoRA step holds the NF4 model and the step's tensors, so it is above the model after loading
