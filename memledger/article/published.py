@@ -22,7 +22,8 @@ __all__ = ["PUBLISHED", "Published", "Prediction", "compare", "bert_large", "pub
 GB, MiB = 10**9, 2**20
 
 TORCHTUNE = "pytorch/torchtune@bd2a0fc7c31430972728494fa01aaeeb0ebf1ba1"
-TORCHTUNE_SETUP = ("LLaMA-2 7B, llama2/7B_lora_single_device.yaml at 0914d5cfb (the tutorials' commit, 15 April 2024): "
+TORCHTUNE_SETUP = ("LLaMA-2 7B, torchtune's recipe lora_finetune_single_device with its llama2 configs at 0914d5cfb "
+                   "(the tutorials' commit, 15 April 2024): "
                    "batch 2, Alpaca (cleaned) cut at 512 tokens (torchtune/datasets/_alpaca.py line 66), every block "
                    "checkpointed, torch.nn.CrossEntropyLoss, BF16 model and adapters, torch.optim.AdamW, LoRA dropout "
                    "0.05 (models/llama2/_model_builders.py line 61); the peak is read by utils.memory_stats_log "
@@ -191,7 +192,8 @@ def _rows():
     lg = dict(source=LITGPT, url=LG_URL, metric="max_memory_allocated", scope="run")
     return (
         Published("tt-lora", "torchtune LoRA, q v, r 8", file="docs/source/tutorials/lora_finetune.rst:358",
-                  url=TT_URL + "lora_finetune.rst", setup=TORCHTUNE_SETUP + "; rank 8 on q_proj, v_proj",
+                  url=TT_URL + "lora_finetune.rst",
+                  setup=TORCHTUNE_SETUP + "; 7B_lora_single_device.yaml: rank 8 on q_proj, v_proj",
                   printed="15.57 GB", predict=torchtune_lora(8, QV), **tt),
         Published("tt-lora-all", "torchtune LoRA, all + head, r 8", file="docs/source/tutorials/lora_finetune.rst:363",
                   url=TT_URL + "lora_finetune.rst", setup=TORCHTUNE_SETUP + "; rank 8 on every projection, the MLP and "
@@ -204,7 +206,7 @@ def _rows():
                   setup=TORCHTUNE_SETUP + "; rank 64 on every projection, the MLP and the output head",
                   printed="17.04 GB", predict=torchtune_lora(64, ALL), **tt),
         Published("tt-qlora", "torchtune QLoRA, all, r 8", file="docs/source/tutorials/qlora_finetune.rst:168",
-                  url=TT_URL + "qlora_finetune.rst", setup=TORCHTUNE_SETUP + "; 7B_qlora_single_device: NF4 base "
+                  url=TT_URL + "qlora_finetune.rst", setup=TORCHTUNE_SETUP + "; 7B_qlora_single_device.yaml: NF4 base "
                   "(torchao, double-quantized scales), rank 8 on q, k, v, output_proj and the MLP",
                   printed="9.29 GB", predict=torchtune_lora(8, ALL_BUT_HEAD, quantized=True), **tt),
         Published("tt-lora-load", "torchtune LoRA, after loading", file="docs/source/tutorials/qlora_finetune.rst:167",
