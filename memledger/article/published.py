@@ -11,6 +11,13 @@ has it, and otherwise with what it has, naming what is missing (``missing``): th
 caching allocator's port (:func:`memledger.ledger.replay.replay_step`) for the row's counter, but nothing yet models
 loading (the ``run`` measure: every row here is a whole run, or the reading after loading), and ``nvidia-smi`` has no
 cited constants for the CUDA context. The relative error is always printed: it is the point of the table.
+
+Approximations, each a source of error the table does not separate: LitGPT's head runs in chunks of 128 tokens and
+memledger's in equal chunks (:func:`litgpt_lora`); memledger's LoRA step keeps NF4 weights for every block projection,
+as both libraries' QLoRA do, but its timeline does not yet tell double quantization from single (LitGPT's ``bnb.nf4``
+and ``bnb.nf4-dq`` rows get one prediction; the ledger's rows do tell them apart); the BERT rows use the ledger's sum
+(the step does not model token types and a pooler): FP32 weights, gradients and AdamW's two moments, the states the
+guide's Trainer kept, and the activations at the end of the forward pass, not the step's peak.
 """
 from dataclasses import dataclass
 from fractions import Fraction
