@@ -47,7 +47,7 @@ import os
 from ..step.vocab import Stream
 from .caching import CachingAllocator
 
-__all__ = ["ALLOCATOR_MEASURES", "Replay", "check_streams", "replay", "roles"]
+__all__ = ["ALLOCATOR_MEASURES", "Replay", "check_streams", "replay", "replay_step", "roles"]
 
 #: The measures a replay gives.
 ALLOCATOR_MEASURES = ("allocated", "reserved")
@@ -181,6 +181,35 @@ def replay(ledger, backend="article", expandable_segments: bool = False, max_spl
     streams = {int(j): Stream(s) for j, s in part.get("streams", {}).items()}
     return run(step.deltas, step.moments, sizes, part["outside"], part["lazy"], expandable_segments,
                max_split_size_mb, steps, pieces, streams, resident)
+
+
+def replay_step(step, expandable_segments: bool = False, max_split_size_mb=None, steps: int = 2) -> Replay:
+    """A built step timeline (:class:`memledger.step.timeline.Step`, or the LoRA step of
+    :meth:`memledger.ledger.lora.LoraLedger.step`) replayed as :func:`replay` replays a ledger's, read from its ops
+    rather than from the compiled step's record: the same trace (``deltas``, ``moments``), the same roles (the
+    overhead row outside the allocator, the optimizer's states but FP32 masters created in the first step, the lumped
+    blocks as one block per model block), the same replay. Only tensors on the GPU take part (a paged optimizer's
+    states and offloaded copies are on the host)."""
+    if max_split_size_mb is not None and (isinstance(max_split_size_mb, bool) or not isinstance(max_split_size_mb, int)
+                                          or max_split_size_mb <= 20):
+        raise ValueError(f"max_split_size_mb must be an integer above 20 (PyTorch's minimum), got {max_split_size_mb!r}")
+    built = step.built
+    gpu = [j for j, on in enumerate(built.gpu) if on]
+    deltas, previous = [], [0] * len(built.names)
+    for row in built.compiled.counts:
+        counts = [int(c) for c in row]
+        deltas.append([[j, counts[j] - previous[j]] for j in gpu if counts[j] != previous[j]])
+        previous = counts
+    moments = [[built.ops[i].phase.value, built.ops[i].layer if isinstance(built.ops[i].layer, int) else None]
+               for i in built.compiled.ops]
+    kinds = [(name, built.tensors[name].kind.value) for name in built.names]
+    outside = [j for j, (_, kind) in enumerate(kinds) if kind == "overhead"]
+    lazy = [j for j, (name, kind) in enumerate(kinds) if kind == "optimizer" and "master" not in name.lower()]
+    n_layers = step.values["L"]
+    pieces = {j: n_layers - (4 if "2..L-3" in name else 2) for j, (name, _) in enumerate(kinds)
+              if "2..L-3" in name or "1..L-2" in name}
+    return run(deltas, moments, [int(x) for x in step.sizes], outside, lazy, expandable_segments, max_split_size_mb,
+               steps, pieces)
 
 
 def run(deltas, moments, sizes, outside=(), lazy=(), expandable_segments=False, max_split_size_mb=None,

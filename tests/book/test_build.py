@@ -553,6 +553,111 @@ THIRTEEN_FULL = dict(arch="llama2-13b", seq_len=8192, dp=8, flash_attention=True
 def thirteen_fsdp2_peak(n):
     return step_peak(**THIRTEEN_FULL, framework="fsdp2", recipe="fp32-adamw", batch_size=n)
 
+
+#: chapter 20: LLaMA-2 7B, BF16 AdamW (for-loop), every block checkpointed, FlashAttention; the replay
+#: (memledger/ledger/replay.py, the port held to PyTorch's own allocator tests in tests/ledger/test_caching.py)
+GPU_SETUP = dict(arch="llama2-7b", seq_len=4096, recompute="full", flash_attention=True)
+
+
+@cache
+def gpu_replay(batch=4, overhead=0, **options):
+    from memledger.ledger.ledger import Ledger
+    from memledger.ledger.replay import replay
+    return replay(Ledger(**GPU_SETUP, batch_size=batch, overhead_bytes=overhead), **options)
+
+
+def gpu_allocated(text):
+    """max_memory_allocated: the step's live tensors (the timeline, checked against MemTracker), each rounded up to a
+    512-byte block or a whole unsplit block of under 1 MiB more: never below the peak, and the step has fewer than 64
+    tensors live at its peak, so at most 64 MiB above it."""
+    shown, unit, decimals = parse(text)
+    peak = step_peak(**GPU_SETUP, batch_size=4, overhead_bytes=0)
+    if unit != "GB" or not Fraction(peak, GB) - Fraction(1, 2 * 10**decimals) <= shown <= Fraction(peak + 64 * MiB, GB) \
+            + Fraction(1, 2 * 10**decimals):
+        return f"{text}: allocated must lie between the step's peak {peak / GB:.4f} GB and 64 MiB above it"
+
+
+# the published measurements of chapter 20, as their sources print them (bytes: GB = 1e9, as each divides by 1e9;
+# nvidia-smi's figures are NVML's used bytes // 1024**2)
+TT_DOCS = 15_570_000_000, 15_870_000_000, 15_860_000_000, 17_040_000_000   # lora_finetune.rst lines 358-373
+TT_QLORA, TT_LORA_INIT, TT_QLORA_INIT = 9_290_000_000, 13_980_000_000, 9_130_000_000   # qlora_finetune.rst 167-168
+LG = dict(lora=21_300_000_000, lora_b2=29_070_000_000, lora_13b=38_120_000_000, qlora=14_140_000_000,
+          qlora_dq=13_840_000_000)                                  # litgpt tutorials/resource-tables.md lines 53-59
+LG_HUB = dict(lora=19_770_000_000, qlora=13_680_000_000)           # litgpt config_hub/finetune/README.md 33, 35
+HF_BERT, HF_BERT_LOAD, HF_CONTEXT = 14949 * MiB, 2631 * MiB, 1343 * MiB   # model_memory_anatomy.md 178, 103, 87
+QV, ALL7 = ("q_proj", "v_proj"), ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def tt_step(rank, targets, quantized=False, landmark=None):
+    """torchtune at 0914d5cfb: 7B_lora_single_device (batch 2, Alpaca cut at 512, every block checkpointed, plain
+    cross-entropy, BF16 adapters and AdamW, dropout 0.05) or 7B_qlora_single_device (NF4 with double quantization);
+    no overhead row (the allocator's counters do not see the context); its max_memory_reserved, replayed."""
+    from memledger.ledger.lora import LoraConfig, LoraLedger
+    from memledger.ledger.replay import replay_step
+    config = LoraConfig(rank=rank, targets=targets, adapter_recipe="bf16-pure-adamw", dropout=True,
+                        base="nf4" if quantized else "bf16")
+    step = LoraLedger("llama2-7b", config, batch_size=2, seq_len=512, recompute="full", overhead_bytes=0).step(
+        "cuda", rmsnorm="composite")
+    return step.landmarks[landmark]["gpu"] if landmark else replay_step(step).reserved
+
+
+def lg_step(rank, batch, seq, arch="llama2-7b", quant=None):
+    """LitGPT finetune_lora: rank on query and value, dropout 0.05, no recomputation, the head in chunks (memledger's
+    equal chunks: 1304 = 8 x 163, 512 = 4 x 128); QLoRA: NF4 and bitsandbytes' paged AdamW; its
+    max_memory_allocated, replayed."""
+    from memledger.ledger.lora import LoraConfig, LoraLedger, qlora
+    from memledger.ledger.replay import replay_step
+    config = (qlora(rank, QV, "llama", double_quant=quant == "dq", dropout=True) if quant else
+              LoraConfig(rank=rank, targets=QV, adapter_recipe="bf16-pure-adamw", dropout=True))
+    return replay_step(LoraLedger(arch, config, batch_size=batch, seq_len=seq, loss_chunks=8 if seq == 1304 else 4,
+                                  loss_impl="litgpt", overhead_bytes=0).step("cuda", rmsnorm="composite")).allocated
+
+
+def bert_large_ledger(**changes):
+    """BERT-large (BertModel: 30522 x 1024 words, 512 positions, 2 token types, a LayerNorm, 24 layers of 4 (1024^2 +
+    1024) + 2 x 2048 + 2 x 4 x 1024^2 + 4096 + 1024 parameters, a 1024 x 1024 pooler with bias)."""
+    from memledger.ledger.ledger import Ledger
+    from memledger.models.presets import get_preset
+    arch = get_preset("bert-base-uncased").with_changes(d_model=1024, n_layers=24, n_heads=16, d_ff=4096)
+    counted = 30522 * 1024 + 512 * 1024 + 2 * 1024 + 2048 + 24 * (4 * (1024**2 + 1024) + 2 * 2048 + 8 * 1024**2 + 4096
+                                                                 + 1024) + 1024**2 + 1024
+    assert arch.params == counted == 335_141_888
+    return Ledger(arch, recipe="fp32-adamw", overhead_bytes=0, **changes)
+
+
+def percent_off(predicted, measured):
+    """A check of a glued relative error in percent: (predicted() - measured) / measured."""
+    return lazy(lambda: Fraction(100 * (predicted() - measured), measured), "%")
+
+
+PUBLISHED_ERRORS = {
+    "tt_lora": (lambda: tt_step(8, QV), TT_DOCS[0]),
+    "tt_lora_all_r64": (lambda: tt_step(64, ALL7 + ("lm_head",)), TT_DOCS[3]),
+    "tt_qlora": (lambda: tt_step(8, ALL7, quantized=True), TT_QLORA),
+    "tt_qlora_load": (lambda: tt_step(8, ALL7, quantized=True, landmark="before forward"), TT_QLORA_INIT),
+    "tt_lora_load": (lambda: tt_step(8, QV, landmark="before forward"), TT_LORA_INIT),
+    "lg_lora": (lambda: lg_step(8, 1, 1304), LG["lora"]),
+    "lg_lora_13b": (lambda: lg_step(8, 1, 1304, arch="llama2-13b"), LG["lora_13b"]),
+    "lg_qlora": (lambda: lg_step(8, 1, 1304, quant="nf4"), LG["qlora"]),
+    "lg_hub_lora": (lambda: lg_step(32, 2, 512), LG_HUB["lora"]),
+    "lg_hub_qlora": (lambda: lg_step(32, 2, 512, quant="nf4"), LG_HUB["qlora"]),
+    "hf_bert": (lambda: bert_large_ledger(batch_size=4, seq_len=512).judged_bytes() + HF_CONTEXT, HF_BERT),
+    "hf_bert_load": (lambda: 4 * 335_141_888 + HF_CONTEXT, HF_BERT_LOAD),
+}
+
+
+def published_within(text):
+    """How many of the 16 published readings lie within 5 % of the predictions written out above (the torchtune LoRA
+    rows of rank 8 on all and rank 64 on q and v, the LitGPT batch-2 and nf4-dq rows, computed the same way)."""
+    errors = [Fraction(p() - m, m) for p, m in PUBLISHED_ERRORS.values()] + [
+        Fraction(tt_step(8, ALL7 + ("lm_head",)) - TT_DOCS[1], TT_DOCS[1]),
+        Fraction(tt_step(64, QV) - TT_DOCS[2], TT_DOCS[2]),
+        Fraction(lg_step(8, 2, 1304) - LG["lora_b2"], LG["lora_b2"]),
+        Fraction(lg_step(8, 1, 1304, quant="dq") - LG["qlora_dq"], LG["qlora_dq"])]
+    n = sum(abs(e) <= Fraction(5, 100) for e in errors)
+    if int(text.replace(",", "")) != n:
+        return f"{text}: {n} of the readings lie within 5 %"
+
 #: glue key -> (exact value, unit as printed), or a check: a function of the glued text that returns what is
 #: wrong with it (None if nothing), for values no source prints (the largest batch that fits: it must fit, and
 #: one more must not, by arithmetic written here). Sources: the article's arithmetic, vendors' data sheets,
@@ -1055,6 +1160,44 @@ EXPECTED = {
     "fw.ex_bf16_model": (Fraction(2 * LLAMA2["P"], GB), "GB"),
     "fw.ex_wide_count": (ddp_bucket_count(100), ""),
     "fw.ex_wide_bytes": (Fraction(2 * LLAMA2["P"], GB), "GB"),
+    # chapter 20: the replay of GPU_SETUP; the published readings above against the steps written out here
+    "gpu.batch": (4, ""), "gpu.seq": (4096, ""),
+    "gpu.peak": lazy(lambda: Fraction(step_peak(**GPU_SETUP, batch_size=4, overhead_bytes=0), GB), "GB"),
+    "gpu.allocated": gpu_allocated,
+    "gpu.rounding": lazy(lambda: Fraction(gpu_replay().allocated - step_peak(**GPU_SETUP, batch_size=4,
+                                                                             overhead_bytes=0), MiB), "MiB"),
+    "gpu.reserved": lazy(lambda: Fraction(gpu_replay().reserved, GB), "GB"),
+    "gpu.free": lazy(lambda: Fraction(sum(s["free_size"] for s in gpu_replay().segments), GB), "GB"),
+    "gpu.segments": lambda text: None if int(text) == len(gpu_replay().segments) else f"{text} segments",
+    # Adam's moments are created in the first step's optimizer: the moments of the second step's find the cache
+    "gpu.reserved_phase": lambda text: None if text == "optimizer" else f"{text!r}: reserved peaks in the optimizer",
+    "gpu.allocated_phase": lambda text: None if text == "optimizer" else f"{text!r}: allocated peaks in the optimizer",
+    "gpu.exp_reserved": lazy(lambda: Fraction(gpu_replay(expandable_segments=True).reserved, GB), "GB"),
+    "gpu.exp_free": lazy(lambda: Fraction(sum(s["free_size"] for s in gpu_replay(expandable_segments=True).segments),
+                                          GB), "GB"),
+    "gpu.exp_segments": lambda text: None if int(text) == len(gpu_replay(expandable_segments=True).segments) else text,
+    "gpu.fit_peak": fits_at_answer_not_beyond(lambda n: step_peak(**GPU_SETUP, batch_size=n), H200_ROOM),
+    "gpu.fit_allocated": fits_at_answer_not_beyond(lambda n: gpu_replay(n, 2 * 10**9).judged("allocated"), H200_ROOM),
+    "gpu.fit_reserved": fits_at_answer_not_beyond(lambda n: gpu_replay(n, 2 * 10**9).judged("reserved"), H200_ROOM),
+    "gpu.fit_reserved_measure": lambda text: None if "max_memory_reserved" in text else f"{text!r} names no reserved",
+    **{f"pub.{key}_err": percent_off(*value) for key, value in PUBLISHED_ERRORS.items()},
+    "pub.tt_qlora_measured": (Fraction(TT_QLORA, GB), "GB"),
+    "pub.tt_qlora_predicted": lazy(lambda: Fraction(tt_step(8, ALL7, quantized=True), GB), "GB"),
+    "pub.tt_qlora_load": (Fraction(TT_QLORA_INIT, GB), "GB"),
+    "pub.tt_qlora_weights": lazy(lambda: Fraction(tt_step(8, ALL7, quantized=True, landmark="before forward"), GB),
+                                 "GB"),
+    "pub.lg_qlora_measured": (Fraction(LG["qlora"], GB), "GB"),
+    "pub.lg_qlora_predicted": lazy(lambda: Fraction(lg_step(8, 1, 1304, quant="nf4"), GB), "GB"),
+    "pub.bf16_weights": (Fraction(2 * LLAMA2["P"], GB), "GB"),
+    "pub.count": (16, ""),
+    "pub.within": published_within,
+    "pub.matching": (0, ""),             # no row is yet computed with its source's own measure (the chapter says so)
+    "pub.counter": (12, ""),             # the 5 torchtune and 7 LitGPT fine-tunes: their counter, replayed
+    "ex20.split_reserved": lazy(lambda: Fraction(gpu_replay(max_split_size_mb=256).reserved, GB), "GB"),
+    "ex20.split_allocated": lazy(lambda: Fraction(gpu_replay(max_split_size_mb=256).allocated, GB), "GB"),
+    "ex20.split_direction": lambda text: None if text == ("lower" if gpu_replay(max_split_size_mb=256).reserved
+                                                          < gpu_replay().reserved else "not lower") else text,
+    "ex20.rtx": (Fraction(RTX_REAL, GB), "GB"),
 }
 
 #: equation key -> the right-hand side as the article (and its source paper) writes it

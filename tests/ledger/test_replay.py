@@ -5,7 +5,7 @@ import random
 import pytest
 
 from memledger.ledger.ledger import Ledger
-from memledger.ledger.replay import check_streams, replay, run
+from memledger.ledger.replay import check_streams, replay, replay_step, run
 from memledger.models.architecture import Architecture
 from memledger.step.vocab import Stream
 
@@ -135,3 +135,35 @@ def test_fuzzed_strategies_keep_the_order_of_the_measures(seed):
         assert r.allocated + r.outside >= ledger.step(backend).peak.bytes
         assert r.reserved >= r.allocated
         assert all(reserved >= allocated for _, _, _, allocated, reserved in r.series)
+
+
+@pytest.mark.parametrize("setup, options", [
+    (dict(arch="llama2-7b", batch_size=4, seq_len=4096, recompute="full", flash_attention=True), {}),
+    (dict(arch="llama3-8b", seq_len=1024, recipe="fp32-adamw", zero_stage=1, dp=4), dict(expandable_segments=True)),
+    (dict(arch="gpt2", batch_size=2, seq_len=1024, recompute="selective", dropout=False), dict(max_split_size_mb=64)),
+])
+def test_a_built_step_replays_as_its_compiled_record(setup, options):
+    """replay_step reads the trace from the step's ops; replay from the compiled step's record: the same replay."""
+    from memledger.step.timeline import Step
+    ledger = Ledger(**setup)
+    compiled, built = replay(ledger, "cuda", **options), replay_step(Step(ledger, "cuda"), **options)
+    assert (built.allocated, built.reserved, built.outside, built.series, built.segments) == (
+        compiled.allocated, compiled.reserved, compiled.outside, compiled.series, compiled.segments)
+
+
+@pytest.mark.parametrize("quantized", [False, True])
+def test_the_lora_step_replays_with_the_measures_in_order(quantized):
+    """The LoRA and QLoRA steps (not compiled to a record) replayed: blocks never below the step's live tensors, nor
+    above them by more than a whole unsplit block (< 1 MiB) or 511 bytes per tensor; segments never below blocks."""
+    from memledger.ledger.lora import LoraConfig, LoraLedger, qlora
+    config = (qlora(8, ("q_proj", "v_proj"), "llama") if quantized else
+              LoraConfig(rank=8, targets=("q_proj", "v_proj"), adapter_recipe="bf16-pure-adamw", dropout=True))
+    step = LoraLedger("llama2-7b", config, batch_size=2, seq_len=512, recompute="full").step("cuda",
+                                                                                            rmsnorm="composite")
+    replayed = replay_step(step)
+    tensors = len(step.built.names)
+    assert step.peak.bytes <= replayed.judged("allocated") <= step.peak.bytes + tensors * (2**20 + 511)
+    assert all(allocated <= reserved for *_, allocated, reserved in replayed.series)
+    assert replayed.outside == 2 * 10**9                    # the overhead row, beside the allocator
+    with pytest.raises(ValueError, match="max_split_size_mb"):
+        replay_step(step, max_split_size_mb=8)
