@@ -1215,6 +1215,61 @@ def test_figures_have_alt_text_and_captions(path):
             assert len(meta.get("image", {}).get("alt", "")) > 20, meta["figure"]["name"]
 
 
+def toc_chapters() -> list:
+    """The notebooks the built book publishes: those ``_toc.yml`` lists (``only_build_toc_files: true``)."""
+    toc = (ROOT / "_toc.yml").read_text()
+    return [ROOT / f"{name}.ipynb" for name in re.findall(r"file:\s*(\S+)", toc) if (ROOT / f"{name}.ipynb").exists()]
+
+
+def numbered_figures(paths) -> list:
+    """The figures the built book numbers: a code cell's ``mystnb.figure`` with a name (MyST-NB wraps its image in a
+    numbered, referenceable figure) and ``{figure}`` directives in Markdown cells."""
+    found = []
+    for path in paths:
+        for cell in json.loads(path.read_text())["cells"]:
+            figure = cell["metadata"].get("mystnb", {}).get("figure", {})
+            if cell["cell_type"] == "code" and figure.get("name") and any(
+                    "image/png" in o.get("data", {}) or "image/svg+xml" in o.get("data", {})
+                    for o in cell.get("outputs", [])):
+                found.append(figure["name"])
+            if cell["cell_type"] == "markdown":
+                found += re.findall(r"[`:]{3,}\{figure\}[^\n]*\n:name:\s*(\S+)", "".join(cell["source"]))
+    return found
+
+
+def test_the_book_has_at_least_forty_figures():
+    """Issue 31: at least 40 numbered figures in the published chapters, each name used once."""
+    names = numbered_figures(toc_chapters())
+    assert len(names) == len(set(names)), "a figure name is used twice"
+    assert len(names) >= 40, f"{len(names)} figures"
+
+
+#: the figures issue 31 added, each of which the prose refers to with {numref} (the older ones predate the rule)
+ISSUE_31_FIGURES = {
+    "02_spec": "fig-spec-shares", "03_model_states": "fig-states-master", "04_activations": "fig-activations-variants",
+    "05_batch_and_sequence": "fig-activations-same-tokens", "06_full_ledger": "fig-ledger-waterfall",
+    "07_checkpointing": "fig-checkpointing-trade", "08_offloading": "fig-offload-per-rank",
+    "09_together": "fig-together-peaks", "11_peak": "fig-sum-and-peak", "12_pytorch": "fig-cpu-cuda-landmarks",
+    "13_calculators": "fig-calculators-per-param", "14_real_models": "fig-real-models-logits",
+    "15_finetuning": "fig-lora-rank", "16_frameworks": "fig-fsdp2-world", "17_knobs": "fig-knobs-forward-peak",
+    "18_measure": "fig-reserved-lengths",
+}
+
+
+@pytest.mark.parametrize("stem", sorted(ISSUE_31_FIGURES))
+def test_new_figures_are_drawn_and_referenced_from_the_prose(stem):
+    path = BOOK / f"{stem}.ipynb"
+    name = ISSUE_31_FIGURES[stem]
+    assert name in numbered_figures([path]), f"{name}: no figure cell with an image (run scripts/execute_notebooks.py)"
+    prose = "\n".join(markdown_cells(path))
+    assert f"{{numref}}`{name}`" in prose, f"refer to {name} with {{numref}}"
+    # every {numref} in the chapters names a figure that exists
+    names = set(numbered_figures(toc_chapters()))
+    for cell in markdown_cells(path):
+        for ref in re.findall(r"\{numref\}`(?:[^`<]*<)?(fig-[\w-]+)>?`", cell):
+            assert ref in names, f"{{numref}} to a missing figure {ref}"
+
+
 _MATH = re.compile(r"\$\$(.*?)\$\$|\$([^$]*)\$", re.S)
 
 
