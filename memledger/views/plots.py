@@ -305,7 +305,7 @@ def _capacity_line(ax, gpu_bytes, unit, vertical=False):
 
 def parameter_shares(presets, ax=None):
     """100 % stacked bars: each preset's parameters by part (attention, MLP, norms, embeddings), in percent of its
-    counted parameters (:meth:`memledger.models.presets.Architecture.parts`): how the embeddings' share shrinks as a
+    counted parameters (:meth:`memledger.models.architecture.Architecture.parts`): how the embeddings' share shrinks as a
     model grows."""
     ax = ax or plt.subplots(figsize=(7.5, 3.6))[1]
     archs = [get_preset(name) for name in presets]
