@@ -22,7 +22,8 @@ __all__ = ["A100_BYTES", "GPU_LINE", "PALETTE", "STEP_KINDS", "activations_vs_se
            "checkpoint_trade", "colour", "landmark_bars", "largest_fit_chart", "layer_breakdown", "ledger_bars",
            "ledger_waterfall", "lora_vs_rank", "paired_bars", "parameter_breakdown", "parameter_shares", "parts_bars",
            "peak_vs_dp", "peaks_bars", "per_rank_lines", "reserved_two_lengths", "same_tokens_bars",
-           "states_per_param_bars", "step_timeline", "sum_and_peak_bars", "variant_bars", "zero_states_vs_dp"]
+           "states_per_param_bars", "step_timeline", "sum_and_peak_bars", "unit_life", "unit_lifetimes", "variant_bars",
+           "zero_states_vs_dp"]
 
 A100_BYTES = GPU_MEMORY["a100-80gb"]
 
@@ -601,5 +602,63 @@ def reserved_two_lengths(first: int, sizes, label_of=None, xlabel: str = "reques
     ax.set_ylabel(f"reserved ({unit})")
     ax.set_ylim(bottom=0)
     _legend_right(ax)
+    ax.figure.tight_layout()
+    return ax.figure
+
+
+def unit_lifetimes(step, prefix: str = "FSDP2", layers=(None, 0, 1)) -> list:
+    """(unit, name, bytes, born, freed) of each tensor whose name starts with ``prefix`` and belongs to one of
+    ``layers`` (``None`` is the root unit), every time it is allocated: op indices into ``step.built.ops`` (freed
+    at the step's last op where nothing frees it); :func:`unit_life` draws them."""
+    built = step.built
+    size = dict(zip(built.names, (int(b) for b in step.sizes)))
+    open_, out = {}, []
+    for i, op in enumerate(built.ops):
+        for layer, name in op.frees:
+            if (layer, name) in open_:
+                out.append((layer, name, size[name], open_.pop((layer, name)), i))
+        for layer, name in op.allocs:
+            if name.startswith(prefix) and layer in layers and (layer, name) not in open_:
+                open_[(layer, name)] = i
+    out += [(layer, name, size[name], born, len(built.ops) - 1) for (layer, name), born in open_.items()]
+    return sorted(out, key=lambda r: (layers.index(r[0]), r[3]))
+
+
+#: the colour of each kind of FSDP2 buffer in :func:`unit_life`
+FSDP2_KINDS = {"all-gather input": "#9ecae1", "all-gather output": "#2171b5", "unsharded parameters": "#08306b",
+               "reduce-scatter input": "#f16913", "sharded gradients": "#6baed6"}
+
+
+def _unit_label(layer, name: str) -> str:
+    return f"{'root' if layer is None else f'block {layer}'}: {name.removeprefix('FSDP2 ').split(' (')[0]}"
+
+
+def unit_life(step, layers=(None, 0, 1), ax=None):
+    """An FSDP2 unit's life on the step's op axis: for the root and the first blocks, each buffer FSDP2 allocates
+    (all-gather input and output, unsharded parameters, reduce-scatter input, sharded gradients) as a bar from
+    the op that allocates it to the op that frees it, one row per unit and buffer; the phases shaded."""
+    rows = unit_lifetimes(step, layers=layers)
+    labels = []
+    for layer, name, *_ in rows:
+        label = _unit_label(layer, name)
+        if label not in labels:
+            labels.append(label)
+    ax = ax or plt.subplots(figsize=(8, 0.6 + 0.28 * len(labels)))[1]
+    ops = step.built.ops
+    phases = [op.phase.value for op in ops]
+    starts = [i for i in range(len(ops)) if i == 0 or phases[i] != phases[i - 1]] + [len(ops)]
+    shade = {"forward": "#f7f7f7", "loss": "#fee0d2", "backward": "#deebf7", "optimizer": "#e5f5e0"}
+    for a, b in zip(starts, starts[1:]):
+        ax.axvspan(a - 0.5, b - 0.5, color=shade.get(phases[a], "#ffffff"), zorder=0)
+    y = {label: len(labels) - 1 - i for i, label in enumerate(labels)}
+    for layer, name, _, born, freed in rows:
+        label = _unit_label(layer, name)
+        kind = next(k for k in FSDP2_KINDS if k in name)
+        ax.barh(y[label], max(freed - born, 0.6), left=born, color=FSDP2_KINDS[kind], height=0.7, zorder=2)
+    ax.set_yticks(list(y.values()), list(y), fontsize=7)
+    ax.set_xticks([(a + b - 1) / 2 for a, b in zip(starts, starts[1:])], [phases[a] for a in starts[:-1]],
+                  fontsize=8)
+    ax.set_xlim(-0.5, len(ops) - 0.5)
+    ax.set_xlabel("the step, op by op")
     ax.figure.tight_layout()
     return ax.figure

@@ -187,3 +187,27 @@ def test_reserved_two_lengths_follows_the_allocators_constants():
     # expandable: pages of kLargeBuffer (20 MiB) mapped for the larger tensor
     assert expandable == pytest.approx([260, 260, 260])
     assert Fraction(2049 * per_token, MiB) > 250
+
+
+def test_unit_life_follows_fsdp2s_buffers_through_the_step():
+    step = ml.Ledger(arch="llama2-7b", batch_size=1, seq_len=4096, dp=8, flash_attention=True, framework="fsdp2",
+                     recipe="fp32-adamw").step()
+    rows = plots.unit_lifetimes(step, layers=(0, 1))
+    ops = step.built.ops
+
+    def lives(layer, kind):
+        return [(nbytes, born, freed) for unit, name, nbytes, born, freed in rows if unit == layer and kind in name]
+
+    block = 4 * 4096**2 + 3 * 4096 * 11008 + 2 * 4096          # LLaMA-2 7B's block: Q, K, V, O, gate, up, down, 2 norms
+    gathered = lives(1, "all-gather output")
+    assert [ops[born].phase.value for _, born, _ in gathered] == ["forward", "backward"]     # gathered twice
+    assert {nbytes for nbytes, *_ in gathered} == {2 * block}                            # the whole unit in BF16
+    assert {nbytes for nbytes, *_ in lives(1, "all-gather input")} == {2 * block // 8}    # this rank's shard, BF16
+    unsharded = lives(1, "unsharded parameters")
+    assert ops[unsharded[0][2]].phase.value == "forward"         # resharded after forward
+    assert gathered[0][2] > unsharded[0][2]                      # the output is held until the next unit's gather
+    (rs_bytes, rs_born, rs_freed), = lives(1, "reduce-scatter input")
+    assert rs_bytes == 4 * block and ops[rs_born].phase.value == "backward"            # FP32 gradients of the unit
+    assert rs_freed == lives(0, "reduce-scatter input")[0][1]    # held until the next unit's reduce-scatter
+    fig = plots.unit_life(step, layers=(0, 1))
+    assert len(fig.axes[0].patches) >= len(rows)
