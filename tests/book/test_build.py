@@ -1407,3 +1407,11 @@ def test_static_calculator_is_in_the_page(build):
     page = (build / "html" / "book" / "09_together.html").read_text()
     assert 'class="memledger-calculator"' in page and 'class="memledger-calculator-data"' in page
     assert "_static/memledger-calculator.js" in page
+
+
+@pytest.mark.slow
+def test_built_book_numbers_as_many_figures_as_the_chapters_name(build):
+    """The built pages number every named figure (``Fig. N``), as many as the fast count finds: at least 40."""
+    numbered = [n for page in (build / "html" / "book").glob("*.html")
+                for n in re.findall(r'<span class="caption-number">Fig\. [\d.]+ </span>', page.read_text())]
+    assert len(numbered) == len(numbered_figures(toc_chapters())) >= 40
