@@ -1251,7 +1251,8 @@ ISSUE_31_FIGURES = {
     "fig-ledger-waterfall": "06_full_ledger", "fig-checkpointing-trade": "07_checkpointing",
     "fig-offload-per-rank": "08_offloading", "fig-together-peaks": "09_together", "fig-sum-and-peak": "11_peak",
     "fig-cpu-cuda-landmarks": "12_pytorch", "fig-calculators-per-param": "13_calculators",
-    "fig-real-models-logits": "14_real_models", "fig-lora-rank": "15_finetuning",
+    "fig-real-models-logits": "14_real_models", "fig-real-models-batch": "14_real_models",
+    "fig-lora-rank": "15_finetuning",
     "fig-fsdp2-world": "16_frameworks", "fig-fsdp2-unit-life": "16_frameworks",
     "fig-knobs-forward-peak": "17_knobs", "fig-reserved-lengths": "18_measure",
 }
