@@ -5,6 +5,7 @@ kind of saved tensor) has the same colour in every figure. Captions live in
 the chapters (cell metadata), so these functions set no titles.
 """
 import re
+from fractions import Fraction
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -17,8 +18,11 @@ from ..ledger.ledger import Ledger, sweep
 from ..core.symbols import L, S
 from ..core.units import in_unit, unit_size
 
-__all__ = ["A100_BYTES", "GPU_LINE", "PALETTE", "STEP_KINDS", "activations_vs_seq", "colour", "largest_fit_chart",
-           "layer_breakdown", "ledger_bars", "parameter_breakdown", "parts_bars", "peaks_bars", "step_timeline",
+__all__ = ["A100_BYTES", "GPU_LINE", "PALETTE", "STEP_KINDS", "activations_vs_seq", "bf16_master_drift",
+           "checkpoint_trade", "colour", "landmark_bars", "largest_fit_chart", "layer_breakdown", "ledger_bars",
+           "ledger_waterfall", "lora_vs_rank", "paired_bars", "parameter_breakdown", "parameter_shares", "parts_bars",
+           "peak_vs_dp", "peaks_bars", "per_rank_lines", "reserved_two_lengths", "same_tokens_bars",
+           "states_per_param_bars", "step_timeline", "sum_and_peak_bars", "unit_life", "unit_lifetimes", "variant_bars",
            "zero_states_vs_dp"]
 
 A100_BYTES = GPU_MEMORY["a100-80gb"]
@@ -284,5 +288,377 @@ def step_timeline(step, gpu_bytes: int = A100_BYTES, unit: str = "GB", ax=None):
     ax.set_xlim(0, 2 * L + 3)
     ax.set_ylabel(f"memory on the GPU ({unit})")
     ax.legend(fontsize=8, frameon=False, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.figure.tight_layout()
+    return ax.figure
+
+
+# --- figures added for issue 31: one per idea a chapter's prose teaches --------------------------------------------
+
+def _legend_right(ax):
+    ax.legend(fontsize=8, frameon=False, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+
+
+def _capacity_line(ax, gpu_bytes, unit, vertical=False):
+    capacity = float(in_unit(gpu_bytes, unit))
+    line = ax.axvline if vertical else ax.axhline
+    line(capacity, color=GPU_LINE, linestyle="--", linewidth=1.5, label=f"GPU memory ({capacity:.1f} {unit})")
+
+
+def parameter_shares(presets, ax=None):
+    """100 % stacked bars: each preset's parameters by part (attention, MLP, norms, embeddings), in percent of its
+    counted parameters (:meth:`memledger.models.architecture.Architecture.parts`): how the embeddings' share shrinks as a
+    model grows."""
+    ax = ax or plt.subplots(figsize=(7.5, 3.6))[1]
+    archs = [get_preset(name) for name in presets]
+    parts = [a.parts() for a in archs]
+    bottom = np.zeros(len(presets))
+    for name in parts[0]:
+        heights = np.array([100 * p[name] / a.computed_params for p, a in zip(parts, archs)])
+        ax.bar(range(len(presets)), heights, bottom=bottom, label=name, color=colour(name), edgecolor="white",
+               linewidth=0.5)
+        bottom += heights
+    ax.set_ylabel("share of the parameters (%)")
+    ax.set_ylim(0, 100)
+    _legend_right(ax)
+    ax.figure.tight_layout()
+    _bar_labels(ax, list(presets), fontsize=7)
+    ax.figure.tight_layout()
+    return ax.figure
+
+
+def bf16_master_drift(weight=Fraction(5, 4), update=Fraction(-1, 1000), steps: int = 100, ax=None):
+    """A weight given the same small update ``steps`` times: kept in BF16 alone (each step rounded back,
+    :func:`memledger.core.dtypes.round_to_bf16`), kept as an FP32 master copy (NumPy float32 arithmetic), and the
+    BF16 weights re-derived from that master after every step (what the forward pass uses)."""
+    from ..core.dtypes import round_to_bf16
+    ax = ax or plt.subplots(figsize=(6.5, 3.6))[1]
+    bf16 = [round_to_bf16(weight)]
+    master = [np.float32(weight)]
+    for _ in range(steps):
+        bf16.append(round_to_bf16(bf16[-1] + update))
+        master.append(np.float32(master[-1] + np.float32(update)))
+    derived = [round_to_bf16(Fraction(float(m))) for m in master]
+    k = np.arange(steps + 1)
+    ax.plot(k, [float(w) for w in master], color=colour("FP32 master weights"), label="FP32 master copy")
+    ax.step(k, [float(w) for w in derived], where="post", color=colour("BF16 parameters"), linestyle="--",
+            label="BF16 weights re-derived from the master")
+    ax.plot(k, [float(w) for w in bf16], color=colour("quadratic in S"), label="BF16 weights alone (updates lost)")
+    ax.set_xlabel("optimizer steps")
+    ax.set_ylabel("weight value")
+    _legend_right(ax)
+    ax.figure.tight_layout()
+    return ax.figure
+
+
+def _linear_quadratic(rows, ledger):
+    """(linear, quadratic) bytes one layer of ``ledger`` saves under the inventory ``rows``."""
+    linear = ledger.evaluate(sum(r.bytes for r in rows if not r.quadratic))
+    quadratic = ledger.evaluate(sum((r.bytes for r in rows if r.quadratic), sp.Integer(0)))
+    return int(linear), int(quadratic)
+
+
+def variant_bars(variants: dict, ledger, unit: str = "MiB", ax=None):
+    """One layer's saved bytes under each block variant (label -> inventory rows, :func:`memledger.inventory`), at
+    ``ledger``'s B, S and shape, stacked: the B x S x d tensors and the B x H x S x S ones."""
+    labels = list(variants)
+    ax = ax or plt.subplots(figsize=(7.5, 3.8))[1]
+    split = [_linear_quadratic(rows, ledger) for rows in variants.values()]
+    lin = np.array([float(in_unit(a, unit)) for a, _ in split])
+    quad = np.array([float(in_unit(b, unit)) for _, b in split])
+    x = range(len(labels))
+    ax.bar(x, lin, color=colour("linear in S"), label="B×S×d tensors (linear in S)", edgecolor="white")
+    ax.bar(x, quad, bottom=lin, color=colour("quadratic in S"), label="B×H×S×S tensors (quadratic in S)",
+           edgecolor="white")
+    ax.set_ylabel(f"saved per layer ({unit})")
+    _legend_right(ax)
+    ax.figure.tight_layout()
+    _bar_labels(ax, labels)
+    ax.figure.tight_layout()
+    return ax.figure
+
+
+def same_tokens_bars(preset: str = "article-7b", tokens: int = 8192, seqs=(1024, 2048, 4096, 8192),
+                     unit: str = "GB", ax=None):
+    """Saved activations of all layers for one token budget B x S = ``tokens`` cut into different shapes, stacked:
+    the linear part is the same for every shape, the quadratic part grows with S."""
+    ax = ax or plt.subplots(figsize=(6.5, 3.8))[1]
+    ledgers = [Ledger(preset, batch_size=tokens // s, seq_len=s, scope="layers") for s in seqs]
+    rows = inventory(ledgers[0].arch.mlp, ledgers[0].arch.norm, dropout=ledgers[0].dropout,
+                     attention_dropout=ledgers[0].arch.attention_dropout)
+    split = [_linear_quadratic(rows, led) for led in ledgers]
+    n = ledgers[0].arch.n_layers
+    lin = np.array([float(in_unit(n * a, unit)) for a, _ in split])
+    quad = np.array([float(in_unit(n * b, unit)) for _, b in split])
+    x = range(len(seqs))
+    ax.bar(x, lin, color=colour("linear in S"), label="B×S×d tensors (linear in S)", edgecolor="white")
+    ax.bar(x, quad, bottom=lin, color=colour("quadratic in S"), label="B×H×S×S tensors (quadratic in S)",
+           edgecolor="white")
+    ax.set_xticks(list(x), [f"B = {tokens // s}\nS = {s}" for s in seqs], fontsize=8)
+    ax.set_ylabel(f"saved activations, {n} layers ({unit})")
+    _legend_right(ax)
+    ax.figure.tight_layout()
+    return ax.figure
+
+
+def ledger_waterfall(ledger, gpu_bytes: int = A100_BYTES, unit: str = "GB", ax=None):
+    """The ledger's GPU rows stacked one on the next, left to right (a waterfall): each bar starts where the rows
+    before it end, the last reaches the total; the GPU's capacity dashed."""
+    rows = [r for r in ledger.rows if r.device == "gpu"]
+    ax = ax or plt.subplots(figsize=(7.5, 4))[1]
+    start = 0
+    for i, r in enumerate(rows):
+        ax.bar(i, float(in_unit(r.bytes, unit)), bottom=float(in_unit(start, unit)), color=colour(r.name),
+               edgecolor="white")
+        start += r.bytes
+    ax.bar(len(rows), float(in_unit(start, unit)), color="#525252", edgecolor="white")
+    _capacity_line(ax, gpu_bytes, unit)
+    ax.set_ylabel(f"memory per GPU ({unit})")
+    _legend_right(ax)
+    ax.figure.tight_layout()
+    _bar_labels(ax, [r.name for r in rows] + ["total"], fontsize=7)
+    ax.figure.tight_layout()
+    return ax.figure
+
+
+def checkpoint_trade(ledgers: dict, extra_flops: dict, unit: str = "GB", ax=None):
+    """Each recomputation mode as a point: its extra FLOPs (``extra_flops``: mode -> a fraction of the step's
+    FLOPs, a SymPy expression or number, evaluated at the ledger's values) against the activations it saves
+    (``ledgers``: mode -> Ledger)."""
+    ax = ax or plt.subplots(figsize=(6.5, 3.8))[1]
+    for mode, ledger in ledgers.items():
+        x = 100 * float(sp.sympify(extra_flops[mode]).subs(ledger.bindings))
+        y = float(in_unit(ledger.group_total("activations"), unit))
+        ax.plot([x], [y], marker="o", markersize=8, linestyle="none", color=colour("activations"))
+        ax.annotate(f" {mode}", (x, y), fontsize=9, va="bottom")
+    ax.set_xlabel("extra FLOPs per training step (%)")
+    ax.set_ylabel(f"saved activations ({unit})")
+    ax.set_xlim(left=-2)
+    ax.set_ylim(bottom=0)
+    ax.figure.tight_layout()
+    return ax.figure
+
+
+def per_rank_lines(setup: dict, dps=(1, 2, 4, 8), unit: str = "GB", ax=None):
+    """GPU and host memory per rank and the PCIe bytes per rank per step (:attr:`Ledger.traffic`) against the
+    number of data-parallel GPUs, for ``setup`` (Ledger keyword arguments) at each ``dp``."""
+    ax = ax or plt.subplots(figsize=(6.5, 3.8))[1]
+    ledgers = [Ledger(**setup, dp=n) for n in dps]
+    series = {"GPU memory per rank": ([led.totals["gpu"] for led in ledgers], colour("BF16 parameters"), "o"),
+              "host memory per rank": ([led.totals["cpu"] for led in ledgers], colour("Adam first moment m"), "s"),
+              "PCIe traffic per rank per step": ([led.traffic.pcie_bytes for led in ledgers], colour("activations"),
+                                                 "^")}
+    for label, (values, c, marker) in series.items():
+        ax.plot(list(dps), [float(in_unit(v, unit)) for v in values], color=c, marker=marker, label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(list(dps), [str(n) for n in dps])
+    ax.set_xlabel("data-parallel GPUs $N_d$")
+    ax.set_ylabel(unit)
+    ax.set_ylim(bottom=0)
+    _legend_right(ax)
+    ax.figure.tight_layout()
+    return ax.figure
+
+
+def sum_and_peak_bars(ledgers: dict, gpu_bytes: int = A100_BYTES, unit: str = "GB", ax=None):
+    """Two bars per setup: the sum of the ledger's GPU rows and the peak of its step
+    (:meth:`Ledger.step`); the GPU's capacity dashed."""
+    labels = list(ledgers)
+    ax = ax or plt.subplots(figsize=(7.5, 3.8))[1]
+    x = np.arange(len(labels))
+    sums = [float(in_unit(led.totals["gpu"], unit)) for led in ledgers.values()]
+    peaks = [float(in_unit(led.step().peak.bytes, unit)) for led in ledgers.values()]
+    ax.bar(x - 0.2, sums, width=0.4, color="#9e9ac8", label="sum of the rows", edgecolor="white")
+    ax.bar(x + 0.2, peaks, width=0.4, color=colour("activations"), label="peak of the step", edgecolor="white")
+    _capacity_line(ax, gpu_bytes, unit)
+    ax.set_ylabel(f"memory per GPU ({unit})")
+    _legend_right(ax)
+    ax.figure.tight_layout()
+    _bar_labels(ax, labels)
+    ax.figure.tight_layout()
+    return ax.figure
+
+
+def landmark_bars(steps: dict, unit: str = "GB", ax=None):
+    """Grouped bars: each step's GPU memory at its landmarks (before forward, after forward, after backward, after
+    the optimizer step) and its peak, one colour per step (label -> :class:`memledger.step.timeline.Step`)."""
+    ax = ax or plt.subplots(figsize=(7.5, 3.8))[1]
+    names = list(next(iter(steps.values())).landmarks) + ["peak"]
+    width = 0.8 / len(steps)
+    colours = ("#2171b5", "#f16913", "#238b45", "#6a51a3")
+    for i, (label, step) in enumerate(steps.items()):
+        values = [step.landmarks[n]["gpu"] for n in names[:-1]] + [step.peak.bytes]
+        ax.bar(np.arange(len(names)) + (i - (len(steps) - 1) / 2) * width, [float(in_unit(v, unit)) for v in values],
+               width=width, label=label, color=colours[i % len(colours)], edgecolor="white")
+    ax.set_xticks(range(len(names)), names, fontsize=8)
+    ax.set_ylabel(f"memory on the GPU ({unit})")
+    _legend_right(ax)
+    ax.figure.tight_layout()
+    return ax.figure
+
+
+def states_per_param_bars(views: dict, params: int, ax=None):
+    """Bytes per parameter of model states that each view books (a ledger or a convention's estimate, label ->
+    view), stacked by role (:func:`memledger.calculators.parts.gpu_parts`), over ``params`` parameters."""
+    from ..calculators.parts import gpu_parts
+    labels = list(views)
+    parts = [gpu_parts(v) for v in views.values()]
+    ax = ax or plt.subplots(figsize=(7.5, 3.8))[1]
+    bottom = np.zeros(len(labels))
+    for part in ("weights", "gradients", "optimizer states", "model states, roles not split"):
+        heights = np.array([p[part] / params for p in parts], dtype=float)
+        if heights.any():
+            ax.bar(range(len(labels)), heights, bottom=bottom, label=part, color=colour(part), edgecolor="white")
+            bottom += heights
+    ax.set_ylabel("model states (bytes per parameter)")
+    _legend_right(ax)
+    ax.figure.tight_layout()
+    _bar_labels(ax, labels, fontsize=7)
+    ax.figure.tight_layout()
+    return ax.figure
+
+
+def paired_bars(values: dict, ylabel: str, unit: str = "GB", colours=None, ax=None):
+    """Grouped bars: ``values`` is label -> {series -> bytes}, one group per label, one bar per series, each series
+    in its colour (``colours``: series -> colour, default the palette's activations and losses)."""
+    labels = list(values)
+    series = list(next(iter(values.values())))
+    colours = colours or dict(zip(series, ("#2171b5", "#cb181d", "#238b45", "#6a51a3")))
+    ax = ax or plt.subplots(figsize=(7.5, 3.8))[1]
+    width = 0.8 / len(series)
+    for i, name in enumerate(series):
+        ax.bar(np.arange(len(labels)) + (i - (len(series) - 1) / 2) * width,
+               [float(in_unit(values[label][name], unit)) for label in labels], width=width, label=name,
+               color=colours[name], edgecolor="white")
+    ax.set_ylabel(f"{ylabel} ({unit})")
+    _legend_right(ax)
+    ax.figure.tight_layout()
+    _bar_labels(ax, labels, fontsize=7)
+    ax.figure.tight_layout()
+    return ax.figure
+
+
+def lora_vs_rank(preset: str, target_sets: dict, ranks=(1, 2, 4, 8, 16, 32, 64, 128, 256), full=None,
+                 gpu_bytes: int = None, unit: str = "GB", ax=None, **setup):
+    """GPU memory of a LoRA run (:class:`memledger.ledger.lora.LoraLedger`, ``setup`` its other fields) against
+    the rank, one line per set of targets (label -> projection names), beside a full fine-tune (``full``, a
+    Ledger, dotted) and a GPU's capacity (dashed)."""
+    from ..calculators.parts import gpu_total
+    from ..ledger.lora import LoraConfig, LoraLedger
+    ax = ax or plt.subplots(figsize=(6.5, 3.8))[1]
+    for (label, targets), c in zip(target_sets.items(), ("#2171b5", "#6a51a3", "#238b45")):
+        totals = [gpu_total(LoraLedger(preset, LoraConfig(rank=r, targets=tuple(targets)), **setup)) for r in ranks]
+        ax.plot(list(ranks), [float(in_unit(t, unit)) for t in totals], marker="o", markersize=3, color=c,
+                label=f"LoRA, {label}")
+    if full is not None:
+        ax.axhline(float(in_unit(gpu_total(full), unit)), color="black", linestyle=":", label="full fine-tuning")
+    if gpu_bytes is not None:
+        _capacity_line(ax, gpu_bytes, unit)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(list(ranks), [str(r) for r in ranks])
+    ax.set_xlabel("LoRA rank r")
+    ax.set_ylabel(f"memory per GPU ({unit})")
+    ax.set_ylim(bottom=0)
+    _legend_right(ax)
+    ax.figure.tight_layout()
+    return ax.figure
+
+
+def peak_vs_dp(setups: dict, dps=(2, 4, 8, 16, 32, 64), gpu_bytes: int = None, unit: str = "GB", ax=None):
+    """Each setup's step peak per GPU (label -> Ledger keyword arguments, run at each ``dp``) against the number
+    of data-parallel GPUs; the GPU's capacity dashed."""
+    ax = ax or plt.subplots(figsize=(6.5, 3.8))[1]
+    for (label, setup), c in zip(setups.items(), ("#2171b5", "#f16913", "#238b45", "#6a51a3", "#cb181d")):
+        peaks = [Ledger(**{**setup, "dp": n}).step().peak.bytes for n in dps]
+        ax.plot(list(dps), [float(in_unit(p, unit)) for p in peaks], marker="o", markersize=3, color=c, label=label)
+    if gpu_bytes is not None:
+        _capacity_line(ax, gpu_bytes, unit)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(list(dps), [str(n) for n in dps])
+    ax.set_xlabel("data-parallel GPUs $N_d$")
+    ax.set_ylabel(f"peak of a step per GPU ({unit})")
+    ax.set_ylim(bottom=0)
+    _legend_right(ax)
+    ax.figure.tight_layout()
+    return ax.figure
+
+
+def reserved_two_lengths(first: int, sizes, label_of=None, xlabel: str = "request (bytes)", unit: str = "MiB", ax=None):
+    """What the caching allocator reserves for one tensor of ``first`` bytes followed by one of each size in
+    ``sizes`` (:mod:`memledger.ledger.allocator`): by default the first segment, plus a second where the later
+    request's rounded size does not fit in it; with expandable segments the pages mapped for the larger of the two.
+    ``label_of`` maps a size to its x value (e.g. the sequence length); default the size itself."""
+    from ..ledger.allocator import expandable_mapped, round_size, segment_size
+    ax = ax or plt.subplots(figsize=(6.5, 3.6))[1]
+    label_of = label_of or (lambda n: n)
+    x = [label_of(n) for n in sizes]
+    default = [segment_size(first) + (segment_size(n) if round_size(n) > segment_size(first) else 0) for n in sizes]
+    expandable = [max(expandable_mapped(first), expandable_mapped(n)) for n in sizes]
+    ax.step(x, [float(in_unit(v, unit)) for v in default], where="post", color=colour("quadratic in S"),
+            label="default segments")
+    ax.step(x, [float(in_unit(v, unit)) for v in expandable], where="post", color=colour("linear in S"),
+            label="expandable segments")
+    ax.axvline(label_of(first), color="black", linestyle=":", linewidth=0.8)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(f"reserved ({unit})")
+    ax.set_ylim(bottom=0)
+    _legend_right(ax)
+    ax.figure.tight_layout()
+    return ax.figure
+
+
+def unit_lifetimes(step, prefix: str = "FSDP2", layers=(None, 0, 1)) -> list:
+    """(unit, name, bytes, born, freed) of each tensor whose name starts with ``prefix`` and belongs to one of
+    ``layers`` (``None`` is the root unit), every time it is allocated: op indices into ``step.built.ops`` (freed
+    at the step's last op where nothing frees it); :func:`unit_life` draws them."""
+    built = step.built
+    size = dict(zip(built.names, (int(b) for b in step.sizes)))
+    open_, out = {}, []
+    for i, op in enumerate(built.ops):
+        for layer, name in op.frees:
+            if (layer, name) in open_:
+                out.append((layer, name, size[name], open_.pop((layer, name)), i))
+        for layer, name in op.allocs:
+            if name.startswith(prefix) and layer in layers and (layer, name) not in open_:
+                open_[(layer, name)] = i
+    out += [(layer, name, size[name], born, len(built.ops) - 1) for (layer, name), born in open_.items()]
+    return sorted(out, key=lambda r: (layers.index(r[0]), r[3]))
+
+
+#: the colour of each kind of FSDP2 buffer in :func:`unit_life`
+FSDP2_KINDS = {"all-gather input": "#9ecae1", "all-gather output": "#2171b5", "unsharded parameters": "#08306b",
+               "reduce-scatter input": "#f16913", "sharded gradients": "#6baed6"}
+
+
+def _unit_label(layer, name: str) -> str:
+    return f"{'root' if layer is None else f'block {layer}'}: {name.removeprefix('FSDP2 ').split(' (')[0]}"
+
+
+def unit_life(step, layers=(None, 0, 1), ax=None):
+    """An FSDP2 unit's life on the step's op axis: for the root and the first blocks, each buffer FSDP2 allocates
+    (all-gather input and output, unsharded parameters, reduce-scatter input, sharded gradients) as a bar from
+    the op that allocates it to the op that frees it, one row per unit and buffer; the phases shaded."""
+    rows = unit_lifetimes(step, layers=layers)
+    labels = []
+    for layer, name, *_ in rows:
+        label = _unit_label(layer, name)
+        if label not in labels:
+            labels.append(label)
+    ax = ax or plt.subplots(figsize=(8, 0.6 + 0.28 * len(labels)))[1]
+    ops = step.built.ops
+    phases = [op.phase.value for op in ops]
+    starts = [i for i in range(len(ops)) if i == 0 or phases[i] != phases[i - 1]] + [len(ops)]
+    shade = {"forward": "#f7f7f7", "loss": "#fee0d2", "backward": "#deebf7", "optimizer": "#e5f5e0"}
+    for a, b in zip(starts, starts[1:]):
+        ax.axvspan(a - 0.5, b - 0.5, color=shade.get(phases[a], "#ffffff"), zorder=0)
+    y = {label: len(labels) - 1 - i for i, label in enumerate(labels)}
+    for layer, name, _, born, freed in rows:
+        label = _unit_label(layer, name)
+        kind = next(k for k in FSDP2_KINDS if k in name)
+        ax.barh(y[label], max(freed - born, 0.6), left=born, color=FSDP2_KINDS[kind], height=0.7, zorder=2)
+    ax.set_yticks(list(y.values()), list(y), fontsize=7)
+    ax.set_xticks([(a + b - 1) / 2 for a, b in zip(starts, starts[1:])], [phases[a] for a in starts[:-1]],
+                  fontsize=8)
+    ax.set_xlim(-0.5, len(ops) - 0.5)
+    ax.set_xlabel("the step, op by op")
     ax.figure.tight_layout()
     return ax.figure

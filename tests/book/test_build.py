@@ -1358,6 +1358,62 @@ def test_figures_have_alt_text_and_captions(path):
             assert len(meta.get("image", {}).get("alt", "")) > 20, meta["figure"]["name"]
 
 
+def toc_chapters() -> list:
+    """The notebooks the built book publishes: those ``_toc.yml`` lists (``only_build_toc_files: true``)."""
+    toc = (ROOT / "_toc.yml").read_text()
+    return [ROOT / f"{name}.ipynb" for name in re.findall(r"file:\s*(\S+)", toc) if (ROOT / f"{name}.ipynb").exists()]
+
+
+def numbered_figures(paths) -> list:
+    """The figures the built book numbers: a code cell's ``mystnb.figure`` with a name (MyST-NB wraps its image in a
+    numbered, referenceable figure) and ``{figure}`` directives in Markdown cells."""
+    found = []
+    for path in paths:
+        for cell in json.loads(path.read_text())["cells"]:
+            figure = cell["metadata"].get("mystnb", {}).get("figure", {})
+            if cell["cell_type"] == "code" and figure.get("name") and any(
+                    "image/png" in o.get("data", {}) or "image/svg+xml" in o.get("data", {})
+                    for o in cell.get("outputs", [])):
+                found.append(figure["name"])
+            if cell["cell_type"] == "markdown":
+                found += re.findall(r"[`:]{3,}\{figure\}[^\n]*\n:name:\s*(\S+)", "".join(cell["source"]))
+    return found
+
+
+def test_the_book_has_at_least_forty_figures():
+    """Issue 31: at least 40 numbered figures in the published chapters, each name used once."""
+    names = numbered_figures(toc_chapters())
+    assert len(names) == len(set(names)), "a figure name is used twice"
+    assert len(names) >= 40, f"{len(names)} figures"
+
+
+#: the figures issue 31 added (name -> chapter), each of which the prose refers to with {numref} (the older ones predate the rule)
+ISSUE_31_FIGURES = {
+    "fig-spec-shares": "02_spec", "fig-states-master": "03_model_states",
+    "fig-activations-variants": "04_activations", "fig-activations-same-tokens": "05_batch_and_sequence",
+    "fig-ledger-waterfall": "06_full_ledger", "fig-checkpointing-trade": "07_checkpointing",
+    "fig-offload-per-rank": "08_offloading", "fig-together-peaks": "09_together", "fig-sum-and-peak": "11_peak",
+    "fig-cpu-cuda-landmarks": "12_pytorch", "fig-calculators-per-param": "13_calculators",
+    "fig-real-models-logits": "14_real_models", "fig-real-models-batch": "14_real_models",
+    "fig-lora-rank": "15_finetuning",
+    "fig-fsdp2-world": "16_frameworks", "fig-fsdp2-unit-life": "16_frameworks",
+    "fig-knobs-forward-peak": "17_knobs", "fig-reserved-lengths": "18_measure",
+}
+
+
+@pytest.mark.parametrize("name", sorted(ISSUE_31_FIGURES))
+def test_new_figures_are_drawn_and_referenced_from_the_prose(name):
+    path = BOOK / f"{ISSUE_31_FIGURES[name]}.ipynb"
+    assert name in numbered_figures([path]), f"{name}: no figure cell with an image (run scripts/execute_notebooks.py)"
+    prose = "\n".join(markdown_cells(path))
+    assert f"{{numref}}`{name}`" in prose, f"refer to {name} with {{numref}}"
+    # every {numref} in the chapters names a figure that exists
+    names = set(numbered_figures(toc_chapters()))
+    for cell in markdown_cells(path):
+        for ref in re.findall(r"\{numref\}`(?:[^`<]*<)?(fig-[\w-]+)>?`", cell):
+            assert ref in names, f"{{numref}} to a missing figure {ref}"
+
+
 _MATH = re.compile(r"\$\$(.*?)\$\$|\$([^$]*)\$", re.S)
 
 
@@ -1495,3 +1551,11 @@ def test_static_calculator_is_in_the_page(build):
     page = (build / "html" / "book" / "09_together.html").read_text()
     assert 'class="memledger-calculator"' in page and 'class="memledger-calculator-data"' in page
     assert "_static/memledger-calculator.js" in page
+
+
+@pytest.mark.slow
+def test_built_book_numbers_as_many_figures_as_the_chapters_name(build):
+    """The built pages number every named figure (``Fig. N``), as many as the fast count finds: at least 40."""
+    numbered = [n for page in (build / "html" / "book").glob("*.html")
+                for n in re.findall(r'<span class="caption-number">Fig\. [\d.]+ </span>', page.read_text())]
+    assert len(numbered) == len(numbered_figures(toc_chapters())) >= 40
