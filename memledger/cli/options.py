@@ -122,6 +122,9 @@ def framework_options(parser):
     add(fw, "--fsdp-loss-in-root", "fsdp2: the loss computed inside the root module's forward (the root's "
         "post-forward after the loss, its pre-backward before the loss's backward; torchtitan and torchtune "
         "compute it outside)", switch=True)
+    add(fw, "--fsdp-units", "fsdp2: per-block (fully_shard on each block, then the root) or torchtitan "
+        "(apply_fsdp_to_decoder: the embedding alone, the final norm and LM head together and kept unsharded after "
+        "forward, each block; an untied LLaMA-style model)", Ledger.fsdp_units)
     add(fw, "--fsdp-cpu-offload", "fsdp2: CPUOffloadPolicy: sharded parameters, gradients and optimizer states on "
         "the host, copied to the GPU before each all-gather", switch=True)
     add(fw, "--fsdp-offload-no-pin", "fsdp2: CPUOffloadPolicy(pin_memory=False) (needs --fsdp-cpu-offload)",
@@ -172,7 +175,7 @@ def framework_fields(a) -> dict:
                       reshard_after_forward=_reshard(a),
                       dp_replicate=parse_count(a.dp_replicate, "dp_replicate"),
                       fsdp_loss_in_root=bool(a.fsdp_loss_in_root), fsdp_cpu_offload=bool(a.fsdp_cpu_offload),
-                      fsdp_offload_pin_memory=not a.fsdp_offload_no_pin)
+                      fsdp_offload_pin_memory=not a.fsdp_offload_no_pin, fsdp_units=a.fsdp_units)
     return fields
 
 
@@ -317,7 +320,8 @@ def build_ledger(a) -> Ledger:
                              "model states only")
     check_units(a)
     fsdp = [flag(d) for d in ("fsdp_param_dtype", "fsdp_reduce_dtype", "no_reshard_after_forward", "dp_replicate",
-                              "reshard_after_forward", "fsdp_loss_in_root", "fsdp_cpu_offload", "fsdp_offload_no_pin")
+                              "reshard_after_forward", "fsdp_loss_in_root", "fsdp_cpu_offload", "fsdp_offload_no_pin",
+                              "fsdp_units")
             if d in a.given]
     if fsdp and a.framework != "fsdp2":
         raise ValueError(f"{', '.join(fsdp)}: an option of --framework fsdp2, not of --framework {a.framework}")

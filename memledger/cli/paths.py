@@ -25,7 +25,7 @@ FRAMEWORK = ("framework", "ddp_bucket_mb", "gradient_as_bucket_view", "deepspeed
              "deepspeed_prefetch_bucket_size", "deepspeed_max_live_parameters", "deepspeed_param_persistence_threshold",
              "deepspeed_no_contiguous_gradients", "deepspeed_overlap_comm", "megatron_no_gradient_accumulation_fusion",
              "fsdp_param_dtype", "fsdp_reduce_dtype", "no_reshard_after_forward", "dp_replicate",
-             "reshard_after_forward", "fsdp_loss_in_root", "fsdp_cpu_offload", "fsdp_offload_no_pin")
+             "reshard_after_forward", "fsdp_loss_in_root", "fsdp_cpu_offload", "fsdp_offload_no_pin", "fsdp_units")
 OUTPUT = ("units", "gpu_memory", "link", "json")
 #: The caching allocator's options, read only under ``--measure allocated`` or ``reserved``.
 ALLOCATOR_OPTIONS = ("expandable_segments", "max_split_size_mb")

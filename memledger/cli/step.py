@@ -155,7 +155,9 @@ def text(result, memory: int, unit: str = "GB", replay=None, measure: str = "pea
     lines = [f"{'landmark':<16} {'GPU':>12} {'CPU':>12} {'NVMe':>12}"]
     led = result.ledger
     if getattr(led, "framework", "plain") == "fsdp2":     # a LoraLedger has no framework
-        lines[:0] = [f"framework fsdp2: fully_shard per block and the root over {led.dp} ranks, MixedPrecisionPolicy("
+        units = ("torchtitan's apply_fsdp_to_decoder (the embedding, each block, the final norm and LM head kept "
+                 "unsharded after forward)" if led.fsdp_units == "torchtitan" else "fully_shard per block and the root")
+        lines[:0] = [f"framework fsdp2: {units} over {led.dp} ranks, MixedPrecisionPolicy("
                      f"param_dtype={led.fsdp_param_dtype}, reduce_dtype={led.fsdp_reduce_dtype}), "
                      f"reshard_after_forward={led.reshard_after_forward}"
                      + (f"; HSDP: {led.dp_replicate} replicas of {led.dp // led.dp_replicate} ranks"

@@ -234,6 +234,7 @@ class Ledger:
     fsdp_loss_in_root: bool = False         # fsdp2: the loss computed in the root module's forward
     fsdp_cpu_offload: bool = False          # fsdp2: CPUOffloadPolicy (shards, gradients, states on the host)
     fsdp_offload_pin_memory: bool = True    # fsdp2: CPUOffloadPolicy(pin_memory=...)
+    fsdp_units: str = "per-block"           # fsdp2: per-block (each block, then the root) or torchtitan's grouping
     paged_optimizer: bool = False           # bitsandbytes' paged states (unified memory): the step's peak honours it
 
     def __post_init__(self):
@@ -378,7 +379,8 @@ class Ledger:
             self.offload_params, self.offload_placement, self.loss_chunks, self.loss_impl, self.framework,
             DDPConfig(self.ddp_bucket_mb, self.gradient_as_bucket_view),
             FSDP2Config(self.fsdp_param_dtype, self.fsdp_reduce_dtype, self.reshard_after_forward, self.dp_replicate,
-                        self.fsdp_loss_in_root, self.fsdp_cpu_offload, self.fsdp_offload_pin_memory),
+                        self.fsdp_loss_in_root, self.fsdp_cpu_offload, self.fsdp_offload_pin_memory,
+                        self.fsdp_units),
             self.offload_activations, self.optimizer_in_backward, self.packed, self.compile, self.paged_optimizer,
             self.values, self.inputs())
 

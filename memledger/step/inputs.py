@@ -25,6 +25,7 @@ class FSDP2Config:
     loss_in_root: bool = False              # the loss computed inside the root module's forward
     cpu_offload: bool = False               # CPUOffloadPolicy: shards, gradients and states on the host
     offload_pin_memory: bool = True         # CPUOffloadPolicy(pin_memory=...)
+    units: str = "per-block"                # the units: per-block (each block, the root) or torchtitan's grouping
 
 
 @dataclass(frozen=True)

@@ -131,7 +131,7 @@ def backward_end(p, c: Shape):
         p.op("tied weight: both gradients summed", alloc=["grad embedding.weight"])
         p.op("released", free=[dense, "LM head's contribution to the tied embedding gradient"])
     else:
-        p.op("embedding backward", alloc=["grad embedding.weight"])
+        p.op("embedding backward", alloc=["grad embedding.weight"], role=OpRole.EMBEDDING_BACKWARD)
         p.op("released", free=[g])
     p.op("loss released", free=["gradient of the loss", "loss"], role=OpRole.LOSS_RELEASED)
 

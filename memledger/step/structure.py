@@ -125,6 +125,7 @@ class FSDP2Plan:
     hsdp: bool              # HSDP: replicas of a shard group (a 2-D mesh)
     loss_in_root: bool      # the loss computed inside the root module's forward
     offload: object = None  # CPUOffloadPolicy: None (none), else its pin_memory
+    units: str = "per-block"    # per-block (fully_shard on each block, then the root) or torchtitan's apply_fsdp
 
     @classmethod
     def of(cls, config, original: str, shard_group: int) -> "FSDP2Plan":
@@ -133,7 +134,7 @@ class FSDP2Plan:
         param = config.param_dtype or original
         return cls(param, config.reduce_dtype or param, original, _reshard(config.reshard_after_forward, shard_group),
                    config.dp_replicate > 1, config.loss_in_root,
-                   config.offload_pin_memory if config.cpu_offload else None)
+                   config.offload_pin_memory if config.cpu_offload else None, config.units)
 
 
 @dataclass(frozen=True)
