@@ -102,3 +102,50 @@ def titan_fsdp_step(c: RefConfig, loop: str = "fp32-adamw", batch: int = 1, seq:
             trainer.init_state()
             with _propagation_as_in_a_real_run(), tracker:
                 return _tracked_step(tracker, trainer, ids, targets, trace=trace)
+
+
+def titan_block_saved(d: int, H: int, F: int, batch: int, seq: int, attention: str = "sdpa") -> int:
+    """The bytes autograd saves in one forward of torchtitan's own ``Llama3TransformerBlock`` (0.3.0: fused QKV
+    with contiguous q, k, v, ``ComplexRoPE``, ``nn.RMSNorm``, SwiGLU ``FeedForward``), BF16 parameters and input
+    of (batch, seq, d), under FakeTensorMode on the CPU; each storage once, parameters and buffers (the RoPE
+    cache) left out. ``attention="sdpa"``: ``ScaledDotProductAttention`` in place of the block's inner attention:
+    torchtitan 0.3.0 builds language models with ``flex`` or ``varlen`` only (``models/common/config_utils.py``
+    ``get_attention_config``), which need torch.compile or CUDA; the SDPA module is torchtitan's own (it serves
+    Flux) and takes the same (B, L, N, H) q, k, v."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    if attention != "sdpa":
+        raise ValueError(f"attention must be sdpa (flex and varlen need torch.compile or CUDA), got {attention!r}")
+    titan = import_titan()
+    from torchtitan.models.common import ComplexRoPE, Embedding, Linear, RMSNorm
+    from torchtitan.models.common.attention import ScaledDotProductAttention
+    llama3 = titan.llama3
+    chosen = llama3.get_attention_config
+    llama3.get_attention_config = lambda backend: ScaledDotProductAttention.Config()
+    try:
+        layers = llama3._build_llama3_layers(fuse_qkv=True, n_layers=1, dim=d, n_heads=H, hidden_dim=F,
+                                             rope=ComplexRoPE.Config(dim=d // H, max_seq_len=seq, theta=10000),
+                                             attn_backend="sdpa")
+    finally:
+        llama3.get_attention_config = chosen
+    config = llama3.Llama3Model.Config(dim=d, vocab_size=8, tok_embeddings=Embedding.Config(
+        num_embeddings=8, embedding_dim=d), norm=RMSNorm.Config(normalized_shape=d),
+        lm_head=Linear.Config(in_features=d, out_features=8), layers=layers)
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with FakeTensorMode():
+            model = config.build()
+            skip = {t.untyped_storage()._cdata for t in (*model.parameters(), *model.buffers())}
+            x = torch.randn(batch, seq, d, requires_grad=True)
+            seen = {}
+
+            def pack(t):
+                seen.setdefault(t.untyped_storage()._cdata, t.untyped_storage().nbytes())
+                return t
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                model.layers["0"](x, None, None)
+            return sum(n for k, n in seen.items() if k not in skip)
+    finally:
+        torch.set_default_dtype(before)

@@ -104,3 +104,22 @@ def test_bad_input_is_refused():
                          (dict(fsdp_cpu_offload=True), "fsdp_cpu_offload")):
         with pytest.raises(ValueError, match=f"fsdp_units torchtitan is not modelled with {why}"):
             Ledger(LLAMA7B, **{**base, **options}, fsdp_units="torchtitan")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("B, S", [(1, 1024), (2, 1304)])
+def test_torchtitans_block_saves_what_the_cpu_backend_books(B, S):
+    """torchtitan 0.3.0's own Llama3 block (its fused QKV, ComplexRoPE, nn.RMSNorm, SwiGLU), with torchtitan's
+    SDPA module as the core (its language models use flex or varlen attention, not run here), LLaMA-2 7B's width:
+    the bytes autograd saves per layer equal the block rows memledger books under the CPU conventions (the
+    reference decoder's census, memledger/pytorch/compare.py), so its rotary code (complex, cache a buffer) adds
+    no per-layer tensor and its RMSNorm (BF16 input, BF16 weight) takes the path the CPU backend books."""
+    _titan()
+    from memledger.pytorch.compare import _block_rows, ledger_for, run_options
+    from memledger.pytorch.reference import RefConfig
+    from memledger.pytorch.titan import titan_block_saved
+    c = RefConfig(d=4096, L=1, H=32, F=11008, V=32000, style="llama")
+    loop = "bf16-pure-adamw"
+    ledger = ledger_for(c, loop, B, S)
+    booked = sum(ledger.evaluate(r.bytes) for r in _block_rows(c, run_options(c, loop)))
+    assert titan_block_saved(4096, 32, 11008, B, S) == booked
