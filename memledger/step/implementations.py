@@ -82,7 +82,8 @@ def check_step(setup, conv) -> None:
         ("packed documents", bool(setup.packed)), ("activation offloading", setup.offload_activations),
         ("a chunked or LitGPT loss", setup.loss_chunks > 1 or setup.loss_impl != "torchtune"),
         ("attn_implementation flash_attention_2 (the flash-attn package's kernels, CUDA only)",
-         setup.attn_implementation == "flash_attention_2")] if off]
+         setup.attn_implementation == "flash_attention_2"),
+        ("attn_implementation eager", setup.attn_implementation == "eager")] if off]
     if impl in UNMODELLED_BLOCKS:
         lacks.insert(0, "the block (its norms, rotary code and attention)")
     if lacks:
@@ -90,4 +91,4 @@ def check_step(setup, conv) -> None:
 
 
 #: The implementations whose block the step does not model yet.
-UNMODELLED_BLOCKS = ("hf", "litgpt")
+UNMODELLED_BLOCKS = ("litgpt",)

@@ -1,0 +1,224 @@
+"""transformers' ``LlamaForCausalLM`` (``implementation="hf"``) as its code runs, op by op: what differs from the
+reference decoder's block (:mod:`memledger.step.block`, which runs the rest: the norms' places, the residual
+adds, the MLP, the flash kernel's saved tensors).
+
+Read from transformers 5.25.0, ``transformers/models/llama/modeling_llama.py``:
+
+* ``LlamaRMSNorm.forward`` (l. 62-67): ``hidden_states.to(torch.float32)``, ``pow(2).mean(-1, keepdim=True)``,
+  ``hidden_states * torch.rsqrt(variance + eps)``, ``self.weight * hidden_states.to(input_dtype)``: it keeps the
+  FP32 input (pow's and the product's), the FP32 rstd and the **BF16** normalized input (the weight's product),
+  where PyTorch's composite ``nn.RMSNorm`` keeps an FP32 ``x*rstd`` (``rmsnorm`` "hf":
+  :func:`memledger.step.norms.norm_forward`). The weight multiplies after the downcast, so no fused RMSNorm kernel
+  runs on CUDA either.
+* ``LlamaRotaryEmbedding.forward`` (l. 110-116): cos and sin made once per forward in FP32 from ``position_ids``
+  (1, S) and cast to the activation dtype: (1, S, d/H) each, kept by every layer's products until block 0's
+  backward. ``LlamaModel.forward`` (l. 377-380): ``position_ids = torch.arange(S) + past_seen_tokens``, a local
+  until it returns.
+* ``LlamaAttention.forward`` (l. 244-249): separate ``q_proj``, ``k_proj``, ``v_proj`` (views (B, H, S, d/H) of
+  their outputs), ``apply_rotary_pos_emb`` (l. 145-149: ``(q * cos) + (rotate_half(q) * sin)``, ``rotate_half``
+  l. 119-123 a ``torch.cat`` of ``-x2`` and ``x1``): the rotated q and k are new tensors, the products save only
+  cos and sin (autograd saves a factor only where the other one needs a gradient), and the projections' outputs
+  go when the rotated ones replace them. v stays a view of ``v_proj``'s output.
+* SDPA (``transformers/integrations/sdpa_attention.py`` l. 183-197): ``is_causal`` with no mask, the output
+  ``transpose(1, 2).contiguous()``: on the CPU the flash kernel's output follows q's memory layout, (B, S, H, d/H),
+  so it is already the output projection's input (no copy; measured).
+* eager (``eager_attention_forward``, l. 180-202): ``matmul(q, k^T) * scaling``, ``+ attention_mask`` (a (B, 1, S, S)
+  mask in the activation dtype made once per forward), ``softmax(dtype=torch.float32)`` (its FP32 output saved),
+  ``.to(query.dtype)`` (the BF16 probabilities saved by ``@ v``), ``transpose(1, 2).contiguous()`` (a copy: the
+  output projection's input).
+* The loss (``transformers/loss/loss_utils.py`` ``ForCausalLMLoss`` l. 52-74, ``fixed_cross_entropy`` l. 35-49):
+  ``logits.float()``, the labels padded by one ``ignore_index`` column and shifted (``labels[..., 1:]
+  .contiguous()``: a copy of B*S int64 ids, or at B = 1 a view of the padded (1, S + 1) ids, already contiguous),
+  ``F.cross_entropy`` in FP32 (the shifted labels are what ``nll_loss`` keeps). The logits go with the model's
+  output once the loss is taken (``Trainer.compute_loss`` returns ``outputs.loss``).
+
+Checked against transformers' own model under ``FakeTensorMode`` (:mod:`memledger.pytorch.libraries`,
+``tests/pytorch/test_libraries.py``).
+"""
+from ..activations.inventory import Saved
+from ..core.symbols import B, H, S, d
+from .ops import BSd, Ref, final_input
+from .vocab import OpRole, Scope
+
+__all__ = ["COS", "SIN", "backward_start", "buffers", "forward_end", "forward_start", "outside_rows", "qkv_backward",
+           "qkv_forward"]
+
+COS, SIN = "rotary cos", "rotary sin"
+#: The shifted labels ``nll_loss`` keeps.
+LABELS = "shifted labels (int64)"
+POSITIONS = "position ids (int64)"
+
+
+def _dh():
+    return d / H
+
+
+def outside_rows(c) -> list:
+    """What transformers' model keeps outside the layers beside the reference decoder's rows: cos and sin, and the
+    shifted labels."""
+    if not c.hf:
+        return []
+    labels = (B, S + 1) if c.single else (B, S)
+    return [Saved(COS, "LlamaRotaryEmbedding: cos in the activation dtype, made once per forward, kept by every "
+                  "layer's q * cos and k * cos", (S, _dh()), c.dtype, block="outside", replicated=True),
+            Saved(SIN, "LlamaRotaryEmbedding: sin, kept by every layer's rotate_half(q) * sin and k's", (S, _dh()),
+                  c.dtype, block="outside", replicated=True),
+            Saved(LABELS, "ForCausalLMLoss: labels padded and shifted (a view of the padded ids at B = 1), kept by "
+                  "nll_loss", labels, "int64", block="outside", replicated=True)]
+
+
+def buffers(c) -> list:
+    """(name, bytes, why) of the model's buffers: ``LlamaRotaryEmbedding``'s ``inv_freq`` and ``original_inv_freq``
+    (``modeling_llama.py`` l. 87-88), d/H/2 FP32 values each."""
+    if not c.hf:
+        return []
+    return [("rotary inv_freq and original_inv_freq (FP32 buffers)", 2 * (_dh() / 2) * 4,
+             "LlamaRotaryEmbedding's two buffers, d/H/2 FP32 values each")]
+
+
+def forward_start(p, c):
+    """The embedding, ``position_ids`` (a local of ``LlamaModel.forward``), the rotary embedding's cos and sin; eager:
+    the (B, 1, S, S) mask."""
+    from .families import embedding_forward
+    embedding_forward(p, c)
+    f, dh = "fp32", _dh()
+    arange = p.new("torch.arange(S)", (S,), "int64", "position_ids before + past_seen_tokens")
+    p.new(POSITIONS, (S,), "int64", "position_ids, a local of LlamaModel.forward until it returns")
+    p.op("position_ids: arange(S)", alloc=[arange])
+    p.op("+ past_seen_tokens", alloc=[POSITIONS])
+    p.op("released", free=[arange])
+    if c.attention == "eager":
+        p.new("attention mask", (B, S, S), c.dtype, "create_causal_mask for eager: a (B, 1, S, S) additive mask in "
+              "the activation dtype, a local of LlamaModel.forward")
+        p.op("causal mask", alloc=["attention mask"])
+    pos = p.new("position_ids.float()", (S,), f, "position_ids[..., None].float()")
+    freqs = p.new("rotary freqs", (S, dh / 2), f, "positions times inv_freq")
+    emb = p.new("rotary emb", (S, dh), f, "torch.cat((freqs, freqs), dim=-1)")
+    cos32, sin32 = (p.new(f"rotary {n} (FP32)", (S, dh), f, f"emb.{n}()") for n in ("cos", "sin"))
+    cos_s, sin_s = (p.new(f"rotary {n} * attention_scaling", (S, dh), f, "times attention_scaling")
+                    for n in ("cos", "sin"))
+    p.op("position_ids.float()", alloc=[pos])
+    p.op("positions * inv_freq", alloc=[freqs])
+    p.op("released", free=[pos])
+    p.op("torch.cat((freqs, freqs))", alloc=[emb])
+    p.op("emb.cos()", alloc=[cos32])
+    p.op("* attention_scaling", alloc=[cos_s])
+    p.op("released", free=[cos32])
+    p.op("emb.sin()", alloc=[sin32])
+    p.op("* attention_scaling", alloc=[sin_s])
+    p.op("released", free=[sin32])
+    p.op("cos.to(x.dtype)", alloc=[COS])
+    p.op("sin.to(x.dtype)", alloc=[SIN])
+    p.op("rotary embedding returns", free=[freqs, emb, cos_s, sin_s])
+
+
+def _rotate(p, c, n, out):
+    """``(n * cos) + (rotate_half(n) * sin)`` (``apply_rotary_pos_emb``): ``out`` is the rotated tensor."""
+    a = c.dtype
+    t1 = p.new(f"{n} * cos", BSd, a, "apply_rotary_pos_emb's first product")
+    neg = p.new(f"-{n}2", (B, S, d / 2), a, "rotate_half: -x2")
+    rh = p.new(f"rotate_half({n})", BSd, a, "torch.cat((-x2, x1), dim=-1)")
+    t2 = p.new(f"rotate_half({n}) * sin", BSd, a, "apply_rotary_pos_emb's second product")
+    p.op(f"{n} * cos", alloc=[t1])
+    p.op(f"-{n}2", alloc=[neg])
+    p.op(f"rotate_half({n}): cat", alloc=[rh])
+    p.op("released", free=[neg])
+    p.op(f"rotate_half({n}) * sin", alloc=[t2])
+    p.op("released", free=[rh])
+    p.op(f"{n} rotated", alloc=[out])
+    p.op("released", free=[t1, t2])
+
+
+def qkv_forward(p, c):
+    """``q_proj``, ``k_proj``, ``v_proj`` and the rotary code: the saved rows Q, K (rotated) and V (a view of
+    ``v_proj``'s output); the projections' outputs of q and k go when the rotated ones replace them."""
+    a = c.dtype
+    qp, kp = (p.new(f"{n}_proj output", BSd, a, "until apply_rotary_pos_emb returns") for n in "qk")
+    p.op("q_proj", alloc=[qp], role=OpRole.QKV_PROJECTION)
+    p.op("k_proj", alloc=[kp])
+    p.op("v_proj (v: a view of its output)", alloc=["V"])
+    _rotate(p, c, "q", "Q")
+    _rotate(p, c, "k", "K")
+    p.op("q_proj's and k_proj's outputs released", free=[qp, kp])
+
+
+def _rotate_backward(p, c, n, g, into):
+    """The rotary code's backward for ``n`` from ``g`` (the rotated tensor's gradient): ``g * sin`` through
+    ``rotate_half`` (the negation; the slices' backward: a zero-filled full tensor each), ``g * cos``; summed
+    into ``into`` (the projection output's gradient)."""
+    a = c.dtype
+    gs = p.new(f"grad {n}: g * sin", BSd, a, "rotate_half(x) * sin backward")
+    gneg = p.new(f"grad {n}: -g", (B, S, d / 2), a, "the negation's backward")
+    g2 = p.new(f"grad {n}: x2 slice backward", BSd, a, "slice_backward: zeros with the gradient copied in")
+    g1 = p.new(f"grad {n}: x1 slice backward", BSd, a, "slice_backward: zeros with the gradient copied in")
+    gc = p.new(f"grad {n}: g * cos", BSd, a, "x * cos backward")
+    last = n == "q"         # block 0's q products are cos's and sin's last users
+    p.op(f"rotate_half({n}) * sin backward", alloc=[gs])
+    if last:
+        p.op("released", free=[Ref(Scope.SHARED, SIN)])
+    p.op(f"-{n}2 backward", alloc=[gneg])
+    p.op(f"{n}2 slice backward", alloc=[g2])
+    p.op("released", free=[gneg])
+    p.op(f"{n}1 slice backward", alloc=[g1])
+    p.op("released", free=[gs])
+    p.op(f"{n} * cos backward", free=[g], alloc=[gc])
+    if last:
+        p.op("released", free=[Ref(Scope.SHARED, COS)])
+    p.op(f"{n} gradients summed", alloc=[into])
+    p.op("released", free=[g1, g2, gc])
+
+
+def qkv_backward(p, c, gq, gk, gv, grads) -> str:
+    """From the core's q, k, v gradients (live; the core's saved tensors released) to the gradient of norm 1's
+    output (returned): k's and q's rotary backward, then ``v_proj``'s, ``k_proj``'s and ``q_proj``'s (``mm``: the
+    weight's gradient, then the input's), the three input gradients summed. ``grads``: {"q"|"k"|"v": its weight's
+    gradient}."""
+    a = c.dtype
+    gkp, gqp = (p.new(f"gradient of {n}_proj's output", BSd, a, "the rotary code's input gradient") for n in "kq")
+    _rotate_backward(p, c, "k", gk, gkp)
+    _rotate_backward(p, c, "q", gq, gqp)
+    ins = {n: p.new(f"gradient of norm 1's output via {n}_proj", BSd, a, f"{n}_proj's input gradient")
+           for n in "vkq"}
+    gn1 = p.new("gradient of norm 1's output", BSd, a, "the three projections' input gradients summed")
+    p.op("v_proj backward", alloc=[grads["v"], ins["v"]], role=OpRole.QKV_PROJECTION_BACKWARD)
+    p.op("released", free=[gv])
+    p.op("k_proj backward", alloc=[grads["k"], ins["k"]])
+    p.op("released", free=[gkp])
+    p.op("input gradients summed", alloc=[gn1])
+    p.op("released", free=[ins["v"], ins["k"]])
+    p.op("q_proj backward", alloc=[grads["q"], ins["q"]])
+    p.op("released", free=[gqp, "Q/K/V projection input"])
+    p.op("input gradients summed (in place)", free=[ins["q"]])
+    return gn1
+
+
+def forward_end(p, c):
+    """``LlamaModel.forward``'s final norm and return, the LM head, ``ForCausalLMLoss``."""
+    from .norms import norm_forward
+    from .outer import LOGITS
+    a = c.dtype
+    norm_forward(p, c, "final", "LM head input")
+    p.op("LlamaModel.forward returns", free=[final_input(c), POSITIONS, "attention mask" if c.attention == "eager"
+                                             else None], role=OpRole.FINAL_NORM_INPUT_RELEASED)
+    logits = p.new("logits", LOGITS, a, "the LM head's output, held by the model's output until the loss is taken")
+    p.op("LM head", alloc=[logits], role=OpRole.LM_HEAD)
+    src = p.new("logits in FP32", LOGITS, "fp32", "ForCausalLMLoss: logits.float()")
+    p.op("logits.float()", alloc=[src])
+    padded = None
+    if c.single:        # labels[..., 1:] of a (1, S + 1) tensor is contiguous: the view is what nll_loss keeps
+        p.op("labels padded (the shifted labels: a view)", alloc=[LABELS])
+    else:
+        padded = p.new("padded labels", (B, S + 1), "int64", "nn.functional.pad(labels, (0, 1), value=-100)")
+        p.op("labels padded", alloc=[padded])
+        p.op("labels[..., 1:].contiguous()", alloc=[LABELS])
+    p.op("log_softmax", alloc=["log-softmax output (FP32)"])
+    p.op("nll_loss", alloc=["loss", "nll_loss total weight"])
+    p.op("loss computed", free=[src, padded], role=OpRole.LOSS_COMPUTED)
+    p.op("the model's output released", free=[logits])
+
+
+def backward_start(p, c):
+    """Backward through the loss, the LM head and the final norm (:func:`memledger.step.outer.backward_start`, the
+    shifted labels released with nll_loss's total weight)."""
+    from .outer import backward_start as reference
+    reference(p, c, labels=LABELS)
