@@ -128,6 +128,9 @@ def _attention(p, c, core, rest, n1):
     if c.attention == "flash":
         out = flash_attention(p, c, core, whole_block=rest is Save.DROPPED)
         return (None, [qkv, out]) if rest is Save.DROPPED else (out, [])
+    if c.hf:                # transformers' eager_attention_forward
+        hf.eager_core(p, c)
+        return "output projection input", []
     out = attention_core(p, c, core)
     if rest is Save.DROPPED:
         merged = p.new("output projection input (checkpointed)", BSq, a, "heads merged (a copy)")
@@ -395,6 +398,10 @@ def attention_backward(p, c: Shape, g, share, release):
             p.op("recomputed output released", free=again)
         p.op("released", free=release + [gpi, "Q", "K", "V"] + kept + packing.saved_names(c) + (
             packing.frame(c) if selective else []))
+    elif c.hf:
+        _linear_backward(p, c, "output projection backward", gpi, proj, "output projection input",
+                         release, recomputed, role=OpRole.OUTPUT_PROJECTION_BACKWARD)
+        gq, gk, gv = hf.eager_backward(p, c, gpi)
     else:
         _linear_backward(p, c, "output projection backward", gpi, proj, "output projection input",
                          release, recomputed, role=OpRole.OUTPUT_PROJECTION_BACKWARD)

@@ -366,13 +366,14 @@ def _saved_rows(s: StepStructure) -> tuple:
                            shared_norm=c.shared_norm, attention_dropout=c.attention_dropout, **opts)
     if s.recompute == "selective":          # the attention core's own tensors are recomputed, not kept
         layer_rows = kept_rows(layer_rows, "selective")
+    layer_rows = hf.layer_rows(layer_rows, c)               # transformers' eager core: FP32 softmax, BF16 probabilities
     layer_rows = layer_rows + packing.saved_rows(c)         # packed rows: SDPA's additive mask per block
     if c.amp:                               # FP16 autocast: FP16 copies and outputs (memledger.step.amp)
         layer_rows = amp.layer_rows(layer_rows, c)
     outside_rows = outside_inventory(c.style, **{k: opts[k] for k in ("dtype", "norm_stats", "rmsnorm",
                                                                         "attention")}, input_norm=c.input_norm)
     outside_rows = outside_rows + families.outside_rows(c)     # positions' ids (memledger.step.families)
-    outside_rows = outside_rows + hf.outside_rows(c)           # transformers' cos, sin, shifted labels
+    outside_rows = hf.outside_rows(c, outside_rows)     # transformers' cos, sin, shifted labels; no shared mask
     if c.amp:
         outside_rows = amp.outside_rows(outside_rows)
     outside_rows = packing.outside_rows(outside_rows, c, s.offload_activations)     # packed rows' masks

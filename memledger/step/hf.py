@@ -40,8 +40,8 @@ from ..core.symbols import B, H, S, d
 from .ops import BSd, Ref, final_input
 from .vocab import OpRole, Scope
 
-__all__ = ["COS", "SIN", "backward_start", "buffers", "forward_end", "forward_start", "outside_rows", "qkv_backward",
-           "qkv_forward"]
+__all__ = ["COS", "PROBS", "SIN", "backward_start", "buffers", "eager_backward", "eager_core", "forward_end",
+           "forward_start", "layer_rows", "outside_rows", "qkv_backward", "qkv_forward"]
 
 COS, SIN = "rotary cos", "rotary sin"
 #: The shifted labels ``nll_loss`` keeps.
@@ -53,13 +53,14 @@ def _dh():
     return d / H
 
 
-def outside_rows(c) -> list:
-    """What transformers' model keeps outside the layers beside the reference decoder's rows: cos and sin, and the
-    shifted labels."""
+def outside_rows(c, rows) -> list:
+    """``rows`` (the reference decoder's outside the layers) as transformers' model keeps them: cos and sin, and the
+    shifted labels, added; no shared causal mask (its eager core adds a mask that is a local of the forward)."""
     if not c.hf:
-        return []
+        return rows
+    rows = [r for r in rows if r.name != "causal mask"]
     labels = (B, S + 1) if c.single else (B, S)
-    return [Saved(COS, "LlamaRotaryEmbedding: cos in the activation dtype, made once per forward, kept by every "
+    return rows + [Saved(COS, "LlamaRotaryEmbedding: cos in the activation dtype, made once per forward, kept by every "
                   "layer's q * cos and k * cos", (S, _dh()), c.dtype, block="outside", replicated=True),
             Saved(SIN, "LlamaRotaryEmbedding: sin, kept by every layer's rotate_half(q) * sin and k's", (S, _dh()),
                   c.dtype, block="outside", replicated=True),
@@ -134,12 +135,115 @@ def qkv_forward(p, c):
     ``v_proj``'s output); the projections' outputs of q and k go when the rotated ones replace them."""
     a = c.dtype
     qp, kp = (p.new(f"{n}_proj output", BSd, a, "until apply_rotary_pos_emb returns") for n in "qk")
+    q, k, v = _eager_inputs(p, c)
     p.op("q_proj", alloc=[qp], role=OpRole.QKV_PROJECTION)
     p.op("k_proj", alloc=[kp])
-    p.op("v_proj (v: a view of its output)", alloc=["V"])
-    _rotate(p, c, "q", "Q")
-    _rotate(p, c, "k", "K")
+    p.op("v_proj (v: a view of its output)", alloc=[v])
+    _rotate(p, c, "q", q)
+    _rotate(p, c, "k", k)
     p.op("q_proj's and k_proj's outputs released", free=[qp, kp])
+
+
+def _copied(c) -> bool:
+    """The eager core's batched matmuls copy q, k and v (``matmul`` reshapes (B, H, S, d/H) laid out as (B, S, H,
+    d/H) to (B*H, S, d/H): a view at B = 1 only); the copies are what ``bmm`` saves."""
+    return c.attention == "eager" and not c.single
+
+
+def _eager_inputs(p, c) -> tuple:
+    """The names of the rotated q, k and of v: the saved rows, or temporaries where the core copies them."""
+    if not _copied(c):
+        return "Q", "K", "V"
+    return tuple(p.new(name, BSd, c.dtype, "a local of the attention until it returns (the core saves a copy)")
+                 for name in ("q rotated", "k rotated", "v_proj output"))
+
+
+def layer_rows(rows, c) -> list:
+    """The eager core's rows as transformers keeps them: the softmax output in FP32 (``softmax(dtype=torch.float32)``)
+    and the BF16 probabilities (``.to(query.dtype)``, saved by ``@ v``)."""
+    if not (c.hf and c.attention == "eager"):
+        return rows
+    from dataclasses import replace
+    out = []
+    for r in rows:
+        if r.name == "softmax output":
+            r = replace(r, dtype="fp32", why="eager_attention_forward: softmax(..., dtype=torch.float32) keeps its "
+                                             "FP32 output")
+            out += [r, replace(r, name=PROBS, dtype=c.dtype, why="the probabilities cast back to the activation "
+                                                                  "dtype, saved by the matmul with v")]
+        elif r.name == "output projection input":
+            out.append(replace(r, why="attn_output.transpose(1, 2).contiguous(): a copy"))
+        else:
+            out.append(r)
+    return out
+
+
+PROBS = "attention probabilities"
+
+
+def eager_core(p, c):
+    """``eager_attention_forward`` (``modeling_llama.py`` l. 190-200) from the rotated q, k and v to the output
+    projection's input (a copy); with dropout 0 ``F.dropout`` returns its input."""
+    from .ops import BHSS, per_rank, widths_of
+    a, f = c.dtype, "fp32"
+    scores = per_rank(c, BHSS)
+    raw, scaled, masked = (p.new(f"{n}", scores, a, "a temporary of the eager core")
+                           for n in ("scores QK^T", "scaled scores", "scores + attention_mask"))
+    up = p.new("softmax input in FP32", scores, f, "softmax(dtype=torch.float32) converts its input first")
+    out = p.new("attention output (B, H, S, d/H)", widths_of(c)[0], a, "probabilities @ v, until it is copied")
+    if _copied(c):
+        p.op("q copied for the batched matmul", alloc=["Q"])
+        p.op("k^T copied for the batched matmul", alloc=["K"])
+    p.op("QK^T", alloc=[raw])
+    p.op("* scaling", alloc=[scaled])
+    p.op("released", free=[raw])
+    p.op("+ attention_mask", alloc=[masked])
+    p.op("released", free=[scaled])
+    p.op("softmax: upcast", alloc=[up])
+    p.op("softmax", alloc=["softmax output"])
+    p.op("released", free=[up])
+    p.op(".to(query.dtype)", alloc=[PROBS])
+    p.op("released", free=[masked])
+    if _copied(c):
+        p.op("v copied for the batched matmul", alloc=["V"])
+    p.op("probabilities @ V", alloc=[out])
+    p.op("transpose(1, 2).contiguous()", alloc=["output projection input"])
+    p.op("released", free=[out])
+    p.op("attention returns", free=["q rotated", "k rotated", "v_proj output"] if _copied(c) else [])
+
+
+def eager_backward(p, c, gpi) -> tuple:
+    """The eager core's backward from the output projection input's gradient ``gpi`` (live; that input released):
+    returns the q, k, v gradients (v's already copied back to (B, S, d)) for :func:`qkv_backward`."""
+    from .ops import BHSS, per_rank, widths_of
+    a, f = c.dtype, "fp32"
+    scores = per_rank(c, BHSS)
+    BSq = widths_of(c)[0]
+    g4 = gpi
+    if _copied(c):
+        g4 = p.new("gradient of the attention output (B, H, S, d/H)", BSq, a, "heads split: a copy")
+        p.op("heads split", alloc=[g4])
+        p.op("released", free=[gpi])
+    gq, gk, gv = (p.new(f"gradient of {n}", BSq, a, f"dL/d{n}") for n in "qkv")
+    gp, gp32, gs32, gsm, gr = (p.new(name, scores, dtype, why) for name, dtype, why in [
+        ("gradient of the probabilities", a, "g @ v^T"), ("gradient of the probabilities in FP32", f,
+                                                            "the downcast's backward"),
+        ("gradient of the softmax input (FP32)", f, "softmax backward"),
+        ("gradient of the masked scores", a, "the upcast's backward"),
+        ("gradient of QK^T", a, "times the scaling")])
+    p.op("probabilities @ V backward", alloc=[gp, gv])
+    p.op("released", free=[g4, "V", PROBS])
+    p.op(".to(query.dtype) backward", alloc=[gp32])
+    p.op("released", free=[gp])
+    p.op("softmax backward", alloc=[gs32])
+    p.op("released", free=[gp32, "softmax output"])
+    p.op("softmax upcast backward", alloc=[gsm])
+    p.op("released", free=[gs32])
+    p.op("* scaling backward", alloc=[gr])
+    p.op("released", free=[gsm])
+    p.op("QK^T backward", alloc=[gq, gk])
+    p.op("released", free=[gr, "Q", "K"])
+    return gq, gk, gv
 
 
 def _rotate_backward(p, c, n, g, into):
@@ -177,17 +281,29 @@ def qkv_backward(p, c, gq, gk, gv, grads) -> str:
     gkp, gqp = (p.new(f"gradient of {n}_proj's output", BSd, a, "the rotary code's input gradient") for n in "kq")
     _rotate_backward(p, c, "k", gk, gkp)
     _rotate_backward(p, c, "q", gq, gqp)
+    eager = c.attention == "eager"      # the core's gradients come laid out (B, H, S, d/H): view's backward copies
+    gkc, gqc, gvc = (p.new(f"gradient of {n}_proj's output, copied back", BSd, a, "(B, H, S, d/H) to (B, S, d)")
+                     for n in "kqv") if eager else (gkp, gqp, gv)
     ins = {n: p.new(f"gradient of norm 1's output via {n}_proj", BSd, a, f"{n}_proj's input gradient")
            for n in "vkq"}
     gn1 = p.new("gradient of norm 1's output", BSd, a, "the three projections' input gradients summed")
+    if eager:
+        p.op("v gradient copied back", alloc=[gvc])
+        p.op("released", free=[gv])
     p.op("v_proj backward", alloc=[grads["v"], ins["v"]], role=OpRole.QKV_PROJECTION_BACKWARD)
-    p.op("released", free=[gv])
+    p.op("released", free=[gvc])
+    if eager:
+        p.op("k gradient copied back", alloc=[gkc])
+        p.op("released", free=[gkp])
     p.op("k_proj backward", alloc=[grads["k"], ins["k"]])
-    p.op("released", free=[gkp])
+    p.op("released", free=[gkc])
     p.op("input gradients summed", alloc=[gn1])
     p.op("released", free=[ins["v"], ins["k"]])
+    if eager:
+        p.op("q gradient copied back", alloc=[gqc])
+        p.op("released", free=[gqp])
     p.op("q_proj backward", alloc=[grads["q"], ins["q"]])
-    p.op("released", free=[gqp, "Q/K/V projection input"])
+    p.op("released", free=[gqc, "Q/K/V projection input"])
     p.op("input gradients summed (in place)", free=[ins["q"]])
     return gn1
 

@@ -69,6 +69,9 @@ def check_step(setup, conv) -> None:
     if conv.name == "article":
         raise ValueError(f"implementation {impl}: {LIBRARY[impl]}'s code decides which kernels run, not the article's "
                          "conventions: give backend cpu or cuda")
+    if setup.flash_attention and setup.attn_implementation == "eager":
+        raise ValueError("flash_attention and attn_implementation eager contradict each other: transformers' "
+                         "eager_attention_forward keeps the S x S probabilities (give attn_implementation sdpa)")
     arch = setup.arch
     f = arch.features
     lacks = [what for what, off in [
@@ -82,8 +85,7 @@ def check_step(setup, conv) -> None:
         ("packed documents", bool(setup.packed)), ("activation offloading", setup.offload_activations),
         ("a chunked or LitGPT loss", setup.loss_chunks > 1 or setup.loss_impl != "torchtune"),
         ("attn_implementation flash_attention_2 (the flash-attn package's kernels, CUDA only)",
-         setup.attn_implementation == "flash_attention_2"),
-        ("attn_implementation eager", setup.attn_implementation == "eager")] if off]
+         setup.attn_implementation == "flash_attention_2")] if off]
     if impl in UNMODELLED_BLOCKS:
         lacks.insert(0, "the block (its norms, rotary code and attention)")
     if lacks:

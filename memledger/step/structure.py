@@ -239,6 +239,8 @@ def _shape(setup: StepInputs, conv) -> tuple:
     # the attention probabilities' dropout (off at p = 0, Phi-2's) decides SDPA's kernel, not the residual ones
     partial = bool(setup.dropout) and not arch.attention_dropout
     kernel = conv.kernel(arch.style, setup.dropout and not partial, setup.flash_attention)
+    if setup.implementation == "hf" and setup.attn_implementation == "eager":
+        kernel = "eager"                # transformers' eager_attention_forward (memledger.step.hf)
     if kernel == "math":
         raise ValueError("the math SDPA kernel (CPU, LLaMA blocks with dropout) is not modelled op by op; "
                          "use flash_attention or no dropout")

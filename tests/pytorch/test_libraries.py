@@ -48,7 +48,7 @@ def agree(step, measured):
     assert step.peak.bytes == measured["peak"]
 
 
-@pytest.mark.parametrize("attn", ["sdpa"])
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
 @pytest.mark.parametrize("batch, seq", [(1, 64), (2, 48)])
 def test_small_layer_and_step(attn, batch, seq):
     measured = saved_per_layer("hf", **SMALL, batch=batch, seq=seq, attn=attn)
@@ -68,7 +68,7 @@ TABLE = {("sdpa", 1, 1024): 190_980_096, ("sdpa", 2, 1304): 486_402_432,
          ("eager", 1, 1024): 392_175_616, ("eager", 2, 1304): 1_139_028_352}
 
 
-@pytest.mark.parametrize("attn, batch, seq", [k for k in TABLE if k[0] == "sdpa"])
+@pytest.mark.parametrize("attn, batch, seq", list(TABLE))
 def test_llama2_7b_width(attn, batch, seq):
     measured = saved_per_layer("hf", **LLAMA2, batch=batch, seq=seq, attn=attn)
     step = step_of(**LLAMA2, L=2, batch=batch, seq=seq, attn=attn)
