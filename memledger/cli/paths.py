@@ -11,7 +11,8 @@ the step's peak.
 """
 from .options import flag
 
-__all__ = ["ALLOCATOR_OPTIONS", "CONVENTION_INPUTS", "FRAMEWORK", "IN_BACKWARD_WHY", "LORA", "LOSS", "MODEL", "OUTPUT",
+__all__ = ["ALLOCATOR_OPTIONS", "CONVENTION_INPUTS", "FRAMEWORK", "IMPLEMENTATION", "IN_BACKWARD_WHY",
+           "LORA", "LOSS", "MODEL", "OUTPUT",
            "PIPELINE", "STATES", "WORKLOAD", "allocator_reads", "convention_reads", "in_backward_reads",
            "refuse_unread", "unread"]
 
@@ -25,7 +26,7 @@ FRAMEWORK = ("framework", "ddp_bucket_mb", "gradient_as_bucket_view", "deepspeed
              "deepspeed_prefetch_bucket_size", "deepspeed_max_live_parameters", "deepspeed_param_persistence_threshold",
              "deepspeed_no_contiguous_gradients", "deepspeed_overlap_comm", "megatron_no_gradient_accumulation_fusion",
              "fsdp_param_dtype", "fsdp_reduce_dtype", "no_reshard_after_forward", "dp_replicate",
-             "reshard_after_forward", "fsdp_loss_in_root", "fsdp_cpu_offload", "fsdp_offload_no_pin")
+             "reshard_after_forward", "fsdp_loss_in_root", "fsdp_cpu_offload", "fsdp_offload_no_pin", "fsdp_units")
 OUTPUT = ("units", "gpu_memory", "link", "json")
 #: The caching allocator's options, read only under ``--measure allocated`` or ``reserved``.
 ALLOCATOR_OPTIONS = ("expandable_segments", "max_split_size_mb")
@@ -39,6 +40,9 @@ OPTION_OF = {"batch_size": "batch", "seq_len": "seq", "recipe": "recipe", "recom
              "nodes": "nodes", "buffer_factor": "buffer_factor", "zero_init": "no_zero_init"}
 #: What only the step's peak reads (the sums book the unchunked loss's tensors).
 LOSS = ("loss_chunks", "loss_impl")
+#: Whose model code runs the step (memledger.step.implementations): read where the step's peak is (its sums book the
+#: reference decoder's rows).
+IMPLEMENTATION = ("implementation", "attn_implementation")
 #: Why a path would not read an option, where one reason covers every path that ignores it.
 WHY = {
     "gpu_memory": "it prints no fits verdict",
@@ -53,6 +57,10 @@ WHY = {
     "load": "it says how a run loads its weights: --measure run",
     "offload_placement": "it places offloaded optimizer states, and --offload-optimizer is none",
     "offload_activations": "it books the activations on the GPU; memledger step --backend cpu models them offloaded",
+    "implementation": "a library's model code changes the step's peak (memledger step), not the sums this path "
+                      "prints",
+    "attn_implementation": "transformers' attention changes the step's peak (memledger step), not the sums this "
+                           "path prints",
     "packed": "packed documents change the attention's masks per backend: memledger step models them",
     "paged_optimizer": "it books the optimizer's states on the GPU; memledger step models them in unified memory",
 }

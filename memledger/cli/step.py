@@ -16,7 +16,7 @@ from ..answers.verdict import CLAUSES, MARGIN, MEASURE, leaves_margin, sentence
 from ..core.units import format_bytes
 from .options import add, allocator_options, allocator_spec_of, build_ledger, flag, gpu_bytes, ledger_options, \
     output_options
-from .paths import FRAMEWORK, LORA, LOSS, MODEL, WORKLOAD, allocator_reads, refuse_unread
+from .paths import FRAMEWORK, IMPLEMENTATION, LORA, LOSS, MODEL, WORKLOAD, allocator_reads, refuse_unread
 
 __all__ = ["LORA_STEP_READS", "add_parser", "implementation", "lora_step", "output", "step", "text"]
 
@@ -59,10 +59,13 @@ def step(a) -> str:
                                                                         "foreach", "no_foreach", "fused", "rmsnorm",
                                                                         "optimizer_in_backward", "offload_activations",
                                                                         "packed", "paged_optimizer", "measure"}
-    reads |= allocator_reads(a)
+    reads |= allocator_reads(a) | set(IMPLEMENTATION)
     if ledger.offload_optimizer == "none":
         reads.discard("offload_placement")
-    refuse_unread(a, reads, "memledger step")
+    if ledger.implementation != "reference":
+        reads.discard("rmsnorm")
+    refuse_unread(a, reads, "memledger step", {"rmsnorm": f"under --implementation {ledger.implementation} the "
+                                                          "library's code decides its RMSNorm"})
     changes = implementation(a, ledger.recipe)
     replay = extra = None
     if spec is not None and spec.measure != "run":
@@ -156,7 +159,9 @@ def lora_step(a, ledger) -> str:
     refuse_unread(a, reads, "the LoRA step", {d: "the LoRA step runs on one GPU, without ZeRO, "
                                                           "offload or parallelism" for d in refused} | {
         "offload_activations": "activation offloading of a LoRA block (its frozen weights and NF4 tensors saved "
-                               "too) is not modelled"})
+                               "too) is not modelled",
+        "implementation": "LoRA and QLoRA under a library's code (PEFT, torchtune, LitGPT) are not modelled yet",
+        "attn_implementation": "LoRA and QLoRA under transformers' code (PEFT) are not modelled yet"})
     if ledger.arch is None:
         raise ValueError("LoRA needs an architecture: --preset, --config or a shape")
     base = next(c.dtype for c in get_recipe(ledger.recipe).components if c.role == "param")
@@ -188,7 +193,9 @@ def text(result, memory: int, unit: str = "GB", replay=None, measure: str = "pea
     lines = [f"{'landmark':<16} {'GPU':>12} {'CPU':>12} {'NVMe':>12}"]
     led = result.ledger
     if getattr(led, "framework", "plain") == "fsdp2":     # a LoraLedger has no framework
-        lines[:0] = [f"framework fsdp2: fully_shard per block and the root over {led.dp} ranks, MixedPrecisionPolicy("
+        units = ("torchtitan's apply_fsdp_to_decoder (the embedding, each block, the final norm and LM head kept "
+                 "unsharded after forward)" if led.fsdp_units == "torchtitan" else "fully_shard per block and the root")
+        lines[:0] = [f"framework fsdp2: {units} over {led.dp} ranks, MixedPrecisionPolicy("
                      f"param_dtype={led.fsdp_param_dtype}, reduce_dtype={led.fsdp_reduce_dtype}), "
                      f"reshard_after_forward={led.reshard_after_forward}"
                      + (f"; HSDP: {led.dp_replicate} replicas of {led.dp // led.dp_replicate} ranks"

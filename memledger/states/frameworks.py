@@ -43,10 +43,15 @@ FRAMEWORK_OPTIONS = {"ddp": ("ddp_bucket_mb", "gradient_as_bucket_view"),
                                    "deepspeed_max_live_parameters", "deepspeed_param_persistence_threshold"),
                      "megatron": ("megatron_gradient_accumulation_fusion",),
                      "fsdp2": ("fsdp_param_dtype", "fsdp_reduce_dtype", "reshard_after_forward", "dp_replicate",
-                               "fsdp_loss_in_root", "fsdp_cpu_offload", "fsdp_offload_pin_memory")}
+                               "fsdp_loss_in_root", "fsdp_cpu_offload", "fsdp_offload_pin_memory", "fsdp_units")}
 _DEFAULTS = {"gradient_as_bucket_view": False, "fsdp_param_dtype": "bf16", "fsdp_reduce_dtype": "fp32",
              "reshard_after_forward": True, "dp_replicate": 1, "fsdp_loss_in_root": False, "fsdp_cpu_offload": False,
-             "fsdp_offload_pin_memory": True}
+             "fsdp_offload_pin_memory": True, "fsdp_units": "per-block"}
+#: FSDP2's units: ``per-block`` (``fully_shard`` on each block, then on the root: embedding, final norm and LM head
+#: one unit) or ``torchtitan`` (``apply_fsdp_to_decoder``, torchtitan/distributed/fsdp.py, 0.3.0: the embedding
+#: alone, the final norm and LM head together and never resharded after forward, each block, a root without
+#: parameters; :mod:`memledger.step.fsdp2`).
+FSDP2_UNITS = ("per-block", "torchtitan")
 #: The recipes each framework is modelled with: DeepSpeed's bf16 ZeRO (BF16 parameters and gradients, FP32
 #: master partition, Adam); Megatron-LM's bf16 (FP32 main_grad: arguments.py lines 1204-1217 force
 #: accumulate_allreduce_grads_in_fp32 with --bf16) and fp32 (distrib_optimizer docs: 18 and 16 bytes/param).
@@ -121,6 +126,7 @@ def check_fsdp2(ledger) -> None:
     check_choice("fsdp_param_dtype", ledger.fsdp_param_dtype, FSDP_DTYPES)
     check_choice("fsdp_reduce_dtype", ledger.fsdp_reduce_dtype, FSDP_DTYPES)
     check_reshard(ledger.reshard_after_forward, ledger.dp // max(ledger.dp_replicate, 1))
+    check_choice("fsdp_units", ledger.fsdp_units, FSDP2_UNITS)
     for name in ("fsdp_loss_in_root", "fsdp_cpu_offload", "fsdp_offload_pin_memory"):
         check_flag(name, getattr(ledger, name))
     if not ledger.fsdp_offload_pin_memory and not ledger.fsdp_cpu_offload:
@@ -151,9 +157,28 @@ def check_fsdp2(ledger) -> None:
     if ledger.dp // ledger.dp_replicate < 2:
         raise ValueError("framework fsdp2 shards over dp ranks (dp / dp_replicate under HSDP): dp must be at least 2"
                          + (f" x dp_replicate ({ledger.dp_replicate})" if ledger.dp_replicate > 1 else ""))
+    if ledger.fsdp_units == "torchtitan":
+        _check_titan_units(ledger)
     if ledger.recipe not in FSDP2_RECIPES:
         raise ValueError(f"framework fsdp2: recipe must be one of {', '.join(FSDP2_RECIPES)} (the sharded "
                          f"parameters are the masters; fsdp_param_dtype is the compute dtype), got {ledger.recipe}")
+
+
+def _check_titan_units(ledger) -> None:
+    """``fsdp_units="torchtitan"`` is modelled for an untied LLaMA-style decoder on a 1-D mesh, resharding on or off
+    (torchtitan's "default" and "never" policies), the loss outside the model, no CPU offload."""
+    arch = ledger.arch
+    k = ledger.reshard_after_forward
+    plain_llama = (arch.style == "llama" and not arch.n_positions and not arch.head_bias and not arch.input_norm
+                   and not arch.alibi and not arch.parallel and not arch.n_experts and not arch.n_decoder_layers)
+    why = ("a model other than a plain LLaMA-style decoder" if not plain_llama else
+           "a tied LM head (torchtitan puts embedding, norm and head in one unit)" if arch.tied_embeddings else
+           "tensor parallelism" if ledger.tp != 1 else "HSDP (dp_replicate > 1)" if ledger.dp_replicate > 1 else
+           "fsdp_cpu_offload" if ledger.fsdp_cpu_offload else "fsdp_loss_in_root (torchtitan computes the loss "
+           "outside the model)" if ledger.fsdp_loss_in_root else
+           f"reshard_after_forward {k!r} (torchtitan passes True or False)" if not isinstance(k, bool) else None)
+    if why:
+        raise ValueError(f"fsdp_units torchtitan is not modelled with {why}")
 
 
 def _check_from_source(ledger) -> None:

@@ -28,7 +28,7 @@ from ..core.symbols import H, N_pos, S, d
 from .norms import norm_backward, norm_forward
 from .ops import BSd, Ref, per_rank, residual_names
 from .structure import Shape
-from .vocab import Scope
+from .vocab import OpRole, Scope
 
 __all__ = ["ALIBI", "ALIBI_INPUT", "POSITION_IDS", "alibi_released", "embedding_backward", "embedding_forward",
            "extra_params", "outside_rows"]
@@ -69,7 +69,7 @@ def embedding_forward(p, c: Shape):
         p.op("token + position embeddings", alloc=[out])
         p.op("released", free=[tokens, pos])
     else:
-        p.op("embedding", alloc=[out])
+        p.op("embedding", alloc=[out], role=OpRole.EMBEDDING)
     if c.input_norm:
         norm_forward(p, c, "embedding", first)
     if c.alibi:

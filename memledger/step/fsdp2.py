@@ -94,9 +94,19 @@ def shard(name: str, n, c):
     return sp.ceiling(rows / N_d) * sp.cancel(n / rows)
 
 
-def unit_params(c) -> dict:
-    """{"block": [(name, n)], "root": [(name, n)]} in registration order (the group's parameter order)."""
+def unit_params(c, units: str = "per-block") -> dict:
+    """{"block": [(name, n)], "root": [(name, n)]} in registration order (the group's parameter order); torchtitan's
+    units: {"block", "embedding": the embedding's weight, "head": the final norm's and the LM head's}."""
+    if units == "torchtitan":
+        return {"block": block_params(c), "embedding": [("embedding.weight", V * d)], "head": head_params(c)}
     return {"block": block_params(c), "root": [("embedding.weight", V * d)] + head_params(c)}
+
+
+#: How a buffer's name says which unit outside the blocks it belongs to.
+_UNIT_SUFFIX = {"block": "", "root": ", root", "embedding": ", embedding", "head": ", final norm and LM head",
+                "LM head": ", LM head", "final norm": ", final norm"}
+#: torchtitan's head unit is reduce-scattered in two parts (:meth:`FSDP2.wrap_titan`): {part: its parameters}.
+_HEAD_PARTS = {"LM head": ("head.weight",), "final norm": ("final norm.weight",)}
 
 
 def _label(dtype):
@@ -113,6 +123,12 @@ class FSDP2:
         self.hsdp, self.loss_in_root, self.offload = plan.hsdp, plan.loss_in_root, plan.offload
         # None: PyTorch's default, True for every block and False for the root (_fully_shard.py:246, 260)
         self.reshard, self.root_reshard = (True, False) if reshard is None else (reshard, reshard)
+        # torchtitan's apply_fsdp_to_decoder (torchtitan/distributed/fsdp.py, 0.3.0): the embedding resharded as the
+        # blocks (l. 194-199), the final norm and LM head never with its "default" and "never" policies (l. 200-207:
+        # reshard_after_forward=policy == "always"), the root without parameters (l. 310)
+        self.titan = plan.units == "torchtitan"
+        if self.titan:
+            self.root_reshard = False
         # an int k: each unit keeps a clone of its 1/k slice after forward (_fsdp_param.py:709-745)
         self.k = reshard if isinstance(reshard, int) and not isinstance(reshard, bool) else None
         self.held = self.hsdp and self.reduce != self.original    # HSDP keeps each reduce-dtype output
@@ -121,7 +137,8 @@ class FSDP2:
         # CPUOffloadPolicy (self.offload: its pin_memory, or None): shards, sharded gradients, AdamW on the host
         self.host = "pinned host memory" if self.offload else "host memory"
         self.device = Device.CPU if self.offload is not None else Device.GPU
-        self.units = unit_params(c)
+        self.units = unit_params(c, plan.units)
+        self.first = "embedding" if self.titan else "root"
         self.shards = {u: sum((shard(n, e, c) for n, e in ps), sp.Integer(0)) for u, ps in self.units.items()}
 
     @property
@@ -143,7 +160,11 @@ class FSDP2:
                  "reduce-scatter input": self.reduce, "reduce-scatter output": self.reduce,
                  "sharded gradients": self.original}[role]
         host = f", {self.host}" if self.offload is not None and role == "sharded gradients" else ""
-        return f"FSDP2 {role} ({_label(dtype)}{host})" + (", root" if unit == "root" else "")
+        return f"FSDP2 {role} ({_label(dtype)}{host})" + _UNIT_SUFFIX[unit]
+
+    def resharded(self, unit) -> bool:
+        """Whether ``unit``'s post-forward frees its unsharded parameters (or, int k, keeps a slice)."""
+        return bool(self.reshard if unit in ("block", "embedding") else self.root_reshard)
 
     @property
     def block_names(self) -> tuple:
@@ -162,7 +183,7 @@ class FSDP2:
     @property
     def total_shards(self):
         """P^/N: every parameter's rank-0 shard."""
-        return L * self.shards["block"] + self.shards["root"]
+        return L * self.shards["block"] + sum((n for u, n in self.shards.items() if u != "block"), sp.Integer(0))
 
     def define(self, tensors):
         """Add every unit's buffers to the step's tensor table; the lumped blocks' sharded gradients."""
@@ -189,6 +210,15 @@ class FSDP2:
                 life = Lifetime.GRADIENT if role == "sharded gradients" else Lifetime.TEMPORARY
                 tensors[name] = Tensor(name, size, kind, life, self.device if role == "sharded gradients" else
                                        Device.GPU, why=why[role], stream=streams.get(role, Stream.DEFAULT))
+        if self.titan:         # the head unit's two reduce-scatters (wrap_titan)
+            for part, keys in _HEAD_PARTS.items():
+                n = sum((shard(k, e, self.c) for k, e in self.units["head"] if k in keys), sp.Integer(0))
+                for role, size in (("reduce-scatter input", self.r * n * N_d), ("reduce-scatter output", self.r * n),
+                                   ("sharded gradients", self.o * n)):
+                    name = self.name(role, part)
+                    tensors[name] = Tensor(name, size, Kind.GRAD, Lifetime.GRADIENT if role == "sharded gradients"
+                                           else Lifetime.TEMPORARY, why=why[role] + f" ({part} only)",
+                                           stream=streams.get(role, Stream.DEFAULT))
         if self.offload is not None:
             self._define_copies(tensors)
         if self.k:
@@ -273,7 +303,7 @@ class FSDP2:
     def _post_forward(self, unit) -> list:
         """The post-forward of ``unit``: its unsharded parameters freed (True), kept (False), or (int k) each
         parameter's 1/k slice cloned and then its unsharded storage freed, in the group's parameter order."""
-        resharded = self.reshard if unit == "block" else self.root_reshard
+        resharded = self.resharded(unit)
         u = self.name("unsharded parameters", unit)
         if not self.k or not resharded:
             return [ProgramOp("FSDP2 post-forward: reshard", (u,), ())] if resharded else []
@@ -332,16 +362,17 @@ class FSDP2:
 
     def _slices_freed(self, unit) -> list:
         """int k: the post-forward slices freed by ``to_unsharded`` after the copy-out (``_fsdp_param.py:758``)."""
-        if not self.k or not (self.reshard if unit == "block" else self.root_reshard):
+        if not self.k or not self.resharded(unit):
             return []
         return [ProgramOp("FSDP2 post-forward slices freed (to_unsharded)", (self.name("post-forward slices", unit),),
                           ())]
 
-    def _reduce(self, unit, grads, previous):
-        """post_backward of ``unit``: reshard, the previous reduce-scatter input freed, reduce-scatter."""
-        rs_in, rs_out, sg = (self.name(r, unit) for r in UNIT_TENSORS[3:])
+    def _reduce(self, unit, grads, previous, part=None):
+        """post_backward of ``unit``: reshard, the previous reduce-scatter input freed, reduce-scatter (of ``part``'s
+        gradients, when only some of the unit's have one)."""
+        rs_in, rs_out, sg = (self.name(r, part or unit) for r in UNIT_TENSORS[3:])
         ops = [ProgramOp("FSDP2 post-backward: reshard; reduce-scatter input",
-                         (self.name("unsharded parameters", unit), previous), (rs_in,)),
+                         (self.name("unsharded parameters", unit),) + ((previous,) if previous else ()), (rs_in,)),
                ProgramOp("unsharded gradients released (but the last parameter's)", tuple(grads[:-1]), ())]
         if self.offload is not None:
             device = rs_out
@@ -366,17 +397,68 @@ class FSDP2:
         """FSDP2's hooks around one block's forward and backward programs."""
         block = "block"
         ag_out = self.name("all-gather output", block)
-        previous_out = Ref(Scope.PREVIOUS, ag_out, self.name("all-gather output", "root"))
+        previous_out = Ref(Scope.PREVIOUS, ag_out, self.name("all-gather output", self.first))
         pre = self._gather(block) + self._copy_out(block, [previous_out])
         fwd.ops[:] = pre + fwd.ops + self._post_forward(block)
         pre = []
         if self.reshard:        # re-gathered (prefetched by the unit after it), then the unit before prefetched
             pre = self._copy_out(block) + self._slices_freed(block) + [
                 ProgramOp("all-gather output released", (ag_out,), ())]
-            pre += self._gather(block, lambda n: Ref(Scope.PREVIOUS, n), bool(self.k))
+            # block 0 prefetches the unit before it in forward order: torchtitan's embedding (resharded)
+            edge = {self.name(r, block): self.name(r, "embedding") for r in UNIT_TENSORS[:2]} if self.titan else {}
+            pre += self._gather(block, lambda n: Ref(Scope.PREVIOUS, n, edge.get(n)), bool(self.k))
         grads = [f"grad {n}" for n, _ in self.units[block]]
-        post = self._reduce(block, grads, Ref(Scope.NEXT, self.name("reduce-scatter input", block)))
+        # the last block's post-backward frees the reduce-scatter input before it: torchtitan's final norm's
+        rs_edge = self.name("reduce-scatter input", "final norm") if self.titan else None
+        post = self._reduce(block, grads, Ref(Scope.NEXT, self.name("reduce-scatter input", block), rs_edge))
         bwd.ops[:] = pre + bwd.ops + post
+
+    def wrap_titan(self, outside):
+        """torchtitan's units outside the blocks (``apply_fsdp_to_decoder``, torchtitan/distributed/fsdp.py 0.3.0).
+
+        The embedding: gathered as its lookup starts, resharded after it (l. 194-199), its all-gather output freed
+        by block 0's copy-out; in backward prefetched by block 0, copied out by its pre-backward hook on its
+        output's gradient, reduce-scattered in the root's final callback (its input, the ids, needs no gradient).
+        The final norm and LM head (l. 200-207): gathered before the norm, the copy-out freeing the last block's
+        all-gather output, kept unsharded after forward (``reshard_after_forward=policy == "always"``), their
+        all-gather output freed by the root's post-forward as the model returns the logits. The root (l. 310)
+        holds no parameter.
+
+        Their backward: PyTorch 2.13 runs a grouped unit's pre-forward on each of its modules
+        (``_fsdp_state.py:542-600``, ``_fsdp_param_group.py:540-566``), so a post-backward hook is registered on the
+        norm's input and on the LM head's. The logits' pre-backward finds the unit unsharded and prefetches the unit
+        itself (its post-forward was recorded last): nothing; after the LM head's backward the first post-backward
+        reshards and reduce-scatters the LM head's gradient (the norm's does not exist yet); the pre-backward on
+        the norm's output gradient gathers the whole unit again and prefetches the last block; after the norm's
+        backward the second post-backward reduce-scatters the norm's gradient."""
+        emb, head = "embedding", "head"
+        ops = outside[Part.FORWARD_START]
+        at = _index(ops, OpRole.EMBEDDING)
+        post = ([ProgramOp("FSDP2 post-forward: reshard", (self.name("unsharded parameters", emb),), ())]
+                if self.resharded(emb) else [])
+        ops[at:at + 1] = self._gather(emb) + self._copy_out(emb) + [ops[at]] + post
+        ops = outside[Part.FORWARD_END]
+        ops[:0] = self._gather(head) + self._copy_out(head, [Ref(Scope.LAST, self.name("all-gather output", "block"))])
+        at = _index(ops, OpRole.LM_HEAD) + 1
+        at += at < len(ops) and ops[at].role is OpRole.FINAL_NORM_INPUT_RELEASED
+        ops[at:at] = [ProgramOp("FSDP2 root post-forward", (self.name("all-gather output", head),), ())]
+        ops = outside[Part.BACKWARD_START]
+        at = _index(ops, OpRole.LM_HEAD_BACKWARD) + 2      # after the op that frees the LM head's saved input
+        regather = self._gather(head) + self._copy_out(head) + [
+            ProgramOp("all-gather output released", (self.name("all-gather output", head),), ())]
+        prefetch = self._gather("block", lambda n: Ref(Scope.LAST, n)) if self.reshard else []
+        ops[at:at] = self._reduce(head, ["grad head.weight"], None, "LM head") + regather + prefetch
+        ops += self._reduce(head, ["grad final norm.weight"], self.name("reduce-scatter input", "LM head"),
+                            "final norm")
+        ops = outside[Part.BACKWARD_END]
+        if self.resharded(emb):
+            at = _index(ops, OpRole.EMBEDDING_BACKWARD)
+            ops[at:at] = self._copy_out(emb) + [ProgramOp("all-gather output released",
+                                                          (self.name("all-gather output", emb),), ())]
+        at = _index(ops, OpRole.LOSS_RELEASED)
+        ops[at:at] = self._reduce(emb, ["grad embedding.weight"], Ref(Scope.FIRST, self.name("reduce-scatter input",
+                                                                                             "block"))) + [
+            ProgramOp(_CLEARED, (self.name("reduce-scatter input", emb),), (), role=OpRole.FSDP2_CLEARED)]
 
     def wrap_outside(self, outside):
         """The root's hooks: pre-forward before the embedding, post-forward after the LM head, pre-backward on
@@ -481,5 +563,5 @@ def wrap(tensors, outside, fwd, bwd, c, s) -> FSDP2:
     f = FSDP2(c, s)
     f.define(tensors)
     f.wrap_blocks(fwd, bwd)
-    f.wrap_outside(outside)
+    (f.wrap_titan if f.titan else f.wrap_outside)(outside)
     return f

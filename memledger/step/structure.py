@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from ..models.features import Features
 from ..states.recipes import ALL_RECIPES as RECIPES
+from .implementations import check_step as check_library
 from .inputs import StepInputs, inputs_of
 from .parallel_check import check as check_parallel, modelled as parallel_fields
 
@@ -87,6 +88,8 @@ class Shape:
     shared_norm: bool = False   # Phi: with parallel, one norm feeds attention and MLP
     head_bias: bool = False     # the LM head has a bias (Phi's lm_head)
     attention_dropout: bool = True  # with dropout, the probabilities' dropout runs; False: Phi-2's p = 0 (no tensor)
+    implementation: str = "reference"   # whose model code (memledger.step.implementations): its block's variants
+    attn_implementation: str = "sdpa"   # transformers' attn_implementation (implementation hf)
 
     @property
     def attention_dropped(self):
@@ -107,7 +110,14 @@ class Shape:
 
     @property
     def composite(self):
-        return not self.gpt and self.rmsnorm == "composite"
+        """RMSNorm as FP32 ops (ATen's composite, or transformers' ``LlamaRMSNorm``: ``rmsnorm`` "hf")."""
+        return not self.gpt and self.rmsnorm in ("composite", "hf")
+
+    @property
+    def hf(self):
+        """transformers' ``LlamaForCausalLM`` (implementation hf): separate q, k, v projections, its rotary code,
+        its attention and loss (:mod:`memledger.step.hf`)."""
+        return self.implementation == "hf"
 
     @property
     def upcast(self):
@@ -125,6 +135,7 @@ class FSDP2Plan:
     hsdp: bool              # HSDP: replicas of a shard group (a 2-D mesh)
     loss_in_root: bool      # the loss computed inside the root module's forward
     offload: object = None  # CPUOffloadPolicy: None (none), else its pin_memory
+    units: str = "per-block"    # per-block (fully_shard on each block, then the root) or torchtitan's apply_fsdp
 
     @classmethod
     def of(cls, config, original: str, shard_group: int) -> "FSDP2Plan":
@@ -133,7 +144,7 @@ class FSDP2Plan:
         param = config.param_dtype or original
         return cls(param, config.reduce_dtype or param, original, _reshard(config.reshard_after_forward, shard_group),
                    config.dp_replicate > 1, config.loss_in_root,
-                   config.offload_pin_memory if config.cpu_offload else None)
+                   config.offload_pin_memory if config.cpu_offload else None, config.units)
 
 
 @dataclass(frozen=True)
@@ -169,6 +180,7 @@ class StepStructure:
         if setup.compile:
             raise ValueError(COMPILE_REFUSED)
         check_modelled(arch)
+        check_library(setup, conv)
         shape, fsdp = _shape(setup, conv)
         if setup.sequence_parallel and setup.recompute == "full":
             raise ValueError("the step timeline runs sequence parallelism as DTensor runs it without full "
@@ -228,6 +240,8 @@ def _shape(setup: StepInputs, conv) -> tuple:
     # the attention probabilities' dropout (off at p = 0, Phi-2's) decides SDPA's kernel, not the residual ones
     partial = bool(setup.dropout) and not arch.attention_dropout
     kernel = conv.kernel(arch.style, setup.dropout and not partial, setup.flash_attention)
+    if setup.implementation == "hf" and setup.attn_implementation == "eager":
+        kernel = "eager"                # transformers' eager_attention_forward (memledger.step.hf)
     if kernel == "math":
         raise ValueError("the math SDPA kernel (CPU, LLaMA blocks with dropout) is not modelled op by op; "
                          "use flash_attention or no dropout")
@@ -235,14 +249,20 @@ def _shape(setup: StepInputs, conv) -> tuple:
     loss_chunks = check_loss_chunks(setup.loss_chunks)
     packed, packing = check_packed(setup, conv, kernel)
     amp = check_amp(setup, conv, kernel)
-    shape = Shape(style=arch.style, attention=kernel, dropout=bool(setup.dropout), rmsnorm=conv.rmsnorm, dtype=act,
+    # a library's RMSNorm upcasts before normalizing: no fused kernel, on CUDA either (step.implementations)
+    rmsnorm = conv.rmsnorm if setup.implementation == "reference" else "composite"
+    if setup.implementation == "hf" and act != "fp32":     # LlamaRMSNorm keeps its BF16 normalized input instead
+        rmsnorm = "hf"
+    shape = Shape(style=arch.style, attention=kernel, dropout=bool(setup.dropout), rmsnorm=rmsnorm, dtype=act,
                   stats=conv.norm_stats is not None, single=setup.batch_size == 1, grad_dtype=grad,
                   mask_dtype=opts["mask_dtype"], stats_dtype=opts["norm_stats"], gqa=f.gqa,
                   mqa=f.gqa and arch.kv_heads == 1, qkv_bias=True if llama and f.has_qkv_bias else None,
                   tied=(True if f.is_tied else None) if llama else (None if f.is_tied else False),
                   recompute=setup.recompute, head_dim=f.head_dim, tp=setup.tp > 1, loss_chunks=loss_chunks,
                   loss_impl=setup.loss_impl, packed=packed, packing=packing, amp=amp, **refined,
-                  **check_parallel(setup, f, kernel), **({"attention_dropout": False} if partial else {}))
+                  **check_parallel(setup, f, kernel), **({"attention_dropout": False} if partial else {}),
+                  **({} if setup.implementation == "reference" else {
+                      "implementation": setup.implementation, "attn_implementation": setup.attn_implementation}))
     return shape, fsdp
 
 

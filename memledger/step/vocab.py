@@ -107,4 +107,6 @@ class OpRole(StrEnum):
     LORA_DOWN_B = "LoRA down_proj B"                      # the down_proj adapter's B matmul
     LORA_DOWN_B_BACKWARD = "LoRA down_proj B backward"
     FSDP2_CLEARED = "FSDP2 root cleared"                  # FSDP2's root post-backward: its buffers cleared
+    EMBEDDING = "embedding"                               # the token embedding's lookup (forward)
+    EMBEDDING_BACKWARD = "embedding backward"             # the token embedding's backward (its weight gradient)
     AUTOCAST_EXIT = "autocast exits"                      # AMP: the autocast region exits, its cache cleared
