@@ -125,6 +125,9 @@ def setups() -> list:
 
 
 GRID = setups()
+#: Inputs ``memledger step --json`` echoes that were added after the snapshot was written (issue 28), with their
+#: defaults: a setup at the default digests as before, so the snapshot still proves the numbers unchanged.
+LATER_INPUTS = {"implementation": "reference", "attn_implementation": "sdpa"}
 
 
 def record(line: str) -> dict:
@@ -136,6 +139,9 @@ def record(line: str) -> dict:
     if code != 0:
         return {"args": line, "exit": code, "error": err.getvalue().strip()}
     data = json.loads(out.getvalue())
+    for key, default in LATER_INPUTS.items():        # inputs added after the snapshot: left out at their defaults
+        if data["inputs"].get(key) == default:
+            del data["inputs"][key]
     canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
     peak = data["peak"]
     return {"args": line, "exit": 0, "peak": [peak["gpu"], peak["phase"], peak["layer"], peak["detail"]],

@@ -203,6 +203,9 @@ def lora_config(a, arch, base: str = "bf16"):
 def lora(a, ledger) -> str:
     """``ledger --lora-rank R`` / ``--qlora``: the LoRA or QLoRA ledger."""
     from ..ledger.lora import LoraLedger
+    if ledger.implementation != "reference" or "attn_implementation" in a.given:
+        raise ValueError(f"--implementation {ledger.implementation}: LoRA and QLoRA under a library's code (PEFT, "
+                         "torchtune, LitGPT) are not modelled yet")
     refused = [d for d in a.given if d not in LORA_READS]
     if refused:
         flags = [flag(d) for d in refused]

@@ -21,8 +21,8 @@ from ..states.recipes import ALL_RECIPES
 from . import check as cli_check, compare as cli_compare, models as cli_models, step as cli_step
 from .options import add, build_ledger, fill_defaults, given_options, gpu_bytes, host_link, ledger_options, one_of
 from .options import allocator_options, allocator_spec_of, output_options
-from .paths import (FRAMEWORK, IN_BACKWARD_WHY, LOSS, MODEL, PIPELINE, WORKLOAD, allocator_reads, in_backward_reads,
-                    refuse_unread)
+from .paths import (FRAMEWORK, IMPLEMENTATION, IN_BACKWARD_WHY, LOSS, MODEL, PIPELINE, WORKLOAD, allocator_reads,
+                    in_backward_reads, refuse_unread)
 from .verdict import judged_by, verdict_line
 
 __all__ = ["COMMANDS", "main"]
@@ -97,7 +97,7 @@ def _ledger(a):
     from ..answers.verdict import uses_peak
     spec = allocator_spec_of(a) if ledger.arch is not None else None
     if ledger.arch is not None and a.measure != "total" and uses_peak(ledger, a.measure):
-        reads |= set(LOSS)                  # the chunked loss changes the verdict by the peak, not the sum
+        reads |= set(LOSS) | set(IMPLEMENTATION)    # they change the verdict by the peak, not the sum
     traffic = ledger.traffic
     if not traffic.pcie_bytes:
         reads.discard("link")

@@ -5,9 +5,9 @@ each function takes the parsed arguments and returns the text to print.
 """
 from ..core.units import format_bytes, parse_bytes, parse_count
 from .options import (DEFAULT_OVERHEAD, add, allocator_options, allocator_spec_of, architecture_from_args,
-                      build_ledger, check_units, gpu_bytes,
+                      build_ledger, check_units, gpu_bytes, implementation_options,
                       ledger_options, model_options, output_options)
-from .paths import (FRAMEWORK, IN_BACKWARD_WHY, LOSS, MODEL, WORKLOAD, allocator_reads, in_backward_reads,
+from .paths import (FRAMEWORK, IMPLEMENTATION, IN_BACKWARD_WHY, LOSS, MODEL, WORKLOAD, allocator_reads, in_backward_reads,
                     refuse_unread)
 from .verdict import verdict_line
 from ..answers.verdict import MARGIN, assess, leaves_margin
@@ -42,6 +42,7 @@ def add_parsers(sub, formatter):
     add(inf, "--attention", "flash, sdpa (no S x S scores) or eager (transformers' eager_attention_forward: "
         "B*H*S*S scores, softmax in FP32)", "flash")
     add(inf, "--backend", "where eager attention's softmax runs: cuda or cpu", "cuda")
+    implementation_options(inf)
     add(inf, "--logits-to-keep", "positions the op-by-op prefill's LM head runs on: 1 (generate's default) or 0 "
         "(all)", "1")
     output_options(inf, link=False)
@@ -104,7 +105,7 @@ def fit(a):
     else:
         reads |= allocator_reads(a)
     if ledger.arch is not None and uses_peak(ledger, a.measure):
-        reads |= set(LOSS)                  # the chunked loss changes the peak, not the sum
+        reads |= set(LOSS) | set(IMPLEMENTATION)    # they change the peak, not the sum
     if ledger.offload_optimizer == "none":
         reads.discard("offload_placement")
     if "scope" in a.given and uses_peak(ledger, a.measure) and not is_nominal(ledger):
@@ -154,6 +155,11 @@ def infer(a):
     reads = set(a.given) - ({"backend"} if a.attention != "eager" else set())
     refuse_unread(a, reads, "memledger infer", {"backend": "it places eager attention's softmax: give --attention "
                                                            "eager"})                 # --units not under --json
+    from ..step.implementations import check_fields, not_modelled
+    implementation = a.implementation or "reference"
+    check_fields(implementation, a.attn_implementation or "sdpa")
+    if implementation != "reference":
+        raise not_modelled(implementation, "inference (the KV cache, the prefill)")
     arch = architecture_from_args(a)
     if arch is None:
         raise ValueError("infer needs an architecture: --preset NAME, --config FILE or --hidden/--layers/--heads")
@@ -169,6 +175,7 @@ def infer(a):
         data = inference.to_dict()
         data["gpu_memory"], data["fits"] = memory, leaves_margin(inference.total, memory)
         data["margin"] = MARGIN
+        data["implementation"], data["attn_implementation"] = implementation, a.attn_implementation or "sdpa"
         return json.dumps(data, indent=2)
     w = max([40] + [len(r.name) for r in inference.rows])
     lines = [f"{name:<{w}} {format_bytes(b, a.units):>14}" for name, b in ((r.name, r.bytes) for r in inference.rows)]

@@ -21,7 +21,8 @@ from ..states.recipes import ALL_RECIPES
 __all__ = ["DEEPSPEED_COUNTS", "MEASURE_HELP", "UNITS", "UNITS_HELP", "add", "allocator_options",
            "allocator_spec_of", "architecture_from_args", "build_ledger", "check_units",
            "fill_defaults", "flag", "framework_fields", "framework_options", "fsdp_dtype", "given_options", "gpu_bytes",
-           "host_link", "ledger_options", "model_options", "one_of", "output_options", "parse_mib", "zero_stage"]
+           "host_link", "implementation_options", "ledger_options", "model_options", "one_of", "output_options",
+           "parse_mib", "zero_stage"]
 
 UNITS = ("GB", "GiB", "MiB", "TiB")
 UNITS_HELP = "GB (10^9 bytes), GiB (2^30), MiB (2^20) or TiB (2^40)"
@@ -95,11 +96,22 @@ def ledger_options(parser, overhead: str = DEFAULT_OVERHEAD, scope: bool = True)
         "core's masked_fill)", None)
     add(run, "--compile", "the blocks under torch.compile: what AOTAutograd's min-cut partitioner saves (the sum; "
         "the step refuses it)", switch=True)
+    implementation_options(run)
     add(run, "--paged-optimizer", "bitsandbytes' paged optimizer (its recipes): Adam's states in CUDA unified memory, "
         "outside the caching allocator (memledger step)", switch=True)
     if scope:
         add(run, "--scope", "model (the blocks and what lies outside them) or layers (the blocks only, as the "
             "article books them)", Ledger.scope)
+
+
+def implementation_options(group):
+    """``--implementation`` and ``--attn-implementation`` (:mod:`memledger.step.implementations`)."""
+    from ..step.implementations import ATTN_IMPLEMENTATIONS, IMPLEMENTATIONS
+    add(group, "--implementation", f"whose model code runs the step: {one_of(IMPLEMENTATIONS)} (reference: memledger's "
+        "reference decoder; hf: transformers' LlamaForCausalLM; torchtune's; LitGPT's GPT): what each saves for "
+        "backward and which kernels its code reaches (the step's peak)", Ledger.implementation)
+    add(group, "--attn-implementation", f"transformers' attn_implementation: {one_of(ATTN_IMPLEMENTATIONS)} "
+        "(--implementation hf only)", Ledger.attn_implementation)
 
 
 def framework_options(parser):
@@ -336,7 +348,10 @@ def build_ledger(a) -> Ledger:
         optimizer_in_backward=bool(getattr(a, "optimizer_in_backward", False)),
         packed=0 if getattr(a, "packed", None) is None else parse_count(a.packed, "packed"),
         compile=bool(getattr(a, "compile", False)),
-        paged_optimizer=bool(getattr(a, "paged_optimizer", False)), **framework_fields(a))
+        paged_optimizer=bool(getattr(a, "paged_optimizer", False)),
+        implementation=getattr(a, "implementation", None) or Ledger.implementation,
+        attn_implementation=getattr(a, "attn_implementation", None) or Ledger.attn_implementation,
+        **framework_fields(a))
 
 
 def gpu_bytes(text: str) -> int:

@@ -11,7 +11,8 @@ the step's peak.
 """
 from .options import flag
 
-__all__ = ["ALLOCATOR_OPTIONS", "CONVENTION_INPUTS", "FRAMEWORK", "IN_BACKWARD_WHY", "LORA", "LOSS", "MODEL", "OUTPUT",
+__all__ = ["ALLOCATOR_OPTIONS", "CONVENTION_INPUTS", "FRAMEWORK", "IMPLEMENTATION", "IN_BACKWARD_WHY",
+           "LORA", "LOSS", "MODEL", "OUTPUT",
            "PIPELINE", "STATES", "WORKLOAD", "allocator_reads", "convention_reads", "in_backward_reads",
            "refuse_unread", "unread"]
 
@@ -39,6 +40,9 @@ OPTION_OF = {"batch_size": "batch", "seq_len": "seq", "recipe": "recipe", "recom
              "nodes": "nodes", "buffer_factor": "buffer_factor", "zero_init": "no_zero_init"}
 #: What only the step's peak reads (the sums book the unchunked loss's tensors).
 LOSS = ("loss_chunks", "loss_impl")
+#: Whose model code runs the step (memledger.step.implementations): read where the step's peak is (its sums book the
+#: reference decoder's rows).
+IMPLEMENTATION = ("implementation", "attn_implementation")
 #: Why a path would not read an option, where one reason covers every path that ignores it.
 WHY = {
     "gpu_memory": "it prints no fits verdict",
@@ -50,6 +54,10 @@ WHY = {
     "max_split_size_mb": "it configures the caching allocator's replay: --measure allocated or reserved",
     "offload_placement": "it places offloaded optimizer states, and --offload-optimizer is none",
     "offload_activations": "it books the activations on the GPU; memledger step --backend cpu models them offloaded",
+    "implementation": "a library's model code changes the step's peak (memledger step), not the sums this path "
+                      "prints",
+    "attn_implementation": "transformers' attention changes the step's peak (memledger step), not the sums this "
+                           "path prints",
     "packed": "packed documents change the attention's masks per backend: memledger step models them",
     "paged_optimizer": "it books the optimizer's states on the GPU; memledger step models them in unified memory",
 }

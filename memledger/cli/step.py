@@ -16,7 +16,7 @@ from ..answers.verdict import CLAUSES, MARGIN, MEASURE, leaves_margin, sentence
 from ..core.units import format_bytes
 from .options import add, allocator_options, allocator_spec_of, build_ledger, flag, gpu_bytes, ledger_options, \
     output_options
-from .paths import FRAMEWORK, LORA, LOSS, MODEL, WORKLOAD, allocator_reads, refuse_unread
+from .paths import FRAMEWORK, IMPLEMENTATION, LORA, LOSS, MODEL, WORKLOAD, allocator_reads, refuse_unread
 
 __all__ = ["LORA_STEP_READS", "add_parser", "implementation", "lora_step", "output", "step", "text"]
 
@@ -59,10 +59,13 @@ def step(a) -> str:
                                                                         "foreach", "no_foreach", "fused", "rmsnorm",
                                                                         "optimizer_in_backward", "offload_activations",
                                                                         "packed", "paged_optimizer", "measure"}
-    reads |= allocator_reads(a)
+    reads |= allocator_reads(a) | set(IMPLEMENTATION)
     if ledger.offload_optimizer == "none":
         reads.discard("offload_placement")
-    refuse_unread(a, reads, "memledger step")
+    if ledger.implementation != "reference":
+        reads.discard("rmsnorm")
+    refuse_unread(a, reads, "memledger step", {"rmsnorm": f"under --implementation {ledger.implementation} the "
+                                                          "library's code decides its RMSNorm"})
     changes = implementation(a, ledger.recipe)
     replay = None
     if spec is not None:
@@ -132,7 +135,9 @@ def lora_step(a, ledger) -> str:
     refuse_unread(a, LORA_STEP_READS, "the LoRA step", {d: "the LoRA step runs on one GPU, without ZeRO, "
                                                           "offload or parallelism" for d in refused} | {
         "offload_activations": "activation offloading of a LoRA block (its frozen weights and NF4 tensors saved "
-                               "too) is not modelled"})
+                               "too) is not modelled",
+        "implementation": "LoRA and QLoRA under a library's code (PEFT, torchtune, LitGPT) are not modelled yet",
+        "attn_implementation": "LoRA and QLoRA under transformers' code (PEFT) are not modelled yet"})
     if ledger.arch is None:
         raise ValueError("LoRA needs an architecture: --preset, --config or a shape")
     base = next(c.dtype for c in get_recipe(ledger.recipe).components if c.role == "param")

@@ -32,6 +32,7 @@ from .in_backward import check_in_backward
 from ..activations.partitioned import check_compiled
 from .transfer import Traffic, step_traffic
 from ..step.inputs import DDPConfig, FSDP2Config, StepInputs
+from ..step.implementations import check_fields as check_implementation_fields
 from ..step.structure import AMP_RECIPES, BNB_KINDS, OPTIMIZER_OF, check_loss_impl
 from ..core.units import GB
 
@@ -235,6 +236,8 @@ class Ledger:
     fsdp_cpu_offload: bool = False          # fsdp2: CPUOffloadPolicy (shards, gradients, states on the host)
     fsdp_offload_pin_memory: bool = True    # fsdp2: CPUOffloadPolicy(pin_memory=...)
     paged_optimizer: bool = False           # bitsandbytes' paged states (unified memory): the step's peak honours it
+    implementation: str = "reference"       # whose model code: reference, hf, torchtune, litgpt (step.implementations)
+    attn_implementation: str = "sdpa"       # transformers' attn_implementation (hf only): sdpa, eager, flash_attention_2
 
     def __post_init__(self):
         arch = get_preset(self.arch) if isinstance(self.arch, str) else self.arch
@@ -265,6 +268,10 @@ class Ledger:
             raise ValueError(f"loss_chunks ({self.loss_chunks}) must not exceed the tokens of a sequence "
                              f"(seq_len {self.seq_len}): each chunk needs at least one")
         check_loss_impl(self.loss_impl, self.loss_chunks, self.seq_len)
+        check_implementation_fields(self.implementation, self.attn_implementation, arch)
+        if self.implementation != "reference" and arch is None:
+            raise ValueError(f"implementation {self.implementation}: a library's model code runs an architecture; "
+                             "give a preset or --hidden/--layers/--heads")
         if (self.loss_chunks > 1 or self.loss_impl != "torchtune") and arch is None:
             raise ValueError("loss_chunks needs an architecture: the chunked loss splits the LM head's logits")
         check_flag("offload_activations", self.offload_activations)
@@ -380,19 +387,32 @@ class Ledger:
             FSDP2Config(self.fsdp_param_dtype, self.fsdp_reduce_dtype, self.reshard_after_forward, self.dp_replicate,
                         self.fsdp_loss_in_root, self.fsdp_cpu_offload, self.fsdp_offload_pin_memory),
             self.offload_activations, self.optimizer_in_backward, self.packed, self.compile, self.paged_optimizer,
-            self.values, self.inputs())
+            self.implementation, self.attn_implementation, self.values, self.inputs())
 
-    def step(self, backend="article", **conventions):
-        """The step timeline of this setup (:class:`memledger.step.timeline.Step`): landmarks, transients, peak."""
+    def step(self, backend=None, **conventions):
+        """The step timeline of this setup (:class:`memledger.step.timeline.Step`): landmarks, transients, peak.
+        ``backend`` None: the article's conventions for the reference decoder, cuda under a library's code (which
+        decides its own kernels)."""
         from ..step.timeline import Step
+        if backend is None:
+            backend = "article" if self.implementation == "reference" else "cuda"
         return Step(self, backend, **conventions)
 
     @cached_property
     def peak(self) -> Optional[int]:
         """The GPU peak of a training step (:meth:`step`, the article's conventions), or None where the
         timeline does not model the setup (no architecture, MoE or encoder blocks).
-        Evaluated from the step compiled to plain Python (:mod:`memledger.step.cache`): no SymPy once cached."""
+        Evaluated from the step compiled to plain Python (:mod:`memledger.step.cache`): no SymPy once cached.
+        Under a library's code (``implementation`` other than reference) the library decides its kernels: the
+        step runs under the cuda backend, and a setup it does not model yet is refused (``ValueError``), not judged
+        by the reference decoder's sum."""
         from ..step.cache import step_peak
+        if self.implementation != "reference":
+            from ..activations.backends import get_backend
+            from ..step.structure import StepStructure
+            StepStructure.of(self.step_inputs, get_backend("cuda"))        # the refusal, in one line
+            peak = step_peak(self.step_inputs, "cuda")
+            return None if peak is None else peak[0]
         peak = step_peak(self.step_inputs)
         return None if peak is None else peak[0]
 

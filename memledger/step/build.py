@@ -357,7 +357,8 @@ def _share(s: StepStructure):
 def _saved_rows(s: StepStructure) -> tuple:
     """(a block's saved rows, the rows outside the blocks) of the activation inventory, as the step keeps them."""
     c = s.shape
-    opts = s.conventions.inventory_options(c.style, c.dtype, c.dropout) | {"attention": c.attention}
+    opts = s.conventions.inventory_options(c.style, c.dtype, c.dropout) | {"attention": c.attention,
+                                                                           "rmsnorm": c.rmsnorm}
     mlp, norm = ("gelu", "LayerNorm") if c.gpt else ("swiglu", "RMSNorm")
     layer_rows = inventory(mlp, norm, c.dropout, gqa=c.gqa, head_dim=c.head_dim, parallel=c.parallel,
                            shared_norm=c.shared_norm, attention_dropout=c.attention_dropout, **opts)

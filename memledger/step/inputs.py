@@ -62,6 +62,10 @@ class StepInputs:
     packed: int = 0
     compile: bool = False
     paged_optimizer: bool = False
+    #: whose model code runs the step: reference, hf, torchtune or litgpt (:mod:`memledger.step.implementations`)
+    implementation: str = "reference"
+    #: transformers' attn_implementation (sdpa, eager, flash_attention_2); sdpa under the others
+    attn_implementation: str = "sdpa"
     #: symbol name -> value (``Ledger.values``: B, S, d, H, L, F, V, P, N_d, t, O and the architecture's own)
     values: Mapping[str, int] = field(default_factory=dict, compare=False)
     #: the setup's inputs as ``memledger step --json`` prints them (``Ledger.inputs()``)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from ..models.features import Features
 from ..states.recipes import ALL_RECIPES as RECIPES
+from .implementations import check_step as check_library
 from .inputs import StepInputs, inputs_of
 from .parallel_check import check as check_parallel, modelled as parallel_fields
 
@@ -87,6 +88,8 @@ class Shape:
     shared_norm: bool = False   # Phi: with parallel, one norm feeds attention and MLP
     head_bias: bool = False     # the LM head has a bias (Phi's lm_head)
     attention_dropout: bool = True  # with dropout, the probabilities' dropout runs; False: Phi-2's p = 0 (no tensor)
+    implementation: str = "reference"   # whose model code (memledger.step.implementations): its block's variants
+    attn_implementation: str = "sdpa"   # transformers' attn_implementation (implementation hf)
 
     @property
     def attention_dropped(self):
@@ -169,6 +172,7 @@ class StepStructure:
         if setup.compile:
             raise ValueError(COMPILE_REFUSED)
         check_modelled(arch)
+        check_library(setup, conv)
         shape, fsdp = _shape(setup, conv)
         if setup.sequence_parallel and setup.recompute == "full":
             raise ValueError("the step timeline runs sequence parallelism as DTensor runs it without full "
@@ -235,14 +239,18 @@ def _shape(setup: StepInputs, conv) -> tuple:
     loss_chunks = check_loss_chunks(setup.loss_chunks)
     packed, packing = check_packed(setup, conv, kernel)
     amp = check_amp(setup, conv, kernel)
-    shape = Shape(style=arch.style, attention=kernel, dropout=bool(setup.dropout), rmsnorm=conv.rmsnorm, dtype=act,
+    # a library's RMSNorm upcasts before normalizing: no fused kernel, on CUDA either (step.implementations)
+    rmsnorm = conv.rmsnorm if setup.implementation == "reference" else "composite"
+    shape = Shape(style=arch.style, attention=kernel, dropout=bool(setup.dropout), rmsnorm=rmsnorm, dtype=act,
                   stats=conv.norm_stats is not None, single=setup.batch_size == 1, grad_dtype=grad,
                   mask_dtype=opts["mask_dtype"], stats_dtype=opts["norm_stats"], gqa=f.gqa,
                   mqa=f.gqa and arch.kv_heads == 1, qkv_bias=True if llama and f.has_qkv_bias else None,
                   tied=(True if f.is_tied else None) if llama else (None if f.is_tied else False),
                   recompute=setup.recompute, head_dim=f.head_dim, tp=setup.tp > 1, loss_chunks=loss_chunks,
                   loss_impl=setup.loss_impl, packed=packed, packing=packing, amp=amp, **refined,
-                  **check_parallel(setup, f, kernel), **({"attention_dropout": False} if partial else {}))
+                  **check_parallel(setup, f, kernel), **({"attention_dropout": False} if partial else {}),
+                  **({} if setup.implementation == "reference" else {
+                      "implementation": setup.implementation, "attn_implementation": setup.attn_implementation}))
     return shape, fsdp
 
 

@@ -1,0 +1,93 @@
+"""Whose model code runs the step: memledger's reference decoder, or a library's own (issue 28). Free of SymPy.
+
+``implementation``: ``"reference"`` (the default: :mod:`memledger.pytorch.reference`, the decoder every number of
+the book is proved against), ``"hf"`` (Hugging Face transformers' ``LlamaForCausalLM``), ``"torchtune"``
+(torchtune's ``llama2``/``llama3`` builders) or ``"litgpt"`` (LitGPT's ``GPT``). Each library saves other tensors
+for backward than the reference decoder does (its norms, its rotary code, its attention), and its code, not the
+backend, decides which kernels run: their RMSNorms upcast before normalizing, so no fused RMSNorm runs on CUDA
+either.
+
+``attn_implementation``: transformers' ``attn_implementation`` (``"sdpa"``, its default, ``"eager"`` or
+``"flash_attention_2"``); the other implementations run SDPA only, so it is ``"sdpa"`` there.
+
+What is not modelled yet under a library's code is refused in one line (:func:`check_step`), never computed with
+the reference decoder's block in its place.
+"""
+from ..core.choices import check_choice
+
+__all__ = ["ATTN_IMPLEMENTATIONS", "FAMILIES", "IMPLEMENTATIONS", "LIBRARY", "check_fields", "check_step",
+           "not_modelled"]
+
+#: The implementations the step knows by name, the reference decoder first (the default).
+IMPLEMENTATIONS = ("reference", "hf", "torchtune", "litgpt")
+#: transformers' attention implementations (``LlamaConfig(attn_implementation=...)``).
+ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2")
+#: Each library's name, as messages print it.
+LIBRARY = {"reference": "memledger's reference decoder", "hf": "transformers", "torchtune": "torchtune",
+           "litgpt": "LitGPT"}
+#: The model families (Hugging Face ``model_type``) each library ships a model of; transformers ships every family
+#: of ``memledger presets``. torchtune 0.6.1: ``torchtune/models/`` (llama2, llama3*, code_llama2, mistral, gemma,
+#: gemma2, qwen2, qwen2_5, phi3, phi4; its ``t5`` is Flux's encoder); LitGPT 0.5.13: ``litgpt/config.py``'s
+#: configs (Llama, CodeLlama, Mistral, Mixtral, Qwen2.5, Gemma, pythia and StableLM (GPT-NeoX), Phi, Falcon).
+FAMILIES = {"torchtune": ("llama", "mistral", "gemma", "qwen2", "phi3"),
+            "litgpt": ("llama", "mistral", "mixtral", "qwen2", "gemma", "gpt_neox", "phi", "falcon")}
+
+
+def check_fields(implementation: str, attn_implementation: str, arch=None) -> None:
+    """``ValueError`` naming the field unless ``implementation`` and ``attn_implementation`` are known and go
+    together, and the library ships ``arch``'s family (its ``model_type``; a preset or shape without one: a
+    LLaMA-style decoder for torchtune)."""
+    check_choice("implementation", implementation, IMPLEMENTATIONS)
+    check_choice("attn_implementation", attn_implementation, ATTN_IMPLEMENTATIONS)
+    if attn_implementation != "sdpa" and implementation != "hf":
+        raise ValueError(f"attn_implementation {attn_implementation!r} is transformers' option (implementation hf); "
+                         f"{LIBRARY[implementation]} runs F.scaled_dot_product_attention: give attn_implementation "
+                         "sdpa")
+    if arch is None or implementation in ("reference", "hf"):
+        return
+    family = getattr(arch, "model_type", "") or ""
+    if family and family not in FAMILIES[implementation]:
+        raise ValueError(f"implementation {implementation}: {LIBRARY[implementation]} ships no {family} model (its "
+                         f"families: {', '.join(FAMILIES[implementation])})")
+    if not family and implementation == "torchtune" and arch.style != "llama":
+        raise ValueError("implementation torchtune: torchtune ships no GPT-style decoder (LayerNorm, GeLU): its "
+                         f"families are {', '.join(FAMILIES['torchtune'])}")
+
+
+def not_modelled(implementation: str, what: str) -> ValueError:
+    """The one-line refusal of ``what`` under a library's code."""
+    return ValueError(f"implementation {implementation} ({LIBRARY[implementation]}'s model code): {what} not "
+                      "modelled yet (implementation reference models memledger's reference decoder)")
+
+
+def check_step(setup, conv) -> None:
+    """``ValueError`` (:func:`not_modelled`) for what the step does not model yet under ``setup``'s library
+    implementation (nothing under the reference decoder)."""
+    impl = setup.implementation
+    if impl == "reference":
+        return
+    if conv.name == "article":
+        raise ValueError(f"implementation {impl}: {LIBRARY[impl]}'s code decides which kernels run, not the article's "
+                         "conventions: give backend cpu or cuda")
+    arch = setup.arch
+    f = arch.features
+    lacks = [what for what, off in [
+        ("a GPT-style block (LayerNorm, GeLU)", arch.style != "llama"),
+        ("grouped-query attention", f.gqa), ("QKV biases", f.has_qkv_bias), ("a tied LM head", f.is_tied),
+        ("a head size other than d/H", f.head_dim),
+        ("dropout", setup.dropout), (f"recompute {setup.recompute}", setup.recompute != "none"),
+        ("tensor or sequence parallelism", setup.tp > 1 or setup.sequence_parallel),
+        (f"framework {setup.framework}", setup.framework != "plain"),
+        ("FP16 autocast (recipe fp16-amp-adamw)", setup.recipe == "fp16-amp-adamw"),
+        ("packed documents", bool(setup.packed)), ("activation offloading", setup.offload_activations),
+        ("a chunked or LitGPT loss", setup.loss_chunks > 1 or setup.loss_impl != "torchtune"),
+        ("attn_implementation flash_attention_2 (the flash-attn package's kernels, CUDA only)",
+         setup.attn_implementation == "flash_attention_2")] if off]
+    if impl in UNMODELLED_BLOCKS:
+        lacks.insert(0, "the block (its norms, rotary code and attention)")
+    if lacks:
+        raise not_modelled(impl, ", ".join(lacks))
+
+
+#: The implementations whose block the step does not model yet.
+UNMODELLED_BLOCKS = ("hf", "litgpt")
