@@ -198,3 +198,17 @@ def test_litgpt_keeps_its_logits_through_the_step():
     rope = 2 * 4096 * (d // H) * 4       # cos and sin, FP32 (block_size x d_h; model.py l. 56-59, 939-1072)
     kept = 2 * B * S * V + 2                             # the previous logits (BF16) and loss (a BF16 scalar)
     assert got["after step"] == 2 * params + adamw + batch + rope + kept
+
+
+@needs("torchtune")
+@pytest.mark.parametrize("loss, B, S", [("ce", 1, 1024), ("chunked", 2, 1304)])
+def test_torchtune_7b_width_step_landmarks(loss, B, S):
+    """LLaMA-2 7B's width (two layers, V 32000), as torchtune's recipe runs it: every landmark is memledger's
+    ``implementation="torchtune"`` step plus :func:`torchtune_recipe_extra`, to the byte."""
+    got = library_step("torchtune", "llama2", **SEVEN_B, L=2, batch=B, seq=S, loss=loss)
+    arch = architecture_of(RefConfig(**SEVEN_B, L=2, style="llama"))
+    step = Step(Ledger(arch, batch_size=B, seq_len=S, recipe=LOOP, overhead_bytes=0,
+                       loss_chunks=8 if loss == "chunked" else 1, implementation="torchtune"), "cpu")
+    for name in LANDMARKS:
+        assert got[name] - step.landmarks[name]["gpu"] == torchtune_recipe_extra(name, SEVEN_B["d"], SEVEN_B["H"], 2,
+                                                                                   B, S, loss), name
