@@ -1,6 +1,6 @@
 """The libraries' losses as memledger models them (memledger/step/loss.py), without PyTorch: torchtune 0.6.1's
 ``chunk`` split, and the setups it cannot split into the chunks asked for. The byte-for-byte proofs against
-torchtune's own code are in tests/pytorch/test_libraries.py."""
+torchtune's own code are in tests/pytorch/test_torchtune_litgpt.py."""
 import pytest
 import sympy as sp
 

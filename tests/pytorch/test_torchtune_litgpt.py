@@ -1,4 +1,4 @@
-"""torchtune's and LitGPT's own model code (memledger/pytorch/libraries.py) beside memledger.
+"""torchtune's and LitGPT's own model code (memledger/pytorch/torchtune_litgpt.py) beside memledger.
 
 The independent values are PyTorch's measurements of each library's model (saved-tensor hooks, MemTracker), the
 per-layer figures docs/implementations.md records from PyTorch (shared docs), and arithmetic on the libraries'
@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch")
 
 from memledger.ledger.ledger import Ledger  # noqa: E402
 from memledger.pytorch.compare import _block_rows, architecture_of, ledger_for, run_options  # noqa: E402
-from memledger.pytorch.libraries import layer_saved, library_step, missing  # noqa: E402
+from memledger.pytorch.torchtune_litgpt import layer_saved, library_step, missing  # noqa: E402
 from memledger.pytorch.reference import RefConfig  # noqa: E402
 from memledger.step.timeline import LANDMARKS, Step  # noqa: E402
 
