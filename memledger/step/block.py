@@ -27,7 +27,7 @@ MemTracker's allocation log of the reference decoder (PyTorch 2.13, CPU); checke
 from collections import namedtuple
 
 from ..core.symbols import B, H, S
-from . import packing
+from . import hf, packing
 from .families import ALIBI_INPUT
 from .norms import norm_backward, norm_forward
 from .ops import (BHSS, CAUSAL_MASK, INPUT_GRADIENT, BSd, BSF, block_output, define_grads, dropout_ops, per_rank,
@@ -115,7 +115,9 @@ def _attention(p, c, core, rest, n1):
     elif core is Save.DROPPED and rest is Save.KEPT:
         views = "QKV projection (q, k, v: views the checkpoint keeps)"
     qkv = None
-    if views:
+    if c.hf:                # transformers: q_proj, k_proj, v_proj and its rotary code (memledger.step.hf)
+        hf.qkv_forward(p, c)
+    elif views:
         p.op(views, alloc=["Q", "K", "V"], role=OpRole.QKV_PROJECTION)
     else:
         qkv = p.new("QKV projection output" + MARKS[rest], (B, S, qkv_width(c)), a,
@@ -126,6 +128,9 @@ def _attention(p, c, core, rest, n1):
     if c.attention == "flash":
         out = flash_attention(p, c, core, whole_block=rest is Save.DROPPED)
         return (None, [qkv, out]) if rest is Save.DROPPED else (out, [])
+    if c.hf:                # transformers' eager_attention_forward
+        hf.eager_core(p, c)
+        return "output projection input", []
     out = attention_core(p, c, core)
     if rest is Save.DROPPED:
         merged = p.new("output projection input (checkpointed)", BSq, a, "heads merged (a copy)")
@@ -393,6 +398,10 @@ def attention_backward(p, c: Shape, g, share, release):
             p.op("recomputed output released", free=again)
         p.op("released", free=release + [gpi, "Q", "K", "V"] + kept + packing.saved_names(c) + (
             packing.frame(c) if selective else []))
+    elif c.hf:
+        _linear_backward(p, c, "output projection backward", gpi, proj, "output projection input",
+                         release, recomputed, role=OpRole.OUTPUT_PROJECTION_BACKWARD)
+        gq, gk, gv = hf.eager_backward(p, c, gpi)
     else:
         _linear_backward(p, c, "output projection backward", gpi, proj, "output projection input",
                          release, recomputed, role=OpRole.OUTPUT_PROJECTION_BACKWARD)
@@ -426,6 +435,9 @@ def attention_backward(p, c: Shape, g, share, release):
         p.op("released", free=[gsc])
         p.op("QK^T backward", alloc=[gq, gk])
         p.op("released", free=[gr, core.k, core.q, *core.frame])
+    if c.hf:                # transformers: the rotary code's and the three projections' backward
+        grads = {n: define_grads(p, [f"{n}_proj.weight"], c, share)[0] for n in "qkv"}
+        return hf.qkv_backward(p, c, gq, gk, gv, grads)
     if c.gqa:               # split's backward concatenates; the views of the (B, S, heads, d/H) grads are free
         if c.attention != "flash":      # the eager core's q and v gradients are laid out (B, heads, S, d/H)
             gv2 = None if c.mqa else p.new("gradient of v, copied back", BSkv, a,

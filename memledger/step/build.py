@@ -21,7 +21,7 @@ from ..core.tape import Tape, record as tape
 from ..core.symbols import L, N_d, O, P, t
 from ..states.placement import ZERO_SHARDS, device_of, state_specs
 from ..states.recipes import ALL_RECIPES as RECIPES
-from . import amp, amploss, bnb, ddp, families, fsdp2, loss, offload, optim, outer, packing, parallel, tensor
+from . import amp, amploss, bnb, ddp, families, fsdp2, hf, loss, offload, optim, outer, packing, parallel, tensor
 from .block import block_backward, block_forward
 from .ops import BSd, Placement, Program, Tensor, block_params, residual_names
 from .outer import Param
@@ -172,6 +172,8 @@ class Built:
                    Kind.PARAM, Device(device), "the norms (GPT: and the row-wise biases) are whole on every rank")
         for name in IDS:
             static(name, t_[name].expr, Kind.ACTIVATION, why=t_[name].why)
+        for name, expr, why in hf.buffers(c):               # transformers' rotary buffers
+            static(name, expr, Kind.PARAM, why=why)
         for name, expr, why in packing.inputs(c):          # what a packed batch carries
             static(name, expr, Kind.ACTIVATION, why=why)
         for name, expr, why in amp.scaler_state() if c.amp else ():
@@ -364,12 +366,14 @@ def _saved_rows(s: StepStructure) -> tuple:
                            shared_norm=c.shared_norm, attention_dropout=c.attention_dropout, **opts)
     if s.recompute == "selective":          # the attention core's own tensors are recomputed, not kept
         layer_rows = kept_rows(layer_rows, "selective")
+    layer_rows = hf.layer_rows(layer_rows, c)               # transformers' eager core: FP32 softmax, BF16 probabilities
     layer_rows = layer_rows + packing.saved_rows(c)         # packed rows: SDPA's additive mask per block
     if c.amp:                               # FP16 autocast: FP16 copies and outputs (memledger.step.amp)
         layer_rows = amp.layer_rows(layer_rows, c)
     outside_rows = outside_inventory(c.style, **{k: opts[k] for k in ("dtype", "norm_stats", "rmsnorm",
                                                                         "attention")}, input_norm=c.input_norm)
     outside_rows = outside_rows + families.outside_rows(c)     # positions' ids (memledger.step.families)
+    outside_rows = hf.outside_rows(c, outside_rows)     # transformers' cos, sin, shifted labels; no shared mask
     if c.amp:
         outside_rows = amp.outside_rows(outside_rows)
     outside_rows = packing.outside_rows(outside_rows, c, s.offload_activations)     # packed rows' masks
@@ -405,6 +409,9 @@ def _outside_programs(c, chunked: bool) -> list:
     else:
         forward_end = amp.forward_end if c.amp else outer.forward_end
         backward_start = amp.backward_start if c.amp else outer.backward_start
+    if c.hf:            # transformers' model and loss (memledger.step.hf)
+        return [(Part.FORWARD_START, hf.forward_start), (Part.FORWARD_END, hf.forward_end),
+                (Part.BACKWARD_START, hf.backward_start), (Part.BACKWARD_END, outer.backward_end)]
     return [(Part.FORWARD_START, outer.forward_start), (Part.FORWARD_END, forward_end),
             (Part.BACKWARD_START, backward_start), (Part.BACKWARD_END, outer.backward_end)]
 

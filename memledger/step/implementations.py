@@ -70,6 +70,9 @@ def check_step(setup, conv) -> None:
     if conv.name == "article":
         raise ValueError(f"implementation {impl}: {LIBRARY[impl]}'s code decides which kernels run, not the article's "
                          "conventions: give backend cpu or cuda")
+    if setup.flash_attention and setup.attn_implementation == "eager":
+        raise ValueError("flash_attention and attn_implementation eager contradict each other: transformers' "
+                         "eager_attention_forward keeps the S x S probabilities (give attn_implementation sdpa)")
     arch = setup.arch
     f = arch.features
     lacks = [what for what, off in [
@@ -104,4 +107,4 @@ def check_torchtune_chunks(chunks: int, seq_len: int) -> None:
 
 
 #: The implementations whose block the step does not model yet.
-UNMODELLED_BLOCKS = ("hf", "litgpt")
+UNMODELLED_BLOCKS = ("litgpt",)

@@ -44,6 +44,8 @@ def norm_forward(p, c, k, out, save=Save.KEPT) -> str:
         return p.new(f"norm {k}: {short}" + ("" if kept else " (checkpointed)"), shape, f, "composite RMSNorm, FP32")
     if not kept:
         out = p.new(f"norm {k} output (checkpointed)", BSd, a, "the norm's output, until its consumer has run")
+    if c.rmsnorm == "hf" and not c.gpt:
+        return _hf_forward(p, c, k, prefix, out, kept)
     if not c.composite:
         stats = _stats(c, prefix) if kept else [
             p.new(f"norm {k} {s} (dropped)", BS, f if (not c.gpt and s == "rstd") or a == f else c.stats_dtype or a,
@@ -93,6 +95,8 @@ def norm_backward(p, c, k, g_out, g_in, grads, residual=None, also_free=()):
     """
     prefix = _prefix(c, k)
     f = "fp32"
+    if c.rmsnorm == "hf" and not c.gpt:
+        return _hf_backward(p, c, k, prefix, g_out, g_in, grads, also_free)
     if not c.composite:
         p.op(f"norm {k} backward", alloc=[g_in] + grads)
         p.op(f"norm {k} released", free=[g_out, f"{prefix} input"] + _stats(c, prefix) + list(also_free))
@@ -142,3 +146,64 @@ def norm_backward(p, c, k, g_out, g_in, grads, residual=None, also_free=()):
     if c.upcast:
         p.op(f"norm {k} backward: downcast", alloc=[g_in])
         p.op(f"norm {k} backward: done", free=[t["g_x32"]])
+
+
+def _hf_forward(p, c, k, prefix, out, kept):
+    """transformers' ``LlamaRMSNorm.forward`` (``modeling_llama.py`` l. 62-67; :mod:`memledger.step.hf`): upcast,
+    ``pow(2)``, ``mean`` (``variance``, a local until the norm returns), ``+ eps``, ``rsqrt``, the product, the
+    downcast (saved by the weight's product), the weight's product."""
+    if not kept:
+        raise ValueError("transformers' LlamaRMSNorm under a checkpoint is not modelled yet")
+    f = "fp32"
+    x32, rstd, xn = f"{prefix} input", f"{prefix} rstd", f"{prefix} normalized"
+    sq, ms = p.new(f"norm {k}: x^2", BSd, f, "pow(2)"), p.new(f"norm {k}: variance", BS, f, "mean(x^2), a local")
+    ve = p.new(f"norm {k}: variance + eps", BS, f, "rsqrt's input")
+    xr = p.new(f"norm {k}: x*rstd", BSd, f, "hidden_states * rstd (FP32), a local until the norm returns")
+    p.op(f"norm {k} upcast", alloc=[x32])
+    p.op(f"norm {k} pow", alloc=[sq])
+    p.op(f"norm {k} mean", alloc=[ms])
+    p.op(f"norm {k} + eps", free=[sq], alloc=[ve])
+    p.op(f"norm {k} rsqrt", alloc=[rstd])
+    p.op(f"norm {k} x*rstd", free=[ve], alloc=[xr])
+    p.op(f"norm {k} downcast", alloc=[xn])
+    p.op(f"norm {k} weight", alloc=[out])
+    p.op(f"norm {k} returns", free=[xr, ms])
+    return out
+
+
+def _hf_backward(p, c, k, prefix, g_out, g_in, grads, also_free):
+    """The backward of transformers' ``LlamaRMSNorm``: the weight's product (the weight's gradient, a B*S*d product
+    reduced to d, then the input's), the downcast's (an FP32 copy), the product with rstd, rsqrt, mean and pow, the
+    two FP32 gradients of the upcast input summed, the upcast's (back to the activation dtype)."""
+    f, a = "fp32", c.dtype
+    x32, rstd, xn = f"{prefix} input", f"{prefix} rstd", f"{prefix} normalized"
+    t = {n: p.new(f"norm {k} backward: {n}", shape, dtype, why) for n, shape, dtype, why in [
+        ("g*xn", BSd, a, "the weight's gradient before it is summed to (d,)"),
+        ("g*w", BSd, a, "the normalized input's gradient"),
+        ("g32", BSd, f, "the downcast's backward: an FP32 copy"),
+        ("g*rstd", BSd, f, "gradient of x through x*rstd"),
+        ("g*x", BSd, f, "for the rstd gradient: g times x"),
+        ("g_rstd", BS, f, "the rstd gradient"),
+        ("rsqrt'", BS, f, "rsqrt backward: a per-token temporary"),
+        ("rsqrt''", BS, f, "rsqrt backward: a per-token temporary"), ("g_ms", BS, f, "gradient of mean(x^2)"),
+        ("g_mean", BSd, f, "mean backward: expanded over d, divided by d"),
+        ("pow'", BSd, f, "pow backward: a temporary"), ("pow''", BSd, f, "pow backward: a temporary"),
+        ("g_pow", BSd, f, "gradient of x through x^2"), ("g_x32", BSd, f, "sum of both gradients of x (FP32)")]}
+    p.op(f"norm {k} backward: weight", alloc=[t["g*xn"]], role=NODE_ROLES.get((k, "weight")))
+    p.op(f"norm {k} backward: normalized input", alloc=[t["g*w"]])
+    p.op(f"norm {k} backward: weight gradient", alloc=grads)
+    p.op("released", free=[t["g*xn"], g_out, xn])
+    p.op(f"norm {k} backward: downcast", alloc=[t["g32"]])
+    p.op("released", free=[t["g*w"]])
+    p.op(f"norm {k} backward: x*rstd", alloc=[t["g*rstd"], t["g*x"]], role=NODE_ROLES.get((k, "x*rstd")))
+    p.op(f"norm {k} backward: rstd gradient", alloc=[t["g_rstd"]])
+    p.op("released", free=[t["g*x"], t["g32"]])
+    p.op(f"norm {k} backward: rsqrt", alloc=[t["rsqrt'"], t["rsqrt''"], t["g_ms"]], role=NODE_ROLES.get((k, "rsqrt")))
+    p.op(f"norm {k} backward: mean", free=[t["rsqrt''"], t["rsqrt'"], t["g_rstd"], rstd], alloc=[t["g_mean"]])
+    p.op(f"norm {k} backward: pow", free=[t["g_ms"]], alloc=[t["pow'"], t["pow''"], t["g_pow"]],
+         role=NODE_ROLES.get((k, "pow")))
+    p.op(f"norm {k} backward: sum", free=[t["pow''"], t["pow'"], t["g_mean"], x32] + list(also_free),
+         alloc=[t["g_x32"]])
+    p.op(f"norm {k} backward: summed", free=[t["g*rstd"], t["g_pow"]])
+    p.op(f"norm {k} backward: upcast's backward", alloc=[g_in])
+    p.op(f"norm {k} backward: done", free=[t["g_x32"]])

@@ -91,15 +91,17 @@ def cross_entropy(p, src):
     p.op("loss computed", free=[src], role=OpRole.LOSS_COMPUTED)
 
 
-def backward_start(p, c: Shape):
-    """Backward through the loss, the LM head and the final norm; ends with the last block's ``dX_out``."""
+def backward_start(p, c: Shape, labels=None):
+    """Backward through the loss, the LM head and the final norm; ends with the last block's ``dX_out``.
+    ``labels``: the labels ``nll_loss`` kept, released with its total weight (transformers' shifted labels; the
+    reference decoder's are the step's target ids)."""
     a = c.dtype
     dl = p.new("gradient of the loss", (), "fp32", "loss.backward() seeds a 1")
     g1 = p.new("nll_loss gradient", LOGITS, "fp32", "nll_loss backward: B*S*V FP32")
     g2 = p.new("log_softmax gradient", LOGITS, "fp32", "log_softmax backward: B*S*V FP32")
     p.op("loss.backward()", alloc=[dl], role=OpRole.LOSS_BACKWARD)
     p.op("nll_loss backward", alloc=[g1])
-    p.op("released", free=["nll_loss total weight"])
+    p.op("released", free=["nll_loss total weight", labels])
     p.op("log_softmax backward", alloc=[g2])
     p.op("released", free=[g1, "log-softmax output (FP32)"])
     g = g2

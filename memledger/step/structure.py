@@ -110,7 +110,14 @@ class Shape:
 
     @property
     def composite(self):
-        return not self.gpt and self.rmsnorm == "composite"
+        """RMSNorm as FP32 ops (ATen's composite, or transformers' ``LlamaRMSNorm``: ``rmsnorm`` "hf")."""
+        return not self.gpt and self.rmsnorm in ("composite", "hf")
+
+    @property
+    def hf(self):
+        """transformers' ``LlamaForCausalLM`` (implementation hf): separate q, k, v projections, its rotary code,
+        its attention and loss (:mod:`memledger.step.hf`)."""
+        return self.implementation == "hf"
 
     @property
     def upcast(self):
@@ -232,6 +239,8 @@ def _shape(setup: StepInputs, conv) -> tuple:
     # the attention probabilities' dropout (off at p = 0, Phi-2's) decides SDPA's kernel, not the residual ones
     partial = bool(setup.dropout) and not arch.attention_dropout
     kernel = conv.kernel(arch.style, setup.dropout and not partial, setup.flash_attention)
+    if setup.implementation == "hf" and setup.attn_implementation == "eager":
+        kernel = "eager"                # transformers' eager_attention_forward (memledger.step.hf)
     if kernel == "math":
         raise ValueError("the math SDPA kernel (CPU, LLaMA blocks with dropout) is not modelled op by op; "
                          "use flash_attention or no dropout")
@@ -241,6 +250,8 @@ def _shape(setup: StepInputs, conv) -> tuple:
     amp = check_amp(setup, conv, kernel)
     # a library's RMSNorm upcasts before normalizing: no fused kernel, on CUDA either (step.implementations)
     rmsnorm = conv.rmsnorm if setup.implementation == "reference" else "composite"
+    if setup.implementation == "hf" and act != "fp32":     # LlamaRMSNorm keeps its BF16 normalized input instead
+        rmsnorm = "hf"
     shape = Shape(style=arch.style, attention=kernel, dropout=bool(setup.dropout), rmsnorm=rmsnorm, dtype=act,
                   stats=conv.norm_stats is not None, single=setup.batch_size == 1, grad_dtype=grad,
                   mask_dtype=opts["mask_dtype"], stats_dtype=opts["norm_stats"], gqa=f.gqa,

@@ -53,6 +53,31 @@ def test_setups_not_modelled_yet_are_refused(fields, what):
         _ = ledger.peak                                     # a fit's verdict: refused, not the reference's sum
 
 
+def test_eager_and_flash_attention_contradict():
+    with pytest.raises(ValueError, match="contradict"):
+        Ledger("llama2-7b", implementation="hf", attn_implementation="eager", flash_attention=True).step("cuda")
+    with pytest.raises(ValueError, match="flash_attention_2 .* not modelled yet"):
+        Ledger("llama2-7b", implementation="hf", attn_implementation="flash_attention_2").step("cuda")
+
+
+@pytest.mark.parametrize("attn, batch, seq, measured", [
+    ("sdpa", 1, 1024, 190_980_096), ("sdpa", 2, 1304, 486_402_432),
+    ("eager", 1, 1024, 392_175_616), ("eager", 2, 1304, 1_139_028_352)])
+def test_hf_layers_are_the_measured_ones(attn, batch, seq, measured):
+    """transformers 5.25's LlamaDecoderLayer at LLaMA-2-7B width, BF16, as PyTorch measured it (implementations.md's
+    table; tests/pytorch/test_libraries.py measures it again): on cuda as on cpu, its norms keep the BF16
+    normalized input (LlamaRMSNorm), eager keeps the FP32 softmax output and the BF16 probabilities."""
+    ledger = Ledger("llama2-7b", batch_size=batch, seq_len=seq, recipe="bf16-pure-adamw", implementation="hf",
+                    attn_implementation=attn)
+    assert layer_bytes(ledger.step("cuda")) == measured == layer_bytes(ledger.step("cpu"))
+    tokens, d, BHSS = batch * seq, 4096, batch * 32 * seq * seq
+    sdpa = measured if attn == "sdpa" else measured - 6 * BHSS + 4 * batch * 32 * seq   # the S x S pair; the lse
+    # against torchtune's layer (the reference block, composite nn.RMSNorm): each norm keeps its BF16 normalized
+    # input (2 bytes) instead of the FP32 x*rstd (4 bytes)
+    torchtune = Ledger("llama2-7b", batch_size=batch, seq_len=seq, recipe="bf16-pure-adamw", implementation="torchtune")
+    assert layer_bytes(torchtune.step("cuda")) - sdpa == 2 * (4 - 2) * tokens * d
+
+
 def test_the_article_backend_is_refused_under_a_library():
     with pytest.raises(ValueError, match="give backend cpu or cuda"):
         Ledger("llama2-7b", implementation="torchtune").step("article")

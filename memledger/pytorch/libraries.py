@@ -1,0 +1,143 @@
+"""The libraries' own model code, measured (issue 28): what memledger's ``implementation`` other than reference is
+proved against.
+
+Each model is built from its library's config, without weights, under ``FakeTensorMode`` (nothing is allocated),
+in pure BF16 (created under ``torch.set_default_dtype``: ``.to`` fails on fake parameters), on the CPU.
+
+* :func:`saved_per_layer`: every tensor autograd saves in one forward pass and its loss, caught with
+  ``torch.autograd.graph.saved_tensors_hooks``, each storage counted once (fake tensors: the storage object's
+  identity), parameters skipped; the model with two layers minus the model with one is one layer's bytes.
+* :func:`library_step`: a whole training step (memledger's :class:`~memledger.pytorch.reference.Trainer`: forward
+  and the library's own loss, ``loss.backward()``, the optimizer the loop names, ``zero_grad(set_to_none=True)``)
+  tracked by MemTracker, as :func:`memledger.pytorch.measure.memtracker_step` tracks the reference decoder.
+
+transformers (``implementation="hf"``): ``LlamaForCausalLM`` from a ``LlamaConfig``
+(``attn_implementation`` sdpa or eager), its loss ``ForCausalLMLoss`` (``labels=``). **A trap, patched away
+here**: under ``FakeTensorMode`` transformers' packed-sequence check
+(``transformers/masking_utils.py`` ``find_packed_sequence_indices``, called at l. 870 when no attention mask is
+given) cannot tell fake position ids apart, so it reports packed sequences, and the model builds a (B, 1, S, S)
+causal mask a real run never builds (a real run passes no mask to SDPA and uses ``is_causal``), which SDPA then
+turns into an additive BF16 mask saved by every layer (2·B·S² bytes per layer). :func:`_unpacked` makes the check
+return None, what it returns on a real unpacked batch.
+"""
+from contextlib import contextmanager
+
+import torch
+
+from .record import recorded
+from .reference import Trainer
+
+__all__ = ["LIBRARIES", "library_step", "saved_per_layer"]
+
+#: The libraries this module builds models of (memledger.step.implementations' names).
+LIBRARIES = ("hf",)
+
+
+@contextmanager
+def _unpacked():
+    """transformers' packed-sequence check answers "not packed" (see the module's docstring)."""
+    from transformers import masking_utils
+    before = masking_utils.find_packed_sequence_indices
+    masking_utils.find_packed_sequence_indices = lambda position_ids: None
+    try:
+        yield
+    finally:
+        masking_utils.find_packed_sequence_indices = before
+
+
+class LibraryModel(torch.nn.Module):
+    """A library's causal LM with the reference decoder's ``loss(ids, targets)`` (what
+    :class:`~memledger.pytorch.reference.Trainer` calls): the library's forward with its own loss, which alone is
+    returned (as ``Trainer.compute_loss`` returns ``outputs.loss``: the logits go with the output object)."""
+
+    def __init__(self, library: str, model):
+        super().__init__()
+        self.library, self.model = library, model
+
+    def loss(self, ids, targets):
+        with _unpacked():
+            return self.model(input_ids=ids, labels=targets).loss
+
+
+def make_library_model(library: str, d: int, H: int, F: int, V: int, L: int, attn: str = "sdpa",
+                       dtype=torch.bfloat16) -> LibraryModel:
+    """``library``'s LLaMA model at these sizes, built under the current mode (``FakeTensorMode``: no weights)."""
+    if library not in LIBRARIES:
+        raise ValueError(f"library must be one of {', '.join(LIBRARIES)}, got {library!r}")
+    from transformers import LlamaConfig, LlamaForCausalLM
+    config = LlamaConfig(hidden_size=d, intermediate_size=F, num_attention_heads=H, num_key_value_heads=H,
+                         num_hidden_layers=L, vocab_size=V, max_position_embeddings=4096, attention_dropout=0.0,
+                         attn_implementation=attn, use_cache=False)
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        model = LlamaForCausalLM(config)
+    finally:
+        torch.set_default_dtype(before)
+    model.train()
+    return LibraryModel(library, model)
+
+
+def _ids(V, batch, seq):
+    return torch.randint(0, V, (batch, seq)), torch.randint(0, V, (batch, seq))
+
+
+def _saved_bytes(library, d, H, F, V, L, attn, batch, seq) -> int:
+    """The bytes of every storage autograd saves in one forward pass with the loss (parameters skipped)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode():
+        model = make_library_model(library, d, H, F, V, L, attn)
+        params = {id(p.untyped_storage()) for p in model.parameters()}
+        seen = {}                       # id -> storage (kept alive, so that no id is reused)
+
+        def pack(t):
+            st = t.untyped_storage()
+            if id(st) not in params:
+                seen.setdefault(id(st), st)
+            return t
+        ids, targets = _ids(V, batch, seq)
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            loss = model.loss(ids, targets)
+        del loss
+        return sum(st.nbytes() for st in seen.values())
+
+
+@recorded
+def saved_per_layer(library: str, d: int, H: int, F: int, V: int, batch: int, seq: int, attn: str = "sdpa") -> dict:
+    """{"layer": one layer's saved bytes (two layers minus one), "one layer": the whole forward's saved bytes with
+    one layer} of ``library``'s model in BF16."""
+    one = _saved_bytes(library, d, H, F, V, 1, attn, batch, seq)
+    two = _saved_bytes(library, d, H, F, V, 2, attn, batch, seq)
+    return {"layer": two - one, "one layer": one}
+
+
+@recorded
+def library_step(library: str, d: int, H: int, F: int, V: int, L: int, batch: int, seq: int, attn: str = "sdpa",
+                 loop: str = "bf16-pure-adamw", foreach: bool = False) -> dict:
+    """MemTracker's totals of the second training step of ``library``'s model (pure BF16 under ``loop``):
+    {"before forward", "after forward", "after backward", "after step": int, "peak": int, "phase peaks":
+    {"forward", "backward", "optimizer"}}, CPU bytes, as :func:`memledger.pytorch.measure.memtracker_step`."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from .measure import tracker_class
+    cpu = torch.device("cpu")
+    with FakeTensorMode():
+        model = make_library_model(library, d, H, F, V, L, attn)
+        trainer = Trainer(model, loop, foreach=foreach)
+        trainer.init_state()
+        ids, targets = _ids(V, batch, seq)
+        tracker = tracker_class()()
+        tracker.track_external(model, *trainer.optimizers, ids, targets, *trainer.masters)
+        result, phase_peaks = {}, {}
+        phases = {"after forward": "forward", "after backward": "backward", "after step": "optimizer"}
+
+        def landmark(name):
+            total = tracker.get_tracker_snapshot("current")[cpu]["Total"]
+            if name in phases:
+                phase_peaks[phases[name]] = max(tracker._peak_mem[cpu], total)
+            result[name] = tracker._peak_mem[cpu] = total
+        with tracker:
+            trainer.step(ids, targets, landmark)
+        result["peak"] = max(phase_peaks.values())
+        result["phase peaks"] = phase_peaks
+    return result

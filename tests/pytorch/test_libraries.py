@@ -1,0 +1,82 @@
+"""``memledger step --implementation hf`` against transformers' own ``LlamaForCausalLM`` (issue 28), to the byte.
+
+The model is built from a ``LlamaConfig`` without weights under ``FakeTensorMode``, pure BF16, on the CPU
+(:mod:`memledger.pytorch.libraries`); memledger's step runs under the cpu backend with the same loop (AdamW on the
+BF16 parameters, ``foreach=False`` as the cpu backend's default, or ``foreach=True``). **A trap is patched away in
+the harness**: under ``FakeTensorMode`` transformers' packed-sequence check (``masking_utils.
+find_packed_sequence_indices``) cannot run on fake position ids and reports packed sequences, so the model would
+build a (B, 1, S, S) causal mask a real run never builds (a real unpacked batch passes no mask and SDPA runs
+``is_causal``), saved by every layer as an additive BF16 mask (2·B·S² bytes per layer); the harness makes the check
+return None, what it returns for a real unpacked batch.
+
+Measured: (a) the bytes autograd saves per layer (saved-tensor hooks, each storage once, parameters skipped; the
+model with two layers minus the model with one), equal to the step's "L x" rows over L and, at LLaMA-2-7B's width
+(hidden 4096, 32 heads, FFN 11008), to the figures of /work/shared/docs/implementations.md's table (PyTorch's own
+measurement of transformers 5.25); (b) MemTracker's totals of the second step at each landmark, each phase's peak
+and the peak, equal to the step's.
+"""
+import pytest
+
+from memledger import Ledger
+from memledger.models.architecture import Architecture
+
+pytestmark = pytest.mark.slow
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from memledger.pytorch.libraries import library_step, saved_per_layer  # noqa: E402
+
+LLAMA2 = dict(d=4096, H=32, F=11008, V=32000)
+SMALL = dict(d=256, H=4, F=688, V=1000)
+
+
+def step_of(d, H, F, V, L, batch, seq, attn, foreach=False):
+    ledger = Ledger(Architecture(d, L, H, F, V, "llama"), batch_size=batch, seq_len=seq, recipe="bf16-pure-adamw",
+                    implementation="hf", attn_implementation=attn, overhead_bytes=0)
+    return ledger.step("cpu", foreach=foreach)
+
+
+def layer_bytes(step) -> int:
+    total = sum(r["bytes"] for r in step.rows if r["name"].startswith("L x "))
+    return total // step.values["L"]
+
+
+def agree(step, measured):
+    """Every landmark, each phase's peak and the peak, to the byte."""
+    assert {k: step.landmarks[k]["gpu"] for k in step.landmarks} == {k: measured[k] for k in step.landmarks}
+    assert step.phase_peaks() == measured["phase peaks"]
+    assert step.peak.bytes == measured["peak"]
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+@pytest.mark.parametrize("batch, seq", [(1, 64), (2, 48)])
+def test_small_layer_and_step(attn, batch, seq):
+    measured = saved_per_layer("hf", **SMALL, batch=batch, seq=seq, attn=attn)
+    step = step_of(**SMALL, L=3, batch=batch, seq=seq, attn=attn)
+    assert layer_bytes(step) == measured["layer"]
+    agree(step, library_step("hf", **SMALL, L=3, batch=batch, seq=seq, attn=attn))
+
+
+def test_small_lumped_foreach_step():
+    """Five layers (the step lumps the middle ones) and AdamW's foreach step."""
+    step = step_of(**SMALL, L=5, batch=2, seq=32, attn="sdpa", foreach=True)
+    agree(step, library_step("hf", **SMALL, L=5, batch=2, seq=32, foreach=True))
+
+
+#: One LLaMA-2-7B layer's saved bytes, BF16 (implementations.md's table: transformers 5.25 under FakeTensorMode).
+TABLE = {("sdpa", 1, 1024): 190_980_096, ("sdpa", 2, 1304): 486_402_432,
+         ("eager", 1, 1024): 392_175_616, ("eager", 2, 1304): 1_139_028_352}
+
+
+@pytest.mark.parametrize("attn, batch, seq", list(TABLE))
+def test_llama2_7b_width(attn, batch, seq):
+    measured = saved_per_layer("hf", **LLAMA2, batch=batch, seq=seq, attn=attn)
+    step = step_of(**LLAMA2, L=2, batch=batch, seq=seq, attn=attn)
+    assert layer_bytes(step) == measured["layer"] == TABLE[attn, batch, seq]
+    agree(step, library_step("hf", **LLAMA2, L=2, batch=batch, seq=seq, attn=attn))
+
+
+def test_llama2_7b_sdpa_whole_model():
+    """32 layers, AdamW foreach (the cuda backend's default): the step the implementations note measured."""
+    step = step_of(**LLAMA2, L=32, batch=1, seq=1024, attn="sdpa", foreach=True)
+    agree(step, library_step("hf", **LLAMA2, L=32, batch=1, seq=1024, foreach=True))
