@@ -212,3 +212,18 @@ def test_torchtune_7b_width_step_landmarks(loss, B, S):
     for name in LANDMARKS:
         assert got[name] - step.landmarks[name]["gpu"] == torchtune_recipe_extra(name, SEVEN_B["d"], SEVEN_B["H"], 2,
                                                                                    B, S, loss), name
+
+
+@needs("litgpt")
+@pytest.mark.parametrize("B, S", [(1, 256), (2, 200)])
+def test_litgpt_pythia_layer(B, S):
+    """A GPT-style family: LitGPT's pythia config (GPT-NeoX: LayerNorm, GeLU, parallel residual, rotary on a quarter
+    of each head) at a small width keeps what memledger's parallel GPT-NeoX layer under SDPA keeps plus the same
+    6*B*S*d bytes as its LLaMA layer (:func:`litgpt_extra` without the RMSNorms' weight copies: LayerNorm casts
+    nothing): the rotated q and k made new by ``torch.cat`` (l. 512-513) while v's view keeps the fused QKV storage,
+    and the output projection's input copied."""
+    d, H, F = SMALL["d"], SMALL["H"], 1024
+    got = layer_saved("litgpt", "pythia-160m", d=d, H=H, F=F, V=SMALL["V"], batch=B, seq=S)["layer"]
+    c = RefConfig(d=d, L=2, H=H, F=F, V=SMALL["V"], style="gpt", parallel=True, untied=True, attention="sdpa")
+    booked = ledger_for(c, LOOP, B, S).evaluate(sum(r.bytes for r in _block_rows(c, run_options(c, LOOP))))
+    assert got - booked == 6 * B * S * d
