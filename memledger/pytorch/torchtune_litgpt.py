@@ -7,7 +7,7 @@ the recipes train it (torchtune ``dtype: bf16``; LitGPT ``precision: bf16-true``
 * torchtune 0.6.1: ``torchtune.models.llama2.llama2`` and ``torchtune.models.llama3.llama3`` (its component builders,
   ``torchtune/models/llama2/_component_builders.py`` l. 42, ``torchtune/models/llama3/_component_builders.py``).
   torchtune ships no GPT-style (LayerNorm, GeLU) decoder.
-* LitGPT 0.5.13: ``litgpt.model.GPT(Config.from_name(name, ...))`` (``litgpt/model.py`` l. 23), a LLaMA name
+* LitGPT 0.5.13: ``litgpt.model.GPT(Config.from_name(name, ...))`` (``litgpt/model.py`` l. 22), a LLaMA name
   ("Llama-2-7b-hf") or a GPT-NeoX one ("pythia-...": LayerNorm, GeLU, parallel residual, partial rotary).
 
 :func:`layer_saved`: what one layer saves for backward, ``saved_tensors_hooks`` deduplicated by storage (the fake
@@ -23,11 +23,11 @@ each recipe's loop runs it (its lines transcribed; the recipe modules are script
   1:], ignore_labels_cache[:B]))``, the model's logits, ``loss_fn(logits, labels)``, ``del logits``),
   ``current_loss = loss * current_num_tokens`` (l. 699), ``running_loss += current_loss`` (l. 700),
   ``current_loss.backward()`` (l. 701), ``training.scale_grads(model, 1 / num_tokens)`` (l. 706), ``optimizer.step()``,
-  ``optimizer.zero_grad(set_to_none=True)`` (l. 712-713), then ``running_loss = 0``, ``num_tokens = 0`` (l. 753-754;
+  ``optimizer.zero_grad(set_to_none=True)`` (l. 712-713), then ``running_loss = 0``, ``num_tokens = 0`` (l. 754-755;
   the ``.item()`` logged in between cannot run on fake tensors and allocates nothing). Its losses:
   ``torch.nn.CrossEntropyLoss`` (the model returns ``self.output(h).float()``, ``torchtune/modules/transformer.py``
   l. 651-661) and ``CEWithChunkedOutputLoss(num_output_chunks)`` (``torchtune/modules/loss/ce_chunked_output_loss.py``
-  l. 84-102; the model's ``chunked_output``, ``transformer.py`` l. 482-502: ``h.chunk(n, dim=1)``).
+  l. 45-83; the model's ``chunked_output``, ``transformer.py`` l. 482-502: ``h.chunk(n, dim=1)``).
 * LitGPT ``litgpt/finetune/full.py`` (0.5.13) l. 278-291: ``logits = model(input_ids)``, ``loss =
   chunked_cross_entropy(logits[..., :-1, :], targets[..., 1:])`` (``litgpt/utils.py`` l. 302-351: the head not
   chunked, so the shifted logits are flattened and split by 128 tokens, the last chunk short),
@@ -183,7 +183,7 @@ def _torchtune_step(model, opt, loss_fn, batch, cache, landmark, kept):
     training.scale_grads(model, 1 / num_tokens)
     opt.step()
     opt.zero_grad(set_to_none=True)
-    del running_loss, num_tokens            # l. 753-754: running_loss = 0, num_tokens = 0
+    del running_loss, num_tokens            # l. 754-755: running_loss = 0, num_tokens = 0
     landmark("after step")
 
 

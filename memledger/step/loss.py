@@ -93,7 +93,7 @@ def tokens(c) -> list:
 def torchtune_chunk_tokens(k: int, n: int):
     """Tokens of chunk ``k`` of ``n`` as torchtune 0.6.1 splits them: ``last_hidden_state.chunk(n, dim=1)``
     (``torchtune/modules/transformer.py`` l. 499-502) and ``labels.chunk(n, dim=1)``
-    (``torchtune/modules/loss/ce_chunked_output_loss.py`` l. 87-90): ceil(S/n) each, the last what is left.
+    (``torchtune/modules/loss/ce_chunked_output_loss.py`` l. 69-72): ceil(S/n) each, the last what is left.
     (torchtune's main branch, bd2a0fc7, uses ``tensor_split`` instead: :func:`chunk_tokens`.) ``chunk`` makes fewer
     than n chunks where ceil(S/n) * (n - 1) >= S; :func:`memledger.step.implementations.check_torchtune_chunks`
     refuses that."""

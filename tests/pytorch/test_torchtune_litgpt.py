@@ -107,7 +107,7 @@ def torchtune_recipe_extra(landmark, d, H, L, B, S, loss):
       parameter tensors a layer, each with AdamW's 4-byte ``step``;
     * the recipe's loop (``recipes/full_finetune_single_device.py``): ``ignore_labels_cache`` (B, 1) int64
       (l. 346), the previous iteration's ``current_num_tokens`` (int64) and ``current_loss`` (FP32) until rebound
-      (l. 692, 699); ``num_tokens`` (int64) and ``running_loss`` (FP32) from the forward to l. 753-754; the labels
+      (l. 692, 699); ``num_tokens`` (int64) and ``running_loss`` (FP32) from the forward to l. 754-755; the labels
       popped and replaced by their shifted ``hstack`` (l. 642-644), which dies in backward: after it only the
       tokens are left of the batch. With CEWithChunkedOutputLoss and B > 1 the shifted labels die when their
       chunks are copied (``labels.chunk(n, dim=1)``, ``reshape(-1)``), where memledger's reference still holds its
