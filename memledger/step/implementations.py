@@ -16,6 +16,7 @@ the reference decoder's block in its place.
 from ..core.choices import check_choice
 
 __all__ = ["ATTN_IMPLEMENTATIONS", "FAMILIES", "IMPLEMENTATIONS", "LIBRARY", "check_fields", "check_step",
+           "check_torchtune_chunks",
            "not_modelled"]
 
 #: The implementations the step knows by name, the reference decoder first (the default).
@@ -83,13 +84,26 @@ def check_step(setup, conv) -> None:
         (f"framework {setup.framework}", setup.framework != "plain"),
         ("FP16 autocast (recipe fp16-amp-adamw)", setup.recipe == "fp16-amp-adamw"),
         ("packed documents", bool(setup.packed)), ("activation offloading", setup.offload_activations),
-        ("a chunked or LitGPT loss", setup.loss_chunks > 1 or setup.loss_impl != "torchtune"),
+        # torchtune's CEWithChunkedOutputLoss is modelled under its own code (memledger.step.loss); LitGPT's not yet
+        ("a chunked or LitGPT loss", (setup.loss_chunks > 1 and impl != "torchtune") or setup.loss_impl != "torchtune"),
         ("attn_implementation flash_attention_2 (the flash-attn package's kernels, CUDA only)",
          setup.attn_implementation == "flash_attention_2")] if off]
     if impl in UNMODELLED_BLOCKS:
         lacks.insert(0, "the block (its norms, rotary code and attention)")
     if lacks:
         raise not_modelled(impl, ", ".join(lacks))
+    if impl == "torchtune":
+        check_torchtune_chunks(setup.loss_chunks, setup.seq_len)
+
+
+def check_torchtune_chunks(chunks: int, seq_len: int) -> None:
+    """``ValueError`` naming ``loss_chunks`` where torchtune 0.6.1's ``h.chunk(n, dim=1)`` (ceil(S/n) tokens a
+    chunk, :func:`memledger.step.loss.torchtune_chunk_tokens`) would make fewer chunks than asked."""
+    size = -(-seq_len // chunks)
+    if chunks > 1 and size * (chunks - 1) >= seq_len:
+        raise ValueError(f"loss_chunks {chunks}: torchtune's h.chunk({chunks}, dim=1) makes {-(-seq_len // size)} "
+                         f"chunks of {size} tokens at seq_len {seq_len}, not {chunks}; give a loss_chunks that "
+                         f"splits {seq_len} tokens into that many")
 
 
 #: The implementations whose block the step does not model yet.

@@ -46,7 +46,8 @@ from .outer import final_norm_params
 from .vocab import Kind, Lifetime, OpRole, Scope
 
 __all__ = ["chunk_tokens", "chunked_backward_start", "chunked_forward_end", "join_input_gradients",
-           "litgpt_forward_end", "replaced_rows", "saved_names", "tokens"]
+           "litgpt_forward_end", "replaced_rows", "saved_names", "split_by_chunk", "tokens",
+           "torchtune_chunk_tokens"]
 
 
 def chunk_tokens(k: int, n: int):
@@ -84,14 +85,38 @@ def _saved(p, name, shape, dtype, why):
 
 
 def tokens(c) -> list:
-    """Each chunk's tokens: LitGPT's ``split`` by S/n, torchtune's ``tensor_split`` (:func:`chunk_tokens`)."""
+    """Each chunk's tokens: LitGPT's ``split`` by S/n, torchtune's ``tensor_split`` (:func:`chunk_tokens`), or
+    under ``implementation="torchtune"`` torchtune 0.6.1's ``chunk`` (:func:`torchtune_chunk_tokens`)."""
     return _tokens(c)
+
+
+def torchtune_chunk_tokens(k: int, n: int):
+    """Tokens of chunk ``k`` of ``n`` as torchtune 0.6.1 splits them: ``last_hidden_state.chunk(n, dim=1)``
+    (``torchtune/modules/transformer.py`` l. 499-502) and ``labels.chunk(n, dim=1)``
+    (``torchtune/modules/loss/ce_chunked_output_loss.py`` l. 69-72): ceil(S/n) each, the last what is left.
+    (torchtune's main branch, bd2a0fc7, uses ``tensor_split`` instead: :func:`chunk_tokens`.) ``chunk`` makes fewer
+    than n chunks where ceil(S/n) * (n - 1) >= S; :func:`memledger.step.implementations.check_torchtune_chunks`
+    refuses that."""
+    size = sp.ceiling(S / n)
+    return size if k < n - 1 else S - (n - 1) * size
+
+
+def split_by_chunk(c) -> bool:
+    """The chunks are ``split`` views (one ``SplitBackward0``, whose backward is one ``cat``), not
+    ``tensor_split``'s slices: LitGPT's, and torchtune 0.6.1's ``chunk``."""
+    return c.loss_impl == "litgpt" or _torchtune(c)
+
+
+def _torchtune(c) -> bool:
+    return getattr(c, "implementation", "reference") == "torchtune"
 
 
 def _tokens(c):
     n = c.loss_chunks
     if c.loss_impl == "litgpt":          # split(S/n): S a multiple of n (Ledger checks)
         return [S / n] * n
+    if _torchtune(c):
+        return [torchtune_chunk_tokens(k, n) for k in range(n)]
     return [chunk_tokens(k, n) for k in range(n)]
 
 
@@ -270,7 +295,7 @@ def join_input_gradients(p, c, inputs, gfn):
     """The chunks' LM head input gradients ``inputs`` (live) joined into ``gfn``: ``split``'s backward one ``cat``,
     ``tensor_split``'s a ``slice_backward`` per chunk (padded to B*S*d), summed out of place."""
     a, n = c.dtype, c.loss_chunks
-    if n > 1 and c.loss_impl == "litgpt":       # split's backward: one cat of the chunks' gradients
+    if n > 1 and split_by_chunk(c):             # split's backward: one cat of the chunks' gradients
         p.op("split backward: cat", alloc=[gfn], free=inputs)
     elif n > 1:                                 # tensor_split: a slice_backward per chunk, summed out of place
         buffer = None

@@ -43,7 +43,7 @@ def test_a_family_the_library_does_not_ship():
     ({"recompute": "full"}, "recompute full"), ({"tp": 2}, "tensor or sequence parallelism"),
     ({"framework": "fsdp2", "dp": 2, "recipe": "bf16-pure-adamw"}, "framework fsdp2"),
     ({"framework": "ddp", "dp": 2}, "framework ddp"), ({"recipe": "fp16-amp-adamw"}, "FP16 autocast"),
-    ({"packed": 2}, "packed documents"), ({"loss_chunks": 4}, "a chunked or LitGPT loss"),
+    ({"packed": 2}, "packed documents"), ({"loss_impl": "litgpt"}, "a chunked or LitGPT loss"),
 ])
 def test_setups_not_modelled_yet_are_refused(fields, what):
     ledger = Ledger("llama2-7b", batch_size=1, seq_len=1024, implementation="torchtune", **fields)

@@ -1,0 +1,270 @@
+"""torchtune's and LitGPT's own model code, measured: what one layer saves, and a whole step as each recipe runs it.
+
+Each model is built from its library's own builder or config without weights, under ``FakeTensorMode`` (nothing is
+allocated), its parameters in BF16 (created under ``torch.set_default_dtype``: ``.to`` fails on fake parameters), as
+the recipes train it (torchtune ``dtype: bf16``; LitGPT ``precision: bf16-true``).
+
+* torchtune 0.6.1: ``torchtune.models.llama2.llama2`` and ``torchtune.models.llama3.llama3`` (its component builders,
+  ``torchtune/models/llama2/_component_builders.py`` l. 42, ``torchtune/models/llama3/_component_builders.py``).
+  torchtune ships no GPT-style (LayerNorm, GeLU) decoder.
+* LitGPT 0.5.13: ``litgpt.model.GPT(Config.from_name(name, ...))`` (``litgpt/model.py`` l. 22), a LLaMA name
+  ("Llama-2-7b-hf") or a GPT-NeoX one ("pythia-...": LayerNorm, GeLU, parallel residual, partial rotary).
+
+:func:`layer_saved`: what one layer saves for backward, ``saved_tensors_hooks`` deduplicated by storage (the fake
+storage's identity), parameters and buffers excluded, attributed to the layer that saved it first (forward pre/post
+hooks); the 2-layer model's total minus the 1-layer model's is one layer.
+
+:func:`library_step`: a steady-state step (the optimizer's state made by a first step) tracked by MemTracker, as
+each recipe's loop runs it (its lines transcribed; the recipe modules are scripts, not importable):
+
+* torchtune ``recipes/full_finetune_single_device.py`` (0.6.1): ``ignore_labels_cache = torch.full((B, 1),
+  ignore_index)`` (l. 346-348), then per step ``current_num_tokens = (labels != ignore_index).sum()`` (l. 692-695),
+  ``num_tokens += current_num_tokens`` (l. 696), ``_loss_step`` (l. 632-654: ``labels = torch.hstack((labels[...,
+  1:], ignore_labels_cache[:B]))``, the model's logits, ``loss_fn(logits, labels)``, ``del logits``),
+  ``current_loss = loss * current_num_tokens`` (l. 699), ``running_loss += current_loss`` (l. 700),
+  ``current_loss.backward()`` (l. 701), ``training.scale_grads(model, 1 / num_tokens)`` (l. 706), ``optimizer.step()``,
+  ``optimizer.zero_grad(set_to_none=True)`` (l. 712-713), then ``running_loss = 0``, ``num_tokens = 0`` (l. 754-755;
+  the ``.item()`` logged in between cannot run on fake tensors and allocates nothing). Its losses:
+  ``torch.nn.CrossEntropyLoss`` (the model returns ``self.output(h).float()``, ``torchtune/modules/transformer.py``
+  l. 651-661) and ``CEWithChunkedOutputLoss(num_output_chunks)`` (``torchtune/modules/loss/ce_chunked_output_loss.py``
+  l. 45-83; the model's ``chunked_output``, ``transformer.py`` l. 482-502: ``h.chunk(n, dim=1)``).
+* LitGPT ``litgpt/finetune/full.py`` (0.5.13) l. 278-291: ``logits = model(input_ids)``, ``loss =
+  chunked_cross_entropy(logits[..., :-1, :], targets[..., 1:])`` (``litgpt/utils.py`` l. 302-351: the head not
+  chunked, so the shifted logits are flattened and split by 128 tokens, the last chunk short),
+  ``fabric.backward(loss / 1)``, ``optimizer.step()``, ``optimizer.zero_grad()``; ``litgpt/finetune/lora.py``
+  l. 355-359 instead runs the head in chunks of 128 tokens (``model(input_ids, lm_head_chunk_size=128)``,
+  ``litgpt/model.py`` l. 177-179), drops the last chunk's last position and passes the list (the ``"head-chunked"``
+  loss here). ``running_loss.update(loss.detach())`` (a torchmetrics ``RunningMean``) is left out.
+
+The optimizer is ``torch.optim.AdamW`` with its defaults (on these CPU tensors its for-loop; neither recipe's
+7B single-device config names it: torchtune's names bitsandbytes' ``PagedAdamW``, which runs on CUDA only).
+"""
+from contextlib import contextmanager
+
+import torch
+
+from .measure import tracker_class
+from .record import recorded
+
+__all__ = ["LIBRARIES", "LOSSES", "build", "layer_saved", "library_step", "missing"]
+
+LIBRARIES = ("torchtune", "litgpt")
+#: Each library's losses, as its recipes run them (see the module's docstring).
+LOSSES = {"torchtune": ("ce", "chunked"), "litgpt": ("full", "head-chunked")}
+IGNORE = -100
+
+
+def missing(library: str):
+    """Why ``library`` cannot be measured here (not installed), or None."""
+    module = {"torchtune": "torchtune.models.llama2", "litgpt": "litgpt.model"}[library]
+    try:
+        __import__(module)
+    except ImportError as error:
+        return f"{library} is not installed ({error}); pip install -r requirements.txt and requirements-nodeps.txt"
+    return None
+
+
+def _check(library, family, loss=None):
+    if library not in LIBRARIES:
+        raise ValueError(f"library must be one of {', '.join(LIBRARIES)}, got {library!r}")
+    if loss is not None and loss not in LOSSES[library]:
+        raise ValueError(f"loss for {library} must be one of {', '.join(LOSSES[library])}, got {loss!r}")
+
+
+def build(library: str, family: str, d: int, L: int, H: int, F: int, V: int, n_kv_heads: int = None,
+          max_seq_len: int = 4096):
+    """The library's model in the default dtype (no weights loaded); returns (model, its layers)."""
+    kv = n_kv_heads or H
+    if library == "torchtune":
+        if family == "llama2":
+            from torchtune.models.llama2 import llama2 as builder
+        elif family == "llama3":
+            from torchtune.models.llama3 import llama3 as builder
+        else:
+            raise ValueError(f"torchtune family must be llama2 or llama3, got {family!r}")
+        model = builder(vocab_size=V, num_layers=L, num_heads=H, num_kv_heads=kv, embed_dim=d,
+                        max_seq_len=max_seq_len, intermediate_dim=F)
+        return model, list(model.layers)
+    from litgpt.config import Config
+    from litgpt.model import GPT
+    extra = {} if family.startswith("pythia") else {"n_query_groups": kv}
+    config = Config.from_name(family, n_layer=L, n_embd=d, n_head=H, intermediate_size=F, padded_vocab_size=V,
+                              vocab_size=V, block_size=max_seq_len, **extra)
+    model = GPT(config)
+    return model, list(model.transformer.h)
+
+
+def _built(library, family, d, L, H, F, V, n_kv_heads, max_seq_len):
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        return build(library, family, d, L, H, F, V, n_kv_heads, max_seq_len)
+    finally:
+        torch.set_default_dtype(before)
+
+
+@contextmanager
+def _layer_tags(layers):
+    where, handles = ["outside"], []
+    for i, layer in enumerate(layers):
+        handles.append(layer.register_forward_pre_hook(lambda m, a, i=i: where.__setitem__(0, i)))
+        handles.append(layer.register_forward_hook(lambda m, a, o: where.__setitem__(0, "outside")))
+    try:
+        yield where
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def _forward(library, model, ids, loss):
+    if library == "litgpt" and loss == "head-chunked":
+        return model(ids, lm_head_chunk_size=128)
+    return model(ids)
+
+
+@recorded
+def layer_saved(library: str, family: str, d: int, H: int, F: int, V: int, batch: int, seq: int,
+                n_kv_heads: int = None) -> dict:
+    """{"layer": what one layer saves (2-layer total minus 1-layer total), "tensors": the second layer's saved
+    storages, sorted [(bytes, dtype, shape)], "outside": the 2-layer model's saved bytes outside its layers}, one
+    forward pass (the logits, no loss) under ``FakeTensorMode``."""
+    _check(library, family)
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    totals, tensors, outside = {}, None, 0
+    for L in (1, 2):
+        with FakeTensorMode():
+            model, layers = _built(library, family, d, L, H, F, V, n_kv_heads, max(4096, seq))
+            skip = {id(t.untyped_storage()) for t in (*model.parameters(), *model.buffers())}
+            seen = {}
+            ids = torch.randint(0, V, (batch, seq))
+            with _layer_tags(layers) as where:
+                def pack(t, skip=skip, seen=seen, where=where):
+                    st = t.untyped_storage()
+                    if id(st) not in skip and id(st) not in seen:
+                        seen[id(st)] = (st, where[0], st.nbytes(), str(t.dtype).replace("torch.", ""),
+                                        tuple(t.shape))
+                    return t
+                with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                    out = model(ids)
+            del out
+        totals[L] = sum(v[2] for v in seen.values())
+        if L == 2:
+            tensors = sorted(v[2:] for v in seen.values() if v[1] == 1)
+            outside = sum(v[2] for v in seen.values() if v[1] == "outside")
+    return {"layer": totals[2] - totals[1], "tensors": tensors, "outside": outside}
+
+
+def _torchtune_step(model, opt, loss_fn, batch, cache, landmark, kept):
+    """One iteration of ``full_finetune_single_device``'s loop (0.6.1, l. 689-754; ``_loss_step`` l. 632-654) on
+    ``batch`` ({"tokens", "labels"}: the labels are popped and die at the shift, as in the recipe). ``kept``: the
+    loop's variables that outlive an iteration (``current_num_tokens``, ``current_loss``), rebound where the loop
+    rebinds them."""
+    from torchtune import training
+    landmark("before forward")
+    kept["current_num_tokens"] = current_num_tokens = (batch["labels"] != loss_fn.ignore_index).sum()
+    num_tokens = 0
+    num_tokens += current_num_tokens
+    labels_ = batch.pop("labels")
+    logits = model(**batch)
+    labels_ = torch.hstack((labels_[..., 1:], cache[: labels_.shape[0]]))
+    if not isinstance(logits, list):
+        labels_ = labels_.reshape(-1)
+        logits = logits.reshape(-1, logits.size(-1))
+    loss = loss_fn(logits, labels_)
+    del logits, labels_                     # _loss_step returns
+    kept["current_loss"] = current_loss = loss * current_num_tokens
+    del loss
+    running_loss = 0
+    running_loss += current_loss
+    landmark("after forward")
+    current_loss.backward()
+    del current_loss, current_num_tokens
+    landmark("after backward")
+    training.scale_grads(model, 1 / num_tokens)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    del running_loss, num_tokens            # l. 754-755: running_loss = 0, num_tokens = 0
+    landmark("after step")
+
+
+def _litgpt_step(model, opt, loss, batch, landmark, kept):
+    """One iteration of ``litgpt/finetune/full.py``'s ``fit`` (0.5.13, l. 278-291); ``"head-chunked"``: the head
+    and loss of ``finetune/lora.py`` l. 355-359. ``kept``: ``logits`` and ``loss``, which the loop never deletes:
+    they live until the next iteration rebinds them."""
+    from litgpt.utils import chunked_cross_entropy
+    landmark("before forward")
+    ids, targets = batch["input_ids"], batch["labels"]
+    if loss == "head-chunked":
+        kept["logits"] = logits = model(ids, lm_head_chunk_size=128)
+        logits[-1] = logits[-1][..., :-1, :]
+        kept["loss"] = value = chunked_cross_entropy(logits, targets[..., 1:])
+    else:
+        kept["logits"] = logits = model(ids)
+        kept["loss"] = value = chunked_cross_entropy(logits[..., :-1, :], targets[..., 1:])
+    del logits
+    scaled = value / 1                      # loss / train.gradient_accumulation_iters(devices, num_nodes)
+    del value
+    landmark("after forward")
+    scaled.backward()                       # fabric.backward under bf16-true: loss.backward()
+    del scaled
+    landmark("after backward")
+    opt.step()
+    opt.zero_grad()
+    landmark("after step")
+
+
+@recorded
+def library_step(library: str, family: str, d: int, L: int, H: int, F: int, V: int, batch: int, seq: int,
+                 loss: str, chunks: int = 8, n_kv_heads: int = None) -> dict:
+    """MemTracker's totals of a steady-state step of ``library``'s model under ``FakeTensorMode`` (the CPU backend:
+    exact storage bytes): {landmark: bytes, "peak": int, "phase peaks": {"forward", "backward", "optimizer"}};
+    ``chunks``: torchtune's ``num_output_chunks`` (loss "chunked")."""
+    _check(library, family, loss)
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    cpu = torch.device("cpu")
+    with FakeTensorMode():
+        model, layers = _built(library, family, d, L, H, F, V, n_kv_heads, max(4096, seq))
+        opt = torch.optim.AdamW(model.parameters())
+        extra = []
+        if library == "torchtune":
+            from torchtune.modules.loss import CEWithChunkedOutputLoss
+            loss_fn = torch.nn.CrossEntropyLoss() if loss == "ce" else CEWithChunkedOutputLoss(chunks)
+            if loss == "chunked":
+                model.set_num_output_chunks(loss_fn.num_output_chunks)
+            cache = torch.full((batch, 1), loss_fn.ignore_index)
+            extra = [cache]
+        result, phase_peaks = {}, {}
+        phases = {"after forward": "forward", "after backward": "backward", "after step": "optimizer"}
+        tracker = tracker_class()()
+
+        def landmark(name):
+            total = tracker.get_tracker_snapshot("current")[cpu]["Total"]
+            if name in phases:
+                phase_peaks[phases[name]] = max(tracker._peak_mem[cpu], total)
+            result[name] = tracker._peak_mem[cpu] = total
+
+        names = ("tokens", "labels") if library == "torchtune" else ("input_ids", "labels")
+
+        def iteration(mark, kept):
+            if library == "torchtune":
+                _torchtune_step(model, opt, loss_fn, kept.pop("batch"), cache, mark, kept)
+            else:
+                _litgpt_step(model, opt, loss, kept["batch"], mark, kept)
+
+        # the loop's variables that outlive an iteration; each iteration's batch is new (the data loader's), the
+        # previous one dies when the loop rebinds ``batch``
+        kept = {"batch": {name: torch.randint(0, V, (batch, seq)) for name in names}}
+        iteration(lambda name: None, kept)  # the first makes the optimizer's state; its leftovers live into the second
+        kept["batch"] = {name: torch.randint(0, V, (batch, seq)) for name in names}
+        leftovers = [t for v in kept.values() for t in (v if isinstance(v, list) else
+                                                        v.values() if isinstance(v, dict) else [v])]
+        tracker.track_external(model, opt, *extra, *leftovers)
+        del leftovers
+        with tracker:
+            iteration(landmark, kept)
+        del kept
+        result["peak"] = max(phase_peaks.values())
+        result["phase peaks"] = phase_peaks
+    return result
+
