@@ -30,7 +30,7 @@ from .reference import Trainer
 __all__ = ["LIBRARIES", "library_step", "saved_per_layer"]
 
 #: The libraries this module builds models of (memledger.step.implementations' names).
-LIBRARIES = ("hf",)
+LIBRARIES = ("hf", "litgpt")
 
 
 @contextmanager
@@ -55,6 +55,9 @@ class LibraryModel(torch.nn.Module):
         self.library, self.model = library, model
 
     def loss(self, ids, targets):
+        if self.library == "litgpt":        # litgpt/utils.py chunked_cross_entropy, chunk_size 0: one cross-entropy
+            from litgpt.utils import chunked_cross_entropy
+            return chunked_cross_entropy(self.model(ids), targets, chunk_size=0)
         with _unpacked():
             return self.model(input_ids=ids, labels=targets).loss
 
@@ -64,6 +67,8 @@ def make_library_model(library: str, d: int, H: int, F: int, V: int, L: int, att
     """``library``'s LLaMA model at these sizes, built under the current mode (``FakeTensorMode``: no weights)."""
     if library not in LIBRARIES:
         raise ValueError(f"library must be one of {', '.join(LIBRARIES)}, got {library!r}")
+    if library == "litgpt":
+        return _litgpt(d, H, F, V, L, dtype)
     from transformers import LlamaConfig, LlamaForCausalLM
     config = LlamaConfig(hidden_size=d, intermediate_size=F, num_attention_heads=H, num_key_value_heads=H,
                          num_hidden_layers=L, vocab_size=V, max_position_embeddings=4096, attention_dropout=0.0,
@@ -76,6 +81,23 @@ def make_library_model(library: str, d: int, H: int, F: int, V: int, L: int, att
         torch.set_default_dtype(before)
     model.train()
     return LibraryModel(library, model)
+
+
+def _litgpt(d, H, F, V, L, dtype) -> LibraryModel:
+    """LitGPT's ``GPT`` from a LLaMA-style ``Config`` (RMSNorm, LLaMAMLP, full rotary, no biases, untied head)."""
+    from litgpt.config import Config
+    from litgpt.model import GPT
+    config = Config(n_layer=L, n_head=H, n_query_groups=H, n_embd=d, intermediate_size=F, vocab_size=V,
+                    padded_vocab_size=V, block_size=4096, bias=False, norm_class_name="RMSNorm",
+                    mlp_class_name="LLaMAMLP", parallel_residual=False, rotary_percentage=1.0, norm_eps=1e-5)
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        model = GPT(config)
+    finally:
+        torch.set_default_dtype(before)
+    model.train()
+    return LibraryModel("litgpt", model)
 
 
 def _ids(V, batch, seq):

@@ -93,4 +93,4 @@ def check_step(setup, conv) -> None:
 
 
 #: The implementations whose block the step does not model yet.
-UNMODELLED_BLOCKS = ("litgpt",)
+UNMODELLED_BLOCKS = ()

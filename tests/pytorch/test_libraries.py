@@ -80,3 +80,22 @@ def test_llama2_7b_sdpa_whole_model():
     """32 layers, AdamW foreach (the cuda backend's default): the step the implementations note measured."""
     step = step_of(**LLAMA2, L=32, batch=1, seq=1024, attn="sdpa", foreach=True)
     agree(step, library_step("hf", **LLAMA2, L=32, batch=1, seq=1024, foreach=True))
+
+
+#: One LLaMA-2-7B layer's saved bytes under LitGPT 0.5.13 (implementations.md's table).
+LITGPT = {(1, 1024): 232_955_904, (2, 1304): 593_258_880}
+
+
+@pytest.mark.parametrize("batch, seq", [(1, 64), (2, 48)] + list(LITGPT))
+def test_litgpt_layer(batch, seq):
+    """LitGPT's ``GPT`` (LLaMA config: RMSNorm, LLaMAMLP, full rotary) from its ``Config``: one layer's saved bytes
+    equal the step's (its FP32 norm weights, the fused QKV output kept whole by v's view, the new rotated q and k,
+    SDPA's output beside its reshaped copy). The step's landmarks and peak under LitGPT wait for its loss
+    (``chunked_cross_entropy``) and RoPE cache buffers, not modelled yet."""
+    shape = LLAMA2 if seq > 64 else SMALL
+    measured = saved_per_layer("litgpt", **shape, batch=batch, seq=seq)["layer"]
+    ledger = Ledger(Architecture(shape["d"], 2, shape["H"], shape["F"], shape["V"], "llama"), batch_size=batch,
+                    seq_len=seq, recipe="bf16-pure-adamw", implementation="litgpt")
+    assert layer_bytes(ledger.step("cpu")) == measured == layer_bytes(ledger.step("cuda"))
+    if seq > 64:
+        assert measured == LITGPT[batch, seq]
