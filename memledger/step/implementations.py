@@ -98,7 +98,9 @@ def check_step(setup, conv) -> None:
     f = arch.features
     lacks = [what for what, off in [
         ("a GPT-style block (LayerNorm, GeLU)", arch.style != "llama"),
-        ("grouped-query attention", f.gqa), ("QKV biases", f.has_qkv_bias), ("a tied LM head", f.is_tied),
+        ("grouped-query attention" + (" with the eager core (repeat_kv's copies)" if impl == "hf" else ""),
+         f.gqa and (impl != "hf" or setup.attn_implementation == "eager")),
+        ("QKV biases", f.has_qkv_bias), ("a tied LM head", f.is_tied),
         ("a head size other than d/H", f.head_dim),
         ("dropout", setup.dropout), (f"recompute {setup.recompute}", setup.recompute != "none"),
         ("tensor or sequence parallelism", setup.tp > 1 or setup.sequence_parallel),

@@ -30,9 +30,9 @@ LLAMA2 = dict(d=4096, H=32, F=11008, V=32000)
 SMALL = dict(d=256, H=4, F=688, V=1000)
 
 
-def step_of(d, H, F, V, L, batch, seq, attn, foreach=False):
-    ledger = Ledger(Architecture(d, L, H, F, V, "llama"), batch_size=batch, seq_len=seq, recipe="bf16-pure-adamw",
-                    implementation="hf", attn_implementation=attn, overhead_bytes=0)
+def step_of(d, H, F, V, L, batch, seq, attn, foreach=False, kv=None):
+    ledger = Ledger(Architecture(d, L, H, F, V, "llama", n_kv_heads=kv), batch_size=batch, seq_len=seq,
+                    recipe="bf16-pure-adamw", implementation="hf", attn_implementation=attn, overhead_bytes=0)
     return ledger.step("cpu", foreach=foreach)
 
 
@@ -99,3 +99,15 @@ def test_litgpt_layer(batch, seq):
     assert layer_bytes(ledger.step("cpu")) == measured == layer_bytes(ledger.step("cuda"))
     if seq > 64:
         assert measured == LITGPT[batch, seq]
+
+
+@pytest.mark.parametrize("shape, L, batch, seq", [(dict(SMALL, kv=2), 3, 2, 48), (dict(SMALL, kv=1), 3, 1, 64),
+                                                  (dict(d=4096, H=32, kv=8, F=14336, V=128256), 2, 1, 1024)])
+def test_grouped_query_sdpa(shape, L, batch, seq):
+    """Grouped-query attention (LLaMA-3-8B's width last: 8 K/V heads, FFN 14336, vocabulary 128256): transformers
+    passes ``enable_gqa=True`` to SDPA where no mask is given (``integrations/sdpa_attention.py`` ``use_gqa_in_sdpa``),
+    the k and v projections and k's rotary code at H_kv heads."""
+    measured = saved_per_layer("hf", **shape, batch=batch, seq=seq)["layer"]
+    step = step_of(**shape, L=L, batch=batch, seq=seq, attn="sdpa")
+    assert layer_bytes(step) == measured
+    agree(step, library_step("hf", **shape, L=L, batch=batch, seq=seq))

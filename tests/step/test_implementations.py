@@ -91,6 +91,16 @@ def test_litgpt_layers_are_the_measured_ones(batch, seq, measured):
     assert measured - layer_bytes(torchtune.step("cuda")) == 2 * 4 * d + 2 * 2 * tokens * d + 2 * tokens * d
 
 
+def test_grouped_query_attention_under_hf():
+    """transformers' SDPA path with grouped-query attention is modelled; its eager core (repeat_kv's copies), LitGPT's
+    and torchtune's grouped attention are not yet."""
+    assert Ledger("llama3-8b", seq_len=1024, implementation="hf").step("cuda").peak.bytes > 0
+    for fields in ({"implementation": "hf", "attn_implementation": "eager"}, {"implementation": "litgpt"},
+                   {"implementation": "torchtune"}):
+        with pytest.raises(ValueError, match="grouped-query attention.* not modelled yet"):
+            Ledger("llama3-8b", seq_len=1024, **fields).step("cuda")
+
+
 def test_the_article_backend_is_refused_under_a_library():
     with pytest.raises(ValueError, match="give backend cpu or cuda"):
         Ledger("llama2-7b", implementation="torchtune").step("article")
