@@ -22,7 +22,7 @@ __all__ = ["A100_BYTES", "GPU_LINE", "PALETTE", "STEP_KINDS", "activations_vs_se
            "checkpoint_trade", "colour", "landmark_bars", "largest_fit_chart", "layer_breakdown", "ledger_bars",
            "ledger_waterfall", "lora_vs_rank", "paired_bars", "parameter_breakdown", "parameter_shares", "parts_bars",
            "peak_vs_dp", "peaks_bars", "per_rank_lines", "reserved_two_lengths", "same_tokens_bars",
-           "states_per_param_bars", "step_timeline", "sum_and_peak_bars", "unit_life", "unit_lifetimes", "variant_bars",
+           "saved_parts_bars", "states_per_param_bars", "step_timeline", "sum_and_peak_bars", "unit_life", "unit_lifetimes", "variant_bars",
            "zero_states_vs_dp"]
 
 A100_BYTES = GPU_MEMORY["a100-80gb"]
@@ -45,6 +45,8 @@ PALETTE = {
     "log-softmax output (FP32)": "#cb181d", "loss": "#67000d", "nll_loss total weight": "#a50f15",
     # parameter parts (chapter 2)
     "attention": "#2171b5", "MLP": "#f16913", "norms": "#fec44f", "embeddings": "#6a51a3",
+    # what a layer saves, by the part of the layer that saved it (chapter 19), beside the three above
+    "other": "#969696",
     # saved tensors (chapters 4 and 5): the B x S x d kind and the B x H x S x S kind
     "linear in S": "#2171b5", "quadratic in S": "#cb181d", "total": "#000000",
     # parts of one GPU's memory (memledger.calculators.parts), comparing calculators and fine-tuning methods:
@@ -212,6 +214,30 @@ def peaks_bars(peaks: dict, capacities: dict = None, unit: str = "GB", ax=None):
     ax.set_yticks(y, labels, fontsize=8)
     ax.set_xlabel(f"peak of a training step per GPU ({unit})")
     ax.legend(fontsize=8, frameon=False, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.figure.tight_layout()
+    return ax.figure
+
+
+def saved_parts_bars(parts: dict, unit: str = "MB", ax=None):
+    """Stacked bars of what one layer saves for backward, one bar per implementation (label -> {part: bytes}, left
+    to right), stacked by the part of the layer that saved it (``norms``, ``attention``, ``MLP``, ``other``: the
+    parts of :func:`memledger.pytorch.model_code.saved_by_part`), each bar's total written above it."""
+    labels = list(parts)
+    ax = ax or plt.subplots(figsize=(7.5, 4))[1]
+    bottom = np.zeros(len(labels))
+    for part in ("norms", "attention", "MLP", "other"):
+        heights = np.array([float(in_unit(p.get(part, 0), unit)) for p in parts.values()])
+        if heights.any():
+            ax.bar(range(len(labels)), heights, bottom=bottom, label=part, color=colour(part), edgecolor="white",
+                   linewidth=0.5)
+            bottom += heights
+    for x, top in enumerate(bottom):
+        ax.text(x, top, f"{top:.0f}", ha="center", va="bottom", fontsize=8)
+    ax.set_ylabel(f"saved for backward, one layer ({unit})")
+    ax.set_ylim(0, max(bottom) * 1.1)
+    ax.legend(fontsize=8, frameon=False, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.figure.tight_layout()
+    _bar_labels(ax, labels)
     ax.figure.tight_layout()
     return ax.figure
 
