@@ -662,6 +662,81 @@ def published_within(text):
 #: wrong with it (None if nothing), for values no source prints (the largest batch that fits: it must fit, and
 #: one more must not, by arithmetic written here). Sources: the article's arithmetic, vendors' data sheets,
 #: the papers cited in the chapters.
+# --- chapter 19: one LLaMA-2-7B layer (d 4096, H 32, F 11008), BF16, B 1, S 1024, in each library's own model code:
+# the PyTorch measurements of docs/implementations.md (transformers 5.25, torchtune 0.6.1, LitGPT 0.5.13, each built
+# from its config under FakeTensorMode, saved-tensor hooks by storage), and arithmetic on the shapes as the libraries'
+# sources save them (transformers modeling_llama.py, torchtune modules/rms_norm.py, litgpt/model.py) -------------------
+MC_B, MC_S, MC_D, MC_H = 1, 1024, 4096, 32
+MC_BSD = MC_B * MC_S * MC_D
+MC_LAYER = {"hf_sdpa": 190_980_096, "hf_eager": 392_175_616, "torchtune": 207_757_312, "litgpt": 232_955_904,
+            "reference_cpu": 207_757_312, "reference_cuda": 157_425_664}
+MC_TORCHTUNE_NORMS = 2 * (4 * MC_BSD + 4 * MC_B * MC_S + 4 * MC_BSD)    # FP32 input, FP32 statistic, FP32 x * rstd
+H100_ROOM_MC = 81559 * MiB - MARGIN                                         # nvidia-smi's H100 80 GB, less the margin
+MC_IMPLEMENTATIONS = {"transformers, sdpa": ("hf", "sdpa"), "transformers, eager": ("hf", "eager"),
+                      "torchtune": ("torchtune", "sdpa"), "LitGPT": ("litgpt", "sdpa")}
+
+
+def mc_booked(implementation, attn="sdpa"):
+    """memledger's Ledger for chapter 19's layer on CUDA, or the refusal's text."""
+    from memledger.ledger.ledger import Ledger
+    try:
+        Ledger("llama2-7b", batch_size=MC_B, seq_len=MC_S, recipe="bf16-pure-adamw", flash_attention=True,
+               implementation=implementation, attn_implementation=attn).step("cuda")
+    except ValueError as refusal:
+        return str(refusal)
+    return None
+
+
+def mc_modelled_are(modelled: bool):
+    """A check of a glued list of implementations: the ones memledger models (or refuses) now, in the chapter's order."""
+    def check(text):
+        want = ", ".join(label for label, impl in MC_IMPLEMENTATIONS.items() if (mc_booked(*impl) is None) == modelled)
+        if text != (want or ("none of them" if modelled else "none")):
+            return f"{text!r}, but memledger {'models' if modelled else 'refuses'} {want!r}"
+    return check
+
+
+def mc_peak(implementation, seq) -> int:
+    """The peak of chapter 17's first rung (LLaMA-2 7B, BF16 AdamW, nothing checkpointed, FlashAttention) on CUDA,
+    the step built from a Ledger with the library's implementation."""
+    from memledger.ledger.ledger import Ledger
+    return Ledger("llama2-7b", recipe="bf16-pure-adamw", seq_len=seq, flash_attention=True,
+                  implementation=implementation).step("cuda").peak.bytes
+
+
+def mc_longest(implementation) -> int:
+    return 1024 * largest(lambda n: mc_peak(implementation, 1024 * n) <= H100_ROOM_MC)
+
+
+def mc_litgpt_more():
+    """What LitGPT's 32 layers keep beyond torchtune's at torchtune's longest sequence, measured (PyTorch)."""
+    from memledger.pytorch.libraries import layer_saved
+    width = dict(d=4096, H=32, F=11008, V=32000, batch=1, seq=mc_longest("torchtune"))
+    more = layer_saved("litgpt", "Llama-2-7b-hf", **width)["layer"] - layer_saved("torchtune", "llama2", **width)["layer"]
+    return Fraction(32 * more, GB), "GB"
+
+
+def mc_litgpt_answer(text):
+    refusal = mc_booked("litgpt")
+    if refusal is not None and text != refusal:
+        return f"{text!r}, but memledger refuses LitGPT with {refusal!r}"
+    if refusal is None and text != f"{mc_longest('litgpt'):,} tokens":
+        return f"{text!r}, but the longest LitGPT step on the H100 is {mc_longest('litgpt'):,} tokens"
+
+
+def mc_eager_measured():
+    from memledger.pytorch.libraries import saved_per_layer
+    width = dict(d=4096, H=32, F=11008, V=32000, batch=1, seq=2048)
+    eager = saved_per_layer("hf", **width, attn="eager")["layer"] - saved_per_layer("hf", **width, attn="sdpa")["layer"]
+    return Fraction(eager, 10**6), "MB"
+
+
+def mc_fused_warning(text):
+    """PyTorch's own warning from rms_norm_symint (aten/src/ATen/native/layer_norm.cpp) on mixed dtypes."""
+    if "dispatch to fused implementation" not in text or "layer_norm.cpp" not in text:
+        return f"{text!r} is not PyTorch's fallback warning from layer_norm.cpp"
+
+
 EXPECTED = {
     "gpu.a100": (80, "GB"),                                                  # NVIDIA A100 80GB data sheet
     "gpu.rtx4090": (24, "GB"),                                               # NVIDIA RTX 4090 specifications
@@ -1198,6 +1273,43 @@ EXPECTED = {
     "ex20.split_direction": lambda text: None if text == ("lower" if gpu_replay(max_split_size_mb=256).reserved
                                                           < gpu_replay().reserved else "not lower") else text,
     "ex20.rtx": (Fraction(RTX_REAL, GB), "GB"),
+    # chapter 19: the libraries' own layers (docs/implementations.md's PyTorch figures), their sources' arithmetic
+    "mc.seq": (MC_S, ""),
+    **{f"mc.{key}": (Fraction(value, 10**6), "MB") for key, value in MC_LAYER.items()},
+    "mc.spread": (Fraction(MC_LAYER["hf_eager"], MC_LAYER["reference_cuda"]), "x"),
+    "mc.spread_sdpa": (Fraction(MC_LAYER["litgpt"], MC_LAYER["reference_cuda"]), "x"),
+    "mc.modelled": mc_modelled_are(True), "mc.refused": mc_modelled_are(False),
+    "mc.trap_mask": (Fraction(2 * MC_B * MC_S**2, MiB), "MiB"),                 # a BF16 (B, 1, S, S) additive mask
+    "mc.fused_warning": mc_fused_warning,
+    # transformers' LlamaRMSNorm: FP32 input (pow), FP32 rstd, the BF16 normalized tensor; torchtune's F.rms_norm on an
+    # FP32 input (composite): FP32 input, rstd, FP32 x * rstd; LitGPT's: the same and weight.float() (d FP32)
+    "mc.norm_hf": (Fraction(2 * (4 * MC_BSD + 4 * MC_B * MC_S + 2 * MC_BSD), 10**6), "MB"),
+    "mc.norm_torchtune": (Fraction(MC_TORCHTUNE_NORMS, 10**6), "MB"),
+    "mc.norm_litgpt": (Fraction(MC_TORCHTUNE_NORMS + 2 * 4 * MC_D, 10**6), "MB"),
+    "mc.composite_extra": (Fraction(MC_LAYER["reference_cpu"] - MC_LAYER["reference_cuda"], 10**6), "MB"),
+    # LitGPT: v a view of the fused (B, S, 3d) QKV output; the output projection's input a 2BSd copy
+    "mc.litgpt_qkv": (Fraction(2 * 3 * MC_BSD, 10**6), "MB"),
+    "mc.litgpt_attention_extra": (Fraction(2 * 2 * MC_BSD + 2 * MC_BSD, 10**6), "MB"),
+    "mc.litgpt_extra": (Fraction(MC_LAYER["litgpt"] - MC_LAYER["torchtune"], 10**6), "MB"),
+    "mc.bsd": (Fraction(2 * MC_BSD, 10**6), "MB"),
+    # eager attention: softmax(..., dtype=torch.float32) output (4BHS^2) and .to(query.dtype)'s probabilities (2BHS^2)
+    "mc.eager_softmax": (Fraction(4 * MC_B * MC_H * MC_S**2, 10**6), "MB"),
+    "mc.eager_probs": (Fraction(2 * MC_B * MC_H * MC_S**2, 10**6), "MB"),
+    "mc.eager_extra": (Fraction(MC_LAYER["hf_eager"] - MC_LAYER["hf_sdpa"], 10**6), "MB"),
+    "mc.h100": (Fraction(81559 * MiB, GB), "GB"),
+    "mc.ft_reference": longest_multiple(lambda n: mc_peak("reference", n), H100_ROOM_MC),
+    "mc.ft_hf": longest_multiple(lambda n: mc_peak("hf", n), H100_ROOM_MC),
+    "mc.ft_torchtune": longest_multiple(lambda n: mc_peak("torchtune", n), H100_ROOM_MC),
+    "mc.ft_torchtune_peak": lazy(lambda: Fraction(mc_peak("torchtune", mc_longest("torchtune")), GB), "GB"),
+    "mc.ft_torchtune_left": lazy(lambda: Fraction(H100_ROOM_MC - mc_peak("torchtune", mc_longest("torchtune")), GB),
+                                 "GB"),
+    "mc.ft_litgpt_more": Measured(mc_litgpt_more),
+    "mc.ft_litgpt": mc_litgpt_answer,
+    "ex19.torchtune_b2": (Fraction(529_131_904, 10**6), "MB"),       # docs/implementations.md, B 2, S 1304
+    "ex19.booked_b2": (Fraction(529_131_904, 10**6), "MB"),
+    "ex19.eager_formula": (Fraction(6 * 32 * 2048**2, 10**6), "MB"),
+    "ex19.eager_measured": Measured(mc_eager_measured),
+    "ex19.trap": (Fraction(2 * 2 * 1304**2, 10**6), "MB"),
 }
 
 #: equation key -> the right-hand side as the article (and its source paper) writes it
