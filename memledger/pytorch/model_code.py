@@ -13,7 +13,8 @@ from contextlib import ExitStack
 
 import torch
 
-from .libraries import _built, _unpacked, make_library_model
+from .libraries import _unpacked, make_library_model
+from .torchtune_litgpt import _built
 
 __all__ = ["FAMILY", "PARTS", "SUBMODULES", "saved_by_part"]
 

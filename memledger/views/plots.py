@@ -20,10 +20,10 @@ from ..core.units import in_unit, unit_size
 
 __all__ = ["A100_BYTES", "GPU_LINE", "PALETTE", "STEP_KINDS", "activations_vs_seq", "bf16_master_drift",
            "checkpoint_trade", "colour", "landmark_bars", "largest_fit_chart", "layer_breakdown", "ledger_bars",
-           "ledger_waterfall", "lora_vs_rank", "paired_bars", "parameter_breakdown", "parameter_shares", "parts_bars",
-           "peak_vs_dp", "peaks_bars", "per_rank_lines", "reserved_two_lengths", "same_tokens_bars",
-           "saved_parts_bars", "states_per_param_bars", "step_timeline", "sum_and_peak_bars", "unit_life", "unit_lifetimes", "variant_bars",
-           "zero_states_vs_dp"]
+           "ledger_waterfall", "lora_vs_rank", "paired_bars", "parameter_breakdown", "parameter_shares",
+           "parts_bars", "peak_vs_dp", "peaks_bars", "per_rank_lines", "reserved_two_lengths", "same_tokens_bars",
+           "saved_parts_bars", "states_per_param_bars", "step_timeline", "sum_and_peak_bars", "unit_life",
+           "unit_lifetimes", "variant_bars", "zero_states_vs_dp"]
 
 A100_BYTES = GPU_MEMORY["a100-80gb"]
 

@@ -41,7 +41,8 @@ def test_bars_are_the_libraries_own_measurement():
     pytest.importorskip("transformers")
     pytest.importorskip("torchtune")
     pytest.importorskip("litgpt")
-    from memledger.pytorch.libraries import layer_saved, saved_per_layer
+    from memledger.pytorch.libraries import saved_per_layer
+    from memledger.pytorch.torchtune_litgpt import layer_saved
     from memledger.pytorch.model_code import FAMILY, PARTS, saved_by_part
     small = dict(d=256, H=4, F=688, V=1000, batch=2, seq=64)
     runs = {"transformers sdpa": ("hf", "sdpa"), "transformers eager": ("hf", "eager"),
