@@ -134,22 +134,46 @@ def saved_per_layer(library: str, d: int, H: int, F: int, V: int, batch: int, se
     return {"layer": two - one, "one layer": one}
 
 
+def _block_tracker():
+    """MemTracker (:func:`memledger.pytorch.measure.tracker_class`) keeping the largest total after any op a layer
+    runs, forward and backward: {("forward" | "backward", layer index): bytes} in ``blocks``. A layer is a module
+    named ``....layers.<i>`` (transformers) or ``....h.<i>`` (LitGPT) directly."""
+    import re
+
+    from .measure import tracker_class
+    layer = re.compile(r"\.(?:layers|h)\.(\d+)$")
+
+    class Tracker(tracker_class()):
+        def _update_peak_stats(self, peak_state):
+            super()._update_peak_stats(peak_state)
+            if self._in_opt:
+                return
+            total = self._curr_mem_snap.get(torch.device("cpu"), {"Total": 0})["Total"]
+            for name in self._mod_tracker.parents:
+                found = layer.search(name)
+                if found:
+                    key = ("backward" if self._mod_tracker.is_bw else "forward", int(found.group(1)))
+                    self.layer_peaks[key] = max(self.layer_peaks.get(key, 0), total)
+    return Tracker
+
+
 @recorded
 def library_step(library: str, d: int, H: int, F: int, V: int, L: int, batch: int, seq: int, attn: str = "sdpa",
                  loop: str = "bf16-pure-adamw", foreach: bool = False, kv: int = None) -> dict:
     """MemTracker's totals of the second training step of ``library``'s model (pure BF16 under ``loop``):
     {"before forward", "after forward", "after backward", "after step": int, "peak": int, "phase peaks":
-    {"forward", "backward", "optimizer"}}, CPU bytes, as :func:`memledger.pytorch.measure.memtracker_step`."""
+    {"forward", "backward", "optimizer"}, "block peaks": {("forward" | "backward", layer): int}}, CPU bytes, as
+    :func:`memledger.pytorch.measure.memtracker_step`."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from .measure import tracker_class
     cpu = torch.device("cpu")
     with FakeTensorMode():
         model = make_library_model(library, d, H, F, V, L, attn, kv=kv)
         trainer = Trainer(model, loop, foreach=foreach)
         trainer.init_state()
         ids, targets = _ids(V, batch, seq)
-        tracker = tracker_class()()
+        tracker = _block_tracker()()
+        tracker.layer_peaks = {}
         tracker.track_external(model, *trainer.optimizers, ids, targets, *trainer.masters)
         result, phase_peaks = {}, {}
         phases = {"after forward": "forward", "after backward": "backward", "after step": "optimizer"}
@@ -163,4 +187,5 @@ def library_step(library: str, d: int, H: int, F: int, V: int, L: int, batch: in
             trainer.step(ids, targets, landmark)
         result["peak"] = max(phase_peaks.values())
         result["phase peaks"] = phase_peaks
+        result["block peaks"] = dict(sorted(tracker.layer_peaks.items()))
     return result

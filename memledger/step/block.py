@@ -30,10 +30,10 @@ from ..core.symbols import B, H, S
 from . import hf, litgpt, packing
 from .families import ALIBI_INPUT
 from .norms import norm_backward, norm_forward
-from .ops import (BHSS, CAUSAL_MASK, INPUT_GRADIENT, BSd, BSF, block_output, define_grads, dropout_ops, per_rank,
+from .ops import (BHSS, CAUSAL_MASK, INPUT_GRADIENT, BSd, BSF, Ref, block_output, define_grads, dropout_ops, per_rank,
                   residual_names, qkv_width, widths_of)
 from .structure import Shape
-from .vocab import Lifetime, OpRole, Save
+from .vocab import Lifetime, OpRole, Save, Scope
 
 __all__ = ["POLICIES", "Core", "attention_backward", "attention_core", "block_backward", "block_forward",
            "flash_attention"]
@@ -99,6 +99,8 @@ def block_forward(p, c: Shape, policy=None):
     p.op("down projection", alloc=[dn], role=OpRole.DOWN_PROJECTION)
     held = _residual(p, c, rest, "MLP residual", h, dn, block_output(c))
     temporaries = [n for n in (xm, n2) + (() if not kept else (x,)) if p.tensors[n].lifetime is Lifetime.TEMPORARY]
+    if c.hf and x in temporaries:       # LlamaModel.forward holds block 0's input (inputs_embeds) until it returns
+        temporaries = [Ref(Scope.NOT_FIRST, n) if n == x else n for n in temporaries]
     p.op("block returns", free=[held] + leftovers + temporaries, role=OpRole.BLOCK_RETURNS)
 
 

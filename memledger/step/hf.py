@@ -37,7 +37,7 @@ Checked against transformers' own model under ``FakeTensorMode`` (:mod:`memledge
 """
 from ..activations.inventory import Saved
 from ..core.symbols import B, H, S, d
-from .ops import BSd, Ref, final_input
+from .ops import BSd, Ref, final_input, residual_names
 from .vocab import OpRole, Scope
 
 __all__ = ["COS", "PROBS", "SIN", "backward_start", "buffers", "eager_backward", "eager_core", "forward_end",
@@ -326,7 +326,8 @@ def forward_end(p, c):
     a = c.dtype
     norm_forward(p, c, "final", "LM head input")
     p.op("LlamaModel.forward returns", free=[final_input(c), POSITIONS, "attention mask" if c.attention == "eager"
-                                             else None], role=OpRole.FINAL_NORM_INPUT_RELEASED)
+                                             else None, Ref(Scope.FIRST, residual_names(c)[0])],
+         role=OpRole.FINAL_NORM_INPUT_RELEASED)
     logits = p.new("logits", LOGITS, a, "the LM head's output, held by the model's output until the loss is taken")
     p.op("LM head", alloc=[logits], role=OpRole.LM_HEAD)
     src = p.new("logits in FP32", LOGITS, "fp32", "ForCausalLMLoss: logits.float()")

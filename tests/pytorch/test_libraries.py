@@ -42,9 +42,12 @@ def layer_bytes(step) -> int:
 
 
 def agree(step, measured):
-    """Every landmark, each phase's peak and the peak, to the byte."""
+    """Every landmark, each phase's peak, each layer's peak forward and backward (those the step runs op by op) and
+    the peak, to the byte."""
     assert {k: step.landmarks[k]["gpu"] for k in step.landmarks} == {k: measured[k] for k in step.landmarks}
     assert step.phase_peaks() == measured["phase peaks"]
+    blocks = step.block_peaks()
+    assert blocks == {k: measured["block peaks"][k] for k in blocks}
     assert step.peak.bytes == measured["peak"]
 
 
@@ -102,11 +105,14 @@ def test_litgpt_layer(batch, seq):
 
 
 @pytest.mark.parametrize("shape, L, batch, seq", [(dict(SMALL, kv=2), 3, 2, 48), (dict(SMALL, kv=1), 3, 1, 64),
+                                                  (dict(d=256, H=4, kv=1, F=64, V=100), 3, 2, 48),
                                                   (dict(d=4096, H=32, kv=8, F=14336, V=128256), 2, 1, 1024)])
 def test_grouped_query_sdpa(shape, L, batch, seq):
     """Grouped-query attention (LLaMA-3-8B's width last: 8 K/V heads, FFN 14336, vocabulary 128256): transformers
     passes ``enable_gqa=True`` to SDPA where no mask is given (``integrations/sdpa_attention.py`` ``use_gqa_in_sdpa``),
-    the k and v projections and k's rotary code at H_kv heads."""
+    the k and v projections and k's rotary code at H_kv heads. With a narrow MLP and a small vocabulary the peak
+    comes in the final LlamaRMSNorm's backward, and LlamaModel.forward's ``inputs_embeds`` (block 0's input, held
+    until it returns) shows in every later layer's peak."""
     measured = saved_per_layer("hf", **shape, batch=batch, seq=seq)["layer"]
     step = step_of(**shape, L=L, batch=batch, seq=seq, attn="sdpa")
     assert layer_bytes(step) == measured
