@@ -92,8 +92,10 @@ def norm_rows(norm, position, dtype="bf16", norm_stats=None, rmsnorm="fused", pr
                       block=block),
                 Saved(f"{prefix} normalized", "LlamaRMSNorm: the normalized input cast back to BF16, saved by the "
                       "weight's product", BSd, dtype, block=block)]
-    if norm == "RMSNorm" and rmsnorm == "composite":
-        return [Saved(f"{prefix} input", "composite RMSNorm: an FP32 copy of its input (pow, mul need it)",
+    if norm == "RMSNorm" and rmsnorm in ("composite", "litgpt"):
+        weight = [Saved(f"{prefix} weight (FP32 copy)", "LitGPT's RMSNorm: weight.float(), saved by the product with "
+                        "x_normed", (d,), "fp32", block=block)] if rmsnorm == "litgpt" else []
+        return weight + [Saved(f"{prefix} input", "composite RMSNorm: an FP32 copy of its input (pow, mul need it)",
                       BSd, "fp32", block=block),
                 Saved(f"{prefix} rstd", "composite RMSNorm: 1/sqrt(mean(x^2) + eps), FP32, per token",
                       tokens, "fp32", block=block),
@@ -165,7 +167,7 @@ def inventory(mlp: str = "gelu", norm: str = "LayerNorm", dropout: bool = True,
         raise ValueError("moe needs the gated MLP: mlp='swiglu'")
     attention = attention or ("flash" if flash_attention else "eager")
     check_choice("attention", attention, ATTENTION)
-    check_choice("rmsnorm", rmsnorm, ("fused", "composite", "hf"))
+    check_choice("rmsnorm", rmsnorm, ("fused", "composite", "hf", "litgpt"))
     if shared_norm and not parallel:
         raise ValueError("shared_norm (one norm per block) needs parallel=True")
     q, kv = widths(Features(gqa=gqa, head_dim=head_dim))
@@ -202,7 +204,7 @@ def inventory(mlp: str = "gelu", norm: str = "LayerNorm", dropout: bool = True,
                           dropout=True))
     if not shared_norm:
         second = norm_rows(norm, 2, a, norm_stats, rmsnorm)
-        copies = norm == "RMSNorm" and rmsnorm in ("composite", "hf") and a != "fp32"     # its input row is an FP32 copy
+        copies = norm == "RMSNorm" and rmsnorm in ("composite", "hf", "litgpt") and a != "fp32"   # an FP32 input copy
         if parallel and not copies:     # the second norm reads the block input, which the first one keeps
             second = [r for r in second if not r.name.endswith(" input")]
         rows += second + [

@@ -30,7 +30,7 @@ from .reference import Trainer
 __all__ = ["LIBRARIES", "library_step", "saved_per_layer"]
 
 #: The libraries this module builds models of (memledger.step.implementations' names).
-LIBRARIES = ("hf",)
+LIBRARIES = ("hf", "litgpt")
 
 
 @contextmanager
@@ -55,17 +55,22 @@ class LibraryModel(torch.nn.Module):
         self.library, self.model = library, model
 
     def loss(self, ids, targets):
+        if self.library == "litgpt":        # litgpt/utils.py chunked_cross_entropy, chunk_size 0: one cross-entropy
+            from litgpt.utils import chunked_cross_entropy
+            return chunked_cross_entropy(self.model(ids), targets, chunk_size=0)
         with _unpacked():
             return self.model(input_ids=ids, labels=targets).loss
 
 
 def make_library_model(library: str, d: int, H: int, F: int, V: int, L: int, attn: str = "sdpa",
-                       dtype=torch.bfloat16) -> LibraryModel:
+                       dtype=torch.bfloat16, kv: int = None) -> LibraryModel:
     """``library``'s LLaMA model at these sizes, built under the current mode (``FakeTensorMode``: no weights)."""
     if library not in LIBRARIES:
         raise ValueError(f"library must be one of {', '.join(LIBRARIES)}, got {library!r}")
+    if library == "litgpt":
+        return _litgpt(d, H, F, V, L, dtype)
     from transformers import LlamaConfig, LlamaForCausalLM
-    config = LlamaConfig(hidden_size=d, intermediate_size=F, num_attention_heads=H, num_key_value_heads=H,
+    config = LlamaConfig(hidden_size=d, intermediate_size=F, num_attention_heads=H, num_key_value_heads=kv or H,
                          num_hidden_layers=L, vocab_size=V, max_position_embeddings=4096, attention_dropout=0.0,
                          attn_implementation=attn, use_cache=False)
     before = torch.get_default_dtype()
@@ -78,15 +83,32 @@ def make_library_model(library: str, d: int, H: int, F: int, V: int, L: int, att
     return LibraryModel(library, model)
 
 
+def _litgpt(d, H, F, V, L, dtype) -> LibraryModel:
+    """LitGPT's ``GPT`` from a LLaMA-style ``Config`` (RMSNorm, LLaMAMLP, full rotary, no biases, untied head)."""
+    from litgpt.config import Config
+    from litgpt.model import GPT
+    config = Config(n_layer=L, n_head=H, n_query_groups=H, n_embd=d, intermediate_size=F, vocab_size=V,
+                    padded_vocab_size=V, block_size=4096, bias=False, norm_class_name="RMSNorm",
+                    mlp_class_name="LLaMAMLP", parallel_residual=False, rotary_percentage=1.0, norm_eps=1e-5)
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        model = GPT(config)
+    finally:
+        torch.set_default_dtype(before)
+    model.train()
+    return LibraryModel("litgpt", model)
+
+
 def _ids(V, batch, seq):
     return torch.randint(0, V, (batch, seq)), torch.randint(0, V, (batch, seq))
 
 
-def _saved_bytes(library, d, H, F, V, L, attn, batch, seq) -> int:
+def _saved_bytes(library, d, H, F, V, L, attn, batch, seq, kv=None) -> int:
     """The bytes of every storage autograd saves in one forward pass with the loss (parameters skipped)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     with FakeTensorMode():
-        model = make_library_model(library, d, H, F, V, L, attn)
+        model = make_library_model(library, d, H, F, V, L, attn, kv=kv)
         params = {id(p.untyped_storage()) for p in model.parameters()}
         seen = {}                       # id -> storage (kept alive, so that no id is reused)
 
@@ -103,30 +125,55 @@ def _saved_bytes(library, d, H, F, V, L, attn, batch, seq) -> int:
 
 
 @recorded
-def saved_per_layer(library: str, d: int, H: int, F: int, V: int, batch: int, seq: int, attn: str = "sdpa") -> dict:
+def saved_per_layer(library: str, d: int, H: int, F: int, V: int, batch: int, seq: int, attn: str = "sdpa",
+                    kv: int = None) -> dict:
     """{"layer": one layer's saved bytes (two layers minus one), "one layer": the whole forward's saved bytes with
     one layer} of ``library``'s model in BF16."""
-    one = _saved_bytes(library, d, H, F, V, 1, attn, batch, seq)
-    two = _saved_bytes(library, d, H, F, V, 2, attn, batch, seq)
+    one = _saved_bytes(library, d, H, F, V, 1, attn, batch, seq, kv)
+    two = _saved_bytes(library, d, H, F, V, 2, attn, batch, seq, kv)
     return {"layer": two - one, "one layer": one}
+
+
+def _block_tracker():
+    """MemTracker (:func:`memledger.pytorch.measure.tracker_class`) keeping the largest total after any op a layer
+    runs, forward and backward: {("forward" | "backward", layer index): bytes} in ``blocks``. A layer is a module
+    named ``....layers.<i>`` (transformers) or ``....h.<i>`` (LitGPT) directly."""
+    import re
+
+    from .measure import tracker_class
+    layer = re.compile(r"\.(?:layers|h)\.(\d+)$")
+
+    class Tracker(tracker_class()):
+        def _update_peak_stats(self, peak_state):
+            super()._update_peak_stats(peak_state)
+            if self._in_opt:
+                return
+            total = self._curr_mem_snap.get(torch.device("cpu"), {"Total": 0})["Total"]
+            for name in self._mod_tracker.parents:
+                found = layer.search(name)
+                if found:
+                    key = ("backward" if self._mod_tracker.is_bw else "forward", int(found.group(1)))
+                    self.layer_peaks[key] = max(self.layer_peaks.get(key, 0), total)
+    return Tracker
 
 
 @recorded
 def library_step(library: str, d: int, H: int, F: int, V: int, L: int, batch: int, seq: int, attn: str = "sdpa",
-                 loop: str = "bf16-pure-adamw", foreach: bool = False) -> dict:
+                 loop: str = "bf16-pure-adamw", foreach: bool = False, kv: int = None) -> dict:
     """MemTracker's totals of the second training step of ``library``'s model (pure BF16 under ``loop``):
     {"before forward", "after forward", "after backward", "after step": int, "peak": int, "phase peaks":
-    {"forward", "backward", "optimizer"}}, CPU bytes, as :func:`memledger.pytorch.measure.memtracker_step`."""
+    {"forward", "backward", "optimizer"}, "block peaks": {("forward" | "backward", layer): int}}, CPU bytes, as
+    :func:`memledger.pytorch.measure.memtracker_step`."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from .measure import tracker_class
     cpu = torch.device("cpu")
     with FakeTensorMode():
-        model = make_library_model(library, d, H, F, V, L, attn)
+        model = make_library_model(library, d, H, F, V, L, attn, kv=kv)
         trainer = Trainer(model, loop, foreach=foreach)
         trainer.init_state()
         ids, targets = _ids(V, batch, seq)
-        tracker = tracker_class()()
+        tracker = _block_tracker()()
+        tracker.layer_peaks = {}
         tracker.track_external(model, *trainer.optimizers, ids, targets, *trainer.masters)
         result, phase_peaks = {}, {}
         phases = {"after forward": "forward", "after backward": "backward", "after step": "optimizer"}
@@ -140,4 +187,5 @@ def library_step(library: str, d: int, H: int, F: int, V: int, L: int, batch: in
             trainer.step(ids, targets, landmark)
         result["peak"] = max(phase_peaks.values())
         result["phase peaks"] = phase_peaks
+        result["block peaks"] = dict(sorted(tracker.layer_peaks.items()))
     return result

@@ -27,13 +27,13 @@ MemTracker's allocation log of the reference decoder (PyTorch 2.13, CPU); checke
 from collections import namedtuple
 
 from ..core.symbols import B, H, S
-from . import hf, packing
+from . import hf, litgpt, packing
 from .families import ALIBI_INPUT
 from .norms import norm_backward, norm_forward
-from .ops import (BHSS, CAUSAL_MASK, INPUT_GRADIENT, BSd, BSF, block_output, define_grads, dropout_ops, per_rank,
+from .ops import (BHSS, CAUSAL_MASK, INPUT_GRADIENT, BSd, BSF, Ref, block_output, define_grads, dropout_ops, per_rank,
                   residual_names, qkv_width, widths_of)
 from .structure import Shape
-from .vocab import Lifetime, OpRole, Save
+from .vocab import Lifetime, OpRole, Save, Scope
 
 __all__ = ["POLICIES", "Core", "attention_backward", "attention_core", "block_backward", "block_forward",
            "flash_attention"]
@@ -99,6 +99,8 @@ def block_forward(p, c: Shape, policy=None):
     p.op("down projection", alloc=[dn], role=OpRole.DOWN_PROJECTION)
     held = _residual(p, c, rest, "MLP residual", h, dn, block_output(c))
     temporaries = [n for n in (xm, n2) + (() if not kept else (x,)) if p.tensors[n].lifetime is Lifetime.TEMPORARY]
+    if c.hf and x in temporaries:       # LlamaModel.forward holds block 0's input (inputs_embeds) until it returns
+        temporaries = [Ref(Scope.NOT_FIRST, n) if n == x else n for n in temporaries]
     p.op("block returns", free=[held] + leftovers + temporaries, role=OpRole.BLOCK_RETURNS)
 
 
@@ -115,6 +117,10 @@ def _attention(p, c, core, rest, n1):
     elif core is Save.DROPPED and rest is Save.KEPT:
         views = "QKV projection (q, k, v: views the checkpoint keeps)"
     qkv = None
+    if c.implementation == "litgpt":    # the fused projection and LitGPT's rotary code (memledger.step.litgpt)
+        litgpt.qkv_forward(p, c)
+        litgpt.flash(p, c)
+        return "output projection input", []
     if c.hf:                # transformers: q_proj, k_proj, v_proj and its rotary code (memledger.step.hf)
         hf.qkv_forward(p, c)
     elif views:
@@ -388,6 +394,12 @@ def attention_backward(p, c: Shape, g, share, release):
     proj = define_grads(p, ["proj.weight", "proj.bias"], c, share)
     gq, gk, gv = (p.new(f"gradient of {n}", (B, S, w), a, f"dL/d{n}")
                   for n, w in (("q", BSq[2]), ("k", BSkv[2]), ("v", BSkv[2])))
+    if c.implementation == "litgpt":    # the output projection's input is a copy; SDPA keeps its own output
+        _linear_backward(p, c, "output projection backward", gpi, proj, "output projection input", (), recomputed,
+                         role=OpRole.OUTPUT_PROJECTION_BACKWARD)
+        p.op("flash attention backward", alloc=[gq, gk, gv], role=OpRole.FLASH_ATTENTION_BACKWARD)
+        p.op("released", free=release + [gpi, "Q", "K", litgpt.QKV, litgpt.ATTENTION_OUTPUT, "softmax log-sum-exp"])
+        return litgpt.qkv_backward(p, c, gq, gk, gv, define_grads(p, ["qkv.weight"], c, share))
     if c.attention == "flash":      # selective: the projection's input is released, then the kernel re-runs
         kept = [] if selective else ["softmax log-sum-exp", "output projection input"]
         _linear_backward(p, c, "output projection backward", gpi, proj, "output projection input" if selective

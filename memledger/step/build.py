@@ -21,7 +21,7 @@ from ..core.tape import Tape, record as tape
 from ..core.symbols import L, N_d, O, P, t
 from ..states.placement import ZERO_SHARDS, device_of, state_specs
 from ..states.recipes import ALL_RECIPES as RECIPES
-from . import amp, amploss, bnb, ddp, families, fsdp2, hf, loss, offload, optim, outer, packing, parallel, tensor
+from . import amp, amploss, bnb, ddp, families, fsdp2, hf, litgpt, loss, offload, optim, outer, packing, parallel, tensor
 from .block import block_backward, block_forward
 from .ops import BSd, Placement, Program, Tensor, block_params, residual_names
 from .outer import Param
@@ -367,6 +367,7 @@ def _saved_rows(s: StepStructure) -> tuple:
     if s.recompute == "selective":          # the attention core's own tensors are recomputed, not kept
         layer_rows = kept_rows(layer_rows, "selective")
     layer_rows = hf.layer_rows(layer_rows, c)               # transformers' eager core: FP32 softmax, BF16 probabilities
+    layer_rows = litgpt.layer_rows(layer_rows, c)           # LitGPT: new q, k; the fused output whole; SDPA's output
     layer_rows = layer_rows + packing.saved_rows(c)         # packed rows: SDPA's additive mask per block
     if c.amp:                               # FP16 autocast: FP16 copies and outputs (memledger.step.amp)
         layer_rows = amp.layer_rows(layer_rows, c)

@@ -37,7 +37,7 @@ Checked against transformers' own model under ``FakeTensorMode`` (:mod:`memledge
 """
 from ..activations.inventory import Saved
 from ..core.symbols import B, H, S, d
-from .ops import BSd, Ref, final_input
+from .ops import BSd, Ref, final_input, residual_names
 from .vocab import OpRole, Scope
 
 __all__ = ["COS", "PROBS", "SIN", "backward_start", "buffers", "eager_backward", "eager_core", "forward_end",
@@ -113,13 +113,23 @@ def forward_start(p, c):
     p.op("rotary embedding returns", free=[freqs, emb, cos_s, sin_s])
 
 
+def _width(c, n):
+    """(B, S, width) of q's (H*d/H) or k's and v's (H_kv*d/H) tensors."""
+    from .ops import widths_of
+    return widths_of(c)[0 if n == "q" else 1]
+
+
+def _half(shape):
+    return shape[:-1] + (shape[-1] / 2,)
+
+
 def _rotate(p, c, n, out):
     """``(n * cos) + (rotate_half(n) * sin)`` (``apply_rotary_pos_emb``): ``out`` is the rotated tensor."""
-    a = c.dtype
-    t1 = p.new(f"{n} * cos", BSd, a, "apply_rotary_pos_emb's first product")
-    neg = p.new(f"-{n}2", (B, S, d / 2), a, "rotate_half: -x2")
-    rh = p.new(f"rotate_half({n})", BSd, a, "torch.cat((-x2, x1), dim=-1)")
-    t2 = p.new(f"rotate_half({n}) * sin", BSd, a, "apply_rotary_pos_emb's second product")
+    a, w = c.dtype, _width(c, n)
+    t1 = p.new(f"{n} * cos", w, a, "apply_rotary_pos_emb's first product")
+    neg = p.new(f"-{n}2", _half(w), a, "rotate_half: -x2")
+    rh = p.new(f"rotate_half({n})", w, a, "torch.cat((-x2, x1), dim=-1)")
+    t2 = p.new(f"rotate_half({n}) * sin", w, a, "apply_rotary_pos_emb's second product")
     p.op(f"{n} * cos", alloc=[t1])
     p.op(f"-{n}2", alloc=[neg])
     p.op(f"rotate_half({n}): cat", alloc=[rh])
@@ -134,7 +144,7 @@ def qkv_forward(p, c):
     """``q_proj``, ``k_proj``, ``v_proj`` and the rotary code: the saved rows Q, K (rotated) and V (a view of
     ``v_proj``'s output); the projections' outputs of q and k go when the rotated ones replace them."""
     a = c.dtype
-    qp, kp = (p.new(f"{n}_proj output", BSd, a, "until apply_rotary_pos_emb returns") for n in "qk")
+    qp, kp = (p.new(f"{n}_proj output", _width(c, n), a, "until apply_rotary_pos_emb returns") for n in "qk")
     q, k, v = _eager_inputs(p, c)
     p.op("q_proj", alloc=[qp], role=OpRole.QKV_PROJECTION)
     p.op("k_proj", alloc=[kp])
@@ -154,8 +164,8 @@ def _eager_inputs(p, c) -> tuple:
     """The names of the rotated q, k and of v: the saved rows, or temporaries where the core copies them."""
     if not _copied(c):
         return "Q", "K", "V"
-    return tuple(p.new(name, BSd, c.dtype, "a local of the attention until it returns (the core saves a copy)")
-                 for name in ("q rotated", "k rotated", "v_proj output"))
+    return tuple(p.new(name, _width(c, name[0]), c.dtype, "a local of the attention until it returns (the core "
+                       "saves a copy)") for name in ("q rotated", "k rotated", "v_proj output"))
 
 
 def layer_rows(rows, c) -> list:
@@ -250,12 +260,12 @@ def _rotate_backward(p, c, n, g, into):
     """The rotary code's backward for ``n`` from ``g`` (the rotated tensor's gradient): ``g * sin`` through
     ``rotate_half`` (the negation; the slices' backward: a zero-filled full tensor each), ``g * cos``; summed
     into ``into`` (the projection output's gradient)."""
-    a = c.dtype
-    gs = p.new(f"grad {n}: g * sin", BSd, a, "rotate_half(x) * sin backward")
-    gneg = p.new(f"grad {n}: -g", (B, S, d / 2), a, "the negation's backward")
-    g2 = p.new(f"grad {n}: x2 slice backward", BSd, a, "slice_backward: zeros with the gradient copied in")
-    g1 = p.new(f"grad {n}: x1 slice backward", BSd, a, "slice_backward: zeros with the gradient copied in")
-    gc = p.new(f"grad {n}: g * cos", BSd, a, "x * cos backward")
+    a, w = c.dtype, _width(c, n)
+    gs = p.new(f"grad {n}: g * sin", w, a, "rotate_half(x) * sin backward")
+    gneg = p.new(f"grad {n}: -g", _half(w), a, "the negation's backward")
+    g2 = p.new(f"grad {n}: x2 slice backward", w, a, "slice_backward: zeros with the gradient copied in")
+    g1 = p.new(f"grad {n}: x1 slice backward", w, a, "slice_backward: zeros with the gradient copied in")
+    gc = p.new(f"grad {n}: g * cos", w, a, "x * cos backward")
     last = n == "q"         # block 0's q products are cos's and sin's last users
     p.op(f"rotate_half({n}) * sin backward", alloc=[gs])
     if last:
@@ -278,12 +288,13 @@ def qkv_backward(p, c, gq, gk, gv, grads) -> str:
     weight's gradient, then the input's), the three input gradients summed. ``grads``: {"q"|"k"|"v": its weight's
     gradient}."""
     a = c.dtype
-    gkp, gqp = (p.new(f"gradient of {n}_proj's output", BSd, a, "the rotary code's input gradient") for n in "kq")
+    gkp, gqp = (p.new(f"gradient of {n}_proj's output", _width(c, n), a, "the rotary code's input gradient")
+                for n in "kq")
     _rotate_backward(p, c, "k", gk, gkp)
     _rotate_backward(p, c, "q", gq, gqp)
     eager = c.attention == "eager"      # the core's gradients come laid out (B, H, S, d/H): view's backward copies
-    gkc, gqc, gvc = (p.new(f"gradient of {n}_proj's output, copied back", BSd, a, "(B, H, S, d/H) to (B, S, d)")
-                     for n in "kqv") if eager else (gkp, gqp, gv)
+    gkc, gqc, gvc = (p.new(f"gradient of {n}_proj's output, copied back", _width(c, n), a, "(B, H, S, d/H) to "
+                           "(B, S, d)") for n in "kqv") if eager else (gkp, gqp, gv)
     ins = {n: p.new(f"gradient of norm 1's output via {n}_proj", BSd, a, f"{n}_proj's input gradient")
            for n in "vkq"}
     gn1 = p.new("gradient of norm 1's output", BSd, a, "the three projections' input gradients summed")
@@ -315,7 +326,8 @@ def forward_end(p, c):
     a = c.dtype
     norm_forward(p, c, "final", "LM head input")
     p.op("LlamaModel.forward returns", free=[final_input(c), POSITIONS, "attention mask" if c.attention == "eager"
-                                             else None], role=OpRole.FINAL_NORM_INPUT_RELEASED)
+                                             else None, Ref(Scope.FIRST, residual_names(c)[0])],
+         role=OpRole.FINAL_NORM_INPUT_RELEASED)
     logits = p.new("logits", LOGITS, a, "the LM head's output, held by the model's output until the loss is taken")
     p.op("LM head", alloc=[logits], role=OpRole.LM_HEAD)
     src = p.new("logits in FP32", LOGITS, "fp32", "ForCausalLMLoss: logits.float()")

@@ -4,8 +4,24 @@
 the book is proved against), ``"hf"`` (Hugging Face transformers' ``LlamaForCausalLM``), ``"torchtune"``
 (torchtune's ``llama2``/``llama3`` builders) or ``"litgpt"`` (LitGPT's ``GPT``). Each library saves other tensors
 for backward than the reference decoder does (its norms, its rotary code, its attention), and its code, not the
-backend, decides which kernels run: their RMSNorms upcast before normalizing, so no fused RMSNorm runs on CUDA
-either.
+backend, decides which kernels run: their RMSNorms normalize in FP32 ops, so the cuda backend books no fused
+RMSNorm under them (``Shape.rmsnorm``):
+
+* transformers: ``LlamaRMSNorm.forward`` (``transformers/models/llama/modeling_llama.py`` l. 62-67) is written
+  out in elementwise ops (``.to(torch.float32)``, ``pow``, ``mean``, ``rsqrt``, products): no norm kernel is
+  called at all (:mod:`memledger.step.hf`, rmsnorm "hf").
+* LitGPT: ``RMSNorm.forward`` (``litgpt/model.py`` l. 1315-1322) likewise, with ``weight.float()``
+  (:mod:`memledger.step.litgpt`, rmsnorm "litgpt").
+* torchtune: ``RMSNorm.forward`` (``torchtune/modules/rms_norm.py`` l. 38-43) calls ``F.rms_norm(x.float(),
+  weight=self.scale)``: an FP32 input with the BF16 weight; its layer, measured on the CPU, equals the reference
+  block with PyTorch's composite ``nn.RMSNorm`` (rmsnorm "composite"). That CUDA's ``rms_norm`` also takes the
+  composite path for an FP32 input and a BF16 weight is issue 28's reading of ATen, not checked here against ATen's
+  ``layer_norm.cpp``.
+
+The attention kernel under the cuda backend stays the reference's (SDPA's flash kernel: q, k, v, output, FP32
+log-sum-exp; the output laid out as q), as measured on the CPU's flash kernel; transformers' eager core is its own
+code on every device (``softmax(dtype=torch.float32)`` converts a BF16 input first: ATen's fast path without the
+copy is for CUDA Half only).
 
 ``attn_implementation``: transformers' ``attn_implementation`` (``"sdpa"``, its default, ``"eager"`` or
 ``"flash_attention_2"``); the other implementations run SDPA only, so it is ``"sdpa"`` there.
@@ -55,9 +71,15 @@ def check_fields(implementation: str, attn_implementation: str, arch=None) -> No
                          f"families are {', '.join(FAMILIES['torchtune'])}")
 
 
+def _of(implementation: str) -> str:
+    """The library's name in the possessive ("transformers'", "torchtune's")."""
+    name = LIBRARY[implementation]
+    return name + ("'" if name.endswith("s") else "'s")
+
+
 def not_modelled(implementation: str, what: str) -> ValueError:
     """The one-line refusal of ``what`` under a library's code."""
-    return ValueError(f"implementation {implementation} ({LIBRARY[implementation]}'s model code): {what} not "
+    return ValueError(f"implementation {implementation} ({_of(implementation)} model code): {what} not "
                       "modelled yet (implementation reference models memledger's reference decoder)")
 
 
@@ -68,7 +90,7 @@ def check_step(setup, conv) -> None:
     if impl == "reference":
         return
     if conv.name == "article":
-        raise ValueError(f"implementation {impl}: {LIBRARY[impl]}'s code decides which kernels run, not the article's "
+        raise ValueError(f"implementation {impl}: {_of(impl)} code decides which kernels run, not the article's "
                          "conventions: give backend cpu or cuda")
     if setup.flash_attention and setup.attn_implementation == "eager":
         raise ValueError("flash_attention and attn_implementation eager contradict each other: transformers' "
@@ -77,7 +99,9 @@ def check_step(setup, conv) -> None:
     f = arch.features
     lacks = [what for what, off in [
         ("a GPT-style block (LayerNorm, GeLU)", arch.style != "llama"),
-        ("grouped-query attention", f.gqa), ("QKV biases", f.has_qkv_bias), ("a tied LM head", f.is_tied),
+        ("grouped-query attention" + (" with the eager core (repeat_kv's copies)" if impl == "hf" else ""),
+         f.gqa and (impl != "hf" or setup.attn_implementation == "eager")),
+        ("QKV biases", f.has_qkv_bias), ("a tied LM head", f.is_tied),
         ("a head size other than d/H", f.head_dim),
         ("dropout", setup.dropout), (f"recompute {setup.recompute}", setup.recompute != "none"),
         ("tensor or sequence parallelism", setup.tp > 1 or setup.sequence_parallel),
@@ -107,4 +131,4 @@ def check_torchtune_chunks(chunks: int, seq_len: int) -> None:
 
 
 #: The implementations whose block the step does not model yet.
-UNMODELLED_BLOCKS = ("litgpt",)
+UNMODELLED_BLOCKS = ()

@@ -63,6 +63,8 @@ def norm_forward(p, c, k, out, save=Save.KEPT) -> str:
     p.op(f"norm {k} x*rstd", free=[ms, sq], alloc=[xr])
     if c.upcast:
         xrw = temporary("x*rstd*w", BSd)
+        if c.rmsnorm == "litgpt":       # LitGPT's RMSNorm: weight.float(), saved by the product
+            p.op(f"norm {k} weight.float()", alloc=[f"{prefix} weight (FP32 copy)"])
         p.op(f"norm {k} weight", alloc=[xrw])
         if kept:
             p.op(f"norm {k} downcast", alloc=[out])
@@ -121,7 +123,8 @@ def norm_backward(p, c, k, g_out, g_in, grads, residual=None, also_free=()):
         p.op(f"norm {k} backward: upcast", alloc=[t["g32"]])
         p.op(f"norm {k} backward: weight", free=[g_out], alloc=[t["g*w"], t["g*xr"]], role=role["weight"])
         p.op(f"norm {k} backward: weight sum", alloc=[t["sum g*xr"]])
-        p.op(f"norm {k} backward: weight gradient", free=[t["g*xr"]], alloc=grads)
+        p.op(f"norm {k} backward: weight gradient", free=[t["g*xr"]] + (
+            [f"{prefix} weight (FP32 copy)"] if c.rmsnorm == "litgpt" else []), alloc=grads)
         p.op(f"norm {k} backward: x*rstd", free=[t["sum g*xr"], t["g32"], xr], alloc=[t["g*rstd"], t["g*x"]],
              role=role["x*rstd"])
         p.op(f"norm {k} backward: rstd gradient", alloc=[t["g_rstd"]])

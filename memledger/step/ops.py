@@ -71,6 +71,9 @@ def block_params(c: Shape) -> list:
             ("norm2.weight", d), ("norm2.bias", d)])
         return norms + [("qkv.weight", qkv * d), ("qkv.bias", qkv), ("proj.weight", q * d), ("proj.bias", d),
                         ("up.weight", d * F), ("up.bias", F), ("down.weight", d * F), ("down.bias", d)]
+    if c.implementation == "litgpt":     # LitGPT's Block: norm_1, attn (qkv, proj), norm_2, mlp (fc_1, fc_2, proj)
+        return [("norm1.weight", d), ("qkv.weight", qkv * d), ("proj.weight", q * d), ("norm2.weight", d),
+                ("gate.weight", d * F), ("up.weight", d * F), ("down.weight", d * F)]
     if c.hf:                # LlamaDecoderLayer: self_attn (q, k, v, o), mlp (gate, up, down), its two norms
         return [("q_proj.weight", q * d), ("k_proj.weight", (qkv - q) / 2 * d), ("v_proj.weight", (qkv - q) / 2 * d),
                 ("proj.weight", q * d), ("gate.weight", d * F), ("up.weight", d * F), ("down.weight", d * F),

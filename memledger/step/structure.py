@@ -111,7 +111,7 @@ class Shape:
     @property
     def composite(self):
         """RMSNorm as FP32 ops (ATen's composite, or transformers' ``LlamaRMSNorm``: ``rmsnorm`` "hf")."""
-        return not self.gpt and self.rmsnorm in ("composite", "hf")
+        return not self.gpt and self.rmsnorm in ("composite", "hf", "litgpt")
 
     @property
     def hf(self):
@@ -251,8 +251,8 @@ def _shape(setup: StepInputs, conv) -> tuple:
     amp = check_amp(setup, conv, kernel)
     # a library's RMSNorm upcasts before normalizing: no fused kernel, on CUDA either (step.implementations)
     rmsnorm = conv.rmsnorm if setup.implementation == "reference" else "composite"
-    if setup.implementation == "hf" and act != "fp32":     # LlamaRMSNorm keeps its BF16 normalized input instead
-        rmsnorm = "hf"
+    if setup.implementation in ("hf", "litgpt") and act != "fp32":   # LlamaRMSNorm's BF16 normalized input; LitGPT's
+        rmsnorm = setup.implementation                              # FP32 copy of the weight
     shape = Shape(style=arch.style, attention=kernel, dropout=bool(setup.dropout), rmsnorm=rmsnorm, dtype=act,
                   stats=conv.norm_stats is not None, single=setup.batch_size == 1, grad_dtype=grad,
                   mask_dtype=opts["mask_dtype"], stats_dtype=opts["norm_stats"], gqa=f.gqa,

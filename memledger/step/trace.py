@@ -68,6 +68,8 @@ def _qualify(name, layer, n_layers):
         return (layer - 1, n) if layer > 0 else ((None, name.edge) if name.edge else None)
     if scope is Scope.SHARED:
         return (None, n) if layer == 0 else None
+    if scope is Scope.NOT_FIRST:
+        return (layer, n) if layer > 0 else None
     return (0, n) if scope is Scope.FIRST else (n_layers - 1, n)
 
 

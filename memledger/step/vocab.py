@@ -48,6 +48,7 @@ class Scope(StrEnum):
     FIRST = "block 0's"                  # named from outside the blocks
     LAST = "block L-1's"
     SHARED = "shared by every block"     # lives outside the blocks; block 0, its last user, releases it
+    NOT_FIRST = "the block's own, but block 0's is not"  # transformers: block 0's input is held past the blocks
 
 
 class Action(StrEnum):

@@ -30,9 +30,9 @@ LLAMA2 = dict(d=4096, H=32, F=11008, V=32000)
 SMALL = dict(d=256, H=4, F=688, V=1000)
 
 
-def step_of(d, H, F, V, L, batch, seq, attn, foreach=False):
-    ledger = Ledger(Architecture(d, L, H, F, V, "llama"), batch_size=batch, seq_len=seq, recipe="bf16-pure-adamw",
-                    implementation="hf", attn_implementation=attn, overhead_bytes=0)
+def step_of(d, H, F, V, L, batch, seq, attn, foreach=False, kv=None):
+    ledger = Ledger(Architecture(d, L, H, F, V, "llama", n_kv_heads=kv), batch_size=batch, seq_len=seq,
+                    recipe="bf16-pure-adamw", implementation="hf", attn_implementation=attn, overhead_bytes=0)
     return ledger.step("cpu", foreach=foreach)
 
 
@@ -42,9 +42,12 @@ def layer_bytes(step) -> int:
 
 
 def agree(step, measured):
-    """Every landmark, each phase's peak and the peak, to the byte."""
+    """Every landmark, each phase's peak, each layer's peak forward and backward (those the step runs op by op) and
+    the peak, to the byte."""
     assert {k: step.landmarks[k]["gpu"] for k in step.landmarks} == {k: measured[k] for k in step.landmarks}
     assert step.phase_peaks() == measured["phase peaks"]
+    blocks = step.block_peaks()
+    assert blocks == {k: measured["block peaks"][k] for k in blocks}
     assert step.peak.bytes == measured["peak"]
 
 
@@ -80,3 +83,37 @@ def test_llama2_7b_sdpa_whole_model():
     """32 layers, AdamW foreach (the cuda backend's default): the step the implementations note measured."""
     step = step_of(**LLAMA2, L=32, batch=1, seq=1024, attn="sdpa", foreach=True)
     agree(step, library_step("hf", **LLAMA2, L=32, batch=1, seq=1024, foreach=True))
+
+
+#: One LLaMA-2-7B layer's saved bytes under LitGPT 0.5.13 (implementations.md's table).
+LITGPT = {(1, 1024): 232_955_904, (2, 1304): 593_258_880}
+
+
+@pytest.mark.parametrize("batch, seq", [(1, 64), (2, 48)] + list(LITGPT))
+def test_litgpt_layer(batch, seq):
+    """LitGPT's ``GPT`` (LLaMA config: RMSNorm, LLaMAMLP, full rotary) from its ``Config``: one layer's saved bytes
+    equal the step's (its FP32 norm weights, the fused QKV output kept whole by v's view, the new rotated q and k,
+    SDPA's output beside its reshaped copy). The step's landmarks and peak under LitGPT wait for its loss
+    (``chunked_cross_entropy``) and RoPE cache buffers, not modelled yet."""
+    shape = LLAMA2 if seq > 64 else SMALL
+    measured = saved_per_layer("litgpt", **shape, batch=batch, seq=seq)["layer"]
+    ledger = Ledger(Architecture(shape["d"], 2, shape["H"], shape["F"], shape["V"], "llama"), batch_size=batch,
+                    seq_len=seq, recipe="bf16-pure-adamw", implementation="litgpt")
+    assert layer_bytes(ledger.step("cpu")) == measured == layer_bytes(ledger.step("cuda"))
+    if seq > 64:
+        assert measured == LITGPT[batch, seq]
+
+
+@pytest.mark.parametrize("shape, L, batch, seq", [(dict(SMALL, kv=2), 3, 2, 48), (dict(SMALL, kv=1), 3, 1, 64),
+                                                  (dict(d=256, H=4, kv=1, F=64, V=100), 3, 2, 48),
+                                                  (dict(d=4096, H=32, kv=8, F=14336, V=128256), 2, 1, 1024)])
+def test_grouped_query_sdpa(shape, L, batch, seq):
+    """Grouped-query attention (LLaMA-3-8B's width last: 8 K/V heads, FFN 14336, vocabulary 128256): transformers
+    passes ``enable_gqa=True`` to SDPA where no mask is given (``integrations/sdpa_attention.py`` ``use_gqa_in_sdpa``),
+    the k and v projections and k's rotary code at H_kv heads. With a narrow MLP and a small vocabulary the peak
+    comes in the final LlamaRMSNorm's backward, and LlamaModel.forward's ``inputs_embeds`` (block 0's input, held
+    until it returns) shows in every later layer's peak."""
+    measured = saved_per_layer("hf", **shape, batch=batch, seq=seq)["layer"]
+    step = step_of(**shape, L=L, batch=batch, seq=seq, attn="sdpa")
+    assert layer_bytes(step) == measured
+    agree(step, library_step("hf", **shape, L=L, batch=batch, seq=seq))
