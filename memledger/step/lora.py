@@ -397,104 +397,156 @@ class _Sum:
         self.value = total
 
 
+class _BlockForward:
+    """One block's forward under LoRA, step by step (:func:`lora_block_forward`): ``dropped``, the whole block under
+    ``checkpoint(..., use_reentrant=False)``: nothing is saved, each tensor dies with its last reference. Locals of
+    the block (:meth:`local`) go when it returns."""
+
+    def __init__(self, p, c, spec: LoraSpec, dropped: bool):
+        self.p, self.c, self.spec, self.dropped = p, c, spec, dropped
+        self.kept = set() if dropped else _kept_inputs(c, spec)
+        self.temps = []
+
+    def local(self, name, shape=BSd, why="a local of the block"):
+        """A tensor of the block's own that lives until the block returns (or :meth:`release`)."""
+        self.temps.append(name)
+        return self.p.new(name, shape, self.c.dtype, why)
+
+    def release(self, name):
+        """A local the block no longer reads goes now; a kept tensor stays."""
+        if name in self.temps:
+            self.p.op("released", free=[name])
+            self.temps.remove(name)
+
+    def norm(self, k, kept_output) -> str:
+        """Norm ``k`` with its frozen weight; returns its output: ``kept_output`` (a saved row) where an adapter keeps
+        it for A's weight gradient, else a local. Under the checkpoint a frozen norm saves what a trained one does:
+        nothing."""
+        p, c = self.p, self.c
+        if self.dropped:
+            out = norm_forward(p, c, k, None, Save.DROPPED)
+            self.temps.append(out)
+            return out
+        out = kept_output if kept_output in self.kept else self.local(f"norm {k} output")
+        _norm_forward(p, c, k, out)
+        return out
+
+    def qkv(self, h1):
+        """The frozen QKV projection on ``h1``; with adapters on q, k or v, each added to its column slice and the
+        slices concatenated again (``torch.cat``; q, k, v: views of it)."""
+        p, c, spec = self.p, self.c, self.spec
+        qkv = ["Q", "K", "V"] if not self.dropped else [self.local(
+            "q, k, v (checkpointed)", (B, S, qkv_width(c)), "the fused projection's output, q, k, v views of it")]
+        adapted = [t for t in QKV if t in spec.targets]
+        if not adapted:
+            _base_forward(p, c, spec, "qkv", qkv)     # q, k, v: views of the frozen projection's output
+            return
+        base = p.new("frozen QKV projection output", (B, S, qkv_width(c)), c.dtype, "split into q, k, v column slices")
+        _base_forward(p, c, spec, "qkv", base)
+        every = len(adapted) == len(QKV)              # every slice replaced: the base output goes with the last sum
+        sums = [self._slice_plus_adapter(t, h1, after=[base] if every and t == adapted[-1] else ()) for t in adapted]
+        p.op("torch.cat: the fused output again (q, k, v: views of it)", alloc=qkv)
+        p.op("released", free=sums + ([] if every else [base]))
+
+    def _slice_plus_adapter(self, t, h1, after) -> str:
+        """One q, k or v column slice plus its adapter's output (on ``h1``); ``after``: freed when the sum returns."""
+        p, c, spec = self.p, self.c, self.spec
+        adapter = _adapter_forward(p, c, spec, t, h1, self.dropped)
+        out, _ = adapter_shape(c, t)
+        total = p.new(f"{t} slice + adapter", (B, S, out), c.dtype, "the slice plus the adapter's output")
+        _adapter_sum(p, c, spec, t, adapter, total, after=after)
+        return total
+
+    def attention(self) -> str:
+        """The flash kernel (its core checkpointed under selective recomputation: its log-sum-exp dropped, its
+        output a local unless an ``o_proj`` adapter keeps it); returns its output, the output projection's input."""
+        p, c = self.p, self.c
+        pi = "output projection input"
+        if c.recompute != "selective" and not self.dropped:
+            p.op("flash attention", alloc=[pi, "softmax log-sum-exp"])
+            return pi
+        if self.dropped or not _o_proj_reads(self.spec):
+            pi = self.local("attention output (checkpointed)", widths_of(c)[0], "the local a, until the block returns")
+        lse = p.new("log-sum-exp (dropped)", (B, H, S), "fp32", "not kept: the checkpointed core recomputes it")
+        p.op("flash attention (checkpointed)", alloc=[pi, lse])
+        p.op("log-sum-exp dropped", free=[lse])
+        return pi
+
+    def attention_branch(self, pi, xm) -> str:
+        """The frozen output projection on ``pi`` (with an ``o_proj`` adapter, PEFT's sum), then the residual add
+        into ``xm`` (a local under the checkpoint); returns the residual sum's name."""
+        p, c, spec = self.p, self.c, self.spec
+        po = p.new("output projection output", BSd, c.dtype, "the attention branch before the residual add")
+        _base_forward(p, c, spec, "proj", po)
+        branch = po
+        if self.dropped:
+            xm = p.new("attention residual sum (checkpointed)", BSd, c.dtype, "x + attention")
+        if "o_proj" in spec.targets:
+            adapter = _adapter_forward(p, c, spec, "o_proj", pi, self.dropped)
+            branch = p.new("o_proj output + adapter", BSd, c.dtype, "the attention branch")
+            _adapter_sum(p, c, spec, "o_proj", adapter, branch, raw=po)
+        p.op("residual add", alloc=[xm])
+        p.op("residual done", free=[branch])
+        return xm
+
+    def projection(self, base, t, x, out, shape, role=None, role_b=None):
+        """The frozen ``base`` projection on ``x`` writing ``out``, plus the adapter on target ``t`` if there is
+        one; ``role``: the base's op's, ``role_b``: the adapter's B's."""
+        p, c, spec = self.p, self.c, self.spec
+        if t not in spec.targets:
+            _base_forward(p, c, spec, base, out, role)
+            return
+        raw = p.new(f"{base} output (frozen)", shape, c.dtype, "the base's output, before the adapter's is added")
+        _base_forward(p, c, spec, base, raw, role)
+        _adapter_sum(p, c, spec, t, _adapter_forward(p, c, spec, t, x, self.dropped, role_b), out, raw=raw)
+
+    def mlp(self, h2) -> str:
+        """SwiGLU on ``h2``: gate, SiLU, up, their product, the down projection; returns the down projection's
+        output. Under the checkpoint each intermediate goes once its last reader has run."""
+        p, c, dropped = self.p, self.c, self.dropped
+        kept_prod = "down-projection input" in self.kept
+        prod = "down-projection input" if kept_prod else p.new(
+            "SiLU(gate) * up", BSF, c.dtype, "not kept: only the frozen down projection's weight gradient would read it")
+        names = ("gate output", "SiLU output", "up-projection output")
+        gate, silu, up = names if not dropped else [p.new(f"{n} (checkpointed)", BSF, c.dtype,
+                                                          "not kept under the checkpoint") for n in names]
+        self.projection("gate", "gate_proj", h2, gate, BSF)
+        p.op("SiLU", alloc=[silu])
+        if dropped:
+            p.op("released", free=[gate])
+        self.projection("up", "up_proj", h2, up, BSF)
+        p.op("SiLU(gate) * up", alloc=[prod])
+        if dropped:
+            p.op("released", free=[silu, up])
+        dn = p.new("down-projection output", BSd, c.dtype, "the MLP branch before the residual add")
+        self.projection("down", "down_proj", prod, dn, BSd, OpRole.DOWN_PROJECTION, OpRole.LORA_DOWN_B)
+        self.mlp_temporary = [] if kept_prod else [prod]
+        return dn
+
+    def returns(self, dn, xm):
+        """The residual add into the next block's input; the block returns: its locals go (the checkpoint keeps
+        the block's input)."""
+        p, c = self.p, self.c
+        x = residual_names(c)[0]
+        p.op("residual add", free=self.mlp_temporary, alloc=[Ref(Scope.NEXT, x, _final_input(c))])
+        held = (xm,) if self.dropped else (xm, x)
+        leftovers = [dn] + [n for n in held if p.tensors[n].lifetime is Lifetime.TEMPORARY] + self.temps
+        p.op("block returns", free=leftovers, role=OpRole.BLOCK_RETURNS)
+
+
 def lora_block_forward(p, c, spec: LoraSpec, dropped=False):
     """One block's forward under LoRA (its input is live; its output is the next block's input). ``dropped``:
     the whole block under ``checkpoint(..., use_reentrant=False)`` (full recomputation): nothing is saved, each
     tensor dies with its last reference, the checkpoint keeps the block's input."""
-    a, T = c.dtype, spec.targets
-    x, xm = residual_names(c)
-    kept = set() if dropped else _kept_inputs(c, spec)
-    temps = []
-
-    def local(name, shape=BSd, why="a local of the block"):
-        temps.append(name)
-        return p.new(name, shape, a, why)
-    if dropped:         # a frozen norm saves nothing more than a trained one under the checkpoint: none
-        h1 = norm_forward(p, c, "1", None, Save.DROPPED)
-        temps.append(h1)
-    else:
-        h1 = "Q/K/V projection input" if "Q/K/V projection input" in kept else local("norm 1 output")
-        _norm_forward(p, c, "1", h1)
-    fused = [t for t in QKV if t in T]
-    qkv = ["Q", "K", "V"] if not dropped else [local("q, k, v (checkpointed)", (B, S, qkv_width(c)),
-                                                     "the fused projection's output, q, k, v views of it")]
-    if not fused:
-        _base_forward(p, c, spec, "qkv", qkv)     # q, k, v: views of the frozen projection's output
-    else:
-        base = p.new("frozen QKV projection output", (B, S, qkv_width(c)), a, "split into q, k, v column slices")
-        _base_forward(p, c, spec, "qkv", base)
-        sums = []
-        for t in fused:
-            adapter = _adapter_forward(p, c, spec, t, h1, dropped)
-            out, _ = adapter_shape(c, t)
-            s_ = p.new(f"{t} slice + adapter", (B, S, out), a, "the slice plus the adapter's output")
-            last = len(fused) == 3 and t == "v_proj"     # every slice replaced: the base output goes
-            _adapter_sum(p, c, spec, t, adapter, s_, after=[base] if last else ())
-            sums.append(s_)
-        p.op("torch.cat: the fused output again (q, k, v: views of it)", alloc=qkv)
-        p.op("released", free=sums + ([] if len(fused) == 3 else [base]))
-    if h1 in temps:
-        p.op("released", free=[h1])
-        temps.remove(h1)
-    pi = "output projection input"
-    if c.recompute != "selective" and not dropped:
-        p.op("flash attention", alloc=[pi, "softmax log-sum-exp"])
-    else:                           # selective: the core under the checkpoint saves nothing
-        if dropped or not _o_proj_reads(spec):
-            pi = local("attention output (checkpointed)", widths_of(c)[0], "the local a, until the block returns")
-        lse = p.new("log-sum-exp (dropped)", (B, H, S), "fp32", "not kept: the checkpointed core recomputes it")
-        p.op("flash attention (checkpointed)", alloc=[pi, lse])
-        p.op("log-sum-exp dropped", free=[lse])
-    po = p.new("output projection output", BSd, a, "the attention branch before the residual add")
-    _base_forward(p, c, spec, "proj", po)
-    branch = po
-    if dropped:
-        xm = p.new("attention residual sum (checkpointed)", BSd, a, "x + attention")
-    if "o_proj" in T:
-        adapter = _adapter_forward(p, c, spec, "o_proj", pi, dropped)
-        branch = p.new("o_proj output + adapter", BSd, a, "the attention branch")
-        _adapter_sum(p, c, spec, "o_proj", adapter, branch, raw=po)
-        p.op("residual add", alloc=[xm])
-    else:
-        p.op("residual add", alloc=[xm])
-    p.op("residual done", free=[branch])
-    if dropped:
-        h2 = norm_forward(p, c, "2", None, Save.DROPPED)
-        temps.append(h2)
-    else:
-        h2 = "MLP input" if "MLP input" in kept else local("norm 2 output")
-        _norm_forward(p, c, "2", h2)
-
-    def projection(base, t, out, shape, role=None, role_b=None):
-        """A frozen MLP projection (and its adapter) writing ``out``; ``role``: the base's op's, ``role_b``: the
-        adapter's B's."""
-        if t not in T:
-            _base_forward(p, c, spec, base, out, role)
-            return
-        raw = p.new(f"{base} output (frozen)", shape, a, "the base's output, before the adapter's is added")
-        _base_forward(p, c, spec, base, raw, role)
-        _adapter_sum(p, c, spec, t, _adapter_forward(p, c, spec, t, h2 if base != "down" else prod, dropped,
-                                                     role_b), out, raw=raw)
-    prod = "down-projection input" if "down-projection input" in kept else p.new(
-        "SiLU(gate) * up", BSF, a, "not kept: only the frozen down projection's weight gradient would read it")
-    gate, silu, up = ("gate output", "SiLU output", "up-projection output") if not dropped else (
-        p.new(f"{n} (checkpointed)", BSF, a, "not kept under the checkpoint") for n in ("gate output", "SiLU output",
-                                                                                           "up-projection output"))
-    projection("gate", "gate_proj", gate, BSF)
-    p.op("SiLU", alloc=[silu])
-    if dropped:
-        p.op("released", free=[gate])
-    projection("up", "up_proj", up, BSF)
-    p.op("SiLU(gate) * up", alloc=[prod])
-    if dropped:
-        p.op("released", free=[silu, up])
-    dn = p.new("down-projection output", BSd, a, "the MLP branch before the residual add")
-    projection("down", "down_proj", dn, BSd, OpRole.DOWN_PROJECTION, OpRole.LORA_DOWN_B)
-    temporary = [prod] if prod not in ("down-projection input",) else []
-    p.op("residual add", free=temporary, alloc=[Ref(Scope.NEXT, x, _final_input(c))])
-    held = (xm,) if dropped else (xm, x)      # the checkpoint keeps the block's input
-    leftovers = [dn] + [n for n in held if p.tensors[n].lifetime is Lifetime.TEMPORARY] + temps
-    p.op("block returns", free=leftovers, role=OpRole.BLOCK_RETURNS)
+    block = _BlockForward(p, c, spec, dropped)
+    h1 = block.norm("1", "Q/K/V projection input")
+    block.qkv(h1)
+    block.release(h1)
+    pi = block.attention()
+    xm = block.attention_branch(pi, residual_names(c)[1])
+    h2 = block.norm("2", "MLP input")
+    dn = block.mlp(h2)
+    block.returns(dn, xm)
 
 
 def _final_input(c):
