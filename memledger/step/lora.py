@@ -591,67 +591,75 @@ def _with_recomputation(p, c, spec, start):
     p.ops[at:at] = _recompute(p, c, spec)
 
 
-def lora_block_backward(p, c, spec: LoraSpec, share):
-    """One block's backward under LoRA: ``dX_out`` (live) -> the previous block's; frees the saved tensors (under
-    full recomputation, those of the forward re-run first)."""
+def _projection_backward(p, c, spec, share, total, t, base, x, last_reader, g_out, frozen_grad, role_b=None):
+    """A projection's backward: its adapter on target ``t`` (if there is one; its saved input ``x``, freed here if
+    ``last_reader``) before the frozen ``base`` (autograd runs the node created last first), each input gradient
+    summed into ``total`` (a :class:`_Sum`). ``g_out``: the output gradient the frozen base frees (None: freed by
+    the caller); ``frozen_grad``: (name, shape, why) of the base's input gradient; ``role_b``: the adapter B's
+    backward op's role."""
+    gb = g_out
+    if t in spec.targets:
+        gx, gb = _adapter_backward(p, c, spec, t, x, share, last_reader, g_out, role_b)
+        total.add(gx)
+    name, shape, why = frozen_grad
+    g = p.new(name, shape, c.dtype, why)
+    _base_backward(p, c, spec, base, g, [gb or g_out])
+    total.add(g)
+
+
+def _mlp_backward(p, c, spec, share) -> str:
+    """The MLP's backward from ``dX_out``: down, SiLU(gate) * up, up, SiLU, gate (each frozen projection after its
+    adapter); returns the MLP input's gradient (the up and gate paths summed)."""
     a, T = c.dtype, spec.targets
-    start = len(p.ops)
-    kept = _kept_inputs(c, spec)
-    BSq = widths_of(c)[0]
-    prod = "down-projection input"
-    # the MLP: down, SiLU(gate) * up, up, SiLU, gate
     g_prod = _Sum(p, "gradient of the down-projection input", BSF, a)
-    gb = None
-    if "down_proj" in T:
-        gx, gb = _adapter_backward(p, c, spec, "down_proj", prod, share, True, role_b=OpRole.LORA_DOWN_B_BACKWARD)
-        g_prod.add(gx)
-    g = p.new("gradient of the down-projection input (frozen down)", BSF, a, "the frozen down projection's")
-    _base_backward(p, c, spec, "down", g, [gb])
-    g_prod.add(g)
+    _projection_backward(p, c, spec, share, g_prod, "down_proj", "down", "down-projection input", True, None, (
+        "gradient of the down-projection input (frozen down)", BSF, "the frozen down projection's"),
+        OpRole.LORA_DOWN_B_BACKWARD)
     gs = p.new("gradient of the SiLU output", BSF, a, "dL/d(SiLU(gate)) = g * up")
     gup = p.new("gradient of the up-projection output", BSF, a, "dL/d(up) = g * SiLU(gate)")
     p.op("SiLU(gate) * up backward", alloc=[gs, gup])
     p.op("released", free=[g_prod.value, "up-projection output", "SiLU output"])
-    h2 = "MLP input"
     g_h2 = _Sum(p, "gradient of the MLP input", BSd, a)
-    mlp_readers = [t for t in ("gate_proj", "up_proj") if t in T]
-    gb = gup
-    if "up_proj" in T:
-        gx, gb = _adapter_backward(p, c, spec, "up_proj", h2, share, mlp_readers == ["up_proj"], gup)
-        g_h2.add(gx)
-    g = p.new("gradient of the MLP input via up (frozen)", BSd, a, "the frozen up projection's")
-    _base_backward(p, c, spec, "up", g, [gb or gup])
-    g_h2.add(g)
+    _projection_backward(p, c, spec, share, g_h2, "up_proj", "up", "MLP input", "gate_proj" not in T, gup, (
+        "gradient of the MLP input via up (frozen)", BSd, "the frozen up projection's"))   # a gate adapter reads it last
     gg = p.new("gradient of the gate output", BSF, a, "SiLU backward's output")
     p.op("SiLU backward", alloc=[gg])
     p.op("released", free=[gs, "gate output"])
-    gb = gg
-    if "gate_proj" in T:
-        gx, gb = _adapter_backward(p, c, spec, "gate_proj", h2, share, True, gg)
-        g_h2.add(gx)
-    g = p.new("gradient of the MLP input via gate (frozen)", BSd, a, "the frozen gate projection's")
-    _base_backward(p, c, spec, "gate", g, [gb or gg])
-    g_h2.add(g)
-    gn2 = p.new("gradient of norm 2's input", BSd, a, "norm 2 backward's output")
-    _norm_backward(p, c, "2", g_h2.value, gn2)
-    gxm = p.new("gradient of the attention residual sum", BSd, a, "skip and norm gradients summed")
+    _projection_backward(p, c, spec, share, g_h2, "gate_proj", "gate", "MLP input", True, gg, (
+        "gradient of the MLP input via gate (frozen)", BSd, "the frozen gate projection's"))
+    return g_h2.value
+
+
+def _norm2_backward(p, c, g_h2) -> str:
+    """Norm 2's backward (frozen weight) from the MLP input's gradient, summed with the skip's ``dX_out``; returns
+    the attention residual sum's gradient."""
+    gn2 = p.new("gradient of norm 2's input", BSd, c.dtype, "norm 2 backward's output")
+    _norm_backward(p, c, "2", g_h2, gn2)
+    gxm = p.new("gradient of the attention residual sum", BSd, c.dtype, "skip and norm gradients summed")
     p.op("residual gradients summed", alloc=[gxm])
     p.op("released", free=[gn2, "dX_out"])
-    # attention: the output projection, the flash kernel, q, k, v
-    g_pi = _Sum(p, "gradient of the output projection input", BSq, a)
-    gb = None
-    if "o_proj" in T:
-        gx, gb = _adapter_backward(p, c, spec, "o_proj", "output projection input", share, False)
-        g_pi.add(gx)
-    g = p.new("gradient of the output projection input (frozen)", BSq, a, "the frozen output projection's")
-    _base_backward(p, c, spec, "proj", g, [gb])
-    g_pi.add(g)
-    BSkv = widths_of(c)[1]
-    gq, gk, gv = (p.new(f"gradient of {n}", (B, S, w), a, f"dL/d{n}")
+    return gxm
+
+
+def _attention_backward(p, c, spec, share) -> str:
+    """The output projection (after its adapter), the flash kernel (re-run first under selective recomputation),
+    q, k, v's gradients put back together; returns the QKV projection output's gradient."""
+    BSq = widths_of(c)[0]
+    g_pi = _Sum(p, "gradient of the output projection input", BSq, c.dtype)
+    _projection_backward(p, c, spec, share, g_pi, "o_proj", "proj", "output projection input", False, None, (
+        "gradient of the output projection input (frozen)", BSq, "the frozen output projection's"))
+    return _qkv_gradient(p, c, *_flash_backward(p, c, spec, g_pi.value))
+
+
+def _flash_backward(p, c, spec, g_pi) -> tuple:
+    """The flash kernel's backward from its output's gradient ``g_pi`` (selective recomputation: the core re-run
+    first, its output and statistics freed after); returns the q, k, v gradients."""
+    BSq, BSkv = widths_of(c)
+    gq, gk, gv = (p.new(f"gradient of {n}", (B, S, w), c.dtype, f"dL/d{n}")
                   for n, w in (("q", BSq[2]), ("k", BSkv[2]), ("v", BSkv[2])))
     selective = c.recompute == "selective"
     if selective:                   # the checkpoint re-runs the core when its backward unpacks
-        again = [p.new("flash output (recomputed)", widths_of(c)[0], a, "the re-run kernel's output"),
+        again = [p.new("flash output (recomputed)", BSq, c.dtype, "the re-run kernel's output"),
                  p.new("softmax log-sum-exp (recomputed)", (B, H, S), "fp32", "the re-run kernel's statistics")]
         p.op("flash attention recomputed", alloc=again)
     p.op("flash attention backward", alloc=[gq, gk, gv], role=OpRole.FLASH_ATTENTION_BACKWARD)
@@ -659,43 +667,69 @@ def lora_block_backward(p, c, spec: LoraSpec, share):
         p.op("recomputed output released", free=again)
     kept_core = ["softmax log-sum-exp", "output projection input"] if not selective else \
         (["output projection input"] if _o_proj_reads(spec) else [])
-    p.op("released", free=[g_pi.value, "Q", "K", "V"] + kept_core)
-    gqkv = p.new("gradient of the QKV projection output", (B, S, qkv_width(c)), a,
+    p.op("released", free=[g_pi, "Q", "K", "V"] + kept_core)
+    return gq, gk, gv
+
+
+def _qkv_gradient(p, c, gq, gk, gv) -> str:
+    """q, k, v's gradients put back into the QKV projection output's: concatenated (GQA), else stacked and permuted
+    back (a copy)."""
+    gqkv = p.new("gradient of the QKV projection output", (B, S, qkv_width(c)), c.dtype,
                  "q, k, v gradients put back together")
     if c.gqa:
         p.op("q, k, v gradients concatenated", alloc=[gqkv])
         p.op("released", free=[gq, gk, gv])
-    else:
-        stack = p.new("stacked q, k, v gradients", (B, S, qkv_width(c)), a, "torch.stack of the three gradients")
-        p.op("q, k, v gradients stacked", alloc=[stack])
-        p.op("released", free=[gq, gk, gv])
-        p.op("permuted back", alloc=[gqkv])
-        p.op("released", free=[stack])
+        return gqkv
+    stack = p.new("stacked q, k, v gradients", (B, S, qkv_width(c)), c.dtype, "torch.stack of the three gradients")
+    p.op("q, k, v gradients stacked", alloc=[stack])
+    p.op("released", free=[gq, gk, gv])
+    p.op("permuted back", alloc=[gqkv])
+    p.op("released", free=[stack])
+    return gqkv
+
+
+def _qkv_backward(p, c, spec, share, gqkv) -> str:
+    """The q, k, v adapters (v first) and the frozen QKV projection (the adapted slices' gradients concatenated
+    first: split's backward); returns the gradient of norm 1's output, summed."""
     h1 = "Q/K/V projection input"
-    g_h1 = _Sum(p, "gradient of norm 1's output", BSd, a)
-    fused = [t for t in QKV if t in T]
+    g_h1 = _Sum(p, "gradient of norm 1's output", BSd, c.dtype)
+    adapted = [t for t in QKV if t in spec.targets]
+    assert h1 not in _kept_inputs(c, spec) or adapted         # a kept Q/K/V input is an adapter's
     slices = []
-    for t in reversed(fused):
-        gx, gb = _adapter_backward(p, c, spec, t, h1, share, t == fused[0])
+    for t in reversed(adapted):
+        gx, gb = _adapter_backward(p, c, spec, t, h1, share, t == adapted[0])
         g_h1.add(gx)
         slices.append(gb)
-    g = p.new("gradient of norm 1's output (frozen QKV)", BSd, a, "the frozen QKV projection's")
-    if fused:
-        gbase = p.new("gradient of the frozen QKV output", (B, S, qkv_width(c)), a,
+    g = p.new("gradient of norm 1's output (frozen QKV)", BSd, c.dtype, "the frozen QKV projection's")
+    if adapted:
+        gbase = p.new("gradient of the frozen QKV output", (B, S, qkv_width(c)), c.dtype,
                       "split backward: the slices' gradients concatenated")
         p.op("split backward", alloc=[gbase])
         p.op("released", free=[gqkv] + slices)
-        _base_backward(p, c, spec, "qkv", g, [gbase])
-    else:
-        _base_backward(p, c, spec, "qkv", g, [gqkv])
+        gqkv = gbase
+    _base_backward(p, c, spec, "qkv", g, [gqkv])
     g_h1.add(g)
-    gx1 = p.new("gradient of norm 1's input", BSd, a, "norm 1 backward's output")
-    # a recomputed block's input (the checkpoint's) goes with the last tensor its recomputation saved, norm 1's input
+    return g_h1.value
+
+
+def _norm1_backward(p, c, g_h1, gxm):
+    """Norm 1's backward (frozen weight) from its output's gradient, summed with the skip's ``gxm`` into the block
+    input's gradient. A recomputed block's input (the checkpoint's) goes with the last tensor its recomputation
+    saved, norm 1's input."""
+    gx1 = p.new("gradient of norm 1's input", BSd, c.dtype, "norm 1 backward's output")
     last = [residual_names(c)[0]] if c.recompute == "full" and c.upcast else []
-    _norm_backward(p, c, "1", g_h1.value, gx1, last)
+    _norm_backward(p, c, "1", g_h1, gx1, last)
     p.op("residual gradients summed", alloc=[INPUT_GRADIENT])
     p.op("released", free=[gx1, gxm])
-    assert h1 not in kept or fused            # a kept Q/K/V input is an adapter's
+
+
+def lora_block_backward(p, c, spec: LoraSpec, share):
+    """One block's backward under LoRA: ``dX_out`` (live) -> the previous block's; frees the saved tensors (under
+    full recomputation, those of the forward re-run first)."""
+    start = len(p.ops)
+    gxm = _norm2_backward(p, c, _mlp_backward(p, c, spec, share))
+    g_h1 = _qkv_backward(p, c, spec, share, _attention_backward(p, c, spec, share))
+    _norm1_backward(p, c, g_h1, gxm)
     if c.recompute == "full":
         _with_recomputation(p, c, spec, start)
 
