@@ -80,8 +80,8 @@ from .structure import StepStructure
 from .timeline import Step
 from .nf4 import nf4_forward_ops
 from .norms import norm_forward
-from .trace import GRADIENT_LUMP, SAVED_LUMP, explicit_layers, flatten
-from .vocab import LANDMARKS, Device, Kind, Lifetime, OpRole, Save, Scope
+from .trace import GRADIENT_LUMP, SAVED_LUMP, Part, explicit_layers, flatten
+from .vocab import LANDMARKS, Action, Device, Kind, Lifetime, OpRole, Save, Scope
 
 __all__ = ["BLOCK_TARGETS", "LoraSpec", "LoraStep", "LoraStructure", "adapter_shape", "build_lora", "lora_rows"]
 
@@ -850,74 +850,123 @@ def _hold_leaf(ops, x):
     return out
 
 
+def _one_rank(name):
+    """One rank, nothing sharded: a gradient's name as it is."""
+    return name
+
+
+def _chunked(c) -> bool:
+    """The chunked loss (:mod:`memledger.step.lora_loss`) runs: chunks, or LitGPT's loss."""
+    return c.loss_chunks > 1 or c.loss_impl == "litgpt"
+
+
+def _saved_rows(s: LoraStructure) -> tuple:
+    """(a block's saved rows, the rows outside the blocks): the inventory's under LoRA (:func:`lora_rows`); outside,
+    less what only the frozen final norm's weight or the frozen head would read and what the chunked loss keeps as
+    other tensors, plus the head adapter's."""
+    c, spec = s.shape, s.lora
+    opts = s.conventions.inventory_options(c.style, c.dtype, False) | {"attention": c.attention}
+    outside = [row for row in outside_inventory(c.style, **{k: opts[k] for k in (
+        "dtype", "norm_stats", "rmsnorm", "attention")}) if not row.name.endswith("x*rstd")
+        and (row.name != "LM head input" or _head_kept(spec))
+        and (not _chunked(c) or row.name not in loss.replaced_rows(c))] + head_adapter_rows(c, spec, opts)
+    return lora_rows(c, spec, opts), outside
+
+
+#: The temporaries every LoRA program names beside the saved rows (B x S x d each, in the activations' dtype).
+_TRANSIENTS = [("dX_out", "the gradient flowing back into the block's output"),
+               ("grad of the embedding output", "the first block's input gradient: the leaf's .grad"),
+               ("block input", "the block's input, held by the caller until the block returns"),
+               ("attention residual sum", "x + attention, norm 2's input"),
+               ("final norm input", "the last block's output, until the LM head has run")]
+
+
+def _tensors(c, rows) -> dict:
+    """The programs' tensors to begin with: the saved ``rows`` and :data:`_TRANSIENTS`."""
+    tensors = {}
+    for row in rows:
+        tensors[row.name] = Tensor(row.name, row.bytes, Kind.ACTIVATION, Lifetime.SAVED, why=row.why)
+    for name, why in _TRANSIENTS:
+        tensors[name] = Tensor(name, B * S * d * nbytes(c.dtype), Kind.TRANSIENT, Lifetime.TEMPORARY, why=why)
+    return tensors
+
+
+def _outside_programs(p, c, spec) -> dict:
+    """The programs outside the blocks, by :class:`~memledger.step.trace.Part`: the embedding, the frozen final norm
+    and head with the loss (chunked: :mod:`memledger.step.lora_loss`), back through them, the graph freed."""
+    chunked = _chunked(c)
+    makers = {Part.FORWARD_START: lambda q: outer.forward_start(q, c),
+              Part.FORWARD_END: lambda q: lora_chunked_forward_end(q, c, _norm_forward) if chunked
+              else _forward_end(q, c, spec),
+              Part.BACKWARD_START: lambda q: lora_chunked_backward_start(q, c, _norm_backward) if chunked
+              else _backward_start(q, c, spec),
+              Part.BACKWARD_END: lambda q: _backward_end(q, c)}
+    outside = {}
+    for part, make in makers.items():
+        q = p.fork()
+        make(q)
+        outside[part] = q.ops
+    return outside
+
+
+def _optimizer_program(opt, s: LoraStructure, params, moments, master):
+    """The adapters' optimizer step into ``opt``: bitsandbytes' fused in-place update (no temporaries), or
+    ``torch.optim.AdamW`` over ``params`` (:func:`memledger.step.outer.optimizer`)."""
+    c = s.shape
+    if s.lora.fused_optimizer:
+        opt.op("gradients collected")
+        opt.op("bitsandbytes: fused in-place update")
+        opt.op("gradients released", action=Action.RELEASE_GRADIENTS)
+    else:
+        outer.optimizer(opt, params, moments, master and c.grad_dtype != "fp32", s.conventions.foreach, c.grad_dtype)
+    return opt
+
+
+def _lumps(tensors, c, spec, layer_rows):
+    """The lumped middle blocks' saved tensors (under full recomputation the checkpoint keeps the block's input
+    only) and adapter gradients, one tensor each."""
+    saved = sum((tensors[row.name].expr for row in layer_rows), sp.Integer(0))
+    if c.recompute == "full":           # the checkpoint keeps the block's input only
+        tensors["layer input"] = Tensor("layer input", tensors[residual_names(c)[0]].expr, Kind.ACTIVATION,
+                                        Lifetime.SAVED, why="the checkpoint")
+        saved = tensors["layer input"].expr
+    grads = sum((tensors[f"grad {t}.lora_{m}"].expr for t in spec.targets for m in "AB"), sp.Integer(0))
+    tensors[SAVED_LUMP] = Tensor(SAVED_LUMP, (L - 4) * saved, Kind.ACTIVATION, Lifetime.SAVED)
+    tensors[GRADIENT_LUMP] = Tensor(GRADIENT_LUMP, (L - 4) * grads, Kind.GRAD, Lifetime.GRADIENT)
+
+
+def _optimizer_in_backward(ops, tensors, p, s: LoraStructure, moments) -> list:
+    """``ops`` with one AdamW per adapter tensor, stepped in its hook (:func:`memledger.step.optim.in_backward`)."""
+    c, conv, spec = s.shape, s.conventions, s.lora
+    sizes = dict(_block_params(c, spec) + _head_params(spec))
+    impl = "fused" if conv.fused else ("foreach" if conv.foreach else "for-loop")
+    return optim.in_backward(ops, tensors, lambda layer, name: optim.one_parameter(
+        p.fork(), c, "adamw", impl, name, moments, c.grad_dtype, Device.GPU, elements=sizes[name]))
+
+
 class LoraBuilt(Built):
     """The programs and compiled sizes of a :class:`LoraStructure` (:class:`~memledger.step.build.Built`'s
     methods read them)."""
 
-    def __init__(self, s: LoraStructure):       # noqa: C901 - one table, then the programs
+    def __init__(self, s: LoraStructure):
         self.shape = c = s.shape
         self.structure = s
-        spec = s.lora
-        conv = s.conventions
-        recipe = get_recipe(s.recipe)
-        share = lambda n: n                         # noqa: E731 - one rank, nothing sharded
-        opts = conv.inventory_options(c.style, c.dtype, False) | {"attention": c.attention}
-        self.layer_rows = lora_rows(c, spec, opts)
-        chunked = c.loss_chunks > 1 or c.loss_impl == "litgpt"      # memledger.step.lora_loss
-        self.outside_rows = [row for row in outside_inventory(c.style, **{k: opts[k] for k in (
-            "dtype", "norm_stats", "rmsnorm", "attention")}) if not row.name.endswith("x*rstd")
-            and (row.name != "LM head input" or _head_kept(spec))
-            and (not chunked or row.name not in loss.replaced_rows(c))] + head_adapter_rows(c, spec, opts)
-        tensors = {}
-        for row in self.layer_rows + self.outside_rows:
-            tensors[row.name] = Tensor(row.name, row.bytes, Kind.ACTIVATION, Lifetime.SAVED, why=row.why)
-        for name, why in [("dX_out", "the gradient flowing back into the block's output"),
-                          ("grad of the embedding output", "the first block's input gradient: the leaf's .grad"),
-                          ("block input", "the block's input, held by the caller until the block returns"),
-                          ("attention residual sum", "x + attention, norm 2's input"),
-                          ("final norm input", "the last block's output, until the LM head has run")]:
-            tensors[name] = Tensor(name, B * S * d * nbytes(c.dtype), Kind.TRANSIENT, Lifetime.TEMPORARY, why=why)
-        self.placement = outer_placement = Program(tensors).placement
-        p = Program(tensors, outer_placement)
-        outside = {}
-        from .trace import Part
-        for part, fn in [(Part.FORWARD_START, outer.forward_start),
-                         (Part.FORWARD_END, (lambda q, c_, spec_: lora_chunked_forward_end(q, c_, _norm_forward))
-                          if chunked else _forward_end),
-                         (Part.BACKWARD_START, (lambda q, c_, spec_: lora_chunked_backward_start(q, c_, _norm_backward))
-                          if chunked else _backward_start),
-                         (Part.BACKWARD_END, _backward_end)]:
-            q = p.fork()
-            fn(q, c, spec) if part in (Part.FORWARD_END, Part.BACKWARD_START) else fn(q, c)
-            outside[part] = q.ops
+        spec, recipe = s.lora, get_recipe(s.recipe)
+        self.layer_rows, self.outside_rows = _saved_rows(s)
+        tensors = _tensors(c, self.layer_rows + self.outside_rows)
+        self.placement = Program(tensors).placement
+        p = Program(tensors, self.placement)
+        outside = _outside_programs(p, c, spec)
         fwd, bwd = p.fork(), p.fork()
         lora_block_forward(fwd, c, spec, dropped=c.recompute == "full")
-        lora_block_backward(bwd, c, spec, share)
-        layers = explicit_layers(s.layers or 5)
-        opt = p.fork()
+        lora_block_backward(bwd, c, spec, _one_rank)
         moments, master = outer.adamw(recipe)
-        params = _params(c, spec, layers)
-        if spec.fused_optimizer:
-            opt.op("gradients collected")
-            opt.op("bitsandbytes: fused in-place update")
-            from .vocab import Action
-            opt.op("gradients released", action=Action.RELEASE_GRADIENTS)
-        else:
-            outer.optimizer(opt, params, moments, master and c.grad_dtype != "fp32", conv.foreach, c.grad_dtype)
-        saved = sum((tensors[row.name].expr for row in self.layer_rows), sp.Integer(0))
-        if c.recompute == "full":           # the checkpoint keeps the block's input only
-            saved = tensors["layer input"] = Tensor("layer input", tensors[residual_names(c)[0]].expr, Kind.ACTIVATION,
-                                                    Lifetime.SAVED, why="the checkpoint")
-            saved = saved.expr
-        grads = sum((tensors[f"grad {t}.lora_{m}"].expr for t in spec.targets for m in "AB"), sp.Integer(0))
-        tensors[SAVED_LUMP] = Tensor(SAVED_LUMP, (L - 4) * saved, Kind.ACTIVATION, Lifetime.SAVED)
-        tensors[GRADIENT_LUMP] = Tensor(GRADIENT_LUMP, (L - 4) * grads, Kind.GRAD, Lifetime.GRADIENT)
+        params = _params(c, spec, explicit_layers(s.layers or 5))
+        opt = _optimizer_program(p.fork(), s, params, moments, master)
+        _lumps(tensors, c, spec, self.layer_rows)
         self.ops = _hold_leaf(flatten(s.layers or 5, c, outside, fwd.ops, bwd.ops, opt.ops), residual_names(c)[0])
-        if s.in_backward:           # one optimizer per adapter tensor, stepped in its hook (memledger.step.optim)
-            sizes = dict(_block_params(c, spec) + _head_params(spec))
-            impl = "fused" if conv.fused else ("foreach" if conv.foreach else "for-loop")
-            self.ops = optim.in_backward(self.ops, tensors, lambda layer, name: optim.one_parameter(
-                p.fork(), c, "adamw", impl, name, moments, c.grad_dtype, Device.GPU, elements=sizes[name]))
+        if s.in_backward:
+            self.ops = _optimizer_in_backward(self.ops, tensors, p, s, moments)
         self.tensors = tensors
         self._lora_static(recipe, spec, len(params) and 2 * len(spec.targets))
         self._compile()
