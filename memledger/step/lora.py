@@ -67,6 +67,7 @@ from ..activations.outside import outside_inventory
 from ..core.dtypes import nbytes
 from ..core.exact import evaluate_expr
 from ..core.symbols import B, F, H, L, O, S, V, d, r
+from ..core.vocabulary import Role
 from ..states.bnb import nf4_gemm_fallback, nf4_parts
 from ..states.recipes import get_recipe
 from . import loss, optim, outer
@@ -76,7 +77,7 @@ from .ops import BS, BSd, BSF, INPUT_GRADIENT, Program, Ref, Tensor, dropout_ops
     residual_names, widths_of
 from .inputs import inputs_of
 from .outer import Param
-from .structure import StepStructure
+from .structure import BNB_KINDS, OPTIMIZER_OF, StepStructure
 from .timeline import Step
 from .nf4 import nf4_forward_ops
 from .norms import norm_forward
@@ -91,6 +92,9 @@ QKV = ("q_proj", "k_proj", "v_proj")
 #: The frozen base projections of a block (reference name, Hugging Face names of what it computes).
 BASES = (("qkv", QKV), ("proj", ("o_proj",)), ("gate", ("gate_proj",)), ("up", ("up_proj",)),
          ("down", ("down_proj",)))
+#: The composite RMSNorms' FP32 x*rstd rows (:func:`memledger.activations.inventory.norm_rows`: the block's norms 1
+#: and 2, the final norm), each kept only for its norm's weight gradient, which a frozen norm never computes.
+NORM_WEIGHT_ONLY = ("RMSNorm 1 x*rstd", "RMSNorm 2 x*rstd", "final RMSNorm x*rstd")
 
 
 class LoraSpec(NamedTuple):
@@ -148,7 +152,7 @@ def lora_rows(c, spec: LoraSpec, opts: dict) -> list:
     kept = _kept_inputs(c, spec)
     out = []
     for row in rows:
-        if row.name.endswith("x*rstd"):
+        if row.name in NORM_WEIGHT_ONLY:
             continue              # composite RMSNorm keeps x*rstd for its (frozen) weight's gradient only
         if row.weight_grad_of and row.name != "output projection input" and row.name not in kept:
             continue              # the flash kernel saves its output, the output projection's input, anyway
@@ -867,7 +871,7 @@ def _saved_rows(s: LoraStructure) -> tuple:
     c, spec = s.shape, s.lora
     opts = s.conventions.inventory_options(c.style, c.dtype, False) | {"attention": c.attention}
     outside = [row for row in outside_inventory(c.style, **{k: opts[k] for k in (
-        "dtype", "norm_stats", "rmsnorm", "attention")}) if not row.name.endswith("x*rstd")
+        "dtype", "norm_stats", "rmsnorm", "attention")}) if row.name not in NORM_WEIGHT_ONLY
         and (row.name != "LM head input" or _head_kept(spec))
         and (not _chunked(c) or row.name not in loss.replaced_rows(c))] + head_adapter_rows(c, spec, opts)
     return lora_rows(c, spec, opts), outside
@@ -972,8 +976,10 @@ class LoraBuilt(Built):
         self._compile()
 
     def loss_saved(self) -> list:
-        """What the chunked loss keeps for backward: the frozen head keeps no copy of its chunks' input."""
-        return [n for n in loss.saved_names(self.shape) if not n.startswith("LM head input, chunk")]
+        """What the chunked loss keeps for backward (:func:`memledger.step.loss.saved_names`) that the programs
+        save: the frozen head keeps no copy of its chunks' input (:mod:`memledger.step.lora_loss` makes none)."""
+        return [n for n in loss.saved_names(self.shape)
+                if n in self.tensors and self.tensors[n].lifetime is Lifetime.SAVED]
 
     def _lora_static(self, recipe, spec, per_block):
         """The frozen base (16-bit or NF4), the adapters' states, step counters, ids, overhead."""
@@ -1007,10 +1013,10 @@ class LoraBuilt(Built):
                    "double quantization: one 8-bit absmax per 64 weights, one FP32 per 256 absmax")
         P = L * sum(e for _, e in _block_params(c, spec)) + sum(e for _, e in _head_params(spec))
         self.adapter_params = P
-        grad = next(x for x in recipe.components if x.role == "grad")
+        grad = recipe.grad_component
         self.grad_row = _GradRow(f"LoRA adapters: {grad.name}", grad.bytes_for(1))
         for x in recipe.components:
-            if x.role != "grad":
+            if x.role != Role.GRAD:
                 static(f"LoRA adapters: {x.name}", x.bytes_for(P), _kind(x.role), "the adapter recipe's component")
         if conv.step_counters and outer.adamw(recipe)[0] is not None and not spec.fused_optimizer:
             static("Adam step counters", 4 * (L * per_block + len(_head_params(spec))), Kind.OPTIMIZER,
@@ -1027,7 +1033,8 @@ class _GradRow(NamedTuple):
 
 
 def _kind(role):
-    return {"param": Kind.PARAM, "optimizer": Kind.OPTIMIZER, "grad": Kind.GRAD}.get(role, Kind.OPTIMIZER)
+    """The step's :class:`~memledger.step.vocab.Kind` of a recipe component with ZeRO ``role``."""
+    return {Role.PARAM: Kind.PARAM, Role.OPTIMIZER: Kind.OPTIMIZER, Role.GRAD: Kind.GRAD}.get(role, Kind.OPTIMIZER)
 
 
 _CACHE = {}
@@ -1045,6 +1052,39 @@ def build_lora(s: LoraStructure) -> LoraBuilt:
 ADAPTER_RECIPES = ("fp32-adamw", "bf16-pure-adamw", "bf16-adamw", "bf16-adamw32-bnb")
 
 
+def _bitsandbytes(recipe) -> bool:
+    """bitsandbytes runs the recipe's optimizer (:data:`memledger.step.structure.OPTIMIZER_OF`): one fused in-place
+    update, no temporaries."""
+    return OPTIMIZER_OF[recipe.name] in BNB_KINDS
+
+
+def _fp32_adapters(recipe) -> bool:
+    """The adapters' own weights are FP32 (PEFT's ``autocast_adapter_dtype``): the recipe's parameter component."""
+    return next(x.dtype for x in recipe.components if x.role == Role.PARAM) == "fp32"
+
+
+def _check(setup, config, conv):
+    """What the LoRA step models, or a ValueError naming the choice it does not."""
+    if config.base not in ("bf16", "nf4"):
+        raise ValueError(f"the LoRA step models a BF16 base (or NF4 under QLoRA), got base {config.base}")
+    if config.adapter_recipe not in ADAPTER_RECIPES:
+        raise ValueError(f"the LoRA step models FP32 or BF16 adapters under AdamW: adapter_recipe must be one of "
+                         f"{', '.join(ADAPTER_RECIPES)}, got {config.adapter_recipe}")
+    if setup.arch.style != "llama":
+        raise ValueError("the LoRA step models LLaMA blocks")
+    recipe = get_recipe(config.adapter_recipe)
+    if setup.optimizer_in_backward and (outer.adamw(recipe)[1] or _bitsandbytes(recipe)):
+        raise ValueError(f"optimizer_in_backward steps each adapter in its own hook with torch.optim.AdamW: "
+                         f"adapter_recipe {config.adapter_recipe} keeps FP32 masters or is bitsandbytes'; use "
+                         f"fp32-adamw or bf16-pure-adamw")
+    if "lm_head" in config.targets and setup.chunked_loss:
+        raise ValueError("the LoRA step does not model an lm_head adapter with the chunked loss (the adapter per "
+                         "chunk): drop lm_head from the targets or use loss_chunks 1")
+    if conv.kernel(setup.arch.style, False, setup.flash_attention) != "flash":
+        raise ValueError("the LoRA step models the SDPA flash kernel: use --backend cpu or cuda, or "
+                         "--flash-attention")
+
+
 class LoraStep(Step):
     """The step timeline of a :class:`memledger.ledger.lora.LoraLedger` (``LoraLedger(...).step(backend)``)."""
 
@@ -1054,32 +1094,14 @@ class LoraStep(Step):
         (:class:`memledger.ledger.lora.LoraConfig`); ``record``: the run's inputs as the JSON echoes them;
         ``origin``: what the step was made from, kept for display (:attr:`ledger`)."""
         setup = inputs_of(setup)
-        arch = setup.arch
         self.ledger, self.inputs, self.record = origin, setup, dict(record or {})
         self.conventions = conv = get_backend(backend, **changes)
-        if config.base not in ("bf16", "nf4"):
-            raise ValueError(f"the LoRA step models a BF16 base (or NF4 under QLoRA), got base {config.base}")
-        if config.adapter_recipe not in ADAPTER_RECIPES:
-            raise ValueError(f"the LoRA step models FP32 or BF16 adapters under AdamW: adapter_recipe must be one of "
-                             f"{', '.join(ADAPTER_RECIPES)}, got {config.adapter_recipe}")
-        if arch.style != "llama":
-            raise ValueError("the LoRA step models LLaMA blocks")
-        if setup.optimizer_in_backward and (config.adapter_recipe in ("bf16-adamw", "bf16-adamw32-bnb")):
-            raise ValueError(f"optimizer_in_backward steps each adapter in its own hook with torch.optim.AdamW: "
-                             f"adapter_recipe {config.adapter_recipe} keeps FP32 masters or is bitsandbytes'; use "
-                             f"fp32-adamw or bf16-pure-adamw")
-        if "lm_head" in config.targets and setup.chunked_loss:
-            raise ValueError("the LoRA step does not model an lm_head adapter with the chunked loss (the adapter per "
-                             "chunk): drop lm_head from the targets or use loss_chunks 1")
-        if conv.kernel(arch.style, False, setup.flash_attention) != "flash":
-            raise ValueError("the LoRA step models the SDPA flash kernel: use --backend cpu or cuda, or "
-                             "--flash-attention")
+        _check(setup, config, conv)
         base = StepStructure.of(setup, conv)
-        grad_dtype = next(x.dtype for x in get_recipe(config.adapter_recipe).components if x.role == "grad")
-        shape = replace(base.shape, grad_dtype=grad_dtype)
+        recipe = get_recipe(config.adapter_recipe)
+        shape = replace(base.shape, grad_dtype=recipe.grad_component.dtype)
         spec = LoraSpec(tuple(t for t in BLOCK_TARGETS if t in config.targets), config.dropout,
-                        config.base == "nf4", config.adapter_recipe.endswith("-bnb"),
-                        config.adapter_recipe.startswith("fp32"), "lm_head" in config.targets,
+                        config.base == "nf4", _bitsandbytes(recipe), _fp32_adapters(recipe), "lm_head" in config.targets,
                         _nf4_fallback(shape, setup.values) if config.base == "nf4" else ())
         fields = {f: getattr(base, f) for f in base.__dataclass_fields__}
         self.structure = LoraStructure(**(fields | {"shape": shape, "recipe": config.adapter_recipe, "lora": spec}))
