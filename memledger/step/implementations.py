@@ -71,10 +71,14 @@ def check_fields(implementation: str, attn_implementation: str, arch=None) -> No
                          f"families are {', '.join(FAMILIES['torchtune'])}")
 
 
+#: Library names that end in an s, whose possessive is a bare apostrophe.
+PLURAL_NAMES = {"transformers"}
+
+
 def _of(implementation: str) -> str:
     """The library's name in the possessive ("transformers'", "torchtune's")."""
     name = LIBRARY[implementation]
-    return name + ("'" if name.endswith("s") else "'s")
+    return name + ("'" if name in PLURAL_NAMES else "'s")
 
 
 def not_modelled(implementation: str, what: str) -> ValueError:
