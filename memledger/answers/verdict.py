@@ -109,10 +109,11 @@ def allocator_spec(measure: str, expandable_segments: bool = False, max_split_si
     from ..ledger.loading import LOADS
     if measure != "nvidia-smi" and cuda_context is not None:
         raise ValueError("cuda_context is a part of what nvidia-smi shows: measure nvidia-smi")
-    if measure != "run" and load is not None:
-        raise ValueError("load says how a run loads its weights: measure run")
+    if measure != "run" and load is not None and load not in LOADS[2:]:
+        raise ValueError(f"load says how a run loads its weights: measure run (with allocated, reserved or "
+                         f"nvidia-smi a library's loading trace: {', '.join(LOADS[2:])})")
     if measure in ALLOCATOR + ("nvidia-smi",):
-        return AllocatorSpec(measure, bool(expandable_segments), max_split_size_mb, gpu, cuda_context)
+        return AllocatorSpec(measure, bool(expandable_segments), max_split_size_mb, gpu, cuda_context, load)
     if expandable_segments or max_split_size_mb is not None:
         raise ValueError("expandable_segments and max_split_size_mb configure the caching allocator's replay: "
                          "measure allocated, reserved or nvidia-smi")
@@ -174,6 +175,9 @@ def replayed(ledger, spec: AllocatorSpec, backend: str = "article", **changes):
     one line. Under "nvidia-smi" cuBLAS's workspaces are booked in the replay
     (:func:`memledger.ledger.outside.workspaces`)."""
     from ..ledger.replay import check_streams
+    if spec.load is not None:
+        raise ValueError(f"load {spec.load} replays that library's LoRA/QLoRA loading: give a LoRA step "
+                         "(memledger step --lora-rank or --qlora)")
     resident = ()
     if spec.measure == "nvidia-smi":
         from ..ledger.outside import check_ranks
