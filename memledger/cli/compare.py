@@ -206,8 +206,9 @@ def lora(a, ledger) -> str:
     from .paths import allocator_reads
     reads = LORA_READS | allocator_reads(a) | ({"load"} if getattr(a, "measure", "auto") == "run" else set())
     if "load" in a.given and "load" not in reads:
+        from ..ledger.loading import LIBRARY
         raise ValueError("--load says how a run loads its weights: --measure run, or allocated, reserved or "
-                         "nvidia-smi with a library's loading (torchtune, torchtune-0914d5c, litgpt)")
+                         f"nvidia-smi with a library's loading ({', '.join(LIBRARY)})")
     refused = [d for d in a.given if d not in reads]
     if refused:
         flags = [flag(d) for d in refused]

@@ -218,9 +218,9 @@ def allocator_options(parser, measure_help: str, default: str):
     from ..ledger.loading import LOADS
     add(alloc, "--load", f"--measure run: how the weights are loaded: {one_of(LOADS)} (from-pretrained: transformers' "
         "from_pretrained, each tensor materialized in its final dtype; state-dict: torch.load(map_location='cuda') "
-        "beside the model, then load_state_dict; torchtune, torchtune-0914d5c (torchao 0.1's unchunked NF4), litgpt: "
-        "that library's LoRA/QLoRA recipe, also replayed before the step under --measure allocated, reserved or "
-        "nvidia-smi)", LOADS[0])
+        "beside the model, then load_state_dict; torchtune, torchtune-0914d5c (torchao 0.1's unchunked NF4), litgpt, "
+        "litgpt-00af8b0 (no StableEmbedding swap): that library's LoRA/QLoRA recipe, also replayed before the step "
+        "under --measure allocated, reserved or nvidia-smi)", LOADS[0])
 
 
 def allocator_spec_of(a):

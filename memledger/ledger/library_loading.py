@@ -47,6 +47,18 @@ GPU from then on. Without quantization every parameter is allocated in BF16 wher
 place. LitGPT fuses q, k and v into one ``qkv`` linear (``litgpt/model.py``); its head is a ``torch.nn.Linear`` and
 so quantized too, while memledger's step books the head in BF16: the trace follows the step there.
 
+**Earlier versions**, named by the commit whose published figures they model: ``torchtune-0914d5c`` (the commit of
+torchtune's LoRA and QLoRA tutorials, which pins ``torchao==0.1`` in ``pyproject.toml`` line 24): torchao 0.1's
+``convert_to_norm_float_weight`` quantizes the whole tensor at once (``quantize_tensor_nearest(scaled_blocks.flatten(),
+nf4)``: ``value - nf4`` and its ``abs()`` for all n elements, 32n bytes each, ``min`` with int64 indices, 8n, and the
+int64 codes shifted and or-ed, 4n each, before ``.to(torch.uint8)``), and torchtune's own NF4 ``copy_``
+(``torchtune/utils/_register_nf4_dispatch_ops.py`` lines 22-42 at 0914d5c) quantizes the checkpoint's tensor on the
+GPU and *replaces* the parameter's NF4 parts with the new ones. ``litgpt-00af8b0``: LitGPT as its config-hub table
+(00af8b0) and resource tables (8641822) were measured: the same quantize-at-init and quantize-on-load path (Lightning
+2.1.0's plugin, ``_Linear4bit.__init__`` and ``_quantize_weight``, ``src/lightning/fabric/plugins/precision/
+bitsandbytes.py`` lines 212-233 at tag 2.1.0), without the ``StableEmbedding`` swap (``lit_gpt/finetune/lora.py``
+lines 127-148 at 8641822, ``litgpt/finetune/lora.py`` lines 197-215 at 00af8b0).
+
 Not modelled: the RoPE caches each library builds (a few MiB), torchao's 16-entry NF4 table per weight, the tensors
 of a second scaler pass below 1 MiB, and allocations on the CPU.
 """
@@ -55,7 +67,7 @@ import math
 __all__ = ["LIBRARY_LOADS", "STEP_TENSORS", "load_trace", "trace_peak"]
 
 #: ``--load`` choices modelled as an allocation trace (by library).
-LIBRARY_LOADS = ("torchtune", "torchtune-0914d5c", "litgpt")
+LIBRARY_LOADS = ("torchtune", "torchtune-0914d5c", "litgpt", "litgpt-00af8b0")
 #: The step's tensors (:class:`memledger.ledger.lora.LoraLedger`'s rows) that loading allocates.
 STEP_TENSORS = {"base": "frozen base weights (bf16; no grads, no states)",
                 "packed": "frozen NF4 projections: packed 4-bit weights",
@@ -199,7 +211,8 @@ def load_trace(lora_ledger, library: str) -> tuple:
         raise ValueError(f"--load {library}: the trace models a BF16 or NF4 base, got {config.base}")
     nf4 = config.base == "nf4"
     chunked = library != "torchtune-0914d5c"
-    library = "torchtune" if library.startswith("torchtune") else library
+    swap = library == "litgpt"
+    library = "torchtune" if library.startswith("torchtune") else "litgpt"
     t = _Trace()
     kept = []                                       # (tag, key)
     for kind, _, n, adapters in _modules(arch, config, library):
@@ -219,7 +232,7 @@ def load_trace(lora_ledger, library: str) -> tuple:
         else:
             kept.append(("base", t.alloc(2 * n, "base")))
             kept += [("adapters", t.alloc(2 * r * (i + o), "adapters")) for r, i, o in adapters or ()]
-    if library == "litgpt" and nf4:                 # StableEmbedding: a second embedding, the old one kept
+    if swap and nf4:                                # StableEmbedding: a second embedding, the old one kept
         t.alloc(2 * int(arch.evaluate(_symbols()[2] * _symbols()[0])))
     if nf4:                                         # load_state_dict: each NF4 weight quantized again
         for kind, _, n, _ in _modules(arch, config, library):

@@ -44,7 +44,7 @@ __all__ = ["LOADS", "RunPeak", "lora_run_phases", "run_phases"]
 
 #: ``--load``: the loading paths, the default first; the libraries' (a LoRA/QLoRA step's, as an allocation trace:
 #: :mod:`memledger.ledger.library_loading`) after them.
-LOADS = ("from-pretrained", "state-dict", "torchtune", "torchtune-0914d5c", "litgpt")
+LOADS = ("from-pretrained", "state-dict", "torchtune", "torchtune-0914d5c", "litgpt", "litgpt-00af8b0")
 LIBRARY = LOADS[2:]
 #: Bytes per parameter of the model FSDP2 shards, by its recipe.
 FSDP2_PARAM_BYTES = {"fp32-adamw": 4, "bf16-pure-adamw": 2}
