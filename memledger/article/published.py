@@ -30,7 +30,7 @@ from fractions import Fraction
 from functools import cache
 from typing import Callable, Optional
 
-__all__ = ["PUBLISHED", "Published", "Prediction", "compare", "bert_large", "published_rows"]
+__all__ = ["PUBLISHED", "Published", "Prediction", "compare", "bert_large", "published_rows", "torchtune_qlora_loading"]
 
 GB, MiB = 10**9, 2**20
 
@@ -156,6 +156,16 @@ def torchtune_load(quantized=False):
         step = _lora_step(config, 2, 512, recompute="full")
         return Prediction(_after_loading(step, "reserved", TT_LOAD), f"reserved (after loading, --load {TT_LOAD})")
     return predict
+
+
+def torchtune_qlora_loading(load: str = TT_LOAD) -> dict:
+    """torchtune's QLoRA of LLaMA-2 7B (the tt-qlora row's setup) loaded as ``load`` does: {"weights": the NF4 model the
+    step starts with, "allocated" and "reserved": their largest while loading, "step_reserved": the step alone
+    replayed, without loading}."""
+    from ..ledger.replay import replay_step
+    step = _lora_step(_torchtune_config(8, ALL_BUT_HEAD, True), 2, 512, recompute="full")
+    return {"weights": step.landmarks["before forward"]["gpu"], "allocated": _after_loading(step, "allocated", load),
+            "reserved": _after_loading(step, "reserved", load), "step_reserved": replay_step(step).reserved}
 
 
 def litgpt_lora(rank, batch, seq, arch="llama2-7b", quant=None):
