@@ -200,8 +200,9 @@ def lora_config(a, arch, base: str = "bf16"):
     return LoraConfig(rank or 16, targets or ("q_proj", "v_proj"), base=base, **options)
 
 
-def lora(a, ledger) -> str:
-    """``ledger --lora-rank R`` / ``--qlora``: the LoRA or QLoRA ledger."""
+def lora(a, ledger, by_step=None) -> str:
+    """``ledger --lora-rank R`` / ``--qlora``: the LoRA or QLoRA ledger; under ``--measure allocated|reserved|
+    nvidia-smi|run`` judged by its step as ``by_step`` (:func:`memledger.cli.step.lora_step`) judges it."""
     from ..ledger.lora import LoraLedger
     from .paths import allocator_reads
     reads = LORA_READS | allocator_reads(a) | ({"load"} if getattr(a, "measure", "auto") == "run" else set())
@@ -228,9 +229,8 @@ def lora(a, ledger) -> str:
     memory = gpu_bytes(a.gpu_memory)
     if getattr(a, "measure", "auto") in SPECS:      # the step under CUDA's conventions, as the peak below
         from argparse import Namespace
-        from .step import lora_step
-        return lora_step(Namespace(**(vars(a) | {"backend": "cuda", "foreach": False, "rmsnorm": None,
-                                                 "optimizer_in_backward": False})), ledger, result)
+        return by_step(Namespace(**(vars(a) | {"backend": "cuda", "foreach": False, "rmsnorm": None,
+                                               "optimizer_in_backward": False})), ledger, result)
     peak = None if getattr(a, "measure", "auto") == "total" else result.peak     # total: no step evaluated
     judged = result.totals["gpu"] if peak is None else peak
     if a.json:
