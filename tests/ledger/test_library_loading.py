@@ -104,3 +104,22 @@ def test_the_lora_ledger_judges_by_the_measure_asked_for(capsys):
     code, out, _ = cli(capsys, "ledger", *SHAPE, "--qlora", "--measure", "allocated", "--load", "litgpt")
     assert code == 0 and "max_memory_allocated" in out and "loading by litgpt replayed first" in out
     refused(capsys, "ledger", *SHAPE, "--qlora", "--load", "litgpt", message="--load says how a run loads")
+
+
+def test_fit_searches_a_lora_ledger_by_the_replayed_step():
+    from dataclasses import replace
+
+    from memledger.answers.fit import fit
+    from memledger.core.capacity import MARGIN
+    template = lora("nf4")
+    room = 60 * 2**20
+    for load in (None, "litgpt"):
+        answer = fit(template, "batch", room + MARGIN, measure="reserved", load=load)
+        n = answer["answer"]
+
+        def reserved(batch, load=load):        # the step replayed directly, loading first where asked
+            return replay_step(replace(template, batch_size=batch).step("cuda"), load=load).reserved
+        assert n and reserved(n) <= room < reserved(n + 1) and answer["judged_at_answer"] == reserved(n)
+        assert answer["measure_key"] == "reserved"
+    with pytest.raises(ValueError, match="not searched for a LoRA ledger"):
+        fit(template, "dp", room, measure="reserved")
