@@ -22,7 +22,8 @@ when ``__init__`` returns, after the adapters, lines 91-92, are made), and loadi
 (``copy_in.to(original.device)``), quantizes it into a new NF4 tensor and copies its parts into the parameter's.
 ``to_nf4`` (``NF4Tensor.from_tensor``, lines 633-701) makes, for a weight of n elements in BF16: in
 ``double_quantize_scalers`` (705-762) ``abs()`` (2n bytes) and ``max(dim=1)`` (values 2n/64, int64 indices 8n/64),
-the centred scalers, a full ``quantization_factor`` (2n/64, "realizes n_scaler entries"), the scaled, rounded and
+the centred scalers, their own absmax pass per 256, ``2 * scaler_absmax`` over the expanded view and a full
+``quantization_factor`` (2n/64 each, "realizes n_scaler entries"), the scaled, rounded and
 clamped scaler blocks (2n/64 each) and their int8 copy (n/64, kept); in ``convert_to_norm_float_weight`` (790-825)
 ``abs()`` and ``max`` again, ``blocks / scales`` (2n), the uint8 indices (n), per chunk of ``CHUNK_SIZE`` = 2**20
 elements (line 82) ``value - nf4`` and its ``abs()`` (32 bytes per element each), ``min`` (values and int64
@@ -49,18 +50,22 @@ so quantized too, while memledger's step books the head in BF16: the trace follo
 
 **Earlier versions**, named by the commit whose published figures they model: ``torchtune-0914d5c`` (the commit of
 torchtune's LoRA and QLoRA tutorials, which pins ``torchao==0.1`` in ``pyproject.toml`` line 24): torchao 0.1's
+``double_quantize_scalers`` returns its factors as ``quantization_factor[:, 0].view(n_scaler_blocks)``, a view that
+keeps the whole n/64-entry BF16 tensor alive (0.14.1 copies them out with ``.contiguous()``), and
 ``convert_to_norm_float_weight`` quantizes the whole tensor at once (``quantize_tensor_nearest(scaled_blocks.flatten(),
 nf4)``: ``value - nf4`` and its ``abs()`` for all n elements, 32n bytes each, ``min`` with int64 indices, 8n, and the
 int64 codes shifted and or-ed, 4n each, before ``.to(torch.uint8)``), and torchtune's own NF4 ``copy_``
 (``torchtune/utils/_register_nf4_dispatch_ops.py`` lines 22-42 at 0914d5c) quantizes the checkpoint's tensor on the
-GPU and *replaces* the parameter's NF4 parts with the new ones. ``litgpt-00af8b0``: LitGPT as its config-hub table
+GPU and *replaces* the parameter's NF4 parts with the new ones; there the BF16 ``nn.Linear`` is local to
+``LoRALinear._create_weight_and_bias`` (``torchtune/modules/peft/lora.py`` lines 87-94 at 0914d5c), freed before the
+adapters are made. ``litgpt-00af8b0``: LitGPT as its config-hub table
 (00af8b0) and resource tables (8641822) were measured: the same quantize-at-init and quantize-on-load path (Lightning
 2.1.0's plugin, ``_Linear4bit.__init__`` and ``_quantize_weight``, ``src/lightning/fabric/plugins/precision/
 bitsandbytes.py`` lines 212-233 at tag 2.1.0), without the ``StableEmbedding`` swap (``lit_gpt/finetune/lora.py``
 lines 127-148 at 8641822, ``litgpt/finetune/lora.py`` lines 197-215 at 00af8b0).
 
-Not modelled: the RoPE caches each library builds (a few MiB), torchao's 16-entry NF4 table per weight, the tensors
-of a second scaler pass below 1 MiB, and allocations on the CPU.
+Not modelled: the RoPE caches each library builds (a few MiB), torchao's 16-entry NF4 table per weight and its
+scalar mean, and allocations on the CPU.
 """
 import math
 
@@ -103,14 +108,24 @@ def _to_nf4(t: _Trace, n: int, keep: bool, chunked: bool = True) -> list:
     t.free(a, i)
     s1 = t.alloc(2 * nb)                                 # scalers_1 - mean
     t.free(v)
-    qf = t.alloc(2 * nb)                                 # 256 / (2 * scaler_absmax), n_blocks entries
+    nsb = nb // SCALER_BLOCK
+    a2 = t.alloc(2 * nb)                                 # get_block_absmax(scalers_1, 256): abs()
+    v2, i2 = t.alloc(2 * nsb), t.alloc(8 * nsb)          # .max(dim=1)
+    t.free(a2, i2)
+    twice = t.alloc(2 * nb)                              # 2 * scaler_absmax.expand(...): n_blocks entries
+    qf = t.alloc(2 * nb, None if chunked else tag("scalers"))   # 256 / (...), n_blocks entries; 0.1 keeps it: its
+    t.free(twice, v2)                                    # factors are a view, quantization_factor[:, 0]
     q1 = t.alloc(2 * nb)                                 # scaler_blocks * quantization_factor
     q2 = t.alloc(2 * nb)                                 # .round()
     t.free(q1)
     q3 = t.alloc(2 * nb)                                 # .clamp(-128, 127)
     t.free(q2)
-    scalers = t.alloc(nb + 2 * (nb // SCALER_BLOCK), tag("scalers"))   # .to(int8) and the factors, kept
-    t.free(q3, qf, s1)
+    if chunked:
+        scalers = t.alloc(nb + 2 * (nb // SCALER_BLOCK), tag("scalers"))   # .to(int8) and .contiguous() factors
+        t.free(q3, qf, s1)
+    else:
+        scalers = t.alloc(nb, tag("scalers"))            # .to(int8); the factors stay a view of qf
+        t.free(q3, s1)
     a = t.alloc(2 * n)                                   # convert_to_norm_float_weight: get_block_absmax again
     v, i = t.alloc(2 * nb), t.alloc(8 * nb)
     t.free(a, i)
@@ -126,7 +141,7 @@ def _to_nf4(t: _Trace, n: int, keep: bool, chunked: bool = True) -> list:
         t.free(shifted)
         packed = t.alloc(n // 2, tag("packed"))          # .to(torch.uint8), kept
         t.free(ored, mi, scaled, v)
-        return [packed, scalers]
+        return [packed, scalers, qf]
     indices = t.alloc(n)                                 # quantized_blocks, uint8
     c = min(n, CHUNK)                                    # one chunk: the others reuse the same cached blocks
     diff = t.alloc(32 * c)
@@ -220,6 +235,8 @@ def load_trace(lora_ledger, library: str) -> tuple:
             w = t.alloc(2 * n)                      # the BF16 weight, built on the device
             if library == "torchtune":
                 parts = _to_nf4(t, n, keep=True, chunked=chunked)
+                if not chunked:                     # 0914d5c: the nn.Linear is local to _create_weight_and_bias
+                    t.free(w)
             else:
                 half = t.alloc(2 * n)               # .to(device, dtype=torch.half)
                 parts = _quantize_4bit(t, n, config.double_quant)
@@ -227,7 +244,7 @@ def load_trace(lora_ledger, library: str) -> tuple:
                 t.free(w)
             kept += [(key.split(":")[1], key) for key in parts]
             kept += [("adapters", t.alloc(2 * r * (i + o), "adapters")) for r, i, o in adapters]
-            if library == "torchtune":
+            if library == "torchtune" and chunked:
                 t.free(w)                           # the nn.Linear dies when LoRALinear.__init__ returns
         else:
             kept.append(("base", t.alloc(2 * n, "base")))
