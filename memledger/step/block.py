@@ -68,11 +68,15 @@ def block_forward(p, c: Shape, policy=None):
         if names:
             p.op("released", free=names)
     n1 = norm_forward(p, c, "1", "Q/K/V projection input", rest)
-    pin, leftovers = _attention(p, c, core, rest, n1)
+    pin, leftovers, *layer_locals = _attention(p, c, core, rest, n1)
+    layer_locals = layer_locals[0] if layer_locals else []
     po = p.new("output projection output" + MARKS[rest], BSd, a, "the attention branch before the residual add")
     if not kept:
         xm = p.new("attention residual sum (checkpointed)", BSd, a, "x + attention")
     p.op("output projection", alloc=[po], role=OpRole.OUTPUT_PROJECTION)
+    if c.hf and not kept:               # LlamaAttention.forward returns: q, k, v and SDPA's output go
+        p.op("attention returns", free=leftovers)
+        leftovers = []
     held = _residual(p, c, rest, "attention residual", pin, po, xm)
     p.op("residual done" if kept else "released", free=[held])
     n2 = norm_forward(p, c, "2", "MLP input", rest)
@@ -97,11 +101,14 @@ def block_forward(p, c: Shape, policy=None):
         release(silu, up)
     dn = p.new("down-projection output" + MARKS[rest], BSd, a, "the MLP branch before the residual add")
     p.op("down projection", alloc=[dn], role=OpRole.DOWN_PROJECTION)
+    if c.hf and not kept:               # LlamaMLP.forward returns (its product goes), hidden_states = its output
+        p.op("MLP returns", free=[h, n2])
+        h = n2 = None
     held = _residual(p, c, rest, "MLP residual", h, dn, block_output(c))
-    temporaries = [n for n in (xm, n2) + (() if not kept else (x,)) if p.tensors[n].lifetime is Lifetime.TEMPORARY]
+    temporaries = [n for n in (xm, n2) + (() if not kept else (x,)) if n and p.tensors[n].lifetime is Lifetime.TEMPORARY]
     if c.hf and x in temporaries:       # LlamaModel.forward holds block 0's input (inputs_embeds) until it returns
         temporaries = [Ref(Scope.NOT_FIRST, n) if n == x else n for n in temporaries]
-    p.op("block returns", free=[held] + leftovers + temporaries, role=OpRole.BLOCK_RETURNS)
+    p.op("block returns", free=[held] + leftovers + layer_locals + temporaries, role=OpRole.BLOCK_RETURNS)
 
 
 def _attention(p, c, core, rest, n1):
@@ -121,6 +128,13 @@ def _attention(p, c, core, rest, n1):
         litgpt.qkv_forward(p, c)
         litgpt.flash(p, c)
         return "output projection input", []
+    if c.hf and rest is Save.DROPPED:   # transformers' layer under its checkpoint: LlamaAttention.forward's locals
+        locals_ = list(hf.qkv_forward(p, c, dropped=True))
+        if c.attention == "flash":
+            locals_.append(flash_attention(p, c, core, whole_block=True))
+            return n1, locals_
+        pin, held = hf.eager_core_checkpointed(p, c)
+        return n1, locals_ + [pin], held
     if c.hf:                # transformers: q_proj, k_proj, v_proj and its rotary code (memledger.step.hf)
         hf.qkv_forward(p, c)
     elif views:
@@ -331,7 +345,8 @@ def block_backward(p, c: Shape, share):
     # A recomputed block's inputs (the checkpoint's x and, eager, the causal mask) are released with the
     # last tensor its recomputation saved: norm 1's input (read off MemTracker's log).
     last = [] if not recomputed else ([residual_names(c)[0]] if c.upcast else []) + (
-        [CAUSAL_MASK] if c.attention == "eager" else []) + ([ALIBI_INPUT] if c.alibi else []) + packing.frame(c)
+        [CAUSAL_MASK] if c.attention == "eager" and not c.hf else []) + ([ALIBI_INPUT] if c.alibi else []) + (
+        packing.frame(c) + hf.checkpoint_frame(c))
     if fp32_composite:
         norm_backward(p, c, "1", gn1, INPUT_GRADIENT, define_grads(p, ["norm1.weight", "norm1.bias"], c, share),
                       residual=gxm, also_free=last)
