@@ -46,7 +46,8 @@ import torch
 from .measure import tracker_class
 from .record import recorded
 
-__all__ = ["LIBRARIES", "LOSSES", "build", "layer_saved", "library_step", "missing"]
+__all__ = ["LIBRARIES", "LOSSES", "build", "checkpointed_layer", "checkpointing", "layer_saved", "library_step",
+           "missing"]
 
 LIBRARIES = ("torchtune", "litgpt")
 #: Each library's losses, as its recipes run them (see the module's docstring).
@@ -120,6 +121,54 @@ def _forward(library, model, ids, loss):
     if library == "litgpt" and loss == "head-chunked":
         return model(ids, lm_head_chunk_size=128)
     return model(ids)
+
+
+def checkpointing(library: str, model) -> None:
+    """Each layer of ``model`` under activation checkpointing as ``library`` enables it, both through PyTorch's
+    ``apply_activation_checkpointing`` with ``checkpoint_wrapper``'s default, ``CheckpointImpl.NO_REENTRANT``
+    (``torch/distributed/algorithms/_checkpoint/checkpoint_wrapper.py`` l. 196-198):
+
+    * torchtune 0.6.1: ``training.set_activation_checkpointing(model, auto_wrap_policy={TransformerSelfAttentionLayer})``
+      (``torchtune/training/memory.py`` l. 26-43), as ``recipes/full_finetune_single_device.py`` calls it with
+      ``enable_activation_checkpointing: True``.
+    * LitGPT 0.5.13: ``FSDPStrategy(activation_checkpointing_policy={Block})`` (``litgpt/finetune/full.py`` l. 107-114,
+      only where ``devices * num_nodes > 1``), which Lightning applies with ``_setup_activation_checkpointing``
+      (``lightning/fabric/strategies/fsdp.py`` l. 721-742; its kwargs from ``_activation_checkpointing_kwargs``,
+      l. 684-706); called here on the unsharded model: the wrapper a layer gets, not the sharding."""
+    if library == "torchtune":
+        from torchtune import modules, training
+        training.set_activation_checkpointing(model, auto_wrap_policy={modules.TransformerSelfAttentionLayer})
+        return
+    from lightning.fabric.strategies.fsdp import _activation_checkpointing_kwargs, _setup_activation_checkpointing
+    from litgpt.model import Block
+    _setup_activation_checkpointing(model, _activation_checkpointing_kwargs(None, {Block}))
+
+
+@recorded
+def checkpointed_layer(library: str, family: str, d: int, H: int, F: int, V: int, batch: int, seq: int,
+                       n_kv_heads: int = None) -> dict:
+    """{"layer": what one checkpointed layer adds to MemTracker's total between before and after the forward pass
+    (the 2-layer model's difference minus the 1-layer model's), "wrapped": how many CheckpointWrapper modules the
+    2-layer model has}, ``library``'s model under :func:`checkpointing`, one forward pass (the logits) under
+    ``FakeTensorMode``."""
+    _check(library, family)
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+    cpu, delta, wrapped = torch.device("cpu"), {}, 0
+    for L in (1, 2):
+        with FakeTensorMode():
+            model, _ = _built(library, family, d, L, H, F, V, n_kv_heads, max(4096, seq))
+            checkpointing(library, model)
+            wrapped = sum(isinstance(m, CheckpointWrapper) for m in model.modules())
+            ids = torch.randint(0, V, (batch, seq))
+            tracker = tracker_class()()
+            tracker.track_external(model, ids)
+            with tracker:
+                before = tracker.get_tracker_snapshot("current")[cpu]["Total"]
+                out = model(ids)
+                delta[L] = tracker.get_tracker_snapshot("current")[cpu]["Total"] - before
+            del out
+    return {"layer": delta[2] - delta[1], "wrapped": wrapped}
 
 
 @recorded

@@ -74,12 +74,19 @@ def block_forward(p, c: Shape, policy=None):
     if not kept:
         xm = p.new("attention residual sum (checkpointed)", BSd, a, "x + attention")
     p.op("output projection", alloc=[po], role=OpRole.OUTPUT_PROJECTION)
-    if c.hf and not kept:               # LlamaAttention.forward returns: q, k, v and SDPA's output go
+    lit = c.implementation == "litgpt" and not kept     # LitGPT's Block.forward under its checkpoint
+    if (c.hf or lit) and not kept:      # the attention returns: its locals go (q, k, v, SDPA's output, ...)
         p.op("attention returns", free=leftovers)
         leftovers = []
-    held = _residual(p, c, rest, "attention residual", pin, po, xm)
-    p.op("residual done" if kept else "released", free=[held])
-    n2 = norm_forward(p, c, "2", "MLP input", rest)
+    if lit:     # Block.forward's x_normed lives until norm_2 replaces it, attention_output until it returns
+        p.op("residual add", alloc=[xm])
+        n2 = norm_forward(p, c, "2", "MLP input", rest)
+        p.op("released", free=[n1])
+        leftovers = [po]
+    else:
+        held = _residual(p, c, rest, "attention residual", pin, po, xm)
+        p.op("residual done" if kept else "released", free=[held])
+        n2 = norm_forward(p, c, "2", "MLP input", rest)
     if c.gpt:
         u = saved("GeLU input", "up-projection output (checkpointed)", per_rank(c, BSF), "GeLU's input")
         h = saved("down-projection input", "GeLU output (checkpointed)", per_rank(c, BSF),
@@ -87,6 +94,14 @@ def block_forward(p, c: Shape, policy=None):
         p.op("up projection", alloc=[u], role=OpRole.UP_PROJECTION)
         p.op("GeLU", alloc=[h])
         release(u)
+    elif lit:   # LLaMAMLP.forward (litgpt/model.py l. 827-831): fc_1, fc_2, SiLU, the product; its locals until proj
+        gate, up, silu, h = (p.new(f"{n} (checkpointed)", per_rank(c, BSF), a, "a local of LLaMAMLP.forward")
+                             for n in ("fc_1 output", "fc_2 output", "SiLU output", "SiLU(fc_1) * fc_2"))
+        p.op("fc_1", alloc=[gate], role=OpRole.GATE_PROJECTION)
+        p.op("fc_2", alloc=[up], role=OpRole.UP_PROJECTION)
+        p.op("SiLU", alloc=[silu])
+        p.op("SiLU(fc_1) * fc_2", alloc=[h])
+        p.op("released", free=[silu])
     else:
         gate = saved("gate output", "gate output (checkpointed)", per_rank(c, BSF), "SiLU's input")
         silu = saved("SiLU output", "SiLU output (checkpointed)", per_rank(c, BSF), "a factor")
@@ -104,6 +119,9 @@ def block_forward(p, c: Shape, policy=None):
     if c.hf and not kept:               # LlamaMLP.forward returns (its product goes), hidden_states = its output
         p.op("MLP returns", free=[h, n2])
         h = n2 = None
+    if lit:
+        p.op("MLP returns", free=[gate, up, h])
+        h = None
     held = _residual(p, c, rest, "MLP residual", h, dn, block_output(c))
     temporaries = [n for n in (xm, n2) + (() if not kept else (x,)) if n and p.tensors[n].lifetime is Lifetime.TEMPORARY]
     if c.hf and x in temporaries:       # LlamaModel.forward holds block 0's input (inputs_embeds) until it returns
@@ -124,6 +142,8 @@ def _attention(p, c, core, rest, n1):
     elif core is Save.DROPPED and rest is Save.KEPT:
         views = "QKV projection (q, k, v: views the checkpoint keeps)"
     qkv = None
+    if c.implementation == "litgpt" and rest is Save.DROPPED:      # LitGPT's Block under its checkpoint
+        return litgpt.attention_checkpointed(p, c)
     if c.implementation == "litgpt":    # the fused projection and LitGPT's rotary code (memledger.step.litgpt)
         litgpt.qkv_forward(p, c)
         litgpt.flash(p, c)

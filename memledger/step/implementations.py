@@ -27,7 +27,12 @@ copy is for CUDA Half only).
 ``"flash_attention_2"``); the other implementations run SDPA only, so it is ``"sdpa"`` there.
 
 ``recompute="full"``: each library's own per-layer checkpointing (:data:`FULL_RECOMPUTE`): transformers'
-``gradient_checkpointing_enable()`` (:mod:`memledger.step.hf`). ``selective`` stays refused under every library.
+``gradient_checkpointing_enable()`` (:mod:`memledger.step.hf`), proved at every landmark, phase peak and the peak;
+torchtune's ``set_activation_checkpointing`` and LitGPT's ``FSDPStrategy(activation_checkpointing_policy={Block})``
+(PyTorch's non-reentrant ``checkpoint_wrapper`` on each layer, :func:`memledger.pytorch.torchtune_litgpt.checkpointing`),
+proved per layer (what a layer adds between before and after the forward pass: its input); their steps' transients
+are as proved as their steps without recomputation. ``selective`` stays refused under every library (transformers
+offers none; torchtune's and torchtitan's op-level policies are not modelled).
 
 What is not modelled yet under a library's code is refused in one line (:func:`check_step`), never computed with
 the reference decoder's block in its place.
@@ -135,6 +140,6 @@ def check_torchtune_chunks(chunks: int, seq_len: int) -> None:
 
 
 #: The implementations whose ``recompute full`` the step models (each library's own per-layer checkpointing).
-FULL_RECOMPUTE = ("hf",)
+FULL_RECOMPUTE = ("hf", "torchtune", "litgpt")
 #: The implementations whose block the step does not model yet.
 UNMODELLED_BLOCKS = ()

@@ -63,9 +63,14 @@ def norm_forward(p, c, k, out, save=Save.KEPT) -> str:
     p.op(f"norm {k} x*rstd", free=[ms, sq], alloc=[xr])
     if c.upcast:
         xrw = temporary("x*rstd*w", BSd)
+        wcopy = None
         if c.rmsnorm == "litgpt":       # LitGPT's RMSNorm: weight.float(), saved by the product
-            p.op(f"norm {k} weight.float()", alloc=[f"{prefix} weight (FP32 copy)"])
+            wcopy = f"{prefix} weight (FP32 copy)" if kept else p.new(f"norm {k}: weight (FP32 copy, checkpointed)",
+                                                                      (d,), f, "weight.float(), until the product")
+            p.op(f"norm {k} weight.float()", alloc=[wcopy])
         p.op(f"norm {k} weight", alloc=[xrw])
+        if not kept and wcopy:
+            p.op("released", free=[wcopy])
         if kept:
             p.op(f"norm {k} downcast", alloc=[out])
             p.op(f"norm {k} done", free=[xrw])

@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch")
 
 from memledger.ledger.ledger import Ledger  # noqa: E402
 from memledger.pytorch.compare import _block_rows, architecture_of, ledger_for, run_options  # noqa: E402
-from memledger.pytorch.torchtune_litgpt import layer_saved, library_step, missing  # noqa: E402
+from memledger.pytorch.torchtune_litgpt import checkpointed_layer, layer_saved, library_step, missing  # noqa: E402
 from memledger.pytorch.reference import RefConfig  # noqa: E402
 from memledger.step.timeline import LANDMARKS, Step  # noqa: E402
 
@@ -228,3 +228,30 @@ def test_litgpt_pythia_layer(B, S):
     c = RefConfig(d=d, L=2, H=H, F=F, V=SMALL["V"], style="gpt", parallel=True, untied=True, attention="sdpa")
     booked = ledger_for(c, LOOP, B, S).evaluate(sum(r.bytes for r in _block_rows(c, run_options(c, LOOP))))
     assert got - booked == 6 * B * S * d
+
+
+def step_layer_delta(library, shape, B, S, recompute="full"):
+    """What one more layer adds between the step's "before forward" and "after forward" (memledger's step under
+    ``implementation=library``, the cpu backend): the 2-layer step's difference minus the 1-layer step's."""
+    delta = {}
+    for L in (1, 2):
+        ledger = Ledger(architecture_of(RefConfig(**shape, L=L, style="llama")), batch_size=B, seq_len=S, recipe=LOOP,
+                        implementation=library, overhead_bytes=0, recompute=recompute)
+        marks = ledger.step("cpu").landmarks
+        delta[L] = marks["after forward"]["gpu"] - marks["before forward"]["gpu"]
+    return delta[2] - delta[1]
+
+
+@pytest.mark.parametrize("library, family", [pytest.param("torchtune", "llama2", marks=needs("torchtune")),
+                                             pytest.param("litgpt", "Llama-2-7b-hf", marks=needs("litgpt"))])
+@pytest.mark.parametrize("shape, B, S", [(SMALL, 2, 48), (SMALL, 1, 200), (SEVEN_B, 1, 1024), (SEVEN_B, 2, 1304)])
+def test_checkpointed_layer(library, family, shape, B, S):
+    """``--recompute full`` under torchtune's and LitGPT's code is each library's own activation checkpointing
+    (:func:`memledger.pytorch.torchtune_litgpt.checkpointing`: torchtune's ``set_activation_checkpointing`` with
+    ``{TransformerSelfAttentionLayer}``, LitGPT's ``FSDPStrategy(activation_checkpointing_policy={Block})`` as
+    Lightning applies it; both PyTorch's non-reentrant ``checkpoint_wrapper``): a layer keeps its BF16 input and
+    nothing else (the other arguments are None or, LitGPT's cos and sin, views of its RoPE cache buffers), 2*B*S*d
+    bytes. MemTracker's "after forward minus before forward", one layer (two layers minus one), equals the step's."""
+    measured = checkpointed_layer(library, family, **shape, batch=B, seq=S)
+    assert measured["wrapped"] == 2                         # both layers wrapped, as the library wraps them
+    assert measured["layer"] == 2 * B * S * shape["d"] == step_layer_delta(library, shape, B, S)

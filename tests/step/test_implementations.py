@@ -40,7 +40,7 @@ def test_a_family_the_library_does_not_ship():
 
 
 @pytest.mark.parametrize("fields, what", [
-    ({"recompute": "full"}, "recompute full"), ({"recompute": "selective"}, "recompute selective"),
+    ({"recompute": "selective"}, "recompute selective"),
     ({"tp": 2}, "tensor or sequence parallelism"),
     ({"framework": "fsdp2", "dp": 2, "recipe": "bf16-pure-adamw"}, "framework fsdp2"),
     ({"framework": "ddp", "dp": 2}, "framework ddp"), ({"recipe": "fp16-amp-adamw"}, "FP16 autocast"),
