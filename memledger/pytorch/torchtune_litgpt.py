@@ -144,31 +144,60 @@ def checkpointing(library: str, model) -> None:
     _setup_activation_checkpointing(model, _activation_checkpointing_kwargs(None, {Block}))
 
 
+def _starts(i, tracker, entry):
+    """A forward pre-hook noting the total as layer ``i`` starts; it returns None (anything else would replace the
+    layer's arguments)."""
+    def hook(module, args):
+        entry.setdefault(i, tracker.get_tracker_snapshot("current")[torch.device("cpu")]["Total"])
+    return hook
+
+
 @recorded
 def checkpointed_layer(library: str, family: str, d: int, H: int, F: int, V: int, batch: int, seq: int,
                        n_kv_heads: int = None) -> dict:
     """{"layer": what one checkpointed layer adds to MemTracker's total between before and after the forward pass
     (the 2-layer model's difference minus the 1-layer model's), "wrapped": how many CheckpointWrapper modules the
-    2-layer model has}, ``library``'s model under :func:`checkpointing`, one forward pass (the logits) under
+    2-layer model has, "forward rise": {layer: the largest total while it runs forward minus the total as it
+    starts}}, ``library``'s model under :func:`checkpointing`, one forward pass (the logits) under
     ``FakeTensorMode``."""
     _check(library, family)
+    import re
+
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
     cpu, delta, wrapped = torch.device("cpu"), {}, 0
+    layer = re.compile(r"(?:^|\.)(?:layers|h)\.(\d+)$")        # the wrapper (MemTracker: its qualified name)
+
+    class Tracker(tracker_class()):
+        def _update_peak_stats(self, peak_state):
+            super()._update_peak_stats(peak_state)
+            total = self._curr_mem_snap.get(cpu, {"Total": 0})["Total"]
+            for name in self._mod_tracker.parents:
+                found = layer.search(name)
+                if found:
+                    i = int(found.group(1))
+                    self.peaks[i] = max(self.peaks.get(i, 0), total)
     for L in (1, 2):
         with FakeTensorMode():
             model, _ = _built(library, family, d, L, H, F, V, n_kv_heads, max(4096, seq))
             checkpointing(library, model)
             wrapped = sum(isinstance(m, CheckpointWrapper) for m in model.modules())
             ids = torch.randint(0, V, (batch, seq))
-            tracker = tracker_class()()
+            tracker, entry = Tracker(), {}
+            tracker.peaks = {}
+
+            for name, module in model.named_modules():
+                found = layer.search(name)
+                if found:
+                    module.register_forward_pre_hook(_starts(int(found.group(1)), tracker, entry))
             tracker.track_external(model, ids)
             with tracker:
                 before = tracker.get_tracker_snapshot("current")[cpu]["Total"]
                 out = model(ids)
                 delta[L] = tracker.get_tracker_snapshot("current")[cpu]["Total"] - before
             del out
-    return {"layer": delta[2] - delta[1], "wrapped": wrapped}
+    return {"layer": delta[2] - delta[1], "wrapped": wrapped,
+            "forward rise": {i: tracker.peaks[i] - entry[i] for i in sorted(entry)}}
 
 
 @recorded
