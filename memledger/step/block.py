@@ -20,6 +20,9 @@ tensor the backward needs, drops the temporaries alive then, and runs the backwa
 freed when unpacked, a few ops before the program frees it: a peak inside a recomputed block can be
 overestimated by a tensor or two).
 
+Under a library's code (``implementation`` hf or litgpt) the checkpointed block frees each tensor where that
+library's Python drops its last reference (:mod:`memledger.step.hf`, :mod:`memledger.step.litgpt`).
+
 Where PyTorch's order differs between saving and dropping, the program says so where it happens. Read off
 MemTracker's allocation log of the reference decoder (PyTorch 2.13, CPU); checked against it by
 ``tests/step/test_timeline.py`` and ``tests/step/test_selective.py``.

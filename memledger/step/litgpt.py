@@ -15,6 +15,15 @@ Read from LitGPT 0.5.13, ``litgpt/model.py``:
   is a copy: the output projection's input, beside the kernel's own saved output.
 * ``LLaMAMLP.forward`` (l. 827-831): ``fc_1``, ``fc_2``, SiLU, the product, ``proj``.
 
+Activation checkpointing (``recompute="full"``): LitGPT 0.5.13 checkpoints each ``Block`` where it trains on more
+than one device (``litgpt/finetune/full.py`` l. 107-114: ``FSDPStrategy(activation_checkpointing_policy={Block})``,
+which Lightning applies with PyTorch's non-reentrant ``checkpoint_wrapper``). Under the checkpoint nothing is saved
+and each tensor dies with its last Python reference (:func:`attention_checkpointed`; ``Block.forward``'s
+``x_normed`` until ``norm_2`` replaces it, its ``attention_output`` until it returns; ``LLaMAMLP.forward``'s
+``x_fc_1`` and ``x_fc_2`` until it returns): a layer keeps its input, and its forward's rise equals LitGPT's own
+under MemTracker (``tests/pytorch/test_torchtune_litgpt.py``). ``apply_rope``'s output is a local
+(``q_roped``) of ``CausalSelfAttention.forward`` until it returns.
+
 Measured with LitGPT's own model under ``FakeTensorMode`` (:func:`memledger.pytorch.libraries.saved_per_layer`):
 one layer's saved bytes. LitGPT's loss (``chunked_cross_entropy``) and its RoPE cache buffers are not modelled here
 (the step refuses a chunked loss under a library's code; the reference decoder's loss runs).
