@@ -26,6 +26,14 @@ copy is for CUDA Half only).
 ``attn_implementation``: transformers' ``attn_implementation`` (``"sdpa"``, its default, ``"eager"`` or
 ``"flash_attention_2"``); the other implementations run SDPA only, so it is ``"sdpa"`` there.
 
+``recompute="full"``: each library's own per-layer checkpointing (:data:`FULL_RECOMPUTE`): transformers'
+``gradient_checkpointing_enable()`` (:mod:`memledger.step.hf`), proved at every landmark, phase peak and the peak;
+torchtune's ``set_activation_checkpointing`` and LitGPT's ``FSDPStrategy(activation_checkpointing_policy={Block})``
+(PyTorch's non-reentrant ``checkpoint_wrapper`` on each layer, :func:`memledger.pytorch.torchtune_litgpt.checkpointing`),
+proved per layer (what a layer adds between before and after the forward pass: its input); their steps' transients
+are as proved as their steps without recomputation. ``selective`` stays refused under every library (transformers
+offers none; torchtune's and torchtitan's op-level policies are not modelled).
+
 What is not modelled yet under a library's code is refused in one line (:func:`check_step`), never computed with
 the reference decoder's block in its place.
 """
@@ -107,7 +115,8 @@ def check_step(setup, conv) -> None:
          f.gqa and (impl != "hf" or setup.attn_implementation == "eager")),
         ("QKV biases", f.has_qkv_bias), ("a tied LM head", f.is_tied),
         ("a head size other than d/H", f.head_dim),
-        ("dropout", setup.dropout), (f"recompute {setup.recompute}", setup.recompute != "none"),
+        ("dropout", setup.dropout), (f"recompute {setup.recompute}", setup.recompute != "none" and not (
+            setup.recompute == "full" and impl in FULL_RECOMPUTE)),
         ("tensor or sequence parallelism", setup.tp > 1 or setup.sequence_parallel),
         (f"framework {setup.framework}", setup.framework != "plain"),
         ("FP16 autocast (recipe fp16-amp-adamw)", setup.recipe == "fp16-amp-adamw"),
@@ -134,5 +143,7 @@ def check_torchtune_chunks(chunks: int, seq_len: int) -> None:
                          f"splits {seq_len} tokens into that many")
 
 
+#: The implementations whose ``recompute full`` the step models (each library's own per-layer checkpointing).
+FULL_RECOMPUTE = ("hf", "torchtune", "litgpt")
 #: The implementations whose block the step does not model yet.
 UNMODELLED_BLOCKS = ()

@@ -40,7 +40,8 @@ def test_a_family_the_library_does_not_ship():
 
 
 @pytest.mark.parametrize("fields, what", [
-    ({"recompute": "full"}, "recompute full"), ({"tp": 2}, "tensor or sequence parallelism"),
+    ({"recompute": "selective"}, "recompute selective"),
+    ({"tp": 2}, "tensor or sequence parallelism"),
     ({"framework": "fsdp2", "dp": 2, "recipe": "bf16-pure-adamw"}, "framework fsdp2"),
     ({"framework": "ddp", "dp": 2}, "framework ddp"), ({"recipe": "fp16-amp-adamw"}, "FP16 autocast"),
     ({"packed": 2}, "packed documents"), ({"loss_impl": "litgpt"}, "a chunked or LitGPT loss"),
@@ -51,6 +52,17 @@ def test_setups_not_modelled_yet_are_refused(fields, what):
         ledger.step("cuda")
     with pytest.raises(ValueError, match="not modelled yet"):
         _ = ledger.peak                                     # a fit's verdict: refused, not the reference's sum
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_hf_recomputation(attn):
+    """transformers' gradient_checkpointing_enable() is modelled (tests/pytorch/test_libraries.py proves it), selective
+    recomputation is not: transformers has none."""
+    ledger = Ledger("llama2-7b", batch_size=1, seq_len=1024, implementation="hf", attn_implementation=attn,
+                    recompute="full")
+    assert layer_bytes(ledger.step("cuda")) == 1024 * 4096 * 2          # each layer keeps its BF16 input
+    with pytest.raises(ValueError, match="recompute selective not modelled yet"):
+        Ledger("llama2-7b", implementation="hf", attn_implementation=attn, recompute="selective").step("cuda")
 
 
 def test_eager_and_flash_attention_contradict():
