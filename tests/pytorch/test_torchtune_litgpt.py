@@ -96,92 +96,53 @@ def test_llama2_7b_layer(library, B, S):
     assert got == memledger_layer(SEVEN_B, B, S) + extra
 
 
-def torchtune_recipe_extra(landmark, d, H, L, B, S, loss):
-    """What torchtune's step holds beyond memledger's reference step (the same layers, to the byte), read off its
-    sources (0.6.1):
-
-    * one RoPE module shared by every layer (``models/llama2/_component_builders.py`` l. 88-102), its FP32 buffers
-      ``theta`` (d_h/2) and ``cache`` (4096 positions x d_h/2 x cos, sin) (``modules/position_embeddings.py``
-      l. 51, 67);
-    * q, k and v projections of their own (``MultiHeadAttention``) where the reference fuses them: two more
-      parameter tensors a layer, each with AdamW's 4-byte ``step``;
-    * the recipe's loop (``recipes/full_finetune_single_device.py``): ``ignore_labels_cache`` (B, 1) int64
-      (l. 346), the previous iteration's ``current_num_tokens`` (int64) and ``current_loss`` (FP32) until rebound
-      (l. 692, 699); ``num_tokens`` (int64) and ``running_loss`` (FP32) from the forward to l. 754-755; the labels
-      popped and replaced by their shifted ``hstack`` (l. 642-644), which dies in backward: after it only the
-      tokens are left of the batch. With CEWithChunkedOutputLoss and B > 1 the shifted labels die when their
-      chunks are copied (``labels.chunk(n, dim=1)``, ``reshape(-1)``), where memledger's reference still holds its
-      targets beside the copies."""
-    d_h = d // H
-    fixed = 4 * (d_h // 2) + 4 * 4096 * (d_h // 2) * 2 + 4 * 2 * L + 8 * B
-    previous = 8 + 4                            # the last iteration's current_num_tokens and current_loss
-    labels = 8 * B * S
-    chunk_copies = labels if loss == "chunked" and B > 1 else 0
-    return {"before forward": fixed + previous,
-            # the new count and current_loss replace the previous; + num_tokens (8) and running_loss (4), less the
-            # loss memledger keeps (4: torchtune's is deleted, MulBackward0 keeps the count, not the loss)
-            "after forward": fixed + previous + 8 - chunk_copies,
-            "after backward": fixed + previous + 8 + 4 - labels,
-            "after step": fixed + previous - labels}[landmark]
-
-
-def torchtune_step(L, B, S, loss):
-    """memledger's step of the same setup under ``implementation="torchtune"`` (CPU conventions)."""
-    arch = architecture_of(RefConfig(**SMALL, L=L, style="llama"))
+def torchtune_step(L, B, S, loss, shape=SMALL):
+    """memledger's step of the same setup under ``implementation="torchtune"`` (CPU conventions): the model's RoPE
+    buffers, its q/k/v step counters and the recipe's loop tensors booked by :mod:`memledger.step.torchtune`."""
+    arch = architecture_of(RefConfig(**shape, L=L, style="llama"))
     return Step(Ledger(arch, batch_size=B, seq_len=S, recipe=LOOP, overhead_bytes=0,
                        loss_chunks=8 if loss == "chunked" else 1, implementation="torchtune"), "cpu")
+
+
+def differences(got, step) -> dict:
+    """{landmark, phase peak, "peak": torchtune's measured bytes minus memledger's}."""
+    out = {name: got[name] - step.landmarks[name]["gpu"] for name in LANDMARKS}
+    peaks = step.phase_peaks()
+    out.update({f"{phase} peak": got["phase peaks"][phase] - peaks[phase] for phase in got["phase peaks"]})
+    out["peak"] = got["peak"] - step.peak.bytes
+    return out
+
+
+#: Where the chunked loss's backward peak is not modelled (the strict xfail below): those two numbers left out.
+CHUNKED_BACKWARD = ("backward peak", "peak")
 
 
 @needs("torchtune")
 @pytest.mark.parametrize("loss, L, B, S", [("ce", 2, 2, 200), ("ce", 3, 1, 200), ("chunked", 2, 2, 200),
                                            ("chunked", 2, 1, 64), ("chunked", 2, 2, 203), ("chunked", 2, 1, 203)])
-def test_torchtune_step_landmarks(loss, L, B, S):
-    """Every landmark of torchtune's step, as its recipe runs it, is memledger's ``implementation="torchtune"``
-    step plus what :func:`torchtune_recipe_extra` names, to the byte; at S 203 torchtune 0.6.1's ``chunk`` makes
-    7 chunks of 26 tokens and one of 21 (``tensor_split`` would make 3 of 26 and 5 of 25)."""
-    got = library_step("torchtune", "llama2", **SMALL, L=L, batch=B, seq=S, loss=loss)
-    step = torchtune_step(L, B, S, loss)
-    for name in LANDMARKS:
-        assert got[name] - step.landmarks[name]["gpu"] == torchtune_recipe_extra(name, SMALL["d"], SMALL["H"], L, B,
-                                                                                   S, loss), name
+def test_torchtune_step_equals_memledgers(loss, L, B, S):
+    """Every landmark and phase peak of torchtune's step, as its recipe runs it (its model's RoPE buffers, separate
+    q/k/v projections, ``ignore_labels_cache``, the shifted labels, the token counts and losses), equals memledger's
+    ``implementation="torchtune"`` step to the byte; at S 203 torchtune 0.6.1's ``chunk`` makes 7 chunks of 26 tokens
+    and one of 21. With CEWithChunkedOutputLoss the backward peak is left to the strict xfail below."""
+    diff = differences(library_step("torchtune", "llama2", **SMALL, L=L, batch=B, seq=S, loss=loss),
+                       torchtune_step(L, B, S, loss))
+    skip = CHUNKED_BACKWARD if loss == "chunked" else ()
+    assert {k: v for k, v in diff.items() if k not in skip} == {k: 0 for k in diff if k not in skip}
 
 
 @needs("torchtune")
-@pytest.mark.parametrize("loss, B, S", [("ce", 2, 200), ("chunked", 2, 203)])
-def test_torchtune_forward_peak(loss, B, S):
-    """The forward's peak (in the loss: the last chunk's log-softmax beside every earlier one, or the FP32 logits) is
-    memledger's plus what the recipe holds then: the "after forward" extra, and with chunks and B > 1 the shifted
-    labels too, which ``_loss_step`` holds until the loss returns (l. 642-653) beside their chunks' copies."""
-    got = library_step("torchtune", "llama2", **SMALL, L=2, batch=B, seq=S, loss=loss)
-    step = torchtune_step(2, B, S, loss)
-    shifted = 8 * B * S if loss == "chunked" and B > 1 else 0
-    assert got["phase peaks"]["forward"] - step.phase_peaks()["forward"] == torchtune_recipe_extra(
-        "after forward", SMALL["d"], SMALL["H"], 2, B, S, loss) + shifted
-
-
-@needs("torchtune")
+@pytest.mark.parametrize("B, S", [(2, 200), (2, 203), (1, 203)])
 @pytest.mark.xfail(strict=True, reason="under CEWithChunkedOutputLoss torchtune's backward peak (at the LM head's "
-                   "weight-gradient sum) is 4*B*ceil(S/n)*V bytes (one FP32 chunk: 200,000 here) above memledger's, "
-                   "beyond the recipe's tensors; measured: the same with tensor_split in place of chunk, and with "
-                   "torchtune's model and loss run without the recipe, so the cause is in its model's backward and "
-                   "is not pinned yet")
-def test_torchtune_chunked_backward_peak():
-    B, S = 2, 200
-    got = library_step("torchtune", "llama2", **SMALL, L=2, batch=B, seq=S, loss="chunked")
-    step = torchtune_step(2, B, S, "chunked")
-    assert got["phase peaks"]["backward"] - step.phase_peaks()["backward"] == torchtune_recipe_extra(
-        "after backward", SMALL["d"], SMALL["H"], 2, B, S, "chunked")
-
-
-@needs("torchtune")
-@pytest.mark.xfail(strict=True, reason="memledger's step books neither torchtune's shared RoPE buffers, its separate "
-                   "q/k/v projections' AdamW step counters, nor its recipe's tensors (ignore_labels_cache, the "
-                   "shifted labels, the token counts and running loss): torchtune_recipe_extra names them")
-def test_torchtune_step_equals_memledgers():
-    got = library_step("torchtune", "llama2", **SMALL, L=2, batch=2, seq=200, loss="ce")
-    step = Step(ledger_for(RefConfig(**SMALL, L=2, style="llama"), LOOP, 2, 200), "cpu")
-    assert [got[n] for n in LANDMARKS] + [got["peak"]] == [step.landmarks[n]["gpu"] for n in LANDMARKS] + [
-        step.peak.bytes]
+                   "weight-gradient sum) is above memledger's: 4*B*ceil(S/n)*V bytes at B 2, S 200 (200,000: one FP32 "
+                   "chunk), 188,000 at B 2, S 203 and 160,560 at B 1, S 203 (there the step's peak), beyond every "
+                   "tensor of the recipe (its landmarks are equal); measured: the same with tensor_split in place of "
+                   "chunk, and with torchtune's model and loss run without the recipe: the cause is in its model's "
+                   "backward and is not pinned yet")
+def test_torchtune_chunked_backward_peak(B, S):
+    diff = differences(library_step("torchtune", "llama2", **SMALL, L=2, batch=B, seq=S, loss="chunked"),
+                       torchtune_step(2, B, S, "chunked"))
+    assert diff["backward peak"] == 0
 
 
 @needs("litgpt")
@@ -203,16 +164,13 @@ def test_litgpt_keeps_its_logits_through_the_step():
 
 @needs("torchtune")
 @pytest.mark.parametrize("loss, B, S", [("ce", 1, 1024), ("chunked", 2, 1304)])
-def test_torchtune_7b_width_step_landmarks(loss, B, S):
-    """LLaMA-2 7B's width (two layers, V 32000), as torchtune's recipe runs it: every landmark is memledger's
-    ``implementation="torchtune"`` step plus :func:`torchtune_recipe_extra`, to the byte."""
-    got = library_step("torchtune", "llama2", **SEVEN_B, L=2, batch=B, seq=S, loss=loss)
-    arch = architecture_of(RefConfig(**SEVEN_B, L=2, style="llama"))
-    step = Step(Ledger(arch, batch_size=B, seq_len=S, recipe=LOOP, overhead_bytes=0,
-                       loss_chunks=8 if loss == "chunked" else 1, implementation="torchtune"), "cpu")
-    for name in LANDMARKS:
-        assert got[name] - step.landmarks[name]["gpu"] == torchtune_recipe_extra(name, SEVEN_B["d"], SEVEN_B["H"], 2,
-                                                                                   B, S, loss), name
+def test_torchtune_7b_width_step(loss, B, S):
+    """LLaMA-2 7B's width (two layers, V 32000), as torchtune's recipe runs it: every landmark and phase peak equals
+    memledger's ``implementation="torchtune"`` step to the byte (the chunked loss's backward peak: the xfail above)."""
+    diff = differences(library_step("torchtune", "llama2", **SEVEN_B, L=2, batch=B, seq=S, loss=loss),
+                       torchtune_step(2, B, S, loss, SEVEN_B))
+    skip = CHUNKED_BACKWARD if loss == "chunked" else ()
+    assert {k: v for k, v in diff.items() if k not in skip} == {k: 0 for k in diff if k not in skip}
 
 
 @needs("litgpt")
