@@ -22,7 +22,7 @@ from ..core.symbols import L, N_d, O, P, t
 from ..states.placement import ZERO_SHARDS, device_of, state_specs
 from ..states.recipes import ALL_RECIPES as RECIPES
 from . import amp, amploss, bnb, ddp, families, fsdp2, hf, litgpt, loss, offload, optim, outer, packing, parallel, tensor
-from . import torchtune as tune
+from . import litgpt_loss, torchtune as tune
 from .block import block_backward, block_forward
 from .ops import BSd, Placement, Program, Tensor, block_params, residual_names
 from .outer import Param
@@ -176,7 +176,7 @@ class Built:
             static(name, t_[name].expr, Kind.ACTIVATION, why=t_[name].why)
         for name, expr, why in hf.buffers(c):               # transformers' rotary buffers
             static(name, expr, Kind.PARAM, why=why)
-        for name, expr, kind, why in tune.statics(c):      # torchtune's RoPE buffers, its recipe's loop tensors
+        for name, expr, kind, why in tune.statics(c) + litgpt_loss.statics(c):     # RoPE buffers, the loops' tensors
             static(name, expr, kind, why=why)
         for name, expr, why in packing.inputs(c):          # what a packed batch carries
             static(name, expr, Kind.ACTIVATION, why=why)
@@ -276,6 +276,8 @@ class Built:
     def loss_saved(self) -> list:
         """The tensors the chunked loss keeps for backward (:func:`memledger.step.loss.saved_names`; under
         autocast :func:`memledger.step.amploss.saved_names`)."""
+        if litgpt_loss.on(self.shape):
+            return litgpt_loss.saved_names(self.shape)
         return (amploss if self.shape.amp else loss).saved_names(self.shape)
 
     def rows(self, values) -> list:
@@ -414,6 +416,9 @@ def _outside_programs(c, chunked: bool) -> list:
     else:
         forward_end = amp.forward_end if c.amp else outer.forward_end
         backward_start = amp.backward_start if c.amp else outer.backward_start
+    if litgpt_loss.on(c):     # LitGPT's head and loss as finetune/full.py runs them (memledger.step.litgpt_loss)
+        return [(Part.FORWARD_START, outer.forward_start), (Part.FORWARD_END, litgpt_loss.forward_end),
+                (Part.BACKWARD_START, litgpt_loss.backward_start), (Part.BACKWARD_END, outer.backward_end)]
     if c.hf:            # transformers' model and loss (memledger.step.hf)
         return [(Part.FORWARD_START, hf.forward_start), (Part.FORWARD_END, hf.forward_end),
                 (Part.BACKWARD_START, hf.backward_start), (Part.BACKWARD_END, outer.backward_end)]
@@ -426,7 +431,10 @@ def _outside(p, s: StepStructure, outside_rows) -> tuple:
     c = s.shape
     outside = {}
     chunked = c.loss_chunks > 1 or c.loss_impl == "litgpt"      # memledger.step.loss
-    if chunked:
+    if litgpt_loss.on(c):
+        outside_rows = [r for r in outside_rows if r.name not in ("log-softmax output (FP32)", "nll_loss total weight",
+                                                                   "loss")]
+    elif chunked:
         replaced = amploss.replaced_rows(c) if c.amp else loss.replaced_rows(c)
         outside_rows = [r for r in outside_rows if r.name not in replaced]
     for part, fn in _outside_programs(c, chunked):

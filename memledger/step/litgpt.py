@@ -16,8 +16,8 @@ Read from LitGPT 0.5.13, ``litgpt/model.py``:
 * ``LLaMAMLP.forward`` (l. 827-831): ``fc_1``, ``fc_2``, SiLU, the product, ``proj``.
 
 Measured with LitGPT's own model under ``FakeTensorMode`` (:func:`memledger.pytorch.libraries.saved_per_layer`):
-one layer's saved bytes. LitGPT's loss (``chunked_cross_entropy``) and its RoPE cache buffers are not modelled here
-(the step refuses a chunked loss under a library's code; the reference decoder's loss runs).
+one layer's saved bytes. LitGPT's head and loss as ``finetune/full.py`` runs them, its RoPE cache buffers and what its
+loop keeps into the next iteration: :mod:`memledger.step.litgpt_loss`.
 """
 from ..core.symbols import B, S, d
 from .ops import BSd, qkv_width

@@ -157,9 +157,61 @@ def test_litgpt_keeps_its_logits_through_the_step():
     tensors = 3 + L * 7           # wte, ln_f, lm_head; norm_1, qkv, proj, norm_2 and LLaMAMLP's fc_1, fc_2, proj
     adamw = 2 * 2 * params + 4 * tensors                 # exp_avg and exp_avg_sq in BF16, a 4-byte step each
     batch = 2 * 8 * B * S                                # input_ids and labels, int64
-    rope = 2 * 4096 * (d // H) * 4       # cos and sin, FP32 (block_size x d_h; model.py l. 56-59, 939-1072)
+    rope = 2 * S * (d // H) * 4          # cos and sin, FP32, max_seq_length x d_h (full.py l. 230; model.py l. 43-62)
     kept = 2 * B * S * V + 2                             # the previous logits (BF16) and loss (a BF16 scalar)
     assert got["after step"] == 2 * params + adamw + batch + rope + kept
+
+
+def litgpt_step(L, B, S, shape=SMALL):
+    """memledger's step under ``implementation="litgpt"`` (CPU conventions): LitGPT's head and loss as
+    ``finetune/full.py`` runs them, its RoPE buffers, the previous logits and loss (:mod:`memledger.step.litgpt_loss`),
+    its parameters in ``GPT``'s order."""
+    arch = architecture_of(RefConfig(**shape, L=L, style="llama"))
+    return Step(Ledger(arch, batch_size=B, seq_len=S, recipe=LOOP, overhead_bytes=0, implementation="litgpt"), "cpu")
+
+
+#: The backward peak and the step's peak (in backward at these shapes): the strict xfail below.
+LITGPT_BACKWARD = ("backward peak", "peak")
+
+
+@needs("litgpt")
+@pytest.mark.parametrize("L, B, S", [(2, 1, 200), (2, 2, 200), (3, 1, 300), (2, 2, 65), (2, 1, 129)])
+def test_litgpt_step_equals_memledgers(L, B, S):
+    """Every landmark, the forward and the optimizer step's peaks of LitGPT's step as ``finetune/full.py`` runs it
+    (the head unchunked, ``chunked_cross_entropy`` split by 128 of the B (S - 1) shifted tokens in BF16, the logits and
+    loss kept into the next iteration, cos/sin for S positions, AdamW over ``GPT``'s parameters: ``lm_head`` first)
+    equal memledger's ``implementation="litgpt"`` step to the byte; B (S - 1) is 199 (two chunks, the last short),
+    398, 299 (three), 128 (one chunk: S 65 at B 2, S 129 at B 1)."""
+    diff = differences(library_step("litgpt", "Llama-2-7b-hf", **SMALL, L=L, batch=B, seq=S, loss="full"),
+                       litgpt_step(L, B, S))
+    assert {k: v for k, v in diff.items() if k not in LITGPT_BACKWARD} == {k: 0 for k in diff if k not in
+                                                                           LITGPT_BACKWARD}
+
+
+@needs("litgpt")
+@pytest.mark.parametrize("B, S", [(1, 200), (2, 200)])
+@pytest.mark.xfail(strict=True, reason="memledger's backward peak is above LitGPT's: 202,464 B at B 1, S 200 and "
+                   "347,488 B at B 2, S 200, at its final norm's backward ('norm final backward: pow'): the norm's "
+                   "backward is booked as the composite rms_norm's (memledger/step/norms.py), where LitGPT's RMSNorm "
+                   "is Python ops (x * x, mean, rsqrt; model.py l. 1315-1322) whose backward makes other temporaries; "
+                   "LitGPT's measured backward peak equals memledger's total at the loss's slice backward (B 2) and at "
+                   "the final norm's weight sum (B 1): the loss and head are exact")
+def test_litgpt_backward_peak(B, S):
+    diff = differences(library_step("litgpt", "Llama-2-7b-hf", **SMALL, L=2, batch=B, seq=S, loss="full"),
+                       litgpt_step(2, B, S))
+    assert diff["backward peak"] == 0
+
+
+@needs("litgpt")
+@pytest.mark.parametrize("B, S", [(1, 1024), (2, 1304)])
+def test_litgpt_7b_width_step(B, S):
+    """LLaMA-2 7B's width (two layers, V 32000), as ``finetune/full.py`` runs it: every landmark, every phase's peak
+    and the step's (in the optimizer step, at the embedding's, beside the LM head's leftover ``denom``) equal
+    memledger's ``implementation="litgpt"`` step to the byte (here the final norm's backward is not the backward's
+    highest point)."""
+    diff = differences(library_step("litgpt", "Llama-2-7b-hf", **SEVEN_B, L=2, batch=B, seq=S, loss="full"),
+                       litgpt_step(2, B, S, SEVEN_B))
+    assert diff == {k: 0 for k in diff}
 
 
 @needs("torchtune")
