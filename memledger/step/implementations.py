@@ -116,8 +116,10 @@ def check_step(setup, conv) -> None:
         ("packed documents", bool(setup.packed)), ("activation offloading", setup.offload_activations),
         # torchtune's CEWithChunkedOutputLoss is modelled under its own code (memledger.step.loss); LitGPT's
         # chunked_cross_entropy as finetune/full.py runs it (memledger.step.litgpt_loss), its head chunked not yet
-        ("a chunked or LitGPT loss", (setup.loss_chunks > 1 and impl != "torchtune")
+        ("a chunked or LitGPT loss", (setup.loss_chunks > 1 and impl not in ("torchtune", "litgpt"))
          or (setup.loss_impl != "torchtune" and impl != "litgpt")),
+        ("LitGPT's head chunked by 128 tokens (finetune/lora.py; loss_chunks 1 runs finetune/full.py's loss)",
+         setup.loss_chunks > 1 and impl == "litgpt"),
         ("attn_implementation flash_attention_2 (the flash-attn package's kernels, CUDA only)",
          setup.attn_implementation == "flash_attention_2")] if off]
     if impl in UNMODELLED_BLOCKS:

@@ -171,5 +171,5 @@ def test_litgpt_runs_its_own_loss_and_refuses_its_chunked_head():
                    loss_impl="litgpt").step("cpu")
     assert plain.landmarks == named.landmarks
     assert sum(r["bytes"] for r in plain.rows if r["name"].startswith("log-softmax output, ")) == 2 * B * (S - 1) * V
-    with pytest.raises(ValueError, match="implementation litgpt .*a chunked or LitGPT loss.* not modelled yet"):
+    with pytest.raises(ValueError, match="implementation litgpt .*LitGPT's head chunked by 128 tokens.* not modelled yet"):
         Ledger("llama2-7b", batch_size=B, seq_len=S, loss_chunks=8, implementation="litgpt").step("cpu")
