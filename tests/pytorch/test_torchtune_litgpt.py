@@ -139,7 +139,10 @@ def test_torchtune_step_equals_memledgers(loss, L, B, S):
                    "width, B 2, S 1304, 41,728,000 (4*2*163*32000, the step's peak), beyond every "
                    "tensor of the recipe (its landmarks are equal); measured: the same with tensor_split in place of "
                    "chunk, and with torchtune's model and loss run without the recipe: the cause is in its model's "
-                   "backward and is not pinned yet")
+                   "backward. Probed op by op (a TorchDispatchMode inside MemTracker, B 2, S 200): after each chunk's "
+                   "LM head backward (its two mm) torchtune's step frees 25,600 B (the head input chunk's copy) where "
+                   "the reference decoder's frees 125,600 B (that and the chunk's BF16 logits gradient): torchtune "
+                   "keeps each chunk's logits gradient past its head backward; who holds it is not pinned yet")
 def test_torchtune_chunked_backward_peak(B, S):
     diff = differences(library_step("torchtune", "llama2", **SMALL, L=2, batch=B, seq=S, loss="chunked"),
                        torchtune_step(2, B, S, "chunked"))
