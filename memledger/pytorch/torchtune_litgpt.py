@@ -28,7 +28,8 @@ each recipe's loop runs it (its lines transcribed; the recipe modules are script
   ``torch.nn.CrossEntropyLoss`` (the model returns ``self.output(h).float()``, ``torchtune/modules/transformer.py``
   l. 651-661) and ``CEWithChunkedOutputLoss(num_output_chunks)`` (``torchtune/modules/loss/ce_chunked_output_loss.py``
   l. 45-83; the model's ``chunked_output``, ``transformer.py`` l. 482-502: ``h.chunk(n, dim=1)``).
-* LitGPT ``litgpt/finetune/full.py`` (0.5.13) l. 278-291: ``logits = model(input_ids)``, ``loss =
+* LitGPT ``litgpt/finetune/full.py`` (0.5.13) l. 230 (``model.max_seq_length`` set to the longest sequence, S here:
+  the cos/sin buffers rebuilt for S positions), l. 278-291: ``logits = model(input_ids)``, ``loss =
   chunked_cross_entropy(logits[..., :-1, :], targets[..., 1:])`` (``litgpt/utils.py`` l. 302-351: the head not
   chunked, so the shifted logits are flattened and split by 128 tokens, the last chunk short),
   ``fabric.backward(loss / 1)``, ``optimizer.step()``, ``optimizer.zero_grad()``; ``litgpt/finetune/lora.py``
@@ -303,6 +304,8 @@ def library_step(library: str, family: str, d: int, L: int, H: int, F: int, V: i
     cpu = torch.device("cpu")
     with FakeTensorMode():
         model, layers = _built(library, family, d, L, H, F, V, n_kv_heads, max(4096, seq))
+        if library == "litgpt":     # finetune/full.py l. 230: the RoPE cache rebuilt for the longest sequence
+            model.max_seq_length = seq
         opt = torch.optim.AdamW(model.parameters())
         extra = []
         if library == "torchtune":

@@ -34,6 +34,12 @@ proved per layer (what a layer adds between before and after the forward pass: i
 are as proved as their steps without recomputation. ``selective`` stays refused under every library (transformers
 offers none; torchtune's and torchtitan's op-level policies are not modelled).
 
+Outside the layers, torchtune's step books its shared RoPE buffers, its separate q/k/v projections' AdamW step
+counters and what ``full_finetune_single_device``'s loop holds (:mod:`memledger.step.torchtune`); LitGPT's books the
+head and ``chunked_cross_entropy`` as ``finetune/full.py`` runs them, its cos/sin buffers, the logits and loss kept
+into the next iteration and ``GPT``'s parameter order (:mod:`memledger.step.litgpt_loss`); both are checked against the
+library's own step (tests/pytorch/test_torchtune_litgpt.py).
+
 What is not modelled yet under a library's code is refused in one line (:func:`check_step`), never computed with
 the reference decoder's block in its place.
 """
@@ -121,8 +127,12 @@ def check_step(setup, conv) -> None:
         (f"framework {setup.framework}", setup.framework != "plain"),
         ("FP16 autocast (recipe fp16-amp-adamw)", setup.recipe == "fp16-amp-adamw"),
         ("packed documents", bool(setup.packed)), ("activation offloading", setup.offload_activations),
-        # torchtune's CEWithChunkedOutputLoss is modelled under its own code (memledger.step.loss); LitGPT's not yet
-        ("a chunked or LitGPT loss", (setup.loss_chunks > 1 and impl != "torchtune") or setup.loss_impl != "torchtune"),
+        # torchtune's CEWithChunkedOutputLoss is modelled under its own code (memledger.step.loss); LitGPT's
+        # chunked_cross_entropy as finetune/full.py runs it (memledger.step.litgpt_loss), its head chunked not yet
+        ("a chunked or LitGPT loss", (setup.loss_chunks > 1 and impl not in ("torchtune", "litgpt"))
+         or (setup.loss_impl != "torchtune" and impl != "litgpt")),
+        ("LitGPT's head chunked by 128 tokens (finetune/lora.py; loss_chunks 1 runs finetune/full.py's loss)",
+         setup.loss_chunks > 1 and impl == "litgpt"),
         ("attn_implementation flash_attention_2 (the flash-attn package's kernels, CUDA only)",
          setup.attn_implementation == "flash_attention_2")] if off]
     if impl in UNMODELLED_BLOCKS:

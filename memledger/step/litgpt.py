@@ -25,8 +25,8 @@ under MemTracker (``tests/pytorch/test_torchtune_litgpt.py``). ``apply_rope``'s 
 (``q_roped``) of ``CausalSelfAttention.forward`` until it returns.
 
 Measured with LitGPT's own model under ``FakeTensorMode`` (:func:`memledger.pytorch.libraries.saved_per_layer`):
-one layer's saved bytes. LitGPT's loss (``chunked_cross_entropy``) and its RoPE cache buffers are not modelled here
-(the step refuses a chunked loss under a library's code; the reference decoder's loss runs).
+one layer's saved bytes. LitGPT's head and loss as ``finetune/full.py`` runs them, its RoPE cache buffers and what its
+loop keeps into the next iteration: :mod:`memledger.step.litgpt_loss`.
 """
 from ..core.symbols import B, H, S, d
 from .ops import BSd, qkv_width

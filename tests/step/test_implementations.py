@@ -170,3 +170,18 @@ def test_the_cli_echoes_and_refuses(capsys):
     assert code == 0 and json.loads(out)["ledger"]["inputs"]["implementation"] == "torchtune"
     code, out, _ = run(capsys, "infer", *TINY, "--implementation", "reference", "--json")
     assert code == 0 and json.loads(out)["implementation"] == "reference"
+
+
+def test_litgpt_runs_its_own_loss_and_refuses_its_chunked_head():
+    """Under implementation litgpt the step runs ``finetune/full.py``'s loss (the head unchunked, the cross-entropy
+    split by 128 tokens, tests/pytorch/test_torchtune_litgpt.py measures it): with ``loss_impl`` litgpt or not, the
+    same step, whose loss keeps the BF16 log-softmax of the B (S - 1) shifted tokens (2 B (S - 1) V bytes) beside the
+    logits (2 B S V, kept to the next iteration); ``finetune/lora.py``'s head chunked by 128 tokens is refused."""
+    B, S, V = 1, 1024, 32000
+    plain = Ledger("llama2-7b", batch_size=B, seq_len=S, recipe="bf16-pure-adamw", implementation="litgpt").step("cpu")
+    named = Ledger("llama2-7b", batch_size=B, seq_len=S, recipe="bf16-pure-adamw", implementation="litgpt",
+                   loss_impl="litgpt").step("cpu")
+    assert plain.landmarks == named.landmarks
+    assert sum(r["bytes"] for r in plain.rows if r["name"].startswith("log-softmax output, ")) == 2 * B * (S - 1) * V
+    with pytest.raises(ValueError, match="implementation litgpt .*LitGPT's head chunked by 128 tokens.* not modelled yet"):
+        Ledger("llama2-7b", batch_size=B, seq_len=S, loss_chunks=8, implementation="litgpt").step("cpu")
