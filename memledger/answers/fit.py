@@ -42,7 +42,8 @@ from dataclasses import replace
 
 from ..core.choices import LIMIT, check_choice, check_count
 from ..ledger.ledger import Ledger
-from .verdict import ALLOCATOR, MARGIN, MEASURE, SPECS, allocator_spec, check_measure, judge, leaves_margin, uses_peak
+from .verdict import (ALLOCATOR, MARGIN, MEASURE, SPECS, allocator_spec, check_measure, is_lora, judge, leaves_margin,
+                      uses_peak)
 
 __all__ = ["MEASURE", "VARY", "fit", "fit_many"]
 
@@ -120,15 +121,14 @@ def fit(template: Ledger, vary: str, gpu_bytes: int, measure: str = "auto", marg
     sum), "peak_at_answer" (None without a timeline), "next" (the first value that does not fit:
     {"value", "judged", "total"}), "binding", "ledger"}.
     """
-    from ..ledger.lora import LoraLedger
-    if not isinstance(template, (Ledger, LoraLedger)):
+    if not (isinstance(template, Ledger) or is_lora(template)):
         raise TypeError(f"template must be a Ledger or a LoraLedger, got {template!r}")
     check_choice("vary", vary, VARY)
     check_measure(measure)
     spec = allocator_spec(measure, expandable_segments, max_split_size_mb, gpu, cuda_context, load)
     gpu_bytes = check_count("gpu_bytes", gpu_bytes, limit=LIMIT)
     margin = check_count("margin", margin, minimum=0, limit=LIMIT)
-    if isinstance(template, LoraLedger):
+    if is_lora(template):
         return _fit_lora(template, vary, gpu_bytes, measure, spec, margin)
     if vary in ("batch", "seq", "layers") and template.arch is None:
         raise ValueError(f"vary={vary!r} needs an architecture (activations); --params alone has none")

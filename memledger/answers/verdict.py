@@ -41,13 +41,14 @@ about a gigabyte: the caching allocator rounds every block up
 wrong size (fragmentation), and libraries allocate beside it, so a plan that
 leaves less is no fit (:func:`assess`; :func:`memledger.fit` searches with it).
 """
+import sys
 from functools import lru_cache
 from typing import NamedTuple
 
 from ..core.capacity import MARGIN, leaves_margin, standing
 from ..core.units import format_bytes
 
-__all__ = ["ALLOCATOR", "SPECS", "nvidia_smi", "run_peak",
+__all__ = ["ALLOCATOR", "SPECS", "is_lora", "nvidia_smi", "run_peak",
            "ASSESSMENTS", "AllocatorSpec", "CHOICES", "CLAUSES", "Judgement", "MARGIN", "MEASURE",
            "REFUSED", "SENTENCE", "SUM_CLAUSE", "SUM_NOTE", "UNMODELLED_NOTE", "allocator_spec", "assess",
            "check_measure", "describe", "is_nominal", "judge", "leaves_margin", "replayed", "sentence", "standing",
@@ -154,8 +155,7 @@ def judge(ledger, peak) -> Judgement:
     """The bytes ``ledger`` is judged by: the sum, or (``peak``) the step's peak, the larger of the two
     for a nominal parameter count (:meth:`memledger.ledger.ledger.Ledger.judged_bytes`); or, ``peak`` an
     :class:`AllocatorSpec`, the caching allocator's replay of the step (:func:`replayed`)."""
-    from ..ledger.lora import LoraLedger
-    if isinstance(ledger, LoraLedger):
+    if is_lora(ledger):
         return _judge_lora(ledger, peak)
     if isinstance(peak, AllocatorSpec):
         if peak.measure == "nvidia-smi":
@@ -170,6 +170,13 @@ def judge(ledger, peak) -> Judgement:
     if is_nominal(ledger):
         return Judgement(max(ledger.peak, ledger.totals["gpu"]), "nominal")
     return Judgement(ledger.peak, "peak")
+
+
+def is_lora(ledger) -> bool:
+    """Whether ``ledger`` is a :class:`memledger.ledger.lora.LoraLedger`, without importing that module (it loads
+    SymPy): a LoRA ledger exists only once its module is loaded."""
+    lora = sys.modules.get("memledger.ledger.lora")
+    return lora is not None and isinstance(ledger, lora.LoraLedger)
 
 
 def _judge_lora(lora, peak) -> Judgement:
