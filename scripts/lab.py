@@ -13,6 +13,7 @@ JupyterLab, even with jupyterlab-myst (requirements.txt), renders MyST but not J
   ``{glue:math}`` block the stored equation in a ``{math}`` block with the same label and the number the site
   gives it (the site numbers labelled equations through the whole book, ``:enumerator:``): so the numbers in
   the prose are still computed, never typed, and are those nbval checks against a fresh run;
+- each ``{numref}`` to a figure "the figure" (JupyterLab shows the figure where its cell runs, unnumbered);
 - each ``{ref}`` is a link to its target (the target's title, or the role's own text), each ``{eq}`` to
   another chapter a link showing the equation's number, each ``{cite}`` / ``{cite:t}`` the short form
   sphinxcontrib-bibtex prints on the site (``bibtex_reference_style: author_year``), linked to
@@ -47,7 +48,7 @@ OUT = ROOT / "notebooks"
 #: the fingerprint of every copy as the script last wrote it: a copy whose cells' sources differ was edited
 MANIFEST = ".lab-written.json"
 RECORD = "application/papermill.record/"
-ROLE = re.compile(r"\{(glue:text|ref|eq|cite|cite:t|cite:p)\}`([^`]+)`")
+ROLE = re.compile(r"\{(glue:text|ref|numref|eq|cite|cite:t|cite:p)\}`([^`]+)`")
 LABEL = re.compile(r"^\((?P<label>[^()\s]+)\)=[ \t]*\n(?P<heading>#+[ \t]+(?P<title>.+))?", re.M)
 FENCE = re.compile(r"^(?P<fence>```+|:::+)\{(?P<name>[^}]+)\}[ \t]*(?P<argument>.*)\n(?P<body>(?:.*\n)*?)(?P=fence)[ \t]*$",
                    re.M)
@@ -206,6 +207,9 @@ class Page:
                 raise Problem(f"{self.name}: {{ref}} to an unknown label {label!r}")
             target = self.labels[label]
             return _link(explicit.group("text") if explicit else target.title, self._href(target))
+        if role == "numref":                       # a figure of this chapter, drawn by the cell that names it
+            start = m.start() == 0 or m.string[:m.start()].rstrip(" ").endswith((".", "\n", ":"))
+            return "The figure" if start else "the figure"
         if role == "eq":
             if content not in self.numbers:
                 raise Problem(f"{self.name}: {{eq}} to an unknown equation {content!r}")

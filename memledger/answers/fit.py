@@ -42,7 +42,8 @@ from dataclasses import replace
 
 from ..core.choices import LIMIT, check_choice, check_count
 from ..ledger.ledger import Ledger
-from .verdict import ALLOCATOR, MARGIN, MEASURE, SPECS, allocator_spec, check_measure, judge, leaves_margin, uses_peak
+from .verdict import (ALLOCATOR, MARGIN, MEASURE, SPECS, allocator_spec, check_measure, is_lora, judge, leaves_margin,
+                      uses_peak)
 
 __all__ = ["MEASURE", "VARY", "fit", "fit_many"]
 
@@ -120,13 +121,15 @@ def fit(template: Ledger, vary: str, gpu_bytes: int, measure: str = "auto", marg
     sum), "peak_at_answer" (None without a timeline), "next" (the first value that does not fit:
     {"value", "judged", "total"}), "binding", "ledger"}.
     """
-    if not isinstance(template, Ledger):
-        raise TypeError(f"template must be a Ledger, got {template!r}")
+    if not (isinstance(template, Ledger) or is_lora(template)):
+        raise TypeError(f"template must be a Ledger or a LoraLedger, got {template!r}")
     check_choice("vary", vary, VARY)
     check_measure(measure)
     spec = allocator_spec(measure, expandable_segments, max_split_size_mb, gpu, cuda_context, load)
     gpu_bytes = check_count("gpu_bytes", gpu_bytes, limit=LIMIT)
     margin = check_count("margin", margin, minimum=0, limit=LIMIT)
+    if is_lora(template):
+        return _fit_lora(template, vary, gpu_bytes, measure, spec, margin)
     if vary in ("batch", "seq", "layers") and template.arch is None:
         raise ValueError(f"vary={vary!r} needs an architecture (activations); --params alone has none")
     if vary == "layers" and template.n_params is not None:
@@ -160,6 +163,26 @@ def fit(template: Ledger, vary: str, gpu_bytes: int, measure: str = "auto", marg
     return _result(template, vary, gpu_bytes, peak, answer, margin)
 
 
+def _fit_lora(template, vary, gpu_bytes, measure, spec, margin) -> dict:
+    """:func:`fit` of a LoRA/QLoRA ledger: the largest batch or sequence length by its step (``measure`` "auto" and
+    "peak": the step's peak under CUDA's conventions; an allocator measure, nvidia-smi or run: ``spec``)."""
+    if vary not in ("batch", "seq"):
+        raise ValueError(f"vary={vary!r} is not searched for a LoRA ledger (one GPU): vary batch or seq")
+    if template.loss_chunks > 1 and vary == "seq":
+        raise ValueError(f"vary='seq' cannot search below loss_chunks ({template.loss_chunks}) tokens: vary batch, or "
+                         "drop loss_chunks")
+    peak = spec if spec is not None else measure != "total"
+
+    def fits(value):
+        return leaves_margin(judge(_at(template, vary, value), peak).bytes, gpu_bytes, margin)
+    positions = template.arch.n_positions if vary == "seq" else 0
+    if positions and fits(positions):
+        answer = positions
+    else:
+        answer = _largest(fits, limit=positions or None) or None
+    return _result(template, vary, gpu_bytes, peak, answer, margin)
+
+
 def _result(template, vary, gpu_bytes, peak, answer, margin) -> dict:
     """:func:`fit`'s answer dictionary for ``answer`` (None: nothing fits), judged exactly there and one step beyond."""
     positions = template.arch.n_positions if vary == "seq" else 0
@@ -175,7 +198,7 @@ def _result(template, vary, gpu_bytes, peak, answer, margin) -> dict:
     key = judge(at or over, peak).key
 
     def total(ledger):          # a framework's step has no ledger sum (the sum books the plain loop)
-        return ledger.totals["gpu"] if ledger.framework == "plain" else None
+        return ledger.totals["gpu"] if getattr(ledger, "framework", "plain") == "plain" else None
     return {"vary": vary, "answer": answer, "measure": MEASURE[key], "measure_key": key, "gpu_memory": gpu_bytes,
             "margin": margin,
             "judged_at_answer": judge(at, peak).bytes if at else None,
@@ -266,7 +289,7 @@ def _binding(vary, answer, beyond, over, peak, gpu_bytes, margin) -> str:
         return (f"{head}; the step's peak there is {over.peak:,} B, the allocator's rounding and cached blocks add "
                 f"{judged.bytes - over.peak:,} B")
     if peak and judged.bytes == over.peak:
-        step = over.step()
+        step = over.step("cuda") if not isinstance(over, Ledger) else over.step()
         name, size = step.live_at_peak()[0]
         return (f"{head}; the peak comes in {step.peak.detail}, where the largest live tensor is {name}, "
                 f"{size:,} B ({100 * size / judged.bytes:.0f}%)")

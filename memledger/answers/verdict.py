@@ -41,13 +41,14 @@ about a gigabyte: the caching allocator rounds every block up
 wrong size (fragmentation), and libraries allocate beside it, so a plan that
 leaves less is no fit (:func:`assess`; :func:`memledger.fit` searches with it).
 """
+import sys
 from functools import lru_cache
 from typing import NamedTuple
 
 from ..core.capacity import MARGIN, leaves_margin, standing
 from ..core.units import format_bytes
 
-__all__ = ["ALLOCATOR", "SPECS", "nvidia_smi", "run_peak",
+__all__ = ["ALLOCATOR", "SPECS", "is_lora", "nvidia_smi", "run_peak",
            "ASSESSMENTS", "AllocatorSpec", "CHOICES", "CLAUSES", "Judgement", "MARGIN", "MEASURE",
            "REFUSED", "SENTENCE", "SUM_CLAUSE", "SUM_NOTE", "UNMODELLED_NOTE", "allocator_spec", "assess",
            "check_measure", "describe", "is_nominal", "judge", "leaves_margin", "replayed", "sentence", "standing",
@@ -109,10 +110,11 @@ def allocator_spec(measure: str, expandable_segments: bool = False, max_split_si
     from ..ledger.loading import LOADS
     if measure != "nvidia-smi" and cuda_context is not None:
         raise ValueError("cuda_context is a part of what nvidia-smi shows: measure nvidia-smi")
-    if measure != "run" and load is not None:
-        raise ValueError("load says how a run loads its weights: measure run")
+    if measure != "run" and load is not None and load not in LOADS[2:]:
+        raise ValueError(f"load says how a run loads its weights: measure run (with allocated, reserved or "
+                         f"nvidia-smi a library's loading trace: {', '.join(LOADS[2:])})")
     if measure in ALLOCATOR + ("nvidia-smi",):
-        return AllocatorSpec(measure, bool(expandable_segments), max_split_size_mb, gpu, cuda_context)
+        return AllocatorSpec(measure, bool(expandable_segments), max_split_size_mb, gpu, cuda_context, load)
     if expandable_segments or max_split_size_mb is not None:
         raise ValueError("expandable_segments and max_split_size_mb configure the caching allocator's replay: "
                          "measure allocated, reserved or nvidia-smi")
@@ -153,6 +155,8 @@ def judge(ledger, peak) -> Judgement:
     """The bytes ``ledger`` is judged by: the sum, or (``peak``) the step's peak, the larger of the two
     for a nominal parameter count (:meth:`memledger.ledger.ledger.Ledger.judged_bytes`); or, ``peak`` an
     :class:`AllocatorSpec`, the caching allocator's replay of the step (:func:`replayed`)."""
+    if is_lora(ledger):
+        return _judge_lora(ledger, peak)
     if isinstance(peak, AllocatorSpec):
         if peak.measure == "nvidia-smi":
             return Judgement(nvidia_smi(ledger, peak).judged, peak.measure)
@@ -168,12 +172,50 @@ def judge(ledger, peak) -> Judgement:
     return Judgement(ledger.peak, "peak")
 
 
+def is_lora(ledger) -> bool:
+    """Whether ``ledger`` is a :class:`memledger.ledger.lora.LoraLedger`, without importing that module (it loads
+    SymPy): a LoRA ledger exists only once its module is loaded."""
+    lora = sys.modules.get("memledger.ledger.lora")
+    return lora is not None and isinstance(ledger, lora.LoraLedger)
+
+
+def _judge_lora(lora, peak) -> Judgement:
+    """:func:`judge` for a LoRA/QLoRA ledger (:class:`memledger.ledger.lora.LoraLedger`): its step under CUDA's
+    conventions (its ``peak``), replayed through the caching allocator (:func:`memledger.ledger.replay.replay_step`,
+    loading first where ``spec.load`` names a library's trace), with cuBLAS's workspaces and the CUDA context under
+    nvidia-smi, or the run's phases (:func:`memledger.ledger.loading.lora_run_phases`)."""
+    if not isinstance(peak, AllocatorSpec):
+        if not peak:
+            return Judgement(lora.totals["gpu"], "total")
+        if lora.peak is None:
+            raise ValueError(f"{UNMODELLED_NOTE}: it cannot be judged by {MEASURE['peak']}")
+        return Judgement(lora.peak, "peak")
+    step = lora.step("cuda")
+    if peak.measure == "run":
+        from ..ledger.loading import LOADS, lora_run_phases
+        return Judgement(lora_run_phases(lora, step.peak.bytes, peak.load or LOADS[0]).judged, "run")
+    from ..ledger.outside import cuda_context, workspaces
+    from ..ledger.replay import replay_step
+    resident, context = (), 0
+    if peak.measure == "nvidia-smi":
+        context, _ = cuda_context(peak.gpu, peak.cuda_context)
+        biased = lora.arch.style == "gpt" or bool(lora.arch.qkv_bias)
+        resident = tuple((phase, size) for phase, _, size in workspaces(peak.gpu, biased=biased))
+    replay = replay_step(step, peak.expandable_segments, peak.max_split_size_mb, resident=resident, load=peak.load)
+    if peak.measure == "nvidia-smi":
+        return Judgement(replay.reserved + context, "nvidia-smi")
+    return Judgement(replay.judged(peak.measure), peak.measure)
+
+
 def replayed(ledger, spec: AllocatorSpec, backend: str = "article", **changes):
     """``ledger``'s step replayed through the caching allocator (:func:`memledger.ledger.replay.replay`) as
     ``spec`` asks; DeepSpeed and Megatron-LM (side streams the step does not model) are refused for "reserved" in
     one line. Under "nvidia-smi" cuBLAS's workspaces are booked in the replay
     (:func:`memledger.ledger.outside.workspaces`)."""
     from ..ledger.replay import check_streams
+    if spec.load is not None:
+        raise ValueError(f"load {spec.load} replays that library's LoRA/QLoRA loading: give a LoRA step "
+                         "(memledger step --lora-rank or --qlora)")
     resident = ()
     if spec.measure == "nvidia-smi":
         from ..ledger.outside import check_ranks

@@ -2,20 +2,26 @@
 
 Each :class:`Published` row holds what a project printed (the value and the unit it printed it in, the function it
 read: ``torch.cuda.max_memory_reserved``, ``max_memory_allocated`` or NVML's used memory, as ``nvidia-smi`` shows
-it), over what part of the run (``run``: since the process started, loading the model included, as none of these
-scripts resets the peak; ``load``: after loading, before training), the setup as its source describes it (file and
+it), over what part of the run (``run``: since the process started, loading the model included: LitGPT and the
+Hugging Face guide never reset the peak, and torchtune resets it after loading but reads reserved, which keeps every
+segment loading made; ``load``: after loading, before training), the setup as its source describes it (file and
 line, at a pinned commit), and how memledger models that setup.
 
 :func:`compare` computes memledger's prediction for every row with the measure that matches the row's where memledger
-has it, and otherwise with what it has, naming what is missing (``missing``): the LoRA steps are replayed through the
-caching allocator's port (:func:`memledger.ledger.replay.replay_step`) for the row's counter, but nothing yet models
-loading (the ``run`` measure: every row here is a whole run, or the reading after loading), and ``nvidia-smi`` has no
-cited constants for the CUDA context. The relative error is always printed: it is the point of the table.
+has it, and otherwise with what it has, naming what is missing (``missing``). The LoRA and QLoRA rows are whole runs
+(or the reading after loading) replayed through the caching allocator's port
+(:func:`memledger.ledger.replay.replay_step` with ``load``): building and loading the model as the library did at the
+commit that was measured (:mod:`memledger.ledger.library_loading`: ``torchtune-0914d5c``, the tutorials' commit with
+its torchao 0.1; ``litgpt-00af8b0``, LitGPT's path as its tables were measured), then two steps, the row's counter
+read over all of it. BERT-large after loading is its parameters moved to the GPU through the allocator plus the
+context the guide itself measured (``nvidia-smi``); the BERT run is not replayed, because the step does not model
+BERT's blocks. The relative error is always printed: it is the point of the table.
 
 Approximations, each a source of error the table does not separate: LitGPT's head runs in chunks of 128 tokens and
 memledger's in equal chunks (:func:`litgpt_lora`); memledger's LoRA step keeps NF4 weights for every block projection,
-as both libraries' QLoRA do, but its timeline does not yet tell double quantization from single (LitGPT's ``bnb.nf4``
-and ``bnb.nf4-dq`` rows get one prediction; the ledger's rows do tell them apart); the BERT rows use the ledger's sum
+as both libraries' QLoRA do, but its timeline does not yet tell double quantization from single (the loading trace
+does: LitGPT's ``bnb.nf4`` and ``bnb.nf4-dq`` rows keep their own NF4 blocks); LitGPT quantizes its head too, the
+step books it in BF16; the BERT run row uses the ledger's sum
 (the step does not model token types and a pooler): FP32 weights, gradients and AdamW's two moments, the states the
 guide's Trainer kept, and the activations at the end of the forward pass, not the step's peak.
 """
@@ -24,17 +30,20 @@ from fractions import Fraction
 from functools import cache
 from typing import Callable, Optional
 
-__all__ = ["PUBLISHED", "Published", "Prediction", "compare", "bert_large", "published_rows"]
+__all__ = ["PUBLISHED", "Published", "Prediction", "compare", "bert_large", "published_rows", "torchtune_qlora_loading"]
 
 GB, MiB = 10**9, 2**20
 
 TORCHTUNE = "pytorch/torchtune@bd2a0fc7c31430972728494fa01aaeeb0ebf1ba1"
 TORCHTUNE_SETUP = ("LLaMA-2 7B, torchtune's recipe lora_finetune_single_device with its llama2 configs at 0914d5cfb "
-                   "(the tutorials' commit, 15 April 2024): "
+                   "(the tutorials' commit, 15 April 2024; torchao==0.1, pyproject.toml line 24): "
                    "batch 2, Alpaca (cleaned) cut at 512 tokens (torchtune/datasets/_alpaca.py line 66), every block "
                    "checkpointed, torch.nn.CrossEntropyLoss, BF16 model and adapters, torch.optim.AdamW, LoRA dropout "
                    "0.05 (models/llama2/_model_builders.py line 61); the peak is read by utils.memory_stats_log "
-                   "(torchtune/utils/memory.py lines 186-188: torch.cuda.max_memory_reserved() / 1e9), never reset")
+                   "(torchtune/utils/memory.py lines 186-188: torch.cuda.max_memory_reserved() / 1e9), which then "
+                   "resets the peaks (lines 190-191, reset_stats=True), after model init and at every logged "
+                   "iteration; reserved segments are never released in between, so the reserved peak after a "
+                   "reset is still the largest since the process started")
 LITGPT = "Lightning-AI/litgpt@e567dbe8e5d3125af918550254258008b9228a71"
 LITGPT_SETUP = ("LLaMA-2 7B or 13B, litgpt finetune_lora at 8641822 (PyTorch 2.1, bitsandbytes 0.41.1, A100 40 GB, "
                 "bf16-true): rank 8 on query and value, dropout 0.05, no recomputation, the LM head in chunks of 128 "
@@ -101,17 +110,25 @@ def _lora_step(config, batch, seq, *, recompute="none", loss_chunks=1, loss_impl
                       loss_impl=loss_impl, overhead_bytes=0).step("cuda", rmsnorm="composite")
 
 
-def _replayed(step, measure: str) -> int:
-    """``measure`` ("allocated" or "reserved") of ``step`` replayed twice through the caching allocator's port."""
+def _replayed(step, measure: str, load: str = None) -> int:
+    """``measure`` ("allocated" or "reserved") of ``step`` replayed twice through the caching allocator's port, after
+    loading as ``load`` does (:mod:`memledger.ledger.library_loading`): the peak of the whole run."""
     from ..ledger.replay import replay_step
-    replay = replay_step(step)
+    replay = replay_step(step, load=load)
     return replay.allocated if measure == "allocated" else replay.reserved
 
 
-LOADING = "loading the checkpoint is not modelled (--measure run)"
-WHOLE_RUN = "the step replayed through the allocator; the peak since loading (--measure run) is not modelled"
-QLORA_LOAD = ("the step replayed through the allocator; the peak since loading, where the BF16 weights are quantized, "
-              "is not modelled (--measure run)")
+def _after_loading(step, measure: str, load: str) -> int:
+    """``measure`` at its largest while loading as ``load`` does, before the first step: the reading after model
+    init."""
+    from ..ledger.replay import replay_step
+    series = [s for s in replay_step(step, load=load).series if s[0] == 0]
+    return max(s[3] if measure == "allocated" else s[4] for s in series)
+
+
+#: the loading traces the published runs used (memledger.ledger.library_loading): the tutorials' torchtune commit
+#: with its torchao 0.1, and LitGPT as its tables were measured (no StableEmbedding swap)
+TT_LOAD, LG_LOAD = "torchtune-0914d5c", "litgpt-00af8b0"
 QV = ("q_proj", "v_proj")
 ALL_BUT_HEAD = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 ALL = ALL_BUT_HEAD + ("lm_head",)
@@ -128,18 +145,27 @@ def _torchtune_config(rank, targets, quantized):
 def torchtune_lora(rank, targets, quantized=False):
     def predict():
         step = _lora_step(_torchtune_config(rank, targets, quantized), 2, 512, recompute="full")
-        return Prediction(_replayed(step, "reserved"), "reserved (step)", QLORA_LOAD if quantized else WHOLE_RUN)
+        return Prediction(_replayed(step, "reserved", TT_LOAD), f"reserved (whole run, --load {TT_LOAD})")
     return predict
 
 
 def torchtune_load(quantized=False):
-    """What memledger has for the reading after loading: the weights the step starts with (NF4 where quantized)."""
+    """The reading after model init: reserved while building and loading the model as torchtune at 0914d5c did."""
     def predict():
         config = _torchtune_config(8, ALL_BUT_HEAD if quantized else QV, quantized)
         step = _lora_step(config, 2, 512, recompute="full")
-        return Prediction(step.landmarks["before forward"]["gpu"], "weights (before forward)",
-                          LOADING + ": the weights the step starts with")
+        return Prediction(_after_loading(step, "reserved", TT_LOAD), f"reserved (after loading, --load {TT_LOAD})")
     return predict
+
+
+def torchtune_qlora_loading(load: str = TT_LOAD) -> dict:
+    """torchtune's QLoRA of LLaMA-2 7B (the tt-qlora row's setup) loaded as ``load`` does: {"weights": the NF4 model the
+    step starts with, "allocated" and "reserved": their largest while loading, "step_reserved": the step alone
+    replayed, without loading}."""
+    from ..ledger.replay import replay_step
+    step = _lora_step(_torchtune_config(8, ALL_BUT_HEAD, True), 2, 512, recompute="full")
+    return {"weights": step.landmarks["before forward"]["gpu"], "allocated": _after_loading(step, "allocated", load),
+            "reserved": _after_loading(step, "reserved", load), "step_reserved": replay_step(step).reserved}
 
 
 def litgpt_lora(rank, batch, seq, arch="llama2-7b", quant=None):
@@ -153,7 +179,7 @@ def litgpt_lora(rank, batch, seq, arch="llama2-7b", quant=None):
         # chunks of at least 128 tokens that divide S (1304 = 8 x 163; 512 = 4 x 128)
         chunks = next(n for n in range(seq // 128, 0, -1) if seq % n == 0)
         step = _lora_step(config, batch, seq, loss_chunks=chunks, loss_impl="litgpt", arch=arch)
-        return Prediction(_replayed(step, "allocated"), "allocated (step)", QLORA_LOAD if quant else WHOLE_RUN)
+        return Prediction(_replayed(step, "allocated", LG_LOAD), f"allocated (whole run, --load {LG_LOAD})")
     return predict
 
 
@@ -171,18 +197,32 @@ def bert_run():
         from ..ledger.ledger import Ledger
         ledger = Ledger(bert_large(), batch_size=4, seq_len=512, recipe="fp32-adamw", overhead_bytes=0)
         return Prediction(ledger.judged_bytes() + BERT_CONTEXT, "sum of the rows + the source's context",
-                          "nvidia-smi is not modelled (no cited CUDA context, cuBLAS and NCCL constants); the step "
-                          "does not model BERT op by op (token types, pooler): the sum of the rows at the end of the "
-                          "forward pass, plus the context the same guide measured")
+                          "the step does not model BERT op by op (token types, a pooler, post-norm encoder blocks), so "
+                          "neither the allocator's replay nor nvidia-smi has a step to replay: the sum of the rows at "
+                          "the end of the forward pass, plus the context the same guide measured")
     return predict
+
+
+def bert_parameters() -> list:
+    """Bytes of each FP32 parameter and buffer of transformers' ``BertForSequenceClassification`` for BERT-large, in
+    the order ``Module._apply`` (``.to("cuda")``) moves them: the children depth first, a module's own tensors after
+    its children's (embeddings: words, positions, token types, LayerNorm, then the ``position_ids`` and
+    ``token_type_ids`` buffers, int64 of 512; 24 layers of query, key, value, output (weight, bias), their LayerNorm,
+    intermediate 4096 x 1024 and output 1024 x 4096 (weight, bias), LayerNorm; the pooler; the 2-label classifier)."""
+    d, f, v, p = 1024, 4096, 30522, 512
+    embeddings = [4 * v * d, 4 * p * d, 4 * 2 * d, 4 * d, 4 * d, 8 * p, 8 * p]
+    layer = [4 * d * d, 4 * d] * 4 + [4 * d, 4 * d] + [4 * f * d, 4 * f, 4 * d * f, 4 * d, 4 * d, 4 * d]
+    return embeddings + layer * 24 + [4 * d * d, 4 * d, 4 * 2 * d, 4 * 2]
 
 
 def bert_load():
     def predict():
-        from ..ledger.ledger import Ledger
-        weights = 4 * Ledger(bert_large(), recipe="fp32-adamw").params
-        return Prediction(weights + BERT_CONTEXT, "FP32 weights + the source's context",
-                          "nvidia-smi is not modelled: the FP32 weights plus the context the same guide measured")
+        from ..ledger.caching import CachingAllocator
+        allocator = CachingAllocator()
+        for size in bert_parameters():          # each parameter copied to a new tensor on the GPU, kept
+            allocator.malloc(size)
+        return Prediction(allocator.reserved + BERT_CONTEXT, "nvidia-smi (after loading): the parameters' segments "
+                          "through the allocator + the source's context")
     return predict
 
 

@@ -200,13 +200,20 @@ def lora_config(a, arch, base: str = "bf16"):
     return LoraConfig(rank or 16, targets or ("q_proj", "v_proj"), base=base, **options)
 
 
-def lora(a, ledger) -> str:
-    """``ledger --lora-rank R`` / ``--qlora``: the LoRA or QLoRA ledger."""
+def lora(a, ledger, by_step=None) -> str:
+    """``ledger --lora-rank R`` / ``--qlora``: the LoRA or QLoRA ledger; under ``--measure allocated|reserved|
+    nvidia-smi|run`` judged by its step as ``by_step`` (:func:`memledger.cli.step.lora_step`) judges it."""
     from ..ledger.lora import LoraLedger
     if ledger.implementation != "reference" or "attn_implementation" in a.given:
         raise ValueError(f"--implementation {ledger.implementation}: LoRA and QLoRA under a library's code (PEFT, "
                          "torchtune, LitGPT) are not modelled yet")
-    refused = [d for d in a.given if d not in LORA_READS]
+    from .paths import allocator_reads
+    reads = LORA_READS | allocator_reads(a) | ({"load"} if getattr(a, "measure", "auto") == "run" else set())
+    if "load" in a.given and "load" not in reads:
+        from ..ledger.loading import LIBRARY
+        raise ValueError("--load says how a run loads its weights: --measure run, or allocated, reserved or "
+                         f"nvidia-smi with a library's loading ({', '.join(LIBRARY)})")
+    refused = [d for d in a.given if d not in reads]
     if refused:
         flags = [flag(d) for d in refused]
         raise ValueError(f"{', '.join(flags)} {'is' if len(flags) == 1 else 'are'} not modelled with LoRA (one GPU, "
@@ -214,15 +221,19 @@ def lora(a, ledger) -> str:
                          "--adapter-recipe)")
     if ledger.arch is None:
         raise ValueError("LoRA needs an architecture: --preset, --config or a shape")
-    refuse_unread(a, LORA_READS, "the LoRA ledger")
+    refuse_unread(a, reads, "the LoRA ledger")
     config = lora_config(a, ledger.arch)
     result = LoraLedger(ledger.arch, config, ledger.batch_size, ledger.seq_len, ledger.recompute,
                         ledger.flash_attention, ledger.overhead_bytes, ledger.loss_chunks, ledger.loss_impl)
-    from ..answers.verdict import CHOICES, MARGIN, MEASURE, leaves_margin, sentence
+    from ..answers.verdict import CHOICES, MARGIN, MEASURE, SPECS, leaves_margin, sentence
     from ..core.choices import check_choice
     from .options import gpu_bytes
     check_choice("measure", getattr(a, "measure", "auto"), CHOICES)
     memory = gpu_bytes(a.gpu_memory)
+    if getattr(a, "measure", "auto") in SPECS:      # the step under CUDA's conventions, as the peak below
+        from argparse import Namespace
+        return by_step(Namespace(**(vars(a) | {"backend": "cuda", "foreach": False, "rmsnorm": None,
+                                               "optimizer_in_backward": False})), ledger, result)
     peak = None if getattr(a, "measure", "auto") == "total" else result.peak     # total: no step evaluated
     judged = result.totals["gpu"] if peak is None else peak
     if a.json:

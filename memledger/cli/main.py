@@ -83,7 +83,7 @@ def _ledger(a):
         raise ValueError("memledger ledger sums rows; --framework fsdp2 has shards and buffers of its own that only "
                          "the step books: use memledger step (or fit)")
     if path == "lora":
-        return cli_compare.lora(a, ledger)
+        return cli_compare.lora(a, ledger, cli_step.lora_step)
     reads = set(MODEL) | set(WORKLOAD) | {"units", "gpu_memory", "link", "json", "measure"} | set(PIPELINE)
     reads |= set(FRAMEWORK) if a.pp is None else set()      # issue 15: pipeline stages book no framework's buffers
     where = "memledger ledger"

@@ -233,7 +233,9 @@ def allocator_options(parser, measure_help: str, default: str):
     from ..ledger.loading import LOADS
     add(alloc, "--load", f"--measure run: how the weights are loaded: {one_of(LOADS)} (from-pretrained: transformers' "
         "from_pretrained, each tensor materialized in its final dtype; state-dict: torch.load(map_location='cuda') "
-        "beside the model, then load_state_dict)", LOADS[0])
+        "beside the model, then load_state_dict; torchtune, torchtune-0914d5c (torchao 0.1's unchunked NF4), litgpt, "
+        "litgpt-00af8b0 (no StableEmbedding swap): that library's LoRA/QLoRA recipe, also replayed before the step "
+        "under --measure allocated, reserved or nvidia-smi)", LOADS[0])
 
 
 def allocator_spec_of(a):
@@ -255,7 +257,10 @@ def allocator_spec_of(a):
         gpu = getattr(a, "gpu_memory", None)
         context = getattr(a, "cuda_context", None)
         context = None if context is None else parse_bytes(context, "cuda_context")
-    return allocator_spec(a.measure, bool(getattr(a, "expandable_segments", False)), split, gpu, context)
+    from ..ledger.loading import LIBRARY
+    load = getattr(a, "load", None) if "load" in getattr(a, "given", ()) else None
+    load = load if load in LIBRARY else None    # another --load is refused by the command's reads
+    return allocator_spec(a.measure, bool(getattr(a, "expandable_segments", False)), split, gpu, context, load)
 
 
 def output_options(parser, verdict: bool = True, link: bool = True):

@@ -85,9 +85,10 @@ def allocator_reads(a) -> set:
     measure = getattr(a, "measure", None)
     if measure == "run":
         return {"load"}
+    load = {"load"} if getattr(a, "lora_rank", None) is not None or getattr(a, "qlora", False) else set()
     if measure == "nvidia-smi":
-        return set(ALLOCATOR_OPTIONS) | {"cuda_context"}
-    return set(ALLOCATOR_OPTIONS) if measure in ("allocated", "reserved") else set()
+        return set(ALLOCATOR_OPTIONS) | {"cuda_context"} | load
+    return set(ALLOCATOR_OPTIONS) | load if measure in ("allocated", "reserved") else set()
 
 
 def convention_reads(convention) -> set:

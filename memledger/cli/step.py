@@ -18,7 +18,7 @@ from .options import add, allocator_options, allocator_spec_of, build_ledger, fl
     output_options
 from .paths import FRAMEWORK, IMPLEMENTATION, LORA, LOSS, MODEL, WORKLOAD, allocator_reads, refuse_unread
 
-__all__ = ["LORA_STEP_READS", "add_parser", "implementation", "lora_step", "output", "step", "text"]
+__all__ = ["LORA_STEP_READS", "add_parser", "implementation", "lora_replay", "lora_step", "output", "step", "text"]
 
 
 def add_parser(sub, formatter):
@@ -49,9 +49,6 @@ def step(a) -> str:
         a.measure = "peak"
     spec = allocator_spec_of(a)
     if any(d in a.given for d in LORA):      # --optimizer-in-backward is the adapters' (LoraStep checks it)
-        if spec is not None and spec.measure != "run":
-            raise ValueError(f"--measure {a.measure}: the LoRA step is not compiled to the trace the caching "
-                             "allocator replays; use --measure peak or run")
         from argparse import Namespace
         return lora_step(a, build_ledger(Namespace(**(vars(a) | {"optimizer_in_backward": False}))))
     ledger = build_ledger(a)
@@ -148,13 +145,16 @@ LORA_STEP_READS = set(MODEL) | {"batch", "seq", "recompute", "flash_attention", 
                                 "optimizer_in_backward"} | set(LORA)
 
 
-def lora_step(a, ledger) -> str:
+def lora_step(a, ledger, lora=None) -> str:
     """``step --lora-rank R`` / ``--qlora``: the step of a LoRA or QLoRA run (:class:`memledger.step.lora.LoraStep`);
-    ``--recipe`` gives the frozen base's precision (its weights' dtype)."""
+    ``--recipe`` gives the frozen base's precision (its weights' dtype). ``lora``: the LoRA ledger ``memledger ledger
+    --lora-rank`` built (its options already checked), judged by the step under an allocator measure or the run."""
     from ..ledger.lora import LoraLedger
     from ..states.recipes import get_recipe
     from .compare import lora_config
-    reads = LORA_STEP_READS | {"measure"} | ({"load"} if a.measure == "run" else set())
+    if lora is not None:
+        return _lora_output(a, lora, lora.step("cuda"))
+    reads = LORA_STEP_READS | {"measure"} | allocator_reads(a) | ({"load"} if a.measure == "run" else set())
     refused = [d for d in a.given if d not in reads]
     refuse_unread(a, reads, "the LoRA step", {d: "the LoRA step runs on one GPU, without ZeRO, "
                                                           "offload or parallelism" for d in refused} | {
@@ -172,8 +172,19 @@ def lora_step(a, ledger) -> str:
     lora = LoraLedger(ledger.arch, config, ledger.batch_size, ledger.seq_len, ledger.recompute,
                       ledger.flash_attention, ledger.overhead_bytes, ledger.loss_chunks,
                       ledger.loss_impl, bool(getattr(a, "optimizer_in_backward", False)))
-    result = lora.step(a.backend, foreach=a.foreach, **norm(a))
-    extra = None
+    return _lora_output(a, lora, lora.step(a.backend, foreach=a.foreach, **norm(a)))
+
+
+def _lora_output(a, lora, result) -> str:
+    """The LoRA step's output, judged by ``a.measure``."""
+    extra = replay = None
+    spec = allocator_spec_of(a)
+    if spec is not None and spec.measure != "run":
+        replay, extra = lora_replay(lora, result, spec, a.units)
+        if spec.load is not None:               # the verdict names the loading replayed before the step
+            tail = f"; loading by {spec.load} replayed first (memledger.ledger.library_loading)"
+            extra = (replay.judged(spec.measure), {"load": spec.load}, [], tail) if extra is None else \
+                (extra[0], extra[1] | {"load": spec.load}, extra[2], tail)
     if a.measure == "run":
         from ..core.units import format_bytes
         from ..ledger.loading import lora_run_phases
@@ -181,7 +192,30 @@ def lora_step(a, ledger) -> str:
         lines = ["", f"the run, loading by {run.load} (the overhead row in each phase):"]
         lines += [f"  {p:<16} {format_bytes(b, a.units):>12}  {w}" for p, b, w in run.phases]
         extra = (run.judged, {"run": run.to_dict()}, lines, f"; the run's peak is in phase {run.phase!r}")
-    return output(result, a, None, extra)
+    return output(result, a, replay, extra)
+
+
+def lora_replay(lora, result, spec, units: str) -> tuple:
+    """The LoRA step replayed through the caching allocator (:func:`memledger.ledger.replay.replay_step`) as ``spec``
+    asks, loading first where ``spec.load`` names a library's trace; under nvidia-smi with cuBLAS's workspaces and the
+    CUDA context: (the replay, None or the nvidia-smi ``extra`` of :func:`output`)."""
+    from ..core.units import format_bytes
+    from ..ledger.outside import Outside, cuda_context, workspaces
+    from ..ledger.replay import replay_step
+    resident, rows, context = (), [], None
+    if spec.measure == "nvidia-smi":
+        context, source = cuda_context(spec.gpu, spec.cuda_context)      # refused first, before a replay
+        rows = workspaces(spec.gpu, biased=lora.arch.style == "gpt" or bool(lora.arch.qkv_bias))
+        resident = tuple((phase, size) for phase, _, size in rows)
+    replay = replay_step(result, spec.expandable_segments, spec.max_split_size_mb, resident=resident,
+                         load=spec.load)
+    if spec.measure != "nvidia-smi":
+        return replay, None
+    smi = Outside(replay.reserved, rows, context, source, spec.gpu)
+    lines = ["", f"what nvidia-smi would show on {smi.gpu} (the overhead row left out):"]
+    lines += [f"  {r['name']:<62} {format_bytes(r['bytes'], units):>12}  ({r['source']})" for r in smi.rows()]
+    lines.append(f"  nvidia-smi: {format_bytes(smi.judged, units)}")
+    return replay, (smi.judged, {"nvidia_smi": smi.to_dict()}, lines, "")
 
 
 def text(result, memory: int, unit: str = "GB", replay=None, measure: str = "peak", extra=None) -> str:

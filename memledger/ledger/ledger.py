@@ -12,7 +12,7 @@ evaluated exactly, without SymPy, by its generated plain-Python form.
 ``ledger.values`` maps symbol names to numbers, ``ledger.bindings`` SymPy
 symbols to numbers, and ``ledger.evaluate(expr)`` computes any formula exactly.
 """
-from dataclasses import asdict, dataclass
+from dataclasses import MISSING, asdict, dataclass, fields
 from functools import cached_property, lru_cache
 from typing import NamedTuple, Optional, Union
 
@@ -239,6 +239,12 @@ class Ledger:
     paged_optimizer: bool = False           # bitsandbytes' paged states (unified memory): the step's peak honours it
     implementation: str = "reference"       # whose model code: reference, hf, torchtune, litgpt (step.implementations)
     attn_implementation: str = "sdpa"       # transformers' attn_implementation (hf only): sdpa, eager, flash_attention_2
+
+    def __repr__(self) -> str:
+        """The architecture and the fields that differ from their defaults: what the setup chose."""
+        chosen = [f"{f.name}={getattr(self, f.name)!r}" for f in fields(self)
+                  if f.name == "arch" or f.default is MISSING or getattr(self, f.name) != f.default]
+        return f"{type(self).__name__}({', '.join(chosen)})"
 
     def __post_init__(self):
         arch = get_preset(self.arch) if isinstance(self.arch, str) else self.arch

@@ -42,8 +42,10 @@ and frameworks other than plain and fsdp2.
 """
 __all__ = ["LOADS", "RunPeak", "lora_run_phases", "run_phases"]
 
-#: ``--load``: the loading paths, the default first.
-LOADS = ("from-pretrained", "state-dict")
+#: ``--load``: the loading paths, the default first; the libraries' (a LoRA/QLoRA step's, as an allocation trace:
+#: :mod:`memledger.ledger.library_loading`) after them.
+LOADS = ("from-pretrained", "state-dict", "torchtune", "torchtune-0914d5c", "litgpt", "litgpt-00af8b0")
+LIBRARY = LOADS[2:]
 #: Bytes per parameter of the model FSDP2 shards, by its recipe.
 FSDP2_PARAM_BYTES = {"fp32-adamw": 4, "bf16-pure-adamw": 2}
 
@@ -79,6 +81,8 @@ def run_phases(ledger, load: str = LOADS[0], step_peak: int = None) -> RunPeak:
     is not modelled."""
     if load not in LOADS:
         raise ValueError(f"load must be one of {', '.join(LOADS)}, got {load!r}")
+    if load in LIBRARY:
+        raise ValueError(f"--load {load} models that library's LoRA/QLoRA recipe: give --lora-rank or --qlora")
     if ledger.arch is None:
         raise ValueError("--measure run needs an architecture: the step is one of the run's phases")
     if ledger.framework not in ("plain", "fsdp2"):
@@ -114,10 +118,19 @@ def lora_run_phases(lora_ledger, step_peak: int, load: str = LOADS[0]) -> RunPea
     loading (``get_peft_model``) and are the step's."""
     from ..models.tensors import PROJECTIONS, parameter_tensors
     from ..states.bnb import BLOCKSIZE
-    if load != LOADS[0]:
-        raise ValueError(f"--measure run with LoRA models --load {LOADS[0]} only (PEFT wraps a from_pretrained model)")
+    if load not in LOADS:
+        raise ValueError(f"load must be one of {', '.join(LOADS)}, got {load!r}")
+    if load == "state-dict":
+        raise ValueError(f"--measure run with LoRA models --load {', '.join(LOADS[:1] + LIBRARY)} (PEFT wraps a "
+                         "from_pretrained model)")
     arch, config = lora_ledger.arch, lora_ledger.config
     overhead = lora_ledger.overhead_bytes
+    if load in LIBRARY:
+        from .library_loading import load_trace, trace_peak
+        events, _ = load_trace(lora_ledger, load)
+        return RunPeak([("load", trace_peak(events) + overhead, f"building and loading the model as {load} does, "
+                         "its largest live total (memledger.ledger.library_loading)"),
+                        ("step", step_peak, "the training step's peak (the overhead row included)")], load)
     base = sum(r.bytes for r in lora_ledger.rows if r.name.startswith("frozen"))
     phases = [("load", base + overhead, "the frozen base as loaded (from_pretrained)")]
     if config.base == "nf4":

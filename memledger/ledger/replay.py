@@ -183,13 +183,17 @@ def replay(ledger, backend="article", expandable_segments: bool = False, max_spl
                max_split_size_mb, steps, pieces, streams, resident)
 
 
-def replay_step(step, expandable_segments: bool = False, max_split_size_mb=None, steps: int = 2) -> Replay:
+def replay_step(step, expandable_segments: bool = False, max_split_size_mb=None, steps: int = 2, resident=(),
+                load=None) -> Replay:
     """A built step timeline (:class:`memledger.step.timeline.Step`, or the LoRA step of
     :meth:`memledger.ledger.lora.LoraLedger.step`) replayed as :func:`replay` replays a ledger's, read from its ops
     rather than from the compiled step's record: the same trace (``deltas``, ``moments``), the same roles (the
     overhead row outside the allocator, the optimizer's states but FP32 masters created in the first step, the lumped
     blocks as one block per model block), the same replay. Only tensors on the GPU take part (a paged optimizer's
-    states and offloaded copies are on the host)."""
+    states and offloaded copies are on the host). ``resident``: as :func:`run`'s (cuBLAS's workspaces). ``load``
+    ("torchtune" or "litgpt", a LoRA step's): loading the model as that library does
+    (:func:`memledger.ledger.library_loading.load_trace`) is replayed first, and the step takes the parameters it
+    left as already allocated: the peaks are then those of the whole run."""
     if max_split_size_mb is not None and (isinstance(max_split_size_mb, bool) or not isinstance(max_split_size_mb, int)
                                           or max_split_size_mb <= 20):
         raise ValueError(f"max_split_size_mb must be an integer above 20 (PyTorch's minimum), got {max_split_size_mb!r}")
@@ -208,18 +212,31 @@ def replay_step(step, expandable_segments: bool = False, max_split_size_mb=None,
     n_layers = step.values["L"]
     pieces = {j: n_layers - (4 if "2..L-3" in name else 2) for j, (name, _) in enumerate(kinds)
               if "2..L-3" in name or "1..L-2" in name}
+    prelude, preloaded = (), ()
+    if load is not None:
+        from .library_loading import STEP_TENSORS, load_trace
+        prelude, kept = load_trace(step.ledger, load)
+        adapters = next((name for name in built.names if name.startswith("LoRA adapters:")
+                         and name.endswith("parameters")), STEP_TENSORS["adapters"])
+        names = {adapters if tag == "adapters" else STEP_TENSORS[tag] for tag, _ in kept}
+        missing = names - set(built.names)
+        if missing:
+            raise AssertionError(f"the load trace keeps tensors the step does not book: {sorted(missing)}")
+        preloaded = [j for j, name in enumerate(built.names) if name in names]
     return run(deltas, moments, [int(x) for x in step.sizes], outside, lazy, expandable_segments, max_split_size_mb,
-               steps, pieces)
+               steps, pieces, resident=resident, prelude=prelude, preloaded=preloaded)
 
 
 def run(deltas, moments, sizes, outside=(), lazy=(), expandable_segments=False, max_split_size_mb=None,
-        steps: int = 2, pieces=None, streams=None, resident=()) -> Replay:
+        steps: int = 2, pieces=None, streams=None, resident=(), prelude=(), preloaded=()) -> Replay:
     """Replay a trace: ``deltas[k]`` the [tensor, change of its count] pairs of op k, ``moments[k]`` its [phase,
     layer], ``sizes[j]`` tensor j's bytes; ``outside`` tensors are not the allocator's, ``lazy`` ones are created
     in the first step only when the optimizer starts; ``pieces[j]``: tensor j is that many equal blocks, or (a list)
     blocks of those bytes; ``streams[j]``: the stream tensor j is allocated on (a :class:`Stream`; else the default
     one), each stream a pool of its own; ``resident``: (phase, bytes) allocations made with the first op of that phase
-    in the first step and never freed (cuBLAS's workspaces, :mod:`memledger.ledger.outside`)."""
+    in the first step and never freed (cuBLAS's workspaces, :mod:`memledger.ledger.outside`); ``prelude``: a
+    loading trace of ("alloc", key, bytes) and ("free", key) events replayed before the first step (step 0, phase
+    "load"), whose surviving blocks stand for the ``preloaded`` tensors (the step does not allocate those)."""
     if not deltas:
         raise ValueError("an empty trace")
     allocator = CachingAllocator(expandable_segments, max_split_size_mb)
@@ -228,7 +245,7 @@ def run(deltas, moments, sizes, outside=(), lazy=(), expandable_segments=False, 
     ids = {s: k for k, s in enumerate(Stream)}
     names = {k: s.value for s, k in ids.items()}
     stream_of = {j: ids[Stream(s)] for j, s in streams.items()}
-    outside, lazy = set(outside), set(lazy)
+    outside, lazy = set(outside) | set(preloaded), set(lazy)
     live = {}                                     # tensor -> its blocks, last allocated last
     target = {j: c for j, c in deltas[0]}         # the counts the step starts from
     phases = [m[0] for m in moments]
@@ -256,6 +273,18 @@ def run(deltas, moments, sizes, outside=(), lazy=(), expandable_segments=False, 
         for _ in range(-count):
             for block in reversed(copies.pop()):
                 allocator.free(block)
+    loaded = {}
+    for event in prelude:                         # loading, before the first step
+        if event[0] == "alloc":
+            loaded[event[1]] = allocator.malloc(event[2])
+        else:
+            allocator.free(loaded.pop(event[1]))
+        series.append((0, 0, "load", allocator.allocated, allocator.reserved))
+        if allocator.max_allocated > best_allocated[0]:
+            best_allocated = (allocator.max_allocated, (0, 0, "load"))
+        if allocator.max_reserved > best_reserved[0]:
+            best_reserved = (allocator.max_reserved, (0, 0, "load"))
+            snapshot = [dict(s, stream=names[s["stream"]]) for s in allocator.snapshot()]
     for n in range(1, steps + 1):
         for k, changes in enumerate(deltas):
             if k == 0:                            # bring the live tensors to the step's start
@@ -284,6 +313,6 @@ def run(deltas, moments, sizes, outside=(), lazy=(), expandable_segments=False, 
             if allocator.max_reserved > best_reserved[0]:
                 best_reserved = (allocator.max_reserved, at)
                 snapshot = [dict(s, stream=names[s["stream"]]) for s in allocator.snapshot()]
-    over = sum(sizes[j] * c for j, c in deltas[0] if j in outside)
+    over = sum(sizes[j] * c for j, c in deltas[0] if j in outside and j not in set(preloaded))
     return Replay(allocator.max_allocated, allocator.max_reserved, over, best_allocated[1], best_reserved[1],
                   snapshot, series, bool(expandable_segments), max_split_size_mb)

@@ -63,11 +63,15 @@ class LibraryModel(torch.nn.Module):
 
 
 def make_library_model(library: str, d: int, H: int, F: int, V: int, L: int, attn: str = "sdpa",
-                       dtype=torch.bfloat16, kv: int = None) -> LibraryModel:
-    """``library``'s LLaMA model at these sizes, built under the current mode (``FakeTensorMode``: no weights)."""
+                       dtype=torch.bfloat16, kv: int = None, gradient_checkpointing: bool = False) -> LibraryModel:
+    """``library``'s LLaMA model at these sizes, built under the current mode (``FakeTensorMode``: no weights);
+    ``gradient_checkpointing``: transformers' ``model.gradient_checkpointing_enable()`` with its defaults (every
+    decoder layer's ``forward`` under ``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)``)."""
     if library not in LIBRARIES:
         raise ValueError(f"library must be one of {', '.join(LIBRARIES)}, got {library!r}")
     if library == "litgpt":
+        if gradient_checkpointing:
+            raise ValueError("gradient_checkpointing is transformers' (library hf)")
         return _litgpt(d, H, F, V, L, dtype)
     from transformers import LlamaConfig, LlamaForCausalLM
     config = LlamaConfig(hidden_size=d, intermediate_size=F, num_attention_heads=H, num_key_value_heads=kv or H,
@@ -80,6 +84,8 @@ def make_library_model(library: str, d: int, H: int, F: int, V: int, L: int, att
     finally:
         torch.set_default_dtype(before)
     model.train()
+    if gradient_checkpointing:
+        model.gradient_checkpointing_enable()
     return LibraryModel(library, model)
 
 
@@ -159,16 +165,18 @@ def _block_tracker():
 
 @recorded
 def library_step(library: str, d: int, H: int, F: int, V: int, L: int, batch: int, seq: int, attn: str = "sdpa",
-                 loop: str = "bf16-pure-adamw", foreach: bool = False, kv: int = None) -> dict:
+                 loop: str = "bf16-pure-adamw", foreach: bool = False, kv: int = None,
+                 gradient_checkpointing: bool = False) -> dict:
     """MemTracker's totals of the second training step of ``library``'s model (pure BF16 under ``loop``):
     {"before forward", "after forward", "after backward", "after step": int, "peak": int, "phase peaks":
     {"forward", "backward", "optimizer"}, "block peaks": {("forward" | "backward", layer): int}}, CPU bytes, as
-    :func:`memledger.pytorch.measure.memtracker_step`."""
+    :func:`memledger.pytorch.measure.memtracker_step`. ``gradient_checkpointing``: transformers'
+    ``gradient_checkpointing_enable()`` (:func:`make_library_model`)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     cpu = torch.device("cpu")
     with FakeTensorMode():
-        model = make_library_model(library, d, H, F, V, L, attn, kv=kv)
+        model = make_library_model(library, d, H, F, V, L, attn, kv=kv, gradient_checkpointing=gradient_checkpointing)
         trainer = Trainer(model, loop, foreach=foreach)
         trainer.init_state()
         ids, targets = _ids(V, batch, seq)

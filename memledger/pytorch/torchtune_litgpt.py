@@ -28,7 +28,8 @@ each recipe's loop runs it (its lines transcribed; the recipe modules are script
   ``torch.nn.CrossEntropyLoss`` (the model returns ``self.output(h).float()``, ``torchtune/modules/transformer.py``
   l. 651-661) and ``CEWithChunkedOutputLoss(num_output_chunks)`` (``torchtune/modules/loss/ce_chunked_output_loss.py``
   l. 45-83; the model's ``chunked_output``, ``transformer.py`` l. 482-502: ``h.chunk(n, dim=1)``).
-* LitGPT ``litgpt/finetune/full.py`` (0.5.13) l. 278-291: ``logits = model(input_ids)``, ``loss =
+* LitGPT ``litgpt/finetune/full.py`` (0.5.13) l. 230 (``model.max_seq_length`` set to the longest sequence, S here:
+  the cos/sin buffers rebuilt for S positions), l. 278-291: ``logits = model(input_ids)``, ``loss =
   chunked_cross_entropy(logits[..., :-1, :], targets[..., 1:])`` (``litgpt/utils.py`` l. 302-351: the head not
   chunked, so the shifted logits are flattened and split by 128 tokens, the last chunk short),
   ``fabric.backward(loss / 1)``, ``optimizer.step()``, ``optimizer.zero_grad()``; ``litgpt/finetune/lora.py``
@@ -46,7 +47,8 @@ import torch
 from .measure import tracker_class
 from .record import recorded
 
-__all__ = ["LIBRARIES", "LOSSES", "build", "layer_saved", "library_step", "missing"]
+__all__ = ["LIBRARIES", "LOSSES", "build", "checkpointed_layer", "checkpointing", "layer_saved", "library_step",
+           "missing"]
 
 LIBRARIES = ("torchtune", "litgpt")
 #: Each library's losses, as its recipes run them (see the module's docstring).
@@ -120,6 +122,83 @@ def _forward(library, model, ids, loss):
     if library == "litgpt" and loss == "head-chunked":
         return model(ids, lm_head_chunk_size=128)
     return model(ids)
+
+
+def checkpointing(library: str, model) -> None:
+    """Each layer of ``model`` under activation checkpointing as ``library`` enables it, both through PyTorch's
+    ``apply_activation_checkpointing`` with ``checkpoint_wrapper``'s default, ``CheckpointImpl.NO_REENTRANT``
+    (``torch/distributed/algorithms/_checkpoint/checkpoint_wrapper.py`` l. 196-198):
+
+    * torchtune 0.6.1: ``training.set_activation_checkpointing(model, auto_wrap_policy={TransformerSelfAttentionLayer})``
+      (``torchtune/training/memory.py`` l. 26-43), as ``recipes/full_finetune_single_device.py`` calls it with
+      ``enable_activation_checkpointing: True``.
+    * LitGPT 0.5.13: ``FSDPStrategy(activation_checkpointing_policy={Block})`` (``litgpt/finetune/full.py`` l. 107-114,
+      only where ``devices * num_nodes > 1``), which Lightning applies with ``_setup_activation_checkpointing``
+      (``lightning/fabric/strategies/fsdp.py`` l. 721-742; its kwargs from ``_activation_checkpointing_kwargs``,
+      l. 684-706); called here on the unsharded model: the wrapper a layer gets, not the sharding."""
+    if library == "torchtune":
+        from torchtune import modules, training
+        training.set_activation_checkpointing(model, auto_wrap_policy={modules.TransformerSelfAttentionLayer})
+        return
+    from lightning.fabric.strategies.fsdp import _activation_checkpointing_kwargs, _setup_activation_checkpointing
+    from litgpt.model import Block
+    _setup_activation_checkpointing(model, _activation_checkpointing_kwargs(None, {Block}))
+
+
+def _starts(i, tracker, entry):
+    """A forward pre-hook noting the total as layer ``i`` starts; it returns None (anything else would replace the
+    layer's arguments)."""
+    def hook(module, args):
+        entry.setdefault(i, tracker.get_tracker_snapshot("current")[torch.device("cpu")]["Total"])
+    return hook
+
+
+@recorded
+def checkpointed_layer(library: str, family: str, d: int, H: int, F: int, V: int, batch: int, seq: int,
+                       n_kv_heads: int = None) -> dict:
+    """{"layer": what one checkpointed layer adds to MemTracker's total between before and after the forward pass
+    (the 2-layer model's difference minus the 1-layer model's), "wrapped": how many CheckpointWrapper modules the
+    2-layer model has, "forward rise": {layer: the largest total while it runs forward minus the total as it
+    starts}}, ``library``'s model under :func:`checkpointing`, one forward pass (the logits) under
+    ``FakeTensorMode``."""
+    _check(library, family)
+    import re
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+    cpu, delta, wrapped = torch.device("cpu"), {}, 0
+    layer = re.compile(r"(?:^|\.)(?:layers|h)\.(\d+)$")        # the wrapper (MemTracker: its qualified name)
+
+    class Tracker(tracker_class()):
+        def _update_peak_stats(self, peak_state):
+            super()._update_peak_stats(peak_state)
+            total = self._curr_mem_snap.get(cpu, {"Total": 0})["Total"]
+            for name in self._mod_tracker.parents:
+                found = layer.search(name)
+                if found:
+                    i = int(found.group(1))
+                    self.peaks[i] = max(self.peaks.get(i, 0), total)
+    for L in (1, 2):
+        with FakeTensorMode():
+            model, _ = _built(library, family, d, L, H, F, V, n_kv_heads, max(4096, seq))
+            checkpointing(library, model)
+            wrapped = sum(isinstance(m, CheckpointWrapper) for m in model.modules())
+            ids = torch.randint(0, V, (batch, seq))
+            tracker, entry = Tracker(), {}
+            tracker.peaks = {}
+
+            for name, module in model.named_modules():
+                found = layer.search(name)
+                if found:
+                    module.register_forward_pre_hook(_starts(int(found.group(1)), tracker, entry))
+            tracker.track_external(model, ids)
+            with tracker:
+                before = tracker.get_tracker_snapshot("current")[cpu]["Total"]
+                out = model(ids)
+                delta[L] = tracker.get_tracker_snapshot("current")[cpu]["Total"] - before
+            del out
+    return {"layer": delta[2] - delta[1], "wrapped": wrapped,
+            "forward rise": {i: tracker.peaks[i] - entry[i] for i in sorted(entry)}}
 
 
 @recorded
@@ -225,6 +304,8 @@ def library_step(library: str, family: str, d: int, L: int, H: int, F: int, V: i
     cpu = torch.device("cpu")
     with FakeTensorMode():
         model, layers = _built(library, family, d, L, H, F, V, n_kv_heads, max(4096, seq))
+        if library == "litgpt":     # finetune/full.py l. 230: the RoPE cache rebuilt for the longest sequence
+            model.max_seq_length = seq
         opt = torch.optim.AdamW(model.parameters())
         extra = []
         if library == "torchtune":

@@ -15,7 +15,7 @@ What changes (read off MemTracker's log of the reference decoder, PyTorch 2.13, 
 Modelled for torchtune's loss (LitGPT's is refused under autocast); checked by tests/step/test_amp.py.
 """
 from ..core.symbols import B, V, d
-from .loss import _count, _labels, _saved, _tokens
+from .loss import _count, _labels, _saved, _tokens, join_input_gradients
 from .norms import norm_backward, norm_forward
 from .ops import BSd, Ref, Tensor
 from .outer import final_norm_params
@@ -80,11 +80,9 @@ def chunked_forward_end(p, c):
         p.op(EXIT, free=[], role=OpRole.AUTOCAST_EXIT)
 
 
-def chunked_backward_start(p, c):
-    """``scaler.scale(loss).backward()`` through the chunked loss, the head chunk by chunk and the final norm; ends
-    with the last block's ``dX_out``."""
-    from .amp import copy_name
-    n, T = c.loss_chunks, _tokens(c)
+def _seed(p) -> str:
+    """``scaler.scale(loss).backward()``: the seed back through the scale's product and the division by the token
+    count; returns the gradient of the chunks' sum."""
     scaled = p.new("scaled loss", (), "fp32", "scaler.scale(loss): loss * scale")
     p.op("scaler.scale(loss)", alloc=[scaled])
     p.op("loss.backward()", alloc=[p.new("gradient of the loss", (), "fp32", "loss.backward() seeds a 1")],
@@ -94,6 +92,13 @@ def chunked_backward_start(p, c):
     total = p.new("gradient of the chunks' sum", (), "fp32", "the division's backward")
     p.op("division backward", alloc=[total])
     p.op("released", free=["tokens counted", dl2])
+    return total
+
+
+def _logit_gradients(p, c, total) -> list:
+    """Each chunk's loss backward, the last chunk first: nll_loss, log_softmax (FP32), ``.float()``'s backward into
+    FP16 (waiting for the LM head); returns the chunks' FP16 logit gradients (``total`` goes with chunk 0's)."""
+    n, T = c.loss_chunks, _tokens(c)
     grads = [None] * n
     for k in reversed(range(n)):
         g1 = p.new(f"nll_loss gradient, chunk {k}", (B, T[k], V), "fp32", "nll_loss backward")
@@ -106,11 +111,28 @@ def chunked_backward_start(p, c):
         grads[k] = p.new(f"logits gradient, chunk {k} (FP16)", (B, T[k], V), H16, "downcast: waits for the LM head")
         p.op(f"chunk {k}: .float() backward", alloc=[grads[k]])
         p.op("released", free=[g2])
-    head = "LM head's contribution to the tied embedding gradient" if c.is_tied else "grad head.weight"
-    if c.is_tied:
-        p.tensors[head] = Tensor(head, p.tensors["grad embedding.weight"].expr, Kind.TRANSIENT, Lifetime.TEMPORARY,
-                                 p.placement.gradients, "the head's gradient of the tied weight in FP32, waiting in "
-                                 "autograd's buffer for the embedding's contribution")
+    return grads
+
+
+def _head_gradient(p, c) -> str:
+    """The FP32 gradient the head's weight gradient is converted into: ``grad head.weight``, or with a tied head a
+    transient waiting in autograd's buffer for the embedding's contribution."""
+    if not c.is_tied:
+        return "grad head.weight"
+    head = "LM head's contribution to the tied embedding gradient"
+    p.tensors[head] = Tensor(head, p.tensors["grad embedding.weight"].expr, Kind.TRANSIENT, Lifetime.TEMPORARY,
+                             p.placement.gradients, "the head's gradient of the tied weight in FP32, waiting in "
+                             "autograd's buffer for the embedding's contribution")
+    return head
+
+
+def _head_backward(p, c, grads) -> tuple:
+    """The head's FP16 matmul backward chunk by chunk, the last first: each writes a whole V x d FP16 weight
+    gradient (summed out of place in the weight cast's input buffer) and an FP16 input gradient, converted to FP32
+    at once by the chunk cast's backward; the head's FP16 weight copy goes with chunk 0. Returns (the chunks' FP32
+    input gradients, the summed FP16 weight gradient)."""
+    from .amp import copy_name
+    n, T = c.loss_chunks, _tokens(c)
     inputs, buffer = [None] * n, None
     for k in reversed(range(n)):
         w = p.new(f"FP16 head weight gradient, chunk {k}", (V, d), H16, "one chunk's matmul writes a whole V x d "
@@ -129,21 +151,17 @@ def chunked_backward_start(p, c):
                           "FP32, waits for the chunks' gradients to be joined")
         p.op(f"chunk {k}: input gradient to FP32", alloc=[inputs[k]])
         p.op("released", free=[g16])
+    return inputs, buffer
+
+
+def chunked_backward_start(p, c):
+    """``scaler.scale(loss).backward()`` through the chunked loss, the head chunk by chunk and the final norm; ends
+    with the last block's ``dX_out``."""
+    grads = _logit_gradients(p, c, _seed(p))
+    head = _head_gradient(p, c)
+    inputs, weight16 = _head_backward(p, c, grads)
     p.op("head.weight gradient to FP32", alloc=[head])
-    p.op("released", free=[buffer])
+    p.op("released", free=[weight16])
     gfn = p.new("gradient of the LM head input", BSd, "fp32", "the chunks' input gradients joined")
-    buffer = None
-    for k in reversed(range(n)):        # tensor_split: a slice_backward per chunk, summed out of place
-        padded = p.new(f"LM head input gradient of chunk {k}, padded", BSd, "fp32", "slice_backward: zeros but the "
-                       "chunk")
-        p.op(f"tensor_split backward, chunk {k}", alloc=[padded])
-        p.op("released", free=[inputs[k]])
-        if buffer is None:
-            buffer = padded
-            continue
-        summed = gfn if k == 0 else p.new(f"LM head input gradients summed, chunks {k}..{n - 1}", BSd, "fp32",
-                                          "autograd's input buffer, summed out of place")
-        p.op("input gradients summed", alloc=[summed])
-        p.op("released", free=[buffer, padded])
-        buffer = summed
+    join_input_gradients(p, c, inputs, gfn)     # tensor_split's backward, in the FP32 model's dtype (c.dtype)
     norm_backward(p, c, "final", gfn, Ref(Scope.LAST, "dX_out"), [f"grad {name}" for name, _ in final_norm_params(c)])

@@ -20,6 +20,9 @@ tensor the backward needs, drops the temporaries alive then, and runs the backwa
 freed when unpacked, a few ops before the program frees it: a peak inside a recomputed block can be
 overestimated by a tensor or two).
 
+Under a library's code (``implementation`` hf or litgpt) the checkpointed block frees each tensor where that
+library's Python drops its last reference (:mod:`memledger.step.hf`, :mod:`memledger.step.litgpt`).
+
 Where PyTorch's order differs between saving and dropping, the program says so where it happens. Read off
 MemTracker's allocation log of the reference decoder (PyTorch 2.13, CPU); checked against it by
 ``tests/step/test_timeline.py`` and ``tests/step/test_selective.py``.
@@ -68,14 +71,25 @@ def block_forward(p, c: Shape, policy=None):
         if names:
             p.op("released", free=names)
     n1 = norm_forward(p, c, "1", "Q/K/V projection input", rest)
-    pin, leftovers = _attention(p, c, core, rest, n1)
+    pin, leftovers, *layer_locals = _attention(p, c, core, rest, n1)
+    layer_locals = layer_locals[0] if layer_locals else []
     po = p.new("output projection output" + MARKS[rest], BSd, a, "the attention branch before the residual add")
     if not kept:
         xm = p.new("attention residual sum (checkpointed)", BSd, a, "x + attention")
     p.op("output projection", alloc=[po], role=OpRole.OUTPUT_PROJECTION)
-    held = _residual(p, c, rest, "attention residual", pin, po, xm)
-    p.op("residual done" if kept else "released", free=[held])
-    n2 = norm_forward(p, c, "2", "MLP input", rest)
+    lit = c.implementation == "litgpt" and not kept     # LitGPT's Block.forward under its checkpoint
+    if (c.hf or lit) and not kept:      # the attention returns: its locals go (q, k, v, SDPA's output, ...)
+        p.op("attention returns", free=leftovers)
+        leftovers = []
+    if lit:     # Block.forward's x_normed lives until norm_2 replaces it, attention_output until it returns
+        p.op("residual add", alloc=[xm])
+        n2 = norm_forward(p, c, "2", "MLP input", rest)
+        p.op("released", free=[n1])
+        leftovers = [po]
+    else:
+        held = _residual(p, c, rest, "attention residual", pin, po, xm)
+        p.op("residual done" if kept else "released", free=[held])
+        n2 = norm_forward(p, c, "2", "MLP input", rest)
     if c.gpt:
         u = saved("GeLU input", "up-projection output (checkpointed)", per_rank(c, BSF), "GeLU's input")
         h = saved("down-projection input", "GeLU output (checkpointed)", per_rank(c, BSF),
@@ -83,6 +97,14 @@ def block_forward(p, c: Shape, policy=None):
         p.op("up projection", alloc=[u], role=OpRole.UP_PROJECTION)
         p.op("GeLU", alloc=[h])
         release(u)
+    elif lit:   # LLaMAMLP.forward (litgpt/model.py l. 827-831): fc_1, fc_2, SiLU, the product; its locals until proj
+        gate, up, silu, h = (p.new(f"{n} (checkpointed)", per_rank(c, BSF), a, "a local of LLaMAMLP.forward")
+                             for n in ("fc_1 output", "fc_2 output", "SiLU output", "SiLU(fc_1) * fc_2"))
+        p.op("fc_1", alloc=[gate], role=OpRole.GATE_PROJECTION)
+        p.op("fc_2", alloc=[up], role=OpRole.UP_PROJECTION)
+        p.op("SiLU", alloc=[silu])
+        p.op("SiLU(fc_1) * fc_2", alloc=[h])
+        p.op("released", free=[silu])
     else:
         gate = saved("gate output", "gate output (checkpointed)", per_rank(c, BSF), "SiLU's input")
         silu = saved("SiLU output", "SiLU output (checkpointed)", per_rank(c, BSF), "a factor")
@@ -97,11 +119,17 @@ def block_forward(p, c: Shape, policy=None):
         release(silu, up)
     dn = p.new("down-projection output" + MARKS[rest], BSd, a, "the MLP branch before the residual add")
     p.op("down projection", alloc=[dn], role=OpRole.DOWN_PROJECTION)
+    if c.hf and not kept:               # LlamaMLP.forward returns (its product goes), hidden_states = its output
+        p.op("MLP returns", free=[h, n2])
+        h = n2 = None
+    if lit:
+        p.op("MLP returns", free=[gate, up, h])
+        h = None
     held = _residual(p, c, rest, "MLP residual", h, dn, block_output(c))
-    temporaries = [n for n in (xm, n2) + (() if not kept else (x,)) if p.tensors[n].lifetime is Lifetime.TEMPORARY]
+    temporaries = [n for n in (xm, n2) + (() if not kept else (x,)) if n and p.tensors[n].lifetime is Lifetime.TEMPORARY]
     if c.hf and x in temporaries:       # LlamaModel.forward holds block 0's input (inputs_embeds) until it returns
         temporaries = [Ref(Scope.NOT_FIRST, n) if n == x else n for n in temporaries]
-    p.op("block returns", free=[held] + leftovers + temporaries, role=OpRole.BLOCK_RETURNS)
+    p.op("block returns", free=[held] + leftovers + layer_locals + temporaries, role=OpRole.BLOCK_RETURNS)
 
 
 def _attention(p, c, core, rest, n1):
@@ -117,10 +145,19 @@ def _attention(p, c, core, rest, n1):
     elif core is Save.DROPPED and rest is Save.KEPT:
         views = "QKV projection (q, k, v: views the checkpoint keeps)"
     qkv = None
+    if c.implementation == "litgpt" and rest is Save.DROPPED:      # LitGPT's Block under its checkpoint
+        return litgpt.attention_checkpointed(p, c)
     if c.implementation == "litgpt":    # the fused projection and LitGPT's rotary code (memledger.step.litgpt)
         litgpt.qkv_forward(p, c)
         litgpt.flash(p, c)
         return "output projection input", []
+    if c.hf and rest is Save.DROPPED:   # transformers' layer under its checkpoint: LlamaAttention.forward's locals
+        locals_ = list(hf.qkv_forward(p, c, dropped=True))
+        if c.attention == "flash":
+            locals_.append(flash_attention(p, c, core, whole_block=True))
+            return n1, locals_
+        pin, held = hf.eager_core_checkpointed(p, c)
+        return n1, locals_ + [pin], held
     if c.hf:                # transformers: q_proj, k_proj, v_proj and its rotary code (memledger.step.hf)
         hf.qkv_forward(p, c)
     elif views:
@@ -331,7 +368,8 @@ def block_backward(p, c: Shape, share):
     # A recomputed block's inputs (the checkpoint's x and, eager, the causal mask) are released with the
     # last tensor its recomputation saved: norm 1's input (read off MemTracker's log).
     last = [] if not recomputed else ([residual_names(c)[0]] if c.upcast else []) + (
-        [CAUSAL_MASK] if c.attention == "eager" else []) + ([ALIBI_INPUT] if c.alibi else []) + packing.frame(c)
+        [CAUSAL_MASK] if c.attention == "eager" and not c.hf else []) + ([ALIBI_INPUT] if c.alibi else []) + (
+        packing.frame(c) + hf.checkpoint_frame(c))
     if fp32_composite:
         norm_backward(p, c, "1", gn1, INPUT_GRADIENT, define_grads(p, ["norm1.weight", "norm1.bias"], c, share),
                       residual=gxm, also_free=last)

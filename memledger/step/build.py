@@ -22,6 +22,7 @@ from ..core.symbols import L, N_d, O, P, t
 from ..states.placement import ZERO_SHARDS, device_of, state_specs
 from ..states.recipes import ALL_RECIPES as RECIPES
 from . import amp, amploss, bnb, ddp, families, fsdp2, hf, litgpt, loss, offload, optim, outer, packing, parallel, tensor
+from . import litgpt_loss, torchtune as tune
 from .block import block_backward, block_forward
 from .ops import BSd, Placement, Program, Tensor, block_params, residual_names
 from .outer import Param
@@ -91,6 +92,7 @@ class Built:
                 amp.optimizer_start(q)
                 opt.ops[1:1] = q.ops
                 opt.ops[:] = amp.optimizer_end(opt.ops)
+        opt.ops[:] = tune.optimizer(opt.ops, c, p.fork)     # torchtune's recipe: scale_grads, then its resets
         return opt, lambda layer, name: optim.one_parameter(p.fork(), c, kind, impl, name, moments, c.grad_dtype,
                                                            placement.optimizer)
 
@@ -159,7 +161,7 @@ class Built:
             static(name, expr, kind, device, why=why)
         kind = OPTIMIZER_OF[s.recipe]
         if conv.step_counters and kind in ("adamw", "adafactor"):
-            count = len(block_params(c)) * L + len(outer.head_params(c)) + 1
+            count = len(block_params(c)) * L + len(outer.head_params(c)) + 1 + tune.extra_step_counters(c, L)
             host = conv.step_counters == "host" and not (conv.fused and kind == "adamw")
             static("Adam step counters" if kind == "adamw" else "Adafactor step counters", 4 * count, Kind.OPTIMIZER,
                    Device.CPU if host else self.placement.optimizer,
@@ -174,6 +176,8 @@ class Built:
             static(name, t_[name].expr, Kind.ACTIVATION, why=t_[name].why)
         for name, expr, why in hf.buffers(c):               # transformers' rotary buffers
             static(name, expr, Kind.PARAM, why=why)
+        for name, expr, kind, why in tune.statics(c) + litgpt_loss.statics(c):     # RoPE buffers, the loops' tensors
+            static(name, expr, kind, why=why)
         for name, expr, why in packing.inputs(c):          # what a packed batch carries
             static(name, expr, Kind.ACTIVATION, why=why)
         for name, expr, why in amp.scaler_state() if c.amp else ():
@@ -272,6 +276,8 @@ class Built:
     def loss_saved(self) -> list:
         """The tensors the chunked loss keeps for backward (:func:`memledger.step.loss.saved_names`; under
         autocast :func:`memledger.step.amploss.saved_names`)."""
+        if litgpt_loss.on(self.shape):
+            return litgpt_loss.saved_names(self.shape)
         return (amploss if self.shape.amp else loss).saved_names(self.shape)
 
     def rows(self, values) -> list:
@@ -410,6 +416,9 @@ def _outside_programs(c, chunked: bool) -> list:
     else:
         forward_end = amp.forward_end if c.amp else outer.forward_end
         backward_start = amp.backward_start if c.amp else outer.backward_start
+    if litgpt_loss.on(c):     # LitGPT's head and loss as finetune/full.py runs them (memledger.step.litgpt_loss)
+        return [(Part.FORWARD_START, outer.forward_start), (Part.FORWARD_END, litgpt_loss.forward_end),
+                (Part.BACKWARD_START, litgpt_loss.backward_start), (Part.BACKWARD_END, outer.backward_end)]
     if c.hf:            # transformers' model and loss (memledger.step.hf)
         return [(Part.FORWARD_START, hf.forward_start), (Part.FORWARD_END, hf.forward_end),
                 (Part.BACKWARD_START, hf.backward_start), (Part.BACKWARD_END, outer.backward_end)]
@@ -422,7 +431,10 @@ def _outside(p, s: StepStructure, outside_rows) -> tuple:
     c = s.shape
     outside = {}
     chunked = c.loss_chunks > 1 or c.loss_impl == "litgpt"      # memledger.step.loss
-    if chunked:
+    if litgpt_loss.on(c):
+        outside_rows = [r for r in outside_rows if r.name not in ("log-softmax output (FP32)", "nll_loss total weight",
+                                                                   "loss")]
+    elif chunked:
         replaced = amploss.replaced_rows(c) if c.amp else loss.replaced_rows(c)
         outside_rows = [r for r in outside_rows if r.name not in replaced]
     for part, fn in _outside_programs(c, chunked):
@@ -437,6 +449,7 @@ def _outside(p, s: StepStructure, outside_rows) -> tuple:
             q.ops
         if c.amp and part is Part.BACKWARD_END:
             outside[part] = amp.backward_end(outside[part])
+    outside = tune.outside(outside, c, p.fork)     # torchtune's recipe around the model (memledger.step.torchtune)
     return outside_rows, outside
 
 

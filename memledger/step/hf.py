@@ -32,6 +32,20 @@ Read from transformers 5.25.0, ``transformers/models/llama/modeling_llama.py``:
   ``F.cross_entropy`` in FP32 (the shifted labels are what ``nll_loss`` keeps). The logits go with the model's
   output once the loss is taken (``Trainer.compute_loss`` returns ``outputs.loss``).
 
+Activation checkpointing (``recompute="full"``): ``model.gradient_checkpointing_enable()`` (transformers 5.25,
+``transformers/modeling_utils.py`` l. 3202-3217, an alias of ``activation_checkpointing_enable``; its default
+``{"use_reentrant": False}`` l. 3159-3160) gives every ``LlamaDecoderLayer`` (a ``GradientCheckpointingLayer``,
+``transformers/modeling_layers.py`` l. 89-124) ``torch.utils.checkpoint.checkpoint(partial(forward, self, **kwargs),
+hidden_states, use_reentrant=False)`` (l. 123: ``forward`` is checkpointed, not ``__call__``, so the layer's module
+hooks run once). Each layer keeps its input; the ``partial`` holds the keyword arguments ``LlamaModel.forward``
+passes every layer (``modeling_llama.py`` l. 393-402: ``position_embeddings`` (cos, sin), ``position_ids``, eager's
+``attention_mask``), so they live until block 0's checkpoint is done (:func:`checkpoint_frame`), and block 0's input
+(``inputs_embeds``) is its checkpoint's, not ``LlamaModel.forward``'s, to release. Under the checkpoint
+``LlamaRMSNorm``'s tensors die with their Python references (:func:`memledger.step.norms.norm_forward`), q, k, v
+and SDPA's output when ``LlamaAttention.forward`` returns, the eager core's BF16 probabilities (returned as
+``attn_weights``) when the layer returns (its ``hidden_states, _ = self.self_attn(...)``). The backward re-runs the
+layer as :func:`memledger.step.block.block_backward` does the reference's.
+
 Checked against transformers' own model under ``FakeTensorMode`` (:mod:`memledger.pytorch.libraries`,
 ``tests/pytorch/test_libraries.py``).
 """
@@ -47,6 +61,17 @@ COS, SIN = "rotary cos", "rotary sin"
 #: The shifted labels ``nll_loss`` keeps.
 LABELS = "shifted labels (int64)"
 POSITIONS = "position ids (int64)"
+
+
+def checkpoint_frame(c) -> list:
+    """What the layers' checkpoints (``gradient_checkpointing_enable()``) hold besides each layer's input, released
+    with block 0's: the arguments ``LlamaModel.forward`` passes every layer (``position_embeddings``: cos and sin;
+    ``position_ids``), kept by each checkpoint's ``partial(forward, self, **kwargs)`` (``modeling_layers.py``
+    l. 123)."""
+    if not (c.hf and c.recompute == "full"):
+        return []
+    return [Ref(Scope.SHARED, n) for n in (COS, SIN, POSITIONS) + (("attention mask",) if c.attention == "eager"
+                                                                     else ())]
 
 
 def _dh():
@@ -140,18 +165,26 @@ def _rotate(p, c, n, out):
     p.op("released", free=[t1, t2])
 
 
-def qkv_forward(p, c):
+def qkv_forward(p, c, dropped=False):
     """``q_proj``, ``k_proj``, ``v_proj`` and the rotary code: the saved rows Q, K (rotated) and V (a view of
-    ``v_proj``'s output); the projections' outputs of q and k go when the rotated ones replace them."""
+    ``v_proj``'s output); the projections' outputs of q and k go when the rotated ones replace them. ``dropped``
+    (the layer under ``gradient_checkpointing_enable()``'s checkpoint): q, k and v are locals of
+    ``LlamaAttention.forward``, freed when it returns; returns their names."""
     a = c.dtype
-    qp, kp = (p.new(f"{n}_proj output", _width(c, n), a, "until apply_rotary_pos_emb returns") for n in "qk")
-    q, k, v = _eager_inputs(p, c)
+    qp, kp = (p.new(f"{n}_proj output" + (" (checkpointed)" if dropped else ""), _width(c, n), a,
+                    "until apply_rotary_pos_emb returns") for n in "qk")
+    if dropped:
+        q, k, v = (p.new(f"{n} (checkpointed)", _width(c, n[0]), a, "a local of LlamaAttention.forward until it "
+                         "returns") for n in ("q rotated", "k rotated", "v_proj output"))
+    else:
+        q, k, v = _eager_inputs(p, c)
     p.op("q_proj", alloc=[qp], role=OpRole.QKV_PROJECTION)
     p.op("k_proj", alloc=[kp])
     p.op("v_proj (v: a view of its output)", alloc=[v])
     _rotate(p, c, "q", q)
     _rotate(p, c, "k", k)
     p.op("q_proj's and k_proj's outputs released", free=[qp, kp])
+    return q, k, v
 
 
 def _copied(c) -> bool:
@@ -222,6 +255,46 @@ def eager_core(p, c):
     p.op("attention returns", free=["q rotated", "k rotated", "v_proj output"] if _copied(c) else [])
 
 
+def eager_core_checkpointed(p, c) -> list:
+    """``eager_attention_forward`` under the layer's checkpoint (nothing saved): ``matmul``'s copies of q and k^T
+    (B > 1) go when it returns, each score tensor when the next replaces it, the FP32 softmax output with its
+    ``.to(query.dtype)``; the BF16 probabilities are returned as ``attn_weights`` and held by
+    ``LlamaDecoderLayer.forward``'s ``hidden_states, _ = self.self_attn(...)`` until the layer returns. Returns the
+    names freed when the layer returns (the probabilities) and leaves the output projection's input live."""
+    from .ops import BHSS, per_rank, widths_of
+    a, f, mark = c.dtype, "fp32", " (checkpointed)"
+    scores = per_rank(c, BHSS)
+    copies = _copied(c)
+    qc, kc, vc = (p.new(f"{n} copied for the batched matmul" + mark, _width(c, n), a, "matmul's reshape: a copy, "
+                        "freed when it returns") for n in "qkv") if copies else (None, None, None)
+    raw, scaled, masked = (p.new(n + mark, scores, a, "a temporary of the eager core")
+                           for n in ("scores QK^T", "scaled scores", "scores + attention_mask"))
+    up = p.new("softmax input in FP32" + mark, scores, f, "softmax(dtype=torch.float32) converts its input first")
+    sm = p.new("softmax output" + mark, scores, f, "softmax's FP32 output, until .to(query.dtype) returns")
+    probs = p.new(PROBS + mark, scores, a, "attn_weights: returned, held by the decoder layer's `_` until it returns")
+    out = p.new("attention output (B, H, S, d/H)" + mark, widths_of(c)[0], a, "probabilities @ v, until it is copied")
+    pin = p.new("output projection input" + mark, widths_of(c)[0], a, "transpose(1, 2).contiguous(): a copy")
+    p.op("q, k^T copied for the batched matmul" if copies else "QK^T reads the views", alloc=[qc, kc])
+    p.op("QK^T", alloc=[raw])
+    p.op("released", free=[qc, kc])
+    p.op("* scaling", alloc=[scaled])
+    p.op("released", free=[raw])
+    p.op("+ attention_mask", alloc=[masked])
+    p.op("released", free=[scaled])
+    p.op("softmax: upcast", alloc=[up])
+    p.op("softmax", alloc=[sm])
+    p.op("released", free=[up])
+    p.op(".to(query.dtype)", alloc=[probs])
+    p.op("released", free=[sm, masked])
+    if copies:
+        p.op("v copied for the batched matmul", alloc=[vc])
+    p.op("probabilities @ V", alloc=[out])
+    p.op("released", free=[vc])
+    p.op("transpose(1, 2).contiguous()", alloc=[pin])
+    p.op("released", free=[out])
+    return pin, [probs]
+
+
 def eager_backward(p, c, gpi) -> tuple:
     """The eager core's backward from the output projection input's gradient ``gpi`` (live; that input released):
     returns the q, k, v gradients (v's already copied back to (B, S, d)) for :func:`qkv_backward`."""
@@ -266,7 +339,9 @@ def _rotate_backward(p, c, n, g, into):
     g2 = p.new(f"grad {n}: x2 slice backward", w, a, "slice_backward: zeros with the gradient copied in")
     g1 = p.new(f"grad {n}: x1 slice backward", w, a, "slice_backward: zeros with the gradient copied in")
     gc = p.new(f"grad {n}: g * cos", w, a, "x * cos backward")
-    last = n == "q"         # block 0's q products are cos's and sin's last users
+    # block 0's q products are cos's and sin's last users; under gradient checkpointing the layers' checkpoints hold
+    # them (position_embeddings, an argument) until block 0's is done (memledger.step.block.block_backward)
+    last = n == "q" and c.recompute != "full"
     p.op(f"rotate_half({n}) * sin backward", alloc=[gs])
     if last:
         p.op("released", free=[Ref(Scope.SHARED, SIN)])
@@ -325,8 +400,10 @@ def forward_end(p, c):
     from .outer import LOGITS
     a = c.dtype
     norm_forward(p, c, "final", "LM head input")
-    p.op("LlamaModel.forward returns", free=[final_input(c), POSITIONS, "attention mask" if c.attention == "eager"
-                                             else None, Ref(Scope.FIRST, residual_names(c)[0])],
+    full = c.recompute == "full"        # the layers' checkpoints hold position_ids (an argument) and block 0's input
+    p.op("LlamaModel.forward returns", free=[final_input(c), None if full else POSITIONS,
+                                             "attention mask" if c.attention == "eager" and not full
+                                             else None, None if full else Ref(Scope.FIRST, residual_names(c)[0])],
          role=OpRole.FINAL_NORM_INPUT_RELEASED)
     logits = p.new("logits", LOGITS, a, "the LM head's output, held by the model's output until the loss is taken")
     p.op("LM head", alloc=[logits], role=OpRole.LM_HEAD)

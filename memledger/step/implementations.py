@@ -26,6 +26,20 @@ copy is for CUDA Half only).
 ``attn_implementation``: transformers' ``attn_implementation`` (``"sdpa"``, its default, ``"eager"`` or
 ``"flash_attention_2"``); the other implementations run SDPA only, so it is ``"sdpa"`` there.
 
+``recompute="full"``: each library's own per-layer checkpointing (:data:`FULL_RECOMPUTE`): transformers'
+``gradient_checkpointing_enable()`` (:mod:`memledger.step.hf`), proved at every landmark, phase peak and the peak;
+torchtune's ``set_activation_checkpointing`` and LitGPT's ``FSDPStrategy(activation_checkpointing_policy={Block})``
+(PyTorch's non-reentrant ``checkpoint_wrapper`` on each layer, :func:`memledger.pytorch.torchtune_litgpt.checkpointing`),
+proved per layer (what a layer adds between before and after the forward pass: its input); their steps' transients
+are as proved as their steps without recomputation. ``selective`` stays refused under every library (transformers
+offers none; torchtune's and torchtitan's op-level policies are not modelled).
+
+Outside the layers, torchtune's step books its shared RoPE buffers, its separate q/k/v projections' AdamW step
+counters and what ``full_finetune_single_device``'s loop holds (:mod:`memledger.step.torchtune`); LitGPT's books the
+head and ``chunked_cross_entropy`` as ``finetune/full.py`` runs them, its cos/sin buffers, the logits and loss kept
+into the next iteration and ``GPT``'s parameter order (:mod:`memledger.step.litgpt_loss`); both are checked against the
+library's own step (tests/pytorch/test_torchtune_litgpt.py).
+
 What is not modelled yet under a library's code is refused in one line (:func:`check_step`), never computed with
 the reference decoder's block in its place.
 """
@@ -71,10 +85,14 @@ def check_fields(implementation: str, attn_implementation: str, arch=None) -> No
                          f"families are {', '.join(FAMILIES['torchtune'])}")
 
 
+#: Library names that end in an s, whose possessive is a bare apostrophe.
+PLURAL_NAMES = {"transformers"}
+
+
 def _of(implementation: str) -> str:
     """The library's name in the possessive ("transformers'", "torchtune's")."""
     name = LIBRARY[implementation]
-    return name + ("'" if name.endswith("s") else "'s")
+    return name + ("'" if name in PLURAL_NAMES else "'s")
 
 
 def not_modelled(implementation: str, what: str) -> ValueError:
@@ -103,13 +121,18 @@ def check_step(setup, conv) -> None:
          f.gqa and (impl != "hf" or setup.attn_implementation == "eager")),
         ("QKV biases", f.has_qkv_bias), ("a tied LM head", f.is_tied),
         ("a head size other than d/H", f.head_dim),
-        ("dropout", setup.dropout), (f"recompute {setup.recompute}", setup.recompute != "none"),
+        ("dropout", setup.dropout), (f"recompute {setup.recompute}", setup.recompute != "none" and not (
+            setup.recompute == "full" and impl in FULL_RECOMPUTE)),
         ("tensor or sequence parallelism", setup.tp > 1 or setup.sequence_parallel),
         (f"framework {setup.framework}", setup.framework != "plain"),
         ("FP16 autocast (recipe fp16-amp-adamw)", setup.recipe == "fp16-amp-adamw"),
         ("packed documents", bool(setup.packed)), ("activation offloading", setup.offload_activations),
-        # torchtune's CEWithChunkedOutputLoss is modelled under its own code (memledger.step.loss); LitGPT's not yet
-        ("a chunked or LitGPT loss", (setup.loss_chunks > 1 and impl != "torchtune") or setup.loss_impl != "torchtune"),
+        # torchtune's CEWithChunkedOutputLoss is modelled under its own code (memledger.step.loss); LitGPT's
+        # chunked_cross_entropy as finetune/full.py runs it (memledger.step.litgpt_loss), its head chunked not yet
+        ("a chunked or LitGPT loss", (setup.loss_chunks > 1 and impl not in ("torchtune", "litgpt"))
+         or (setup.loss_impl != "torchtune" and impl != "litgpt")),
+        ("LitGPT's head chunked by 128 tokens (finetune/lora.py; loss_chunks 1 runs finetune/full.py's loss)",
+         setup.loss_chunks > 1 and impl == "litgpt"),
         ("attn_implementation flash_attention_2 (the flash-attn package's kernels, CUDA only)",
          setup.attn_implementation == "flash_attention_2")] if off]
     if impl in UNMODELLED_BLOCKS:
@@ -130,5 +153,7 @@ def check_torchtune_chunks(chunks: int, seq_len: int) -> None:
                          f"splits {seq_len} tokens into that many")
 
 
+#: The implementations whose ``recompute full`` the step models (each library's own per-layer checkpointing).
+FULL_RECOMPUTE = ("hf", "torchtune", "litgpt")
 #: The implementations whose block the step does not model yet.
 UNMODELLED_BLOCKS = ()

@@ -15,11 +15,20 @@ Read from LitGPT 0.5.13, ``litgpt/model.py``:
   is a copy: the output projection's input, beside the kernel's own saved output.
 * ``LLaMAMLP.forward`` (l. 827-831): ``fc_1``, ``fc_2``, SiLU, the product, ``proj``.
 
+Activation checkpointing (``recompute="full"``): LitGPT 0.5.13 checkpoints each ``Block`` where it trains on more
+than one device (``litgpt/finetune/full.py`` l. 107-114: ``FSDPStrategy(activation_checkpointing_policy={Block})``,
+which Lightning applies with PyTorch's non-reentrant ``checkpoint_wrapper``). Under the checkpoint nothing is saved
+and each tensor dies with its last Python reference (:func:`attention_checkpointed`; ``Block.forward``'s
+``x_normed`` until ``norm_2`` replaces it, its ``attention_output`` until it returns; ``LLaMAMLP.forward``'s
+``x_fc_1`` and ``x_fc_2`` until it returns): a layer keeps its input, and its forward's rise equals LitGPT's own
+under MemTracker (``tests/pytorch/test_torchtune_litgpt.py``). ``apply_rope``'s output is a local
+(``q_roped``) of ``CausalSelfAttention.forward`` until it returns.
+
 Measured with LitGPT's own model under ``FakeTensorMode`` (:func:`memledger.pytorch.libraries.saved_per_layer`):
-one layer's saved bytes. LitGPT's loss (``chunked_cross_entropy``) and its RoPE cache buffers are not modelled here
-(the step refuses a chunked loss under a library's code; the reference decoder's loss runs).
+one layer's saved bytes. LitGPT's head and loss as ``finetune/full.py`` runs them, its RoPE cache buffers and what its
+loop keeps into the next iteration: :mod:`memledger.step.litgpt_loss`.
 """
-from ..core.symbols import B, S, d
+from ..core.symbols import B, H, S, d
 from .ops import BSd, qkv_width
 from .vocab import OpRole
 
@@ -52,15 +61,17 @@ def layer_rows(rows, c) -> list:
     return out
 
 
-def _rope(p, c, n, out):
-    """``apply_rope`` on ``n`` and the concatenation with its (empty) unrotated part into ``out``."""
+def _rope(p, c, n, out, mark=""):
+    """``apply_rope`` on ``n`` and the concatenation with its (empty) unrotated part into ``out``; ``mark``: under
+    the layer's checkpoint, " (checkpointed)" (``{n}_roped``, a local of ``CausalSelfAttention.forward``, is then
+    returned to be freed when it returns)."""
     a, f = c.dtype, "fp32"
-    neg = p.new(f"-{n}2", (B, S, d / 2), a, "apply_rope: -x2")
-    rot = p.new(f"rotated {n}", BSd, a, "torch.cat((-x2, x1), dim=-1)")
-    t1 = p.new(f"{n} * cos (FP32)", BSd, f, "times LitGPT's FP32 cos cache: type promotion")
-    t2 = p.new(f"rotated {n} * sin (FP32)", BSd, f, "times the FP32 sin cache")
-    roped32 = p.new(f"{n} roped (FP32)", BSd, f, "the sum")
-    roped = p.new(f"{n} roped", BSd, a, "roped.to(dtype=x.dtype)")
+    neg = p.new(f"-{n}2" + mark, (B, S, d / 2), a, "apply_rope: -x2")
+    rot = p.new(f"rotated {n}" + mark, BSd, a, "torch.cat((-x2, x1), dim=-1)")
+    t1 = p.new(f"{n} * cos (FP32)" + mark, BSd, f, "times LitGPT's FP32 cos cache: type promotion")
+    t2 = p.new(f"rotated {n} * sin (FP32)" + mark, BSd, f, "times the FP32 sin cache")
+    roped32 = p.new(f"{n} roped (FP32)" + mark, BSd, f, "the sum")
+    roped = p.new(f"{n} roped" + mark, BSd, a, "roped.to(dtype=x.dtype)")
     p.op(f"-{n}2", alloc=[neg])
     p.op(f"rotated {n}: cat", alloc=[rot])
     p.op("released", free=[neg])
@@ -71,6 +82,8 @@ def _rope(p, c, n, out):
     p.op(f"{n} roped.to(dtype)", alloc=[roped])
     p.op("released", free=[roped32, rot])
     p.op(f"torch.cat(({n}_roped, {n}[..., rope_n_elem:]))", alloc=[out])
+    if mark:
+        return roped
     p.op("released", free=[roped])
 
 
@@ -85,6 +98,26 @@ def flash(p, c):
     """SDPA's flash kernel (its output and log-sum-exp saved) and the output's reshape (a copy)."""
     p.op("flash attention", alloc=[ATTENTION_OUTPUT, "softmax log-sum-exp"])
     p.op("y.transpose(1, 2).reshape(B, T, C): a copy", alloc=["output projection input"])
+
+
+def attention_checkpointed(p, c) -> tuple:
+    """``CausalSelfAttention.forward`` (l. 472-513, 566-570) under the layer's checkpoint, nothing saved: the fused
+    output, the new q and k and the roped halves are its locals until it returns, SDPA's log-sum-exp goes at once and
+    its output when ``y.reshape`` replaces it. Returns (the output projection's input, the locals freed when the
+    attention returns, after ``proj``)."""
+    a, mark = c.dtype, " (checkpointed)"
+    qkv = p.new(QKV + mark, (B, S, qkv_width(c)), a, "a local of the attention (q, k, v are views of it)")
+    q, k = (p.new(f"{n} (concatenated){mark}", BSd, a, "torch.cat((roped, rest)): a local") for n in "qk")
+    out = p.new(ATTENTION_OUTPUT + mark, BSd, a, "SDPA's output, until y.reshape replaces it")
+    lse = p.new("log-sum-exp" + mark, (B, H, S), "fp32", "not kept under the checkpoint")
+    pin = p.new("output projection input" + mark, BSd, a, "y.reshape(B, T, C): a copy, a local until it returns")
+    p.op("QKV projection (v: a view of it)", alloc=[qkv], role=OpRole.QKV_PROJECTION)
+    held = [_rope(p, c, "q", q, mark), _rope(p, c, "k", k, mark)]
+    p.op("flash attention", alloc=[out, lse])
+    p.op("released", free=[lse])
+    p.op("y.transpose(1, 2).reshape(B, T, C): a copy", alloc=[pin])
+    p.op("released", free=[out])
+    return pin, [pin, qkv, q, k] + held
 
 
 def _rope_backward(p, c, n, g, into):

@@ -67,6 +67,7 @@ from ..activations.outside import outside_inventory
 from ..core.dtypes import nbytes
 from ..core.exact import evaluate_expr
 from ..core.symbols import B, F, H, L, O, S, V, d, r
+from ..core.vocabulary import Role
 from ..states.bnb import nf4_gemm_fallback, nf4_parts
 from ..states.recipes import get_recipe
 from . import loss, optim, outer
@@ -76,12 +77,12 @@ from .ops import BS, BSd, BSF, INPUT_GRADIENT, Program, Ref, Tensor, dropout_ops
     residual_names, widths_of
 from .inputs import inputs_of
 from .outer import Param
-from .structure import StepStructure
+from .structure import BNB_KINDS, OPTIMIZER_OF, StepStructure
 from .timeline import Step
 from .nf4 import nf4_forward_ops
 from .norms import norm_forward
-from .trace import GRADIENT_LUMP, SAVED_LUMP, explicit_layers, flatten
-from .vocab import LANDMARKS, Device, Kind, Lifetime, OpRole, Save, Scope
+from .trace import GRADIENT_LUMP, SAVED_LUMP, Part, explicit_layers, flatten
+from .vocab import LANDMARKS, Action, Device, Kind, Lifetime, OpRole, Save, Scope
 
 __all__ = ["BLOCK_TARGETS", "LoraSpec", "LoraStep", "LoraStructure", "adapter_shape", "build_lora", "lora_rows"]
 
@@ -91,6 +92,9 @@ QKV = ("q_proj", "k_proj", "v_proj")
 #: The frozen base projections of a block (reference name, Hugging Face names of what it computes).
 BASES = (("qkv", QKV), ("proj", ("o_proj",)), ("gate", ("gate_proj",)), ("up", ("up_proj",)),
          ("down", ("down_proj",)))
+#: The composite RMSNorms' FP32 x*rstd rows (:func:`memledger.activations.inventory.norm_rows`: the block's norms 1
+#: and 2, the final norm), each kept only for its norm's weight gradient, which a frozen norm never computes.
+NORM_WEIGHT_ONLY = ("RMSNorm 1 x*rstd", "RMSNorm 2 x*rstd", "final RMSNorm x*rstd")
 
 
 class LoraSpec(NamedTuple):
@@ -148,7 +152,7 @@ def lora_rows(c, spec: LoraSpec, opts: dict) -> list:
     kept = _kept_inputs(c, spec)
     out = []
     for row in rows:
-        if row.name.endswith("x*rstd"):
+        if row.name in NORM_WEIGHT_ONLY:
             continue              # composite RMSNorm keeps x*rstd for its (frozen) weight's gradient only
         if row.weight_grad_of and row.name != "output projection input" and row.name not in kept:
             continue              # the flash kernel saves its output, the output projection's input, anyway
@@ -397,104 +401,156 @@ class _Sum:
         self.value = total
 
 
+class _BlockForward:
+    """One block's forward under LoRA, step by step (:func:`lora_block_forward`): ``dropped``, the whole block under
+    ``checkpoint(..., use_reentrant=False)``: nothing is saved, each tensor dies with its last reference. Locals of
+    the block (:meth:`local`) go when it returns."""
+
+    def __init__(self, p, c, spec: LoraSpec, dropped: bool):
+        self.p, self.c, self.spec, self.dropped = p, c, spec, dropped
+        self.kept = set() if dropped else _kept_inputs(c, spec)
+        self.temps = []
+
+    def local(self, name, shape=BSd, why="a local of the block"):
+        """A tensor of the block's own that lives until the block returns (or :meth:`release`)."""
+        self.temps.append(name)
+        return self.p.new(name, shape, self.c.dtype, why)
+
+    def release(self, name):
+        """A local the block no longer reads goes now; a kept tensor stays."""
+        if name in self.temps:
+            self.p.op("released", free=[name])
+            self.temps.remove(name)
+
+    def norm(self, k, kept_output) -> str:
+        """Norm ``k`` with its frozen weight; returns its output: ``kept_output`` (a saved row) where an adapter keeps
+        it for A's weight gradient, else a local. Under the checkpoint a frozen norm saves what a trained one does:
+        nothing."""
+        p, c = self.p, self.c
+        if self.dropped:
+            out = norm_forward(p, c, k, None, Save.DROPPED)
+            self.temps.append(out)
+            return out
+        out = kept_output if kept_output in self.kept else self.local(f"norm {k} output")
+        _norm_forward(p, c, k, out)
+        return out
+
+    def qkv(self, h1):
+        """The frozen QKV projection on ``h1``; with adapters on q, k or v, each added to its column slice and the
+        slices concatenated again (``torch.cat``; q, k, v: views of it)."""
+        p, c, spec = self.p, self.c, self.spec
+        qkv = ["Q", "K", "V"] if not self.dropped else [self.local(
+            "q, k, v (checkpointed)", (B, S, qkv_width(c)), "the fused projection's output, q, k, v views of it")]
+        adapted = [t for t in QKV if t in spec.targets]
+        if not adapted:
+            _base_forward(p, c, spec, "qkv", qkv)     # q, k, v: views of the frozen projection's output
+            return
+        base = p.new("frozen QKV projection output", (B, S, qkv_width(c)), c.dtype, "split into q, k, v column slices")
+        _base_forward(p, c, spec, "qkv", base)
+        every = len(adapted) == len(QKV)              # every slice replaced: the base output goes with the last sum
+        sums = [self._slice_plus_adapter(t, h1, after=[base] if every and t == adapted[-1] else ()) for t in adapted]
+        p.op("torch.cat: the fused output again (q, k, v: views of it)", alloc=qkv)
+        p.op("released", free=sums + ([] if every else [base]))
+
+    def _slice_plus_adapter(self, t, h1, after) -> str:
+        """One q, k or v column slice plus its adapter's output (on ``h1``); ``after``: freed when the sum returns."""
+        p, c, spec = self.p, self.c, self.spec
+        adapter = _adapter_forward(p, c, spec, t, h1, self.dropped)
+        out, _ = adapter_shape(c, t)
+        total = p.new(f"{t} slice + adapter", (B, S, out), c.dtype, "the slice plus the adapter's output")
+        _adapter_sum(p, c, spec, t, adapter, total, after=after)
+        return total
+
+    def attention(self) -> str:
+        """The flash kernel (its core checkpointed under selective recomputation: its log-sum-exp dropped, its
+        output a local unless an ``o_proj`` adapter keeps it); returns its output, the output projection's input."""
+        p, c = self.p, self.c
+        pi = "output projection input"
+        if c.recompute != "selective" and not self.dropped:
+            p.op("flash attention", alloc=[pi, "softmax log-sum-exp"])
+            return pi
+        if self.dropped or not _o_proj_reads(self.spec):
+            pi = self.local("attention output (checkpointed)", widths_of(c)[0], "the local a, until the block returns")
+        lse = p.new("log-sum-exp (dropped)", (B, H, S), "fp32", "not kept: the checkpointed core recomputes it")
+        p.op("flash attention (checkpointed)", alloc=[pi, lse])
+        p.op("log-sum-exp dropped", free=[lse])
+        return pi
+
+    def attention_branch(self, pi, xm) -> str:
+        """The frozen output projection on ``pi`` (with an ``o_proj`` adapter, PEFT's sum), then the residual add
+        into ``xm`` (a local under the checkpoint); returns the residual sum's name."""
+        p, c, spec = self.p, self.c, self.spec
+        po = p.new("output projection output", BSd, c.dtype, "the attention branch before the residual add")
+        _base_forward(p, c, spec, "proj", po)
+        branch = po
+        if self.dropped:
+            xm = p.new("attention residual sum (checkpointed)", BSd, c.dtype, "x + attention")
+        if "o_proj" in spec.targets:
+            adapter = _adapter_forward(p, c, spec, "o_proj", pi, self.dropped)
+            branch = p.new("o_proj output + adapter", BSd, c.dtype, "the attention branch")
+            _adapter_sum(p, c, spec, "o_proj", adapter, branch, raw=po)
+        p.op("residual add", alloc=[xm])
+        p.op("residual done", free=[branch])
+        return xm
+
+    def projection(self, base, t, x, out, shape, role=None, role_b=None):
+        """The frozen ``base`` projection on ``x`` writing ``out``, plus the adapter on target ``t`` if there is
+        one; ``role``: the base's op's, ``role_b``: the adapter's B's."""
+        p, c, spec = self.p, self.c, self.spec
+        if t not in spec.targets:
+            _base_forward(p, c, spec, base, out, role)
+            return
+        raw = p.new(f"{base} output (frozen)", shape, c.dtype, "the base's output, before the adapter's is added")
+        _base_forward(p, c, spec, base, raw, role)
+        _adapter_sum(p, c, spec, t, _adapter_forward(p, c, spec, t, x, self.dropped, role_b), out, raw=raw)
+
+    def mlp(self, h2) -> str:
+        """SwiGLU on ``h2``: gate, SiLU, up, their product, the down projection; returns the down projection's
+        output. Under the checkpoint each intermediate goes once its last reader has run."""
+        p, c, dropped = self.p, self.c, self.dropped
+        kept_prod = "down-projection input" in self.kept
+        prod = "down-projection input" if kept_prod else p.new(
+            "SiLU(gate) * up", BSF, c.dtype, "not kept: only the frozen down projection's weight gradient would read it")
+        names = ("gate output", "SiLU output", "up-projection output")
+        gate, silu, up = names if not dropped else [p.new(f"{n} (checkpointed)", BSF, c.dtype,
+                                                          "not kept under the checkpoint") for n in names]
+        self.projection("gate", "gate_proj", h2, gate, BSF)
+        p.op("SiLU", alloc=[silu])
+        if dropped:
+            p.op("released", free=[gate])
+        self.projection("up", "up_proj", h2, up, BSF)
+        p.op("SiLU(gate) * up", alloc=[prod])
+        if dropped:
+            p.op("released", free=[silu, up])
+        dn = p.new("down-projection output", BSd, c.dtype, "the MLP branch before the residual add")
+        self.projection("down", "down_proj", prod, dn, BSd, OpRole.DOWN_PROJECTION, OpRole.LORA_DOWN_B)
+        self.mlp_temporary = [] if kept_prod else [prod]
+        return dn
+
+    def returns(self, dn, xm):
+        """The residual add into the next block's input; the block returns: its locals go (the checkpoint keeps
+        the block's input)."""
+        p, c = self.p, self.c
+        x = residual_names(c)[0]
+        p.op("residual add", free=self.mlp_temporary, alloc=[Ref(Scope.NEXT, x, _final_input(c))])
+        held = (xm,) if self.dropped else (xm, x)
+        leftovers = [dn] + [n for n in held if p.tensors[n].lifetime is Lifetime.TEMPORARY] + self.temps
+        p.op("block returns", free=leftovers, role=OpRole.BLOCK_RETURNS)
+
+
 def lora_block_forward(p, c, spec: LoraSpec, dropped=False):
     """One block's forward under LoRA (its input is live; its output is the next block's input). ``dropped``:
     the whole block under ``checkpoint(..., use_reentrant=False)`` (full recomputation): nothing is saved, each
     tensor dies with its last reference, the checkpoint keeps the block's input."""
-    a, T = c.dtype, spec.targets
-    x, xm = residual_names(c)
-    kept = set() if dropped else _kept_inputs(c, spec)
-    temps = []
-
-    def local(name, shape=BSd, why="a local of the block"):
-        temps.append(name)
-        return p.new(name, shape, a, why)
-    if dropped:         # a frozen norm saves nothing more than a trained one under the checkpoint: none
-        h1 = norm_forward(p, c, "1", None, Save.DROPPED)
-        temps.append(h1)
-    else:
-        h1 = "Q/K/V projection input" if "Q/K/V projection input" in kept else local("norm 1 output")
-        _norm_forward(p, c, "1", h1)
-    fused = [t for t in QKV if t in T]
-    qkv = ["Q", "K", "V"] if not dropped else [local("q, k, v (checkpointed)", (B, S, qkv_width(c)),
-                                                     "the fused projection's output, q, k, v views of it")]
-    if not fused:
-        _base_forward(p, c, spec, "qkv", qkv)     # q, k, v: views of the frozen projection's output
-    else:
-        base = p.new("frozen QKV projection output", (B, S, qkv_width(c)), a, "split into q, k, v column slices")
-        _base_forward(p, c, spec, "qkv", base)
-        sums = []
-        for t in fused:
-            adapter = _adapter_forward(p, c, spec, t, h1, dropped)
-            out, _ = adapter_shape(c, t)
-            s_ = p.new(f"{t} slice + adapter", (B, S, out), a, "the slice plus the adapter's output")
-            last = len(fused) == 3 and t == "v_proj"     # every slice replaced: the base output goes
-            _adapter_sum(p, c, spec, t, adapter, s_, after=[base] if last else ())
-            sums.append(s_)
-        p.op("torch.cat: the fused output again (q, k, v: views of it)", alloc=qkv)
-        p.op("released", free=sums + ([] if len(fused) == 3 else [base]))
-    if h1 in temps:
-        p.op("released", free=[h1])
-        temps.remove(h1)
-    pi = "output projection input"
-    if c.recompute != "selective" and not dropped:
-        p.op("flash attention", alloc=[pi, "softmax log-sum-exp"])
-    else:                           # selective: the core under the checkpoint saves nothing
-        if dropped or not _o_proj_reads(spec):
-            pi = local("attention output (checkpointed)", widths_of(c)[0], "the local a, until the block returns")
-        lse = p.new("log-sum-exp (dropped)", (B, H, S), "fp32", "not kept: the checkpointed core recomputes it")
-        p.op("flash attention (checkpointed)", alloc=[pi, lse])
-        p.op("log-sum-exp dropped", free=[lse])
-    po = p.new("output projection output", BSd, a, "the attention branch before the residual add")
-    _base_forward(p, c, spec, "proj", po)
-    branch = po
-    if dropped:
-        xm = p.new("attention residual sum (checkpointed)", BSd, a, "x + attention")
-    if "o_proj" in T:
-        adapter = _adapter_forward(p, c, spec, "o_proj", pi, dropped)
-        branch = p.new("o_proj output + adapter", BSd, a, "the attention branch")
-        _adapter_sum(p, c, spec, "o_proj", adapter, branch, raw=po)
-        p.op("residual add", alloc=[xm])
-    else:
-        p.op("residual add", alloc=[xm])
-    p.op("residual done", free=[branch])
-    if dropped:
-        h2 = norm_forward(p, c, "2", None, Save.DROPPED)
-        temps.append(h2)
-    else:
-        h2 = "MLP input" if "MLP input" in kept else local("norm 2 output")
-        _norm_forward(p, c, "2", h2)
-
-    def projection(base, t, out, shape, role=None, role_b=None):
-        """A frozen MLP projection (and its adapter) writing ``out``; ``role``: the base's op's, ``role_b``: the
-        adapter's B's."""
-        if t not in T:
-            _base_forward(p, c, spec, base, out, role)
-            return
-        raw = p.new(f"{base} output (frozen)", shape, a, "the base's output, before the adapter's is added")
-        _base_forward(p, c, spec, base, raw, role)
-        _adapter_sum(p, c, spec, t, _adapter_forward(p, c, spec, t, h2 if base != "down" else prod, dropped,
-                                                     role_b), out, raw=raw)
-    prod = "down-projection input" if "down-projection input" in kept else p.new(
-        "SiLU(gate) * up", BSF, a, "not kept: only the frozen down projection's weight gradient would read it")
-    gate, silu, up = ("gate output", "SiLU output", "up-projection output") if not dropped else (
-        p.new(f"{n} (checkpointed)", BSF, a, "not kept under the checkpoint") for n in ("gate output", "SiLU output",
-                                                                                           "up-projection output"))
-    projection("gate", "gate_proj", gate, BSF)
-    p.op("SiLU", alloc=[silu])
-    if dropped:
-        p.op("released", free=[gate])
-    projection("up", "up_proj", up, BSF)
-    p.op("SiLU(gate) * up", alloc=[prod])
-    if dropped:
-        p.op("released", free=[silu, up])
-    dn = p.new("down-projection output", BSd, a, "the MLP branch before the residual add")
-    projection("down", "down_proj", dn, BSd, OpRole.DOWN_PROJECTION, OpRole.LORA_DOWN_B)
-    temporary = [prod] if prod not in ("down-projection input",) else []
-    p.op("residual add", free=temporary, alloc=[Ref(Scope.NEXT, x, _final_input(c))])
-    held = (xm,) if dropped else (xm, x)      # the checkpoint keeps the block's input
-    leftovers = [dn] + [n for n in held if p.tensors[n].lifetime is Lifetime.TEMPORARY] + temps
-    p.op("block returns", free=leftovers, role=OpRole.BLOCK_RETURNS)
+    block = _BlockForward(p, c, spec, dropped)
+    h1 = block.norm("1", "Q/K/V projection input")
+    block.qkv(h1)
+    block.release(h1)
+    pi = block.attention()
+    xm = block.attention_branch(pi, residual_names(c)[1])
+    h2 = block.norm("2", "MLP input")
+    dn = block.mlp(h2)
+    block.returns(dn, xm)
 
 
 def _final_input(c):
@@ -539,67 +595,75 @@ def _with_recomputation(p, c, spec, start):
     p.ops[at:at] = _recompute(p, c, spec)
 
 
-def lora_block_backward(p, c, spec: LoraSpec, share):
-    """One block's backward under LoRA: ``dX_out`` (live) -> the previous block's; frees the saved tensors (under
-    full recomputation, those of the forward re-run first)."""
+def _projection_backward(p, c, spec, share, total, t, base, x, last_reader, g_out, frozen_grad, role_b=None):
+    """A projection's backward: its adapter on target ``t`` (if there is one; its saved input ``x``, freed here if
+    ``last_reader``) before the frozen ``base`` (autograd runs the node created last first), each input gradient
+    summed into ``total`` (a :class:`_Sum`). ``g_out``: the output gradient the frozen base frees (None: freed by
+    the caller); ``frozen_grad``: (name, shape, why) of the base's input gradient; ``role_b``: the adapter B's
+    backward op's role."""
+    gb = g_out
+    if t in spec.targets:
+        gx, gb = _adapter_backward(p, c, spec, t, x, share, last_reader, g_out, role_b)
+        total.add(gx)
+    name, shape, why = frozen_grad
+    g = p.new(name, shape, c.dtype, why)
+    _base_backward(p, c, spec, base, g, [gb or g_out])
+    total.add(g)
+
+
+def _mlp_backward(p, c, spec, share) -> str:
+    """The MLP's backward from ``dX_out``: down, SiLU(gate) * up, up, SiLU, gate (each frozen projection after its
+    adapter); returns the MLP input's gradient (the up and gate paths summed)."""
     a, T = c.dtype, spec.targets
-    start = len(p.ops)
-    kept = _kept_inputs(c, spec)
-    BSq = widths_of(c)[0]
-    prod = "down-projection input"
-    # the MLP: down, SiLU(gate) * up, up, SiLU, gate
     g_prod = _Sum(p, "gradient of the down-projection input", BSF, a)
-    gb = None
-    if "down_proj" in T:
-        gx, gb = _adapter_backward(p, c, spec, "down_proj", prod, share, True, role_b=OpRole.LORA_DOWN_B_BACKWARD)
-        g_prod.add(gx)
-    g = p.new("gradient of the down-projection input (frozen down)", BSF, a, "the frozen down projection's")
-    _base_backward(p, c, spec, "down", g, [gb])
-    g_prod.add(g)
+    _projection_backward(p, c, spec, share, g_prod, "down_proj", "down", "down-projection input", True, None, (
+        "gradient of the down-projection input (frozen down)", BSF, "the frozen down projection's"),
+        OpRole.LORA_DOWN_B_BACKWARD)
     gs = p.new("gradient of the SiLU output", BSF, a, "dL/d(SiLU(gate)) = g * up")
     gup = p.new("gradient of the up-projection output", BSF, a, "dL/d(up) = g * SiLU(gate)")
     p.op("SiLU(gate) * up backward", alloc=[gs, gup])
     p.op("released", free=[g_prod.value, "up-projection output", "SiLU output"])
-    h2 = "MLP input"
     g_h2 = _Sum(p, "gradient of the MLP input", BSd, a)
-    mlp_readers = [t for t in ("gate_proj", "up_proj") if t in T]
-    gb = gup
-    if "up_proj" in T:
-        gx, gb = _adapter_backward(p, c, spec, "up_proj", h2, share, mlp_readers == ["up_proj"], gup)
-        g_h2.add(gx)
-    g = p.new("gradient of the MLP input via up (frozen)", BSd, a, "the frozen up projection's")
-    _base_backward(p, c, spec, "up", g, [gb or gup])
-    g_h2.add(g)
+    _projection_backward(p, c, spec, share, g_h2, "up_proj", "up", "MLP input", "gate_proj" not in T, gup, (
+        "gradient of the MLP input via up (frozen)", BSd, "the frozen up projection's"))   # a gate adapter reads it last
     gg = p.new("gradient of the gate output", BSF, a, "SiLU backward's output")
     p.op("SiLU backward", alloc=[gg])
     p.op("released", free=[gs, "gate output"])
-    gb = gg
-    if "gate_proj" in T:
-        gx, gb = _adapter_backward(p, c, spec, "gate_proj", h2, share, True, gg)
-        g_h2.add(gx)
-    g = p.new("gradient of the MLP input via gate (frozen)", BSd, a, "the frozen gate projection's")
-    _base_backward(p, c, spec, "gate", g, [gb or gg])
-    g_h2.add(g)
-    gn2 = p.new("gradient of norm 2's input", BSd, a, "norm 2 backward's output")
-    _norm_backward(p, c, "2", g_h2.value, gn2)
-    gxm = p.new("gradient of the attention residual sum", BSd, a, "skip and norm gradients summed")
+    _projection_backward(p, c, spec, share, g_h2, "gate_proj", "gate", "MLP input", True, gg, (
+        "gradient of the MLP input via gate (frozen)", BSd, "the frozen gate projection's"))
+    return g_h2.value
+
+
+def _norm2_backward(p, c, g_h2) -> str:
+    """Norm 2's backward (frozen weight) from the MLP input's gradient, summed with the skip's ``dX_out``; returns
+    the attention residual sum's gradient."""
+    gn2 = p.new("gradient of norm 2's input", BSd, c.dtype, "norm 2 backward's output")
+    _norm_backward(p, c, "2", g_h2, gn2)
+    gxm = p.new("gradient of the attention residual sum", BSd, c.dtype, "skip and norm gradients summed")
     p.op("residual gradients summed", alloc=[gxm])
     p.op("released", free=[gn2, "dX_out"])
-    # attention: the output projection, the flash kernel, q, k, v
-    g_pi = _Sum(p, "gradient of the output projection input", BSq, a)
-    gb = None
-    if "o_proj" in T:
-        gx, gb = _adapter_backward(p, c, spec, "o_proj", "output projection input", share, False)
-        g_pi.add(gx)
-    g = p.new("gradient of the output projection input (frozen)", BSq, a, "the frozen output projection's")
-    _base_backward(p, c, spec, "proj", g, [gb])
-    g_pi.add(g)
-    BSkv = widths_of(c)[1]
-    gq, gk, gv = (p.new(f"gradient of {n}", (B, S, w), a, f"dL/d{n}")
+    return gxm
+
+
+def _attention_backward(p, c, spec, share) -> str:
+    """The output projection (after its adapter), the flash kernel (re-run first under selective recomputation),
+    q, k, v's gradients put back together; returns the QKV projection output's gradient."""
+    BSq = widths_of(c)[0]
+    g_pi = _Sum(p, "gradient of the output projection input", BSq, c.dtype)
+    _projection_backward(p, c, spec, share, g_pi, "o_proj", "proj", "output projection input", False, None, (
+        "gradient of the output projection input (frozen)", BSq, "the frozen output projection's"))
+    return _qkv_gradient(p, c, *_flash_backward(p, c, spec, g_pi.value))
+
+
+def _flash_backward(p, c, spec, g_pi) -> tuple:
+    """The flash kernel's backward from its output's gradient ``g_pi`` (selective recomputation: the core re-run
+    first, its output and statistics freed after); returns the q, k, v gradients."""
+    BSq, BSkv = widths_of(c)
+    gq, gk, gv = (p.new(f"gradient of {n}", (B, S, w), c.dtype, f"dL/d{n}")
                   for n, w in (("q", BSq[2]), ("k", BSkv[2]), ("v", BSkv[2])))
     selective = c.recompute == "selective"
     if selective:                   # the checkpoint re-runs the core when its backward unpacks
-        again = [p.new("flash output (recomputed)", widths_of(c)[0], a, "the re-run kernel's output"),
+        again = [p.new("flash output (recomputed)", BSq, c.dtype, "the re-run kernel's output"),
                  p.new("softmax log-sum-exp (recomputed)", (B, H, S), "fp32", "the re-run kernel's statistics")]
         p.op("flash attention recomputed", alloc=again)
     p.op("flash attention backward", alloc=[gq, gk, gv], role=OpRole.FLASH_ATTENTION_BACKWARD)
@@ -607,43 +671,69 @@ def lora_block_backward(p, c, spec: LoraSpec, share):
         p.op("recomputed output released", free=again)
     kept_core = ["softmax log-sum-exp", "output projection input"] if not selective else \
         (["output projection input"] if _o_proj_reads(spec) else [])
-    p.op("released", free=[g_pi.value, "Q", "K", "V"] + kept_core)
-    gqkv = p.new("gradient of the QKV projection output", (B, S, qkv_width(c)), a,
+    p.op("released", free=[g_pi, "Q", "K", "V"] + kept_core)
+    return gq, gk, gv
+
+
+def _qkv_gradient(p, c, gq, gk, gv) -> str:
+    """q, k, v's gradients put back into the QKV projection output's: concatenated (GQA), else stacked and permuted
+    back (a copy)."""
+    gqkv = p.new("gradient of the QKV projection output", (B, S, qkv_width(c)), c.dtype,
                  "q, k, v gradients put back together")
     if c.gqa:
         p.op("q, k, v gradients concatenated", alloc=[gqkv])
         p.op("released", free=[gq, gk, gv])
-    else:
-        stack = p.new("stacked q, k, v gradients", (B, S, qkv_width(c)), a, "torch.stack of the three gradients")
-        p.op("q, k, v gradients stacked", alloc=[stack])
-        p.op("released", free=[gq, gk, gv])
-        p.op("permuted back", alloc=[gqkv])
-        p.op("released", free=[stack])
+        return gqkv
+    stack = p.new("stacked q, k, v gradients", (B, S, qkv_width(c)), c.dtype, "torch.stack of the three gradients")
+    p.op("q, k, v gradients stacked", alloc=[stack])
+    p.op("released", free=[gq, gk, gv])
+    p.op("permuted back", alloc=[gqkv])
+    p.op("released", free=[stack])
+    return gqkv
+
+
+def _qkv_backward(p, c, spec, share, gqkv) -> str:
+    """The q, k, v adapters (v first) and the frozen QKV projection (the adapted slices' gradients concatenated
+    first: split's backward); returns the gradient of norm 1's output, summed."""
     h1 = "Q/K/V projection input"
-    g_h1 = _Sum(p, "gradient of norm 1's output", BSd, a)
-    fused = [t for t in QKV if t in T]
+    g_h1 = _Sum(p, "gradient of norm 1's output", BSd, c.dtype)
+    adapted = [t for t in QKV if t in spec.targets]
+    assert h1 not in _kept_inputs(c, spec) or adapted         # a kept Q/K/V input is an adapter's
     slices = []
-    for t in reversed(fused):
-        gx, gb = _adapter_backward(p, c, spec, t, h1, share, t == fused[0])
+    for t in reversed(adapted):
+        gx, gb = _adapter_backward(p, c, spec, t, h1, share, t == adapted[0])
         g_h1.add(gx)
         slices.append(gb)
-    g = p.new("gradient of norm 1's output (frozen QKV)", BSd, a, "the frozen QKV projection's")
-    if fused:
-        gbase = p.new("gradient of the frozen QKV output", (B, S, qkv_width(c)), a,
+    g = p.new("gradient of norm 1's output (frozen QKV)", BSd, c.dtype, "the frozen QKV projection's")
+    if adapted:
+        gbase = p.new("gradient of the frozen QKV output", (B, S, qkv_width(c)), c.dtype,
                       "split backward: the slices' gradients concatenated")
         p.op("split backward", alloc=[gbase])
         p.op("released", free=[gqkv] + slices)
-        _base_backward(p, c, spec, "qkv", g, [gbase])
-    else:
-        _base_backward(p, c, spec, "qkv", g, [gqkv])
+        gqkv = gbase
+    _base_backward(p, c, spec, "qkv", g, [gqkv])
     g_h1.add(g)
-    gx1 = p.new("gradient of norm 1's input", BSd, a, "norm 1 backward's output")
-    # a recomputed block's input (the checkpoint's) goes with the last tensor its recomputation saved, norm 1's input
+    return g_h1.value
+
+
+def _norm1_backward(p, c, g_h1, gxm):
+    """Norm 1's backward (frozen weight) from its output's gradient, summed with the skip's ``gxm`` into the block
+    input's gradient. A recomputed block's input (the checkpoint's) goes with the last tensor its recomputation
+    saved, norm 1's input."""
+    gx1 = p.new("gradient of norm 1's input", BSd, c.dtype, "norm 1 backward's output")
     last = [residual_names(c)[0]] if c.recompute == "full" and c.upcast else []
-    _norm_backward(p, c, "1", g_h1.value, gx1, last)
+    _norm_backward(p, c, "1", g_h1, gx1, last)
     p.op("residual gradients summed", alloc=[INPUT_GRADIENT])
     p.op("released", free=[gx1, gxm])
-    assert h1 not in kept or fused            # a kept Q/K/V input is an adapter's
+
+
+def lora_block_backward(p, c, spec: LoraSpec, share):
+    """One block's backward under LoRA: ``dX_out`` (live) -> the previous block's; frees the saved tensors (under
+    full recomputation, those of the forward re-run first)."""
+    start = len(p.ops)
+    gxm = _norm2_backward(p, c, _mlp_backward(p, c, spec, share))
+    g_h1 = _qkv_backward(p, c, spec, share, _attention_backward(p, c, spec, share))
+    _norm1_backward(p, c, g_h1, gxm)
     if c.recompute == "full":
         _with_recomputation(p, c, spec, start)
 
@@ -764,81 +854,132 @@ def _hold_leaf(ops, x):
     return out
 
 
+def _one_rank(name):
+    """One rank, nothing sharded: a gradient's name as it is."""
+    return name
+
+
+def _chunked(c) -> bool:
+    """The chunked loss (:mod:`memledger.step.lora_loss`) runs: chunks, or LitGPT's loss."""
+    return c.loss_chunks > 1 or c.loss_impl == "litgpt"
+
+
+def _saved_rows(s: LoraStructure) -> tuple:
+    """(a block's saved rows, the rows outside the blocks): the inventory's under LoRA (:func:`lora_rows`); outside,
+    less what only the frozen final norm's weight or the frozen head would read and what the chunked loss keeps as
+    other tensors, plus the head adapter's."""
+    c, spec = s.shape, s.lora
+    opts = s.conventions.inventory_options(c.style, c.dtype, False) | {"attention": c.attention}
+    outside = [row for row in outside_inventory(c.style, **{k: opts[k] for k in (
+        "dtype", "norm_stats", "rmsnorm", "attention")}) if row.name not in NORM_WEIGHT_ONLY
+        and (row.name != "LM head input" or _head_kept(spec))
+        and (not _chunked(c) or row.name not in loss.replaced_rows(c))] + head_adapter_rows(c, spec, opts)
+    return lora_rows(c, spec, opts), outside
+
+
+#: The temporaries every LoRA program names beside the saved rows (B x S x d each, in the activations' dtype).
+_TRANSIENTS = [("dX_out", "the gradient flowing back into the block's output"),
+               ("grad of the embedding output", "the first block's input gradient: the leaf's .grad"),
+               ("block input", "the block's input, held by the caller until the block returns"),
+               ("attention residual sum", "x + attention, norm 2's input"),
+               ("final norm input", "the last block's output, until the LM head has run")]
+
+
+def _tensors(c, rows) -> dict:
+    """The programs' tensors to begin with: the saved ``rows`` and :data:`_TRANSIENTS`."""
+    tensors = {}
+    for row in rows:
+        tensors[row.name] = Tensor(row.name, row.bytes, Kind.ACTIVATION, Lifetime.SAVED, why=row.why)
+    for name, why in _TRANSIENTS:
+        tensors[name] = Tensor(name, B * S * d * nbytes(c.dtype), Kind.TRANSIENT, Lifetime.TEMPORARY, why=why)
+    return tensors
+
+
+def _outside_programs(p, c, spec) -> dict:
+    """The programs outside the blocks, by :class:`~memledger.step.trace.Part`: the embedding, the frozen final norm
+    and head with the loss (chunked: :mod:`memledger.step.lora_loss`), back through them, the graph freed."""
+    chunked = _chunked(c)
+    makers = {Part.FORWARD_START: lambda q: outer.forward_start(q, c),
+              Part.FORWARD_END: lambda q: lora_chunked_forward_end(q, c, _norm_forward) if chunked
+              else _forward_end(q, c, spec),
+              Part.BACKWARD_START: lambda q: lora_chunked_backward_start(q, c, _norm_backward) if chunked
+              else _backward_start(q, c, spec),
+              Part.BACKWARD_END: lambda q: _backward_end(q, c)}
+    outside = {}
+    for part, make in makers.items():
+        q = p.fork()
+        make(q)
+        outside[part] = q.ops
+    return outside
+
+
+def _optimizer_program(opt, s: LoraStructure, params, moments, master):
+    """The adapters' optimizer step into ``opt``: bitsandbytes' fused in-place update (no temporaries), or
+    ``torch.optim.AdamW`` over ``params`` (:func:`memledger.step.outer.optimizer`)."""
+    c = s.shape
+    if s.lora.fused_optimizer:
+        opt.op("gradients collected")
+        opt.op("bitsandbytes: fused in-place update")
+        opt.op("gradients released", action=Action.RELEASE_GRADIENTS)
+    else:
+        outer.optimizer(opt, params, moments, master and c.grad_dtype != "fp32", s.conventions.foreach, c.grad_dtype)
+    return opt
+
+
+def _lumps(tensors, c, spec, layer_rows):
+    """The lumped middle blocks' saved tensors (under full recomputation the checkpoint keeps the block's input
+    only) and adapter gradients, one tensor each."""
+    saved = sum((tensors[row.name].expr for row in layer_rows), sp.Integer(0))
+    if c.recompute == "full":           # the checkpoint keeps the block's input only
+        tensors["layer input"] = Tensor("layer input", tensors[residual_names(c)[0]].expr, Kind.ACTIVATION,
+                                        Lifetime.SAVED, why="the checkpoint")
+        saved = tensors["layer input"].expr
+    grads = sum((tensors[f"grad {t}.lora_{m}"].expr for t in spec.targets for m in "AB"), sp.Integer(0))
+    tensors[SAVED_LUMP] = Tensor(SAVED_LUMP, (L - 4) * saved, Kind.ACTIVATION, Lifetime.SAVED)
+    tensors[GRADIENT_LUMP] = Tensor(GRADIENT_LUMP, (L - 4) * grads, Kind.GRAD, Lifetime.GRADIENT)
+
+
+def _optimizer_in_backward(ops, tensors, p, s: LoraStructure, moments) -> list:
+    """``ops`` with one AdamW per adapter tensor, stepped in its hook (:func:`memledger.step.optim.in_backward`)."""
+    c, conv, spec = s.shape, s.conventions, s.lora
+    sizes = dict(_block_params(c, spec) + _head_params(spec))
+    impl = "fused" if conv.fused else ("foreach" if conv.foreach else "for-loop")
+    return optim.in_backward(ops, tensors, lambda layer, name: optim.one_parameter(
+        p.fork(), c, "adamw", impl, name, moments, c.grad_dtype, Device.GPU, elements=sizes[name]))
+
+
 class LoraBuilt(Built):
     """The programs and compiled sizes of a :class:`LoraStructure` (:class:`~memledger.step.build.Built`'s
     methods read them)."""
 
-    def __init__(self, s: LoraStructure):       # noqa: C901 - one table, then the programs
+    def __init__(self, s: LoraStructure):
         self.shape = c = s.shape
         self.structure = s
-        spec = s.lora
-        conv = s.conventions
-        recipe = get_recipe(s.recipe)
-        share = lambda n: n                         # noqa: E731 - one rank, nothing sharded
-        opts = conv.inventory_options(c.style, c.dtype, False) | {"attention": c.attention}
-        self.layer_rows = lora_rows(c, spec, opts)
-        chunked = c.loss_chunks > 1 or c.loss_impl == "litgpt"      # memledger.step.lora_loss
-        self.outside_rows = [row for row in outside_inventory(c.style, **{k: opts[k] for k in (
-            "dtype", "norm_stats", "rmsnorm", "attention")}) if not row.name.endswith("x*rstd")
-            and (row.name != "LM head input" or _head_kept(spec))
-            and (not chunked or row.name not in loss.replaced_rows(c))] + head_adapter_rows(c, spec, opts)
-        tensors = {}
-        for row in self.layer_rows + self.outside_rows:
-            tensors[row.name] = Tensor(row.name, row.bytes, Kind.ACTIVATION, Lifetime.SAVED, why=row.why)
-        for name, why in [("dX_out", "the gradient flowing back into the block's output"),
-                          ("grad of the embedding output", "the first block's input gradient: the leaf's .grad"),
-                          ("block input", "the block's input, held by the caller until the block returns"),
-                          ("attention residual sum", "x + attention, norm 2's input"),
-                          ("final norm input", "the last block's output, until the LM head has run")]:
-            tensors[name] = Tensor(name, B * S * d * nbytes(c.dtype), Kind.TRANSIENT, Lifetime.TEMPORARY, why=why)
-        self.placement = outer_placement = Program(tensors).placement
-        p = Program(tensors, outer_placement)
-        outside = {}
-        from .trace import Part
-        for part, fn in [(Part.FORWARD_START, outer.forward_start),
-                         (Part.FORWARD_END, (lambda q, c_, spec_: lora_chunked_forward_end(q, c_, _norm_forward))
-                          if chunked else _forward_end),
-                         (Part.BACKWARD_START, (lambda q, c_, spec_: lora_chunked_backward_start(q, c_, _norm_backward))
-                          if chunked else _backward_start),
-                         (Part.BACKWARD_END, _backward_end)]:
-            q = p.fork()
-            fn(q, c, spec) if part in (Part.FORWARD_END, Part.BACKWARD_START) else fn(q, c)
-            outside[part] = q.ops
+        spec, recipe = s.lora, get_recipe(s.recipe)
+        self.layer_rows, self.outside_rows = _saved_rows(s)
+        tensors = _tensors(c, self.layer_rows + self.outside_rows)
+        self.placement = Program(tensors).placement
+        p = Program(tensors, self.placement)
+        outside = _outside_programs(p, c, spec)
         fwd, bwd = p.fork(), p.fork()
         lora_block_forward(fwd, c, spec, dropped=c.recompute == "full")
-        lora_block_backward(bwd, c, spec, share)
-        layers = explicit_layers(s.layers or 5)
-        opt = p.fork()
+        lora_block_backward(bwd, c, spec, _one_rank)
         moments, master = outer.adamw(recipe)
-        params = _params(c, spec, layers)
-        if spec.fused_optimizer:
-            opt.op("gradients collected")
-            opt.op("bitsandbytes: fused in-place update")
-            from .vocab import Action
-            opt.op("gradients released", action=Action.RELEASE_GRADIENTS)
-        else:
-            outer.optimizer(opt, params, moments, master and c.grad_dtype != "fp32", conv.foreach, c.grad_dtype)
-        saved = sum((tensors[row.name].expr for row in self.layer_rows), sp.Integer(0))
-        if c.recompute == "full":           # the checkpoint keeps the block's input only
-            saved = tensors["layer input"] = Tensor("layer input", tensors[residual_names(c)[0]].expr, Kind.ACTIVATION,
-                                                    Lifetime.SAVED, why="the checkpoint")
-            saved = saved.expr
-        grads = sum((tensors[f"grad {t}.lora_{m}"].expr for t in spec.targets for m in "AB"), sp.Integer(0))
-        tensors[SAVED_LUMP] = Tensor(SAVED_LUMP, (L - 4) * saved, Kind.ACTIVATION, Lifetime.SAVED)
-        tensors[GRADIENT_LUMP] = Tensor(GRADIENT_LUMP, (L - 4) * grads, Kind.GRAD, Lifetime.GRADIENT)
+        params = _params(c, spec, explicit_layers(s.layers or 5))
+        opt = _optimizer_program(p.fork(), s, params, moments, master)
+        _lumps(tensors, c, spec, self.layer_rows)
         self.ops = _hold_leaf(flatten(s.layers or 5, c, outside, fwd.ops, bwd.ops, opt.ops), residual_names(c)[0])
-        if s.in_backward:           # one optimizer per adapter tensor, stepped in its hook (memledger.step.optim)
-            sizes = dict(_block_params(c, spec) + _head_params(spec))
-            impl = "fused" if conv.fused else ("foreach" if conv.foreach else "for-loop")
-            self.ops = optim.in_backward(self.ops, tensors, lambda layer, name: optim.one_parameter(
-                p.fork(), c, "adamw", impl, name, moments, c.grad_dtype, Device.GPU, elements=sizes[name]))
+        if s.in_backward:
+            self.ops = _optimizer_in_backward(self.ops, tensors, p, s, moments)
         self.tensors = tensors
         self._lora_static(recipe, spec, len(params) and 2 * len(spec.targets))
         self._compile()
 
     def loss_saved(self) -> list:
-        """What the chunked loss keeps for backward: the frozen head keeps no copy of its chunks' input."""
-        return [n for n in loss.saved_names(self.shape) if not n.startswith("LM head input, chunk")]
+        """What the chunked loss keeps for backward (:func:`memledger.step.loss.saved_names`) that the programs
+        save: the frozen head keeps no copy of its chunks' input (:mod:`memledger.step.lora_loss` makes none)."""
+        return [n for n in loss.saved_names(self.shape)
+                if n in self.tensors and self.tensors[n].lifetime is Lifetime.SAVED]
 
     def _lora_static(self, recipe, spec, per_block):
         """The frozen base (16-bit or NF4), the adapters' states, step counters, ids, overhead."""
@@ -872,10 +1013,10 @@ class LoraBuilt(Built):
                    "double quantization: one 8-bit absmax per 64 weights, one FP32 per 256 absmax")
         P = L * sum(e for _, e in _block_params(c, spec)) + sum(e for _, e in _head_params(spec))
         self.adapter_params = P
-        grad = next(x for x in recipe.components if x.role == "grad")
+        grad = recipe.grad_component
         self.grad_row = _GradRow(f"LoRA adapters: {grad.name}", grad.bytes_for(1))
         for x in recipe.components:
-            if x.role != "grad":
+            if x.role != Role.GRAD:
                 static(f"LoRA adapters: {x.name}", x.bytes_for(P), _kind(x.role), "the adapter recipe's component")
         if conv.step_counters and outer.adamw(recipe)[0] is not None and not spec.fused_optimizer:
             static("Adam step counters", 4 * (L * per_block + len(_head_params(spec))), Kind.OPTIMIZER,
@@ -892,7 +1033,8 @@ class _GradRow(NamedTuple):
 
 
 def _kind(role):
-    return {"param": Kind.PARAM, "optimizer": Kind.OPTIMIZER, "grad": Kind.GRAD}.get(role, Kind.OPTIMIZER)
+    """The step's :class:`~memledger.step.vocab.Kind` of a recipe component with ZeRO ``role``."""
+    return {Role.PARAM: Kind.PARAM, Role.OPTIMIZER: Kind.OPTIMIZER, Role.GRAD: Kind.GRAD}.get(role, Kind.OPTIMIZER)
 
 
 _CACHE = {}
@@ -910,6 +1052,39 @@ def build_lora(s: LoraStructure) -> LoraBuilt:
 ADAPTER_RECIPES = ("fp32-adamw", "bf16-pure-adamw", "bf16-adamw", "bf16-adamw32-bnb")
 
 
+def _bitsandbytes(recipe) -> bool:
+    """bitsandbytes runs the recipe's optimizer (:data:`memledger.step.structure.OPTIMIZER_OF`): one fused in-place
+    update, no temporaries."""
+    return OPTIMIZER_OF[recipe.name] in BNB_KINDS
+
+
+def _fp32_adapters(recipe) -> bool:
+    """The adapters' own weights are FP32 (PEFT's ``autocast_adapter_dtype``): the recipe's parameter component."""
+    return next(x.dtype for x in recipe.components if x.role == Role.PARAM) == "fp32"
+
+
+def _check(setup, config, conv):
+    """What the LoRA step models, or a ValueError naming the choice it does not."""
+    if config.base not in ("bf16", "nf4"):
+        raise ValueError(f"the LoRA step models a BF16 base (or NF4 under QLoRA), got base {config.base}")
+    if config.adapter_recipe not in ADAPTER_RECIPES:
+        raise ValueError(f"the LoRA step models FP32 or BF16 adapters under AdamW: adapter_recipe must be one of "
+                         f"{', '.join(ADAPTER_RECIPES)}, got {config.adapter_recipe}")
+    if setup.arch.style != "llama":
+        raise ValueError("the LoRA step models LLaMA blocks")
+    recipe = get_recipe(config.adapter_recipe)
+    if setup.optimizer_in_backward and (outer.adamw(recipe)[1] or _bitsandbytes(recipe)):
+        raise ValueError(f"optimizer_in_backward steps each adapter in its own hook with torch.optim.AdamW: "
+                         f"adapter_recipe {config.adapter_recipe} keeps FP32 masters or is bitsandbytes'; use "
+                         f"fp32-adamw or bf16-pure-adamw")
+    if "lm_head" in config.targets and setup.chunked_loss:
+        raise ValueError("the LoRA step does not model an lm_head adapter with the chunked loss (the adapter per "
+                         "chunk): drop lm_head from the targets or use loss_chunks 1")
+    if conv.kernel(setup.arch.style, False, setup.flash_attention) != "flash":
+        raise ValueError("the LoRA step models the SDPA flash kernel: use --backend cpu or cuda, or "
+                         "--flash-attention")
+
+
 class LoraStep(Step):
     """The step timeline of a :class:`memledger.ledger.lora.LoraLedger` (``LoraLedger(...).step(backend)``)."""
 
@@ -919,32 +1094,14 @@ class LoraStep(Step):
         (:class:`memledger.ledger.lora.LoraConfig`); ``record``: the run's inputs as the JSON echoes them;
         ``origin``: what the step was made from, kept for display (:attr:`ledger`)."""
         setup = inputs_of(setup)
-        arch = setup.arch
         self.ledger, self.inputs, self.record = origin, setup, dict(record or {})
         self.conventions = conv = get_backend(backend, **changes)
-        if config.base not in ("bf16", "nf4"):
-            raise ValueError(f"the LoRA step models a BF16 base (or NF4 under QLoRA), got base {config.base}")
-        if config.adapter_recipe not in ADAPTER_RECIPES:
-            raise ValueError(f"the LoRA step models FP32 or BF16 adapters under AdamW: adapter_recipe must be one of "
-                             f"{', '.join(ADAPTER_RECIPES)}, got {config.adapter_recipe}")
-        if arch.style != "llama":
-            raise ValueError("the LoRA step models LLaMA blocks")
-        if setup.optimizer_in_backward and (config.adapter_recipe in ("bf16-adamw", "bf16-adamw32-bnb")):
-            raise ValueError(f"optimizer_in_backward steps each adapter in its own hook with torch.optim.AdamW: "
-                             f"adapter_recipe {config.adapter_recipe} keeps FP32 masters or is bitsandbytes'; use "
-                             f"fp32-adamw or bf16-pure-adamw")
-        if "lm_head" in config.targets and setup.chunked_loss:
-            raise ValueError("the LoRA step does not model an lm_head adapter with the chunked loss (the adapter per "
-                             "chunk): drop lm_head from the targets or use loss_chunks 1")
-        if conv.kernel(arch.style, False, setup.flash_attention) != "flash":
-            raise ValueError("the LoRA step models the SDPA flash kernel: use --backend cpu or cuda, or "
-                             "--flash-attention")
+        _check(setup, config, conv)
         base = StepStructure.of(setup, conv)
-        grad_dtype = next(x.dtype for x in get_recipe(config.adapter_recipe).components if x.role == "grad")
-        shape = replace(base.shape, grad_dtype=grad_dtype)
+        recipe = get_recipe(config.adapter_recipe)
+        shape = replace(base.shape, grad_dtype=recipe.grad_component.dtype)
         spec = LoraSpec(tuple(t for t in BLOCK_TARGETS if t in config.targets), config.dropout,
-                        config.base == "nf4", config.adapter_recipe.endswith("-bnb"),
-                        config.adapter_recipe.startswith("fp32"), "lm_head" in config.targets,
+                        config.base == "nf4", _bitsandbytes(recipe), _fp32_adapters(recipe), "lm_head" in config.targets,
                         _nf4_fallback(shape, setup.values) if config.base == "nf4" else ())
         fields = {f: getattr(base, f) for f in base.__dataclass_fields__}
         self.structure = LoraStructure(**(fields | {"shape": shape, "recipe": config.adapter_recipe, "lora": spec}))

@@ -151,7 +151,7 @@ def _labels(p, c, T) -> list:
 
 def _count(p):
     mask = p.new("labels != ignore_index", (B, S), "bool", "the tokens counted")
-    p.op("labels != ignore_index", alloc=[mask])
+    p.op("labels != ignore_index", alloc=[mask], role=OpRole.LOSS_STARTS)
     p.op("count: .sum()", alloc=[_saved(p, "tokens counted", (), "int64", "the divisor, saved by the division")])
     p.op("released", free=[mask])
 
@@ -242,7 +242,8 @@ def chunked_backward_start(p, c, head=None):
         g1 = p.new(f"nll_loss gradient, chunk {k}", (B, T[k], V), dtype, "nll_loss backward")
         p.op(f"chunk {k}: nll_loss backward", alloc=[g1])
         p.op("released", free=[f"nll_loss total weight, chunk {k}"]
-             + ([] if c.single or n == 1 else [f"labels, chunk {k}"]) + ([total] if k == 0 and total else []))
+             + ([] if c.single or n == 1 else [f"labels, chunk {k}"]) + ([total] if k == 0 and total else []),
+             role=OpRole.LABELS_RELEASED)
         g2 = p.new(f"log_softmax gradient, chunk {k}", (B, T[k], V), dtype, "log_softmax backward")
         p.op(f"chunk {k}: log_softmax backward", alloc=[g2])
         p.op("released", free=[g1, f"log-softmax output, chunk {k}"])

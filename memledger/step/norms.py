@@ -63,9 +63,14 @@ def norm_forward(p, c, k, out, save=Save.KEPT) -> str:
     p.op(f"norm {k} x*rstd", free=[ms, sq], alloc=[xr])
     if c.upcast:
         xrw = temporary("x*rstd*w", BSd)
+        wcopy = None
         if c.rmsnorm == "litgpt":       # LitGPT's RMSNorm: weight.float(), saved by the product
-            p.op(f"norm {k} weight.float()", alloc=[f"{prefix} weight (FP32 copy)"])
+            wcopy = f"{prefix} weight (FP32 copy)" if kept else p.new(f"norm {k}: weight (FP32 copy, checkpointed)",
+                                                                      (d,), f, "weight.float(), until the product")
+            p.op(f"norm {k} weight.float()", alloc=[wcopy])
         p.op(f"norm {k} weight", alloc=[xrw])
+        if not kept and wcopy:
+            p.op("released", free=[wcopy])
         if kept:
             p.op(f"norm {k} downcast", alloc=[out])
             p.op(f"norm {k} done", free=[xrw])
@@ -155,10 +160,12 @@ def _hf_forward(p, c, k, prefix, out, kept):
     """transformers' ``LlamaRMSNorm.forward`` (``modeling_llama.py`` l. 62-67; :mod:`memledger.step.hf`): upcast,
     ``pow(2)``, ``mean`` (``variance``, a local until the norm returns), ``+ eps``, ``rsqrt``, the product, the
     downcast (saved by the weight's product), the weight's product."""
-    if not kept:
-        raise ValueError("transformers' LlamaRMSNorm under a checkpoint is not modelled yet")
     f = "fp32"
     x32, rstd, xn = f"{prefix} input", f"{prefix} rstd", f"{prefix} normalized"
+    if not kept:        # under the layer's checkpoint: each tensor dies with its last Python reference
+        x32, rstd = p.new(f"norm {k}: FP32 input (checkpointed)", BSd, f, "hidden_states.to(torch.float32)"), \
+            p.new(f"norm {k}: rstd (checkpointed)", BS, f, "rsqrt(variance + eps), a temporary")
+        xn = p.new(f"norm {k}: normalized (checkpointed)", BSd, c.dtype, "hidden_states.to(input_dtype)")
     sq, ms = p.new(f"norm {k}: x^2", BSd, f, "pow(2)"), p.new(f"norm {k}: variance", BS, f, "mean(x^2), a local")
     ve = p.new(f"norm {k}: variance + eps", BS, f, "rsqrt's input")
     xr = p.new(f"norm {k}: x*rstd", BSd, f, "hidden_states * rstd (FP32), a local until the norm returns")
@@ -167,6 +174,14 @@ def _hf_forward(p, c, k, prefix, out, kept):
     p.op(f"norm {k} mean", alloc=[ms])
     p.op(f"norm {k} + eps", free=[sq], alloc=[ve])
     p.op(f"norm {k} rsqrt", alloc=[rstd])
+    if not kept:        # rsqrt's input goes once rsqrt returns; the product replaces hidden_states (x32)
+        p.op("released", free=[ve])
+        p.op(f"norm {k} x*rstd", alloc=[xr])
+        p.op("released", free=[rstd, x32])
+        p.op(f"norm {k} downcast", alloc=[xn])
+        p.op(f"norm {k} weight", alloc=[out])
+        p.op(f"norm {k} returns", free=[xn, xr, ms])
+        return out
     p.op(f"norm {k} x*rstd", free=[ve], alloc=[xr])
     p.op(f"norm {k} downcast", alloc=[xn])
     p.op(f"norm {k} weight", alloc=[out])

@@ -86,7 +86,7 @@ def forward_end(p, c: Shape):
 def cross_entropy(p, src):
     """``F.cross_entropy`` on the FP32 logits ``src``: log-softmax, then nll_loss (the loss and its total weight);
     ``src`` dies with the loss."""
-    p.op("log_softmax", alloc=["log-softmax output (FP32)"])
+    p.op("log_softmax", alloc=["log-softmax output (FP32)"], role=OpRole.LOSS_STARTS)
     p.op("nll_loss", alloc=["loss", "nll_loss total weight"])
     p.op("loss computed", free=[src], role=OpRole.LOSS_COMPUTED)
 
@@ -101,7 +101,7 @@ def backward_start(p, c: Shape, labels=None):
     g2 = p.new("log_softmax gradient", LOGITS, "fp32", "log_softmax backward: B*S*V FP32")
     p.op("loss.backward()", alloc=[dl], role=OpRole.LOSS_BACKWARD)
     p.op("nll_loss backward", alloc=[g1])
-    p.op("released", free=["nll_loss total weight", labels])
+    p.op("released", free=["nll_loss total weight", labels], role=OpRole.LABELS_RELEASED)
     p.op("log_softmax backward", alloc=[g2])
     p.op("released", free=[g1, "log-softmax output (FP32)"])
     g = g2

@@ -22,7 +22,11 @@ def param_tensors(c: Shape, layers) -> list:
             out.append(Param("@blocks 1..L-2", (L - 2) * sum(e for _, e in block), lump=True))
             out += [Param(f"block L-1 {n}", e, local=n) for n, e in block]
             break
-    return out + [Param(n, e) for n, e in head_params(c)]
+    outer_params = [Param(n, e) for n, e in head_params(c)]
+    if c.implementation == "litgpt":    # GPT.__init__ (litgpt/model.py l. 28-35): lm_head before transformer (wte, h, ln_f)
+        head = [x for x in outer_params if x.name == "head.weight"]
+        return head + out + [x for x in outer_params if x.name != "head.weight"]
+    return out + outer_params
 
 
 def zero3_units(tensors, outside: dict, fwd, bwd, c, recipe, s):

@@ -120,6 +120,15 @@ def forward_start(p, c: Shape, sequence_parallel=False):
 def forward_end(p, c: Shape, sequence_parallel=False):
     """Final norm, column-wise LM head (vocabulary-sharded logits), FP32 upcast, ``loss_parallel``'s
     log-softmax (all-reduced max and sum) and NLL (masked gather, all-reduced)."""
+    src = _sharded_logits(p, c, sequence_parallel)
+    _parallel_log_softmax(p)
+    _parallel_nll(p)
+    p.op("loss computed", free=[src], role=OpRole.LOSS_COMPUTED)
+
+
+def _sharded_logits(p, c: Shape, sequence_parallel: bool) -> str:
+    """The final norm and the column-wise LM head: the rank's V/t columns of the logits, upcast to FP32 where the
+    model's dtype is not; returns the logits the loss reads."""
     a, f = c.dtype, "fp32"
     out = p.new(SP_NORM_OUTPUT["LM head input"], BSd_t, a, "all-gathered by the LM head") \
         if sequence_parallel else "LM head input"
@@ -137,6 +146,13 @@ def forward_end(p, c: Shape, sequence_parallel=False):
         src = p.new("logits in FP32", LOGITS, f, "logits.float(): cross-entropy runs in FP32")
         p.op("logits.float()", alloc=[src])
         p.op("BF16 logits released", free=[logits])
+    return src
+
+
+def _parallel_log_softmax(p):
+    """``loss_parallel``'s log-softmax over the rank's columns: max and sum of exp all-reduced (loss.py:
+    ``_log_softmax``)."""
+    f = "fp32"
     m0, m = (_token(p, f"log_softmax: {x}", f, "per token") for x in ("rank's max", "max (all-reduced)"))
     s0, s = (_token(p, f"log_softmax: {x}", f, "per token") for x in ("rank's sum of exp", "sum (all-reduced)"))
     lse = _token(p, "log_softmax: log of the sum", f, "per token")
@@ -151,6 +167,12 @@ def forward_end(p, c: Shape, sequence_parallel=False):
     p.op("log", free=[s0], alloc=[lse])
     p.op("shifted - log(sum)", alloc=["log-softmax output (FP32)"])
     p.op("released", free=[shifted, m, s, lse])
+
+
+def _parallel_nll(p):
+    """``loss_parallel``'s NLL: the targets outside the rank's columns masked, the gathered log-probabilities
+    all-reduced, summed over the targets and divided by their count."""
+    f = "fp32"
     ne = _token(p, "nll: target != ignore_index", "bool", "per token")
     safe = _token(p, "nll: safe target", "int64", "torch.where(target != ignore_index, target, 0)")
     p.op("target != ignore_index", alloc=[ne])
@@ -179,7 +201,6 @@ def forward_end(p, c: Shape, sequence_parallel=False):
     p.op("result.sum()", free=[count], alloc=[total])
     p.op("sum / total weight", alloc=["loss"])
     p.op("released", free=[safe, shifted_ids, gathered, reduced, res, total])
-    p.op("loss computed", free=[src], role=OpRole.LOSS_COMPUTED)
 
 
 def backward_start(p, c: Shape, sequence_parallel=False):

@@ -74,6 +74,8 @@ class OpRole(StrEnum):
     LM_HEAD = "LM head"                                   # the LM head's matmul (the logits made; unchunked)
     LM_HEAD_BACKWARD = "LM head backward"
     LOSS_COMPUTED = "loss computed"
+    LOSS_STARTS = "the loss starts"                       # the loss's first op, after the model returns
+    LABELS_RELEASED = "labels released"                   # nll_loss's backward done: its saved labels released
     LOSS_BACKWARD = "loss.backward()"                     # the loss's gradient seeded
     DECODER_RETURNS = "the decoder returns"               # the chunked loss: the decoder's output handed over
     LOSS_RELEASED = "loss released"                       # the loss freed after backward starts

@@ -247,7 +247,7 @@ def test_messages_show_values_as_given():
 # 12: the Python API checks its types
 
 API_BAD = [
-    (lambda: ml.fit("llama2-7b", "batch", 80e9), TypeError, "template must be a Ledger, got 'llama2-7b'"),
+    (lambda: ml.fit("llama2-7b", "batch", 80e9), TypeError, "template must be a Ledger or a LoraLedger, got 'llama2-7b'"),
     (lambda: get_convention("eleuther").estimate(None), TypeError, "ledger must be a Ledger, got None"),
     (lambda: LoraLedger("llama2-7b", "qlora"), TypeError, "config must be a LoraConfig"),
     (lambda: ConventionInputs(largest_layer=10**30), ValueError, "largest_layer must be a positive integer up to"),

@@ -97,7 +97,7 @@ def test_step_json_and_verdict_carry_the_measure_and_its_rows(capsys):
     assert data["nvidia_smi"]["cuda_context"] == 500 * MiB
     code, out, _ = cli(capsys, "step", *SHAPE, "--measure", "run")
     assert code == 0 and "the peak of the whole run" in out and "the run's peak is in phase 'step'" in out
-    refused(capsys, "step", *SHAPE, "--measure", "reserved", "--lora-rank", "8", message="use --measure peak or run")
+    refused(capsys, "step", *SHAPE, "--measure", "run", "--load", "torchtune", message="give --lora-rank or --qlora")
 
 
 def test_qlora_run_books_the_largest_projection_in_bf16_beside_its_nf4_copy(capsys):
@@ -110,7 +110,7 @@ def test_qlora_run_books_the_largest_projection_in_bf16_beside_its_nf4_copy(caps
     assert phases["quantize at load"] - phases["load"] == 2 * 256 * 688 + 4 * 2752
     assert data["judged_bytes"] == max(phases.values()) == data["run"]["run_peak"]
     refused(capsys, "step", *SHAPE, "--qlora", "--backend", "cuda", "--measure", "run", "--load", "state-dict",
-            message="--load from-pretrained only")
+            message="PEFT wraps a from_pretrained model")
     refused(capsys, "step", *SHAPE, "--qlora", "--backend", "cuda", "--load", "state-dict",
             message="does not read --load")
 

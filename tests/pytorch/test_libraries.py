@@ -117,3 +117,40 @@ def test_grouped_query_sdpa(shape, L, batch, seq):
     step = step_of(**shape, L=L, batch=batch, seq=seq, attn="sdpa")
     assert layer_bytes(step) == measured
     agree(step, library_step("hf", **shape, L=L, batch=batch, seq=seq))
+
+
+def recompute_step(shape, L, batch, seq, attn, foreach=False):
+    ledger = Ledger(Architecture(shape["d"], L, shape["H"], shape["F"], shape["V"], "llama", n_kv_heads=shape.get("kv")),
+                    batch_size=batch, seq_len=seq, recipe="bf16-pure-adamw", implementation="hf",
+                    attn_implementation=attn, overhead_bytes=0, recompute="full")
+    return ledger.step("cpu", foreach=foreach)
+
+
+@pytest.mark.parametrize("attn, shape, L, batch, seq, foreach", [
+    ("sdpa", SMALL, 3, 2, 48, False), ("sdpa", SMALL, 3, 1, 64, False), ("sdpa", SMALL, 5, 2, 32, True),
+    ("sdpa", dict(d=256, H=4, kv=1, F=64, V=100), 3, 2, 48, False), ("sdpa", dict(SMALL, kv=2), 3, 2, 48, False),
+    ("eager", SMALL, 3, 2, 48, False), ("eager", SMALL, 3, 1, 64, False), ("eager", SMALL, 5, 2, 32, True)])
+def test_gradient_checkpointing(attn, shape, L, batch, seq, foreach):
+    """``--recompute full`` under implementation hf is transformers' ``model.gradient_checkpointing_enable()`` (5.25:
+    non-reentrant, ``modeling_utils.py`` l. 3159-3160; ``GradientCheckpointingLayer`` checkpoints each decoder
+    layer's ``forward``, ``modeling_layers.py`` l. 89-123): each layer keeps its input, the checkpoints hold cos, sin,
+    position_ids (and eager's mask) until block 0's backward, a layer is re-run in its backward. Equal at every
+    landmark, phase peak, each layer's peak forward and backward, and the peak (the narrow-MLP GQA case peaks in
+    backward). MemTracker warns that its module tracking "may be messed up" (the recomputation runs forward hooks
+    inside backward): the per-layer backward peaks it reports are what the step's are."""
+    step = recompute_step(shape, L, batch, seq, attn, foreach)
+    assert layer_bytes(step) == batch * seq * shape["d"] * 2          # each layer keeps its BF16 input, nothing else
+    agree(step, library_step("hf", **shape, L=L, batch=batch, seq=seq, attn=attn, foreach=foreach,
+                             gradient_checkpointing=True))
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+@pytest.mark.parametrize("batch, seq", [(1, 1024), (2, 1304)])
+def test_gradient_checkpointing_llama2_7b_width(attn, batch, seq):
+    """LLaMA-2-7B's width, two layers: each keeps its BF16 input (8 MiB at B 1, S 1024). Eager at B 2, S 1304 peaks
+    in block 0's recomputed softmax backward."""
+    step = recompute_step(LLAMA2, 2, batch, seq, attn)
+    assert layer_bytes(step) == batch * seq * 4096 * 2
+    if (attn, batch) == ("eager", 2):
+        assert step.peak.phase == "backward"
+    agree(step, library_step("hf", **LLAMA2, L=2, batch=batch, seq=seq, attn=attn, gradient_checkpointing=True))

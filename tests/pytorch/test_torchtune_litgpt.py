@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch")
 
 from memledger.ledger.ledger import Ledger  # noqa: E402
 from memledger.pytorch.compare import _block_rows, architecture_of, ledger_for, run_options  # noqa: E402
-from memledger.pytorch.torchtune_litgpt import layer_saved, library_step, missing  # noqa: E402
+from memledger.pytorch.torchtune_litgpt import checkpointed_layer, layer_saved, library_step, missing  # noqa: E402
 from memledger.pytorch.reference import RefConfig  # noqa: E402
 from memledger.step.timeline import LANDMARKS, Step  # noqa: E402
 
@@ -96,92 +96,57 @@ def test_llama2_7b_layer(library, B, S):
     assert got == memledger_layer(SEVEN_B, B, S) + extra
 
 
-def torchtune_recipe_extra(landmark, d, H, L, B, S, loss):
-    """What torchtune's step holds beyond memledger's reference step (the same layers, to the byte), read off its
-    sources (0.6.1):
-
-    * one RoPE module shared by every layer (``models/llama2/_component_builders.py`` l. 88-102), its FP32 buffers
-      ``theta`` (d_h/2) and ``cache`` (4096 positions x d_h/2 x cos, sin) (``modules/position_embeddings.py``
-      l. 51, 67);
-    * q, k and v projections of their own (``MultiHeadAttention``) where the reference fuses them: two more
-      parameter tensors a layer, each with AdamW's 4-byte ``step``;
-    * the recipe's loop (``recipes/full_finetune_single_device.py``): ``ignore_labels_cache`` (B, 1) int64
-      (l. 346), the previous iteration's ``current_num_tokens`` (int64) and ``current_loss`` (FP32) until rebound
-      (l. 692, 699); ``num_tokens`` (int64) and ``running_loss`` (FP32) from the forward to l. 754-755; the labels
-      popped and replaced by their shifted ``hstack`` (l. 642-644), which dies in backward: after it only the
-      tokens are left of the batch. With CEWithChunkedOutputLoss and B > 1 the shifted labels die when their
-      chunks are copied (``labels.chunk(n, dim=1)``, ``reshape(-1)``), where memledger's reference still holds its
-      targets beside the copies."""
-    d_h = d // H
-    fixed = 4 * (d_h // 2) + 4 * 4096 * (d_h // 2) * 2 + 4 * 2 * L + 8 * B
-    previous = 8 + 4                            # the last iteration's current_num_tokens and current_loss
-    labels = 8 * B * S
-    chunk_copies = labels if loss == "chunked" and B > 1 else 0
-    return {"before forward": fixed + previous,
-            # the new count and current_loss replace the previous; + num_tokens (8) and running_loss (4), less the
-            # loss memledger keeps (4: torchtune's is deleted, MulBackward0 keeps the count, not the loss)
-            "after forward": fixed + previous + 8 - chunk_copies,
-            "after backward": fixed + previous + 8 + 4 - labels,
-            "after step": fixed + previous - labels}[landmark]
-
-
-def torchtune_step(L, B, S, loss):
-    """memledger's step of the same setup under ``implementation="torchtune"`` (CPU conventions)."""
-    arch = architecture_of(RefConfig(**SMALL, L=L, style="llama"))
+def torchtune_step(L, B, S, loss, shape=SMALL):
+    """memledger's step of the same setup under ``implementation="torchtune"`` (CPU conventions): the model's RoPE
+    buffers, its q/k/v step counters and the recipe's loop tensors booked by :mod:`memledger.step.torchtune`."""
+    arch = architecture_of(RefConfig(**shape, L=L, style="llama"))
     return Step(Ledger(arch, batch_size=B, seq_len=S, recipe=LOOP, overhead_bytes=0,
                        loss_chunks=8 if loss == "chunked" else 1, implementation="torchtune"), "cpu")
+
+
+def differences(got, step) -> dict:
+    """{landmark, phase peak, "peak": torchtune's measured bytes minus memledger's}."""
+    out = {name: got[name] - step.landmarks[name]["gpu"] for name in LANDMARKS}
+    peaks = step.phase_peaks()
+    out.update({f"{phase} peak": got["phase peaks"][phase] - peaks[phase] for phase in got["phase peaks"]})
+    out["peak"] = got["peak"] - step.peak.bytes
+    return out
+
+
+#: Where the chunked loss's backward peak is not modelled (the strict xfail below): those two numbers left out.
+CHUNKED_BACKWARD = ("backward peak", "peak")
 
 
 @needs("torchtune")
 @pytest.mark.parametrize("loss, L, B, S", [("ce", 2, 2, 200), ("ce", 3, 1, 200), ("chunked", 2, 2, 200),
                                            ("chunked", 2, 1, 64), ("chunked", 2, 2, 203), ("chunked", 2, 1, 203)])
-def test_torchtune_step_landmarks(loss, L, B, S):
-    """Every landmark of torchtune's step, as its recipe runs it, is memledger's ``implementation="torchtune"``
-    step plus what :func:`torchtune_recipe_extra` names, to the byte; at S 203 torchtune 0.6.1's ``chunk`` makes
-    7 chunks of 26 tokens and one of 21 (``tensor_split`` would make 3 of 26 and 5 of 25)."""
-    got = library_step("torchtune", "llama2", **SMALL, L=L, batch=B, seq=S, loss=loss)
-    step = torchtune_step(L, B, S, loss)
-    for name in LANDMARKS:
-        assert got[name] - step.landmarks[name]["gpu"] == torchtune_recipe_extra(name, SMALL["d"], SMALL["H"], L, B,
-                                                                                   S, loss), name
+def test_torchtune_step_equals_memledgers(loss, L, B, S):
+    """Every landmark and phase peak of torchtune's step, as its recipe runs it (its model's RoPE buffers, separate
+    q/k/v projections, ``ignore_labels_cache``, the shifted labels, the token counts and losses), equals memledger's
+    ``implementation="torchtune"`` step to the byte; at S 203 torchtune 0.6.1's ``chunk`` makes 7 chunks of 26 tokens
+    and one of 21. With CEWithChunkedOutputLoss the backward peak is left to the strict xfail below."""
+    diff = differences(library_step("torchtune", "llama2", **SMALL, L=L, batch=B, seq=S, loss=loss),
+                       torchtune_step(L, B, S, loss))
+    skip = CHUNKED_BACKWARD if loss == "chunked" else ()
+    assert {k: v for k, v in diff.items() if k not in skip} == {k: 0 for k in diff if k not in skip}
 
 
 @needs("torchtune")
-@pytest.mark.parametrize("loss, B, S", [("ce", 2, 200), ("chunked", 2, 203)])
-def test_torchtune_forward_peak(loss, B, S):
-    """The forward's peak (in the loss: the last chunk's log-softmax beside every earlier one, or the FP32 logits) is
-    memledger's plus what the recipe holds then: the "after forward" extra, and with chunks and B > 1 the shifted
-    labels too, which ``_loss_step`` holds until the loss returns (l. 642-653) beside their chunks' copies."""
-    got = library_step("torchtune", "llama2", **SMALL, L=2, batch=B, seq=S, loss=loss)
-    step = torchtune_step(2, B, S, loss)
-    shifted = 8 * B * S if loss == "chunked" and B > 1 else 0
-    assert got["phase peaks"]["forward"] - step.phase_peaks()["forward"] == torchtune_recipe_extra(
-        "after forward", SMALL["d"], SMALL["H"], 2, B, S, loss) + shifted
-
-
-@needs("torchtune")
+@pytest.mark.parametrize("B, S", [(2, 200), (2, 203), (1, 203)])
 @pytest.mark.xfail(strict=True, reason="under CEWithChunkedOutputLoss torchtune's backward peak (at the LM head's "
-                   "weight-gradient sum) is 4*B*ceil(S/n)*V bytes (one FP32 chunk: 200,000 here) above memledger's, "
-                   "beyond the recipe's tensors; measured: the same with tensor_split in place of chunk, and with "
-                   "torchtune's model and loss run without the recipe, so the cause is in its model's backward and "
-                   "is not pinned yet")
-def test_torchtune_chunked_backward_peak():
-    B, S = 2, 200
-    got = library_step("torchtune", "llama2", **SMALL, L=2, batch=B, seq=S, loss="chunked")
-    step = torchtune_step(2, B, S, "chunked")
-    assert got["phase peaks"]["backward"] - step.phase_peaks()["backward"] == torchtune_recipe_extra(
-        "after backward", SMALL["d"], SMALL["H"], 2, B, S, "chunked")
-
-
-@needs("torchtune")
-@pytest.mark.xfail(strict=True, reason="memledger's step books neither torchtune's shared RoPE buffers, its separate "
-                   "q/k/v projections' AdamW step counters, nor its recipe's tensors (ignore_labels_cache, the "
-                   "shifted labels, the token counts and running loss): torchtune_recipe_extra names them")
-def test_torchtune_step_equals_memledgers():
-    got = library_step("torchtune", "llama2", **SMALL, L=2, batch=2, seq=200, loss="ce")
-    step = Step(ledger_for(RefConfig(**SMALL, L=2, style="llama"), LOOP, 2, 200), "cpu")
-    assert [got[n] for n in LANDMARKS] + [got["peak"]] == [step.landmarks[n]["gpu"] for n in LANDMARKS] + [
-        step.peak.bytes]
+                   "weight-gradient sum) is above memledger's: 4*B*ceil(S/n)*V bytes at B 2, S 200 (200,000: one FP32 "
+                   "chunk), 188,000 at B 2, S 203 and 160,560 at B 1, S 203 (there the step's peak); at LLaMA-2 7B's "
+                   "width, B 2, S 1304, 41,728,000 (4*2*163*32000, the step's peak), beyond every "
+                   "tensor of the recipe (its landmarks are equal); measured: the same with tensor_split in place of "
+                   "chunk, and with torchtune's model and loss run without the recipe: the cause is in its model's "
+                   "backward. Probed op by op (a TorchDispatchMode inside MemTracker, B 2, S 200): after each chunk's "
+                   "LM head backward (its two mm) torchtune's step frees 25,600 B (the head input chunk's copy) where "
+                   "the reference decoder's frees 125,600 B (that and the chunk's BF16 logits gradient): torchtune "
+                   "keeps each chunk's logits gradient past its head backward; who holds it is not pinned yet")
+def test_torchtune_chunked_backward_peak(B, S):
+    diff = differences(library_step("torchtune", "llama2", **SMALL, L=2, batch=B, seq=S, loss="chunked"),
+                       torchtune_step(2, B, S, "chunked"))
+    assert diff["backward peak"] == 0
 
 
 @needs("litgpt")
@@ -196,23 +161,72 @@ def test_litgpt_keeps_its_logits_through_the_step():
     tensors = 3 + L * 7           # wte, ln_f, lm_head; norm_1, qkv, proj, norm_2 and LLaMAMLP's fc_1, fc_2, proj
     adamw = 2 * 2 * params + 4 * tensors                 # exp_avg and exp_avg_sq in BF16, a 4-byte step each
     batch = 2 * 8 * B * S                                # input_ids and labels, int64
-    rope = 2 * 4096 * (d // H) * 4       # cos and sin, FP32 (block_size x d_h; model.py l. 56-59, 939-1072)
+    rope = 2 * S * (d // H) * 4          # cos and sin, FP32, max_seq_length x d_h (full.py l. 230; model.py l. 43-62)
     kept = 2 * B * S * V + 2                             # the previous logits (BF16) and loss (a BF16 scalar)
     assert got["after step"] == 2 * params + adamw + batch + rope + kept
 
 
+def litgpt_step(L, B, S, shape=SMALL):
+    """memledger's step under ``implementation="litgpt"`` (CPU conventions): LitGPT's head and loss as
+    ``finetune/full.py`` runs them, its RoPE buffers, the previous logits and loss (:mod:`memledger.step.litgpt_loss`),
+    its parameters in ``GPT``'s order."""
+    arch = architecture_of(RefConfig(**shape, L=L, style="llama"))
+    return Step(Ledger(arch, batch_size=B, seq_len=S, recipe=LOOP, overhead_bytes=0, implementation="litgpt"), "cpu")
+
+
+#: The backward peak and the step's peak (in backward at these shapes): the strict xfail below.
+LITGPT_BACKWARD = ("backward peak", "peak")
+
+
+@needs("litgpt")
+@pytest.mark.parametrize("L, B, S", [(2, 1, 200), (2, 2, 200), (3, 1, 300), (2, 2, 65), (2, 1, 129)])
+def test_litgpt_step_equals_memledgers(L, B, S):
+    """Every landmark, the forward and the optimizer step's peaks of LitGPT's step as ``finetune/full.py`` runs it
+    (the head unchunked, ``chunked_cross_entropy`` split by 128 of the B (S - 1) shifted tokens in BF16, the logits and
+    loss kept into the next iteration, cos/sin for S positions, AdamW over ``GPT``'s parameters: ``lm_head`` first)
+    equal memledger's ``implementation="litgpt"`` step to the byte; B (S - 1) is 199 (two chunks, the last short),
+    398, 299 (three), 128 (one chunk: S 65 at B 2, S 129 at B 1)."""
+    diff = differences(library_step("litgpt", "Llama-2-7b-hf", **SMALL, L=L, batch=B, seq=S, loss="full"),
+                       litgpt_step(L, B, S))
+    assert {k: v for k, v in diff.items() if k not in LITGPT_BACKWARD} == {k: 0 for k in diff if k not in
+                                                                           LITGPT_BACKWARD}
+
+
+@needs("litgpt")
+@pytest.mark.parametrize("B, S", [(1, 200), (2, 200)])
+@pytest.mark.xfail(strict=True, reason="memledger's backward peak is above LitGPT's: 202,464 B at B 1, S 200 and "
+                   "347,488 B at B 2, S 200, at its final norm's backward ('norm final backward: pow'): the norm's "
+                   "backward is booked as the composite rms_norm's (memledger/step/norms.py), where LitGPT's RMSNorm "
+                   "is Python ops (x * x, mean, rsqrt; model.py l. 1315-1322) whose backward makes other temporaries; "
+                   "LitGPT's measured backward peak equals memledger's total at the loss's slice backward (B 2) and at "
+                   "the final norm's weight sum (B 1): the loss and head are exact")
+def test_litgpt_backward_peak(B, S):
+    diff = differences(library_step("litgpt", "Llama-2-7b-hf", **SMALL, L=2, batch=B, seq=S, loss="full"),
+                       litgpt_step(2, B, S))
+    assert diff["backward peak"] == 0
+
+
+@needs("litgpt")
+@pytest.mark.parametrize("B, S", [(1, 1024), (2, 1304)])
+def test_litgpt_7b_width_step(B, S):
+    """LLaMA-2 7B's width (two layers, V 32000), as ``finetune/full.py`` runs it: every landmark, every phase's peak
+    and the step's (in the optimizer step, at the embedding's, beside the LM head's leftover ``denom``) equal
+    memledger's ``implementation="litgpt"`` step to the byte (here the final norm's backward is not the backward's
+    highest point)."""
+    diff = differences(library_step("litgpt", "Llama-2-7b-hf", **SEVEN_B, L=2, batch=B, seq=S, loss="full"),
+                       litgpt_step(2, B, S, SEVEN_B))
+    assert diff == {k: 0 for k in diff}
+
+
 @needs("torchtune")
 @pytest.mark.parametrize("loss, B, S", [("ce", 1, 1024), ("chunked", 2, 1304)])
-def test_torchtune_7b_width_step_landmarks(loss, B, S):
-    """LLaMA-2 7B's width (two layers, V 32000), as torchtune's recipe runs it: every landmark is memledger's
-    ``implementation="torchtune"`` step plus :func:`torchtune_recipe_extra`, to the byte."""
-    got = library_step("torchtune", "llama2", **SEVEN_B, L=2, batch=B, seq=S, loss=loss)
-    arch = architecture_of(RefConfig(**SEVEN_B, L=2, style="llama"))
-    step = Step(Ledger(arch, batch_size=B, seq_len=S, recipe=LOOP, overhead_bytes=0,
-                       loss_chunks=8 if loss == "chunked" else 1, implementation="torchtune"), "cpu")
-    for name in LANDMARKS:
-        assert got[name] - step.landmarks[name]["gpu"] == torchtune_recipe_extra(name, SEVEN_B["d"], SEVEN_B["H"], 2,
-                                                                                   B, S, loss), name
+def test_torchtune_7b_width_step(loss, B, S):
+    """LLaMA-2 7B's width (two layers, V 32000), as torchtune's recipe runs it: every landmark and phase peak equals
+    memledger's ``implementation="torchtune"`` step to the byte (the chunked loss's backward peak: the xfail above)."""
+    diff = differences(library_step("torchtune", "llama2", **SEVEN_B, L=2, batch=B, seq=S, loss=loss),
+                       torchtune_step(2, B, S, loss, SEVEN_B))
+    skip = CHUNKED_BACKWARD if loss == "chunked" else ()
+    assert {k: v for k, v in diff.items() if k not in skip} == {k: 0 for k in diff if k not in skip}
 
 
 @needs("litgpt")
@@ -228,3 +242,62 @@ def test_litgpt_pythia_layer(B, S):
     c = RefConfig(d=d, L=2, H=H, F=F, V=SMALL["V"], style="gpt", parallel=True, untied=True, attention="sdpa")
     booked = ledger_for(c, LOOP, B, S).evaluate(sum(r.bytes for r in _block_rows(c, run_options(c, LOOP))))
     assert got - booked == 6 * B * S * d
+
+
+def checkpointed_step(library, shape, L, B, S):
+    ledger = Ledger(architecture_of(RefConfig(**shape, L=L, style="llama")), batch_size=B, seq_len=S, recipe=LOOP,
+                    implementation=library, overhead_bytes=0, recompute="full")
+    return ledger.step("cpu")
+
+
+def step_layer_delta(library, shape, B, S):
+    """What one more layer adds between the step's "before forward" and "after forward" (memledger's step under
+    ``implementation=library``, the cpu backend): the 2-layer step's difference minus the 1-layer step's."""
+    delta = {}
+    for L in (1, 2):
+        marks = checkpointed_step(library, shape, L, B, S).landmarks
+        delta[L] = marks["after forward"]["gpu"] - marks["before forward"]["gpu"]
+    return delta[2] - delta[1]
+
+
+def forward_rises(step) -> dict:
+    """{block: the largest total after one of its forward ops minus the total as it starts} of a step."""
+    from memledger.step.vocab import Phase
+    rises, entry, before = {}, {}, 0
+    for total, index in zip(step.totals, step.built.compiled.ops):
+        op = step.built.ops[index]
+        if op.phase is Phase.FORWARD and isinstance(op.layer, int):
+            entry.setdefault(op.layer, before)
+            rises[op.layer] = max(rises.get(op.layer, 0), int(total) - entry[op.layer])
+        before = int(total)
+    return rises
+
+
+@pytest.mark.parametrize("library, family", [pytest.param("torchtune", "llama2", marks=needs("torchtune")),
+                                             pytest.param("litgpt", "Llama-2-7b-hf", marks=needs("litgpt"))])
+@pytest.mark.parametrize("shape, B, S", [(SMALL, 2, 48), (SMALL, 1, 200), (SEVEN_B, 1, 1024), (SEVEN_B, 2, 1304)])
+def test_checkpointed_layer(library, family, shape, B, S):
+    """``--recompute full`` under torchtune's and LitGPT's code is each library's own activation checkpointing
+    (:func:`memledger.pytorch.torchtune_litgpt.checkpointing`: torchtune's ``set_activation_checkpointing`` with
+    ``{TransformerSelfAttentionLayer}``, LitGPT's ``FSDPStrategy(activation_checkpointing_policy={Block})`` as
+    Lightning applies it; both PyTorch's non-reentrant ``checkpoint_wrapper``): a layer keeps its BF16 input and
+    nothing else (the other arguments are None or, LitGPT's cos and sin, views of its RoPE cache buffers), 2*B*S*d
+    bytes. MemTracker's "after forward minus before forward", one layer (two layers minus one), equals the step's."""
+    measured = checkpointed_layer(library, family, **shape, batch=B, seq=S)
+    assert measured["wrapped"] == 2                         # both layers wrapped, as the library wraps them
+    assert measured["layer"] == 2 * B * S * shape["d"] == step_layer_delta(library, shape, B, S)
+
+
+@pytest.mark.parametrize("library, family", [
+    pytest.param("litgpt", "Llama-2-7b-hf", marks=needs("litgpt")),
+    pytest.param("torchtune", "llama2", marks=[needs("torchtune"), pytest.mark.xfail(strict=True, reason=(
+        "the step runs the reference block's ops for torchtune's (fused QKV, no RoPE): under the checkpoint its "
+        "transients are not torchtune's (6*B*S*d bytes over at this shape); only the per-layer bytes are proved"))])])
+@pytest.mark.parametrize("shape, B, S", [(SMALL, 2, 48), (SEVEN_B, 1, 1024)])
+def test_checkpointed_layer_forward_rise(library, family, shape, B, S):
+    """A checkpointed layer's forward transients: the largest total while it runs minus the total as it starts,
+    MemTracker on the library's model against the step's. LitGPT's Block under the checkpoint is written from its
+    source (memledger.step.litgpt.attention_checkpointed, LLaMAMLP's fc_1, fc_2, SiLU, product; the roped halves and
+    attention_output live until their functions return): equal to the byte."""
+    measured = checkpointed_layer(library, family, **shape, batch=B, seq=S)["forward rise"]
+    assert forward_rises(checkpointed_step(library, shape, 2, B, S)) == measured

@@ -40,7 +40,8 @@ def test_a_family_the_library_does_not_ship():
 
 
 @pytest.mark.parametrize("fields, what", [
-    ({"recompute": "full"}, "recompute full"), ({"tp": 2}, "tensor or sequence parallelism"),
+    ({"recompute": "selective"}, "recompute selective"),
+    ({"tp": 2}, "tensor or sequence parallelism"),
     ({"framework": "fsdp2", "dp": 2, "recipe": "bf16-pure-adamw"}, "framework fsdp2"),
     ({"framework": "ddp", "dp": 2}, "framework ddp"), ({"recipe": "fp16-amp-adamw"}, "FP16 autocast"),
     ({"packed": 2}, "packed documents"), ({"loss_impl": "litgpt"}, "a chunked or LitGPT loss"),
@@ -51,6 +52,17 @@ def test_setups_not_modelled_yet_are_refused(fields, what):
         ledger.step("cuda")
     with pytest.raises(ValueError, match="not modelled yet"):
         _ = ledger.peak                                     # a fit's verdict: refused, not the reference's sum
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_hf_recomputation(attn):
+    """transformers' gradient_checkpointing_enable() is modelled (tests/pytorch/test_libraries.py proves it), selective
+    recomputation is not: transformers has none."""
+    ledger = Ledger("llama2-7b", batch_size=1, seq_len=1024, implementation="hf", attn_implementation=attn,
+                    recompute="full")
+    assert layer_bytes(ledger.step("cuda")) == 1024 * 4096 * 2          # each layer keeps its BF16 input
+    with pytest.raises(ValueError, match="recompute selective not modelled yet"):
+        Ledger("llama2-7b", implementation="hf", attn_implementation=attn, recompute="selective").step("cuda")
 
 
 def test_eager_and_flash_attention_contradict():
@@ -158,3 +170,18 @@ def test_the_cli_echoes_and_refuses(capsys):
     assert code == 0 and json.loads(out)["ledger"]["inputs"]["implementation"] == "torchtune"
     code, out, _ = run(capsys, "infer", *TINY, "--implementation", "reference", "--json")
     assert code == 0 and json.loads(out)["implementation"] == "reference"
+
+
+def test_litgpt_runs_its_own_loss_and_refuses_its_chunked_head():
+    """Under implementation litgpt the step runs ``finetune/full.py``'s loss (the head unchunked, the cross-entropy
+    split by 128 tokens, tests/pytorch/test_torchtune_litgpt.py measures it): with ``loss_impl`` litgpt or not, the
+    same step, whose loss keeps the BF16 log-softmax of the B (S - 1) shifted tokens (2 B (S - 1) V bytes) beside the
+    logits (2 B S V, kept to the next iteration); ``finetune/lora.py``'s head chunked by 128 tokens is refused."""
+    B, S, V = 1, 1024, 32000
+    plain = Ledger("llama2-7b", batch_size=B, seq_len=S, recipe="bf16-pure-adamw", implementation="litgpt").step("cpu")
+    named = Ledger("llama2-7b", batch_size=B, seq_len=S, recipe="bf16-pure-adamw", implementation="litgpt",
+                   loss_impl="litgpt").step("cpu")
+    assert plain.landmarks == named.landmarks
+    assert sum(r["bytes"] for r in plain.rows if r["name"].startswith("log-softmax output, ")) == 2 * B * (S - 1) * V
+    with pytest.raises(ValueError, match="implementation litgpt .*LitGPT's head chunked by 128 tokens.* not modelled yet"):
+        Ledger("llama2-7b", batch_size=B, seq_len=S, loss_chunks=8, implementation="litgpt").step("cpu")
