@@ -693,6 +693,11 @@ def mc_peak(implementation, seq) -> int:
                   implementation=implementation).step("cuda").peak.bytes
 
 
+def mc_chapter17(seq) -> int:
+    """Chapter 17's first rung as its knob_step books it: the reference decoder with torchtune's composite norm."""
+    return knob_step(seq).bytes
+
+
 def mc_longest(implementation) -> int:
     return 1024 * largest(lambda n: mc_peak(implementation, 1024 * n) <= H100_ROOM_MC)
 
@@ -1297,6 +1302,9 @@ EXPECTED = {
     "mc.ft_torchtune_left": lazy(lambda: Fraction(H100_ROOM_MC - mc_peak("torchtune", mc_longest("torchtune")), GB),
                                  "GB"),
     "mc.ft_litgpt_more": Measured(mc_litgpt_more),
+    # torchtune's own step beyond chapter 17's (the reference decoder with a composite norm) at torchtune's answer
+    "mc.ft_torchtune_beyond": lazy(lambda: Fraction(mc_peak("torchtune", mc_longest("torchtune")) - mc_chapter17(
+        mc_longest("torchtune")), 10**6), "MB"),
     "mc.ft_litgpt": longest_multiple(lambda n: mc_peak("litgpt", n), H100_ROOM_MC),
     "mc.ft_litgpt_peak": lazy(lambda: Fraction(mc_peak("litgpt", mc_longest("litgpt")), GB), "GB"),
     "ex19.torchtune_b2": (Fraction(529_131_904, 10**6), "MB"),       # docs/implementations.md, B 2, S 1304
