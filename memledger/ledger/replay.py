@@ -95,6 +95,17 @@ class Replay:
                 "fragmentation": sum(s["free_size"] for s in self.segments)}
 
 
+def _outside(kinds) -> list:
+    """The indices of the tensors outside the allocator: the overhead row."""
+    return [j for j, (_, kind) in enumerate(kinds) if kind == "overhead"]
+
+
+def _lazy(kinds) -> list:
+    """The indices of the optimizer states PyTorch creates at the first ``optimizer.step()`` (not the FP32 masters,
+    which exist from the start)."""
+    return [j for j, (name, kind) in enumerate(kinds) if kind == "optimizer" and "master" not in name.lower()]
+
+
 def check_streams(framework: str, measure: str = "reserved") -> None:
     """``ValueError`` in one line where ``measure`` would need the side streams of ``framework``."""
     if measure == "reserved" and framework in SIDE_STREAMS:
@@ -132,8 +143,7 @@ def roles(structure) -> dict:
         buckets = [index[ddp.BUCKETS]] + [[index[name] for _, name in part]
                                           for part in ddp.ready_parts(built.ops, built.tensors)]
     data = {"structure": repr(structure),
-            "outside": [j for j, (_, kind) in enumerate(kinds) if kind == "overhead"],
-            "lazy": [j for j, (name, kind) in enumerate(kinds) if kind == "optimizer" and "master" not in name.lower()],
+            "outside": _outside(kinds), "lazy": _lazy(kinds),
             "lumps": {str(j): span for j, (name, _) in enumerate(kinds)
                       for pattern, span in (("2..L-3", "L-4"), ("1..L-2", "L-2")) if pattern in name},
             "streams": {str(j): built.tensors[name].stream.value for j, name in enumerate(built.names)
@@ -197,18 +207,11 @@ def replay_step(step, expandable_segments: bool = False, max_split_size_mb=None,
     if max_split_size_mb is not None and (isinstance(max_split_size_mb, bool) or not isinstance(max_split_size_mb, int)
                                           or max_split_size_mb <= 20):
         raise ValueError(f"max_split_size_mb must be an integer above 20 (PyTorch's minimum), got {max_split_size_mb!r}")
+    from ..step.cache import trace
     built = step.built
-    gpu = [j for j, on in enumerate(built.gpu) if on]
-    deltas, previous = [], [0] * len(built.names)
-    for row in built.compiled.counts:
-        counts = [int(c) for c in row]
-        deltas.append([[j, counts[j] - previous[j]] for j in gpu if counts[j] != previous[j]])
-        previous = counts
-    moments = [[built.ops[i].phase.value, built.ops[i].layer if isinstance(built.ops[i].layer, int) else None]
-               for i in built.compiled.ops]
+    deltas, moments = trace(built)
     kinds = [(name, built.tensors[name].kind.value) for name in built.names]
-    outside = [j for j, (_, kind) in enumerate(kinds) if kind == "overhead"]
-    lazy = [j for j, (name, kind) in enumerate(kinds) if kind == "optimizer" and "master" not in name.lower()]
+    outside, lazy = _outside(kinds), _lazy(kinds)
     n_layers = step.values["L"]
     pieces = {j: n_layers - (4 if "2..L-3" in name else 2) for j, (name, _) in enumerate(kinds)
               if "2..L-3" in name or "1..L-2" in name}

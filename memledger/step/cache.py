@@ -57,14 +57,9 @@ def record_path(structure: StepStructure) -> Path:
     return cache_dir() / f"step-{key}.json"
 
 
-def step_record(structure: StepStructure) -> dict:
-    """``structure``'s step as data for other evaluators (the static calculator, NumPy sweeps; loads SymPy):
-    ``symbols`` (names), ``sizes`` (every tensor's bytes, a SymPy expression), ``deltas[k]`` (the [tensor,
-    change] pairs of the GPU counts after op k), ``moments[k]`` (the phase and program layer of op k) and
-    ``lumped`` (blocks 2..L-3 run as one lump: a program layer >= 3 is block L-5+layer, :func:`block_of`)."""
-    from sympy import sympify
-    from .build import build
-    built = build(structure)
+def trace(built) -> tuple:
+    """A built step's trace: ``deltas[k]``, the [tensor, change] pairs of the GPU counts after op k, and
+    ``moments[k]``, the phase and program layer of op k."""
     gpu = [j for j, on in enumerate(built.gpu) if on]
     deltas, previous = [], [0] * len(built.names)
     for row in built.compiled.counts:
@@ -73,6 +68,18 @@ def step_record(structure: StepStructure) -> dict:
         previous = counts
     moments = [[built.ops[i].phase.value, built.ops[i].layer if isinstance(built.ops[i].layer, int) else None]
                for i in built.compiled.ops]
+    return deltas, moments
+
+
+def step_record(structure: StepStructure) -> dict:
+    """``structure``'s step as data for other evaluators (the static calculator, NumPy sweeps; loads SymPy):
+    ``symbols`` (names), ``sizes`` (every tensor's bytes, a SymPy expression), ``deltas[k]`` (the [tensor,
+    change] pairs of the GPU counts after op k), ``moments[k]`` (the phase and program layer of op k) and
+    ``lumped`` (blocks 2..L-3 run as one lump: a program layer >= 3 is block L-5+layer, :func:`block_of`)."""
+    from sympy import sympify
+    from .build import build
+    built = build(structure)
+    deltas, moments = trace(built)
     return {"symbols": [x.name for x in built.symbols], "names": list(built.names),
             "sizes": [sympify(built.tensors[n].expr) for n in built.names],
             "deltas": deltas, "moments": moments, "lumped": structure.layers is None}
