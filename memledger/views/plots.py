@@ -577,16 +577,7 @@ def lora_vs_rank(preset: str, target_sets: dict, ranks=(1, 2, 4, 8, 16, 32, 64, 
                 label=f"LoRA, {label}")
     if full is not None:
         ax.axhline(float(in_unit(gpu_total(full), unit)), color="black", linestyle=":", label="full fine-tuning")
-    if gpu_bytes is not None:
-        _capacity_line(ax, gpu_bytes, unit)
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(list(ranks), [str(r) for r in ranks])
-    ax.set_xlabel("LoRA rank r")
-    ax.set_ylabel(f"memory per GPU ({unit})")
-    ax.set_ylim(bottom=0)
-    _legend_right(ax)
-    ax.figure.tight_layout()
-    return ax.figure
+    return _powers_of_two(ax, ranks, "LoRA rank r", f"memory per GPU ({unit})", gpu_bytes, unit)
 
 
 def peak_vs_dp(setups: dict, dps=(2, 4, 8, 16, 32, 64), gpu_bytes: int = None, unit: str = "GB", ax=None):
@@ -596,12 +587,18 @@ def peak_vs_dp(setups: dict, dps=(2, 4, 8, 16, 32, 64), gpu_bytes: int = None, u
     for (label, setup), c in zip(setups.items(), ("#2171b5", "#f16913", "#238b45", "#6a51a3", "#cb181d")):
         peaks = [Ledger(**{**setup, "dp": n}).step().peak.bytes for n in dps]
         ax.plot(list(dps), [float(in_unit(p, unit)) for p in peaks], marker="o", markersize=3, color=c, label=label)
+    return _powers_of_two(ax, dps, "data-parallel GPUs $N_d$", f"peak of a step per GPU ({unit})", gpu_bytes, unit)
+
+
+def _powers_of_two(ax, ticks, xlabel: str, ylabel: str, gpu_bytes, unit: str):
+    """Finish a plot over powers of two: the GPU's capacity dashed, a log-2 axis ticked at ``ticks``, the labels,
+    the legend on the right."""
     if gpu_bytes is not None:
         _capacity_line(ax, gpu_bytes, unit)
     ax.set_xscale("log", base=2)
-    ax.set_xticks(list(dps), [str(n) for n in dps])
-    ax.set_xlabel("data-parallel GPUs $N_d$")
-    ax.set_ylabel(f"peak of a step per GPU ({unit})")
+    ax.set_xticks(list(ticks), [str(n) for n in ticks])
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
     ax.set_ylim(bottom=0)
     _legend_right(ax)
     ax.figure.tight_layout()
