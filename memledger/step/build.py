@@ -22,7 +22,7 @@ from ..core.symbols import L, N_d, O, P, t
 from ..states.placement import ZERO_SHARDS, device_of, state_specs
 from ..states.recipes import ALL_RECIPES as RECIPES
 from . import amp, amploss, bnb, ddp, families, fsdp2, hf, litgpt, loss, offload, optim, outer, packing, parallel, tensor
-from . import litgpt_loss, torchtune as tune
+from . import litgpt_loss, torchtitan as titan, torchtune as tune
 from .block import block_backward, block_forward
 from .ops import BSd, Placement, Program, Tensor, block_params, residual_names
 from .outer import Param
@@ -84,7 +84,7 @@ class Built:
             (lambda q: optim.temporaries(q, c, kind, impl, params, moments, c.grad_dtype, placement.optimizer))
         if not s.in_backward:
             outer.optimizer(opt, params, moments, master and c.grad_dtype != "fp32", conv.foreach, c.grad_dtype,
-                            kept=s.bucket_view, others=others)
+                            kept=s.bucket_view or titan.on(c), others=others)
             if s.tensor_parallel and not conv.foreach and not c.is_tied and others is None and not self.fsdp:
                 tensor.redistribute_embedding_gradient(opt.ops, p.tensors, c.grad_dtype)
             if c.amp:                   # GradScaler: unscale_ after the gradients are collected, update() at the end
@@ -93,8 +93,14 @@ class Built:
                 opt.ops[1:1] = q.ops
                 opt.ops[:] = amp.optimizer_end(opt.ops)
         opt.ops[:] = tune.optimizer(opt.ops, c, p.fork)     # torchtune's recipe: scale_grads, then its resets
+        opt.ops[:] = titan.optimizer(opt.ops, c, p.fork, self._tensor_count())   # torchtitan's clip_grad_norm_
         return opt, lambda layer, name: optim.one_parameter(p.fork(), c, kind, impl, name, moments, c.grad_dtype,
                                                            placement.optimizer)
+
+    def _tensor_count(self):
+        """How many parameter tensors the model has (one AdamW step counter, one clipped norm each)."""
+        c = self.shape
+        return len(block_params(c)) * L + len(outer.head_params(c)) + 1 + tune.extra_step_counters(c, L)
 
     def _flattened(self, outside, fwd, bwd, opt, tensors, step_ops) -> list:
         """The step's flat op list, with what frameworks and features do across programs."""
@@ -104,8 +110,8 @@ class Built:
             ops = amp.release_cached(ops, tensors, c, s.layers or 5)
         if self.fsdp:
             ops = self.fsdp.finalize(ops)
-        if s.bucket_view:               # DDP: each gradient copied into its bucket as it is written
-            ops = ddp.bucket_views(ops, tensors)
+        if s.bucket_view or titan.on(c):    # DDP: each gradient copied into its bucket as it is written;
+            ops = ddp.bucket_views(ops, tensors)    # torchtitan: added into the kept one (memledger.step.torchtitan)
         if s.in_backward:
             ops = optim.in_backward(ops, tensors, step_ops)
         return ops
@@ -161,7 +167,7 @@ class Built:
             static(name, expr, kind, device, why=why)
         kind = OPTIMIZER_OF[s.recipe]
         if conv.step_counters and kind in ("adamw", "adafactor"):
-            count = len(block_params(c)) * L + len(outer.head_params(c)) + 1 + tune.extra_step_counters(c, L)
+            count = self._tensor_count()
             host = conv.step_counters == "host" and not (conv.fused and kind == "adamw")
             static("Adam step counters" if kind == "adamw" else "Adafactor step counters", 4 * count, Kind.OPTIMIZER,
                    Device.CPU if host else self.placement.optimizer,
@@ -176,12 +182,15 @@ class Built:
             static(name, t_[name].expr, Kind.ACTIVATION, why=t_[name].why)
         for name, expr, why in hf.buffers(c):               # transformers' rotary buffers
             static(name, expr, Kind.PARAM, why=why)
-        for name, expr, kind, why in tune.statics(c) + litgpt_loss.statics(c):     # RoPE buffers, the loops' tensors
+        for name, expr, kind, why in tune.statics(c) + litgpt_loss.statics(c) + titan.statics(c):   # RoPE buffers,
             static(name, expr, kind, why=why)
         for name, expr, why in packing.inputs(c):          # what a packed batch carries
             static(name, expr, Kind.ACTIVATION, why=why)
         for name, expr, why in amp.scaler_state() if c.amp else ():
             static(name, expr, Kind.OPTIMIZER, why=why)
+        if titan.on(c):
+            static(titan.GRADIENTS, P * nbytes(c.grad_dtype), Kind.GRAD, why="torchtitan's train_step: "
+                   "optimizers.zero_grad(set_to_none=False) (trainer.py l. 874; configs.py l. 66)")
         if s.framework == "ddp":
             static(ddp.BUCKETS, P * nbytes(c.grad_dtype), Kind.GRAD, why="DDP's flat gradient buckets, "
                    "allocated once (torch/csrc/distributed/c10d/reducer.cpp: initialize_buckets)")
@@ -297,6 +306,8 @@ class Built:
         name = self.fsdp.name("sharded gradients", "block") + ", every unit" if self.fsdp else g.name
         if self.structure.bucket_view:  # DDP: the gradients are views into its buckets (rows of their own)
             grads, name = sp.Integer(0), g.name + " (views into DDP's gradient buckets)"
+        if titan.on(self.shape):        # torchtitan: each new gradient added into the kept one (a row of its own)
+            grads, name = sp.Integer(0), g.name + " (added into the kept ones)"
         # sharded (each tensor's shard rounded up), FSDP2's shards or tensor-parallel (some whole): what backward
         # writes adds up to it
         if g.sharded or self.fsdp or self.structure.tensor_parallel:
@@ -450,6 +461,7 @@ def _outside(p, s: StepStructure, outside_rows) -> tuple:
         if c.amp and part is Part.BACKWARD_END:
             outside[part] = amp.backward_end(outside[part])
     outside = tune.outside(outside, c, p.fork)     # torchtune's recipe around the model (memledger.step.torchtune)
+    outside = titan.outside(outside, c, p.fork)    # torchtitan's train_step around it (memledger.step.torchtitan)
     return outside_rows, outside
 
 

@@ -2,7 +2,8 @@
 
 ``implementation``: ``"reference"`` (the default: :mod:`memledger.pytorch.reference`, the decoder every number of
 the book is proved against), ``"hf"`` (Hugging Face transformers' ``LlamaForCausalLM``), ``"torchtune"``
-(torchtune's ``llama2``/``llama3`` builders) or ``"litgpt"`` (LitGPT's ``GPT``). Each library saves other tensors
+(torchtune's ``llama2``/``llama3`` builders), ``"litgpt"`` (LitGPT's ``GPT``) or ``"torchtitan"`` (torchtitan's
+``Llama3Model``). Each library saves other tensors
 for backward than the reference decoder does (its norms, its rotary code, its attention), and its code, not the
 backend, decides which kernels run: their RMSNorms normalize in FP32 ops, so the cuda backend books no fused
 RMSNorm under them (``Shape.rmsnorm``):
@@ -40,6 +41,16 @@ head and ``chunked_cross_entropy`` as ``finetune/full.py`` runs them, its cos/si
 into the next iteration and ``GPT``'s parameter order (:mod:`memledger.step.litgpt_loss`); both are checked against the
 library's own step (tests/pytorch/test_torchtune_litgpt.py).
 
+torchtitan 0.3.0 (``"torchtitan"``): its ``Llama3Model`` saves what the reference block saves under either backend's
+own norm (its ``nn.RMSNorm`` gets the BF16 input and weight as they are); built with SDPA in every layer, as its
+graph_trainer tests build it (``experiments/graph_trainer/common_utils.py`` l. 58-71): its language models otherwise
+run FlexAttention or varlen (``models/common/config_utils.py`` l. 71-103), whose kernels need CUDA or
+``torch.compile``, not modelled; with one document a row (no positions: packed documents, which gather its RoPE
+cache, are refused). Its step (:mod:`memledger.step.torchtitan`): every layer's RoPE cache, the gradients kept
+between steps (``zero_grad(set_to_none=False)``), its loss and token count, ``clip_grad_norm_``, its parameter order;
+recipe bf16-pure-adamw only (``training.dtype = "bfloat16"``); checked against its own model and ``train_step`` under
+``FakeTensorMode`` (tests/pytorch/test_torchtitan.py).
+
 What is not modelled yet under a library's code is refused in one line (:func:`check_step`), never computed with
 the reference decoder's block in its place.
 """
@@ -50,18 +61,19 @@ __all__ = ["ATTN_IMPLEMENTATIONS", "FAMILIES", "IMPLEMENTATIONS", "LIBRARY", "ch
            "not_modelled"]
 
 #: The implementations the step knows by name, the reference decoder first (the default).
-IMPLEMENTATIONS = ("reference", "hf", "torchtune", "litgpt")
+IMPLEMENTATIONS = ("reference", "hf", "torchtune", "litgpt", "torchtitan")
 #: transformers' attention implementations (``LlamaConfig(attn_implementation=...)``).
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2")
 #: Each library's name, as messages print it.
 LIBRARY = {"reference": "memledger's reference decoder", "hf": "transformers", "torchtune": "torchtune",
-           "litgpt": "LitGPT"}
+           "litgpt": "LitGPT", "torchtitan": "torchtitan"}
 #: The model families (Hugging Face ``model_type``) each library ships a model of; transformers ships every family
 #: of ``memledger presets``. torchtune 0.6.1: ``torchtune/models/`` (llama2, llama3*, code_llama2, mistral, gemma,
 #: gemma2, qwen2, qwen2_5, phi3, phi4; its ``t5`` is Flux's encoder); LitGPT 0.5.13: ``litgpt/config.py``'s
 #: configs (Llama, CodeLlama, Mistral, Mixtral, Qwen2.5, Gemma, pythia and StableLM (GPT-NeoX), Phi, Falcon).
 FAMILIES = {"torchtune": ("llama", "mistral", "gemma", "qwen2", "phi3"),
-            "litgpt": ("llama", "mistral", "mixtral", "qwen2", "gemma", "gpt_neox", "phi", "falcon")}
+            "litgpt": ("llama", "mistral", "mixtral", "qwen2", "gemma", "gpt_neox", "phi", "falcon"),
+            "torchtitan": ("llama",)}
 
 
 def check_fields(implementation: str, attn_implementation: str, arch=None) -> None:
@@ -80,9 +92,9 @@ def check_fields(implementation: str, attn_implementation: str, arch=None) -> No
     if family and family not in FAMILIES[implementation]:
         raise ValueError(f"implementation {implementation}: {LIBRARY[implementation]} ships no {family} model (its "
                          f"families: {', '.join(FAMILIES[implementation])})")
-    if not family and implementation == "torchtune" and arch.style != "llama":
-        raise ValueError("implementation torchtune: torchtune ships no GPT-style decoder (LayerNorm, GeLU): its "
-                         f"families are {', '.join(FAMILIES['torchtune'])}")
+    if not family and implementation in ("torchtune", "torchtitan") and arch.style != "llama":
+        raise ValueError(f"implementation {implementation}: {LIBRARY[implementation]} ships no GPT-style decoder "
+                         f"(LayerNorm, GeLU): its families are {', '.join(FAMILIES[implementation])}")
 
 
 #: Library names that end in an s, whose possessive is a bare apostrophe.
@@ -118,7 +130,7 @@ def check_step(setup, conv) -> None:
     lacks = [what for what, off in [
         ("a GPT-style block (LayerNorm, GeLU)", arch.style != "llama"),
         ("grouped-query attention" + (" with the eager core (repeat_kv's copies)" if impl == "hf" else ""),
-         f.gqa and (impl != "hf" or setup.attn_implementation == "eager")),
+         f.gqa and impl != "torchtitan" and (impl != "hf" or setup.attn_implementation == "eager")),
         ("QKV biases", f.has_qkv_bias), ("a tied LM head", f.is_tied),
         ("a head size other than d/H", f.head_dim),
         ("dropout", setup.dropout), (f"recompute {setup.recompute}", setup.recompute != "none" and not (
@@ -126,6 +138,8 @@ def check_step(setup, conv) -> None:
         ("tensor or sequence parallelism", setup.tp > 1 or setup.sequence_parallel),
         (f"framework {setup.framework}", setup.framework != "plain"),
         ("FP16 autocast (recipe fp16-amp-adamw)", setup.recipe == "fp16-amp-adamw"),
+        (f"recipe {setup.recipe} (torchtitan's training.dtype bfloat16 on one device: recipe bf16-pure-adamw)",
+         impl == "torchtitan" and setup.recipe not in ("bf16-pure-adamw", "fp16-amp-adamw")),
         ("packed documents", bool(setup.packed)), ("activation offloading", setup.offload_activations),
         # torchtune's CEWithChunkedOutputLoss is modelled under its own code (memledger.step.loss); LitGPT's
         # chunked_cross_entropy as finetune/full.py runs it (memledger.step.litgpt_loss), its head chunked not yet

@@ -74,6 +74,9 @@ def block_params(c: Shape) -> list:
     if c.implementation == "litgpt":     # LitGPT's Block: norm_1, attn (qkv, proj), norm_2, mlp (fc_1, fc_2, proj)
         return [("norm1.weight", d), ("qkv.weight", qkv * d), ("proj.weight", q * d), ("norm2.weight", d),
                 ("gate.weight", d * F), ("up.weight", d * F), ("down.weight", d * F)]
+    if c.implementation == "torchtitan":     # Llama3TransformerBlock: attention (wqkv, wo), feed_forward (w1, w2, w3),
+        return [("qkv.weight", qkv * d), ("proj.weight", q * d), ("gate.weight", d * F),     # its two norms
+                ("down.weight", d * F), ("up.weight", d * F), ("norm1.weight", d), ("norm2.weight", d)]
     if c.hf:                # LlamaDecoderLayer: self_attn (q, k, v, o), mlp (gate, up, down), its two norms
         return [("q_proj.weight", q * d), ("k_proj.weight", (qkv - q) / 2 * d), ("v_proj.weight", (qkv - q) / 2 * d),
                 ("proj.weight", q * d), ("gate.weight", d * F), ("up.weight", d * F), ("down.weight", d * F),

@@ -250,7 +250,8 @@ def _shape(setup: StepInputs, conv) -> tuple:
     packed, packing = check_packed(setup, conv, kernel)
     amp = check_amp(setup, conv, kernel)
     # a library's RMSNorm upcasts before normalizing: no fused kernel, on CUDA either (step.implementations)
-    rmsnorm = conv.rmsnorm if setup.implementation == "reference" else "composite"
+    # torchtitan's nn.RMSNorm takes the BF16 input and weight as they are: the reference's norm (step.torchtitan)
+    rmsnorm = conv.rmsnorm if setup.implementation in ("reference", "torchtitan") else "composite"
     if setup.implementation in ("hf", "litgpt") and act != "fp32":   # LlamaRMSNorm's BF16 normalized input; LitGPT's
         rmsnorm = setup.implementation                              # FP32 copy of the weight
     shape = Shape(style=arch.style, attention=kernel, dropout=bool(setup.dropout), rmsnorm=rmsnorm, dtype=act,

@@ -13,7 +13,7 @@ TINY = ("--hidden", "256", "--layers", "2", "--heads", "4", "--ffn", "688", "--v
 
 
 def test_the_names():
-    assert IMPLEMENTATIONS == ("reference", "hf", "torchtune", "litgpt")
+    assert IMPLEMENTATIONS == ("reference", "hf", "torchtune", "litgpt", "torchtitan")
     assert ATTN_IMPLEMENTATIONS == ("sdpa", "eager", "flash_attention_2")
     assert (Ledger.implementation, Ledger.attn_implementation) == ("reference", "sdpa")
 
@@ -185,3 +185,44 @@ def test_litgpt_runs_its_own_loss_and_refuses_its_chunked_head():
     assert sum(r["bytes"] for r in plain.rows if r["name"].startswith("log-softmax output, ")) == 2 * B * (S - 1) * V
     with pytest.raises(ValueError, match="implementation litgpt .*LitGPT's head chunked by 128 tokens.* not modelled yet"):
         Ledger("llama2-7b", batch_size=B, seq_len=S, loss_chunks=8, implementation="litgpt").step("cpu")
+
+
+def test_torchtitan_books_its_rope_caches_and_kept_gradients():
+    """Arithmetic on torchtitan 0.3.0's sources: each of its layers keeps a ComplexRoPE cache of training.seq_len x
+    d_h/2 complex64 (``models/common/rope.py`` l. 111-114, 185-234; ``decoder.py`` l. 165-181: the trainer sizes it to
+    seq_len), Llama3-8B at S 8192: 32 x 8192 x 64 x 8 bytes (at ``_8b``'s own 131,072 positions it would be 2 GiB);
+    ``zero_grad(set_to_none=False)`` keeps every BF16 gradient the whole step; the step runs on the reference's block
+    otherwise (tests/pytorch/test_torchtitan.py measures both)."""
+    step = Ledger("llama3-8b", batch_size=1, seq_len=8192, recipe="bf16-pure-adamw",
+                  implementation="torchtitan").step("cpu")
+    rows = {r["name"]: r for r in step.rows}
+    assert rows["RoPE caches (complex64 buffers, every layer)"]["bytes"] == 32 * 8192 * 64 * 8 == 2 ** 27
+    assert 32 * 131072 * 64 * 8 == 2 * 2 ** 30
+    kept = rows["gradients, zeroed and kept (zero_grad(set_to_none=False))"]
+    assert kept["bytes"] == 2 * 8_030_261_248 and kept["live"] == {"before forward", "after forward", "after backward",
+                                                                    "after step"}
+    ref = Ledger("llama3-8b", batch_size=1, seq_len=8192, recipe="bf16-pure-adamw").step("cpu")
+    assert step.landmarks["after step"]["gpu"] - ref.landmarks["after step"]["gpu"] == 2 ** 27 + 2 * 8_030_261_248
+
+
+@pytest.mark.parametrize("fields, what", [
+    ({"recipe": "bf16-adamw"}, "recipe bf16-adamw"), ({"recompute": "full"}, "recompute full"),
+    ({"recompute": "selective"}, "recompute selective"), ({"packed": 2}, "packed documents"),
+    ({"tp": 2}, "tensor or sequence parallelism"), ({"loss_chunks": 8}, "a chunked or LitGPT loss"),
+])
+def test_torchtitan_refuses_what_is_not_modelled(fields, what):
+    ledger = Ledger("llama3-8b", batch_size=1, seq_len=1024, implementation="torchtitan",
+                    **{"recipe": "bf16-pure-adamw", **fields})
+    with pytest.raises(ValueError, match=f"torchtitan's model code\\): .*{what}.* not modelled yet"):
+        ledger.step("cpu")
+
+
+def test_torchtitan_on_the_cli(capsys):
+    code, out, _ = run(capsys, "step", *TINY, "--seq", "64", "--backend", "cpu", "--recipe", "bf16-pure-adamw",
+                       "--implementation", "torchtitan", "--json")
+    assert code == 0 and json.loads(out)["inputs"]["implementation"] == "torchtitan"
+    refused(capsys, "step", *TINY, "--backend", "cpu", "--implementation", "torchtitan", message="recipe bf16-adamw")
+    refused(capsys, "step", *TINY[:-2], "--style", "gpt", "--backend", "cpu", "--implementation", "torchtitan",
+            message="torchtitan ships no GPT-style decoder")
+    with pytest.raises(ValueError, match="torchtitan ships no gpt_bigcode model"):
+        Ledger("starcoder", implementation="torchtitan")

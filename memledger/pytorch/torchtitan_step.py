@@ -1,0 +1,165 @@
+"""torchtitan's own Llama3 model and training loop, measured under ``FakeTensorMode``: what one layer saves, and a
+whole step as ``Trainer.train_step`` runs it (the proof of ``implementation="torchtitan"``).
+
+torchtitan 0.3.0 (installed ``--no-deps``, see :mod:`memledger.pytorch.titan`), read from its sources:
+
+* The model: ``torchtitan/models/llama3/__init__.py`` l. 69-111 (``_build_llama3_layers``: fused QKV,
+  ``ComplexRoPE`` per layer) and l. 230-272 (``_8b``), ``Llama3Model`` (``models/llama3/model.py``),
+  ``Decoder`` (``models/common/decoder.py`` l. 193-248). Built here from the same config classes with the
+  caller's widths, no weights, its parameters in BF16 (``training.dtype = "bfloat16"``: the trainer builds the model
+  under ``set_default_dtype``, ``trainer.py`` l. 365).
+* The attention: torchtitan's language models run FlexAttention or varlen (``config_utils.get_attention_config``
+  l. 71-103 refuses ``sdpa``); neither runs eagerly on a CPU tensor without compiling. Its
+  ``ScaledDotProductAttention`` (``models/common/attention.py`` l. 385-445: causal, no mask) is what its own
+  graph_trainer tests swap in for every layer (``experiments/graph_trainer/common_utils.py`` l. 58-71): done
+  here the same way. No positions are passed (one document a row): ``ComplexRoPE``'s cache is then sliced, a view
+  (``models/common/rope.py`` l. 360-368).
+* The RoPE cache: a non-persistent buffer of every layer's ``ComplexRoPE`` (``rope.py`` l. 111-114, 185-234),
+  complex64, ``max_seq_len`` x d_h/2; the trainer sets ``max_seq_len`` to ``training.seq_len``
+  (``decoder.py`` l. 165-181). Built here for ``seq`` positions.
+* The loop (``trainer.py`` l. 871-945, 808-829): ``optimizers.zero_grad(set_to_none=disable_cuda_graphs)``
+  (False by default, ``config/configs.py`` l. 66: the gradients are zeroed and kept), ``local_valid_tokens =
+  torch.tensor(0, dtype=torch.int64)``, ``local_valid_tokens += (labels != IGNORE_INDEX).sum()``,
+  ``global_valid_tokens = local_valid_tokens.to(device)`` (the same tensor on the CPU), ``pred = model(inputs)``,
+  ``loss, _ = loss_fn(pred, labels, global_valid_tokens)`` (``components/loss.py`` l. 32-65, 351-367:
+  ``cross_entropy(pred.flatten(0, 1).float(), labels.flatten(0, 1), reduction="sum", ignore_index=-100)``, divided
+  by the count), ``del pred``, ``loss.backward()``, ``dist_utils.clip_grad_norm_(params, max_norm=1.0,
+  foreach=True)`` (``distributed/utils.py`` l. 599-676), ``optimizers.step()``. The loss is logged (``should_log``)
+  every ``log_freq`` steps only: left out (its ``clone`` is one FP32 scalar).
+* The optimizer: ``OptimizersContainer`` with ``default_adamw`` (``components/optimizer/optimizer.py`` l. 378-399)
+  and the given ``implementation`` ("for-loop", "foreach" or "fused"; torchtitan's default is "fused").
+"""
+import torch
+
+from .measure import tracker_class
+from .record import recorded
+
+__all__ = ["IMPLEMENTATIONS", "build", "layer_saved", "missing", "titan_step"]
+
+IMPLEMENTATIONS = ("for-loop", "foreach", "fused")
+IGNORE = -100
+
+
+def missing():
+    """Why torchtitan cannot be measured here, or None."""
+    try:
+        from .titan import import_titan
+        import_titan()
+    except ImportError as error:
+        return f"torchtitan is not installed ({error}); pip install --no-deps torchtitan==0.3.0 spmd_types==0.2.3 tyro"
+    return None
+
+
+def build(d: int, L: int, H: int, F: int, V: int, seq: int, n_kv_heads: int = None):
+    """torchtitan's ``Llama3Model`` (BF16, no weights) with SDPA in every layer and a RoPE cache of ``seq``
+    positions; returns (model, its layers)."""
+    from .titan import import_titan
+    import_titan()
+    from torchtitan.models.common import ComplexRoPE, Embedding, Linear, RMSNorm
+    from torchtitan.models.common.attention import ScaledDotProductAttention
+    from torchtitan.models.llama3 import Llama3Model, _build_llama3_layers
+    layers = _build_llama3_layers(n_layers=L, dim=d, n_heads=H, n_kv_heads=n_kv_heads, hidden_dim=F,
+                                  rope=ComplexRoPE.Config(dim=d // H, max_seq_len=seq, theta=500000, scaling="llama"),
+                                  attn_backend="flex", fuse_qkv=True)
+    for layer in layers:
+        layer.attention.inner_attention = ScaledDotProductAttention.Config()
+    config = Llama3Model.Config(dim=d, vocab_size=V, tok_embeddings=Embedding.Config(num_embeddings=V, embedding_dim=d),
+                                norm=RMSNorm.Config(normalized_shape=d),
+                                lm_head=Linear.Config(in_features=d, out_features=V), layers=layers)
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        model = config.build()
+    finally:
+        torch.set_default_dtype(before)
+    return model, list(model.layers.values())
+
+
+@recorded
+def layer_saved(d: int, H: int, F: int, V: int, batch: int, seq: int, n_kv_heads: int = None) -> dict:
+    """{"layer": what one layer saves for backward (2-layer total minus 1-layer total, saved-tensor hooks deduplicated
+    by storage, parameters and buffers excluded), "buffers": the 2-layer model's buffer bytes}, one forward pass."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    totals, buffers = {}, 0
+    for L in (1, 2):
+        with FakeTensorMode():
+            model, _ = build(d, L, H, F, V, seq, n_kv_heads)
+            skip = {id(t.untyped_storage()) for t in (*model.parameters(), *model.buffers())}
+            seen = {}
+
+            def pack(t, skip=skip, seen=seen):
+                st = t.untyped_storage()
+                if id(st) not in skip:
+                    seen.setdefault(id(st), (st, st.nbytes()))
+                return t
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                out = model(torch.randint(0, V, (batch, seq)))
+            del out
+            totals[L] = sum(v[1] for v in seen.values())
+            buffers = sum(b.untyped_storage().nbytes() for b in model.buffers())
+    return {"layer": totals[2] - totals[1], "buffers": buffers}
+
+
+def _optimizers(model, implementation):
+    from torchtitan.components.optimizer.optimizer import OptimizersContainer, default_adamw
+    config = default_adamw()
+    config.implementation = implementation
+    return OptimizersContainer(config, model_parts=[model])
+
+
+def _train_step(model, optimizers, loss_fn, batch, landmark):
+    """``Trainer.train_step`` (torchtitan 0.3.0, ``trainer.py`` l. 871-945, ``_forward_backward_body`` l. 808-829) on
+    one batch, one data-parallel rank, no pipeline, no gradient accumulation."""
+    from torchtitan.distributed import utils as dist_utils
+    inputs, labels = batch
+    landmark("before forward")
+    optimizers.zero_grad(set_to_none=False)
+    local_valid_tokens = torch.tensor(0, dtype=torch.int64)
+    local_valid_tokens += (labels != IGNORE).sum()
+    global_valid_tokens = local_valid_tokens.to(inputs.device)
+    pred = model(inputs)
+    loss, _ = loss_fn(pred, labels, global_valid_tokens)
+    del pred
+    landmark("after forward")
+    loss.backward()
+    landmark("after backward")
+    grad_norm = dist_utils.clip_grad_norm_([p for p in model.parameters()], 1.0, foreach=True)
+    optimizers.step()
+    del grad_norm, loss, local_valid_tokens, global_valid_tokens
+    landmark("after step")
+
+
+@recorded
+def titan_step(d: int, L: int, H: int, F: int, V: int, batch: int, seq: int, implementation: str = "for-loop",
+               n_kv_heads: int = None) -> dict:
+    """MemTracker's totals of a steady-state step of torchtitan's model and loop (:func:`_train_step`) under
+    ``FakeTensorMode``: {landmark: bytes, "peak": int, "phase peaks": {"forward", "backward", "optimizer"}}."""
+    if implementation not in IMPLEMENTATIONS:
+        raise ValueError(f"implementation must be one of {', '.join(IMPLEMENTATIONS)}, got {implementation!r}")
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    cpu = torch.device("cpu")
+    with FakeTensorMode():
+        model, _ = build(d, L, H, F, V, seq, n_kv_heads)
+        from torchtitan.components.loss import CrossEntropyLoss
+        loss_fn = CrossEntropyLoss(CrossEntropyLoss.Config())
+        optimizers = _optimizers(model, implementation)
+        result, phase_peaks = {}, {}
+        phases = {"after forward": "forward", "after backward": "backward", "after step": "optimizer"}
+        tracker = tracker_class()()
+
+        def landmark(name):
+            total = tracker.get_tracker_snapshot("current")[cpu]["Total"]
+            if name in phases:
+                phase_peaks[phases[name]] = max(tracker._peak_mem[cpu], total)
+            result[name] = tracker._peak_mem[cpu] = total
+
+        def batch_():
+            return torch.randint(0, V, (batch, seq)), torch.randint(0, V, (batch, seq))
+        _train_step(model, optimizers, loss_fn, batch_(), lambda name: None)    # the state, the kept gradients
+        data = batch_()
+        tracker.track_external(model, *optimizers.optimizers, *data)
+        with tracker:
+            _train_step(model, optimizers, loss_fn, data, landmark)
+        result["peak"] = max(phase_peaks.values())
+        result["phase peaks"] = phase_peaks
+    return result
