@@ -34,9 +34,12 @@ import torch
 from .measure import tracker_class
 from .record import recorded
 
-__all__ = ["IMPLEMENTATIONS", "build", "layer_saved", "missing", "titan_step"]
+__all__ = ["CHECKPOINTING", "IMPLEMENTATIONS", "checkpointing", "build", "layer_saved", "missing", "titan_step"]
 
 IMPLEMENTATIONS = ("for-loop", "foreach", "fused")
+#: torchtitan's activation checkpointing policies run here (``distributed/activation_checkpoint.py``): none,
+#: ``FullAC`` (l. 166-182) and ``SelectiveAC`` (l. 185-287), with their configs' defaults.
+CHECKPOINTING = ("none", "full", "selective")
 IGNORE = -100
 
 
@@ -100,6 +103,20 @@ def layer_saved(d: int, H: int, F: int, V: int, batch: int, seq: int, n_kv_heads
     return {"layer": totals[2] - totals[1], "buffers": buffers}
 
 
+def checkpointing(model, policy: str) -> None:
+    """torchtitan's own activation checkpointing applied to every layer of ``model`` (``ActivationCheckpointing.apply``,
+    ``activation_checkpoint.py`` l. 152-164, as ``models/llama3/parallelize.py`` l. 59 calls it): ``FullAC`` wraps each
+    block in ``checkpoint_wrapper(preserve_rng_state=True, early_stop=False)``; ``SelectiveAC`` adds its op policy
+    (compute-intensive and collective ops saved, every second mm recomputed)."""
+    if policy not in CHECKPOINTING:
+        raise ValueError(f"checkpointing must be one of {', '.join(CHECKPOINTING)}, got {policy!r}")
+    if policy == "none":
+        return
+    from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
+    cls = FullAC if policy == "full" else SelectiveAC
+    cls(cls.Config()).apply(model)
+
+
 def _optimizers(model, implementation):
     from torchtitan.components.optimizer.optimizer import OptimizersContainer, default_adamw
     config = default_adamw()
@@ -131,15 +148,17 @@ def _train_step(model, optimizers, loss_fn, batch, landmark):
 
 @recorded
 def titan_step(d: int, L: int, H: int, F: int, V: int, batch: int, seq: int, implementation: str = "for-loop",
-               n_kv_heads: int = None) -> dict:
+               n_kv_heads: int = None, ac: str = "none") -> dict:
     """MemTracker's totals of a steady-state step of torchtitan's model and loop (:func:`_train_step`) under
-    ``FakeTensorMode``: {landmark: bytes, "peak": int, "phase peaks": {"forward", "backward", "optimizer"}}."""
+    ``FakeTensorMode``: {landmark: bytes, "peak": int, "phase peaks": {"forward", "backward", "optimizer"}};
+    ``ac``: torchtitan's activation checkpointing (:func:`checkpointing`)."""
     if implementation not in IMPLEMENTATIONS:
         raise ValueError(f"implementation must be one of {', '.join(IMPLEMENTATIONS)}, got {implementation!r}")
     from torch._subclasses.fake_tensor import FakeTensorMode
     cpu = torch.device("cpu")
     with FakeTensorMode():
         model, _ = build(d, L, H, F, V, seq, n_kv_heads)
+        checkpointing(model, ac)
         from torchtitan.components.loss import CrossEntropyLoss
         loss_fn = CrossEntropyLoss(CrossEntropyLoss.Config())
         optimizers = _optimizers(model, implementation)

@@ -49,7 +49,13 @@ run FlexAttention or varlen (``models/common/config_utils.py`` l. 71-103), whose
 cache, are refused). Its step (:mod:`memledger.step.torchtitan`): every layer's RoPE cache, the gradients kept
 between steps (``zero_grad(set_to_none=False)``), its loss and token count, ``clip_grad_norm_``, its parameter order;
 recipe bf16-pure-adamw only (``training.dtype = "bfloat16"``); checked against its own model and ``train_step`` under
-``FakeTensorMode`` (tests/pytorch/test_torchtitan.py).
+``FakeTensorMode`` (tests/pytorch/test_torchtitan.py). ``recompute="full"``: its ``FullAC``
+(``distributed/activation_checkpoint.py`` l. 166-182: ``checkpoint_wrapper(preserve_rng_state=True,
+early_stop=False)`` on every block), proved at every landmark, phase peak and the peak. Its ``SelectiveAC`` is an op
+policy (compute-intensive and collective ops saved, every second mm recomputed, l. 185-287; 0.3.0 has no per-layer
+"every k-th block" option); measured on the CPU it saves the block's input and the outputs of wqkv, w1 and w2, but the
+CPU's flash kernel is not in its save list where CUDA's is (``torch/_functorch/partitioners.py`` l. 2971-2980), so
+what it keeps on a GPU is not measurable here: refused.
 
 What is not modelled yet under a library's code is refused in one line (:func:`check_step`), never computed with
 the reference decoder's block in its place.
@@ -133,7 +139,8 @@ def check_step(setup, conv) -> None:
          f.gqa and impl != "torchtitan" and (impl != "hf" or setup.attn_implementation == "eager")),
         ("QKV biases", f.has_qkv_bias), ("a tied LM head", f.is_tied),
         ("a head size other than d/H", f.head_dim),
-        ("dropout", setup.dropout), (f"recompute {setup.recompute}", setup.recompute != "none" and not (
+        ("dropout", setup.dropout), (f"recompute {setup.recompute}" + (TITAN_SELECTIVE if impl == "torchtitan" else ""),
+                                     setup.recompute != "none" and not (
             setup.recompute == "full" and impl in FULL_RECOMPUTE)),
         ("tensor or sequence parallelism", setup.tp > 1 or setup.sequence_parallel),
         (f"framework {setup.framework}", setup.framework != "plain"),
@@ -168,6 +175,9 @@ def check_torchtune_chunks(chunks: int, seq_len: int) -> None:
 
 
 #: The implementations whose ``recompute full`` the step models (each library's own per-layer checkpointing).
-FULL_RECOMPUTE = ("hf", "torchtune", "litgpt")
+FULL_RECOMPUTE = ("hf", "torchtune", "litgpt", "torchtitan")
+#: Why torchtitan's ``SelectiveAC`` is refused (torchtitan 0.3.0 has no per-layer selective option any more).
+TITAN_SELECTIVE = (" (torchtitan's SelectiveAC op policy: mm outputs saved but every second, SDPA saved only through "
+                   "its CUDA kernels, activation_checkpoint.py l. 31-94, 246-276)")
 #: The implementations whose block the step does not model yet.
 UNMODELLED_BLOCKS = ()

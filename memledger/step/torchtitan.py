@@ -27,7 +27,8 @@ Read from torchtitan 0.3.0:
   ``vector_norm``: the total) and ``clip_grads_with_norm_`` (``max_norm / (total + 1e-6)``, ``clamp``, then
   ``_foreach_mul_`` in place); the total norm alive until ``train_step`` returns.
 
-Checked against torchtitan's own model and loop under ``FakeTensorMode``
+Under ``recompute="full"`` (torchtitan's ``FullAC``, ``distributed/activation_checkpoint.py`` l. 166-182) the
+reference's checkpointed block runs unchanged. Checked against torchtitan's own model and loop under ``FakeTensorMode``
 (:func:`memledger.pytorch.torchtitan_step.titan_step`, tests/pytorch/test_torchtitan.py).
 """
 from ..core.symbols import B, H, L, S, d

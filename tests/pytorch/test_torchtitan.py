@@ -84,3 +84,33 @@ def test_llama3_8b_width():
     diff = differences(titan_step(**LLAMA3_8B, L=2, batch=1, seq=128, n_kv_heads=8),
                        titan_ledger_step(LLAMA3_8B, 2, 1, 128, 8))
     assert diff == {k: 0 for k in diff}
+
+
+def titan_recompute_step(shape, L, B, S, kv=None):
+    arch = architecture_of(RefConfig(**shape, L=L, style="llama", n_kv_heads=kv))
+    return Step(Ledger(arch, batch_size=B, seq_len=S, recipe=LOOP, overhead_bytes=0, implementation="torchtitan",
+                       recompute="full"), "cpu")
+
+
+@pytest.mark.parametrize("L, B, S, kv", [(2, 2, 200, None), (3, 1, 128, None), (2, 2, 64, 2)])
+def test_torchtitan_full_ac_step_equals_memledgers(L, B, S, kv):
+    """torchtitan's ``FullAC`` (every block in ``checkpoint_wrapper(preserve_rng_state=True, early_stop=False)``,
+    activation_checkpoint.py l. 166-182) under its ``train_step``: every landmark, phase peak and the peak equal
+    memledger's ``implementation="torchtitan", recompute="full"`` step to the byte, the recomputed forward's transients
+    in backward included."""
+    got = titan_step(**SMALL, L=L, batch=B, seq=S, n_kv_heads=kv, ac="full")
+    diff = differences(got, titan_recompute_step(SMALL, L, B, S, kv))
+    assert diff == {k: 0 for k in diff}
+
+
+def test_torchtitan_selective_ac_on_the_cpu():
+    """torchtitan's ``SelectiveAC`` op policy measured on the CPU (what one layer adds to the forward pass, L 3 minus
+    L 2): the block's input (the checkpoint's) and the outputs of the mm it must save, the first, third and fifth of
+    the block (wqkv, w1, w2; wo and w3 recomputed: "every second mm", activation_checkpoint.py l. 258-270). The CPU's
+    flash kernel (``_scaled_dot_product_flash_attention_for_cpu``) is not in its save list, so attention is recomputed
+    here; CUDA's ``_scaled_dot_product_flash_attention`` is (torch/_functorch/partitioners.py l. 2971-2980): what the
+    policy keeps on a GPU is not measured here, and memledger refuses it."""
+    d, F, B, S = SMALL["d"], SMALL["F"], 2, 200
+    a = [titan_step(**SMALL, L=L, batch=B, seq=S, ac="selective") for L in (2, 3)]
+    layer = (a[1]["after forward"] - a[1]["before forward"]) - (a[0]["after forward"] - a[0]["before forward"])
+    assert layer == 2 * B * S * (d + 3 * d + F + d)

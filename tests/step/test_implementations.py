@@ -206,8 +206,9 @@ def test_torchtitan_books_its_rope_caches_and_kept_gradients():
 
 
 @pytest.mark.parametrize("fields, what", [
-    ({"recipe": "bf16-adamw"}, "recipe bf16-adamw"), ({"recompute": "full"}, "recompute full"),
-    ({"recompute": "selective"}, "recompute selective"), ({"packed": 2}, "packed documents"),
+    ({"recipe": "bf16-adamw"}, "recipe bf16-adamw"),
+    ({"recompute": "selective"}, "recompute selective \\(torchtitan's SelectiveAC op policy"),
+    ({"packed": 2}, "packed documents"),
     ({"tp": 2}, "tensor or sequence parallelism"), ({"loss_chunks": 8}, "a chunked or LitGPT loss"),
 ])
 def test_torchtitan_refuses_what_is_not_modelled(fields, what):
@@ -215,6 +216,16 @@ def test_torchtitan_refuses_what_is_not_modelled(fields, what):
                     **{"recipe": "bf16-pure-adamw", **fields})
     with pytest.raises(ValueError, match=f"torchtitan's model code\\): .*{what}.* not modelled yet"):
         ledger.step("cpu")
+
+
+def test_torchtitan_full_ac_is_modelled():
+    """torchtitan's FullAC (tests/pytorch/test_torchtitan.py proves the step): each layer keeps its input only."""
+    B, S, d, L = 1, 1024, 4096, 32
+    steps = [Ledger("llama3-8b", batch_size=B, seq_len=S, recipe="bf16-pure-adamw", implementation="torchtitan",
+                    recompute=r).step("cpu") for r in ("none", "full")]
+    forward = [s.landmarks["after forward"]["gpu"] - s.landmarks["before forward"]["gpu"] for s in steps]
+    assert forward[0] > forward[1]
+    assert sum(r["bytes"] for r in steps[1].rows if r["name"].startswith("L x ")) == L * 2 * B * S * d
 
 
 def test_torchtitan_on_the_cli(capsys):
