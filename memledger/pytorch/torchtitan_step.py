@@ -34,7 +34,8 @@ import torch
 from .measure import tracker_class
 from .record import recorded
 
-__all__ = ["CHECKPOINTING", "IMPLEMENTATIONS", "checkpointing", "build", "layer_saved", "missing", "titan_step"]
+__all__ = ["CHECKPOINTING", "IMPLEMENTATIONS", "build", "checkpointing", "layer_saved", "missing", "titan_fsdp1_step",
+           "titan_step"]
 
 IMPLEMENTATIONS = ("for-loop", "foreach", "fused")
 #: torchtitan's activation checkpointing policies run here (``distributed/activation_checkpoint.py``): none,
@@ -144,6 +145,50 @@ def _train_step(model, optimizers, loss_fn, batch, landmark):
     optimizers.step()
     del grad_norm, loss, local_valid_tokens, global_valid_tokens
     landmark("after step")
+
+
+def _fsdp_world_one(model):
+    """torchtitan's ``apply_fsdp_to_decoder`` on a 1-rank mesh, as ``parallelize_llama`` always calls it
+    (``models/llama3/parallelize.py`` l. 69-90: "with shard_degree=1 it is a no-op for the all-gather but still
+    installs the MixedPrecisionPolicy"; ``training.mixed_precision_param`` bfloat16, ``mixed_precision_reduce``
+    float32, ``config/configs.py`` l. 85-97)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from .distributed import _rank0_chunks
+    from .titan import import_titan
+    mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("fsdp",))
+    with _rank0_chunks():
+        import_titan().fsdp.apply_fsdp_to_decoder(model, mesh, param_dtype=torch.bfloat16, reduce_dtype=torch.float32,
+                                                  pp_enabled=False, reshard_after_forward_policy="default")
+
+
+@recorded
+def titan_fsdp1_step(d: int, L: int, H: int, F: int, V: int, batch: int, seq: int) -> dict:
+    """{landmark: bytes, "peak": int} of :func:`titan_step`'s loop with the model first wrapped as
+    ``parallelize_llama`` wraps it on one GPU (:func:`_fsdp_world_one`, a fake 1-rank process group),
+    ``FSDPMemTracker``'s totals."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+    from .distributed import _propagation_as_in_a_real_run, fake_world
+    from torchtitan.components.loss import CrossEntropyLoss
+    cpu, result = torch.device("cpu"), {}
+    with fake_world(1):
+        fake = FakeTensorMode()
+        with fake:
+            model, _ = build(d, L, H, F, V, seq)
+        _fsdp_world_one(model)
+        with fake, _propagation_as_in_a_real_run():
+            loss_fn, optimizers = CrossEntropyLoss(CrossEntropyLoss.Config()), _optimizers(model, "for-loop")
+
+            def data():
+                return torch.randint(0, V, (batch, seq)), torch.randint(0, V, (batch, seq))
+            _train_step(model, optimizers, loss_fn, data(), lambda name: None)
+            tracker, batch_ = FSDPMemTracker(model, optimizers.optimizers[0]), data()
+            tracker.track_inputs(batch_)
+            with tracker:
+                _train_step(model, optimizers, loss_fn, batch_, lambda name: result.__setitem__(
+                    name, tracker.get_tracker_snapshot("current")[cpu]["Total"]))
+            result["peak"] = tracker.get_tracker_snapshot("peak")[cpu]["Total"]
+    return result
 
 
 @recorded

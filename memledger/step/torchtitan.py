@@ -27,6 +27,10 @@ Read from torchtitan 0.3.0:
   ``vector_norm``: the total) and ``clip_grads_with_norm_`` (``max_norm / (total + 1e-6)``, ``clamp``, then
   ``_foreach_mul_`` in place); the total norm alive until ``train_step`` returns.
 
+Not booked: on one GPU ``parallelize_llama`` still wraps the model with ``apply_fsdp_to_decoder`` on a 1-rank mesh
+(``models/llama3/parallelize.py`` l. 69-90), whose final norm and LM head unit keeps an unsharded BF16 copy from
+forward into backward, 2 (V d + d) bytes (measured: tests/pytorch/test_torchtitan.py, a strict xfail).
+
 Under ``recompute="full"`` (torchtitan's ``FullAC``, ``distributed/activation_checkpoint.py`` l. 166-182) the
 reference's checkpointed block runs unchanged. Checked against torchtitan's own model and loop under ``FakeTensorMode``
 (:func:`memledger.pytorch.torchtitan_step.titan_step`, tests/pytorch/test_torchtitan.py).
