@@ -19,6 +19,15 @@ given) cannot tell fake position ids apart, so it reports packed sequences, and 
 causal mask a real run never builds (a real run passes no mask to SDPA and uses ``is_causal``), which SDPA then
 turns into an additive BF16 mask saved by every layer (2·B·S² bytes per layer). :func:`_unpacked` makes the check
 return None, what it returns on a real unpacked batch.
+
+PEFT's LoRA on it (``lora=``, PEFT 0.22.0: :func:`_peft`): built as ``get_peft_model`` builds it (two moves that
+change nothing are skipped, checked by ``tests/pytorch/test_peft.py``), MemTracker kept off the frozen parameters'
+gradient hooks (:func:`_frozen`). **A MemTracker artifact, not patched**: with ``gradient_checkpointing=True`` the
+embedding's output is a leaf that requires grad (``enable_input_require_grads``); under MemTracker that leaf and its
+``.grad`` (2 B·S·d BF16 bytes) are still alive after the step and ``gc.collect()``, where the same step without
+MemTracker leaves no such tensor (its "after step" exceeds "before forward" by that much). Apparently its module
+tracker's multi-grad hooks on the modules' inputs (``mod_tracker.py`` l. 228, ``register_multi_grad_hook`` on the
+leaf's ``AccumulateGrad`` node, which holds the leaf) keep it.
 """
 from contextlib import contextmanager
 
