@@ -6,7 +6,8 @@ PEFT 0.22.0 (requirements.txt) runs beside torchao 0.14.1 (torchtune 0.6.1's pin
 there and leaves torchao out. The harness builds PEFT's model under ``FakeTensorMode`` with two patches
 (:func:`memledger.pytorch.libraries._peft`: PEFT's ``Module.to`` moves that change nothing are skipped; MemTracker's
 gradient hooks are not put on frozen parameters): :func:`test_the_harness_builds_what_peft_builds` checks on real
-tensors that the first builds what ``get_peft_model`` builds.
+tensors that the first builds what ``get_peft_model`` builds. What PEFT's model saves per layer is what the LoRA
+step books per layer (:func:`test_peft_saves_per_layer_what_the_lora_step_books`).
 """
 import pytest
 
@@ -77,3 +78,42 @@ def test_lora_under_transformers_is_refused_naming_peft(capsys, args):
     err = refused(capsys, args[0], "--preset", "llama2-7b", *args[1:], "--lora-rank", "8",
                   message="LoRA and QLoRA under transformers' code (PEFT 0.22.0's LoRA layers")
     assert "not modelled yet" in err
+
+
+def lora_layer_bytes(shape, names, dropout, fp32_adapters, batch, seq, rank=16) -> int:
+    """One layer's saved bytes in the LoRA step (its "L x" rows over L)."""
+    from memledger.ledger.lora import LoraConfig, LoraLedger
+    from memledger.models.architecture import Architecture
+    arch = Architecture(shape["d"], 2, shape["H"], shape["F"], shape["V"], "llama", n_kv_heads=shape.get("kv"))
+    config = LoraConfig(rank, names, adapter_recipe="fp32-adamw" if fp32_adapters else "bf16-pure-adamw",
+                        dropout=dropout > 0)
+    step = LoraLedger(arch, config, batch, seq, overhead_bytes=0).step("cpu")
+    return sum(row["bytes"] for row in step.rows if row["name"].startswith("L x ")) // step.values["L"]
+
+
+QV, ALL = ("q_proj", "v_proj"), ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+SMALL = dict(d=256, H=4, F=688, V=1000)
+LLAMA2 = dict(d=4096, H=32, F=11008, V=32000)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("shape, batch, seq", [(SMALL, 2, 48), (dict(SMALL, kv=2), 2, 48), (dict(SMALL, kv=1), 1, 64),
+                                               (LLAMA2, 1, 1024)])
+@pytest.mark.parametrize("names, dropout, fp32_adapters", [(QV, 0.0, True), (QV, 0.05, False), (ALL, 0.0, False),
+                                                           (ALL, 0.05, True)])
+def test_peft_saves_per_layer_what_the_lora_step_books(shape, batch, seq, names, dropout, fp32_adapters):
+    """PEFT's LoRA on transformers' ``LlamaForCausalLM`` (``get_peft_model``, rank 16, alpha 32; FP32 adapters under
+    ``autocast_adapter_dtype`` or BF16; dropout 0, PEFT's ``nn.Identity``, or 0.05; grouped-query at 2 and 1 K/V
+    heads; LLaMA-2-7B's width): one layer's saved bytes (two layers minus one, saved-tensor hooks under
+    ``FakeTensorMode``) equal the LoRA step's per layer: ``LlamaRMSNorm`` keeps its FP32 input and rstd (its frozen
+    weight needs no BF16 normalized input), each FP32 adapter its own FP32 copy of its input, BF16 adapters the
+    shared input, A's output, with dropout its mask and output instead, SDPA and the MLP what they save without LoRA,
+    no frozen projection's input. The step's landmarks and peak under PEFT wait for what is outside the layers
+    (the rotary buffers, cos and sin, transformers' loss) and for block 0, which without
+    ``gradient_checkpointing_enable()`` gets an input that does not require grad (no norm 1 tensors, no input
+    gradient): not modelled yet, the step refuses LoRA under ``--implementation hf``."""
+    pytest.importorskip("peft")
+    from memledger.pytorch.libraries import saved_per_layer
+    targets = ",".join(names) if names == QV else "all-linear"
+    measured = saved_per_layer("hf", **shape, batch=batch, seq=seq, lora=(targets, 16, 32, dropout, fp32_adapters))
+    assert measured["layer"] == lora_layer_bytes(shape, names, dropout, fp32_adapters, batch, seq)
