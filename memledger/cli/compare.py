@@ -205,8 +205,9 @@ def lora(a, ledger, by_step=None) -> str:
     nvidia-smi|run`` judged by its step as ``by_step`` (:func:`memledger.cli.step.lora_step`) judges it."""
     from ..ledger.lora import LoraLedger
     if ledger.implementation != "reference" or "attn_implementation" in a.given:
-        raise ValueError(f"--implementation {ledger.implementation}: LoRA and QLoRA under a library's code (PEFT, "
-                         "torchtune, LitGPT) are not modelled yet")
+        from ..step.implementations import lora_not_modelled
+        impl = "hf" if "attn_implementation" in a.given else ledger.implementation
+        raise ValueError(f"--implementation {ledger.implementation}: {lora_not_modelled(impl)}")
     from .paths import allocator_reads
     reads = LORA_READS | allocator_reads(a) | ({"load"} if getattr(a, "measure", "auto") == "run" else set())
     if "load" in a.given and "load" not in reads:

@@ -151,6 +151,7 @@ def lora_step(a, ledger, lora=None) -> str:
     --lora-rank`` built (its options already checked), judged by the step under an allocator measure or the run."""
     from ..ledger.lora import LoraLedger
     from ..states.recipes import get_recipe
+    from ..step.implementations import lora_not_modelled
     from .compare import lora_config
     if lora is not None:
         return _lora_output(a, lora, lora.step("cuda"))
@@ -160,8 +161,7 @@ def lora_step(a, ledger, lora=None) -> str:
                                                           "offload or parallelism" for d in refused} | {
         "offload_activations": "activation offloading of a LoRA block (its frozen weights and NF4 tensors saved "
                                "too) is not modelled",
-        "implementation": "LoRA and QLoRA under a library's code (PEFT, torchtune, LitGPT) are not modelled yet",
-        "attn_implementation": "LoRA and QLoRA under transformers' code (PEFT) are not modelled yet"})
+        "implementation": lora_not_modelled(ledger.implementation), "attn_implementation": lora_not_modelled("hf")})
     if ledger.arch is None:
         raise ValueError("LoRA needs an architecture: --preset, --config or a shape")
     base = next(c.dtype for c in get_recipe(ledger.recipe).components if c.role == "param")

@@ -19,6 +19,15 @@ given) cannot tell fake position ids apart, so it reports packed sequences, and 
 causal mask a real run never builds (a real run passes no mask to SDPA and uses ``is_causal``), which SDPA then
 turns into an additive BF16 mask saved by every layer (2·B·S² bytes per layer). :func:`_unpacked` makes the check
 return None, what it returns on a real unpacked batch.
+
+PEFT's LoRA on it (``lora=``, PEFT 0.22.0: :func:`_peft`): built as ``get_peft_model`` builds it (two moves that
+change nothing are skipped, checked by ``tests/pytorch/test_peft.py``), MemTracker kept off the frozen parameters'
+gradient hooks (:func:`_frozen`). **A MemTracker artifact, not patched**: with ``gradient_checkpointing=True`` the
+embedding's output is a leaf that requires grad (``enable_input_require_grads``); under MemTracker that leaf and its
+``.grad`` (2 B·S·d BF16 bytes) are still alive after the step and ``gc.collect()``, where the same step without
+MemTracker leaves no such tensor (its "after step" exceeds "before forward" by that much). Apparently its module
+tracker's multi-grad hooks on the modules' inputs (``mod_tracker.py`` l. 228, ``register_multi_grad_hook`` on the
+leaf's ``AccumulateGrad`` node, which holds the leaf) keep it.
 """
 from contextlib import contextmanager
 
@@ -63,10 +72,12 @@ class LibraryModel(torch.nn.Module):
 
 
 def make_library_model(library: str, d: int, H: int, F: int, V: int, L: int, attn: str = "sdpa",
-                       dtype=torch.bfloat16, kv: int = None, gradient_checkpointing: bool = False) -> LibraryModel:
+                       dtype=torch.bfloat16, kv: int = None, gradient_checkpointing: bool = False,
+                       lora: tuple = None) -> LibraryModel:
     """``library``'s LLaMA model at these sizes, built under the current mode (``FakeTensorMode``: no weights);
     ``gradient_checkpointing``: transformers' ``model.gradient_checkpointing_enable()`` with its defaults (every
-    decoder layer's ``forward`` under ``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)``)."""
+    decoder layer's ``forward`` under ``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)``); ``lora``
+    (library hf): PEFT's LoRA on it (:func:`_peft`)."""
     if library not in LIBRARIES:
         raise ValueError(f"library must be one of {', '.join(LIBRARIES)}, got {library!r}")
     if library == "litgpt":
@@ -86,7 +97,50 @@ def make_library_model(library: str, d: int, H: int, F: int, V: int, L: int, att
     model.train()
     if gradient_checkpointing:
         model.gradient_checkpointing_enable()
-    return LibraryModel(library, model)
+    return LibraryModel(library, _peft(model, *lora) if lora else model)
+
+
+def _peft(model, targets: str, rank: int, alpha: int, dropout: float, fp32_adapters: bool):
+    """PEFT's ``get_peft_model(model, LoraConfig(r=rank, lora_alpha=alpha, target_modules=targets, lora_dropout=
+    dropout), autocast_adapter_dtype=fp32_adapters)`` (``targets``: comma-separated module names or
+    ``"all-linear"``), after ``gradient_checkpointing_enable()`` where asked, as PEFT's guides order them (then
+    ``get_peft_model`` calls ``enable_input_require_grads``: ``peft/peft_model.py`` l. 243-244, 772-788 at 0.22.0).
+    The base is frozen; the adapters are FP32 under ``autocast_adapter_dtype`` (its default: ``cast_adapter_dtype``,
+    ``peft/tuners/tuners_utils.py`` l. 2873-2914, new FP32 parameters), else BF16. PEFT moves each new module to its
+    base layer's device (``peft/tuners/lora/model.py`` l. 487) and each adapter to the base's device and dtype
+    (``_move_adapter_to_device_of_base_layer``, ``tuners_utils.py`` l. 2290-2316) with ``Module.to``, which cannot
+    swap a fake parameter held elsewhere: the adapters are created here under the base's default dtype on its
+    device, so those moves change nothing and :func:`_unmoved` skips them."""
+    from peft import LoraConfig, get_peft_model
+    config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, bias="none", task_type="CAUSAL_LM",
+                        target_modules=targets if targets == "all-linear" else targets.split(","))
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(next(model.parameters()).dtype)
+    try:
+        with _unmoved():
+            return get_peft_model(model, config, autocast_adapter_dtype=fp32_adapters)
+    finally:
+        torch.set_default_dtype(before)
+
+
+@contextmanager
+def _unmoved():
+    """``Module.to`` returns the module where it would change nothing (every tensor already on the device and, if
+    one is named, in the dtype), and refuses any other conversion."""
+    to = torch.nn.Module.to
+
+    def unmoved(self, *args, **kwargs):
+        device, dtype, _, _ = torch._C._nn._parse_to(*args, **kwargs)
+        tensors = list(self.parameters()) + list(self.buffers())
+        if all((device is None or t.device.type == torch.device(device).type)
+               and (dtype is None or not t.is_floating_point() or t.dtype == dtype) for t in tensors):
+            return self
+        raise RuntimeError(f"PEFT asked for a conversion to {device}, {dtype} under FakeTensorMode")
+    torch.nn.Module.to = unmoved
+    try:
+        yield
+    finally:
+        torch.nn.Module.to = to
 
 
 def _litgpt(d, H, F, V, L, dtype) -> LibraryModel:
@@ -110,11 +164,11 @@ def _ids(V, batch, seq):
     return torch.randint(0, V, (batch, seq)), torch.randint(0, V, (batch, seq))
 
 
-def _saved_bytes(library, d, H, F, V, L, attn, batch, seq, kv=None) -> int:
+def _saved_bytes(library, d, H, F, V, L, attn, batch, seq, kv=None, lora=None) -> int:
     """The bytes of every storage autograd saves in one forward pass with the loss (parameters skipped)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     with FakeTensorMode():
-        model = make_library_model(library, d, H, F, V, L, attn, kv=kv)
+        model = make_library_model(library, d, H, F, V, L, attn, kv=kv, lora=lora)
         params = {id(p.untyped_storage()) for p in model.parameters()}
         seen = {}                       # id -> storage (kept alive, so that no id is reused)
 
@@ -132,11 +186,11 @@ def _saved_bytes(library, d, H, F, V, L, attn, batch, seq, kv=None) -> int:
 
 @recorded
 def saved_per_layer(library: str, d: int, H: int, F: int, V: int, batch: int, seq: int, attn: str = "sdpa",
-                    kv: int = None) -> dict:
+                    kv: int = None, lora: tuple = None) -> dict:
     """{"layer": one layer's saved bytes (two layers minus one), "one layer": the whole forward's saved bytes with
-    one layer} of ``library``'s model in BF16."""
-    one = _saved_bytes(library, d, H, F, V, 1, attn, batch, seq, kv)
-    two = _saved_bytes(library, d, H, F, V, 2, attn, batch, seq, kv)
+    one layer} of ``library``'s model in BF16; ``lora``: PEFT's (:func:`_peft`'s arguments)."""
+    one = _saved_bytes(library, d, H, F, V, 1, attn, batch, seq, kv, lora)
+    two = _saved_bytes(library, d, H, F, V, 2, attn, batch, seq, kv, lora)
     return {"layer": two - one, "one layer": one}
 
 
@@ -163,25 +217,43 @@ def _block_tracker():
     return Tracker
 
 
+class _NoHook:
+    """The handle of a hook never registered."""
+    def remove(self):
+        pass
+
+
+def _frozen(tracker, model):
+    """MemTracker registers a gradient hook on every parameter of a module it enters
+    (``torch/distributed/_tools/mem_tracker.py`` l. 599-610), which a frozen one (LoRA's base) refuses: its handles
+    are given beforehand (the hooks could never run). The frozen parameters are still counted as parameters."""
+    for p in model.parameters():
+        if not p.requires_grad:
+            tracker._param_to_grad_hook_handles[p] = (_NoHook(), _NoHook())
+
+
 @recorded
 def library_step(library: str, d: int, H: int, F: int, V: int, L: int, batch: int, seq: int, attn: str = "sdpa",
                  loop: str = "bf16-pure-adamw", foreach: bool = False, kv: int = None,
-                 gradient_checkpointing: bool = False) -> dict:
+                 gradient_checkpointing: bool = False, lora: tuple = None) -> dict:
     """MemTracker's totals of the second training step of ``library``'s model (pure BF16 under ``loop``):
     {"before forward", "after forward", "after backward", "after step": int, "peak": int, "phase peaks":
     {"forward", "backward", "optimizer"}, "block peaks": {("forward" | "backward", layer): int}}, CPU bytes, as
     :func:`memledger.pytorch.measure.memtracker_step`. ``gradient_checkpointing``: transformers'
-    ``gradient_checkpointing_enable()`` (:func:`make_library_model`)."""
+    ``gradient_checkpointing_enable()`` (:func:`make_library_model`); ``lora``: PEFT's LoRA (:func:`_peft`'s
+    arguments), the loop over the adapters."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     cpu = torch.device("cpu")
     with FakeTensorMode():
-        model = make_library_model(library, d, H, F, V, L, attn, kv=kv, gradient_checkpointing=gradient_checkpointing)
+        model = make_library_model(library, d, H, F, V, L, attn, kv=kv, gradient_checkpointing=gradient_checkpointing,
+                                   lora=lora)
         trainer = Trainer(model, loop, foreach=foreach)
         trainer.init_state()
         ids, targets = _ids(V, batch, seq)
         tracker = _block_tracker()()
         tracker.layer_peaks = {}
+        _frozen(tracker, model)
         tracker.track_external(model, *trainer.optimizers, ids, targets, *trainer.masters)
         result, phase_peaks = {}, {}
         phases = {"after forward": "forward", "after backward": "backward", "after step": "optimizer"}

@@ -63,8 +63,7 @@ the reference decoder's block in its place.
 from ..core.choices import check_choice
 
 __all__ = ["ATTN_IMPLEMENTATIONS", "FAMILIES", "IMPLEMENTATIONS", "LIBRARY", "check_fields", "check_step",
-           "check_torchtune_chunks",
-           "not_modelled"]
+           "check_torchtune_chunks", "lora_not_modelled", "not_modelled"]
 
 #: The implementations the step knows by name, the reference decoder first (the default).
 IMPLEMENTATIONS = ("reference", "hf", "torchtune", "litgpt", "torchtitan")
@@ -117,6 +116,17 @@ def not_modelled(implementation: str, what: str) -> ValueError:
     """The one-line refusal of ``what`` under a library's code."""
     return ValueError(f"implementation {implementation} ({_of(implementation)} model code): {what} not "
                       "modelled yet (implementation reference models memledger's reference decoder)")
+
+
+def lora_not_modelled(implementation: str) -> str:
+    """What the LoRA step says of LoRA under a library's code (the end of a one-line refusal). transformers' LoRA
+    is PEFT's (``get_peft_model``, ``peft/tuners/lora/layer.py`` ``Linear.forward``): PEFT 0.22.0 (requirements.txt)
+    runs beside torchao 0.14.1 (0.19-0.21 raise ImportError in ``get_peft_model`` for a torchao older than 0.16, 0.22
+    warns and leaves torchao out), and :mod:`memledger.pytorch.libraries` measures it (``lora=``)."""
+    if implementation == "hf":
+        return ("LoRA and QLoRA under transformers' code (PEFT 0.22.0's LoRA layers, measured by "
+                "memledger.pytorch.libraries) are not modelled yet")
+    return "LoRA and QLoRA under a library's code (PEFT, torchtune, LitGPT) are not modelled yet"
 
 
 def check_step(setup, conv) -> None:
