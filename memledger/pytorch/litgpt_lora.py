@@ -75,8 +75,8 @@ def lora_layer_saved(d: int, H: int, F: int, V: int, batch: int, seq: int, lora:
             skip = {id(t.untyped_storage()) for t in (*model.parameters(), *model.buffers())}
             seen, where = {}, ["outside"]
             for i, layer in enumerate(layers):
-                layer.register_forward_pre_hook(lambda m, a, i=i: where.__setitem__(0, i))
-                layer.register_forward_hook(lambda m, a, o: where.__setitem__(0, "outside"))
+                layer.register_forward_pre_hook(lambda m, a, i=i, w=where: w.__setitem__(0, i))
+                layer.register_forward_hook(lambda m, a, o, w=where: w.__setitem__(0, "outside"))
             ids = torch.randint(0, V, (batch, seq))
 
             def pack(t, skip=skip, seen=seen, where=where):
