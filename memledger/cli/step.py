@@ -160,7 +160,9 @@ def lora_step(a, ledger, lora=None) -> str:
                                                           "offload or parallelism" for d in refused} | {
         "offload_activations": "activation offloading of a LoRA block (its frozen weights and NF4 tensors saved "
                                "too) is not modelled",
-        "implementation": "LoRA and QLoRA under a library's code (PEFT, torchtune, LitGPT) are not modelled yet",
+        "implementation": "LoRA and QLoRA under a library's code (PEFT, torchtune, LitGPT) are not modelled yet in "
+                          "the step (memledger ledger --lora-rank ... --implementation litgpt books what LitGPT's "
+                          "LoRA layers save)",
         "attn_implementation": "LoRA and QLoRA under transformers' code (PEFT) are not modelled yet"})
     if ledger.arch is None:
         raise ValueError("LoRA needs an architecture: --preset, --config or a shape")

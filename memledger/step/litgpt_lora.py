@@ -146,3 +146,18 @@ def outside_rows() -> list:
     """What LitGPT's LoRA model saves outside its layers with the frozen head: the final RMSNorm's (the head's
     128-token chunks keep no input: it is frozen)."""
     return _norm("final")
+
+
+def activations(targets, dropout: bool, mask_dtype: str = "bool", dtype: str = "bf16"):
+    """The layers' saved bytes: L - 1 layers whose input requires grad and the first (:func:`layer_rows`)."""
+    from ..core.symbols import L
+    from sympy import Integer
+    total = lambda rows: sum((row.bytes for row in rows), Integer(0))        # noqa: E731
+    return (L - 1) * total(layer_rows(targets, dropout, mask_dtype, dtype)) + total(
+        layer_rows(targets, dropout, mask_dtype, dtype, first=True))
+
+
+#: LitGPT's quantized linears under ``BitsandbytesPrecision`` (``lightning/fabric/plugins/precision/bitsandbytes.py``:
+#: every ``nn.Linear`` replaced, the LM head's too), by the Hugging Face names of what each computes: the fused QKV
+#: projection is one tensor.
+NF4_LINEARS = (("q_proj", "k_proj", "v_proj"), ("o_proj",), ("gate_proj",), ("up_proj",), ("down_proj",))

@@ -185,3 +185,20 @@ def test_litgpt_runs_its_own_loss_and_refuses_its_chunked_head():
     assert sum(r["bytes"] for r in plain.rows if r["name"].startswith("log-softmax output, ")) == 2 * B * (S - 1) * V
     with pytest.raises(ValueError, match="implementation litgpt .*LitGPT's head chunked by 128 tokens.* not modelled yet"):
         Ledger("llama2-7b", batch_size=B, seq_len=S, loss_chunks=8, implementation="litgpt").step("cpu")
+
+
+def test_litgpt_lora_ledger_and_its_refusals(capsys):
+    """``ledger --lora-rank --implementation litgpt`` books LitGPT's LoRA layers (memledger.step.litgpt_lora; proved
+    against LitGPT's model in tests/step/test_litgpt_lora.py); what LitGPT cannot build or the step does not model is
+    refused in one line."""
+    lit = ("--lora-rank", "8", "--implementation", "litgpt", "--adapter-recipe", "bf16-pure-adamw", "--lora-dropout")
+    code, out, _ = run(capsys, "ledger", *TINY, "--seq", "64", *lit, "--json")
+    data = json.loads(out)
+    assert code == 0 and data["inputs"]["implementation"] == "litgpt" and data["peak"] is None
+    code, out, _ = run(capsys, "ledger", *TINY, "--seq", "64", *lit[:-1], "--json")
+    assert json.loads(out)["totals"]["gpu"] != data["totals"]["gpu"]
+    refused(capsys, "step", *TINY, *lit, message="not modelled yet in the step")
+    refused(capsys, "ledger", *TINY, *lit[:4], message="FP32 adapters")
+    refused(capsys, "ledger", *TINY, *lit, "--lora-targets", "q_proj,up_proj", message="three projections together")
+    refused(capsys, "ledger", *TINY, *lit, "--lora-targets", "q_proj,lm_head", message="lm_head adapter")
+    refused(capsys, "ledger", *TINY, *lit, "--recompute", "full", message="recompute full")

@@ -75,3 +75,24 @@ def test_llama2_7b_width_layer(B, S):
     rows = dict(targets=QV, dropout=True, mask_dtype="bf16")
     assert got["layer"] == booked(layer_rows(**rows), SEVEN_B, B, S)
     assert got["first"] == booked(layer_rows(**rows, first=True), SEVEN_B, B, S)
+
+
+@pytest.mark.parametrize("L, B, S", [(2, 1, 200), (4, 2, 64)])
+def test_lora_ledger_books_litgpts_layers(L, B, S):
+    """``LoraLedger(..., implementation="litgpt")`` (``memledger ledger --lora-rank 8 --implementation litgpt``)
+    books L - 1 layers whose input requires grad and the first, each as LitGPT's LoRA model saves it (its mask in
+    BF16 here: the CPU's dropout noise)."""
+    from memledger.ledger.lora import LoraConfig, LoraLedger
+    from memledger.pytorch.compare import architecture_of
+    from memledger.pytorch.reference import RefConfig
+    from memledger.step.litgpt_lora import activations
+    got = measured(SMALL, B, S, QV, 0.05)
+    arch = architecture_of(RefConfig(**SMALL, L=L, style="llama"))
+    config = LoraConfig(rank=8, targets=QV, adapter_recipe="bf16-pure-adamw", dropout=True)
+    ledger = LoraLedger(arch, config, B, S, implementation="litgpt")
+    row = next(r for r in ledger.rows if r.name == "activations")
+    cpu = activations(QV, True, mask_dtype="bf16").subs({"L": L})
+    values = {"B": B, "S": S, "d": SMALL["d"], "H": SMALL["H"], "F": SMALL["F"], "r": 8, "L": L}
+    assert int(cpu.subs({s: values[s.name] for s in cpu.free_symbols})) == (L - 1) * got["layer"] + got["first"]
+    masks = (L - 1) * B * S * SMALL["d"]          # CUDA's bool mask: one byte an element where the CPU's noise has two
+    assert row.bytes == (L - 1) * got["layer"] + got["first"] - masks
