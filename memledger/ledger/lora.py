@@ -304,9 +304,24 @@ class LoraLedger:
                     {"implementation": self.implementation} if self.implementation != "reference" else {})
 
     def to_dict(self) -> dict:
+        landmarks = {"landmarks": self.landmarks()} if self.implementation == "litgpt" else {}
         return {"inputs": self.inputs(),
                 "rows": [r.to_dict() for r in self.rows],
-                "model_states_by_role": self.by_role(), "totals": self.totals}
+                "model_states_by_role": self.by_role(), "totals": self.totals} | landmarks
+
+    def landmarks(self) -> dict:
+        """Under ``implementation`` litgpt: the step's bytes at its four landmarks as ``finetune/lora.py`` runs it
+        (:func:`memledger.step.litgpt_lora.landmarks`, CUDA's one-byte dropout mask; no CUDA context), with the
+        adapters' recipe ``bf16-pure-adamw`` (torch.optim.AdamW on BF16 adapters); else ``ValueError``."""
+        from ..step.implementations import not_modelled
+        from ..step.litgpt_lora import landmarks
+        if self.implementation != "litgpt" or self.config.base != "bf16" or \
+                self.config.adapter_recipe != "bf16-pure-adamw":
+            raise not_modelled(self.implementation, "the LoRA landmarks but LitGPT's with a BF16 base and "
+                                                    "adapter_recipe bf16-pure-adamw are")
+        values = {B: self.batch_size, S: self.seq_len, r_sym: self.config.rank}
+        return {k: self.arch.evaluate(v.subs(values))
+                for k, v in landmarks(self.config.targets, self.config.dropout).items()}
 
     @cached_property
     def peak(self):

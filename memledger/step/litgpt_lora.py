@@ -161,3 +161,51 @@ def activations(targets, dropout: bool, mask_dtype: str = "bool", dtype: str = "
 #: every ``nn.Linear`` replaced, the LM head's too), by the Hugging Face names of what each computes: the fused QKV
 #: projection is one tensor.
 NF4_LINEARS = (("q_proj", "k_proj", "v_proj"), ("o_proj",), ("gate_proj",), ("up_proj",), ("down_proj",))
+
+
+def adapter_tensors(targets) -> list:
+    """(name, elements) of one layer's adapter tensors, A then B per adapted module (LitGPT's fused QKV adapter one
+    module: A (n r, d), B (n d, r), n its enabled slices)."""
+    n = len([t for t in QKV if t in targets])
+    out = [("qkv.lora_A", n * r * d), ("qkv.lora_B", n * d * r)] if n else []
+    if "o_proj" in targets:
+        out += [("proj.lora_A", r * d), ("proj.lora_B", d * r)]
+    if set(MLP) & set(targets):
+        out += [("fc_1.lora_A", r * d), ("fc_1.lora_B", F * r), ("fc_2.lora_A", r * d), ("fc_2.lora_B", F * r),
+                ("mlp.proj.lora_A", r * F), ("mlp.proj.lora_B", d * r)]
+    return out
+
+
+def landmarks(targets, dropout: bool, mask_dtype: str = "bool") -> dict:
+    """The step's bytes at its four landmarks as ``finetune/lora.py`` runs it (BF16 model and adapters,
+    ``torch.optim.AdamW``: BF16 moments and a 4-byte step per adapter tensor, no gradients after ``zero_grad``):
+
+    * before forward (and after the step): the frozen LLaMA parameters (wte, lm_head, ln_f and L layers) and the
+      adapters in BF16, AdamW's state, the batch (``input_ids`` and ``labels``, int64), ``cos`` and ``sin`` (S x d/H
+      FP32 each: ``max_seq_length`` set to S, l. 304), each layer's ``_lora_ind`` buffer (made at the first call of
+      ``zero_pad``, n d int64) and the previous iteration's ``logits`` (B S V BF16, the list of head chunks) and
+      ``loss`` (BF16);
+    * after forward: plus the layers' and the final norm's saved tensors (:func:`layer_rows`, :func:`outside_rows`),
+      each chunk's log-softmax (B (S - 1) V BF16 together), ``nll_loss``'s total weight (BF16) per chunk of the
+      shifted targets (``targets.split(logits[0].size(1))``: ceil((S - 1) / 128) of them; ``zip`` drops a head chunk
+      left empty by the slice) and, at B > 1, its targets (``reshape(-1)`` of a strided split: a copy, B (S - 1)
+      int64), the token count (int64),
+      the new loss and ``loss / 1`` where the previous loss was;
+    * after backward: before forward plus the adapters' BF16 gradients.
+
+    Equal to LitGPT's step under MemTracker (tests/step/test_litgpt_lora.py); the peaks are not modelled."""
+    from sympy import Integer, Min, ceiling
+
+    from ..core.symbols import L, V
+    total = lambda rows: sum((row.bytes for row in rows), Integer(0))        # noqa: E731
+    n = len([t for t in QKV if t in targets])
+    adapters = L * sum(e for _, e in adapter_tensors(targets))
+    frozen = 2 * V * d + d + L * (2 * d + 4 * d * d + 3 * d * F)
+    statics = 2 * (frozen + adapters) + 2 * 2 * adapters + 4 * L * len(adapter_tensors(targets)) + 2 * 8 * B * S \
+        + 2 * S * (d / H) * 4 + (L * n * d * 8 if 0 < n < len(QKV) else 0) + 2 * B * S * V + 2
+    chunks = ceiling((S - 1) / 128)     # targets.split(128): zip stops at the last target chunk
+    saved = (L - 1) * total(layer_rows(targets, dropout, mask_dtype)) + total(
+        layer_rows(targets, dropout, mask_dtype, first=True)) + total(outside_rows())
+    loss = 2 * B * (S - 1) * V + 2 * chunks + 8 * B * (S - 1) * (Min(B, 2) - 1) + 8 + 2
+    return {"before forward": statics, "after forward": statics + saved + loss,
+            "after backward": statics + 2 * adapters, "after step": statics}

@@ -195,6 +195,8 @@ def test_litgpt_lora_ledger_and_its_refusals(capsys):
     code, out, _ = run(capsys, "ledger", *TINY, "--seq", "64", *lit, "--json")
     data = json.loads(out)
     assert code == 0 and data["inputs"]["implementation"] == "litgpt" and data["peak"] is None
+    marks = data["landmarks"]       # memledger.step.litgpt_lora.landmarks (proved in tests/step/test_litgpt_lora.py)
+    assert marks["before forward"] == marks["after step"] < marks["after backward"] < marks["after forward"]
     code, out, _ = run(capsys, "ledger", *TINY, "--seq", "64", *lit[:-1], "--json")
     assert json.loads(out)["totals"]["gpu"] != data["totals"]["gpu"]
     refused(capsys, "step", *TINY, *lit, message="not modelled yet in the step")

@@ -96,3 +96,40 @@ def test_lora_ledger_books_litgpts_layers(L, B, S):
     assert int(cpu.subs({s: values[s.name] for s in cpu.free_symbols})) == (L - 1) * got["layer"] + got["first"]
     masks = (L - 1) * B * S * SMALL["d"]          # CUDA's bool mask: one byte an element where the CPU's noise has two
     assert row.bytes == (L - 1) * got["layer"] + got["first"] - masks
+
+
+def litgpt_landmarks(shape, L, B, S, targets, dropout, rank=8):
+    from memledger.pytorch.litgpt_lora import lora_step
+    lora = tuple(sorted(fields(targets, rank, dropout).items()))
+    return lora_step(**shape, L=L, batch=B, seq=S, lora=lora)
+
+
+def memledger_landmarks(shape, L, B, S, targets, dropout, rank=8):
+    from memledger.step.litgpt_lora import landmarks
+    values = {"B": B, "S": S, "L": L, "r": rank} | shape
+    return {k: int(v.subs({s: values[s.name] for s in v.free_symbols}))
+            for k, v in landmarks(targets, dropout > 0, "bf16").items()}
+
+
+@pytest.mark.parametrize("targets, dropout, L, B, S", [(QV, 0.05, 2, 1, 200), (QV, 0.05, 2, 2, 200),
+                                                       (QV, 0.05, 3, 2, 129), (EVERY, 0.05, 2, 1, 64),
+                                                       (EVERY, 0.0, 2, 2, 64), (("q_proj", "k_proj", "v_proj"),
+                                                                                0.05, 2, 1, 300)])
+def test_step_landmarks_are_litgpts(targets, dropout, L, B, S):
+    """Every landmark of LitGPT's LoRA step as finetune/lora.py runs it (MemTracker on its own model: the head in
+    128-token chunks, the chunks' list and the loss kept into the next iteration, the lora_ind buffers, AdamW over the
+    adapters) equals memledger's (:func:`memledger.step.litgpt_lora.landmarks`: the layers' saved rows, the loss's,
+    the statics) to the byte."""
+    got = litgpt_landmarks(SMALL, L, B, S, targets, dropout)
+    assert {k: got[k] for k in ("before forward", "after forward", "after backward", "after step")} == \
+        memledger_landmarks(SMALL, L, B, S, targets, dropout)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("B, S, rank", [(1, 1304, 8), (2, 512, 32)])
+def test_llama2_7b_width_step_landmarks(B, S, rank):
+    """LLaMA-2 7B's width (two layers, V 32000), the published LitGPT rows' setups (r 8 at B 1, S 1304; the hub's
+    r 32 at B 2, S 512): every landmark equal to the byte."""
+    got = litgpt_landmarks(SEVEN_B, 2, B, S, QV, 0.05, rank)
+    assert {k: got[k] for k in ("before forward", "after forward", "after backward", "after step")} == \
+        memledger_landmarks(SEVEN_B, 2, B, S, QV, 0.05, rank)
