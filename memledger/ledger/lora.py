@@ -148,16 +148,24 @@ def _size(arch, config, expr) -> int:
     return arch.evaluate(sp.sympify(expr).subs(r_sym, config.rank))
 
 
-def state_rows(arch, config: LoraConfig) -> list:
-    """(name, role, device, bytes) of the model states, exact per tensor."""
+def state_rows(arch, config: LoraConfig, implementation: str = "reference") -> list:
+    """(name, role, device, bytes) of the model states, exact per tensor; under ``implementation`` litgpt an NF4 base
+    is LitGPT's (:data:`memledger.step.litgpt_lora.NF4_LINEARS`: the fused QKV one tensor, the LM head quantized)."""
     config.check(arch.style)
     size = lambda shape: _size(arch, config, sp.prod(shape))
     quantized = NF4_DOUBLE_QUANT if config.double_quant else NF4
     dense, packed = 0, 0
+    nf4 = {m: (m,) for m in PROJECTIONS[arch.style]}
+    if implementation == "litgpt":
+        from ..step.litgpt_lora import NF4_LINEARS
+        nf4 = {group[0]: group for group in NF4_LINEARS} | {HEAD: (HEAD,)}
+    shapes = {t.module: t.shape for t in parameter_tensors(arch.features) if t.name == "weight"}
     for t in parameter_tensors(arch.features):
         count = arch.n_layers if t.per_layer else 1
-        if config.base == "nf4" and t.module in PROJECTIONS[arch.style] and t.name == "weight":
-            packed += count * int(sum(nf4_parts(size(t.shape), config.double_quant).values()))   # states.bnb
+        if config.base == "nf4" and t.name == "weight" and any(t.module in group for group in nf4.values()):
+            if t.module in nf4:         # one NF4 tensor per group (LitGPT's fused QKV)
+                n = sum(size(shapes[m]) for m in nf4[t.module])
+                packed += count * int(sum(nf4_parts(n, config.double_quant).values()))   # states.bnb
         else:
             dense += count * size(t.shape) * nbytes("bf16" if config.base == "nf4" else config.base)
     rows = [(f"frozen base weights ({'bf16' if config.base == 'nf4' else config.base}; no grads, no states)",
@@ -214,6 +222,7 @@ class LoraLedger:
     loss_chunks: int = 1            # the step's loss: torchtune's chunked cross-entropy in n chunks (step/lora_loss.py)
     loss_impl: str = "torchtune"    # or LitGPT's chunked_cross_entropy; the sum books no logits either way
     optimizer_in_backward: bool = False     # the step: one AdamW per adapter tensor, stepped in its grad hook
+    implementation: str = "reference"       # or "litgpt": LitGPT's LoRA GPT (memledger.step.litgpt_lora)
 
     def __post_init__(self):
         from ..models.architecture import Architecture
@@ -233,16 +242,41 @@ class LoraLedger:
         check_flag("flash_attention", self.flash_attention)
         check_flag("optimizer_in_backward", self.optimizer_in_backward)
         self.config.check(self.arch.style)
+        check_choice("implementation", self.implementation, ("reference", "litgpt"))
+        if self.implementation == "litgpt":
+            self._check_litgpt()
+
+    def _check_litgpt(self):
+        """``ValueError`` for what LitGPT's LoRA model is not modelled with (one line, naming it)."""
+        from ..step.implementations import check_fields, not_modelled
+        from ..step.litgpt_lora import check_targets
+        check_fields("litgpt", "sdpa", self.arch)
+        check_targets(self.config.targets)
+        f = self.arch.features
+        lacks = [what for what, off in [
+            ("a GPT-style block (LayerNorm, GeLU)", self.arch.style != "llama"), ("grouped-query attention", f.gqa),
+            ("QKV biases", f.has_qkv_bias), ("a tied LM head", f.is_tied), ("a head size other than d/H", f.head_dim),
+            ("dropout", self.arch.dropout), (f"recompute {self.recompute}", self.recompute != "none"),
+            ("FP32 adapters (finetune/lora.py trains in bf16-true: BF16 adapters)",
+             next(c.dtype for c in get_recipe(self.config.adapter_recipe).components if c.role == "param") != "bf16"),
+            ("a base in " + self.config.base, self.config.base not in ("bf16", "nf4"))] if off]
+        if lacks:
+            raise not_modelled("litgpt", "LoRA with " + ", ".join(lacks))
 
     @property
     def rows(self) -> Rows:
         """Model states (counted tensor by tensor), L blocks of activations, the overhead."""
-        rows = [Row(n, "model_states", dev, b, role) for n, role, dev, b in state_rows(self.arch, self.config)]
+        rows = [Row(n, "model_states", dev, b, role) for n, role, dev, b in state_rows(self.arch, self.config,
+                                                                                         self.implementation)]
         f = self.arch.features
         family = dict(parallel=f.parallel, shared_norm=f.shared_norm) if f.parallel else {}   # GPT-NeoX, Phi
-        act = L * per_layer_bytes(activation_rows(self.arch.style, self.config, self.arch.dropout,
-                                                  self.flash_attention, gqa=f.gqa, head_dim=f.head_dim, **family),
-                                  self.recompute)
+        if self.implementation == "litgpt":     # LitGPT's layers, the first one's input needing no gradient
+            from ..step.litgpt_lora import activations
+            act = activations(self.config.targets, self.config.dropout)
+        else:
+            act = L * per_layer_bytes(activation_rows(self.arch.style, self.config, self.arch.dropout,
+                                                      self.flash_attention, gqa=f.gqa, head_dim=f.head_dim,
+                                                      **family), self.recompute)
         size = act.subs({r_sym: self.config.rank, B: self.batch_size, S: self.seq_len})
         rows.append(Row("activations", "activations", "gpu", self.arch.evaluate(size), formula=str(act)))
         head = sum((x.bytes for x in head_rows(self.config)), sp.Integer(0))
@@ -266,12 +300,28 @@ class LoraLedger:
         return {"arch": self.arch.description or self.arch.style, "rank": c.rank, "targets": list(c.targets),
                 "base": c.base, "double_quant": c.double_quant, "adapter_recipe": c.adapter_recipe,
                 "lora_dropout": c.dropout, "paged": c.paged, "batch_size": self.batch_size,
-                "seq_len": self.seq_len, "recompute": self.recompute, "trainable_params": adapter_params(self.arch, c)}
+                "seq_len": self.seq_len, "recompute": self.recompute, "trainable_params": adapter_params(self.arch, c)} | (
+                    {"implementation": self.implementation} if self.implementation != "reference" else {})
 
     def to_dict(self) -> dict:
+        landmarks = {"landmarks": self.landmarks()} if self.implementation == "litgpt" else {}
         return {"inputs": self.inputs(),
                 "rows": [r.to_dict() for r in self.rows],
-                "model_states_by_role": self.by_role(), "totals": self.totals}
+                "model_states_by_role": self.by_role(), "totals": self.totals} | landmarks
+
+    def landmarks(self) -> dict:
+        """Under ``implementation`` litgpt: the step's bytes at its four landmarks as ``finetune/lora.py`` runs it
+        (:func:`memledger.step.litgpt_lora.landmarks`, CUDA's one-byte dropout mask; no CUDA context), with the
+        adapters' recipe ``bf16-pure-adamw`` (torch.optim.AdamW on BF16 adapters); else ``ValueError``."""
+        from ..step.implementations import not_modelled
+        from ..step.litgpt_lora import landmarks
+        if self.implementation != "litgpt" or self.config.base != "bf16" or \
+                self.config.adapter_recipe != "bf16-pure-adamw":
+            raise not_modelled(self.implementation, "the LoRA landmarks but LitGPT's with a BF16 base and "
+                                                    "adapter_recipe bf16-pure-adamw are")
+        values = {B: self.batch_size, S: self.seq_len, r_sym: self.config.rank}
+        return {k: self.arch.evaluate(v.subs(values))
+                for k, v in landmarks(self.config.targets, self.config.dropout).items()}
 
     @cached_property
     def peak(self):
@@ -290,6 +340,10 @@ class LoraLedger:
         """The step timeline of this run (:class:`memledger.step.lora.LoraStep`): landmarks, transients, peak."""
         from ..step.lora import LoraStep
         from .ledger import Ledger
+        if self.implementation == "litgpt":
+            from ..step.implementations import not_modelled
+            raise not_modelled("litgpt", "the LoRA step (its head in 128-token chunks, LoRAQKVLinear's zero_pad, "
+                               "the first layer's frozen input: memledger ledger books its saved tensors)")
         ledger = Ledger(self.arch, batch_size=self.batch_size, seq_len=self.seq_len, recipe="bf16-pure-adamw",
                         overhead_bytes=self.overhead_bytes, dropout=False, flash_attention=self.flash_attention,
                         recompute=self.recompute, loss_chunks=self.loss_chunks, loss_impl=self.loss_impl,

@@ -126,6 +126,9 @@ def lora_not_modelled(implementation: str) -> str:
     if implementation == "hf":
         return ("LoRA and QLoRA under transformers' code (PEFT 0.22.0's LoRA layers, measured by "
                 "memledger.pytorch.libraries) are not modelled yet")
+    if implementation == "litgpt":
+        return ("LoRA and QLoRA under LitGPT's code are not modelled yet in the step (memledger ledger --lora-rank "
+                "... --implementation litgpt books what LitGPT's LoRA layers save)")
     return "LoRA and QLoRA under a library's code (PEFT, torchtune, LitGPT) are not modelled yet"
 
 

@@ -237,3 +237,37 @@ def test_torchtitan_on_the_cli(capsys):
             message="torchtitan ships no GPT-style decoder")
     with pytest.raises(ValueError, match="torchtitan ships no gpt_bigcode model"):
         Ledger("starcoder", implementation="torchtitan")
+
+
+def test_litgpt_lora_ledger_and_its_refusals(capsys):
+    """``ledger --lora-rank --implementation litgpt`` books LitGPT's LoRA layers (memledger.step.litgpt_lora; proved
+    against LitGPT's model in tests/step/test_litgpt_lora.py); what LitGPT cannot build or the step does not model is
+    refused in one line."""
+    lit = ("--lora-rank", "8", "--implementation", "litgpt", "--adapter-recipe", "bf16-pure-adamw", "--lora-dropout")
+    code, out, _ = run(capsys, "ledger", *TINY, "--seq", "64", *lit, "--json")
+    data = json.loads(out)
+    assert code == 0 and data["inputs"]["implementation"] == "litgpt" and data["peak"] is None
+    marks = data["landmarks"]       # memledger.step.litgpt_lora.landmarks (proved in tests/step/test_litgpt_lora.py)
+    assert marks["before forward"] == marks["after step"] < marks["after backward"] < marks["after forward"]
+    code, out, _ = run(capsys, "ledger", *TINY, "--seq", "64", *lit[:-1], "--json")
+    assert json.loads(out)["totals"]["gpu"] != data["totals"]["gpu"]
+    refused(capsys, "step", *TINY, *lit, message="not modelled yet in the step")
+    refused(capsys, "ledger", *TINY, *lit[:4], message="FP32 adapters")
+    refused(capsys, "ledger", *TINY, *lit, "--lora-targets", "q_proj,up_proj", message="three projections together")
+    refused(capsys, "ledger", *TINY, *lit, "--lora-targets", "q_proj,lm_head", message="lm_head adapter")
+    refused(capsys, "ledger", *TINY, *lit, "--recompute", "full", message="recompute full")
+
+
+def test_litgpt_qlora_quantizes_its_fused_qkv_and_its_head():
+    """LitGPT's QLoRA (``finetune/lora.py`` l. 141-150: ``BitsandbytesPrecision(quantize[4:], dtype)`` without
+    ``ignore_modules``, so every ``nn.Linear`` is replaced, the LM head's too; ``CausalSelfAttention.qkv`` one fused
+    linear): LLaMA-2 7B's NF4 bytes written out from bitsandbytes' ``quantize_4bit`` (two codes a byte, an 8-bit absmax
+    per 64 weights, an FP32 constant per 256 absmax); the embedding and the RMSNorms stay BF16."""
+    from memledger.ledger.lora import LoraLedger, qlora
+    d, L, F, V = 4096, 32, 11008, 32000
+    nf4 = lambda n: n // 2 + n // 64 + 4 * (n // 64 // 256)        # noqa: E731  (every n here divides)
+    layer = nf4(3 * d * d) + nf4(d * d) + 3 * nf4(F * d)
+    rows = {r.name: r.bytes for r in LoraLedger("llama2-7b", qlora(8, ("q_proj", "v_proj"), "llama"),
+                                                 implementation="litgpt").rows}
+    assert rows["frozen NF4 base projections (double-quantized absmax)"] == L * layer + nf4(V * d)
+    assert rows["frozen base weights (bf16; no grads, no states)"] == 2 * (V * d + (2 * L + 1) * d)
