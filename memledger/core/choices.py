@@ -12,10 +12,19 @@ Plain Python only: the command line imports this without SymPy.
 """
 import operator
 
-__all__ = ["FRAMEWORKS", "FSDP_DTYPES", "LIMIT", "RECOMPUTE", "check_choice", "check_count", "check_flag", "lookup"]
+__all__ = ["FRAMEWORKS", "FSDP_DTYPES", "LAYERS_ONE_BY_ONE", "LIMIT", "RECOMPUTE", "check_choice", "check_count",
+           "check_flag", "check_layers_one_by_one", "lookup"]
 
 #: The largest count or size accepted (an exabyte): the same limit everywhere (CLI, API, calculator).
 LIMIT = 10**18
+
+#: The most blocks a computation walks one by one (the step itself runs blocks 2..L-3 as one lump, any L): the
+#: caching allocator's replay (one block of each lumped tensor per model block, :mod:`memledger.ledger.replay`), DDP's
+#: buckets (assigned gradient by gradient, :mod:`memledger.step.ddp`), a library's loading trace (module by module,
+#: :mod:`memledger.ledger.library_loading`). Their time and memory grow with L, and past about 10^5 blocks a single
+#: answer takes minutes and gigabytes; 1,024 is eight times the deepest preset (megatron-1t, 128 layers), answered
+#: in seconds.
+LAYERS_ONE_BY_ONE = 1024
 
 #: Recomputation modes of the activation inventory (Korthikanti et al. 2022).
 RECOMPUTE = ("none", "selective", "full")
@@ -68,6 +77,15 @@ def check_count(field: str, value, minimum: int = 1, limit: int = LIMIT) -> int:
         kind = "a positive" if minimum == 1 else "a non-negative" if minimum == 0 else f"an integer >= {minimum},"
         raise ValueError(f"{field} must be {kind} integer up to {_readable(limit)}, got {number!r}")
     return number
+
+
+def check_layers_one_by_one(n_layers: int, what: str) -> int:
+    """``n_layers``, or ``ValueError`` naming ``n_layers`` where ``what`` (a computation that walks every block one
+    by one) would walk more than :data:`LAYERS_ONE_BY_ONE` blocks; checked before anything is built."""
+    if n_layers > LAYERS_ONE_BY_ONE:
+        raise ValueError(f"n_layers {n_layers:,}: {what} walks the blocks one by one, up to {LAYERS_ONE_BY_ONE:,} "
+                         f"of them (eight times the deepest preset's 128)")
+    return n_layers
 
 
 def _readable(n: int) -> str:

@@ -52,17 +52,18 @@ from .ledger import DEFAULT_OVERHEAD
 from .prefill import BACKENDS, eager_softmax_bytes
 from .. import formulas
 
-__all__ = ["ATTENTIONS", "COMPUTE_DTYPES", "QUANTIZATIONS", "Inference", "quantized_elements"]
+__all__ = ["ATTENTIONS", "COMPUTE_DTYPES", "QUANTIZATIONS", "Inference", "quantized_shapes"]
 
 QUANTIZATIONS = ("none", "nf4", "int8")
 ATTENTIONS = ("flash", "sdpa", "eager")
 #: bitsandbytes quantizes and computes in 16/32-bit floats only (functional.py l. 924-925).
 COMPUTE_DTYPES = ("bf16", "fp16", "fp32")
 
-def quantized_elements(arch) -> list:
-    """(out, in) of every linear weight bitsandbytes quantizes: the blocks' projections, L times each (the LM
-    head and the embeddings are kept)."""
-    return [shape for shape in formulas.projection_shapes(arch) for _ in range(arch.n_layers)]
+def quantized_shapes(arch) -> tuple:
+    """(out, in) of the linear weights bitsandbytes quantizes in one block: its projections (the LM head and the
+    embeddings are kept). The model has L of each, so its sums are L times the block's (never a list of L x 7
+    shapes: L goes up to 10^18)."""
+    return tuple(formulas.projection_shapes(arch))
 
 
 @dataclass(frozen=True)
@@ -147,30 +148,32 @@ class Inference:
     def _quantized_rows(self, c: int) -> list:
         """The compute-dtype rest, then the quantized linear weights' parts (memledger.states.bnb)."""
         from ..states.bnb import int8_parts, nf4_parts, nf4_table_bytes
-        shapes = quantized_elements(self.arch)
-        n = sum(o * i for o, i in shapes)
+        shapes, L = quantized_shapes(self.arch), self.arch.n_layers      # each shape L times in the model
+        n = L * sum(o * i for o, i in shapes)
         rows = [(f"weights ({self.weight_dtype}: embeddings, norms, biases, LM head)", (self.arch.params - n) * c,
                  f"(P - {n})*{c}")]
         if self.quantization == "nf4":
             parts = [nf4_parts(o * i, self.double_quant) for o, i in shapes]
             absmax = ("8-bit absmax per 64 + FP32 per 256 (double quantization)" if self.double_quant
                       else "FP32 absmax per 64")
-            return rows + [("NF4 linear weights: packed 4-bit codes", sum(p["packed"] for p in parts), "sum ceiling(n/2)"),
-                           (f"NF4 linear weights: {absmax}", sum(p["absmax"] for p in parts), "bitsandbytes quantize_4bit"),
+            return rows + [("NF4 linear weights: packed 4-bit codes", L * sum(p["packed"] for p in parts),
+                            "sum ceiling(n/2)"),
+                           (f"NF4 linear weights: {absmax}", L * sum(p["absmax"] for p in parts),
+                            "bitsandbytes quantize_4bit"),
                            ("NF4 QuantState code tables" + (" and offsets" if self.double_quant else ""),
-                            len(shapes) * nf4_table_bytes(self.double_quant), "per weight, bitsandbytes QuantState")]
+                            L * len(shapes) * nf4_table_bytes(self.double_quant), "per weight, bitsandbytes QuantState")]
         parts = [int8_parts(o, i) for o, i in shapes]
-        return rows + [("LLM.int8 linear weights (int8)", sum(p["int8"] for p in parts), "sum out*in"),
-                       ("LLM.int8 row scales (SCB, FP32)", sum(p["scales"] for p in parts), "sum 4*out")]
+        return rows + [("LLM.int8 linear weights (int8)", L * sum(p["int8"] for p in parts), "sum out*in"),
+                       ("LLM.int8 row scales (SCB, FP32)", L * sum(p["scales"] for p in parts), "sum 4*out")]
 
     def _transient_row(self, c: int) -> tuple:
         """The largest layer's quantized-matmul transient during prefill (memledger.states.bnb)."""
         from ..states.bnb import int8_matmul_bytes, nf4_dequant_bytes
         tokens = self.batch_size * self.seq_len
         if self.quantization == "nf4":
-            size = max(nf4_dequant_bytes(o * i, c, self.double_quant) for o, i in set(quantized_elements(self.arch)))
+            size = max(nf4_dequant_bytes(o * i, c, self.double_quant) for o, i in set(quantized_shapes(self.arch)))
             return ("NF4 dequantization (largest layer, prefill)", size, "out*in*c + 8*ceiling(out*in/64)")
-        size = max(int8_matmul_bytes(tokens, i, o, self.weight_dtype) for o, i in set(quantized_elements(self.arch)))
+        size = max(int8_matmul_bytes(tokens, i, o, self.weight_dtype) for o, i in set(quantized_shapes(self.arch)))
         return ("LLM.int8 matmul transients (largest layer, prefill; outliers not booked)", size,
                 "max(2*T*in, 4*T*out) + T*in + 4*T")
 

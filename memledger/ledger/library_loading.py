@@ -64,10 +64,15 @@ adapters are made. ``litgpt-00af8b0``: LitGPT as its config-hub table
 bitsandbytes.py`` lines 212-233 at tag 2.1.0), without the ``StableEmbedding`` swap (``lit_gpt/finetune/lora.py``
 lines 127-148 at 8641822, ``litgpt/finetune/lora.py`` lines 197-215 at 00af8b0).
 
+The trace lists every module of every block: up to :data:`memledger.core.choices.LAYERS_ONE_BY_ONE` blocks, past
+which ``n_layers`` is refused in one line.
+
 Not modelled: the RoPE caches each library builds (a few MiB), torchao's 16-entry NF4 table per weight and its
 scalar mean, and allocations on the CPU.
 """
 import math
+
+from ..core.choices import check_layers_one_by_one
 
 __all__ = ["LIBRARY_LOADS", "STEP_TENSORS", "load_trace", "trace_peak"]
 
@@ -219,6 +224,7 @@ def load_trace(lora_ledger, library: str) -> tuple:
     if library not in LIBRARY_LOADS:
         raise ValueError(f"load must be one of {', '.join(LIBRARY_LOADS)}, got {library!r}")
     arch, config = lora_ledger.arch, lora_ledger.config
+    check_layers_one_by_one(arch.n_layers, f"--load {library}'s trace (module by module)")
     if arch.style != "llama":
         raise ValueError(f"--load {library}: the trace models LLaMA-style models (both libraries' LLaMA builders), "
                          f"got a {arch.style} block")

@@ -38,12 +38,15 @@ How the trace is replayed:
   @blocks 1..L-2") is replayed as one block per block of the model (L-4, or L-2, equal parts), not one block for
   all. Other tensors the step books as one (a model's parameters, a block's saved tensors together) are one block
   each: the rounding of their parts, at most 511 bytes each, and the placement of each part are not replayed, so
-  the fragmentation ``reserved`` shows is that of the step's tensors.
+  the fragmentation ``reserved`` shows is that of the step's tensors. So a replay walks the model block by block:
+  up to :data:`memledger.core.choices.LAYERS_ONE_BY_ONE` blocks, past which ``n_layers`` is refused in one line
+  before anything is built.
 """
 from dataclasses import dataclass, field
 import json
 import os
 
+from ..core.choices import check_layers_one_by_one
 from ..step.vocab import Stream
 from .caching import CachingAllocator
 
@@ -51,6 +54,8 @@ __all__ = ["ALLOCATOR_MEASURES", "Replay", "check_streams", "replay", "replay_st
 
 #: The measures a replay gives.
 ALLOCATOR_MEASURES = ("allocated", "reserved")
+#: What a replay walks (:func:`memledger.core.choices.check_layers_one_by_one` bounds it, before anything is built).
+WALK = "the caching allocator's replay (a lumped tensor as one block per model block)"
 #: Frameworks whose collectives allocate on side streams (see the module docstring).
 SIDE_STREAMS = {"deepspeed": "DeepSpeed allocates its reduce and gather buckets on side streams",
                 "megatron": "Megatron-LM's distributed optimizer communicates on side streams"}
@@ -169,6 +174,7 @@ def replay(ledger, backend="article", expandable_segments: bool = False, max_spl
     from ..step.structure import StepStructure, step_values
     if ledger.arch is None:
         raise ValueError("the allocator replays the step, and without an architecture there is no step")
+    check_layers_one_by_one(ledger.arch.n_layers, WALK)
     if max_split_size_mb is not None and (isinstance(max_split_size_mb, bool) or not isinstance(max_split_size_mb, int)
                                           or max_split_size_mb <= 20):
         raise ValueError(f"max_split_size_mb must be an integer above 20 (PyTorch's minimum), got {max_split_size_mb!r}")
@@ -207,6 +213,7 @@ def replay_step(step, expandable_segments: bool = False, max_split_size_mb=None,
     if max_split_size_mb is not None and (isinstance(max_split_size_mb, bool) or not isinstance(max_split_size_mb, int)
                                           or max_split_size_mb <= 20):
         raise ValueError(f"max_split_size_mb must be an integer above 20 (PyTorch's minimum), got {max_split_size_mb!r}")
+    check_layers_one_by_one(step.values["L"], WALK)
     from ..step.cache import trace
     built = step.built
     deltas, moments = trace(built)

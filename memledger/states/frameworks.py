@@ -216,8 +216,9 @@ def _check_ddp(ledger, recipe) -> None:
 # ---- buffers read from the sources ---------------------------------------------------------------------------------
 
 def param_tensor_numels(arch) -> list:
-    """Elements of every parameter tensor of ``arch`` (the reference decoder's tensors: embedding, per block the
-    norms, fused QKV (and its bias), output projection, MLP, biases of GPT blocks; final norm; untied head)."""
+    """[(elements, how many tensors of that size)] for every parameter tensor of ``arch`` (the reference decoder's
+    tensors: embedding, per block the norms, fused QKV (and its bias), output projection, MLP, biases of GPT blocks,
+    each L times; final norm; untied head). Counted, not listed one by one: L goes up to 10^18."""
     f = arch.features
     if f.moe or f.pooler or f.token_types or f.embedding_norm:
         raise ValueError("DeepSpeed's persistent parameters are counted for GPT and LLaMA decoders (no MoE, BERT "
@@ -228,7 +229,9 @@ def param_tensor_numels(arch) -> list:
     block = norm + norm + [(q + 2 * kv) * d] + ([q + 2 * kv] if f.has_qkv_bias else []) + [q * d]
     block += [d, d * F, F, d * F, d] if f.gpt else [d * F, d * F, d * F]
     head = [] if f.is_tied else [V * d]
-    return [V * d] + ([arch.n_positions * d] if f.positions else []) + block * arch.n_layers + norm + head
+    L = arch.n_layers
+    return ([(V * d, 1)] + ([(arch.n_positions * d, 1)] if f.positions else []) + [(n, L) for n in block]
+            + [(n, 1) for n in norm + head])
 
 
 def _ds(ledger, field, key):
@@ -280,7 +283,7 @@ def deepspeed_buffers(ledger) -> list:
         out.append(Buffer("DeepSpeed IPG bucket (reduce_bucket_size, BF16)", 2 * rbs, "2*reduce_bucket_size",
                           "whole step", src + "stage3.py:731-735", role="grad"))
     if ledger.arch is not None:
-        small = sum(n for n in param_tensor_numels(ledger.arch) if n <= threshold)
+        small = sum(n * count for n, count in param_tensor_numels(ledger.arch) if n <= threshold)
         out.append(Buffer("DeepSpeed persistent parameters (at most stage3_param_persistence_threshold elements "
                           "each, kept gathered)", 2 * small, "2*(elements of the tensors under the threshold)",
                           "whole step", f"{DEEPSPEED_SOURCE}:deepspeed/runtime/zero/parameter_offload.py:311-323",
@@ -321,7 +324,7 @@ def megatron_buffers(ledger) -> list:
                           booked="BF16 parameters" if pb == 2 else "FP32 parameters"))
     if ledger.megatron_gradient_accumulation_fusion is False and ledger.arch is not None:
         pb = 2 if ledger.recipe.startswith("bf16") else 4
-        largest = max(n for n in param_tensor_numels(ledger.arch))
+        largest = max(n for n, _ in param_tensor_numels(ledger.arch))
         out.append(Buffer("Megatron weight gradient before main_grad accumulation (largest weight; "
                           "--no-gradient-accumulation-fusion)", pb * ceil(largest / t), f"{pb}*ceiling(max weight/t)",
                           "backward", f"{MEGATRON_SOURCE}:megatron/training/arguments.py:2944"))

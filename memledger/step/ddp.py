@@ -36,9 +36,12 @@ calls ``recordStream`` on a collective's tensors: it keeps them referenced until
 (``stashed_for_allocator_safety_``; ``TORCH_NCCL_AVOID_RECORD_STREAMS`` ignored, pytorch/pytorch#194701), and the
 buckets live the whole step anyway, so no block's reuse is delayed.
 Sympy-free where the replay needs it (:func:`bucket_limits`, :func:`assign_buckets`).
+The buckets are listed gradient by gradient over every block (the step lumps blocks 2..L-3, the reducer does not):
+up to :data:`memledger.core.choices.LAYERS_ONE_BY_ONE` blocks, past which ``n_layers`` is refused in one line.
 """
 from dataclasses import replace
 
+from ..core.choices import check_layers_one_by_one
 from .vocab import Action, Lifetime, Phase
 
 __all__ = ["BUCKETS", "DEFAULT_BUCKET_CAP_MB", "FIRST_BUCKET_BYTES", "MIB", "assign_buckets", "bucket_limits",
@@ -50,6 +53,8 @@ DEFAULT_BUCKET_CAP_MB = 25
 FIRST_BUCKET_BYTES = MIB
 #: The static tensor standing for all the buckets in the compiled step (expanded into one row per bucket).
 BUCKETS = "DDP gradient buckets"
+#: What assigning the buckets walks (:func:`memledger.core.choices.check_layers_one_by_one` bounds it).
+WALK = "assigning framework ddp's buckets (gradient by gradient, as the reducer fills them)"
 
 
 def bucket_limits(bucket_cap_mb=None) -> tuple:
@@ -81,7 +86,9 @@ def ready_order(ops, tensors, n_layers: int) -> list:
     """(block index or None, gradient name) of every parameter in the order backward writes their gradients
     (the order DDP's reducer rebuilds its buckets in), read off the step's programs (within an op, see
     :func:`_linear_bias_first`): the gradients written
-    outside the blocks before and after them, each block's in its own program's order, blocks L-1 down to 0."""
+    outside the blocks before and after them, each block's in its own program's order, blocks L-1 down to 0.
+    ``ValueError`` naming n_layers past :data:`memledger.core.choices.LAYERS_ONE_BY_ONE` blocks, before any is listed."""
+    check_layers_one_by_one(n_layers, WALK)
     before, block, after = ready_parts(ops, tensors)
     blocks = [(i, name) for i in reversed(range(n_layers)) for _, name in block]
     return before + blocks + after

@@ -335,7 +335,8 @@ HUGE = st.sampled_from((1, 2, 3, 64, 10**9, 10**18))
 @st.composite
 def huge_invocations(draw, commands=("ledger", "step", "fit", "compare", "infer")):
     """Every command that takes a model, on a LLaMA or GPT-2 config.json whose sizes go up to 10^18 (or a shape
-    given by --hidden/--layers/--heads up to 10^18): answered in seconds, or refused in one line."""
+    given by --hidden/--layers/--heads up to 10^18): answered in seconds, or refused in one line. Quantized weights,
+    the allocator's replay and DDP's buckets too, which once listed every layer (tests/test_layers_one_by_one.py)."""
     command = draw(st.sampled_from(commands))
     if draw(st.booleans()):
         config = {"model_type": "llama", "hidden_size": draw(HUGE), "num_hidden_layers": draw(HUGE),
@@ -350,10 +351,12 @@ def huge_invocations(draw, commands=("ledger", "step", "fit", "compare", "infer"
         argv += ["--vary", draw(st.sampled_from(("batch", "seq", "layers", "zero")))]
     if command == "infer":
         argv += draw(st.sampled_from(([], ["--attention", "eager"], ["--batch", "4", "--seq", "4096"],
-                                      ["--logits-to-keep", "0"], ["--weights", "nf4"], ["--seq", "1e18"])))
-    elif command != "compare":
+                                      ["--logits-to-keep", "0"], ["--weights", "nf4"], ["--weights", "int8"],
+                                      ["--seq", "1e18"])))
+    elif command != "compare":                   # (fit: a replay per value searched would take more than seconds)
         argv += draw(st.sampled_from(([], ["--batch", "1", "--seq", "1"], ["--measure", "total"],
-                                      ["--seq", "1e18"], ["--recompute", "full"])))
+                                      ["--seq", "1e18"], ["--recompute", "full"], ["--framework", "ddp", "--dp", "2"])
+                                     + ((["--measure", "allocated"],) if command != "fit" else ())))
     return argv + ["--json"]
 
 
