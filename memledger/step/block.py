@@ -437,7 +437,7 @@ def attention_backward(p, c: Shape, g, share, release):
                          role=OpRole.OUTPUT_PROJECTION_BACKWARD)
         p.op("flash attention backward", alloc=[gq, gk, gv], role=OpRole.FLASH_ATTENTION_BACKWARD)
         p.op("released", free=release + [gpi, "Q", "K", litgpt.QKV, litgpt.ATTENTION_OUTPUT, "softmax log-sum-exp"])
-        return litgpt.qkv_backward(p, c, gq, gk, gv, define_grads(p, ["qkv.weight"], c, share))
+        return litgpt.qkv_backward(p, c, gq, gk, gv, define_grads(p, ["qkv.weight", "qkv.bias"], c, share))
     if c.attention == "flash":      # selective: the projection's input is released, then the kernel re-runs
         kept = [] if selective else ["softmax log-sum-exp", "output projection input"]
         _linear_backward(p, c, "output projection backward", gpi, proj, "output projection input" if selective

@@ -22,7 +22,7 @@ from ..core.symbols import L, N_d, O, P, t
 from ..states.placement import ZERO_SHARDS, device_of, state_specs
 from ..states.recipes import ALL_RECIPES as RECIPES
 from . import amp, amploss, bnb, ddp, families, fsdp2, hf, litgpt, loss, offload, optim, outer, packing, parallel, tensor
-from . import litgpt_loss, torchtune as tune
+from . import gpt_style, litgpt_loss, torchtune as tune
 from .block import block_backward, block_forward
 from .ops import BSd, Placement, Program, Tensor, block_params, residual_names
 from .outer import Param
@@ -469,8 +469,8 @@ def _blocks(p, s: StepStructure, share) -> tuple:
     elif c.amp:
         amp.block_forward(fwd, c)
         amp.block_backward(bwd, c, share)
-    elif c.parallel:                # GPT-NeoX's and Phi's blocks (memledger.step.parallel)
-        parallel.parallel_forward(fwd, c)
+    elif c.parallel:                # GPT-NeoX's and Phi's blocks (memledger.step.parallel); LitGPT's pythia
+        (gpt_style.litgpt_forward if c.implementation == "litgpt" else parallel.parallel_forward)(fwd, c)
         parallel.parallel_backward(bwd, c, share)
     else:
         block_forward(fwd, c)

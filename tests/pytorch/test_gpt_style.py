@@ -1,0 +1,74 @@
+"""A GPT-style family under a library's own code (issue 28): LitGPT's pythia (GPT-NeoX) beside memledger's
+``implementation="litgpt"`` step (memledger/step/gpt_style.py), to the byte.
+
+LitGPT's ``GPT(Config.from_name("pythia-160m", ...))`` at other widths (LayerNorm, GeLU, biases, parallel residual,
+rotary on a quarter of each head, an untied head; :func:`memledger.pytorch.torchtune_litgpt.build`), without weights
+under ``FakeTensorMode``, in BF16, run as ``litgpt/finetune/full.py`` runs it
+(:func:`~memledger.pytorch.torchtune_litgpt.library_step`: MemTracker's totals of a steady-state step, AdamW's
+for-loop). The independent side is PyTorch's measurement of LitGPT's model; memledger's is its step under the cpu
+backend for an :class:`~memledger.models.architecture.Architecture` of model_type gpt_neox with the same sizes.
+"""
+import pytest
+
+pytest.importorskip("torch")
+
+from memledger.ledger.ledger import Ledger  # noqa: E402
+from memledger.models.architecture import Architecture  # noqa: E402
+from memledger.pytorch.torchtune_litgpt import layer_saved, library_step, missing  # noqa: E402
+from memledger.step.timeline import LANDMARKS, Step  # noqa: E402
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(missing("litgpt") is not None, reason=missing("litgpt") or "")]
+
+LOOP = "bf16-pure-adamw"        # finetune/full.py's bf16-true: BF16 parameters, AdamW on them
+SMALL = dict(d=256, H=4, F=1024, V=1000)
+#: pythia-1b's width (litgpt/config.py "pythia-1b": n_embd 2048, n_head 8, intermediate_size 8192, padded_vocab_size
+#: 50304; rotary_percentage 0.25: rope_n_elem 64 of head_size 256)
+PYTHIA_1B = dict(d=2048, H=8, F=8192, V=50304)
+
+
+def pythia_step(shape, L, B, S) -> Step:
+    arch = Architecture(shape["d"], L, shape["H"], shape["F"], shape["V"], "gpt", tied_embeddings=False,
+                        model_type="gpt_neox", parallel=True, rotary_fraction=0.25, no_dropout=True)
+    return Step(Ledger(arch, batch_size=B, seq_len=S, recipe=LOOP, overhead_bytes=0, implementation="litgpt"), "cpu")
+
+
+def differences(got, step) -> dict:
+    """{landmark, phase peak, "peak": LitGPT's measured bytes minus memledger's}."""
+    out = {name: got[name] - step.landmarks[name]["gpu"] for name in LANDMARKS}
+    peaks = step.phase_peaks()
+    out.update({f"{phase} peak": got["phase peaks"][phase] - peaks[phase] for phase in got["phase peaks"]})
+    out["peak"] = got["peak"] - step.peak.bytes
+    return out
+
+
+def layer_bytes(step) -> int:
+    return sum(r["bytes"] for r in step.rows if r["name"].startswith("L x ")) // step.values["L"]
+
+
+@pytest.mark.parametrize("B, S", [(1, 256), (2, 200)])
+def test_pythia_layer(B, S):
+    """What one LitGPT pythia layer saves (saved-tensor hooks, 2 layers minus 1) is memledger's step's layer: LayerNorm
+    inputs and BF16 statistics, the fused QKV output kept whole by v's view, the new q and k, SDPA's output and its
+    reshaped copy, the GeLU's input and the down projection's."""
+    got = layer_saved("litgpt", "pythia-160m", **SMALL, batch=B, seq=S)["layer"]
+    assert got == layer_bytes(pythia_step(SMALL, 2, B, S))
+
+
+@pytest.mark.parametrize("L, B, S", [(2, 2, 200), (3, 1, 200), (2, 1, 256), (2, 2, 1024)])
+def test_pythia_step(L, B, S):
+    """Every landmark, every phase's peak and the step's peak of LitGPT's pythia step, as finetune/full.py runs it,
+    equal memledger's ``implementation="litgpt"`` step (its parallel Block's order: ``x = attention_output + x`` before
+    the MLP; the cos/sin buffers a quarter of a head wide)."""
+    diff = differences(library_step("litgpt", "pythia-160m", **SMALL, L=L, batch=B, seq=S, loss="full"),
+                       pythia_step(SMALL, L, B, S))
+    assert diff == {k: 0 for k in diff}
+
+
+@pytest.mark.parametrize("B, S", [(1, 1024)])
+def test_pythia_1b_width_step(B, S):
+    """pythia-1b's width (two layers, V 50304): every landmark and peak equal memledger's step to the byte."""
+    diff = differences(library_step("litgpt", "pythia-160m", **PYTHIA_1B, L=2, batch=B, seq=S, loss="full"),
+                       pythia_step(PYTHIA_1B, 2, B, S))
+    assert diff == {k: 0 for k in diff}
+    assert layer_saved("litgpt", "pythia-160m", **PYTHIA_1B, batch=B, seq=S)["layer"] == layer_bytes(
+        pythia_step(PYTHIA_1B, 2, B, S))
