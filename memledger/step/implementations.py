@@ -155,13 +155,16 @@ def gpt_lacks(setup) -> list:
     arch = setup.arch
     if arch.style == "llama":
         return []
-    if setup.implementation != "litgpt":
+    if setup.implementation not in ("hf", "litgpt"):
         return ["a GPT-style block (LayerNorm, GeLU)"]
     f = arch.features
     neox = f.parallel and not f.shared_norm and not f.is_tied and not f.head_bias and bool(arch.rotary_fraction) \
         and not (f.positions or f.alibi or f.input_norm or f.gqa or f.head_dim)
-    return [] if neox else ["a GPT-style block other than GPT-NeoX's (pythia: a parallel residual, two LayerNorms, "
-                            "rotary, an untied head)"]
+    if not neox:
+        return ["a GPT-style block other than GPT-NeoX's (pythia: a parallel residual, two LayerNorms, rotary, an "
+                "untied head)"]
+    return [f"GPT-NeoX's block with attn_implementation {setup.attn_implementation}"] if (
+        setup.attn_implementation != "sdpa") else []
 
 
 def check_torchtune_chunks(chunks: int, seq_len: int) -> None:

@@ -243,8 +243,8 @@ def _shape(setup: StepInputs, conv) -> tuple:
     kernel = conv.kernel(arch.style, setup.dropout and not partial, setup.flash_attention)
     if setup.implementation == "hf" and setup.attn_implementation == "eager":
         kernel = "eager"                # transformers' eager_attention_forward (memledger.step.hf)
-    if setup.implementation == "litgpt" and not llama:     # LitGPT's pythia: SDPA without a mask (its flash kernel)
-        kernel = "flash"
+    if setup.implementation in ("hf", "litgpt") and not llama and setup.attn_implementation == "sdpa":
+        kernel = "flash"                # pythia under LitGPT or transformers: SDPA without a mask (its flash kernel)
     if kernel == "math":
         raise ValueError("the math SDPA kernel (CPU, LLaMA blocks with dropout) is not modelled op by op; "
                          "use flash_attention or no dropout")
@@ -266,7 +266,8 @@ def _shape(setup: StepInputs, conv) -> tuple:
                   **check_parallel(setup, f, kernel), **({"attention_dropout": False} if partial else {}),
                   **({} if setup.implementation == "reference" else {
                       "implementation": setup.implementation, "attn_implementation": setup.attn_implementation}),
-                  **({"rotary": arch.rotary_fraction} if setup.implementation == "litgpt" and not llama else {}))
+                  **({"rotary": arch.rotary_fraction} if setup.implementation in ("hf", "litgpt") and not llama
+                     else {}))
     return shape, fsdp
 
 

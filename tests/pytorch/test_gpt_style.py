@@ -1,7 +1,9 @@
-"""A GPT-style family under a library's own code (issue 28): LitGPT's pythia (GPT-NeoX) beside memledger's
-``implementation="litgpt"`` step (memledger/step/gpt_style.py), to the byte.
+"""A GPT-style family under a library's own code (issue 28): pythia (GPT-NeoX) as LitGPT and transformers run it,
+beside memledger's ``implementation="litgpt"`` and ``"hf"`` steps (memledger/step/gpt_style.py), to the byte.
 
-LitGPT's ``GPT(Config.from_name("pythia-160m", ...))`` at other widths (LayerNorm, GeLU, biases, parallel residual,
+transformers' ``GPTNeoXForCausalLM`` from a ``GPTNeoXConfig`` as pythia's config.json sets it
+(:func:`memledger.pytorch.libraries.make_library_model`, ``family="gpt_neox"``; its packed-sequence trap patched as
+for LLaMA), its own loss (``labels=``), AdamW's for-loop. LitGPT's ``GPT(Config.from_name("pythia-160m", ...))`` at other widths (LayerNorm, GeLU, biases, parallel residual,
 rotary on a quarter of each head, an untied head; :func:`memledger.pytorch.torchtune_litgpt.build`), without weights
 under ``FakeTensorMode``, in BF16, run as ``litgpt/finetune/full.py`` runs it
 (:func:`~memledger.pytorch.torchtune_litgpt.library_step`: MemTracker's totals of a steady-state step, AdamW's
@@ -14,10 +16,12 @@ pytest.importorskip("torch")
 
 from memledger.ledger.ledger import Ledger  # noqa: E402
 from memledger.models.architecture import Architecture  # noqa: E402
+from memledger.pytorch import libraries  # noqa: E402
 from memledger.pytorch.torchtune_litgpt import layer_saved, library_step, missing  # noqa: E402
 from memledger.step.timeline import LANDMARKS, Step  # noqa: E402
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(missing("litgpt") is not None, reason=missing("litgpt") or "")]
+pytestmark = pytest.mark.slow
+needs_litgpt = pytest.mark.skipif(missing("litgpt") is not None, reason=missing("litgpt") or "")
 
 LOOP = "bf16-pure-adamw"        # finetune/full.py's bf16-true: BF16 parameters, AdamW on them
 SMALL = dict(d=256, H=4, F=1024, V=1000)
@@ -26,18 +30,21 @@ SMALL = dict(d=256, H=4, F=1024, V=1000)
 PYTHIA_1B = dict(d=2048, H=8, F=8192, V=50304)
 
 
-def pythia_step(shape, L, B, S) -> Step:
+def pythia_step(shape, L, B, S, implementation="litgpt", attn="sdpa") -> Step:
     arch = Architecture(shape["d"], L, shape["H"], shape["F"], shape["V"], "gpt", tied_embeddings=False,
                         model_type="gpt_neox", parallel=True, rotary_fraction=0.25, no_dropout=True)
-    return Step(Ledger(arch, batch_size=B, seq_len=S, recipe=LOOP, overhead_bytes=0, implementation="litgpt"), "cpu")
+    return Step(Ledger(arch, batch_size=B, seq_len=S, recipe=LOOP, overhead_bytes=0, implementation=implementation,
+                       attn_implementation=attn), "cpu")
 
 
 def differences(got, step) -> dict:
-    """{landmark, phase peak, "peak": LitGPT's measured bytes minus memledger's}."""
+    """{landmark, phase peak, "peak", each layer's forward and backward peak: the library's measured bytes minus
+    memledger's}."""
     out = {name: got[name] - step.landmarks[name]["gpu"] for name in LANDMARKS}
     peaks = step.phase_peaks()
     out.update({f"{phase} peak": got["phase peaks"][phase] - peaks[phase] for phase in got["phase peaks"]})
     out["peak"] = got["peak"] - step.peak.bytes
+    out.update({key: got["block peaks"][key] - value for key, value in step.block_peaks().items()})
     return out
 
 
@@ -45,6 +52,7 @@ def layer_bytes(step) -> int:
     return sum(r["bytes"] for r in step.rows if r["name"].startswith("L x ")) // step.values["L"]
 
 
+@needs_litgpt
 @pytest.mark.parametrize("B, S", [(1, 256), (2, 200)])
 def test_pythia_layer(B, S):
     """What one LitGPT pythia layer saves (saved-tensor hooks, 2 layers minus 1) is memledger's step's layer: LayerNorm
@@ -54,9 +62,10 @@ def test_pythia_layer(B, S):
     assert got == layer_bytes(pythia_step(SMALL, 2, B, S))
 
 
+@needs_litgpt
 @pytest.mark.parametrize("L, B, S", [(2, 2, 200), (3, 1, 200), (2, 1, 256), (2, 2, 1024)])
 def test_pythia_step(L, B, S):
-    """Every landmark, every phase's peak and the step's peak of LitGPT's pythia step, as finetune/full.py runs it,
+    """Every landmark, every phase's peak, each layer's forward and backward peak and the step's peak of LitGPT's pythia step, as finetune/full.py runs it,
     equal memledger's ``implementation="litgpt"`` step (its parallel Block's order: ``x = attention_output + x`` before
     the MLP; the cos/sin buffers a quarter of a head wide)."""
     diff = differences(library_step("litgpt", "pythia-160m", **SMALL, L=L, batch=B, seq=S, loss="full"),
@@ -64,11 +73,42 @@ def test_pythia_step(L, B, S):
     assert diff == {k: 0 for k in diff}
 
 
+@needs_litgpt
 @pytest.mark.parametrize("B, S", [(1, 1024)])
 def test_pythia_1b_width_step(B, S):
-    """pythia-1b's width (two layers, V 50304): every landmark and peak equal memledger's step to the byte."""
+    """pythia-1b's width (two layers, V 50304): every landmark and peak equal memledger's step to the byte. Here the
+    layers' backward peak is at SDPA's backward, where the parallel block's ``dX_out`` is already gone (its last user
+    is the output projection's backward)."""
     diff = differences(library_step("litgpt", "pythia-160m", **PYTHIA_1B, L=2, batch=B, seq=S, loss="full"),
                        pythia_step(PYTHIA_1B, 2, B, S))
     assert diff == {k: 0 for k in diff}
     assert layer_saved("litgpt", "pythia-160m", **PYTHIA_1B, batch=B, seq=S)["layer"] == layer_bytes(
         pythia_step(PYTHIA_1B, 2, B, S))
+
+
+@pytest.mark.parametrize("B, S", [(1, 256), (2, 200)])
+def test_hf_gpt_neox_layer(B, S):
+    """transformers' GPTNeoXLayer under SDPA saves what LitGPT's pythia layer does (the fused output kept whole by
+    v's view, new q and k from ``torch.cat([q_embed, q_pass])``, SDPA's output and its ``transpose(1, 2)
+    .contiguous()`` copy): memledger's ``implementation="hf"`` layer."""
+    got = libraries.saved_per_layer("hf", **SMALL, batch=B, seq=S, family="gpt_neox")["layer"]
+    assert got == layer_bytes(pythia_step(SMALL, 2, B, S, "hf"))
+
+
+@pytest.mark.parametrize("L, B, S", [(2, 2, 200), (3, 1, 200), (2, 1, 256), (2, 2, 1024)])
+def test_hf_gpt_neox_step(L, B, S):
+    """Every landmark, phase peak, layer peak and the peak of transformers' GPTNeoXForCausalLM step (SDPA) equal
+    memledger's ``implementation="hf"`` step: cos and sin rotary_ndims wide, made once per forward, released by
+    block 0's q backward; the sum ``mlp_output + attn_output + hidden_states``."""
+    got = libraries.library_step("hf", **SMALL, L=L, batch=B, seq=S, family="gpt_neox")
+    diff = differences(got, pythia_step(SMALL, L, B, S, "hf"))
+    assert diff == {k: 0 for k in diff}
+
+
+def test_hf_gpt_neox_1b_width_step():
+    """pythia-1b's width, B 1, S 1024 (two layers): every landmark and peak, and the layer, to the byte."""
+    got = libraries.library_step("hf", **PYTHIA_1B, L=2, batch=1, seq=1024, family="gpt_neox")
+    diff = differences(got, pythia_step(PYTHIA_1B, 2, 1, 1024, "hf"))
+    assert diff == {k: 0 for k in diff}
+    layer = libraries.saved_per_layer("hf", **PYTHIA_1B, batch=1, seq=1024, family="gpt_neox")["layer"]
+    assert layer == layer_bytes(pythia_step(PYTHIA_1B, 2, 1, 1024, "hf"))
