@@ -1,4 +1,5 @@
-"""A GPT-style family under a library's own code (issue 28): LitGPT's pythia (GPT-NeoX), ``implementation="litgpt"``.
+"""A GPT-style family under a library's own code (issue 28): pythia (GPT-NeoX) under LitGPT's
+(``implementation="litgpt"``) and transformers' (``"hf"``, sdpa or eager) code.
 
 LitGPT 0.5.13 ships pythia as ``Config.from_name("pythia-...")`` (``litgpt/config.py``): ``bias=True`` (every
 linear and LayerNorm), ``norm_class_name="LayerNorm"`` (``torch.nn.LayerNorm``), ``mlp_class_name="GptNeoxMLP"``
@@ -8,24 +9,36 @@ head without a bias. What its block runs beside memledger's reference GPT-NeoX b
 
 * ``Block.forward`` (l. 375-387): ``x_normed = norm_1(x)``, the attention, ``x_normed = norm_2(x)``, ``x =
   attention_output + x`` (a new tensor, before the MLP runs), ``return mlp(x_normed) + x``; the attention's output
-  is a local until the block returns. The reference adds ``x + attn`` after its MLP (the same saved tensors, a
-  different forward height).
+  is a local until the block returns (:func:`litgpt_forward`).
 * ``CausalSelfAttention.forward`` (l. 472-513, 566-570) as for LLaMA (:mod:`memledger.step.litgpt`): the fused
   ``qkv`` (with its bias), ``apply_rope`` on ``q[..., :rope_n_elem]`` and ``k[..., :rope_n_elem]`` (its temporaries
-  ``rope_n_elem`` wide per head: :func:`rope_width`), ``torch.cat((q_roped, q[..., rope_n_elem:]))`` new q and k, v a
-  view of the fused output (kept whole), SDPA's flash kernel, the output's reshape a copy.
-* the model's ``cos`` and ``sin`` buffers (``rope_cache``, l. 43-62): (S, rope_n_elem) FP32 each
-  (:func:`memledger.step.litgpt_loss.statics`).
-* ``model.parameters()`` order within a block (:func:`block_params`): norm_1, attn (qkv, proj), norm_2, mlp (fc,
-  proj), each weight before its bias.
+  ``rope_n_elem`` wide per head: :func:`memledger.step.litgpt.rope_width`), ``torch.cat((q_roped, q[...,
+  rope_n_elem:]))`` new q and k, v a view of the fused output (kept whole), SDPA's flash kernel, the output's reshape
+  a copy; the model's ``cos`` and ``sin`` buffers (S, rope_n_elem) FP32 each.
+* ``model.parameters()`` order within a block: norm_1, attn (qkv, proj), norm_2, mlp (fc, proj), each weight before
+  its bias (:func:`memledger.step.ops.block_params`).
 
-Backward runs as the reference's parallel block (:func:`memledger.step.parallel.parallel_backward`, autograd's order
-is the same: the adds allocate nothing) with LitGPT's attention backward (:func:`memledger.step.block.attention_backward`).
-Checked against LitGPT's own model and ``finetune/full.py``'s loop under ``FakeTensorMode``
-(tests/pytorch/test_gpt_style.py).
+transformers 5.25 ``GPTNeoXForCausalLM`` (``transformers/models/gpt_neox/modeling_gpt_neox.py``):
 
-Refused (:func:`lacks`): another GPT-style family under LitGPT (Phi's shared norm, Falcon's), any under transformers'
-code, recomputation, dropout.
+* ``GPTNeoXRotaryEmbedding.forward`` (l. 91-97) as LLaMA's (:func:`memledger.step.hf.forward_start`), ``rotary_ndims``
+  wide (l. 175-176); cos and sin in the activation dtype, kept by every layer's products until block 0's q backward.
+* ``GPTNeoXAttention.forward`` (l. 192-225): ``query_key_value`` viewed (B, S, H, 3 d/H), transposed, ``chunk(3)``:
+  q, k, v views; ``apply_rotary_pos_emb`` (l. 125-140) on the first ``rotary_ndims`` of q and k in the activation
+  dtype, then ``torch.cat([q_embed, q_pass])`` (new q and k; :func:`hf_forward`). SDPA: the fused output kept whole by
+  v, SDPA's output beside its ``transpose(1, 2).contiguous()`` copy, as LitGPT's. Eager (l. 143-166): q and k are read
+  as they are, v is copied for ``@ v`` (B > 1; at B = 1 its view, keeping the fused output whole), the FP32 softmax
+  output and the BF16 probabilities (:func:`_hf_eager_core`).
+* ``GPTNeoXLayer.forward`` (l. 249-270): ``mlp_output + attn_output + hidden_states``; the dropouts at p = 0 allocate
+  nothing (measured: the layer's and step's totals are equal without them).
+
+Backward runs as the reference's parallel block (:func:`memledger.step.parallel.parallel_backward`: autograd's order
+is the same, the adds allocate nothing), with each library's attention backward; the rotary code's backward
+(:func:`_hf_rotate_backward`, LitGPT's in :mod:`memledger.step.litgpt`) is read from the source: no layer's peak sits
+in it at the shapes measured. Checked against each library's own model under ``FakeTensorMode``, every landmark,
+phase peak, layer peak and the step's peak (tests/pytorch/test_gpt_style.py).
+
+Refused (:func:`memledger.step.implementations.gpt_lacks`): every other GPT-style family under a library's code
+(GPT-2, Phi, Falcon, BLOOM, ...), recomputation and dropout with pythia.
 """
 from ..core.symbols import B, S, d
 from . import hf, litgpt
@@ -38,12 +51,20 @@ __all__ = ["hf_forward", "hf_qkv_backward", "layer_rows", "litgpt_forward"]
 
 def layer_rows(rows, c) -> list:
     """transformers' GPT-NeoX layer under SDPA keeps what LitGPT's does (measured: the same storages), the fused
-    output whole through v's view, the new q and k, SDPA's output beside its copy (:func:`memledger.step.litgpt.
-    layer_rows`)."""
-    if not (c.hf and c.gpt and c.attention == "flash"):
+    output whole through v's view, the new q and k, SDPA's output beside its copy
+    (:func:`memledger.step.litgpt.layer_rows`); under eager (the FP32 softmax output and BF16 probabilities: :func:`memledger.step.hf.layer_rows`)
+    ``probabilities @ v`` saves a copy of v (B > 1: the view of the fused output cannot be batched without one) or, at
+    B = 1, v itself, whose view keeps the fused output whole."""
+    if not (c.hf and c.gpt):
         return rows
     from dataclasses import replace
-    return litgpt.layer_rows(rows, replace(c, implementation="litgpt"))
+    if c.attention == "flash":
+        return litgpt.layer_rows(rows, replace(c, implementation="litgpt"))
+    if not c.single:
+        return [replace(r, why="matmul's copy of v (a view of query_key_value's output)") if r.name == "V" else r
+                for r in rows]
+    return [replace(r, shape=(B, S, 3 * d), why="v, a view of query_key_value's output, keeps it whole")
+            if r.name == "V" else r for r in rows]
 
 
 def litgpt_forward(p, c):
@@ -92,13 +113,20 @@ def hf_forward(p, c):
     SDPA: its input is live; its output is the next block's input."""
     a = c.dtype
     norm_forward(p, c, "1", "Q/K/V projection input")
-    p.op("query_key_value (q, k, v: views of it)", alloc=[litgpt.QKV], role=OpRole.QKV_PROJECTION)
+    eager = c.attention == "eager"
+    qkv = litgpt.QKV if not eager else "V" if c.single else p.new(
+        "query_key_value output", (B, S, 3 * d), a, "q, k, v are views of it, until the attention returns")
+    p.op("query_key_value (q, k, v: views of it)", alloc=[qkv], role=OpRole.QKV_PROJECTION)
     q, k = _hf_rotate(p, c, "q"), _hf_rotate(p, c, "k")
     p.op("torch.cat([q_embed, q_pass])", alloc=["Q"])
     p.op("released", free=[q])
     p.op("torch.cat([k_embed, k_pass])", alloc=["K"])
     p.op("released", free=[k])
-    litgpt.flash(p, c)                  # sdpa_attention_forward: transpose(1, 2).contiguous() of q's layout: a copy
+    if eager:
+        _hf_eager_core(p, c)
+        p.op("attention returns", free=[] if c.single else [qkv])
+    else:
+        litgpt.flash(p, c)              # sdpa_attention_forward: transpose(1, 2).contiguous() of q's layout: a copy
     attn = p.new("output projection output", BSd, a, "attn_output, a local of the layer until it returns")
     p.op("dense", alloc=[attn], role=OpRole.OUTPUT_PROJECTION)
     norm_forward(p, c, "2", "MLP input")
@@ -110,6 +138,34 @@ def hf_forward(p, c):
     p.op("mlp_output + attn_output", alloc=[partial])
     p.op("+ hidden_states: the block's output", alloc=[block_output(c)])
     p.op("block returns", free=[partial, mlp, attn], role=OpRole.BLOCK_RETURNS)
+
+
+def _hf_eager_core(p, c):
+    """``eager_attention_forward`` (``modeling_gpt_neox.py`` l. 153-166) from the new q and k (contiguous: the
+    batched matmul reads them as they are) to the output projection's input: the scaled, masked scores, the softmax
+    upcast, its FP32 output, the BF16 probabilities, v copied for ``@ v`` (B > 1), the output's
+    ``transpose(1, 2).contiguous()`` (a copy)."""
+    from .ops import BHSS
+    a, f = c.dtype, "fp32"
+    raw, scaled, masked = (p.new(n, BHSS, a, "a temporary of the eager core")
+                           for n in ("scores QK^T", "scaled scores", "scores + attention_mask"))
+    up = p.new("softmax input in FP32", BHSS, f, "softmax(dtype=torch.float32) converts its input first")
+    out = p.new("attention output (B, H, S, d/H)", BSd, a, "probabilities @ v, until it is copied")
+    p.op("QK^T", alloc=[raw])
+    p.op("* scaling", alloc=[scaled])
+    p.op("released", free=[raw])
+    p.op("+ attention_mask", alloc=[masked])
+    p.op("released", free=[scaled])
+    p.op("softmax: upcast", alloc=[up])
+    p.op("softmax", alloc=["softmax output"])
+    p.op("released", free=[up])
+    p.op(".to(query.dtype)", alloc=[hf.PROBS])
+    p.op("released", free=[masked])
+    if not c.single:
+        p.op("v copied for the batched matmul", alloc=["V"])
+    p.op("probabilities @ V", alloc=[out])
+    p.op("transpose(1, 2).contiguous()", alloc=["output projection input"])
+    p.op("released", free=[out])
 
 
 def _hf_rotate_backward(p, c, n, g, into):

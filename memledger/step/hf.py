@@ -50,7 +50,7 @@ Checked against transformers' own model under ``FakeTensorMode`` (:mod:`memledge
 ``tests/pytorch/test_libraries.py``).
 """
 from ..activations.inventory import Saved
-from ..core.symbols import B, H, S, d
+from ..core.symbols import B, H, S
 from .ops import BSd, Ref, final_input, residual_names
 from .vocab import OpRole, Scope
 

@@ -163,8 +163,7 @@ def gpt_lacks(setup) -> list:
     if not neox:
         return ["a GPT-style block other than GPT-NeoX's (pythia: a parallel residual, two LayerNorms, rotary, an "
                 "untied head)"]
-    return [f"GPT-NeoX's block with attn_implementation {setup.attn_implementation}"] if (
-        setup.attn_implementation != "sdpa") else []
+    return []
 
 
 def check_torchtune_chunks(chunks: int, seq_len: int) -> None:
