@@ -52,9 +52,9 @@ __all__ = ["hf_forward", "hf_qkv_backward", "layer_rows", "litgpt_forward"]
 def layer_rows(rows, c) -> list:
     """transformers' GPT-NeoX layer under SDPA keeps what LitGPT's does (measured: the same storages), the fused
     output whole through v's view, the new q and k, SDPA's output beside its copy
-    (:func:`memledger.step.litgpt.layer_rows`); under eager (the FP32 softmax output and BF16 probabilities: :func:`memledger.step.hf.layer_rows`)
-    ``probabilities @ v`` saves a copy of v (B > 1: the view of the fused output cannot be batched without one) or, at
-    B = 1, v itself, whose view keeps the fused output whole."""
+    (:func:`memledger.step.litgpt.layer_rows`); under eager (the FP32 softmax output and BF16 probabilities:
+    :func:`memledger.step.hf.layer_rows`) ``probabilities @ v`` saves a copy of v (B > 1: the view of the fused output
+    cannot be batched without one) or, at B = 1, v itself, whose view keeps the fused output whole."""
     if not (c.hf and c.gpt):
         return rows
     from dataclasses import replace

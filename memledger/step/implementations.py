@@ -40,10 +40,11 @@ head and ``chunked_cross_entropy`` as ``finetune/full.py`` runs them, its cos/si
 into the next iteration and ``GPT``'s parameter order (:mod:`memledger.step.litgpt_loss`); both are checked against the
 library's own step (tests/pytorch/test_torchtune_litgpt.py).
 
-A GPT-style family: LitGPT's pythia (GPT-NeoX: LayerNorm, GeLU, biases, a parallel residual, rotary on a quarter of
-each head, an untied head), its block as :mod:`memledger.step.gpt_style` runs it, checked against LitGPT's own model
-and ``finetune/full.py``'s loop (tests/pytorch/test_gpt_style.py); every other GPT-style block under a library's code
-is refused (:func:`gpt_lacks`).
+A GPT-style family: pythia (GPT-NeoX: LayerNorm, GeLU, biases, a parallel residual, rotary on a quarter of each
+head, an untied head) under LitGPT's and transformers' code (sdpa or eager), each block as
+:mod:`memledger.step.gpt_style` runs it, checked against each library's own model and step
+(tests/pytorch/test_gpt_style.py); every other GPT-style block under a library's code is refused (:func:`gpt_lacks`),
+and so is recomputation with pythia.
 
 What is not modelled yet under a library's code is refused in one line (:func:`check_step`), never computed with
 the reference decoder's block in its place.
