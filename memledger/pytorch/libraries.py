@@ -40,6 +40,8 @@ __all__ = ["LIBRARIES", "library_step", "saved_per_layer"]
 
 #: The libraries this module builds models of (memledger.step.implementations' names).
 LIBRARIES = ("hf", "litgpt")
+#: The families each builds (Hugging Face model_type): transformers' LlamaForCausalLM and GPTNeoXForCausalLM.
+FAMILIES = {"hf": ("llama", "gpt_neox"), "litgpt": ("llama",)}
 
 
 @contextmanager
@@ -73,25 +75,32 @@ class LibraryModel(torch.nn.Module):
 
 def make_library_model(library: str, d: int, H: int, F: int, V: int, L: int, attn: str = "sdpa",
                        dtype=torch.bfloat16, kv: int = None, gradient_checkpointing: bool = False,
-                       lora: tuple = None) -> LibraryModel:
-    """``library``'s LLaMA model at these sizes, built under the current mode (``FakeTensorMode``: no weights);
-    ``gradient_checkpointing``: transformers' ``model.gradient_checkpointing_enable()`` with its defaults (every
-    decoder layer's ``forward`` under ``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)``); ``lora``
-    (library hf): PEFT's LoRA on it (:func:`_peft`)."""
+                       lora: tuple = None, family: str = "llama") -> LibraryModel:
+    """``library``'s model of ``family`` at these sizes, built under the current mode (``FakeTensorMode``: no
+    weights); ``gradient_checkpointing``: transformers' ``model.gradient_checkpointing_enable()`` with its defaults
+    (every decoder layer's ``forward`` under ``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)``);
+    ``lora`` (library hf): PEFT's LoRA on it (:func:`_peft`). ``family``: ``"llama"`` (``LlamaForCausalLM``) or,
+    transformers only, ``"gpt_neox"`` (:func:`_gpt_neox`)."""
     if library not in LIBRARIES:
         raise ValueError(f"library must be one of {', '.join(LIBRARIES)}, got {library!r}")
+    if family not in FAMILIES[library]:
+        raise ValueError(f"family for {library} must be one of {', '.join(FAMILIES[library])}, got {family!r}")
     if library == "litgpt":
         if gradient_checkpointing:
             raise ValueError("gradient_checkpointing is transformers' (library hf)")
         return _litgpt(d, H, F, V, L, dtype)
-    from transformers import LlamaConfig, LlamaForCausalLM
-    config = LlamaConfig(hidden_size=d, intermediate_size=F, num_attention_heads=H, num_key_value_heads=kv or H,
-                         num_hidden_layers=L, vocab_size=V, max_position_embeddings=4096, attention_dropout=0.0,
-                         attn_implementation=attn, use_cache=False)
+    if family == "gpt_neox":
+        config = _gpt_neox(d, H, F, V, L, attn)
+        from transformers import GPTNeoXForCausalLM as Model
+    else:
+        from transformers import LlamaConfig, LlamaForCausalLM as Model
+        config = LlamaConfig(hidden_size=d, intermediate_size=F, num_attention_heads=H, num_key_value_heads=kv or H,
+                             num_hidden_layers=L, vocab_size=V, max_position_embeddings=4096, attention_dropout=0.0,
+                             attn_implementation=attn, use_cache=False)
     before = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
-        model = LlamaForCausalLM(config)
+        model = Model(config)
     finally:
         torch.set_default_dtype(before)
     model.train()
@@ -143,6 +152,16 @@ def _unmoved():
         torch.nn.Module.to = to
 
 
+def _gpt_neox(d, H, F, V, L, attn):
+    """transformers' ``GPTNeoXConfig`` as pythia's ``config.json`` sets it (EleutherAI/pythia-6.9b: ``rotary_pct``
+    0.25, ``use_parallel_residual``, ``hidden_act`` gelu, biases, an untied ``embed_out``), dropout 0, at these sizes."""
+    from transformers import GPTNeoXConfig
+    return GPTNeoXConfig(hidden_size=d, intermediate_size=F, num_attention_heads=H, num_hidden_layers=L, vocab_size=V,
+                         max_position_embeddings=4096, rotary_pct=0.25, use_parallel_residual=True, hidden_act="gelu",
+                         attention_bias=True, tie_word_embeddings=False, hidden_dropout=0.0, attention_dropout=0.0,
+                         attn_implementation=attn, use_cache=False)
+
+
 def _litgpt(d, H, F, V, L, dtype) -> LibraryModel:
     """LitGPT's ``GPT`` from a LLaMA-style ``Config`` (RMSNorm, LLaMAMLP, full rotary, no biases, untied head)."""
     from litgpt.config import Config
@@ -164,11 +183,11 @@ def _ids(V, batch, seq):
     return torch.randint(0, V, (batch, seq)), torch.randint(0, V, (batch, seq))
 
 
-def _saved_bytes(library, d, H, F, V, L, attn, batch, seq, kv=None, lora=None) -> int:
+def _saved_bytes(library, d, H, F, V, L, attn, batch, seq, kv=None, lora=None, family="llama") -> int:
     """The bytes of every storage autograd saves in one forward pass with the loss (parameters skipped)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     with FakeTensorMode():
-        model = make_library_model(library, d, H, F, V, L, attn, kv=kv, lora=lora)
+        model = make_library_model(library, d, H, F, V, L, attn, kv=kv, lora=lora, family=family)
         params = {id(p.untyped_storage()) for p in model.parameters()}
         seen = {}                       # id -> storage (kept alive, so that no id is reused)
 
@@ -186,11 +205,11 @@ def _saved_bytes(library, d, H, F, V, L, attn, batch, seq, kv=None, lora=None) -
 
 @recorded
 def saved_per_layer(library: str, d: int, H: int, F: int, V: int, batch: int, seq: int, attn: str = "sdpa",
-                    kv: int = None, lora: tuple = None) -> dict:
+                    kv: int = None, lora: tuple = None, family: str = "llama") -> dict:
     """{"layer": one layer's saved bytes (two layers minus one), "one layer": the whole forward's saved bytes with
-    one layer} of ``library``'s model in BF16; ``lora``: PEFT's (:func:`_peft`'s arguments)."""
-    one = _saved_bytes(library, d, H, F, V, 1, attn, batch, seq, kv, lora)
-    two = _saved_bytes(library, d, H, F, V, 2, attn, batch, seq, kv, lora)
+    one layer} of ``library``'s model of ``family`` in BF16; ``lora``: PEFT's (:func:`_peft`'s arguments)."""
+    one = _saved_bytes(library, d, H, F, V, 1, attn, batch, seq, kv, lora, family)
+    two = _saved_bytes(library, d, H, F, V, 2, attn, batch, seq, kv, lora, family)
     return {"layer": two - one, "one layer": one}
 
 
@@ -235,7 +254,7 @@ def _frozen(tracker, model):
 @recorded
 def library_step(library: str, d: int, H: int, F: int, V: int, L: int, batch: int, seq: int, attn: str = "sdpa",
                  loop: str = "bf16-pure-adamw", foreach: bool = False, kv: int = None,
-                 gradient_checkpointing: bool = False, lora: tuple = None) -> dict:
+                 gradient_checkpointing: bool = False, lora: tuple = None, family: str = "llama") -> dict:
     """MemTracker's totals of the second training step of ``library``'s model (pure BF16 under ``loop``):
     {"before forward", "after forward", "after backward", "after step": int, "peak": int, "phase peaks":
     {"forward", "backward", "optimizer"}, "block peaks": {("forward" | "backward", layer): int}}, CPU bytes, as
@@ -247,7 +266,7 @@ def library_step(library: str, d: int, H: int, F: int, V: int, L: int, batch: in
     cpu = torch.device("cpu")
     with FakeTensorMode():
         model = make_library_model(library, d, H, F, V, L, attn, kv=kv, gradient_checkpointing=gradient_checkpointing,
-                                   lora=lora)
+                                   lora=lora, family=family)
         trainer = Trainer(model, loop, foreach=foreach)
         trainer.init_state()
         ids, targets = _ids(V, batch, seq)

@@ -44,6 +44,7 @@ from contextlib import contextmanager
 
 import torch
 
+from .libraries import _block_tracker
 from .measure import tracker_class
 from .record import recorded
 
@@ -296,7 +297,8 @@ def _litgpt_step(model, opt, loss, batch, landmark, kept):
 def library_step(library: str, family: str, d: int, L: int, H: int, F: int, V: int, batch: int, seq: int,
                  loss: str, chunks: int = 8, n_kv_heads: int = None) -> dict:
     """MemTracker's totals of a steady-state step of ``library``'s model under ``FakeTensorMode`` (the CPU backend:
-    exact storage bytes): {landmark: bytes, "peak": int, "phase peaks": {"forward", "backward", "optimizer"}};
+    exact storage bytes): {landmark: bytes, "peak": int, "phase peaks": {"forward", "backward", "optimizer"}, "block
+    peaks": {("forward" | "backward", layer): int} (:func:`memledger.pytorch.libraries._block_tracker`)};
     ``chunks``: torchtune's ``num_output_chunks`` (loss "chunked")."""
     _check(library, family, loss)
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -317,7 +319,8 @@ def library_step(library: str, family: str, d: int, L: int, H: int, F: int, V: i
             extra = [cache]
         result, phase_peaks = {}, {}
         phases = {"after forward": "forward", "after backward": "backward", "after step": "optimizer"}
-        tracker = tracker_class()()
+        tracker = _block_tracker()()       # MemTracker keeping each layer's highest total, forward and backward
+        tracker.layer_peaks = {}
 
         def landmark(name):
             total = tracker.get_tracker_snapshot("current")[cpu]["Total"]
@@ -347,5 +350,6 @@ def library_step(library: str, family: str, d: int, L: int, H: int, F: int, V: i
         del kept
         result["peak"] = max(phase_peaks.values())
         result["phase peaks"] = phase_peaks
+        result["block peaks"] = dict(sorted(tracker.layer_peaks.items()))
     return result
 

@@ -30,7 +30,7 @@ MemTracker's allocation log of the reference decoder (PyTorch 2.13, CPU); checke
 from collections import namedtuple
 
 from ..core.symbols import B, H, S
-from . import hf, litgpt, packing
+from . import gpt_style, hf, litgpt, packing
 from .families import ALIBI_INPUT
 from .norms import norm_backward, norm_forward
 from .ops import (BHSS, CAUSAL_MASK, INPUT_GRADIENT, BSd, BSF, Ref, block_output, define_grads, dropout_ops, per_rank,
@@ -432,12 +432,18 @@ def attention_backward(p, c: Shape, g, share, release):
     proj = define_grads(p, ["proj.weight", "proj.bias"], c, share)
     gq, gk, gv = (p.new(f"gradient of {n}", (B, S, w), a, f"dL/d{n}")
                   for n, w in (("q", BSq[2]), ("k", BSkv[2]), ("v", BSkv[2])))
-    if c.implementation == "litgpt":    # the output projection's input is a copy; SDPA keeps its own output
-        _linear_backward(p, c, "output projection backward", gpi, proj, "output projection input", (), recomputed,
+    if c.implementation == "litgpt" or (c.hf and c.gpt and c.attention == "flash"):     # the output projection's
+        # input is a copy; SDPA keeps its own output (transformers' GPT-NeoX: memledger.step.gpt_style). A parallel
+        # block's dX_out goes with the output projection's backward, its last user (measured: at pythia-1b's width,
+        # B 1, S 1024, the layers' backward peak)
+        early = release if c.parallel else ()
+        _linear_backward(p, c, "output projection backward", gpi, proj, "output projection input", early, recomputed,
                          role=OpRole.OUTPUT_PROJECTION_BACKWARD)
         p.op("flash attention backward", alloc=[gq, gk, gv], role=OpRole.FLASH_ATTENTION_BACKWARD)
-        p.op("released", free=release + [gpi, "Q", "K", litgpt.QKV, litgpt.ATTENTION_OUTPUT, "softmax log-sum-exp"])
-        return litgpt.qkv_backward(p, c, gq, gk, gv, define_grads(p, ["qkv.weight"], c, share))
+        p.op("released", free=([] if c.parallel else release) + [gpi, "Q", "K", litgpt.QKV, litgpt.ATTENTION_OUTPUT,
+                                                                "softmax log-sum-exp"])
+        return (gpt_style.hf_qkv_backward if c.hf else litgpt.qkv_backward)(
+            p, c, gq, gk, gv, define_grads(p, ["qkv.weight", "qkv.bias"], c, share))
     if c.attention == "flash":      # selective: the projection's input is released, then the kernel re-runs
         kept = [] if selective else ["softmax log-sum-exp", "output projection input"]
         _linear_backward(p, c, "output projection backward", gpi, proj, "output projection input" if selective
@@ -485,6 +491,8 @@ def attention_backward(p, c: Shape, g, share, release):
         p.op("released", free=[gsc])
         p.op("QK^T backward", alloc=[gq, gk])
         p.op("released", free=[gr, core.k, core.q, *core.frame])
+    if c.hf and c.gpt:      # transformers' GPT-NeoX: the rotary code's and the fused projection's backward
+        return gpt_style.hf_qkv_backward(p, c, gq, gk, gv, define_grads(p, ["qkv.weight", "qkv.bias"], c, share))
     if c.hf:                # transformers: the rotary code's and the three projections' backward
         grads = {n: define_grads(p, [f"{n}_proj.weight"], c, share)[0] for n in "qkv"}
         return hf.qkv_backward(p, c, gq, gk, gv, grads)

@@ -22,7 +22,7 @@ from ..core.symbols import L, N_d, O, P, t
 from ..states.placement import ZERO_SHARDS, device_of, state_specs
 from ..states.recipes import ALL_RECIPES as RECIPES
 from . import amp, amploss, bnb, ddp, families, fsdp2, hf, litgpt, loss, offload, optim, outer, packing, parallel, tensor
-from . import litgpt_loss, torchtitan as titan, torchtune as tune
+from . import gpt_style, litgpt_loss, torchtitan as titan, torchtune as tune
 from .block import block_backward, block_forward
 from .ops import BSd, Placement, Program, Tensor, block_params, residual_names
 from .outer import Param
@@ -385,6 +385,7 @@ def _saved_rows(s: StepStructure) -> tuple:
         layer_rows = kept_rows(layer_rows, "selective")
     layer_rows = hf.layer_rows(layer_rows, c)               # transformers' eager core: FP32 softmax, BF16 probabilities
     layer_rows = litgpt.layer_rows(layer_rows, c)           # LitGPT: new q, k; the fused output whole; SDPA's output
+    layer_rows = gpt_style.layer_rows(layer_rows, c)        # transformers' GPT-NeoX under SDPA: the same
     layer_rows = layer_rows + packing.saved_rows(c)         # packed rows: SDPA's additive mask per block
     if c.amp:                               # FP16 autocast: FP16 copies and outputs (memledger.step.amp)
         layer_rows = amp.layer_rows(layer_rows, c)
@@ -481,8 +482,9 @@ def _blocks(p, s: StepStructure, share) -> tuple:
     elif c.amp:
         amp.block_forward(fwd, c)
         amp.block_backward(bwd, c, share)
-    elif c.parallel:                # GPT-NeoX's and Phi's blocks (memledger.step.parallel)
-        parallel.parallel_forward(fwd, c)
+    elif c.parallel:                # GPT-NeoX's and Phi's blocks (memledger.step.parallel); LitGPT's pythia
+        (gpt_style.litgpt_forward if c.implementation == "litgpt" else gpt_style.hf_forward if c.hf
+         else parallel.parallel_forward)(fwd, c)
         parallel.parallel_backward(bwd, c, share)
     else:
         block_forward(fwd, c)

@@ -50,7 +50,7 @@ Checked against transformers' own model under ``FakeTensorMode`` (:mod:`memledge
 ``tests/pytorch/test_libraries.py``).
 """
 from ..activations.inventory import Saved
-from ..core.symbols import B, H, S, d
+from ..core.symbols import B, H, S
 from .ops import BSd, Ref, final_input, residual_names
 from .vocab import OpRole, Scope
 
@@ -74,8 +74,10 @@ def checkpoint_frame(c) -> list:
                                                                      else ())]
 
 
-def _dh():
-    return d / H
+def _dh(c):
+    """The rotary tables' width per head: d/H, or a GPT-NeoX model's ``rotary_ndims`` (``Shape.rotary``)."""
+    from .litgpt import rope_width
+    return rope_width(c) / H
 
 
 def outside_rows(c, rows) -> list:
@@ -86,8 +88,8 @@ def outside_rows(c, rows) -> list:
     rows = [r for r in rows if r.name != "causal mask"]
     labels = (B, S + 1) if c.single else (B, S)
     return rows + [Saved(COS, "LlamaRotaryEmbedding: cos in the activation dtype, made once per forward, kept by every "
-                  "layer's q * cos and k * cos", (S, _dh()), c.dtype, block="outside", replicated=True),
-            Saved(SIN, "LlamaRotaryEmbedding: sin, kept by every layer's rotate_half(q) * sin and k's", (S, _dh()),
+                  "layer's q * cos and k * cos", (S, _dh(c)), c.dtype, block="outside", replicated=True),
+            Saved(SIN, "LlamaRotaryEmbedding: sin, kept by every layer's rotate_half(q) * sin and k's", (S, _dh(c)),
                   c.dtype, block="outside", replicated=True),
             Saved(LABELS, "ForCausalLMLoss: labels padded and shifted (a view of the padded ids at B = 1), kept by "
                   "nll_loss", labels, "int64", block="outside", replicated=True)]
@@ -98,7 +100,7 @@ def buffers(c) -> list:
     (``modeling_llama.py`` l. 87-88), d/H/2 FP32 values each."""
     if not c.hf:
         return []
-    return [("rotary inv_freq and original_inv_freq (FP32 buffers)", 2 * (_dh() / 2) * 4,
+    return [("rotary inv_freq and original_inv_freq (FP32 buffers)", 2 * (_dh(c) / 2) * 4,
              "LlamaRotaryEmbedding's two buffers, d/H/2 FP32 values each")]
 
 
@@ -107,7 +109,7 @@ def forward_start(p, c):
     the (B, 1, S, S) mask."""
     from .families import embedding_forward
     embedding_forward(p, c)
-    f, dh = "fp32", _dh()
+    f, dh = "fp32", _dh(c)
     arange = p.new("torch.arange(S)", (S,), "int64", "position_ids before + past_seen_tokens")
     p.new(POSITIONS, (S,), "int64", "position_ids, a local of LlamaModel.forward until it returns")
     p.op("position_ids: arange(S)", alloc=[arange])
@@ -401,9 +403,11 @@ def forward_end(p, c):
     a = c.dtype
     norm_forward(p, c, "final", "LM head input")
     full = c.recompute == "full"        # the layers' checkpoints hold position_ids (an argument) and block 0's input
-    p.op("LlamaModel.forward returns", free=[final_input(c), None if full else POSITIONS,
+    saved = c.gpt                       # GPT-NeoX: the LayerNorms save the final norm's and block 0's inputs
+    p.op("LlamaModel.forward returns", free=[None if saved else final_input(c), None if full else POSITIONS,
                                              "attention mask" if c.attention == "eager" and not full
-                                             else None, None if full else Ref(Scope.FIRST, residual_names(c)[0])],
+                                             else None, None if full or saved else Ref(Scope.FIRST,
+                                                                                        residual_names(c)[0])],
          role=OpRole.FINAL_NORM_INPUT_RELEASED)
     logits = p.new("logits", LOGITS, a, "the LM head's output, held by the model's output until the loss is taken")
     p.op("LM head", alloc=[logits], role=OpRole.LM_HEAD)

@@ -57,13 +57,19 @@ policy (compute-intensive and collective ops saved, every second mm recomputed, 
 CPU's flash kernel is not in its save list where CUDA's is (``torch/_functorch/partitioners.py`` l. 2971-2980), so
 what it keeps on a GPU is not measurable here: refused.
 
+A GPT-style family: pythia (GPT-NeoX: LayerNorm, GeLU, biases, a parallel residual, rotary on a quarter of each
+head, an untied head) under LitGPT's and transformers' code (sdpa or eager), each block as
+:mod:`memledger.step.gpt_style` runs it, checked against each library's own model and step
+(tests/pytorch/test_gpt_style.py); every other GPT-style block under a library's code is refused (:func:`gpt_lacks`),
+and so is recomputation with pythia.
+
 What is not modelled yet under a library's code is refused in one line (:func:`check_step`), never computed with
 the reference decoder's block in its place.
 """
 from ..core.choices import check_choice
 
 __all__ = ["ATTN_IMPLEMENTATIONS", "FAMILIES", "IMPLEMENTATIONS", "LIBRARY", "check_fields", "check_step",
-           "check_torchtune_chunks", "lora_not_modelled", "not_modelled"]
+           "check_torchtune_chunks", "gpt_lacks", "lora_not_modelled", "not_modelled"]
 
 #: The implementations the step knows by name, the reference decoder first (the default).
 IMPLEMENTATIONS = ("reference", "hf", "torchtune", "litgpt", "torchtitan")
@@ -146,15 +152,15 @@ def check_step(setup, conv) -> None:
                          "eager_attention_forward keeps the S x S probabilities (give attn_implementation sdpa)")
     arch = setup.arch
     f = arch.features
-    lacks = [what for what, off in [
-        ("a GPT-style block (LayerNorm, GeLU)", arch.style != "llama"),
+    gpt = arch.style != "llama"
+    lacks = gpt_lacks(setup) + [what for what, off in [
         ("grouped-query attention" + (" with the eager core (repeat_kv's copies)" if impl == "hf" else ""),
          f.gqa and impl != "torchtitan" and (impl != "hf" or setup.attn_implementation == "eager")),
-        ("QKV biases", f.has_qkv_bias), ("a tied LM head", f.is_tied),
+        ("QKV biases", f.has_qkv_bias and arch.style == "llama"), ("a tied LM head", f.is_tied and not gpt),
         ("a head size other than d/H", f.head_dim),
         ("dropout", setup.dropout), (f"recompute {setup.recompute}" + (TITAN_SELECTIVE if impl == "torchtitan" else ""),
                                      setup.recompute != "none" and not (
-            setup.recompute == "full" and impl in FULL_RECOMPUTE)),
+            setup.recompute == "full" and impl in FULL_RECOMPUTE and not gpt)),
         ("tensor or sequence parallelism", setup.tp > 1 or setup.sequence_parallel),
         (f"framework {setup.framework}", setup.framework != "plain"),
         ("FP16 autocast (recipe fp16-amp-adamw)", setup.recipe == "fp16-amp-adamw"),
@@ -175,6 +181,24 @@ def check_step(setup, conv) -> None:
         raise not_modelled(impl, ", ".join(lacks))
     if impl == "torchtune":
         check_torchtune_chunks(setup.loss_chunks, setup.seq_len)
+
+
+def gpt_lacks(setup) -> list:
+    """What a GPT-style ``setup`` has that its library's block is not modelled with ([] where it is, or for a LLaMA
+    block): LitGPT's pythia only (GPT-NeoX: a parallel residual, two LayerNorms, partial rotary, an untied head
+    without a bias; :mod:`memledger.step.gpt_style`); its recomputation is refused in :func:`check_step`."""
+    arch = setup.arch
+    if arch.style == "llama":
+        return []
+    if setup.implementation not in ("hf", "litgpt"):
+        return ["a GPT-style block (LayerNorm, GeLU)"]
+    f = arch.features
+    neox = f.parallel and not f.shared_norm and not f.is_tied and not f.head_bias and bool(arch.rotary_fraction) \
+        and not (f.positions or f.alibi or f.input_norm or f.gqa or f.head_dim)
+    if not neox:
+        return ["a GPT-style block other than GPT-NeoX's (pythia: a parallel residual, two LayerNorms, rotary, an "
+                "untied head)"]
+    return []
 
 
 def check_torchtune_chunks(chunks: int, seq_len: int) -> None:

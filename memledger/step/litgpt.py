@@ -28,14 +28,25 @@ Measured with LitGPT's own model under ``FakeTensorMode`` (:func:`memledger.pyto
 one layer's saved bytes. LitGPT's head and loss as ``finetune/full.py`` runs them, its RoPE cache buffers and what its
 loop keeps into the next iteration: :mod:`memledger.step.litgpt_loss`.
 """
+import sympy as sp
+
 from ..core.symbols import B, H, S, d
 from .ops import BSd, qkv_width
 from .vocab import OpRole
 
-__all__ = ["QKV", "ATTENTION_OUTPUT", "layer_rows", "qkv_backward", "qkv_forward"]
+__all__ = ["QKV", "ATTENTION_OUTPUT", "layer_rows", "qkv_backward", "qkv_forward", "rope_width"]
 
 QKV = "QKV projection output (v's view keeps it whole)"
 ATTENTION_OUTPUT = "attention output (SDPA's, laid out as q)"
+
+
+def rope_width(c):
+    """The width (all heads) ``apply_rope`` rotates: ``H * int(fraction * d/H)`` (``config.rope_n_elem`` per head,
+    ``int(rotary_percentage * head_size)``, ``litgpt/config.py``; pythia's fraction 0.25: ``Shape.rotary``); ``d``
+    for a LLaMA block (full rotary)."""
+    if getattr(c, "rotary", None) is None:
+        return d
+    return H * sp.floor(sp.nsimplify(c.rotary) * d / H)
 
 
 def layer_rows(rows, c) -> list:
@@ -65,13 +76,13 @@ def _rope(p, c, n, out, mark=""):
     """``apply_rope`` on ``n`` and the concatenation with its (empty) unrotated part into ``out``; ``mark``: under
     the layer's checkpoint, " (checkpointed)" (``{n}_roped``, a local of ``CausalSelfAttention.forward``, is then
     returned to be freed when it returns)."""
-    a, f = c.dtype, "fp32"
-    neg = p.new(f"-{n}2" + mark, (B, S, d / 2), a, "apply_rope: -x2")
-    rot = p.new(f"rotated {n}" + mark, BSd, a, "torch.cat((-x2, x1), dim=-1)")
-    t1 = p.new(f"{n} * cos (FP32)" + mark, BSd, f, "times LitGPT's FP32 cos cache: type promotion")
-    t2 = p.new(f"rotated {n} * sin (FP32)" + mark, BSd, f, "times the FP32 sin cache")
-    roped32 = p.new(f"{n} roped (FP32)" + mark, BSd, f, "the sum")
-    roped = p.new(f"{n} roped" + mark, BSd, a, "roped.to(dtype=x.dtype)")
+    a, f, w = c.dtype, "fp32", (B, S, rope_width(c))     # q[..., :rope_n_elem] of every head
+    neg = p.new(f"-{n}2" + mark, (B, S, w[2] / 2), a, "apply_rope: -x2")
+    rot = p.new(f"rotated {n}" + mark, w, a, "torch.cat((-x2, x1), dim=-1)")
+    t1 = p.new(f"{n} * cos (FP32)" + mark, w, f, "times LitGPT's FP32 cos cache: type promotion")
+    t2 = p.new(f"rotated {n} * sin (FP32)" + mark, w, f, "times the FP32 sin cache")
+    roped32 = p.new(f"{n} roped (FP32)" + mark, w, f, "the sum")
+    roped = p.new(f"{n} roped" + mark, w, a, "roped.to(dtype=x.dtype)")
     p.op(f"-{n}2", alloc=[neg])
     p.op(f"rotated {n}: cat", alloc=[rot])
     p.op("released", free=[neg])
@@ -123,15 +134,15 @@ def attention_checkpointed(p, c) -> tuple:
 def _rope_backward(p, c, n, g, into):
     """apply_rope's backward from ``g`` (the concatenation's gradient) into ``into`` (q's or k's, laid out as the
     fused output's view: the view's backward copies)."""
-    a, f = c.dtype, "fp32"
-    g32 = p.new(f"grad {n}: FP32", BSd, f, "roped.to(dtype) backward")
-    gs32 = p.new(f"grad {n}: g * sin (FP32)", BSd, f, "rotated * sin backward")
-    gs = p.new(f"grad {n}: g * sin", BSd, a, "cast back to the rotated tensor's dtype")
-    gneg = p.new(f"grad {n}: -g", (B, S, d / 2), a, "the negation's backward")
-    g2 = p.new(f"grad {n}: x2 slice backward", BSd, a, "slice_backward: zeros with the gradient copied in")
-    g1 = p.new(f"grad {n}: x1 slice backward", BSd, a, "slice_backward")
-    gc32 = p.new(f"grad {n}: g * cos (FP32)", BSd, f, "x * cos backward")
-    gc = p.new(f"grad {n}: g * cos", BSd, a, "cast back")
+    a, f, w = c.dtype, "fp32", (B, S, rope_width(c))     # the rotated part (pythia: not pinned op by op)
+    g32 = p.new(f"grad {n}: FP32", w, f, "roped.to(dtype) backward")
+    gs32 = p.new(f"grad {n}: g * sin (FP32)", w, f, "rotated * sin backward")
+    gs = p.new(f"grad {n}: g * sin", w, a, "cast back to the rotated tensor's dtype")
+    gneg = p.new(f"grad {n}: -g", (B, S, w[2] / 2), a, "the negation's backward")
+    g2 = p.new(f"grad {n}: x2 slice backward", w, a, "slice_backward: zeros with the gradient copied in")
+    g1 = p.new(f"grad {n}: x1 slice backward", w, a, "slice_backward")
+    gc32 = p.new(f"grad {n}: g * cos (FP32)", w, f, "x * cos backward")
+    gc = p.new(f"grad {n}: g * cos", w, a, "cast back")
     p.op(f"{n} roped.to backward", alloc=[g32])
     p.op("released", free=[g])
     p.op(f"rotated {n} * sin backward", alloc=[gs32])

@@ -28,7 +28,7 @@ op gives the peak exactly. Checked against LitGPT's own model and loop under ``F
 """
 import sympy as sp
 
-from ..core.symbols import B, H, S, V, d
+from ..core.symbols import B, H, S, V
 from .norms import norm_backward, norm_forward
 from .ops import BSd, Ref, Tensor, final_input
 from .outer import final_norm_params
@@ -62,8 +62,10 @@ def statics(c) -> list:
     """(name, bytes, kind, why) of what LitGPT's model and loop hold the whole step."""
     if getattr(c, "implementation", "reference") != "litgpt":
         return []
-    out = [("RoPE cos and sin (FP32 buffers)", 2 * S * (d / H) * 4, Kind.PARAM, "GPT.cos, GPT.sin: (max_seq_length, "
-            "d/H) FP32 each; full.py sets max_seq_length to the longest sequence")]
+    from .litgpt import rope_width
+    out = [("RoPE cos and sin (FP32 buffers)", 2 * S * (rope_width(c) / H) * 4, Kind.PARAM, "GPT.cos, GPT.sin: "
+            "(max_seq_length, rope_n_elem) FP32 each (rope_n_elem: d/H; pythia's a quarter of it); full.py sets "
+            "max_seq_length to the longest sequence")]
     if on(c):
         out += [(PREVIOUS[0], B * S * V * 2, Kind.ACTIVATION, "the last iteration's logits, until the new ones are "
                  "bound"), (PREVIOUS[1], 2, Kind.ACTIVATION, "the last iteration's loss (BF16), until the new one "

@@ -66,6 +66,10 @@ def block_params(c: Shape) -> list:
     GPT blocks and where a LLaMA block has one (Qwen2), the output projection (H*d_h) x d."""
     whole = t if c.tp else 1        # the whole tensors (a tensor-parallel rank's share: ``share``)
     qkv, q = qkv_width(c) * whole, widths_of(c)[0][2] * whole
+    if c.gpt and c.implementation == "litgpt":      # LitGPT's pythia Block: norm_1, attn (qkv, proj), norm_2, mlp
+        return [("norm1.weight", d), ("norm1.bias", d), ("qkv.weight", qkv * d), ("qkv.bias", qkv),
+                ("proj.weight", q * d), ("proj.bias", d), ("norm2.weight", d), ("norm2.bias", d),
+                ("up.weight", d * F), ("up.bias", F), ("down.weight", d * F), ("down.bias", d)]
     if c.gpt:       # Phi's block (shared_norm) has no second norm
         norms = [("norm1.weight", d), ("norm1.bias", d)] + ([] if c.shared_norm else [
             ("norm2.weight", d), ("norm2.bias", d)])

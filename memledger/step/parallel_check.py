@@ -35,7 +35,7 @@ def check(setup: StepInputs, f: Features, kernel: str) -> tuple:
     if not f.gpt or not (f.parallel or f.head_bias or not f.is_tied):
         return {}
     lacks = [what for what, off in [
-        (f"the {kernel} attention kernel (use the eager core)", kernel != "eager"),
+        (f"the {kernel} attention kernel (use the eager core)", kernel != "eager" and setup.implementation == "reference"),
         ("grouped-query attention", f.gqa), ("a head size other than d/H", f.head_dim),
         ("tensor parallelism", setup.tp > 1), ("ZeRO-3", setup.zero_stage == 3),
         (f"framework {setup.framework}", setup.framework != "plain"),

@@ -90,6 +90,7 @@ class Shape:
     attention_dropout: bool = True  # with dropout, the probabilities' dropout runs; False: Phi-2's p = 0 (no tensor)
     implementation: str = "reference"   # whose model code (memledger.step.implementations): its block's variants
     attn_implementation: str = "sdpa"   # transformers' attn_implementation (implementation hf)
+    rotary: float = None    # a GPT block's rotary fraction under LitGPT's code (pythia; memledger.step.gpt_style)
 
     @property
     def attention_dropped(self):
@@ -242,6 +243,8 @@ def _shape(setup: StepInputs, conv) -> tuple:
     kernel = conv.kernel(arch.style, setup.dropout and not partial, setup.flash_attention)
     if setup.implementation == "hf" and setup.attn_implementation == "eager":
         kernel = "eager"                # transformers' eager_attention_forward (memledger.step.hf)
+    if setup.implementation in ("hf", "litgpt") and not llama and setup.attn_implementation == "sdpa":
+        kernel = "flash"                # pythia under LitGPT or transformers: SDPA without a mask (its flash kernel)
     if kernel == "math":
         raise ValueError("the math SDPA kernel (CPU, LLaMA blocks with dropout) is not modelled op by op; "
                          "use flash_attention or no dropout")
@@ -263,7 +266,9 @@ def _shape(setup: StepInputs, conv) -> tuple:
                   loss_impl=setup.loss_impl, packed=packed, packing=packing, amp=amp, **refined,
                   **check_parallel(setup, f, kernel), **({"attention_dropout": False} if partial else {}),
                   **({} if setup.implementation == "reference" else {
-                      "implementation": setup.implementation, "attn_implementation": setup.attn_implementation}))
+                      "implementation": setup.implementation, "attn_implementation": setup.attn_implementation}),
+                  **({"rotary": arch.rotary_fraction} if setup.implementation in ("hf", "litgpt") and not llama
+                     else {}))
     return shape, fsdp
 
 
