@@ -27,7 +27,15 @@ each recipe's loop runs it (its lines transcribed; the recipe modules are script
   the ``.item()`` logged in between cannot run on fake tensors and allocates nothing). Its losses:
   ``torch.nn.CrossEntropyLoss`` (the model returns ``self.output(h).float()``, ``torchtune/modules/transformer.py``
   l. 651-661) and ``CEWithChunkedOutputLoss(num_output_chunks)`` (``torchtune/modules/loss/ce_chunked_output_loss.py``
-  l. 45-83; the model's ``chunked_output``, ``transformer.py`` l. 482-502: ``h.chunk(n, dim=1)``).
+  l. 45-83; the model's ``chunked_output``, ``transformer.py`` l. 482-502: ``h.chunk(n, dim=1)``). The loss module
+  is run by its ``forward``, not its ``__call__``: MemTracker's ``ModTracker`` puts a global forward pre-hook on every
+  module (``torch/distributed/_tools/mod_tracker.py`` l. 215-228) that registers ``register_multi_grad_hook`` in its
+  default mode "all" on the module's inputs, here the n logit chunks; that hook keeps each gradient it is handed in
+  a buffer until all n have arrived (``torch/autograd/graph.py`` l. 638-680: ``buffer[id][idx] = grad``, freed
+  after the last), and a non-leaf's tensor hook runs as its node (the chunk's LM head backward) starts, so every
+  chunk's BF16 logits gradient would outlive its head's backward until chunk 0's, a tracker's artefact that
+  torchtune's recipe, without such hooks, does not have (measured under ``__call__``: 4*B*ceil(S/n)*V bytes over
+  the recipe's backward peak at the first weight-gradient sum, two chunks' gradients held).
 * LitGPT ``litgpt/finetune/full.py`` (0.5.13) l. 230 (``model.max_seq_length`` set to the longest sequence, S here:
   the cos/sin buffers rebuilt for S positions), l. 278-291: ``logits = model(input_ids)``, ``loss =
   chunked_cross_entropy(logits[..., :-1, :], targets[..., 1:])`` (``litgpt/utils.py`` l. 302-351: the head not
@@ -249,7 +257,7 @@ def _torchtune_step(model, opt, loss_fn, batch, cache, landmark, kept):
     if not isinstance(logits, list):
         labels_ = labels_.reshape(-1)
         logits = logits.reshape(-1, logits.size(-1))
-    loss = loss_fn(logits, labels_)
+    loss = loss_fn.forward(logits, labels_)     # not loss_fn(...): see the module's docstring (MemTracker's hooks)
     del logits, labels_                     # _loss_step returns
     kept["current_loss"] = current_loss = loss * current_num_tokens
     del loss
