@@ -56,6 +56,7 @@ from .measure import tracker_class
 from .record import recorded
 
 __all__ = ["LIBRARIES", "LOSSES", "build", "checkpointed_layer", "checkpointing", "layer_saved", "library_step",
+           "torchtune_offload_packs",
            "missing"]
 
 LIBRARIES = ("torchtune", "litgpt")
@@ -357,3 +358,63 @@ def library_step(library: str, family: str, d: int, L: int, H: int, F: int, V: i
         result["phase peaks"] = phase_peaks
     return result
 
+
+
+class _InertStream:
+    """Stands for a CUDA stream where there is none (CPU-only PyTorch): waits and events do nothing. Only the
+    order of ``OffloadActivations.pack_tensor``'s decisions is measured, not its copies' timing."""
+
+    def wait_stream(self, stream):
+        pass
+
+    def wait_event(self, event):
+        pass
+
+    def record_event(self):
+        return None
+
+
+@recorded
+def torchtune_offload_packs(d: int, L: int, H: int, F: int, V: int, batch: int, seq: int, chunks: int = 0) -> dict:
+    """What torchtune 0.6.1's own ``OffloadActivations`` decides in the forward of its llama2 model as
+    ``recipes/full_finetune_single_device.py`` sets it up: ``enable_activation_offloading`` needs
+    ``enable_activation_checkpointing`` (l. 166-174, so each layer under :func:`checkpointing`), the context made by
+    ``training.get_act_offloading_ctx_manager(model, True)`` (``training/_activation_offloading.py`` l. 373-416: the
+    output head under ``NoOpManager``), entered around ``self._model(**batch)`` only (recipe l. 636-637).
+    ``chunks``: ``num_output_chunks`` (0: the unchunked head).
+
+    ``OffloadActivations.__init__`` asks for CUDA streams (l. 93-97), which CPU-only PyTorch has not: under
+    ``FakeTensorMode`` ``torch.cuda.default_stream``, ``Stream`` and ``stream`` are stand-ins that do nothing
+    (:class:`_InertStream`), and ``use_pin_memory`` is off (pinned memory needs CUDA). Its own ``pack_tensor``
+    (l. 133-200) decides. Returns {"packs": [(bytes, dtype, shape, offloaded)] in pack order (``tracker``'s second
+    field: True where a host copy was made), "stash": [(bytes, dtype, shape)] of ``fwd_stash`` after the forward
+    (offloaded tensors it keeps alive on the device, l. 154-162, 189-193)}."""
+    import contextlib
+    from unittest import mock
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torchtune import training
+
+    def row(t):
+        return t.element_size() * t.nelement(), str(t.dtype).replace("torch.", ""), tuple(t.shape)
+    with FakeTensorMode(), mock.patch("torch.cuda.default_stream", _InertStream), \
+            mock.patch("torch.cuda.Stream", _InertStream), \
+            mock.patch("torch.cuda.stream", lambda stream: contextlib.nullcontext()):
+        model, _ = _built("torchtune", "llama2", d, L, H, F, V, None, max(4096, seq))
+        checkpointing("torchtune", model)
+        if chunks:
+            model.set_num_output_chunks(chunks)
+        ctx = training.get_act_offloading_ctx_manager(model, True)
+        ctx.use_pin_memory = False
+        packs, pack = [], ctx.pack_hook
+
+        def noting(tensor):
+            tensor_id = pack(tensor)
+            packs.append(row(tensor) + (ctx.tracker[tensor_id][1],))
+            return tensor_id
+        ctx.pack_hook = noting
+        with ctx:
+            out = model(torch.randint(0, V, (batch, seq)))
+        stash = [row(t) for t, _ in ctx.fwd_stash.values()]
+        del out
+    return {"packs": packs, "stash": stash}

@@ -1,0 +1,65 @@
+"""torchtune's activation offloading (``enable_activation_offloading: True``): which saved tensors its
+``OffloadActivations`` moves to the host, and which offloaded ones its second stream keeps on the device.
+
+Read from torchtune 0.6.1:
+
+* ``recipes/full_finetune_single_device.py`` l. 166-174: offloading is refused unless
+  ``enable_activation_checkpointing`` is on too (so every ``TransformerSelfAttentionLayer`` is checkpointed:
+  ``recompute="full"``); l. 636-637: only ``self._model(**batch)`` runs under the context (the loss does not);
+  ``training/_activation_offloading.py`` l. 373-416 (``get_act_offloading_ctx_manager``): the output head
+  (``model.output``) runs under ``NoOpManager``, so what it saves stays where it is.
+* ``OffloadActivations.pack_tensor`` (l. 133-200): a saved tensor goes to a host copy when it has at least
+  ``min_offload_size`` bytes (1,024, l. 71; ``element_size() * nelement()``, l. 126-131) and is neither an
+  ``nn.Parameter`` nor an ``nn.Buffer`` (l. 150-153); else it stays on the device as it is. Every pack counts an
+  id (l. 121-124), offloaded or not. With ``use_streams`` (the default) each offloaded tensor is kept alive on the
+  device in ``fwd_stash`` (l. 189-193) until a later offload with an id at least 5 (``max_fwd_stash_size``)
+  higher drops it (l. 154-162); what is left at the end of the forward stays until the first backward node
+  that unpacks an offloaded tensor has run (its node hook, l. 328-332).
+
+So under the recipe a forward packs, in order: the token ids (the embedding saves its indices, int64), each
+layer's input (the checkpoint saves it: nothing else of the layer is packed), and the final RMSNorm's saved
+tensors (torchtune's ``RMSNorm``: ``F.rms_norm(x.float(), weight)``, ATen's composite: the FP32 input for
+``pow``, rstd for ``rsqrt``, both again for ``x * rstd``, the weight, ``x * rstd`` for the weight's product).
+Checked against torchtune's own ``OffloadActivations`` under ``FakeTensorMode``
+(:func:`memledger.pytorch.torchtune_litgpt.torchtune_offload_packs`, tests/pytorch/test_torchtune_offload.py).
+The step's timeline under it (host copies, the stash, the copies back on the second stream) is not modelled yet:
+:func:`memledger.step.implementations.check_step` refuses it, naming this.
+"""
+__all__ = ["MAX_FWD_STASH", "MIN_OFFLOAD_BYTES", "device_kept", "host_bytes", "packs", "stash_after_forward"]
+
+#: ``OffloadActivations``' defaults (``training/_activation_offloading.py`` l. 70-71), as the recipes build it.
+MIN_OFFLOAD_BYTES, MAX_FWD_STASH = 1024, 5
+
+
+def packs(B: int, S: int, d: int, L: int, act_bytes: int = 2) -> list:
+    """(name, bytes, offloaded) of every tensor torchtune's forward packs, in order (the module's docstring)."""
+    bsd, bs = B * S * d, B * S
+    saved = [("token ids (the embedding's indices, int64)", 8 * bs, False)]
+    saved += [(f"layer {i} input (the checkpoint's)", act_bytes * bsd, False) for i in range(L)]
+    saved += [("final RMSNorm FP32 input (pow)", 4 * bsd, False), ("final RMSNorm rstd (rsqrt)", 4 * bs, False),
+              ("final RMSNorm rstd (x * rstd)", 4 * bs, False), ("final RMSNorm FP32 input (x * rstd)", 4 * bsd, False),
+              ("final RMSNorm weight (a parameter)", act_bytes * d, True),
+              ("final RMSNorm x * rstd (the weight's product)", 4 * bsd, False)]
+    return [(name, size, not parameter and size >= MIN_OFFLOAD_BYTES) for name, size, parameter in saved]
+
+
+def host_bytes(B: int, S: int, d: int, L: int, act_bytes: int = 2) -> int:
+    """Bytes of the host copies one forward makes: the offloaded packs' sizes summed (a tensor packed twice is
+    copied twice)."""
+    return sum(size for _, size, offloaded in packs(B, S, d, L, act_bytes) if offloaded)
+
+
+def device_kept(B: int, S: int, d: int, L: int, act_bytes: int = 2) -> list:
+    """(name, bytes) of the packs left on the device (under ``min_offload_size``, or a parameter)."""
+    return [(name, size) for name, size, offloaded in packs(B, S, d, L, act_bytes) if not offloaded]
+
+
+def stash_after_forward(B: int, S: int, d: int, L: int, act_bytes: int = 2) -> list:
+    """(name, bytes) of the offloaded tensors ``fwd_stash`` still holds on the device when the forward ends: an
+    offload with id t drops the stashed ids up to t - 5 (ids count every pack, from 1)."""
+    stash = {}
+    for tensor_id, (name, size, offloaded) in enumerate(packs(B, S, d, L, act_bytes), start=1):
+        if offloaded:
+            stash = {k: v for k, v in stash.items() if k > tensor_id - MAX_FWD_STASH}
+            stash[tensor_id] = (name, size)
+    return list(stash.values())
