@@ -56,7 +56,7 @@ from .measure import tracker_class
 from .record import recorded
 
 __all__ = ["LIBRARIES", "LOSSES", "build", "checkpointed_layer", "checkpointing", "layer_saved", "library_step",
-           "torchtune_offload_packs",
+           "torchtune_offload_forward", "torchtune_offload_packs",
            "missing"]
 
 LIBRARIES = ("torchtune", "litgpt")
@@ -418,3 +418,49 @@ def torchtune_offload_packs(d: int, L: int, H: int, F: int, V: int, batch: int, 
         stash = [row(t) for t, _ in ctx.fwd_stash.values()]
         del out
     return {"packs": packs, "stash": stash}
+
+
+def _host_on_meta(empty_like):
+    """``torch.empty_like`` with ``OffloadActivations``' host copies (``device="cpu"``, ``pin_memory=...``, l. 169-172)
+    made on the ``meta`` device, so that MemTracker, which counts per device, keeps them apart from the model's
+    fake CPU tensors (the CPU backend stands for the accelerator, as in :mod:`memledger.pytorch.offload`)."""
+    def made(tensor, *args, **kwargs):
+        if "pin_memory" in kwargs and kwargs.get("device") == "cpu":
+            kwargs = {k: v for k, v in kwargs.items() if k != "pin_memory"} | {"device": "meta"}
+        return empty_like(tensor, *args, **kwargs)
+    return made
+
+
+@recorded
+def torchtune_offload_forward(d: int, L: int, H: int, F: int, V: int, batch: int, seq: int, chunks: int = 0) -> dict:
+    """{"checkpointed", "offloaded"}: what torchtune's llama2 forward (``self._model(**batch)``, its layers
+    checkpointed as the recipe needs for offloading) adds to MemTracker's device total, without and with
+    ``get_act_offloading_ctx_manager(model, True)``'s context around it (its CUDA streams stubbed as in
+    :func:`torchtune_offload_packs`, its host copies on ``meta``: :func:`_host_on_meta`). The backward cannot run
+    here: ``unpack_tensor_with_streams`` copies back with ``.to("cuda")`` (l. 275)."""
+    import contextlib
+    from unittest import mock
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torchtune import training
+    cpu, out = torch.device("cpu"), {}
+    for case in ("checkpointed", "offloaded"):
+        with FakeTensorMode(), mock.patch("torch.cuda.default_stream", _InertStream), \
+                mock.patch("torch.cuda.Stream", _InertStream), \
+                mock.patch("torch.cuda.stream", lambda stream: contextlib.nullcontext()), \
+                mock.patch("torch.empty_like", _host_on_meta(torch.empty_like)):
+            model, _ = _built("torchtune", "llama2", d, L, H, F, V, None, max(4096, seq))
+            checkpointing("torchtune", model)
+            if chunks:
+                model.set_num_output_chunks(chunks)
+            ctx = training.get_act_offloading_ctx_manager(model, case == "offloaded")
+            ids = torch.randint(0, V, (batch, seq))
+            tracker = tracker_class()()
+            tracker.track_external(model, ids)
+            with tracker:
+                before = tracker.get_tracker_snapshot("current")[cpu]["Total"]
+                with ctx:
+                    logits = model(ids)
+                out[case] = tracker.get_tracker_snapshot("current")[cpu]["Total"] - before
+            del logits
+    return out

@@ -20,27 +20,46 @@ So under the recipe a forward packs, in order: the token ids (the embedding save
 layer's input (the checkpoint saves it: nothing else of the layer is packed), and the final RMSNorm's saved
 tensors (torchtune's ``RMSNorm``: ``F.rms_norm(x.float(), weight)``, ATen's composite: the FP32 input for
 ``pow``, rstd for ``rsqrt``, both again for ``x * rstd``, the weight, ``x * rstd`` for the weight's product).
-Checked against torchtune's own ``OffloadActivations`` under ``FakeTensorMode``
-(:func:`memledger.pytorch.torchtune_litgpt.torchtune_offload_packs`, tests/pytorch/test_torchtune_offload.py).
-The step's timeline under it (host copies, the stash, the copies back on the second stream) is not modelled yet:
+The final norm's packs come after the last layer's input, so by the end of the forward the stash has dropped
+every layer input (freed on the device: L * B*S*d activation bytes fewer than the checkpointed forward keeps) and
+holds the final norm's FP32 input, rstd and ``x * rstd`` until its backward.
+
+Checked against torchtune's own ``OffloadActivations`` under ``FakeTensorMode``, its CUDA streams stubbed
+(:func:`memledger.pytorch.torchtune_litgpt.torchtune_offload_packs`: every pack's decision and the stash;
+:func:`~memledger.pytorch.torchtune_litgpt.torchtune_offload_forward`: MemTracker's device total after the forward,
+without and with the context; tests/pytorch/test_torchtune_offload.py). Its backward cannot run on the CPU (the
+unpack copies back with ``.to("cuda")``, l. 275): the step's timeline under it (the copies back, each kept in
+``bwd_tensor_stash`` until the next unpacking node has run, l. 281, 335-339) is not modelled yet, and
 :func:`memledger.step.implementations.check_step` refuses it, naming this.
 """
-__all__ = ["MAX_FWD_STASH", "MIN_OFFLOAD_BYTES", "device_kept", "host_bytes", "packs", "stash_after_forward"]
+__all__ = ["HELD", "MAX_FWD_STASH", "MIN_OFFLOAD_BYTES", "device_kept", "freed_after_forward", "host_bytes",
+           "packs", "stash_after_forward"]
 
 #: ``OffloadActivations``' defaults (``training/_activation_offloading.py`` l. 70-71), as the recipes build it.
 MIN_OFFLOAD_BYTES, MAX_FWD_STASH = 1024, 5
 
 
+#: Storages something outside the forward keeps on the device anyway: the batch's token ids, the parameters.
+HELD = ("token ids", "final RMSNorm weight")
+
+
+def _saved(B: int, S: int, d: int, L: int, act_bytes: int) -> list:
+    """(name, storage, bytes, is a parameter) of every tensor the forward packs, in order; a storage packed twice
+    (the final norm's FP32 input and rstd, each saved by two nodes) is named the same."""
+    bsd, bs = B * S * d, B * S
+    x32, rstd = "final RMSNorm FP32 input", "final RMSNorm rstd"
+    return ([("token ids (the embedding's indices, int64)", "token ids", 8 * bs, False)]
+            + [(f"layer {i} input (the checkpoint's)", f"layer {i} input", act_bytes * bsd, False) for i in range(L)]
+            + [(f"{x32} (pow)", x32, 4 * bsd, False), (f"{rstd} (rsqrt)", rstd, 4 * bs, False),
+               (f"{rstd} (x * rstd)", rstd, 4 * bs, False), (f"{x32} (x * rstd)", x32, 4 * bsd, False),
+               ("final RMSNorm weight (a parameter)", "final RMSNorm weight", act_bytes * d, True),
+               ("final RMSNorm x * rstd (the weight's product)", "final RMSNorm x * rstd", 4 * bsd, False)])
+
+
 def packs(B: int, S: int, d: int, L: int, act_bytes: int = 2) -> list:
     """(name, bytes, offloaded) of every tensor torchtune's forward packs, in order (the module's docstring)."""
-    bsd, bs = B * S * d, B * S
-    saved = [("token ids (the embedding's indices, int64)", 8 * bs, False)]
-    saved += [(f"layer {i} input (the checkpoint's)", act_bytes * bsd, False) for i in range(L)]
-    saved += [("final RMSNorm FP32 input (pow)", 4 * bsd, False), ("final RMSNorm rstd (rsqrt)", 4 * bs, False),
-              ("final RMSNorm rstd (x * rstd)", 4 * bs, False), ("final RMSNorm FP32 input (x * rstd)", 4 * bsd, False),
-              ("final RMSNorm weight (a parameter)", act_bytes * d, True),
-              ("final RMSNorm x * rstd (the weight's product)", 4 * bsd, False)]
-    return [(name, size, not parameter and size >= MIN_OFFLOAD_BYTES) for name, size, parameter in saved]
+    return [(name, size, not parameter and size >= MIN_OFFLOAD_BYTES)
+            for name, _, size, parameter in _saved(B, S, d, L, act_bytes)]
 
 
 def host_bytes(B: int, S: int, d: int, L: int, act_bytes: int = 2) -> int:
@@ -54,12 +73,28 @@ def device_kept(B: int, S: int, d: int, L: int, act_bytes: int = 2) -> list:
     return [(name, size) for name, size, offloaded in packs(B, S, d, L, act_bytes) if not offloaded]
 
 
-def stash_after_forward(B: int, S: int, d: int, L: int, act_bytes: int = 2) -> list:
-    """(name, bytes) of the offloaded tensors ``fwd_stash`` still holds on the device when the forward ends: an
-    offload with id t drops the stashed ids up to t - 5 (ids count every pack, from 1)."""
+def _stash(B, S, d, L, act_bytes) -> dict:
+    """{id: (name, storage, bytes)} of ``fwd_stash`` when the forward ends: an offload with id t drops the stashed
+    ids up to t - 5 (ids count every pack, from 1)."""
     stash = {}
-    for tensor_id, (name, size, offloaded) in enumerate(packs(B, S, d, L, act_bytes), start=1):
-        if offloaded:
+    for tensor_id, (name, storage, size, parameter) in enumerate(_saved(B, S, d, L, act_bytes), start=1):
+        if not parameter and size >= MIN_OFFLOAD_BYTES:
             stash = {k: v for k, v in stash.items() if k > tensor_id - MAX_FWD_STASH}
-            stash[tensor_id] = (name, size)
-    return list(stash.values())
+            stash[tensor_id] = (name, storage, size)
+    return stash
+
+
+def stash_after_forward(B: int, S: int, d: int, L: int, act_bytes: int = 2) -> list:
+    """(name, bytes) of the offloaded tensors ``fwd_stash`` still holds on the device when the forward ends."""
+    return [(name, size) for name, _, size in _stash(B, S, d, L, act_bytes).values()]
+
+
+def freed_after_forward(B: int, S: int, d: int, L: int, act_bytes: int = 2) -> int:
+    """Device bytes offloading frees by the end of the model's forward, against the same checkpointed forward: the
+    offloaded storages neither stashed nor held elsewhere (:data:`HELD`). Under the recipe these are the L layers'
+    inputs, L * B*S*d activation bytes: the final norm's 6 packs come after the last of them, so the stash has
+    dropped every one, and keeps the final norm's own until its backward."""
+    stashed = {storage for _, storage, _ in _stash(B, S, d, L, act_bytes).values()}
+    freed = {storage: size for _, storage, size, parameter in _saved(B, S, d, L, act_bytes)
+             if not parameter and size >= MIN_OFFLOAD_BYTES and storage not in stashed and storage not in HELD}
+    return sum(freed.values())

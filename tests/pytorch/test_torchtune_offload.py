@@ -7,7 +7,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from memledger.pytorch.torchtune_litgpt import missing, torchtune_offload_packs  # noqa: E402
+from memledger.pytorch.torchtune_litgpt import missing, torchtune_offload_forward, torchtune_offload_packs  # noqa: E402
 from memledger.step import torchtune_offload as rule  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(missing("torchtune") is not None, reason=missing("torchtune") or "")]
@@ -31,3 +31,14 @@ def test_torchtune_offloads_what_memledger_says(shape, L, B, S, chunks):
     assert sum(size for size, _, _, offloaded in got["packs"] if offloaded) == rule.host_bytes(B, S, shape["d"], L)
     assert sorted(size for size, _, _ in got["stash"]) == sorted(
         size for _, size in rule.stash_after_forward(B, S, shape["d"], L))
+
+
+@pytest.mark.parametrize("shape, L, B, S, chunks", [(SMALL, 2, 2, 200, 8), (SMALL, 3, 1, 200, 0),
+                                                    (SMALL, 1, 2, 64, 0), (SEVEN_B, 2, 1, 1024, 8)])
+def test_torchtune_offloading_frees_the_layer_inputs_by_the_end_of_the_forward(shape, L, B, S, chunks):
+    """MemTracker's device total after torchtune's model forward (its layers checkpointed), without and with its
+    OffloadActivations context: offloading frees what memledger's rule says, the L layers' BF16 inputs
+    (L * 2*B*S*d); the final norm's saved tensors stay on the device in ``fwd_stash`` until its backward."""
+    got = torchtune_offload_forward(**shape, L=L, batch=B, seq=S, chunks=chunks)
+    freed = rule.freed_after_forward(B, S, shape["d"], L)
+    assert got["checkpointed"] - got["offloaded"] == freed == L * 2 * B * S * shape["d"]
