@@ -56,7 +56,7 @@ from .measure import tracker_class
 from .record import recorded
 
 __all__ = ["LIBRARIES", "LOSSES", "build", "checkpointed_layer", "checkpointing", "layer_saved", "library_step",
-           "torchtune_offload_forward", "torchtune_offload_packs",
+           "torchtune_checkpointed_step", "torchtune_offload_forward", "torchtune_offload_packs",
            "missing"]
 
 LIBRARIES = ("torchtune", "litgpt")
@@ -242,18 +242,21 @@ def layer_saved(library: str, family: str, d: int, H: int, F: int, V: int, batch
     return {"layer": totals[2] - totals[1], "tensors": tensors, "outside": outside}
 
 
-def _torchtune_step(model, opt, loss_fn, batch, cache, landmark, kept):
+def _torchtune_step(model, opt, loss_fn, batch, cache, landmark, kept, ctx=None):
     """One iteration of ``full_finetune_single_device``'s loop (0.6.1, l. 689-754; ``_loss_step`` l. 632-654) on
     ``batch`` ({"tokens", "labels"}: the labels are popped and die at the shift, as in the recipe). ``kept``: the
     loop's variables that outlive an iteration (``current_num_tokens``, ``current_loss``), rebound where the loop
-    rebinds them."""
+    rebinds them. ``ctx``: the recipe's ``activations_handling_ctx`` around the model's forward (l. 636-637)."""
+    import contextlib
+
     from torchtune import training
     landmark("before forward")
     kept["current_num_tokens"] = current_num_tokens = (batch["labels"] != loss_fn.ignore_index).sum()
     num_tokens = 0
     num_tokens += current_num_tokens
     labels_ = batch.pop("labels")
-    logits = model(**batch)
+    with ctx or contextlib.nullcontext():
+        logits = model(**batch)
     labels_ = torch.hstack((labels_[..., 1:], cache[: labels_.shape[0]]))
     if not isinstance(logits, list):
         labels_ = labels_.reshape(-1)
@@ -307,6 +310,12 @@ def library_step(library: str, family: str, d: int, L: int, H: int, F: int, V: i
     """MemTracker's totals of a steady-state step of ``library``'s model under ``FakeTensorMode`` (the CPU backend:
     exact storage bytes): {landmark: bytes, "peak": int, "phase peaks": {"forward", "backward", "optimizer"}};
     ``chunks``: torchtune's ``num_output_chunks`` (loss "chunked")."""
+    return _library_step(library, family, d, L, H, F, V, batch, seq, loss, chunks, n_kv_heads)
+
+
+def _library_step(library, family, d, L, H, F, V, batch, seq, loss, chunks=8, n_kv_heads=None, prepare=None):
+    """:func:`library_step`'s body; ``prepare(model)``, torchtune's only: wraps the built model and returns the
+    context its recipe runs the forward under."""
     _check(library, family, loss)
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -315,6 +324,7 @@ def library_step(library: str, family: str, d: int, L: int, H: int, F: int, V: i
         model, layers = _built(library, family, d, L, H, F, V, n_kv_heads, max(4096, seq))
         if library == "litgpt":     # finetune/full.py l. 230: the RoPE cache rebuilt for the longest sequence
             model.max_seq_length = seq
+        ctx = prepare(model) if prepare else None
         opt = torch.optim.AdamW(model.parameters())
         extra = []
         if library == "torchtune":
@@ -338,7 +348,7 @@ def library_step(library: str, family: str, d: int, L: int, H: int, F: int, V: i
 
         def iteration(mark, kept):
             if library == "torchtune":
-                _torchtune_step(model, opt, loss_fn, kept.pop("batch"), cache, mark, kept)
+                _torchtune_step(model, opt, loss_fn, kept.pop("batch"), cache, mark, kept, ctx)
             else:
                 _litgpt_step(model, opt, loss, kept["batch"], mark, kept)
 
@@ -464,3 +474,56 @@ def torchtune_offload_forward(d: int, L: int, H: int, F: int, V: int, batch: int
                 out[case] = tracker.get_tracker_snapshot("current")[cpu]["Total"] - before
             del logits
     return out
+
+
+class _HostCopy:
+    """An offloaded tensor's host copy (``meta``) that comes back as a new fake CPU tensor of its size and strides:
+    ``unpack_tensor_with_streams`` calls ``.to("cuda", non_blocking=True)`` on it (l. 275), which CPU-only PyTorch
+    cannot; the CPU stands for the accelerator, as everywhere in these measurements."""
+
+    def __init__(self, host):
+        self.host = host
+
+    def to(self, device, non_blocking=False):
+        return torch.empty_strided(self.host.size(), self.host.stride(), dtype=self.host.dtype, device="cpu")
+
+
+def _checkpointed(model):
+    """torchtune's recipe with ``enable_activation_checkpointing`` on ``model`` (:func:`checkpointing`); no context
+    around the forward."""
+    checkpointing("torchtune", model)
+
+
+def _offloading(model):
+    """torchtune's recipe with ``enable_activation_offloading`` (and so ``enable_activation_checkpointing``) on
+    ``model``: its layers checkpointed, ``get_act_offloading_ctx_manager(model, True)``'s context returned, its
+    offloaded tensors' host copies coming back through :class:`_HostCopy`."""
+    from torchtune import training
+    checkpointing("torchtune", model)
+    ctx = training.get_act_offloading_ctx_manager(model, True)
+    pack = ctx.pack_hook
+
+    def packing(tensor):
+        tensor_id = pack(tensor)
+        host, modified = ctx.tracker[tensor_id]
+        if modified:
+            ctx.tracker[tensor_id] = (_HostCopy(host), True)
+        return tensor_id
+    ctx.pack_hook = packing
+    return ctx
+
+
+@recorded
+def torchtune_checkpointed_step(d: int, L: int, H: int, F: int, V: int, batch: int, seq: int, loss: str,
+                                chunks: int = 8, offload: bool = False) -> dict:
+    """:func:`library_step` of torchtune's llama2 with ``enable_activation_checkpointing: True`` and, ``offload``,
+    ``enable_activation_offloading: True``: its own ``OffloadActivations`` decides and keeps its stashes, its CUDA
+    streams stubbed (:class:`_InertStream`), its host copies on ``meta`` (:func:`_host_on_meta`) and brought back
+    as fake CPU tensors (:class:`_HostCopy`)."""
+    import contextlib
+    from unittest import mock
+    with mock.patch("torch.cuda.default_stream", _InertStream), mock.patch("torch.cuda.Stream", _InertStream), \
+            mock.patch("torch.cuda.stream", lambda stream: contextlib.nullcontext()), \
+            mock.patch("torch.empty_like", _host_on_meta(torch.empty_like)):
+        return _library_step("torchtune", "llama2", d, L, H, F, V, batch, seq, loss, chunks,
+                             prepare=_offloading if offload else _checkpointed)

@@ -32,7 +32,8 @@ unpack copies back with ``.to("cuda")``, l. 275): the step's timeline under it (
 ``bwd_tensor_stash`` until the next unpacking node has run, l. 281, 335-339) is not modelled yet, and
 :func:`memledger.step.implementations.check_step` refuses it, naming this.
 """
-__all__ = ["HELD", "MAX_FWD_STASH", "MIN_OFFLOAD_BYTES", "device_kept", "freed_after_forward", "host_bytes",
+__all__ = ["HELD", "MAX_FWD_STASH", "MIN_OFFLOAD_BYTES", "device_kept", "embedding_backward_extra",
+           "freed_after_forward", "host_bytes",
            "packs", "stash_after_forward"]
 
 #: ``OffloadActivations``' defaults (``training/_activation_offloading.py`` l. 70-71), as the recipes build it.
@@ -98,3 +99,12 @@ def freed_after_forward(B: int, S: int, d: int, L: int, act_bytes: int = 2) -> i
     freed = {storage: size for _, storage, size, parameter in _saved(B, S, d, L, act_bytes)
              if not parameter and size >= MIN_OFFLOAD_BYTES and storage not in stashed and storage not in HELD}
     return sum(freed.values())
+
+
+def embedding_backward_extra(B: int, S: int, d: int, L: int, act_bytes: int = 2) -> int:
+    """Device bytes the offloaded step holds at the token embedding's backward beyond the checkpointed step: the
+    token ids' copy brought back for it (unpacked on that node, l. 275; the checkpointed step reads the batch's own)
+    and layer 0's input copy, which ``bwd_tensor_stash`` keeps until the next unpacking node, the embedding's, has
+    run (l. 281, 335-339), where the checkpointed step freed layer 0's input with its backward."""
+    saved = _saved(B, S, d, L, act_bytes)
+    return saved[0][2] + saved[1][2]
