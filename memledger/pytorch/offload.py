@@ -19,7 +19,8 @@ it copies into ``torch.empty_like(..., pin_memory=True, device="cpu")`` (lines 1
 the output head unoffloaded (``get_act_offloading_ctx_manager``, lines 409-434); and with ``use_streams``
 (the default) it copies on a second stream, keeping up to ``max_fwd_stash_size`` (5) offloaded activations
 alive on the device until their copy has finished (lines 168-204) and each tensor brought back until the
-next node has run (line 297 and the node hook after it).
+next node has run (line 297 and the node hook after it). Its rule at torchtune 0.6.1, proved against it under
+``FakeTensorMode``: :mod:`memledger.step.torchtune_offload`.
 
 Where the model itself runs on the CPU (the fake-tensor measurement of :mod:`memledger.pytorch.measure`:
 the CPU backend stands for the accelerator), the host copies are made on the fake ``meta`` device instead,

@@ -27,7 +27,15 @@ each recipe's loop runs it (its lines transcribed; the recipe modules are script
   the ``.item()`` logged in between cannot run on fake tensors and allocates nothing). Its losses:
   ``torch.nn.CrossEntropyLoss`` (the model returns ``self.output(h).float()``, ``torchtune/modules/transformer.py``
   l. 651-661) and ``CEWithChunkedOutputLoss(num_output_chunks)`` (``torchtune/modules/loss/ce_chunked_output_loss.py``
-  l. 45-83; the model's ``chunked_output``, ``transformer.py`` l. 482-502: ``h.chunk(n, dim=1)``).
+  l. 45-83; the model's ``chunked_output``, ``transformer.py`` l. 482-502: ``h.chunk(n, dim=1)``). The loss module
+  is run by its ``forward``, not its ``__call__``: MemTracker's ``ModTracker`` puts a global forward pre-hook on every
+  module (``torch/distributed/_tools/mod_tracker.py`` l. 215-228) that registers ``register_multi_grad_hook`` in its
+  default mode "all" on the module's inputs, here the n logit chunks; that hook keeps each gradient it is handed in
+  a buffer until all n have arrived (``torch/autograd/graph.py`` l. 638-680: ``buffer[id][idx] = grad``, freed
+  after the last), and a non-leaf's tensor hook runs as its node (the chunk's LM head backward) starts, so every
+  chunk's BF16 logits gradient would outlive its head's backward until chunk 0's, a tracker's artefact that
+  torchtune's recipe, without such hooks, does not have (measured under ``__call__``: 4*B*ceil(S/n)*V bytes over
+  the recipe's backward peak at the first weight-gradient sum, two chunks' gradients held).
 * LitGPT ``litgpt/finetune/full.py`` (0.5.13) l. 230 (``model.max_seq_length`` set to the longest sequence, S here:
   the cos/sin buffers rebuilt for S positions), l. 278-291: ``logits = model(input_ids)``, ``loss =
   chunked_cross_entropy(logits[..., :-1, :], targets[..., 1:])`` (``litgpt/utils.py`` l. 302-351: the head not
@@ -49,6 +57,7 @@ from .measure import tracker_class
 from .record import recorded
 
 __all__ = ["LIBRARIES", "LOSSES", "build", "checkpointed_layer", "checkpointing", "layer_saved", "library_step",
+           "torchtune_checkpointed_step", "torchtune_offload_forward", "torchtune_offload_packs",
            "missing"]
 
 LIBRARIES = ("torchtune", "litgpt")
@@ -234,23 +243,26 @@ def layer_saved(library: str, family: str, d: int, H: int, F: int, V: int, batch
     return {"layer": totals[2] - totals[1], "tensors": tensors, "outside": outside}
 
 
-def _torchtune_step(model, opt, loss_fn, batch, cache, landmark, kept):
+def _torchtune_step(model, opt, loss_fn, batch, cache, landmark, kept, ctx=None):
     """One iteration of ``full_finetune_single_device``'s loop (0.6.1, l. 689-754; ``_loss_step`` l. 632-654) on
     ``batch`` ({"tokens", "labels"}: the labels are popped and die at the shift, as in the recipe). ``kept``: the
     loop's variables that outlive an iteration (``current_num_tokens``, ``current_loss``), rebound where the loop
-    rebinds them."""
+    rebinds them. ``ctx``: the recipe's ``activations_handling_ctx`` around the model's forward (l. 636-637)."""
+    import contextlib
+
     from torchtune import training
     landmark("before forward")
     kept["current_num_tokens"] = current_num_tokens = (batch["labels"] != loss_fn.ignore_index).sum()
     num_tokens = 0
     num_tokens += current_num_tokens
     labels_ = batch.pop("labels")
-    logits = model(**batch)
+    with ctx or contextlib.nullcontext():
+        logits = model(**batch)
     labels_ = torch.hstack((labels_[..., 1:], cache[: labels_.shape[0]]))
     if not isinstance(logits, list):
         labels_ = labels_.reshape(-1)
         logits = logits.reshape(-1, logits.size(-1))
-    loss = loss_fn(logits, labels_)
+    loss = loss_fn.forward(logits, labels_)     # not loss_fn(...): see the module's docstring (MemTracker's hooks)
     del logits, labels_                     # _loss_step returns
     kept["current_loss"] = current_loss = loss * current_num_tokens
     del loss
@@ -300,6 +312,12 @@ def library_step(library: str, family: str, d: int, L: int, H: int, F: int, V: i
     exact storage bytes): {landmark: bytes, "peak": int, "phase peaks": {"forward", "backward", "optimizer"}, "block
     peaks": {("forward" | "backward", layer): int} (:func:`memledger.pytorch.libraries._block_tracker`)};
     ``chunks``: torchtune's ``num_output_chunks`` (loss "chunked")."""
+    return _library_step(library, family, d, L, H, F, V, batch, seq, loss, chunks, n_kv_heads)
+
+
+def _library_step(library, family, d, L, H, F, V, batch, seq, loss, chunks=8, n_kv_heads=None, prepare=None):
+    """:func:`library_step`'s body; ``prepare(model)``, torchtune's only: wraps the built model and returns the
+    context its recipe runs the forward under."""
     _check(library, family, loss)
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -308,6 +326,7 @@ def library_step(library: str, family: str, d: int, L: int, H: int, F: int, V: i
         model, layers = _built(library, family, d, L, H, F, V, n_kv_heads, max(4096, seq))
         if library == "litgpt":     # finetune/full.py l. 230: the RoPE cache rebuilt for the longest sequence
             model.max_seq_length = seq
+        ctx = prepare(model) if prepare else None
         opt = torch.optim.AdamW(model.parameters())
         extra = []
         if library == "torchtune":
@@ -332,7 +351,7 @@ def library_step(library: str, family: str, d: int, L: int, H: int, F: int, V: i
 
         def iteration(mark, kept):
             if library == "torchtune":
-                _torchtune_step(model, opt, loss_fn, kept.pop("batch"), cache, mark, kept)
+                _torchtune_step(model, opt, loss_fn, kept.pop("batch"), cache, mark, kept, ctx)
             else:
                 _litgpt_step(model, opt, loss, kept["batch"], mark, kept)
 
@@ -353,3 +372,162 @@ def library_step(library: str, family: str, d: int, L: int, H: int, F: int, V: i
         result["block peaks"] = dict(sorted(tracker.layer_peaks.items()))
     return result
 
+
+
+class _InertStream:
+    """Stands for a CUDA stream where there is none (CPU-only PyTorch): waits and events do nothing. Only the
+    order of ``OffloadActivations.pack_tensor``'s decisions is measured, not its copies' timing."""
+
+    def wait_stream(self, stream):
+        pass
+
+    def wait_event(self, event):
+        pass
+
+    def record_event(self):
+        return None
+
+
+@recorded
+def torchtune_offload_packs(d: int, L: int, H: int, F: int, V: int, batch: int, seq: int, chunks: int = 0) -> dict:
+    """What torchtune 0.6.1's own ``OffloadActivations`` decides in the forward of its llama2 model as
+    ``recipes/full_finetune_single_device.py`` sets it up: ``enable_activation_offloading`` needs
+    ``enable_activation_checkpointing`` (l. 166-174, so each layer under :func:`checkpointing`), the context made by
+    ``training.get_act_offloading_ctx_manager(model, True)`` (``training/_activation_offloading.py`` l. 373-416: the
+    output head under ``NoOpManager``), entered around ``self._model(**batch)`` only (recipe l. 636-637).
+    ``chunks``: ``num_output_chunks`` (0: the unchunked head).
+
+    ``OffloadActivations.__init__`` asks for CUDA streams (l. 93-97), which CPU-only PyTorch has not: under
+    ``FakeTensorMode`` ``torch.cuda.default_stream``, ``Stream`` and ``stream`` are stand-ins that do nothing
+    (:class:`_InertStream`), and ``use_pin_memory`` is off (pinned memory needs CUDA). Its own ``pack_tensor``
+    (l. 133-200) decides. Returns {"packs": [(bytes, dtype, shape, offloaded)] in pack order (``tracker``'s second
+    field: True where a host copy was made), "stash": [(bytes, dtype, shape)] of ``fwd_stash`` after the forward
+    (offloaded tensors it keeps alive on the device, l. 154-162, 189-193)}."""
+    import contextlib
+    from unittest import mock
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torchtune import training
+
+    def row(t):
+        return t.element_size() * t.nelement(), str(t.dtype).replace("torch.", ""), tuple(t.shape)
+    with FakeTensorMode(), mock.patch("torch.cuda.default_stream", _InertStream), \
+            mock.patch("torch.cuda.Stream", _InertStream), \
+            mock.patch("torch.cuda.stream", lambda stream: contextlib.nullcontext()):
+        model, _ = _built("torchtune", "llama2", d, L, H, F, V, None, max(4096, seq))
+        checkpointing("torchtune", model)
+        if chunks:
+            model.set_num_output_chunks(chunks)
+        ctx = training.get_act_offloading_ctx_manager(model, True)
+        ctx.use_pin_memory = False
+        packs, pack = [], ctx.pack_hook
+
+        def noting(tensor):
+            tensor_id = pack(tensor)
+            packs.append(row(tensor) + (ctx.tracker[tensor_id][1],))
+            return tensor_id
+        ctx.pack_hook = noting
+        with ctx:
+            out = model(torch.randint(0, V, (batch, seq)))
+        stash = [row(t) for t, _ in ctx.fwd_stash.values()]
+        del out
+    return {"packs": packs, "stash": stash}
+
+
+def _host_on_meta(empty_like):
+    """``torch.empty_like`` with ``OffloadActivations``' host copies (``device="cpu"``, ``pin_memory=...``, l. 169-172)
+    made on the ``meta`` device, so that MemTracker, which counts per device, keeps them apart from the model's
+    fake CPU tensors (the CPU backend stands for the accelerator, as in :mod:`memledger.pytorch.offload`)."""
+    def made(tensor, *args, **kwargs):
+        if "pin_memory" in kwargs and kwargs.get("device") == "cpu":
+            kwargs = {k: v for k, v in kwargs.items() if k != "pin_memory"} | {"device": "meta"}
+        return empty_like(tensor, *args, **kwargs)
+    return made
+
+
+@recorded
+def torchtune_offload_forward(d: int, L: int, H: int, F: int, V: int, batch: int, seq: int, chunks: int = 0) -> dict:
+    """{"checkpointed", "offloaded"}: what torchtune's llama2 forward (``self._model(**batch)``, its layers
+    checkpointed as the recipe needs for offloading) adds to MemTracker's device total, without and with
+    ``get_act_offloading_ctx_manager(model, True)``'s context around it (its CUDA streams stubbed as in
+    :func:`torchtune_offload_packs`, its host copies on ``meta``: :func:`_host_on_meta`). The backward cannot run
+    here: ``unpack_tensor_with_streams`` copies back with ``.to("cuda")`` (l. 275)."""
+    import contextlib
+    from unittest import mock
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torchtune import training
+    cpu, out = torch.device("cpu"), {}
+    for case in ("checkpointed", "offloaded"):
+        with FakeTensorMode(), mock.patch("torch.cuda.default_stream", _InertStream), \
+                mock.patch("torch.cuda.Stream", _InertStream), \
+                mock.patch("torch.cuda.stream", lambda stream: contextlib.nullcontext()), \
+                mock.patch("torch.empty_like", _host_on_meta(torch.empty_like)):
+            model, _ = _built("torchtune", "llama2", d, L, H, F, V, None, max(4096, seq))
+            checkpointing("torchtune", model)
+            if chunks:
+                model.set_num_output_chunks(chunks)
+            ctx = training.get_act_offloading_ctx_manager(model, case == "offloaded")
+            ids = torch.randint(0, V, (batch, seq))
+            tracker = tracker_class()()
+            tracker.track_external(model, ids)
+            with tracker:
+                before = tracker.get_tracker_snapshot("current")[cpu]["Total"]
+                with ctx:
+                    logits = model(ids)
+                out[case] = tracker.get_tracker_snapshot("current")[cpu]["Total"] - before
+            del logits
+    return out
+
+
+class _HostCopy:
+    """An offloaded tensor's host copy (``meta``) that comes back as a new fake CPU tensor of its size and strides:
+    ``unpack_tensor_with_streams`` calls ``.to("cuda", non_blocking=True)`` on it (l. 275), which CPU-only PyTorch
+    cannot; the CPU stands for the accelerator, as everywhere in these measurements."""
+
+    def __init__(self, host):
+        self.host = host
+
+    def to(self, device, non_blocking=False):
+        return torch.empty_strided(self.host.size(), self.host.stride(), dtype=self.host.dtype, device="cpu")
+
+
+def _checkpointed(model):
+    """torchtune's recipe with ``enable_activation_checkpointing`` on ``model`` (:func:`checkpointing`); no context
+    around the forward."""
+    checkpointing("torchtune", model)
+
+
+def _offloading(model):
+    """torchtune's recipe with ``enable_activation_offloading`` (and so ``enable_activation_checkpointing``) on
+    ``model``: its layers checkpointed, ``get_act_offloading_ctx_manager(model, True)``'s context returned, its
+    offloaded tensors' host copies coming back through :class:`_HostCopy`."""
+    from torchtune import training
+    checkpointing("torchtune", model)
+    ctx = training.get_act_offloading_ctx_manager(model, True)
+    pack = ctx.pack_hook
+
+    def packing(tensor):
+        tensor_id = pack(tensor)
+        host, modified = ctx.tracker[tensor_id]
+        if modified:
+            ctx.tracker[tensor_id] = (_HostCopy(host), True)
+        return tensor_id
+    ctx.pack_hook = packing
+    return ctx
+
+
+@recorded
+def torchtune_checkpointed_step(d: int, L: int, H: int, F: int, V: int, batch: int, seq: int, loss: str,
+                                chunks: int = 8, offload: bool = False) -> dict:
+    """:func:`library_step` of torchtune's llama2 with ``enable_activation_checkpointing: True`` and, ``offload``,
+    ``enable_activation_offloading: True``: its own ``OffloadActivations`` decides and keeps its stashes, its CUDA
+    streams stubbed (:class:`_InertStream`), its host copies on ``meta`` (:func:`_host_on_meta`) and brought back
+    as fake CPU tensors (:class:`_HostCopy`)."""
+    import contextlib
+    from unittest import mock
+    with mock.patch("torch.cuda.default_stream", _InertStream), mock.patch("torch.cuda.Stream", _InertStream), \
+            mock.patch("torch.cuda.stream", lambda stream: contextlib.nullcontext()), \
+            mock.patch("torch.empty_like", _host_on_meta(torch.empty_like)):
+        return _library_step("torchtune", "llama2", d, L, H, F, V, batch, seq, loss, chunks,
+                             prepare=_offloading if offload else _checkpointed)

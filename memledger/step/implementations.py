@@ -68,8 +68,9 @@ the reference decoder's block in its place.
 """
 from ..core.choices import check_choice
 
-__all__ = ["ATTN_IMPLEMENTATIONS", "FAMILIES", "IMPLEMENTATIONS", "LIBRARY", "check_fields", "check_step",
-           "check_torchtune_chunks", "gpt_lacks", "lora_not_modelled", "not_modelled"]
+__all__ = ["ATTN_IMPLEMENTATIONS", "FAMILIES", "IMPLEMENTATIONS", "LIBRARY", "NO_SELECTIVE", "TORCHTUNE_OFFLOAD",
+           "check_fields", "check_library_options", "check_step", "check_torchtune_chunks", "gpt_lacks",
+           "lora_not_modelled", "not_modelled"]
 
 #: The implementations the step knows by name, the reference decoder first (the default).
 IMPLEMENTATIONS = ("reference", "hf", "torchtune", "litgpt", "torchtitan")
@@ -150,6 +151,7 @@ def check_step(setup, conv) -> None:
     if setup.flash_attention and setup.attn_implementation == "eager":
         raise ValueError("flash_attention and attn_implementation eager contradict each other: transformers' "
                          "eager_attention_forward keeps the S x S probabilities (give attn_implementation sdpa)")
+    check_library_options(setup)
     arch = setup.arch
     f = arch.features
     gpt = arch.style != "llama"
@@ -166,7 +168,8 @@ def check_step(setup, conv) -> None:
         ("FP16 autocast (recipe fp16-amp-adamw)", setup.recipe == "fp16-amp-adamw"),
         (f"recipe {setup.recipe} (torchtitan's training.dtype bfloat16 on one device: recipe bf16-pure-adamw)",
          impl == "torchtitan" and setup.recipe not in ("bf16-pure-adamw", "fp16-amp-adamw")),
-        ("packed documents", bool(setup.packed)), ("activation offloading", setup.offload_activations),
+        ("packed documents", bool(setup.packed)), (TORCHTUNE_OFFLOAD if impl == "torchtune" else
+                                                   "activation offloading", setup.offload_activations),
         # torchtune's CEWithChunkedOutputLoss is modelled under its own code (memledger.step.loss); LitGPT's
         # chunked_cross_entropy as finetune/full.py runs it (memledger.step.litgpt_loss), its head chunked not yet
         ("a chunked or LitGPT loss", (setup.loss_chunks > 1 and impl not in ("torchtune", "litgpt"))
@@ -201,6 +204,19 @@ def gpt_lacks(setup) -> list:
     return []
 
 
+def check_library_options(setup) -> None:
+    """``ValueError`` where ``setup`` asks a library for what it has no option for (:data:`NO_SELECTIVE`), or for
+    what its recipe refuses: torchtune's activation offloading without its activation checkpointing."""
+    impl = setup.implementation
+    if setup.recompute == "selective" and impl in NO_SELECTIVE:
+        raise ValueError(f"recompute selective under implementation {impl}: {NO_SELECTIVE[impl]}; give recompute "
+                         "none or full")
+    if impl == "torchtune" and setup.offload_activations and setup.recompute != "full":
+        raise ValueError("offload_activations under implementation torchtune: its recipe refuses "
+                         "enable_activation_offloading without enable_activation_checkpointing (torchtune 0.6.1, "
+                         "recipes/full_finetune_single_device.py l. 166-174): give recompute full")
+
+
 def check_torchtune_chunks(chunks: int, seq_len: int) -> None:
     """``ValueError`` naming ``loss_chunks`` where torchtune 0.6.1's ``h.chunk(n, dim=1)`` (ceil(S/n) tokens a
     chunk, :func:`memledger.step.loss.torchtune_chunk_tokens`) would make fewer chunks than asked."""
@@ -211,6 +227,21 @@ def check_torchtune_chunks(chunks: int, seq_len: int) -> None:
                          f"splits {seq_len} tokens into that many")
 
 
+#: Why ``recompute="selective"`` (the attention core re-run in backward, Korthikanti et al. 2022, Sec. 5) has no
+#: counterpart under each library: none of them has that option, each checkpoints whole layers.
+NO_SELECTIVE = {
+    "hf": "transformers 5.25 has no such option: activation_checkpointing_enable checkpoints whole decoder layers, "
+          "every every_n_layers-th (transformers/modeling_utils.py l. 3121-3184); an op-level policy would be the "
+          "user's own context_fn in activation_checkpointing_kwargs, passed to torch.utils.checkpoint.checkpoint",
+    "torchtune": "torchtune 0.6.1 has no such option: its ac_mode 'selective' (recipes/full_finetune_distributed.py "
+                 "l. 566-575) checkpoints every ac_option-th layer whole (torchtune/training/activations.py "
+                 "l. 30-57; ac_option 'op', named in its docstring, fails at int('op'))",
+    "litgpt": "LitGPT 0.5.13 has no such option: finetune/full.py checkpoints each Block whole "
+              "(FSDPStrategy(activation_checkpointing_policy={Block}), l. 107-114, on more than one device only)"}
+#: What of torchtune's activation offloading the step lacks (its rule: :mod:`memledger.step.torchtune_offload`).
+TORCHTUNE_OFFLOAD = ("activation offloading as torchtune's OffloadActivations runs it (which tensors it offloads is "
+                     "memledger.step.torchtune_offload's rule, proved against torchtune 0.6.1; the step's timeline "
+                     "under it, its host copies and its second stream's fwd_stash, is not)")
 #: The implementations whose ``recompute full`` the step models (each library's own per-layer checkpointing).
 FULL_RECOMPUTE = ("hf", "torchtune", "litgpt", "torchtitan")
 #: Why torchtitan's ``SelectiveAC`` is refused (torchtitan 0.3.0 has no per-layer selective option any more).

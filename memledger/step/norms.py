@@ -147,6 +147,8 @@ def norm_backward(p, c, k, g_out, g_in, grads, residual=None, also_free=()):
             first, pending = t["g_x+res"], []
     p.op(f"norm {k} backward: rsqrt", free=pending, alloc=[t["rsqrt'"], t["rsqrt''"], t["g_ms"]], role=role["rsqrt"])
     p.op(f"norm {k} backward: mean", free=[t["rsqrt''"], t["rsqrt'"], t["g_rstd"], rstd], alloc=[t["g_mean"]])
+    if c.rmsnorm == "litgpt":
+        return _square_backward(p, k, t, first, x32, also_free, role["pow"], g_in)
     p.op(f"norm {k} backward: pow", free=[t["g_ms"]], alloc=[t["pow'"], t["pow''"], t["g_pow"]], role=role["pow"])
     total = t["g_x32"] if c.upcast else g_in
     p.op(f"norm {k} backward: sum", free=[t["pow''"], t["pow'"], t["g_mean"], x32] + list(also_free), alloc=[total])
@@ -154,6 +156,28 @@ def norm_backward(p, c, k, g_out, g_in, grads, residual=None, also_free=()):
     if c.upcast:
         p.op(f"norm {k} backward: downcast", alloc=[g_in])
         p.op(f"norm {k} backward: done", free=[t["g_x32"]])
+
+
+def _square_backward(p, k, t, first, x32, also_free, role, g_in):
+    """LitGPT's ``torch.mean(x * x)`` (``litgpt/model.py`` l. 1319) backward, where the composite's ``pow`` makes three
+    B*S*d FP32 tensors: ``MulBackward0`` of ``x * x`` writes the gradient times the other operand for each (two FP32
+    B*S*d products; the mean's gradient and the FP32 input go once it returns), and autograd's input buffer of
+    ``x.float()``, which holds ``first`` (the gradient through ``x * rstd``), adds each to it out of place (under
+    ``FakeTensorMode`` on the CPU: the :mod:`memledger.step.norms` convention of the composite's sum); the downcast
+    back to the activation dtype. Read off MemTracker's log of LitGPT's own ``GPT`` (0.5.13), checked by
+    ``tests/pytorch/test_torchtune_litgpt.py``."""
+    f = "fp32"
+    a, b = (p.new(f"norm {k} backward: g*x ({n})", BSd, f, "x * x backward: the gradient times the other operand")
+            for n in ("self", "other"))
+    once = p.new(f"norm {k} backward: buffer, first sum", BSd, f, "autograd's input buffer: first plus self's")
+    p.op(f"norm {k} backward: x*x", free=[t["g_ms"]], alloc=[a, b], role=role)
+    p.op("released", free=[t["g_mean"], x32] + list(also_free))
+    p.op(f"norm {k} backward: sum", alloc=[once])
+    p.op("released", free=[first])
+    p.op(f"norm {k} backward: summed", alloc=[t["g_x32"]])
+    p.op("released", free=[once, a, b])
+    p.op(f"norm {k} backward: downcast", alloc=[g_in])
+    p.op(f"norm {k} backward: done", free=[t["g_x32"]])
 
 
 def _hf_forward(p, c, k, prefix, out, kept):

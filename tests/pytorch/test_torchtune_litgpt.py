@@ -113,10 +113,6 @@ def differences(got, step) -> dict:
     return out
 
 
-#: Where the chunked loss's backward peak is not modelled (the strict xfail below): those two numbers left out.
-CHUNKED_BACKWARD = ("backward peak", "peak")
-
-
 @needs("torchtune")
 @pytest.mark.parametrize("loss, L, B, S", [("ce", 2, 2, 200), ("ce", 3, 1, 200), ("chunked", 2, 2, 200),
                                            ("chunked", 2, 1, 64), ("chunked", 2, 2, 203), ("chunked", 2, 1, 203)])
@@ -124,26 +120,19 @@ def test_torchtune_step_equals_memledgers(loss, L, B, S):
     """Every landmark and phase peak of torchtune's step, as its recipe runs it (its model's RoPE buffers, separate
     q/k/v projections, ``ignore_labels_cache``, the shifted labels, the token counts and losses), equals memledger's
     ``implementation="torchtune"`` step to the byte; at S 203 torchtune 0.6.1's ``chunk`` makes 7 chunks of 26 tokens
-    and one of 21. With CEWithChunkedOutputLoss the backward peak is left to the strict xfail below."""
+    and one of 21."""
     diff = differences(library_step("torchtune", "llama2", **SMALL, L=L, batch=B, seq=S, loss=loss),
                        torchtune_step(L, B, S, loss))
-    skip = CHUNKED_BACKWARD if loss == "chunked" else ()
-    assert {k: v for k, v in diff.items() if k not in skip} == {k: 0 for k in diff if k not in skip}
+    assert diff == {k: 0 for k in diff}
 
 
 @needs("torchtune")
 @pytest.mark.parametrize("B, S", [(2, 200), (2, 203), (1, 203)])
-@pytest.mark.xfail(strict=True, reason="under CEWithChunkedOutputLoss torchtune's backward peak (at the LM head's "
-                   "weight-gradient sum) is above memledger's: 4*B*ceil(S/n)*V bytes at B 2, S 200 (200,000: one FP32 "
-                   "chunk), 188,000 at B 2, S 203 and 160,560 at B 1, S 203 (there the step's peak); at LLaMA-2 7B's "
-                   "width, B 2, S 1304, 41,728,000 (4*2*163*32000, the step's peak), beyond every "
-                   "tensor of the recipe (its landmarks are equal); measured: the same with tensor_split in place of "
-                   "chunk, and with torchtune's model and loss run without the recipe: the cause is in its model's "
-                   "backward. Probed op by op (a TorchDispatchMode inside MemTracker, B 2, S 200): after each chunk's "
-                   "LM head backward (its two mm) torchtune's step frees 25,600 B (the head input chunk's copy) where "
-                   "the reference decoder's frees 125,600 B (that and the chunk's BF16 logits gradient): torchtune "
-                   "keeps each chunk's logits gradient past its head backward; who holds it is not pinned yet")
 def test_torchtune_chunked_backward_peak(B, S):
+    """Under CEWithChunkedOutputLoss torchtune's backward peak (the LM head's first weight-gradient sum; at B 1,
+    S 203 the step's) equals memledger's: each chunk's BF16 logits gradient dies with its head's backward. Run as
+    the recipe runs it, without MemTracker's module hooks on the loss (their "all"-mode multi-grad hook keeps
+    every chunk's gradient until the last: :mod:`memledger.pytorch.torchtune_litgpt`'s docstring)."""
     diff = differences(library_step("torchtune", "llama2", **SMALL, L=2, batch=B, seq=S, loss="chunked"),
                        torchtune_step(2, B, S, "chunked"))
     assert diff["backward peak"] == 0
@@ -174,33 +163,26 @@ def litgpt_step(L, B, S, shape=SMALL):
     return Step(Ledger(arch, batch_size=B, seq_len=S, recipe=LOOP, overhead_bytes=0, implementation="litgpt"), "cpu")
 
 
-#: The backward peak and the step's peak (in backward at these shapes): the strict xfail below.
-LITGPT_BACKWARD = ("backward peak", "peak")
-
-
 @needs("litgpt")
 @pytest.mark.parametrize("L, B, S", [(2, 1, 200), (2, 2, 200), (3, 1, 300), (2, 2, 65), (2, 1, 129)])
 def test_litgpt_step_equals_memledgers(L, B, S):
     """Every landmark, the forward and the optimizer step's peaks of LitGPT's step as ``finetune/full.py`` runs it
     (the head unchunked, ``chunked_cross_entropy`` split by 128 of the B (S - 1) shifted tokens in BF16, the logits and
     loss kept into the next iteration, cos/sin for S positions, AdamW over ``GPT``'s parameters: ``lm_head`` first)
+    and the backward's (its RMSNorms' ``x * x`` backward: :func:`memledger.step.norms._square_backward`)
     equal memledger's ``implementation="litgpt"`` step to the byte; B (S - 1) is 199 (two chunks, the last short),
     398, 299 (three), 128 (one chunk: S 65 at B 2, S 129 at B 1)."""
     diff = differences(library_step("litgpt", "Llama-2-7b-hf", **SMALL, L=L, batch=B, seq=S, loss="full"),
                        litgpt_step(L, B, S))
-    assert {k: v for k, v in diff.items() if k not in LITGPT_BACKWARD} == {k: 0 for k in diff if k not in
-                                                                           LITGPT_BACKWARD}
+    assert diff == {k: 0 for k in diff}
 
 
 @needs("litgpt")
 @pytest.mark.parametrize("B, S", [(1, 200), (2, 200)])
-@pytest.mark.xfail(strict=True, reason="memledger's backward peak is above LitGPT's: 202,464 B at B 1, S 200 and "
-                   "347,488 B at B 2, S 200, at its final norm's backward ('norm final backward: pow'): the norm's "
-                   "backward is booked as the composite rms_norm's (memledger/step/norms.py), where LitGPT's RMSNorm "
-                   "is Python ops (x * x, mean, rsqrt; model.py l. 1315-1322) whose backward makes other temporaries; "
-                   "LitGPT's measured backward peak equals memledger's total at the loss's slice backward (B 2) and at "
-                   "the final norm's weight sum (B 1): the loss and head are exact")
 def test_litgpt_backward_peak(B, S):
+    """LitGPT's backward peak at a small width (at its final norm's weight sum, B 1; at the loss's slice backward,
+    B 2) equals memledger's: its plain-op RMSNorm's backward (``x * x``'s two products, summed into ``x.float()``'s
+    gradient one at a time) where the composite's ``pow`` would be 202,464 B (B 1) and 347,488 B (B 2) higher."""
     diff = differences(library_step("litgpt", "Llama-2-7b-hf", **SMALL, L=2, batch=B, seq=S, loss="full"),
                        litgpt_step(2, B, S))
     assert diff["backward peak"] == 0
@@ -222,11 +204,10 @@ def test_litgpt_7b_width_step(B, S):
 @pytest.mark.parametrize("loss, B, S", [("ce", 1, 1024), ("chunked", 2, 1304)])
 def test_torchtune_7b_width_step(loss, B, S):
     """LLaMA-2 7B's width (two layers, V 32000), as torchtune's recipe runs it: every landmark and phase peak equals
-    memledger's ``implementation="torchtune"`` step to the byte (the chunked loss's backward peak: the xfail above)."""
+    memledger's ``implementation="torchtune"`` step to the byte (with the chunked loss, its backward peak too)."""
     diff = differences(library_step("torchtune", "llama2", **SEVEN_B, L=2, batch=B, seq=S, loss=loss),
                        torchtune_step(2, B, S, loss, SEVEN_B))
-    skip = CHUNKED_BACKWARD if loss == "chunked" else ()
-    assert {k: v for k, v in diff.items() if k not in skip} == {k: 0 for k in diff if k not in skip}
+    assert diff == {k: 0 for k in diff}
 
 
 @needs("litgpt")

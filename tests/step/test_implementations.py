@@ -40,7 +40,6 @@ def test_a_family_the_library_does_not_ship():
 
 
 @pytest.mark.parametrize("fields, what", [
-    ({"recompute": "selective"}, "recompute selective"),
     ({"tp": 2}, "tensor or sequence parallelism"),
     ({"framework": "fsdp2", "dp": 2, "recipe": "bf16-pure-adamw"}, "framework fsdp2"),
     ({"framework": "ddp", "dp": 2}, "framework ddp"), ({"recipe": "fp16-amp-adamw"}, "FP16 autocast"),
@@ -57,12 +56,38 @@ def test_setups_not_modelled_yet_are_refused(fields, what):
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
 def test_hf_recomputation(attn):
     """transformers' gradient_checkpointing_enable() is modelled (tests/pytorch/test_libraries.py proves it), selective
-    recomputation is not: transformers has none."""
+    recomputation is refused: transformers has none (:func:`test_selective_recomputation_no_library_has`)."""
     ledger = Ledger("llama2-7b", batch_size=1, seq_len=1024, implementation="hf", attn_implementation=attn,
                     recompute="full")
     assert layer_bytes(ledger.step("cuda")) == 1024 * 4096 * 2          # each layer keeps its BF16 input
-    with pytest.raises(ValueError, match="recompute selective not modelled yet"):
+    with pytest.raises(ValueError, match="recompute selective under implementation hf: transformers 5.25 has no"):
         Ledger("llama2-7b", implementation="hf", attn_implementation=attn, recompute="selective").step("cuda")
+
+
+@pytest.mark.parametrize("implementation, says", [
+    ("hf", "transformers 5.25 has no such option: activation_checkpointing_enable checkpoints whole decoder layers"),
+    ("torchtune", "torchtune 0.6.1 has no such option: its ac_mode 'selective' .* checkpoints every ac_option-th layer"),
+    ("litgpt", "LitGPT 0.5.13 has no such option: finetune/full.py checkpoints each Block whole")])
+def test_selective_recomputation_no_library_has(implementation, says):
+    """``recompute="selective"`` (the attention core re-run) is no option of any library: the refusal names the
+    library, its version and what it has instead, in the step, a fit's verdict and the CLI."""
+    ledger = Ledger("llama2-7b", batch_size=1, seq_len=1024, implementation=implementation, recompute="selective")
+    with pytest.raises(ValueError, match=f"recompute selective under implementation {implementation}: {says}"):
+        ledger.step("cuda")
+    with pytest.raises(ValueError, match="has no such option"):
+        _ = ledger.peak
+
+
+def test_torchtune_offloading():
+    """torchtune's recipe refuses activation offloading without activation checkpointing, and so does memledger;
+    with it, the timeline under OffloadActivations is refused by name (its rule: memledger.step.torchtune_offload)."""
+    setup = dict(batch_size=1, seq_len=1024, implementation="torchtune", offload_activations=True)
+    with pytest.raises(ValueError, match="its recipe refuses enable_activation_offloading without "
+                                         "enable_activation_checkpointing .*: give recompute full"):
+        Ledger("llama2-7b", **setup).step("cpu")
+    with pytest.raises(ValueError, match="activation offloading as torchtune's OffloadActivations runs it .* not "
+                                         "modelled yet"):
+        Ledger("llama2-7b", recompute="full", **setup).step("cpu")
 
 
 def test_eager_and_flash_attention_contradict():
