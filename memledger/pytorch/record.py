@@ -43,7 +43,7 @@ __all__ = ["HARNESS", "MODES", "RecordError", "call", "call_key", "configure", "
            "record_status", "recorded", "same", "save", "switch", "torch_version"]
 
 #: The modules (of this package) whose functions are recorded; the harness hash starts from them.
-HARNESS = ("measure", "distributed", "ddp", "prefill", "compiled", "libraries", "torchtune_litgpt")
+HARNESS = ("measure", "distributed", "ddp", "prefill", "compiled", "libraries", "torchtune_litgpt", "torchtune_lora")
 MODES = ("off", "live", "recorded", "record")
 PACKAGE = __name__.rsplit(".", 1)[0]                      # memledger.pytorch
 ROOT = Path(__file__).resolve().parents[1]                # memledger/

@@ -1,0 +1,100 @@
+"""torchtune's own LoRA and QLoRA (memledger/pytorch/torchtune_lora.py: ``lora_llama2``, ``LoRALinear``, torchao's
+``NF4Tensor``, the ``lora_finetune_single_device`` loop) beside memledger's LoRA step under the CPU backend.
+
+The independent values are PyTorch's measurements of torchtune's model (saved-tensor hooks, MemTracker, fake
+tensors) and arithmetic on torchtune's sources written out here. Tests skip, saying why, where torchtune is missing.
+"""
+import pytest
+
+pytest.importorskip("torch")
+
+from memledger.core.exact import evaluate_expr  # noqa: E402
+from memledger.ledger.lora import LoraConfig, LoraLedger  # noqa: E402
+from memledger.pytorch.compare import architecture_of  # noqa: E402
+from memledger.pytorch.reference import RefConfig  # noqa: E402
+from memledger.pytorch.torchtune_litgpt import missing  # noqa: E402
+from memledger.pytorch.torchtune_lora import lora_layer_saved, lora_step  # noqa: E402
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(missing("torchtune") is not None,
+                                                   reason=missing("torchtune") or "")]
+
+#: d x F and d x d multiples of 64 x 256: torchao's to_nf4 double-quantizes the scalers in blocks of 256
+#: (``torchao/dtypes/nf4tensor.py`` l. 735-737 asserts it)
+SMALL = dict(d=256, H=4, F=768, V=1000)
+SEVEN_B = dict(d=4096, H=32, F=11008, V=32000)
+#: torchtune's module names and the Hugging Face names memledger's LoRA takes
+QV = dict(attn=("q_proj", "v_proj"), mlp=False, targets=("q_proj", "v_proj"))
+ALL = dict(attn=("q_proj", "k_proj", "v_proj", "output_proj"), mlp=True,
+           targets=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"))
+
+
+def memledger_step(shape, L, B, S, targets, recompute="none", chunks=1):
+    c = RefConfig(shape["d"], L, shape["H"], shape["F"], shape["V"], "llama")
+    config = LoraConfig(8, targets, adapter_recipe="bf16-pure-adamw")
+    return LoraLedger(architecture_of(c), config, B, S, recompute, overhead_bytes=0,
+                      loss_chunks=chunks).step("cpu", rmsnorm="composite")
+
+
+def memledger_layer(shape, B, S, targets) -> int:
+    """What memledger's LoRA step (CPU conventions, composite RMSNorm) saves in one block."""
+    step = memledger_step(shape, 3, B, S, targets)
+    return evaluate_expr(sum(row.bytes for row in step.built.layer_rows), step.values)
+
+
+def norm_1_saves(d, B, S) -> int:
+    """What the first layer's ``sa_norm`` does not save: ``RMSNorm.forward`` (``torchtune/modules/rms_norm.py``
+    l. 38-43) runs ``F.rms_norm(x.float(), ...)``, whose composite saves the FP32 input and the FP32 rstd, only
+    where the input requires grad; the embedding's output does not (the recipe trains the adapters only,
+    ``set_trainable_params``, and calls no ``enable_input_require_grads``)."""
+    return 4 * B * S * d + 4 * B * S
+
+
+@pytest.mark.parametrize("B, S", [(2, 64), (1, 200)])
+@pytest.mark.parametrize("adapters", [QV, ALL], ids=["q-v", "all"])
+@pytest.mark.parametrize("quantize", [False, True], ids=["lora", "qlora"])
+def test_torchtune_lora_layer_is_memledgers(adapters, quantize, B, S):
+    """A middle layer of ``lora_llama2`` (``qlora`` with ``quantize_base``: torchao's NF4Tensor, which runs under
+    FakeTensorMode) saves what memledger's LoRA block saves to the byte: ``LoRALinear`` keeps ``lora_a``'s input and
+    output, torchao's ``LinearNF4`` only the NF4 weight (``torchao/dtypes/nf4tensor.py`` l. 1037-1048, a buffer
+    here), torchtune's separate q, k, v projections keep what memledger's fused one does. The first layer saves
+    norm 1's FP32 input and rstd less (:func:`norm_1_saves`)."""
+    got = lora_layer_saved(**SMALL, batch=B, seq=S, attn=adapters["attn"], mlp=adapters["mlp"], quantize=quantize)
+    layer = memledger_layer(SMALL, B, S, adapters["targets"])
+    assert (got["layer"], got["first"]) == (layer, layer - norm_1_saves(SMALL["d"], B, S))
+
+
+@pytest.mark.parametrize("B, S", [(1, 1024), (2, 512)])
+def test_torchtune_qlora_7b_layer(B, S):
+    """LLaMA-2 7B's width, QLoRA on every projection and the MLP (``7B_qlora_single_device.yaml``'s modules)."""
+    got = lora_layer_saved(**SEVEN_B, batch=B, seq=S, attn=ALL["attn"], mlp=True, quantize=True)
+    layer = memledger_layer(SEVEN_B, B, S, ALL["targets"])
+    assert (got["layer"], got["first"]) == (layer, layer - norm_1_saves(SEVEN_B["d"], B, S))
+
+
+def outside_extra(d, H, L, B) -> int:
+    """What torchtune's LoRA model and recipe hold through the step beyond memledger's LoRA step, from their sources:
+    each layer's own ``RotaryPositionalEmbeddings`` (``lora_llama2_self_attention`` builds one per layer,
+    ``torchtune/models/llama2/_component_builders.py`` l. 417; ``modules/position_embeddings.py`` l. 51 and 67:
+    ``theta`` d/H/2 FP32, ``cache`` 4096 x d/H/2 x 2 FP32), ``ignore_labels_cache`` (B int64,
+    ``recipes/lora_finetune_single_device.py`` l. 351) and the previous iteration's ``current_num_tokens`` (int64)
+    and ``current_loss`` (FP32)."""
+    half = d // H // 2
+    return L * (half * 4 + 4096 * half * 2 * 4) + 8 * B + 8 + 4
+
+
+@pytest.mark.parametrize("adapters", [QV, ALL], ids=["q-v", "all"])
+@pytest.mark.parametrize("loss, checkpointed", [("ce", False), ("chunked", True)])
+def test_torchtune_lora_step_outside(adapters, loss, checkpointed):
+    """torchtune's LoRA step as ``lora_finetune_single_device`` runs it: before the forward pass it holds memledger's
+    LoRA step's bytes plus :func:`outside_extra` (the adapters' AdamW state is the same: the frozen parameters get no
+    gradient, so no state); after the optimizer step the popped labels are gone (8*B*S less: memledger's step
+    books the target ids through the step). What lies between (the first layer without an input gradient, the
+    recipe's loop tensors, the leaf memledger's LoRA step holds) is not modelled under implementation torchtune."""
+    d, H, L, B, S = SMALL["d"], SMALL["H"], 2, 2, 64
+    got = lora_step(**SMALL, L=L, batch=B, seq=S, loss=loss, attn=adapters["attn"], mlp=adapters["mlp"],
+                    checkpointed=checkpointed)
+    step = memledger_step(SMALL, L, B, S, adapters["targets"], "full" if checkpointed else "none",
+                          8 if loss == "chunked" else 1)
+    extra = outside_extra(d, H, L, B)
+    assert got["before forward"] - step.landmarks["before forward"]["gpu"] == extra
+    assert got["after step"] - step.landmarks["after step"]["gpu"] == extra - 8 * B * S
