@@ -178,7 +178,7 @@ def lora_targets(text):
 
 #: What the LoRA ledger reads: the model, one GPU's workload without a recipe (the adapters have theirs).
 LORA_READS = set(MODEL) | {"batch", "seq", "recompute", "flash_attention", "overhead", "units", "json",
-                           "gpu_memory", "measure", "loss_chunks", "loss_impl"} | set(LORA)
+                           "gpu_memory", "measure", "loss_chunks", "loss_impl", "implementation"} | set(LORA)
 
 
 def lora_config(a, arch, base: str = "bf16"):
@@ -204,9 +204,9 @@ def lora(a, ledger, by_step=None) -> str:
     """``ledger --lora-rank R`` / ``--qlora``: the LoRA or QLoRA ledger; under ``--measure allocated|reserved|
     nvidia-smi|run`` judged by its step as ``by_step`` (:func:`memledger.cli.step.lora_step`) judges it."""
     from ..ledger.lora import LoraLedger
-    if ledger.implementation != "reference" or "attn_implementation" in a.given:
-        raise ValueError(f"--implementation {ledger.implementation}: LoRA and QLoRA under a library's code (PEFT, "
-                         "torchtune, LitGPT) are not modelled yet")
+    if ledger.implementation not in ("reference", "torchtune") or "attn_implementation" in a.given:
+        raise ValueError(f"--implementation {ledger.implementation}: LoRA and QLoRA under PEFT's or LitGPT's code are "
+                         "not modelled yet (implementation torchtune models torchtune's lora_llama2)")
     from .paths import allocator_reads
     reads = LORA_READS | allocator_reads(a) | ({"load"} if getattr(a, "measure", "auto") == "run" else set())
     if "load" in a.given and "load" not in reads:
@@ -224,7 +224,8 @@ def lora(a, ledger, by_step=None) -> str:
     refuse_unread(a, reads, "the LoRA ledger")
     config = lora_config(a, ledger.arch)
     result = LoraLedger(ledger.arch, config, ledger.batch_size, ledger.seq_len, ledger.recompute,
-                        ledger.flash_attention, ledger.overhead_bytes, ledger.loss_chunks, ledger.loss_impl)
+                        ledger.flash_attention, ledger.overhead_bytes, ledger.loss_chunks, ledger.loss_impl,
+                        implementation=ledger.implementation)
     from ..answers.verdict import CHOICES, MARGIN, MEASURE, SPECS, leaves_margin, sentence
     from ..core.choices import check_choice
     from .options import gpu_bytes

@@ -142,7 +142,7 @@ def norm(a) -> dict:
 #: What the LoRA step reads: the model, one GPU's workload, --recipe for the base's precision, the LoRA options.
 LORA_STEP_READS = set(MODEL) | {"batch", "seq", "recompute", "flash_attention", "overhead", "recipe", "units",
                                 "gpu_memory", "json", "backend", "foreach", "rmsnorm", "loss_chunks", "loss_impl",
-                                "optimizer_in_backward"} | set(LORA)
+                                "optimizer_in_backward", "implementation"} | set(LORA)
 
 
 def lora_step(a, ledger, lora=None) -> str:
@@ -160,7 +160,6 @@ def lora_step(a, ledger, lora=None) -> str:
                                                           "offload or parallelism" for d in refused} | {
         "offload_activations": "activation offloading of a LoRA block (its frozen weights and NF4 tensors saved "
                                "too) is not modelled",
-        "implementation": "LoRA and QLoRA under a library's code (PEFT, torchtune, LitGPT) are not modelled yet",
         "attn_implementation": "LoRA and QLoRA under transformers' code (PEFT) are not modelled yet"})
     if ledger.arch is None:
         raise ValueError("LoRA needs an architecture: --preset, --config or a shape")
@@ -171,7 +170,7 @@ def lora_step(a, ledger, lora=None) -> str:
     config = lora_config(a, ledger.arch, base)
     lora = LoraLedger(ledger.arch, config, ledger.batch_size, ledger.seq_len, ledger.recompute,
                       ledger.flash_attention, ledger.overhead_bytes, ledger.loss_chunks,
-                      ledger.loss_impl, bool(getattr(a, "optimizer_in_backward", False)))
+                      ledger.loss_impl, bool(getattr(a, "optimizer_in_backward", False)), ledger.implementation)
     return _lora_output(a, lora, lora.step(a.backend, foreach=a.foreach, **norm(a)))
 
 

@@ -214,6 +214,7 @@ class LoraLedger:
     loss_chunks: int = 1            # the step's loss: torchtune's chunked cross-entropy in n chunks (step/lora_loss.py)
     loss_impl: str = "torchtune"    # or LitGPT's chunked_cross_entropy; the sum books no logits either way
     optimizer_in_backward: bool = False     # the step: one AdamW per adapter tensor, stepped in its grad hook
+    implementation: str = "reference"       # whose model code: memledger's reference decoder or torchtune's lora_llama2
 
     def __post_init__(self):
         from ..models.architecture import Architecture
@@ -232,6 +233,10 @@ class LoraLedger:
         object.__setattr__(self, "loss_chunks", check_count("loss_chunks", self.loss_chunks))
         check_flag("flash_attention", self.flash_attention)
         check_flag("optimizer_in_backward", self.optimizer_in_backward)
+        from ..step.implementations import check_fields, not_modelled
+        check_fields(self.implementation, "sdpa", arch)
+        if self.implementation not in ("reference", "torchtune"):
+            raise not_modelled(self.implementation, "LoRA and QLoRA (PEFT's or LitGPT's adapters)")
         self.config.check(self.arch.style)
 
     @property
@@ -266,7 +271,8 @@ class LoraLedger:
         return {"arch": self.arch.description or self.arch.style, "rank": c.rank, "targets": list(c.targets),
                 "base": c.base, "double_quant": c.double_quant, "adapter_recipe": c.adapter_recipe,
                 "lora_dropout": c.dropout, "paged": c.paged, "batch_size": self.batch_size,
-                "seq_len": self.seq_len, "recompute": self.recompute, "trainable_params": adapter_params(self.arch, c)}
+                "seq_len": self.seq_len, "recompute": self.recompute, "trainable_params": adapter_params(self.arch, c)} \
+            | ({} if self.implementation == "reference" else {"implementation": self.implementation})
 
     def to_dict(self) -> dict:
         return {"inputs": self.inputs(),
@@ -276,10 +282,13 @@ class LoraLedger:
     @cached_property
     def peak(self):
         """The GPU peak of the step under CUDA's conventions (:meth:`step`: SDPA's flash kernel, fused RMSNorm,
-        AdamW's foreach), or None where the step does not model the run (then the sum judges)."""
+        AdamW's foreach), or None where the step does not model the run (then the sum judges); under a library's
+        code (``implementation``) the step's refusal stands: the sum is the reference decoder's."""
         try:
             return self.step("cuda").peak.bytes
         except ValueError:
+            if self.implementation != "reference":
+                raise
             return None
 
     def judged_bytes(self) -> int:
@@ -293,7 +302,7 @@ class LoraLedger:
         ledger = Ledger(self.arch, batch_size=self.batch_size, seq_len=self.seq_len, recipe="bf16-pure-adamw",
                         overhead_bytes=self.overhead_bytes, dropout=False, flash_attention=self.flash_attention,
                         recompute=self.recompute, loss_chunks=self.loss_chunks, loss_impl=self.loss_impl,
-                        optimizer_in_backward=self.optimizer_in_backward)
+                        optimizer_in_backward=self.optimizer_in_backward, implementation=self.implementation)
         return LoraStep(ledger.step_inputs, self.config, backend, record=self.inputs(), origin=self,
                         **conventions)
 

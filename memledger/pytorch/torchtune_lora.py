@@ -67,7 +67,7 @@ def _check(loss):
 @recorded
 def lora_layer_saved(d: int, H: int, F: int, V: int, batch: int, seq: int, rank: int = 8, alpha: float = 16.0,
                      attn: tuple = ("q_proj", "v_proj"), mlp: bool = False, output: bool = False,
-                     quantize: bool = False) -> dict:
+                     quantize: bool = False, dropout: float = 0.0) -> dict:
     """{"layer": what one middle layer saves (the 3-layer model's total minus the 2-layer's), "first": what the
     first layer saves, "outside": the 3-layer model's saved bytes outside its layers}, one forward pass (the logits)
     of :func:`build_lora`'s model under ``FakeTensorMode``; saved-tensor hooks deduplicated by storage, parameters
@@ -76,7 +76,7 @@ def lora_layer_saved(d: int, H: int, F: int, V: int, batch: int, seq: int, rank:
     totals, first, outside = {}, 0, 0
     for L in (2, 3):
         with FakeTensorMode():
-            model, layers = build_lora(d, L, H, F, V, rank, alpha, attn, mlp, output, quantize)
+            model, layers = build_lora(d, L, H, F, V, rank, alpha, attn, mlp, output, quantize, dropout)
             skip = {id(t) for t in (*model.parameters(), *model.buffers())}
             skip |= {id(t.untyped_storage()) for t in (*model.parameters(), *model.buffers())
                      if type(t) is not torch.Tensor and not hasattr(t, "quantized_data")}
@@ -103,7 +103,7 @@ def lora_layer_saved(d: int, H: int, F: int, V: int, batch: int, seq: int, rank:
 @recorded
 def lora_step(d: int, L: int, H: int, F: int, V: int, batch: int, seq: int, loss: str = "ce", chunks: int = 8,
               rank: int = 8, alpha: float = 16.0, attn: tuple = ("q_proj", "v_proj"), mlp: bool = False,
-              output: bool = False, quantize: bool = False, checkpointed: bool = False) -> dict:
+              output: bool = False, quantize: bool = False, checkpointed: bool = False, dropout: float = 0.0) -> dict:
     """MemTracker's totals of a steady-state step of torchtune's LoRA model as ``lora_finetune_single_device`` runs
     it, under ``FakeTensorMode`` (the CPU backend): {landmark: bytes, "peak": int, "phase peaks": {"forward",
     "backward", "optimizer"}}; ``checkpointed``: ``enable_activation_checkpointing: True``."""
@@ -114,7 +114,8 @@ def lora_step(d: int, L: int, H: int, F: int, V: int, batch: int, seq: int, loss
 
     cpu = torch.device("cpu")
     with FakeTensorMode():
-        model, _ = build_lora(d, L, H, F, V, rank, alpha, attn, mlp, output, quantize, max_seq_len=max(4096, seq))
+        model, _ = build_lora(d, L, H, F, V, rank, alpha, attn, mlp, output, quantize, dropout,
+                              max_seq_len=max(4096, seq))
         if checkpointed:
             training.set_activation_checkpointing(model, auto_wrap_policy={modules.TransformerSelfAttentionLayer})
         opt = torch.optim.AdamW(model.parameters())

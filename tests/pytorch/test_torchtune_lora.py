@@ -98,3 +98,58 @@ def test_torchtune_lora_step_outside(adapters, loss, checkpointed):
     extra = outside_extra(d, H, L, B)
     assert got["before forward"] - step.landmarks["before forward"]["gpu"] == extra
     assert got["after step"] - step.landmarks["after step"]["gpu"] == extra - 8 * B * S
+
+
+def torchtune_step(shape, L, B, S, targets, recompute="none", chunks=1, dropout=False):
+    """memledger's LoRA step under ``implementation="torchtune"`` (CPU conventions)."""
+    c = RefConfig(shape["d"], L, shape["H"], shape["F"], shape["V"], "llama")
+    config = LoraConfig(8, targets, adapter_recipe="bf16-pure-adamw", dropout=dropout)
+    return LoraLedger(architecture_of(c), config, B, S, recompute, overhead_bytes=0, loss_chunks=chunks,
+                      implementation="torchtune").step("cpu")
+
+
+def differences(got, step) -> dict:
+    """{landmark, phase peak, "peak": torchtune's measured bytes minus memledger's} (nonzero ones only)."""
+    out = {name: got[name] - step.landmarks[name]["gpu"] for name in ("before forward", "after forward",
+                                                                       "after backward", "after step")}
+    out.update({f"{phase} peak": got["phase peaks"][phase] - v for phase, v in step.phase_peaks().items()})
+    out["peak"] = got["peak"] - step.peak.bytes
+    return {k: v for k, v in out.items() if v}
+
+
+#: torchtune's modules (lora_attn_modules, apply_lora_to_mlp, apply_lora_to_output) and memledger's targets
+QV_HEAD = dict(attn=("q_proj", "v_proj"), mlp=False, output=True, targets=("q_proj", "v_proj", "lm_head"))
+ALL_HEAD = dict(ALL, output=True, targets=ALL["targets"] + ("lm_head",))
+
+
+def run(adapters, shape, L, B, S, loss, checkpointed, dropout):
+    got = lora_step(**shape, L=L, batch=B, seq=S, loss=loss, attn=adapters["attn"], mlp=adapters["mlp"],
+                    output=adapters.get("output", False), checkpointed=checkpointed, dropout=dropout)
+    step = torchtune_step(shape, L, B, S, adapters["targets"], "full" if checkpointed else "none",
+                          8 if loss == "chunked" else 1, dropout > 0)
+    return differences(got, step)
+
+
+@pytest.mark.parametrize("checkpointed", [False, True], ids=["none", "full"])
+@pytest.mark.parametrize("adapters, L, B, S, loss, dropout", [
+    (QV, 2, 2, 64, "ce", 0.0), (QV, 3, 1, 64, "chunked", 0.0), (ALL, 2, 2, 64, "chunked", 0.0),
+    (ALL, 3, 1, 64, "ce", 0.05), (QV_HEAD, 2, 2, 64, "ce", 0.05), (ALL_HEAD, 5, 2, 64, "ce", 0.05),
+    (QV, 5, 1, 64, "chunked", 0.05)])
+def test_torchtune_lora_step_equals_memledgers(adapters, L, B, S, loss, dropout, checkpointed):
+    """torchtune's LoRA step as ``lora_finetune_single_device`` runs it (``lora_llama2``, LoRALinear on the chosen
+    modules, LoRA dropout, CrossEntropyLoss or CEWithChunkedOutputLoss(8), ``enable_activation_checkpointing``) equals
+    memledger's ``LoraLedger(..., implementation="torchtune")`` step at every landmark, every phase's peak and the
+    step's, to the byte: each layer's RoPE buffers, the recipe's loop tensors (memledger.step.torchtune), the first
+    layer without an input gradient (memledger.step.lora.first_block), and under the checkpoint the attention's
+    locals (q, k, v, SDPA's output) gone when it returns, the layer's attn_out kept until the layer returns and
+    LoRALinear's ``lora_out`` (A's output) alive through the scaling."""
+    assert run(adapters, SMALL, L, B, S, loss, checkpointed, dropout) == {}
+
+
+@pytest.mark.parametrize("checkpointed", [False, True], ids=["none", "full"])
+@pytest.mark.parametrize("adapters, B, S, loss", [(QV, 1, 1024, "ce"), (ALL, 2, 512, "chunked")], ids=["q-v", "all"])
+def test_torchtune_lora_7b_width_step(adapters, B, S, loss, checkpointed):
+    """LLaMA-2 7B's width (two layers, V 32000), as ``7B_lora_single_device.yaml`` runs it (rank 8; q, v or every
+    projection and the MLP; CEWithChunkedOutputLoss or CrossEntropyLoss), with and without activation
+    checkpointing: every landmark and peak equals memledger's ``implementation="torchtune"`` step to the byte."""
+    assert run(adapters, SEVEN_B, 2, B, S, loss, checkpointed, 0.0) == {}

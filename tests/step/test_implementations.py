@@ -161,6 +161,12 @@ def test_the_cli_echoes_and_refuses(capsys):
     refused(capsys, "step", *TINY, "--backend", "cuda", "--implementation", "torchtune", "--lora-rank", "8",
             message="not modelled yet")
     refused(capsys, "ledger", *TINY, "--implementation", "torchtune", "--lora-rank", "8", message="not modelled yet")
+    refused(capsys, "ledger", *TINY, "--implementation", "hf", "--lora-rank", "8", message="not modelled yet")
+    for command in ("step", "ledger"):      # torchtune's lora_llama2: its adapters in the model's dtype (bf16-pure-adamw)
+        code, out, _ = run(capsys, command, *TINY, "--seq", "64", "--implementation", "torchtune", "--lora-rank", "8",
+                           "--adapter-recipe", "bf16-pure-adamw", "--json", *(("--backend", "cuda") if command == "step"
+                                                                              else ()))
+        assert code == 0 and json.loads(out)["inputs"]["implementation"] == "torchtune"
     refused(capsys, "infer", *TINY, "--implementation", "hf", message="not modelled yet")
     refused(capsys, "ledger", *TINY, "--implementation", "torchtune", "--measure", "total",
             message="does not read --implementation")
