@@ -50,6 +50,15 @@ The programs of :mod:`memledger.pytorch.lora`'s reference (PEFT's ``LoraLayer`` 
 * **The optimizer in backward** (``optimizer_in_backward``): one AdamW per adapter tensor, stepped and its gradient
   freed in its hook (:func:`memledger.step.optim.in_backward`); not with FP32 masters or bitsandbytes.
 
+* **torchtune's code** (``implementation="torchtune"``): its ``lora_llama2`` as ``lora_finetune_single_device`` runs
+  it. What differs from the reference: one ``RotaryPositionalEmbeddings`` a layer and the recipe's loop tensors
+  (:mod:`memledger.step.torchtune`); no leaf (``set_trainable_params`` only, no ``enable_input_require_grads``), so the
+  first layer's input requires no grad (:func:`first_block`); ``TransformerSelfAttentionLayer.forward``'s ``attn_out``
+  lives until the layer returns; under the checkpoint its attention's q, k, v and SDPA output die when the attention
+  returns, and ``LoRALinear``'s ``lora_out`` (A's output) lives through the scaling. Its middle blocks otherwise run
+  the reference's ops (fused QKV, no RoPE ops), which tests/pytorch/test_torchtune_lora.py finds equal at every
+  landmark and peak. Adapters in the model's dtype only; QLoRA (torchao's ``NF4Tensor``) is refused.
+
 Scope: LLaMA blocks (multi-head or grouped-query), the SDPA flash kernel, composite (CPU) or fused RMSNorm,
 no, selective (the attention core checkpointed: its flash output and log-sum-exp not saved, the core re-run in
 backward) or full recomputation (non-reentrant), one GPU, a BF16 (or NF4) base, FP32 adapters or

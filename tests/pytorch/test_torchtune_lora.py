@@ -89,7 +89,7 @@ def test_torchtune_lora_step_outside(adapters, loss, checkpointed):
     LoRA step's bytes plus :func:`outside_extra` (the adapters' AdamW state is the same: the frozen parameters get no
     gradient, so no state); after the optimizer step the popped labels are gone (8*B*S less: memledger's step
     books the target ids through the step). What lies between (the first layer without an input gradient, the
-    recipe's loop tensors, the leaf memledger's LoRA step holds) is not modelled under implementation torchtune."""
+    recipe's loop tensors, the leaf the reference's LoRA step holds) is implementation torchtune's (the test below)."""
     d, H, L, B, S = SMALL["d"], SMALL["H"], 2, 2, 64
     got = lora_step(**SMALL, L=L, batch=B, seq=S, loss=loss, attn=adapters["attn"], mlp=adapters["mlp"],
                     checkpointed=checkpointed)
@@ -153,3 +153,27 @@ def test_torchtune_lora_7b_width_step(adapters, B, S, loss, checkpointed):
     projection and the MLP; CEWithChunkedOutputLoss or CrossEntropyLoss), with and without activation
     checkpointing: every landmark and peak equals memledger's ``implementation="torchtune"`` step to the byte."""
     assert run(adapters, SEVEN_B, 2, B, S, loss, checkpointed, 0.0) == {}
+
+
+def nf4_bytes(n: int) -> int:
+    """One torchao ``NF4Tensor`` of ``n`` BF16 weights (``to_nf4(weight)``: blocks of 64, scalers in blocks of 256),
+    from ``torchao/dtypes/nf4tensor.py`` (0.14.1) ``from_tensor`` l. 633-700 and ``double_quantize_scalers``
+    l. 705-762: ``quantized_data`` (uint8, two codes a byte, n/2), ``quantized_scalers`` (int8, n/64),
+    ``quantization_factor`` (BF16, one per 256 scalers), ``scaler_mean`` (a BF16 scalar) and the 16-value BF16
+    lookup table ``nf4`` each tensor keeps."""
+    return n // 2 + n // 64 + 2 * (n // 64 // 256) + 2 + 16 * 2
+
+
+@pytest.mark.parametrize("adapters", [QV, ALL], ids=["q-v", "all"])
+def test_torchtune_qlora_holds_torchaos_nf4_tensors(adapters):
+    """QLoRA under torchtune's code (``quantize_base=True``: every block projection an ``NF4Tensor``, measured under
+    FakeTensorMode): before the forward pass its step holds the BF16 LoRA step's bytes with each projection's
+    2n BF16 bytes replaced by :func:`nf4_bytes` (not bitsandbytes' layout, which memledger's QLoRA books: FP32
+    constants per 256 absmax, no lookup table). The step itself (``linear_nf4``: the whole weight dequantized to
+    BF16 in forward and again in backward, ``get_original_weight`` l. 829-855 with its int64 codes) is not modelled
+    under implementation torchtune."""
+    d, F, L, B, S = SMALL["d"], SMALL["F"], 2, 2, 64
+    kw = dict(**SMALL, L=L, batch=B, seq=S, attn=adapters["attn"], mlp=adapters["mlp"])
+    lora, qlora = lora_step(**kw), lora_step(**kw, quantize=True)
+    sizes = [d * d] * 4 + [d * F] * 3
+    assert qlora["before forward"] - lora["before forward"] == L * sum(nf4_bytes(n) - 2 * n for n in sizes)
