@@ -102,12 +102,15 @@ class Published:
 
 # --- memledger's side: the setups as memledger models them -------------------------------------------------------
 
-def _lora_step(config, batch, seq, *, recompute="none", loss_chunks=1, loss_impl="torchtune", arch="llama2-7b"):
+def _lora_step(config, batch, seq, *, recompute="none", loss_chunks=1, loss_impl="torchtune", arch="llama2-7b",
+               implementation="reference"):
     """The LoRA step on CUDA (composite RMSNorm, as both libraries' norms upcast), no overhead row: the allocator's
-    counters do not see the CUDA context."""
+    counters do not see the CUDA context; ``implementation``: whose model code (torchtune's ``lora_llama2`` for
+    torchtune's LoRA rows)."""
     from ..ledger.lora import LoraLedger
     return LoraLedger(arch, config, batch_size=batch, seq_len=seq, recompute=recompute, loss_chunks=loss_chunks,
-                      loss_impl=loss_impl, overhead_bytes=0).step("cuda", rmsnorm="composite")
+                      loss_impl=loss_impl, overhead_bytes=0, implementation=implementation).step(
+        "cuda", rmsnorm="composite")
 
 
 def _replayed(step, measure: str, load: str = None) -> int:
@@ -142,9 +145,19 @@ def _torchtune_config(rank, targets, quantized):
     return LoraConfig(rank=rank, targets=targets, adapter_recipe="bf16-pure-adamw", dropout=True)
 
 
+def _torchtune_implementation(quantized) -> str:
+    """torchtune's rows run its ``lora_llama2`` (implementation torchtune, :mod:`memledger.step.lora`: each layer's
+    RoPE buffers, the first layer without an input gradient, its attention's locals under the checkpoint) with
+    0.6.1's recipe loop; the tutorials' loop at 0914d5c differs (``logits[..., :-1, :].contiguous()``, kept through
+    backward, recipes/lora_finetune_single_device.py l. 447-468 there). QLoRA (torchao's NF4Tensor) is not modelled
+    under torchtune's code: those rows stay on the reference decoder."""
+    return "reference" if quantized else "torchtune"
+
+
 def torchtune_lora(rank, targets, quantized=False):
     def predict():
-        step = _lora_step(_torchtune_config(rank, targets, quantized), 2, 512, recompute="full")
+        step = _lora_step(_torchtune_config(rank, targets, quantized), 2, 512, recompute="full",
+                          implementation=_torchtune_implementation(quantized))
         return Prediction(_replayed(step, "reserved", TT_LOAD), f"reserved (whole run, --load {TT_LOAD})")
     return predict
 
@@ -153,7 +166,7 @@ def torchtune_load(quantized=False):
     """The reading after model init: reserved while building and loading the model as torchtune at 0914d5c did."""
     def predict():
         config = _torchtune_config(8, ALL_BUT_HEAD if quantized else QV, quantized)
-        step = _lora_step(config, 2, 512, recompute="full")
+        step = _lora_step(config, 2, 512, recompute="full", implementation=_torchtune_implementation(quantized))
         return Prediction(_after_loading(step, "reserved", TT_LOAD), f"reserved (after loading, --load {TT_LOAD})")
     return predict
 

@@ -54,7 +54,8 @@ def lora_options(parser):
                                help="dropout p on each adapter's input (alone: 0.1, QLoRA's for 7B-13B; "
                                "0: none; the bytes do not depend on p)")
     action.fallback = None
-    add(lora, "--adapter-recipe", "the adapters' recipe (default fp32-adamw; QLoRA bf16-adamw32-bnb)")
+    add(lora, "--adapter-recipe", "the adapters' recipe (default fp32-adamw; QLoRA bf16-adamw32-bnb; under "
+        "--implementation torchtune or litgpt their recipes' bf16-pure-adamw)")
     add(lora, "--no-double-quant", "QLoRA without double quantization", switch=True)
 
 
@@ -181,17 +182,23 @@ LORA_READS = set(MODEL) | {"batch", "seq", "recompute", "flash_attention", "over
                            "gpu_memory", "measure", "loss_chunks", "loss_impl", "implementation"} | set(LORA)
 
 
-def lora_config(a, arch, base: str = "bf16"):
+#: The adapters' recipe where --adapter-recipe is not given, by implementation: torchtune's and LitGPT's LoRA recipes
+#: train the adapters in the model's dtype (torchtune 0.6.1 ``recipes/lora_finetune_single_device.py`` builds the
+#: model in ``dtype: bf16``; LitGPT 0.5.13 ``finetune/lora.py`` runs ``precision="bf16-true"``).
+ADAPTER_RECIPE = {"torchtune": "bf16-pure-adamw", "litgpt": "bf16-pure-adamw"}
+
+
+def lora_config(a, arch, base: str = "bf16", implementation: str = "reference"):
     """The :class:`memledger.ledger.lora.LoraConfig` the LoRA options give (``base``: the frozen base's dtype
-    without --qlora)."""
+    without --qlora; the adapters' recipe, where not given, the ``implementation``'s own: :data:`ADAPTER_RECIPE`)."""
     from ..ledger.lora import LoraConfig, qlora
     targets = lora_targets(a.lora_targets)
     options = {}
     dropout = lora_dropout(a.lora_dropout)
     if dropout is not None:
         options["dropout"] = dropout
-    if a.adapter_recipe:
-        options["adapter_recipe"] = a.adapter_recipe
+    if a.adapter_recipe or (implementation in ADAPTER_RECIPE and not a.qlora):
+        options["adapter_recipe"] = a.adapter_recipe or ADAPTER_RECIPE[implementation]
     rank = parse_count(a.lora_rank, "lora_rank") if a.lora_rank else None
     if a.qlora:
         return qlora(rank or 64, targets, arch.style, double_quant=not a.no_double_quant, **options)
@@ -204,7 +211,7 @@ def lora(a, ledger, by_step=None) -> str:
     """``ledger --lora-rank R`` / ``--qlora``: the LoRA or QLoRA ledger; under ``--measure allocated|reserved|
     nvidia-smi|run`` judged by its step as ``by_step`` (:func:`memledger.cli.step.lora_step`) judges it."""
     from ..ledger.lora import LoraLedger
-    if ledger.implementation not in ("reference", "litgpt") or "attn_implementation" in a.given:
+    if ledger.implementation not in ("reference", "litgpt", "torchtune") or "attn_implementation" in a.given:
         from ..step.implementations import lora_not_modelled
         impl = "hf" if "attn_implementation" in a.given else ledger.implementation
         raise ValueError(f"--implementation {ledger.implementation}: {lora_not_modelled(impl)}")
@@ -223,7 +230,7 @@ def lora(a, ledger, by_step=None) -> str:
     if ledger.arch is None:
         raise ValueError("LoRA needs an architecture: --preset, --config or a shape")
     refuse_unread(a, reads, "the LoRA ledger")
-    config = lora_config(a, ledger.arch)
+    config = lora_config(a, ledger.arch, implementation=ledger.implementation)
     result = LoraLedger(ledger.arch, config, ledger.batch_size, ledger.seq_len, ledger.recompute,
                         ledger.flash_attention, ledger.overhead_bytes, ledger.loss_chunks, ledger.loss_impl,
                         implementation=ledger.implementation)

@@ -142,7 +142,7 @@ def norm(a) -> dict:
 #: What the LoRA step reads: the model, one GPU's workload, --recipe for the base's precision, the LoRA options.
 LORA_STEP_READS = set(MODEL) | {"batch", "seq", "recompute", "flash_attention", "overhead", "recipe", "units",
                                 "gpu_memory", "json", "backend", "foreach", "rmsnorm", "loss_chunks", "loss_impl",
-                                "optimizer_in_backward"} | set(LORA)
+                                "optimizer_in_backward", "implementation"} | set(LORA)
 
 
 def lora_step(a, ledger, lora=None) -> str:
@@ -161,17 +161,17 @@ def lora_step(a, ledger, lora=None) -> str:
                                                           "offload or parallelism" for d in refused} | {
         "offload_activations": "activation offloading of a LoRA block (its frozen weights and NF4 tensors saved "
                                "too) is not modelled",
-        "implementation": lora_not_modelled(ledger.implementation), "attn_implementation": lora_not_modelled("hf")})
+        "attn_implementation": lora_not_modelled("hf")})
     if ledger.arch is None:
         raise ValueError("LoRA needs an architecture: --preset, --config or a shape")
     base = next(c.dtype for c in get_recipe(ledger.recipe).components if c.role == "param")
     if a.qlora and "recipe" in a.given and base not in ("bf16", "fp16"):
         raise ValueError(f"--qlora quantizes a 16-bit base to NF4 and computes in BF16; --recipe {ledger.recipe} "
                          f"gives an {base.upper()} base")
-    config = lora_config(a, ledger.arch, base)
+    config = lora_config(a, ledger.arch, base, ledger.implementation)
     lora = LoraLedger(ledger.arch, config, ledger.batch_size, ledger.seq_len, ledger.recompute,
                       ledger.flash_attention, ledger.overhead_bytes, ledger.loss_chunks,
-                      ledger.loss_impl, bool(getattr(a, "optimizer_in_backward", False)))
+                      ledger.loss_impl, bool(getattr(a, "optimizer_in_backward", False)), ledger.implementation)
     return _lora_output(a, lora, lora.step(a.backend, foreach=a.foreach, **norm(a)))
 
 

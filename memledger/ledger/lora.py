@@ -222,7 +222,7 @@ class LoraLedger:
     loss_chunks: int = 1            # the step's loss: torchtune's chunked cross-entropy in n chunks (step/lora_loss.py)
     loss_impl: str = "torchtune"    # or LitGPT's chunked_cross_entropy; the sum books no logits either way
     optimizer_in_backward: bool = False     # the step: one AdamW per adapter tensor, stepped in its grad hook
-    implementation: str = "reference"       # or "litgpt": LitGPT's LoRA GPT (memledger.step.litgpt_lora)
+    implementation: str = "reference"       # the reference decoder, torchtune's lora_llama2 or LitGPT's LoRA GPT
 
     def __post_init__(self):
         from ..models.architecture import Architecture
@@ -241,8 +241,12 @@ class LoraLedger:
         object.__setattr__(self, "loss_chunks", check_count("loss_chunks", self.loss_chunks))
         check_flag("flash_attention", self.flash_attention)
         check_flag("optimizer_in_backward", self.optimizer_in_backward)
+        from ..step.implementations import check_fields, not_modelled
+        check_fields(self.implementation, "sdpa", arch)
+        if self.implementation not in ("reference", "torchtune", "litgpt"):
+            raise not_modelled(self.implementation, "LoRA and QLoRA" + (" (PEFT's adapters)" if self.implementation == "hf"
+                                                                         else ""))
         self.config.check(self.arch.style)
-        check_choice("implementation", self.implementation, ("reference", "litgpt"))
         if self.implementation == "litgpt":
             self._check_litgpt()
 
@@ -326,10 +330,14 @@ class LoraLedger:
     @cached_property
     def peak(self):
         """The GPU peak of the step under CUDA's conventions (:meth:`step`: SDPA's flash kernel, fused RMSNorm,
-        AdamW's foreach), or None where the step does not model the run (then the sum judges)."""
+        AdamW's foreach), or None where the step does not model the run (then the sum judges); under a library's
+        code (``implementation``) the step's refusal stands where the sum is the reference decoder's (LitGPT's rows
+        are its own layers: :mod:`memledger.step.litgpt_lora`)."""
         try:
             return self.step("cuda").peak.bytes
         except ValueError:
+            if self.implementation not in ("reference", "litgpt"):
+                raise
             return None
 
     def judged_bytes(self) -> int:
@@ -347,7 +355,7 @@ class LoraLedger:
         ledger = Ledger(self.arch, batch_size=self.batch_size, seq_len=self.seq_len, recipe="bf16-pure-adamw",
                         overhead_bytes=self.overhead_bytes, dropout=False, flash_attention=self.flash_attention,
                         recompute=self.recompute, loss_chunks=self.loss_chunks, loss_impl=self.loss_impl,
-                        optimizer_in_backward=self.optimizer_in_backward)
+                        optimizer_in_backward=self.optimizer_in_backward, implementation=self.implementation)
         return LoraStep(ledger.step_inputs, self.config, backend, record=self.inputs(), origin=self,
                         **conventions)
 

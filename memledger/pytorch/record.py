@@ -44,7 +44,8 @@ __all__ = ["HARNESS", "MODES", "RecordError", "call", "call_key", "configure", "
 
 #: The modules (of this package) whose functions are recorded; the harness hash starts from them.
 HARNESS = ("measure", "distributed", "ddp", "prefill", "compiled", "libraries", "torchtune_litgpt", "torchtitan_step",
-           "litgpt_lora")
+           "litgpt_lora",
+           "torchtune_lora")
 MODES = ("off", "live", "recorded", "record")
 PACKAGE = __name__.rsplit(".", 1)[0]                      # memledger.pytorch
 ROOT = Path(__file__).resolve().parents[1]                # memledger/

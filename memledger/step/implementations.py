@@ -63,6 +63,12 @@ head, an untied head) under LitGPT's and transformers' code (sdpa or eager), eac
 (tests/pytorch/test_gpt_style.py); every other GPT-style block under a library's code is refused (:func:`gpt_lacks`),
 and so is recomputation with pythia.
 
+LoRA under torchtune's code (``LoraLedger(..., implementation="torchtune")``, ``--lora-rank ... --implementation
+torchtune``): ``lora_llama2`` as ``lora_finetune_single_device`` runs it, its adapters in the model's dtype
+(``bf16-pure-adamw``), with or without its activation checkpointing (:mod:`memledger.step.lora`: ``first_block``, the
+attention's locals; :func:`memledger.step.torchtune.statics` with one RoPE module a layer), checked against its own step
+(tests/pytorch/test_torchtune_lora.py); its QLoRA (torchao's ``NF4Tensor``) is refused.
+
 What is not modelled yet under a library's code is refused in one line (:func:`check_step`), never computed with
 the reference decoder's block in its place.
 """

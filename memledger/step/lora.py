@@ -50,6 +50,15 @@ The programs of :mod:`memledger.pytorch.lora`'s reference (PEFT's ``LoraLayer`` 
 * **The optimizer in backward** (``optimizer_in_backward``): one AdamW per adapter tensor, stepped and its gradient
   freed in its hook (:func:`memledger.step.optim.in_backward`); not with FP32 masters or bitsandbytes.
 
+* **torchtune's code** (``implementation="torchtune"``): its ``lora_llama2`` as ``lora_finetune_single_device`` runs
+  it. What differs from the reference: one ``RotaryPositionalEmbeddings`` a layer and the recipe's loop tensors
+  (:mod:`memledger.step.torchtune`); no leaf (``set_trainable_params`` only, no ``enable_input_require_grads``), so the
+  first layer's input requires no grad (:func:`first_block`); ``TransformerSelfAttentionLayer.forward``'s ``attn_out``
+  lives until the layer returns; under the checkpoint its attention's q, k, v and SDPA output die when the attention
+  returns, and ``LoRALinear``'s ``lora_out`` (A's output) lives through the scaling. Its middle blocks otherwise run
+  the reference's ops (fused QKV, no RoPE ops), which tests/pytorch/test_torchtune_lora.py finds equal at every
+  landmark and peak. Adapters in the model's dtype only; QLoRA (torchao's ``NF4Tensor``) is refused.
+
 Scope: LLaMA blocks (multi-head or grouped-query), the SDPA flash kernel, composite (CPU) or fused RMSNorm,
 no, selective (the attention core checkpointed: its flash output and log-sum-exp not saved, the core re-run in
 backward) or full recomputation (non-reentrant), one GPU, a BF16 (or NF4) base, FP32 adapters or
@@ -70,11 +79,12 @@ from ..core.symbols import B, F, H, L, O, S, V, d, r
 from ..core.vocabulary import Role
 from ..states.bnb import nf4_gemm_fallback, nf4_parts
 from ..states.recipes import get_recipe
-from . import loss, optim, outer
+from . import loss, optim, outer, torchtune as tune
 from .build import IDS, Built
 from .lora_loss import lora_chunked_backward_start, lora_chunked_forward_end
 from .ops import BS, BSd, BSF, INPUT_GRADIENT, Program, Ref, Tensor, dropout_ops, gradient, qkv_width, \
     residual_names, widths_of
+from .implementations import not_modelled
 from .inputs import inputs_of
 from .outer import Param
 from .structure import BNB_KINDS, OPTIMIZER_OF, StepStructure
@@ -291,11 +301,12 @@ def _base_backward(p, c, spec, base, g_in, frees=()):
     p.op("released", free=list(frees))
 
 
-def _adapter_forward(p, c, spec, t, x, dropped=False, role_b: OpRole = None):
+def _adapter_forward(p, c, spec, t, x, dropped=False, role_b: OpRole = None, unsaved_mask=False):
     """An adapter on input ``x`` (live; FP32 adapters first copy it to FP32): returns its output's name and the
     temporaries the sum with the base frees (:func:`_adapter_sum`). ``dropped`` (under a whole-block checkpoint):
     nothing is saved; A's output goes once B has read it, the dropout's mask when the dropout returns, its output
-    and the FP32 copy (locals) when the adapter's (PEFT's) call returns."""
+    and the FP32 copy (locals) when the adapter's (PEFT's) call returns. ``unsaved_mask``: ``x`` requires no grad
+    (torchtune's first block), so the dropout's mask goes as the dropout returns."""
     out, inp = adapter_shape(c, t)
     ad = _adapter_dtype(c, spec)
     src, cast, gone = x, None, []
@@ -315,13 +326,18 @@ def _adapter_forward(p, c, spec, t, x, dropped=False, role_b: OpRole = None):
             src = p.new(src + " (checkpointed)", (B, S, inp), ad, "Adapter.forward's local x")
             gone.append(src)
         dropout_ops(p, c, f"LoRA {t}", mask, src)
+        if unsaved_mask and not dropped:
+            p.op("released (the input requires no grad: the mask is not saved)", free=[mask])
     a_out = f"LoRA {t} A output" if not dropped else p.new(f"LoRA {t} A output (checkpointed)", (B, S, r), ad,
                                                              "not kept: freed once lora_B has read it")
     b = p.new(f"LoRA {t} B output", (B, S, out), ad, "lora_B's output, until the scaling")
     delta = p.new(f"LoRA {t} delta", (B, S, out), ad, "lora_B(lora_A(x)) * scaling")
     p.op(f"LoRA {t} A", alloc=[a_out], free=[mask] if dropped else [])
     p.op(f"LoRA {t} B", alloc=[b], role=role_b)
-    p.op(f"LoRA {t} scaling", alloc=[delta], free=[a_out] if dropped else [])
+    late = dropped and tune.on(c)   # torchtune's lora_out = scale * lora_b(lora_out): A's output outlives the product
+    p.op(f"LoRA {t} scaling", alloc=[delta], free=[a_out] if dropped and not late else [])
+    if late:
+        p.op("released (lora_out rebound)", free=[a_out])
     return b, delta, cast, gone
 
 
@@ -342,11 +358,12 @@ def _adapter_sum(p, c, spec, t, adapter, out, raw=None, after=()):
     p.op("released", free=[s32, cast] + list(after))
 
 
-def _adapter_backward(p, c, spec, t, x, share, last_reader, g_out=None, role_b: OpRole = None):
+def _adapter_backward(p, c, spec, t, x, share, last_reader, g_out=None, role_b: OpRole = None, input_grad=True):
     """An adapter's backward from its output gradient: returns (the gradient of its input, the gradient its base
     reads: None where it is the same tensor). ``x``: its saved input (without dropout, in the base's dtype),
     freed here if ``last_reader``; ``g_out``: the output gradient, freed here once read (FP32 adapters only:
-    otherwise the base reads it too)."""
+    otherwise the base reads it too). ``input_grad`` False: its input requires no grad (torchtune's first block):
+    A's backward makes its weight gradient only, and the input gradient returned is None."""
     out, inp = adapter_shape(c, t)
     a, ad = c.dtype, _adapter_dtype(c, spec)
     gb = None
@@ -358,7 +375,7 @@ def _adapter_backward(p, c, spec, t, x, share, last_reader, g_out=None, role_b: 
         p.op(f"LoRA {t}: add backward", alloc=[gb])
     gs = p.new(f"LoRA {t} scaled gradient", (B, S, out), ad, "mul backward: g * scaling")
     ga = p.new(f"LoRA {t} gradient of A output", (B, S, r), ad, "lora_B's input gradient")
-    gx = p.new(f"LoRA {t} input gradient", (B, S, inp), ad, "lora_A's input gradient")
+    gx = p.new(f"LoRA {t} input gradient", (B, S, inp), ad, "lora_A's input gradient") if input_grad else None
     grad_b = gradient(p, f"{t}.lora_B", out * r, c, share)
     grad_a = gradient(p, f"{t}.lora_A", r * inp, c, share)
     p.op(f"LoRA {t} scaling backward", alloc=[gs])
@@ -367,6 +384,9 @@ def _adapter_backward(p, c, spec, t, x, share, last_reader, g_out=None, role_b: 
     p.op(f"LoRA {t} B backward", alloc=[grad_b, ga], role=role_b)
     p.op("released", free=[gs, f"LoRA {t} A output"])
     p.op(f"LoRA {t} A backward", alloc=[grad_a, gx])
+    if not input_grad:
+        p.op("released", free=[ga, f"LoRA {t} dropout output" if spec.dropout else x if last_reader else None])
+        return None, gb
     if not spec.dropout:
         saved = f"LoRA {t} input (FP32 copy)" if spec.fp32_adapters else (x if last_reader else None)
         p.op("released", free=[ga, saved])
@@ -406,8 +426,8 @@ class _BlockForward:
     ``checkpoint(..., use_reentrant=False)``: nothing is saved, each tensor dies with its last reference. Locals of
     the block (:meth:`local`) go when it returns."""
 
-    def __init__(self, p, c, spec: LoraSpec, dropped: bool):
-        self.p, self.c, self.spec, self.dropped = p, c, spec, dropped
+    def __init__(self, p, c, spec: LoraSpec, dropped: bool, first: bool = False):
+        self.p, self.c, self.spec, self.dropped, self.first = p, c, spec, dropped, first
         self.kept = set() if dropped else _kept_inputs(c, spec)
         self.temps = []
 
@@ -432,7 +452,12 @@ class _BlockForward:
             self.temps.append(out)
             return out
         out = kept_output if kept_output in self.kept else self.local(f"norm {k} output")
+        start = len(p.ops)
         _norm_forward(p, c, k, out)
+        if self.first and k == "1":         # an input without grad: rms_norm's autograd node saves nothing
+            saved = [n for op in p.ops[start:] for n in op.allocs
+                     if n != out and p.tensors[n].lifetime is Lifetime.SAVED]
+            p.op("released (no gradient into the first block: nothing saved)", free=saved)
         return out
 
     def qkv(self, h1):
@@ -441,6 +466,7 @@ class _BlockForward:
         p, c, spec = self.p, self.c, self.spec
         qkv = ["Q", "K", "V"] if not self.dropped else [self.local(
             "q, k, v (checkpointed)", (B, S, qkv_width(c)), "the fused projection's output, q, k, v views of it")]
+        self.qkv_out = qkv[0]
         adapted = [t for t in QKV if t in spec.targets]
         if not adapted:
             _base_forward(p, c, spec, "qkv", qkv)     # q, k, v: views of the frozen projection's output
@@ -453,9 +479,10 @@ class _BlockForward:
         p.op("released", free=sums + ([] if every else [base]))
 
     def _slice_plus_adapter(self, t, h1, after) -> str:
-        """One q, k or v column slice plus its adapter's output (on ``h1``); ``after``: freed when the sum returns."""
+        """One q, k or v column slice plus its adapter's output (on ``h1``); ``after``: freed when the sum returns.
+        In the first block without an input gradient the dropout's mask is not saved."""
         p, c, spec = self.p, self.c, self.spec
-        adapter = _adapter_forward(p, c, spec, t, h1, self.dropped)
+        adapter = _adapter_forward(p, c, spec, t, h1, self.dropped, unsaved_mask=self.first)
         out, _ = adapter_shape(c, t)
         total = p.new(f"{t} slice + adapter", (B, S, out), c.dtype, "the slice plus the adapter's output")
         _adapter_sum(p, c, spec, t, adapter, total, after=after)
@@ -489,8 +516,14 @@ class _BlockForward:
             adapter = _adapter_forward(p, c, spec, "o_proj", pi, self.dropped)
             branch = p.new("o_proj output + adapter", BSd, c.dtype, "the attention branch")
             _adapter_sum(p, c, spec, "o_proj", adapter, branch, raw=po)
+        if self.dropped and tune.on(c):     # torchtune's q, k, v and SDPA's output: locals of its attention's forward
+            self.release(self.qkv_out)      # (modules/attention.py l. 182-304), not the layer's
+            self.release(pi)
         p.op("residual add", alloc=[xm])
-        p.op("residual done", free=[branch])
+        if tune.on(c):      # TransformerSelfAttentionLayer.forward's attn_out (transformer.py l. 122-132): until it returns
+            self.temps.append(branch)
+        else:
+            p.op("residual done", free=[branch])
         return xm
 
     def projection(self, base, t, x, out, shape, role=None, role_b=None):
@@ -538,11 +571,12 @@ class _BlockForward:
         p.op("block returns", free=leftovers, role=OpRole.BLOCK_RETURNS)
 
 
-def lora_block_forward(p, c, spec: LoraSpec, dropped=False):
+def lora_block_forward(p, c, spec: LoraSpec, dropped=False, first=False):
     """One block's forward under LoRA (its input is live; its output is the next block's input). ``dropped``:
     the whole block under ``checkpoint(..., use_reentrant=False)`` (full recomputation): nothing is saved, each
-    tensor dies with its last reference, the checkpoint keeps the block's input."""
-    block = _BlockForward(p, c, spec, dropped)
+    tensor dies with its last reference, the checkpoint keeps the block's input. ``first``: the block's input
+    requires no grad (torchtune's first layer, :func:`first_block`)."""
+    block = _BlockForward(p, c, spec, dropped, first)
     h1 = block.norm("1", "Q/K/V projection input")
     block.qkv(h1)
     block.release(h1)
@@ -557,7 +591,7 @@ def _final_input(c):
     return "final norm input" if c.upcast else "final RMSNorm input"
 
 
-def _recompute(p, c, spec):
+def _recompute(p, c, spec, first=False):
     """Full recomputation: the block's forward re-run with saving (its first saved tensor unpacked by the down
     projection's backward), stopped by the pack hook of the last tensor the forward saved
     (``_StopRecomputationError``, ``torch/utils/checkpoint.py``); the temporaries alive then are dropped (the
@@ -568,7 +602,7 @@ def _recompute(p, c, spec):
     backward, or with an adapter on it, its B's (the adapter's scaling, and FP32 adapters' casts, save nothing
     and run before)."""
     q = p.fork()
-    lora_block_forward(q, c, spec)
+    lora_block_forward(q, c, spec, first=first)
     roles = [op.role for op in q.ops]
     if "down_proj" in spec.targets:
         stop = roles.index(OpRole.LORA_DOWN_B)
@@ -586,13 +620,13 @@ def _recompute(p, c, spec):
     return q.ops
 
 
-def _with_recomputation(p, c, spec, start):
+def _with_recomputation(p, c, spec, start, first=False):
     """Insert the recomputation (:func:`_recompute`) into the block's backward ``p.ops[start:]`` where the first
     saved tensor is unpacked."""
     at = start
     if "down_proj" in spec.targets:
         at = next(i for i in range(start, len(p.ops)) if p.ops[i].role is OpRole.LORA_DOWN_B_BACKWARD)
-    p.ops[at:at] = _recompute(p, c, spec)
+    p.ops[at:at] = _recompute(p, c, spec, first)
 
 
 def _projection_backward(p, c, spec, share, total, t, base, x, last_reader, g_out, frozen_grad, role_b=None):
@@ -645,13 +679,17 @@ def _norm2_backward(p, c, g_h2) -> str:
     return gxm
 
 
-def _attention_backward(p, c, spec, share) -> str:
+def _attention_backward(p, c, spec, share, g_branch=None) -> str:
     """The output projection (after its adapter), the flash kernel (re-run first under selective recomputation),
-    q, k, v's gradients put back together; returns the QKV projection output's gradient."""
+    q, k, v's gradients put back together; returns the QKV projection output's gradient. ``g_branch``: the attention
+    residual sum's gradient, released after the output projection, its last reader (the block's input requires no
+    grad: torchtune's first block)."""
     BSq = widths_of(c)[0]
     g_pi = _Sum(p, "gradient of the output projection input", BSq, c.dtype)
     _projection_backward(p, c, spec, share, g_pi, "o_proj", "proj", "output projection input", False, None, (
         "gradient of the output projection input (frozen)", BSq, "the frozen output projection's"))
+    if g_branch:
+        p.op("released (the skip's gradient goes nowhere: the block's input requires no grad)", free=[g_branch])
     return _qkv_gradient(p, c, *_flash_backward(p, c, spec, g_pi.value))
 
 
@@ -692,18 +730,22 @@ def _qkv_gradient(p, c, gq, gk, gv) -> str:
     return gqkv
 
 
-def _qkv_backward(p, c, spec, share, gqkv) -> str:
+def _qkv_backward(p, c, spec, share, gqkv, first=False) -> str:
     """The q, k, v adapters (v first) and the frozen QKV projection (the adapted slices' gradients concatenated
-    first: split's backward); returns the gradient of norm 1's output, summed."""
+    first: split's backward); returns the gradient of norm 1's output, summed. ``first``: norm 1's output requires
+    no grad (torchtune's first block): the adapters' weight gradients only, then the QKV output's gradient goes."""
     h1 = "Q/K/V projection input"
     g_h1 = _Sum(p, "gradient of norm 1's output", BSd, c.dtype)
     adapted = [t for t in QKV if t in spec.targets]
     assert h1 not in _kept_inputs(c, spec) or adapted         # a kept Q/K/V input is an adapter's
     slices = []
     for t in reversed(adapted):
-        gx, gb = _adapter_backward(p, c, spec, t, h1, share, t == adapted[0])
+        gx, gb = _adapter_backward(p, c, spec, t, h1, share, t == adapted[0], input_grad=not first)
         g_h1.add(gx)
         slices.append(gb)
+    if first:
+        p.op("released", free=[gqkv] + slices)
+        return None
     g = p.new("gradient of norm 1's output (frozen QKV)", BSd, c.dtype, "the frozen QKV projection's")
     if adapted:
         gbase = p.new("gradient of the frozen QKV output", (B, S, qkv_width(c)), c.dtype,
@@ -727,15 +769,20 @@ def _norm1_backward(p, c, g_h1, gxm):
     p.op("released", free=[gx1, gxm])
 
 
-def lora_block_backward(p, c, spec: LoraSpec, share):
+def lora_block_backward(p, c, spec: LoraSpec, share, first=False):
     """One block's backward under LoRA: ``dX_out`` (live) -> the previous block's; frees the saved tensors (under
-    full recomputation, those of the forward re-run first)."""
+    full recomputation, those of the forward re-run first). ``first``: the block's input requires no grad
+    (torchtune's first layer): no input gradient past the q, k, v adapters, no norm 1 backward; under the
+    checkpoint its input goes when its backward is done."""
     start = len(p.ops)
     gxm = _norm2_backward(p, c, _mlp_backward(p, c, spec, share))
-    g_h1 = _qkv_backward(p, c, spec, share, _attention_backward(p, c, spec, share))
-    _norm1_backward(p, c, g_h1, gxm)
+    g_h1 = _qkv_backward(p, c, spec, share, _attention_backward(p, c, spec, share, gxm if first else None), first)
+    if first and c.recompute == "full":
+        p.op("the checkpoint's input released", free=[residual_names(c)[0]])
+    elif not first:
+        _norm1_backward(p, c, g_h1, gxm)
     if c.recompute == "full":
-        _with_recomputation(p, c, spec, start)
+        _with_recomputation(p, c, spec, start, first)
 
 
 def _head_kept(spec) -> bool:
@@ -792,7 +839,7 @@ def _backward_start(p, c, spec, share=lambda n: n):
     g2 = p.new("log_softmax gradient", outer.LOGITS, "fp32", "log_softmax backward: B*S*V FP32")
     p.op("loss.backward()", alloc=[dl], role=OpRole.LOSS_BACKWARD)
     p.op("nll_loss backward", alloc=[g1])
-    p.op("released", free=["nll_loss total weight"])
+    p.op("released", free=["nll_loss total weight"], role=OpRole.LABELS_RELEASED)
     p.op("log_softmax backward", alloc=[g2])
     p.op("released", free=[g1, "log-softmax output (FP32)"])
     g = p.new("logits gradient", outer.LOGITS, a, "downcast to the logits' dtype")
@@ -811,9 +858,10 @@ def _backward_start(p, c, spec, share=lambda n: n):
 
 
 def _backward_end(p, c):
-    """The graph goes with the loss: the embedding output (a leaf held by the graph) and its ``.grad``."""
-    p.op("graph freed", free=["grad of the embedding output", Ref(Scope.FIRST, residual_names(c)[0]),
-                              "gradient of the loss", "loss"])
+    """The graph goes with the loss: the embedding output (a leaf held by the graph) and its ``.grad``; under
+    torchtune's code there is no leaf (:func:`first_block`)."""
+    leaf = [] if tune.on(c) else ["grad of the embedding output", Ref(Scope.FIRST, residual_names(c)[0])]
+    p.op("graph freed", free=leaf + ["gradient of the loss", "loss"], role=OpRole.LOSS_RELEASED)
 
 
 def _block_params(c, spec) -> list:
@@ -842,6 +890,24 @@ def _params(c, spec, layers) -> list:
 def _head_params(spec) -> list:
     """(name, elements) of the LM head's adapter (registered after the blocks: last in ``model.parameters()``)."""
     return [("lm_head.lora_A", r * d), ("lm_head.lora_B", V * r)] if spec.head else []
+
+
+def first_block(ops, first) -> list:
+    """``ops`` with block 0's forward and backward ops taken from ``first`` (the same step flattened with
+    :func:`lora_block_forward` and :func:`lora_block_backward` under ``first=True``): torchtune's LoRA model makes no
+    leaf of the embedding's output (``set_trainable_params`` trains the adapters only; no
+    ``enable_input_require_grads``), so its first layer's input requires no grad: norm 1 saves nothing, the q, k, v
+    adapters' dropout masks are not kept, backward stops at those adapters' weight gradients, and the embedding's
+    output goes when the first layer returns (under the checkpoint, when its backward is done)."""
+    out, done = [], set()
+    for op in ops:
+        if op.layer == 0:
+            if op.phase not in done:
+                done.add(op.phase)
+                out += [o for o in first if o.layer == 0 and o.phase is op.phase]
+            continue
+        out.append(op)
+    return out
 
 
 def _hold_leaf(ops, x):
@@ -948,6 +1014,14 @@ def _optimizer_in_backward(ops, tensors, p, s: LoraStructure, moments) -> list:
         p.fork(), c, "adamw", impl, name, moments, c.grad_dtype, Device.GPU, elements=sizes[name]))
 
 
+def _block_programs(p, c, spec, first) -> tuple:
+    """(one block's forward, its backward); ``first``: the block's input requires no grad (:func:`first_block`)."""
+    fwd, bwd = p.fork(), p.fork()
+    lora_block_forward(fwd, c, spec, dropped=c.recompute == "full", first=first)
+    lora_block_backward(bwd, c, spec, _one_rank, first)
+    return fwd, bwd
+
+
 class LoraBuilt(Built):
     """The programs and compiled sizes of a :class:`LoraStructure` (:class:`~memledger.step.build.Built`'s
     methods read them)."""
@@ -961,14 +1035,19 @@ class LoraBuilt(Built):
         self.placement = Program(tensors).placement
         p = Program(tensors, self.placement)
         outside = _outside_programs(p, c, spec)
-        fwd, bwd = p.fork(), p.fork()
-        lora_block_forward(fwd, c, spec, dropped=c.recompute == "full")
-        lora_block_backward(bwd, c, spec, _one_rank)
+        outside = tune.outside(outside, c, p.fork)     # torchtune's recipe around the model (memledger.step.torchtune)
+        fwd, bwd = _block_programs(p, c, spec, False)
         moments, master = outer.adamw(recipe)
         params = _params(c, spec, explicit_layers(s.layers or 5))
         opt = _optimizer_program(p.fork(), s, params, moments, master)
+        opt.ops[:] = tune.optimizer(opt.ops, c, p.fork)     # torchtune's recipe: scale_grads, then its resets
         _lumps(tensors, c, spec, self.layer_rows)
-        self.ops = _hold_leaf(flatten(s.layers or 5, c, outside, fwd.ops, bwd.ops, opt.ops), residual_names(c)[0])
+        self.ops = flatten(s.layers or 5, c, outside, fwd.ops, bwd.ops, opt.ops)
+        if tune.on(c):
+            f0, b0 = _block_programs(p, c, spec, True)
+            self.ops = first_block(self.ops, flatten(s.layers or 5, c, outside, f0.ops, b0.ops, opt.ops))
+        else:
+            self.ops = _hold_leaf(self.ops, residual_names(c)[0])
         if s.in_backward:
             self.ops = _optimizer_in_backward(self.ops, tensors, p, s, moments)
         self.tensors = tensors
@@ -1023,6 +1102,8 @@ class LoraBuilt(Built):
                    "one 0-d FP32 step tensor per adapter tensor (torch.optim.Adam)")
         for name in IDS:
             static(name, t_[name].expr, Kind.ACTIVATION, t_[name].why)
+        for name, expr, kind, why in tune.statics(c, ropes=L):     # lora_llama2's RoPE buffers, the recipe's tensors
+            static(name, expr, kind, why)
         static("CUDA context + workspace", O, Kind.OVERHEAD, "the runtime's context and workspaces")
 
 
@@ -1083,6 +1164,26 @@ def _check(setup, config, conv):
     if conv.kernel(setup.arch.style, False, setup.flash_attention) != "flash":
         raise ValueError("the LoRA step models the SDPA flash kernel: use --backend cpu or cuda, or "
                          "--flash-attention")
+    _check_library(setup, config)
+
+
+def _check_library(setup, config):
+    """What the LoRA step models under a library's code: torchtune's ``lora_llama2`` with its adapters in the model's
+    dtype under ``torch.optim.AdamW`` (``bf16-pure-adamw``), a BF16 base, an adapter on q, k or v; refused in one line
+    (:func:`memledger.step.implementations.not_modelled`) otherwise."""
+    impl = setup.implementation
+    if impl == "reference":
+        return
+    lacks = [what for what, off in [
+        ("LoRA and QLoRA (PEFT's or LitGPT's adapters)", impl != "torchtune"),
+        (f"adapter_recipe {config.adapter_recipe} (torchtune's adapters are in the model's dtype: bf16-pure-adamw)",
+         config.adapter_recipe != "bf16-pure-adamw"),
+        ("QLoRA (torchao's NF4Tensor)", config.base == "nf4"),
+        ("LoRA without an adapter on q_proj, k_proj or v_proj (its first layer's attention without a gradient)",
+         not set(QKV) & set(config.targets)),
+        ("the optimizer in backward", setup.optimizer_in_backward)] if off]
+    if lacks:
+        raise not_modelled(impl, ", ".join(lacks))
 
 
 class LoraStep(Step):

@@ -51,16 +51,19 @@ def on(c) -> bool:
     return getattr(c, "implementation", "reference") == "torchtune"
 
 
-def statics(c) -> list:
-    """(name, bytes, kind, why) of what torchtune's model and recipe hold the whole step."""
+def statics(c, ropes=1) -> list:
+    """(name, bytes, kind, why) of what torchtune's model and recipe hold the whole step; ``ropes``: how many
+    ``RotaryPositionalEmbeddings`` the model holds (``llama2``: one shared; ``lora_llama2``: one a layer, L)."""
     if not on(c):
         return []
     half = d / H / 2
     positions = sp.Max(4096, S)
-    return [("RoPE theta (FP32 buffer)", half * 4, Kind.PARAM, "RotaryPositionalEmbeddings.theta, d/H/2 FP32 values, "
-             "one module shared by every layer"),
-            ("RoPE cache (FP32 buffer)", positions * half * 2 * 4, Kind.PARAM, "RotaryPositionalEmbeddings.cache: "
-             "max_seq_len x d/H/2 x (cos, sin), FP32"),
+    shared = "one module shared by every layer" if ropes == 1 else "one module a layer (lora_llama2_self_attention)"
+    return [("RoPE theta (FP32 buffer)", ropes * half * 4, Kind.PARAM, "RotaryPositionalEmbeddings.theta, d/H/2 FP32 "
+             f"values, {shared}"),
+            ("RoPE cache (FP32 buffer)", ropes * positions * half * 2 * 4, Kind.PARAM,
+             "RotaryPositionalEmbeddings.cache: max_seq_len x d/H/2 x (cos, sin), FP32"
+             + ("" if ropes == 1 else f", {shared}")),
             ("ignore_labels_cache (int64)", B * 8, Kind.ACTIVATION, "torch.full((B, 1), ignore_index): the recipe's, "
              "the whole run"),
             (PREVIOUS[0], 8, Kind.ACTIVATION, "the last iteration's token count, until this one rebinds it"),

@@ -61,11 +61,11 @@ def test_hf_gpt_neox_layer_is_the_measured_one(attn, batch, seq):
     ("gpt2", {"implementation": "litgpt", "dropout": False}, "a GPT-style block other than GPT-NeoX's"),
     ("pythia-6.9b", {"implementation": "litgpt", "recompute": "full"}, "recompute full"),
     ("pythia-6.9b", {"implementation": "hf", "recompute": "full"}, "recompute full"),
-    ("pythia-6.9b", {"implementation": "litgpt", "recompute": "selective"}, "recompute selective"),
     ("pythia-6.9b", {"implementation": "litgpt", "dropout": True}, "dropout"),
     ("pythia-6.9b", {"implementation": "litgpt", "tp": 2}, "tensor or sequence parallelism"),
 ])
 def test_gpt_style_setups_not_modelled_are_refused(preset, fields, what):
+    """(``recompute selective``, which no library has, is refused as such: tests/step/test_implementations.py.)"""
     ledger = Ledger(preset, batch_size=1, seq_len=256, recipe="bf16-pure-adamw", **fields)
     with pytest.raises(ValueError, match=f"model code\\): .*{what}.* not modelled yet"):
         ledger.step("cpu")

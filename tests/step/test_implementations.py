@@ -183,9 +183,19 @@ def test_the_cli_echoes_and_refuses(capsys):
             message="attn_implementation 'eager' is transformers' option")
     refused(capsys, "step", *TINY, "--backend", "cuda", "--implementation", "torchtune", "--rmsnorm", "fused",
             message="the library's code decides its RMSNorm")
-    refused(capsys, "step", *TINY, "--backend", "cuda", "--implementation", "torchtune", "--lora-rank", "8",
-            message="not modelled yet")
-    refused(capsys, "ledger", *TINY, "--implementation", "torchtune", "--lora-rank", "8", message="not modelled yet")
+    for command in ("step", "ledger"):      # FP32 adapters: not what torchtune's recipe trains
+        refused(capsys, command, *TINY, "--implementation", "torchtune", "--lora-rank", "8", "--adapter-recipe",
+                "fp32-adamw", *(("--backend", "cuda") if command == "step" else ()), message="not modelled yet")
+    # without --adapter-recipe, the implementation's own (cli.compare.ADAPTER_RECIPE: torchtune's bf16 adapters)
+    code, out, _ = run(capsys, "ledger", *TINY, "--seq", "64", "--implementation", "torchtune", "--lora-rank", "8",
+                       "--json")
+    assert code == 0 and json.loads(out)["inputs"]["adapter_recipe"] == "bf16-pure-adamw"
+    refused(capsys, "ledger", *TINY, "--implementation", "hf", "--lora-rank", "8", message="not modelled yet")
+    for command in ("step", "ledger"):      # torchtune's lora_llama2: its adapters in the model's dtype (bf16-pure-adamw)
+        code, out, _ = run(capsys, command, *TINY, "--seq", "64", "--implementation", "torchtune", "--lora-rank", "8",
+                           "--adapter-recipe", "bf16-pure-adamw", "--json", *(("--backend", "cuda") if command == "step"
+                                                                              else ()))
+        assert code == 0 and json.loads(out)["inputs"]["implementation"] == "torchtune"
     refused(capsys, "infer", *TINY, "--implementation", "hf", message="not modelled yet")
     refused(capsys, "ledger", *TINY, "--implementation", "torchtune", "--measure", "total",
             message="does not read --implementation")
@@ -276,8 +286,8 @@ def test_litgpt_lora_ledger_and_its_refusals(capsys):
     assert marks["before forward"] == marks["after step"] < marks["after backward"] < marks["after forward"]
     code, out, _ = run(capsys, "ledger", *TINY, "--seq", "64", *lit[:-1], "--json")
     assert json.loads(out)["totals"]["gpu"] != data["totals"]["gpu"]
-    refused(capsys, "step", *TINY, *lit, message="not modelled yet in the step")
-    refused(capsys, "ledger", *TINY, *lit[:4], message="FP32 adapters")
+    refused(capsys, "step", *TINY, *lit, message="the LoRA step (its head in 128-token chunks")
+    refused(capsys, "ledger", *TINY, *lit[:4], "--adapter-recipe", "fp32-adamw", message="FP32 adapters")
     refused(capsys, "ledger", *TINY, *lit, "--lora-targets", "q_proj,up_proj", message="three projections together")
     refused(capsys, "ledger", *TINY, *lit, "--lora-targets", "q_proj,lm_head", message="lm_head adapter")
     refused(capsys, "ledger", *TINY, *lit, "--recompute", "full", message="recompute full")
