@@ -19,7 +19,7 @@ LLAMA2 = dict(d=4096, H=32, F=11008, V=32000)
 def table() -> dict:
     """{first cell: (bytes at B 1 S 1024, bytes at B 2 S 1304)} of the README's implementation table."""
     rows = re.findall(r"^\| ([^|]+?) \| ([\d,]+) \| ([\d,]+) \| [^|]+\|$", README, re.M)
-    assert len(rows) == 5, rows
+    assert len(rows) == 6, rows
     return {name: (int(a.replace(",", "")), int(b.replace(",", ""))) for name, a, b in rows}
 
 
@@ -54,6 +54,17 @@ def test_each_library_row_is_pytorchs_measurement_and_memledgers(row, library, a
     for (batch, seq), figure in zip(SHAPES, shown):
         assert measured(library, batch, seq, attn) == figure
         assert memledger_layer(library, batch, seq, attn) == figure
+
+
+def test_the_torchtitan_row_is_pytorchs_measurement_and_memledgers_cpu_layer():
+    """torchtitan's ``Llama3Model`` at LLaMA-2 7B's sizes (32 KV heads), its own SDPA module: memledger's
+    ``--implementation torchtitan`` books the same bytes under ``--backend cpu`` (CUDA's kernels: not measurable here)."""
+    pytest.importorskip("torchtitan")
+    from memledger.pytorch.torchtitan_step import layer_saved
+    shown = table()["torchtitan 0.3.0 `Llama3Model`, sdpa"]
+    for (batch, seq), figure in zip(SHAPES, shown):
+        assert layer_saved(**LLAMA2, batch=batch, seq=seq)["layer"] == figure
+        assert memledger_layer("torchtitan", batch, seq, backend="cpu") == figure
 
 
 def test_the_reference_row_is_memledgers_default_cuda_layer():
