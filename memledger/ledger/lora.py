@@ -42,6 +42,7 @@ from ..core.choices import check_choice, check_count, check_flag, lookup
 from ..core.dtypes import nbytes
 from ..core.rows import Row, Rows
 from ..states.bnb import nf4_parts
+from ..states.torchao import nf4_bytes
 from ..states.recipe import Component
 from ..states.recipes import get_recipe
 from ..core.symbols import B, L, S, r
@@ -56,6 +57,8 @@ NF4_DOUBLE_QUANT = Component("NF4 base projections (double-quantized absmax)", "
                              constants=((64, "int8"), (64 * 256, "fp32")))
 NF4 = Component("NF4 base projections (fp32 absmax)", "nf4", "param", "QLoRA without double quantization",
                 constants=((64, "fp32"),))
+#: torchtune's QLoRA base: torchao's NF4Tensor per block projection (BF16 constants, a lookup table per tensor)
+TORCHAO_NF4 = "frozen NF4 base projections (torchao NF4Tensor: 8-bit scalers per 64, BF16 factor per 256)"
 r_sym = r                         # the LoRA rank of the notation (memledger.core.symbols)
 #: The LM head as a target (PEFT's ``target_modules`` may name it; one adapter, A: r x d, B: V x r, not per layer).
 HEAD = "lm_head"
@@ -150,7 +153,8 @@ def _size(arch, config, expr) -> int:
 
 def state_rows(arch, config: LoraConfig, implementation: str = "reference") -> list:
     """(name, role, device, bytes) of the model states, exact per tensor; under ``implementation`` litgpt an NF4 base
-    is LitGPT's (:data:`memledger.step.litgpt_lora.NF4_LINEARS`: the fused QKV one tensor, the LM head quantized)."""
+    is LitGPT's (:data:`memledger.step.litgpt_lora.NF4_LINEARS`: the fused QKV one tensor, the LM head quantized),
+    under torchtune torchao's ``NF4Tensor`` per projection (:func:`memledger.states.torchao.nf4_bytes`)."""
     config.check(arch.style)
     size = lambda shape: _size(arch, config, sp.prod(shape))
     quantized = NF4_DOUBLE_QUANT if config.double_quant else NF4
@@ -165,13 +169,15 @@ def state_rows(arch, config: LoraConfig, implementation: str = "reference") -> l
         if config.base == "nf4" and t.name == "weight" and any(t.module in group for group in nf4.values()):
             if t.module in nf4:         # one NF4 tensor per group (LitGPT's fused QKV)
                 n = sum(size(shapes[m]) for m in nf4[t.module])
-                packed += count * int(sum(nf4_parts(n, config.double_quant).values()))   # states.bnb
+                packed += count * int(nf4_bytes(n) if implementation == "torchtune" else
+                                      sum(nf4_parts(n, config.double_quant).values()))   # states.torchao, states.bnb
         else:
             dense += count * size(t.shape) * nbytes("bf16" if config.base == "nf4" else config.base)
     rows = [(f"frozen base weights ({'bf16' if config.base == 'nf4' else config.base}; no grads, no states)",
              "param", "gpu", dense)]
     if config.base == "nf4":
-        rows.append((f"frozen {quantized.name}", "param", "gpu", packed))
+        name = TORCHAO_NF4 if implementation == "torchtune" else f"frozen {quantized.name}"
+        rows.append((name, "param", "gpu", packed))
     recipe = get_recipe(config.adapter_recipe)
     shapes = [size(shape) for _, shape in adapter_shapes(arch.features, config)]
     for c in recipe.components:
@@ -247,6 +253,9 @@ class LoraLedger:
             raise not_modelled(self.implementation, "LoRA and QLoRA" + (" (PEFT's adapters)" if self.implementation == "hf"
                                                                          else ""))
         self.config.check(self.arch.style)
+        if self.implementation == "torchtune" and self.config.base == "nf4" and not self.config.double_quant:
+            raise not_modelled("torchtune", "QLoRA without double quantization (torchao's to_nf4 always "
+                               "double-quantizes its scalers)")
         if self.implementation == "litgpt":
             self._check_litgpt()
 

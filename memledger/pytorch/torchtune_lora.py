@@ -29,7 +29,7 @@ from .measure import tracker_class
 from .record import recorded
 from .torchtune_litgpt import _layer_tags, _torchtune_step
 
-__all__ = ["LOSSES", "build_lora", "lora_layer_saved", "lora_step"]
+__all__ = ["LOSSES", "build_lora", "lora_layer_saved", "lora_step", "nf4_linear_peaks"]
 
 LOSSES = ("ce", "chunked")
 
@@ -147,4 +147,32 @@ def lora_step(d: int, L: int, H: int, F: int, V: int, batch: int, seq: int, loss
         del kept
         result["peak"] = max(phase_peaks.values())
         result["phase peaks"] = phase_peaks
+    return result
+
+
+@recorded
+def nf4_linear_peaks(out: int, inp: int, batch: int, seq: int) -> dict:
+    """MemTracker around torchao's ``linear_nf4`` (what ``LoRALinear(quantize_base=True)`` runs on its frozen base)
+    on a BF16 input of (batch, seq, inp) requiring grad, under ``FakeTensorMode``: {"forward": the peak above what
+    was live before (the weight, ``to_nf4`` of an out x in BF16 weight, tracked as held), "after forward": what
+    stays (the output), "backward": the backward's peak above what was live before it, "after backward": what its
+    call leaves (the input's gradient)}."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torchao.dtypes.nf4tensor import linear_nf4, to_nf4
+    cpu = torch.device("cpu")
+    with FakeTensorMode():
+        weight = to_nf4(torch.empty(out, inp, dtype=torch.bfloat16))
+        x = torch.empty(batch, seq, inp, dtype=torch.bfloat16, requires_grad=True)
+        tracker = tracker_class()()
+        tracker.track_external(x, weight)
+        with tracker:
+            def now():
+                return tracker.get_tracker_snapshot("current")[cpu]["Total"]
+            before = now()
+            y = linear_nf4(x, weight)
+            result = {"forward": tracker._peak_mem[cpu] - before, "after forward": now() - before}
+            grad = torch.empty_like(y)
+            before = tracker._peak_mem[cpu] = now()
+            y.backward(grad)
+            result |= {"backward": tracker._peak_mem[cpu] - before, "after backward": now() - before}
     return result

@@ -57,7 +57,9 @@ The programs of :mod:`memledger.pytorch.lora`'s reference (PEFT's ``LoraLayer`` 
   lives until the layer returns; under the checkpoint its attention's q, k, v and SDPA output die when the attention
   returns, and ``LoRALinear``'s ``lora_out`` (A's output) lives through the scaling. Its middle blocks otherwise run
   the reference's ops (fused QKV, no RoPE ops), which tests/pytorch/test_torchtune_lora.py finds equal at every
-  landmark and peak. Adapters in the model's dtype only; QLoRA (torchao's ``NF4Tensor``) is refused.
+  landmark and peak. Adapters in the model's dtype only; QLoRA (torchao's ``NF4Tensor``) is refused here: its storage
+  (the ledger's rows) and one ``linear_nf4``'s dequantization peak are :mod:`memledger.states.torchao`'s, but the
+  step would need q, k and v as three projections, each dequantized in turn, forward and backward.
 
 Scope: LLaMA blocks (multi-head or grouped-query), the SDPA flash kernel, composite (CPU) or fused RMSNorm,
 no, selective (the attention core checkpointed: its flash output and log-sum-exp not saved, the core re-run in

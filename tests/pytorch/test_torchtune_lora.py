@@ -13,7 +13,7 @@ from memledger.ledger.lora import LoraConfig, LoraLedger  # noqa: E402
 from memledger.pytorch.compare import architecture_of  # noqa: E402
 from memledger.pytorch.reference import RefConfig  # noqa: E402
 from memledger.pytorch.torchtune_litgpt import missing  # noqa: E402
-from memledger.pytorch.torchtune_lora import lora_layer_saved, lora_step  # noqa: E402
+from memledger.pytorch.torchtune_lora import lora_layer_saved, lora_step, nf4_linear_peaks  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(missing("torchtune") is not None,
                                                    reason=missing("torchtune") or "")]
@@ -177,3 +177,34 @@ def test_torchtune_qlora_holds_torchaos_nf4_tensors(adapters):
     lora, qlora = lora_step(**kw), lora_step(**kw, quantize=True)
     sizes = [d * d] * 4 + [d * F] * 3
     assert qlora["before forward"] - lora["before forward"] == L * sum(nf4_bytes(n) - 2 * n for n in sizes)
+
+
+@pytest.mark.parametrize("adapters", [QV, ALL], ids=["q-v", "all"])
+def test_torchtune_qlora_state_rows_are_measured(adapters):
+    """memledger's QLoRA ledger under implementation torchtune books torchao's NF4Tensor per block projection
+    (memledger.states.torchao): its frozen base rows less the BF16 LoRA ledger's are what torchtune's QLoRA step
+    holds before the forward pass less its LoRA step (MemTracker, FakeTensorMode), to the byte."""
+    from memledger.ledger.lora import state_rows
+    L = 2
+    kw = dict(**SMALL, L=L, batch=2, seq=64, attn=adapters["attn"], mlp=adapters["mlp"])
+    measured = lora_step(**kw, quantize=True)["before forward"] - lora_step(**kw)["before forward"]
+    arch = architecture_of(RefConfig(SMALL["d"], L, SMALL["H"], SMALL["F"], SMALL["V"], "llama"))
+
+    def frozen(base):
+        config = LoraConfig(8, adapters["targets"], base=base, adapter_recipe="bf16-pure-adamw")
+        return sum(b for name, _, _, b in state_rows(arch, config, "torchtune") if name.startswith("frozen"))
+    assert frozen("nf4") - frozen("bf16") == measured
+
+
+@pytest.mark.parametrize("out, inp, B, S", [(768, 256, 2, 64), (256, 768, 1, 200), (256, 256, 4, 2048)])
+def test_torchao_nf4_dequantization_is_measured(out, inp, B, S):
+    """torchao's ``linear_nf4`` (LoRALinear's base under ``quantize_base``) under MemTracker: forward and backward each
+    peak at ``get_original_weight``'s locals and the BF16 weight (memledger.states.torchao.nf4_dequant_peak) or, where
+    the activation is larger, at the weight beside the output (forward) or the input's gradient (backward); what
+    stays is the output, then the gradient."""
+    from memledger.states.torchao import nf4_dequant_peak
+    n = out * inp
+    got = nf4_linear_peaks(out, inp, B, S)
+    y, gx = 2 * B * S * out, 2 * B * S * inp
+    assert got == {"forward": max(nf4_dequant_peak(n), 2 * n + y), "after forward": y,
+                   "backward": max(nf4_dequant_peak(n), 2 * n + gx), "after backward": gx}
