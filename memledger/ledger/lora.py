@@ -250,8 +250,9 @@ class LoraLedger:
         from ..step.implementations import check_fields, not_modelled
         check_fields(self.implementation, "sdpa", arch)
         if self.implementation not in ("reference", "torchtune", "litgpt"):
-            raise not_modelled(self.implementation, "LoRA and QLoRA" + (" (PEFT's adapters)" if self.implementation == "hf"
-                                                                         else ""))
+            raise not_modelled(self.implementation, "LoRA and QLoRA" + (
+                " (PEFT 0.22.0's LoRA layers, measured by memledger.pytorch.libraries)" if self.implementation == "hf"
+                else ""))
         self.config.check(self.arch.style)
         if self.implementation == "torchtune" and self.config.base == "nf4" and not self.config.double_quant:
             raise not_modelled("torchtune", "QLoRA without double quantization (torchao's to_nf4 always "
