@@ -250,9 +250,10 @@ class LoraLedger:
         from ..step.implementations import check_fields, not_modelled
         check_fields(self.implementation, "sdpa", arch)
         if self.implementation not in ("reference", "torchtune", "litgpt"):
-            raise not_modelled(self.implementation, "LoRA and QLoRA" + (
-                " (PEFT 0.22.0's LoRA layers, measured by memledger.pytorch.libraries)" if self.implementation == "hf"
-                else ""))
+            if self.implementation == "hf":
+                from ..step.implementations import lora_not_modelled
+                raise ValueError(f"implementation hf: {lora_not_modelled('hf')}")
+            raise not_modelled(self.implementation, "LoRA and QLoRA")
         self.config.check(self.arch.style)
         if self.implementation == "torchtune" and self.config.base == "nf4" and not self.config.double_quant:
             raise not_modelled("torchtune", "QLoRA without double quantization (torchao's to_nf4 always "
