@@ -155,7 +155,8 @@ def lora_step(a, ledger, lora=None) -> str:
     from .compare import lora_config
     if lora is not None:
         return _lora_output(a, lora, lora.step("cuda"))
-    reads = LORA_STEP_READS | {"measure"} | allocator_reads(a) | ({"load"} if a.measure == "run" else set())
+    reads = LORA_STEP_READS | {"measure"} | allocator_reads(a) | ({"load"} if a.measure == "run" else set()) | (
+        {"implementation"} if ledger.implementation == "litgpt" else set())     # memledger.step.litgpt_lora_step
     refused = [d for d in a.given if d not in reads]
     refuse_unread(a, reads, "the LoRA step", {d: "the LoRA step runs on one GPU, without ZeRO, "
                                                           "offload or parallelism" for d in refused} | {
@@ -171,7 +172,8 @@ def lora_step(a, ledger, lora=None) -> str:
     config = lora_config(a, ledger.arch, base)
     lora = LoraLedger(ledger.arch, config, ledger.batch_size, ledger.seq_len, ledger.recompute,
                       ledger.flash_attention, ledger.overhead_bytes, ledger.loss_chunks,
-                      ledger.loss_impl, bool(getattr(a, "optimizer_in_backward", False)))
+                      ledger.loss_impl, bool(getattr(a, "optimizer_in_backward", False)),
+                      implementation=ledger.implementation if ledger.implementation == "litgpt" else "reference")
     return _lora_output(a, lora, lora.step(a.backend, foreach=a.foreach, **norm(a)))
 
 

@@ -1041,9 +1041,14 @@ _CACHE = {}
 
 
 def build_lora(s: LoraStructure) -> LoraBuilt:
-    """The programs of ``s``, built once per structure."""
+    """The programs of ``s``, built once per structure (under LitGPT's code:
+    :class:`memledger.step.litgpt_lora_step.LitgptLoraBuilt`)."""
     if s not in _CACHE:
-        _CACHE[s] = LoraBuilt(s)
+        if s.shape.implementation == "litgpt":
+            from .litgpt_lora_step import LitgptLoraBuilt
+            _CACHE[s] = LitgptLoraBuilt(s)
+        else:
+            _CACHE[s] = LoraBuilt(s)
     return _CACHE[s]
 
 
