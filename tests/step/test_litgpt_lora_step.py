@@ -38,7 +38,8 @@ def against_litgpt(shape, L, B, S, targets, dropout, rank=8):
 
 @pytest.mark.parametrize("targets, dropout, L, B, S", [
     (QV, 0.05, 2, 1, 200), (QV, 0.05, 2, 2, 200), (QV, 0.0, 3, 2, 64), (("q_proj", "k_proj", "v_proj"), 0.05, 2, 1, 300),
-    (("k_proj",), 0.05, 2, 2, 48), (QV, 0.05, 6, 1, 520), (("q_proj", "k_proj", "v_proj"), 0.0, 5, 2, 100)])
+    (("k_proj",), 0.05, 2, 2, 48), (QV, 0.05, 6, 1, 520), (("q_proj", "k_proj", "v_proj"), 0.0, 5, 2, 100),
+    (("k_proj",), 0.0, 2, 3, 150)])
 def test_step_is_litgpts(targets, dropout, L, B, S):
     """finetune/lora.py's step on LitGPT's LoRA model: one, two or more head chunks (a short last one), B = 1 (views)
     and B > 1 (the last chunk's and the targets' copies), with and without zero_pad and dropout, L up to 6 (blocks
@@ -51,6 +52,20 @@ def test_many_chunks_with_a_wide_vocabulary():
     holds the peak: each chunk's gradient replaces its log-softmax in turn."""
     step = against_litgpt(dict(SMALL, V=8000), 2, 1, 1100, QV, 0.05)
     assert step.peak.phase == "loss"
+
+
+@pytest.mark.parametrize("L, B, S, targets, dropout", [(3, 2, 200, QV, 0.05), (6, 2, 100, ("v_proj",), 0.05),
+                                                       (4, 1, 300, ("q_proj", "k_proj", "v_proj"), 0.0)])
+def test_a_narrow_vocabulary_puts_the_peaks_in_the_layers(L, B, S, targets, dropout):
+    """With V 64 and F 2048 the forward's and the backward's peaks are a layer's (the last one's MLP), not the
+    loss's: the layers' programs reach LitGPT's heights."""
+    step = against_litgpt(dict(d=256, H=4, F=2048, V=64), L, B, S, targets, dropout)
+    assert step.peak.phase == "backward" and step.peak.layer == L - 1
+
+
+def test_many_chunks_at_batch_2():
+    """Six head chunks at B 2: each chunk's targets and the last chunk's logits copied."""
+    against_litgpt(dict(SMALL, V=8000), 5, 2, 700, QV, 0.05)
 
 
 def test_the_peak_is_in_the_loss_backward():
