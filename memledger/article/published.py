@@ -17,13 +17,14 @@ read over all of it. BERT-large after loading is its parameters moved to the GPU
 context the guide itself measured (``nvidia-smi``); the BERT run is not replayed, because the step does not model
 BERT's blocks. The relative error is always printed: it is the point of the table.
 
-Approximations, each a source of error the table does not separate: LitGPT's head runs in chunks of 128 tokens and
-memledger's in equal chunks (:func:`litgpt_lora`); memledger's LoRA step keeps NF4 weights for every block projection,
-as both libraries' QLoRA do, but its timeline does not yet tell double quantization from single (the loading trace
-does: LitGPT's ``bnb.nf4`` and ``bnb.nf4-dq`` rows keep their own NF4 blocks); LitGPT quantizes its head too, the
-step books it in BF16; the BERT run row uses the ledger's sum
-(the step does not model token types and a pooler): FP32 weights, gradients and AdamW's two moments, the states the
-guide's Trainer kept, and the activations at the end of the forward pass, not the step's peak.
+Approximations, each a source of error the table does not separate: the LitGPT LoRA rows run LitGPT's own LoRA step
+(:mod:`memledger.step.litgpt_lora_step`), but its QLoRA rows run the reference decoder's LoRA step with the head in
+equal chunks, not LitGPT's 128-token ones (:func:`litgpt_lora`); memledger's LoRA step keeps NF4 weights for every
+block projection, as both libraries' QLoRA do, but its timeline does not yet tell double quantization from single
+(the loading trace does: LitGPT's ``bnb.nf4`` and ``bnb.nf4-dq`` rows keep their own NF4 blocks); LitGPT quantizes
+its head too, the step books it in BF16; the BERT run row uses the ledger's sum (the step does not model token types
+and a pooler): FP32 weights, gradients and AdamW's two moments, the states the guide's Trainer kept, and the
+activations at the end of the forward pass, not the step's peak.
 """
 from dataclasses import dataclass
 from fractions import Fraction
@@ -182,14 +183,20 @@ def torchtune_qlora_loading(load: str = TT_LOAD) -> dict:
 
 
 def litgpt_lora(rank, batch, seq, arch="llama2-7b", quant=None):
+    """A LitGPT row's prediction. LoRA: LitGPT's own LoRA step (:mod:`memledger.step.litgpt_lora_step`:
+    ``finetune/lora.py``'s loop over ``litgpt.lora.GPT``, its head in 128-token chunks, the last one shorter), proved
+    against LitGPT's model to the byte. QLoRA: the reference decoder's LoRA step with an NF4 base in equal chunks (LitGPT's
+    NF4 base, its fused QKV and its head quantized, is not in LitGPT's step yet)."""
     def predict():
-        from ..ledger.lora import LoraConfig, qlora
-        if quant:
-            config = qlora(rank, QV, "llama", double_quant=quant == "bnb.nf4-dq", dropout=True)
-        else:
+        from ..ledger.lora import LoraConfig, LoraLedger, qlora
+        if not quant:
             config = LoraConfig(rank=rank, targets=QV, adapter_recipe="bf16-pure-adamw", dropout=True)
-        # LitGPT's head runs in chunks of 128 tokens, the last one shorter; memledger's chunks are equal: the most
-        # chunks of at least 128 tokens that divide S (1304 = 8 x 163; 512 = 4 x 128)
+            step = LoraLedger(arch, config, batch_size=batch, seq_len=seq, overhead_bytes=0,
+                              implementation="litgpt").step("cuda")
+            return Prediction(_replayed(step, "allocated", LG_LOAD), f"allocated (whole run, --load {LG_LOAD})")
+        config = qlora(rank, QV, "llama", double_quant=quant == "bnb.nf4-dq", dropout=True)
+        # LitGPT's head runs in chunks of 128 tokens, the last one shorter; here the chunks are equal: the most chunks
+        # of at least 128 tokens that divide S (1304 = 8 x 163; 512 = 4 x 128)
         chunks = next(n for n in range(seq // 128, 0, -1) if seq % n == 0)
         step = _lora_step(config, batch, seq, loss_chunks=chunks, loss_impl="litgpt", arch=arch)
         return Prediction(_replayed(step, "allocated", LG_LOAD), f"allocated (whole run, --load {LG_LOAD})")

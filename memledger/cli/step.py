@@ -155,7 +155,8 @@ def lora_step(a, ledger, lora=None) -> str:
     from .compare import lora_config
     if lora is not None:
         return _lora_output(a, lora, lora.step("cuda"))
-    reads = LORA_STEP_READS | {"measure"} | allocator_reads(a) | ({"load"} if a.measure == "run" else set())
+    reads = LORA_STEP_READS | {"measure"} | allocator_reads(a) | ({"load"} if a.measure == "run" else set()) | (
+        {"implementation"} if ledger.implementation == "litgpt" else set())     # memledger.step.litgpt_lora_step
     refused = [d for d in a.given if d not in reads]
     refuse_unread(a, reads, "the LoRA step", {d: "the LoRA step runs on one GPU, without ZeRO, "
                                                           "offload or parallelism" for d in refused} | {

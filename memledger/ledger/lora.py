@@ -359,10 +359,15 @@ class LoraLedger:
         """The step timeline of this run (:class:`memledger.step.lora.LoraStep`): landmarks, transients, peak."""
         from ..step.lora import LoraStep
         from .ledger import Ledger
-        if self.implementation == "litgpt":
+        if self.implementation == "litgpt":     # memledger.step.litgpt_lora_step
             from ..step.implementations import not_modelled
-            raise not_modelled("litgpt", "the LoRA step (its head in 128-token chunks, LoRAQKVLinear's zero_pad, "
-                               "the first layer's frozen input: memledger ledger books its saved tensors)")
+            from ..step.litgpt_lora_step import check
+            lacks = check(self.config.targets, self.seq_len, self.config.adapter_recipe, self.config.base) + [
+                what for what, off in [("a chunked loss (finetune/lora.py's own 128-token chunks are modelled)",
+                                        self.loss_chunks != 1 or self.loss_impl != "torchtune"),
+                                       ("the optimizer in backward", self.optimizer_in_backward)] if off]
+            if lacks:
+                raise not_modelled("litgpt", "the LoRA step with " + ", ".join(lacks))
         ledger = Ledger(self.arch, batch_size=self.batch_size, seq_len=self.seq_len, recipe="bf16-pure-adamw",
                         overhead_bytes=self.overhead_bytes, dropout=False, flash_attention=self.flash_attention,
                         recompute=self.recompute, loss_chunks=self.loss_chunks, loss_impl=self.loss_impl,

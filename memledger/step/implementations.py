@@ -140,8 +140,8 @@ def lora_not_modelled(implementation: str) -> str:
         return ("LoRA and QLoRA under transformers' code (PEFT 0.22.0's LoRA layers, measured by "
                 "memledger.pytorch.libraries) are not modelled yet")
     if implementation == "litgpt":
-        return ("LoRA and QLoRA under LitGPT's code are not modelled yet in the step (memledger ledger --lora-rank "
-                "... --implementation litgpt books what LitGPT's LoRA layers save)")
+        return ("QLoRA and adapters beyond the fused QKV projection under LitGPT's code are not modelled yet in the "
+                "step (memledger.step.litgpt_lora_step models its LoRA on q, k, v with a BF16 base)")
     return "LoRA and QLoRA under a library's code (PEFT, torchtune, LitGPT) are not modelled yet"
 
 

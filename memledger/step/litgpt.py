@@ -72,10 +72,11 @@ def layer_rows(rows, c) -> list:
     return out
 
 
-def _rope(p, c, n, out, mark=""):
+def _rope(p, c, n, out, mark="", hold=False):
     """``apply_rope`` on ``n`` and the concatenation with its (empty) unrotated part into ``out``; ``mark``: under
     the layer's checkpoint, " (checkpointed)" (``{n}_roped``, a local of ``CausalSelfAttention.forward``, is then
-    returned to be freed when it returns)."""
+    returned to be freed when it returns); ``hold``: return it so too, without the mark (LitGPT's LoRA layers,
+    :mod:`memledger.step.litgpt_lora_block`)."""
     a, f, w = c.dtype, "fp32", (B, S, rope_width(c))     # q[..., :rope_n_elem] of every head
     neg = p.new(f"-{n}2" + mark, (B, S, w[2] / 2), a, "apply_rope: -x2")
     rot = p.new(f"rotated {n}" + mark, w, a, "torch.cat((-x2, x1), dim=-1)")
@@ -93,7 +94,7 @@ def _rope(p, c, n, out, mark=""):
     p.op(f"{n} roped.to(dtype)", alloc=[roped])
     p.op("released", free=[roped32, rot])
     p.op(f"torch.cat(({n}_roped, {n}[..., rope_n_elem:]))", alloc=[out])
-    if mark:
+    if mark or hold:
         return roped
     p.op("released", free=[roped])
 

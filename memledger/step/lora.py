@@ -1124,9 +1124,14 @@ _CACHE = {}
 
 
 def build_lora(s: LoraStructure) -> LoraBuilt:
-    """The programs of ``s``, built once per structure."""
+    """The programs of ``s``, built once per structure (under LitGPT's code:
+    :class:`memledger.step.litgpt_lora_step.LitgptLoraBuilt`)."""
     if s not in _CACHE:
-        _CACHE[s] = LoraBuilt(s)
+        if s.shape.implementation == "litgpt":
+            from .litgpt_lora_step import LitgptLoraBuilt
+            _CACHE[s] = LitgptLoraBuilt(s)
+        else:
+            _CACHE[s] = LoraBuilt(s)
     return _CACHE[s]
 
 
@@ -1174,10 +1179,9 @@ def _check_library(setup, config):
     dtype under ``torch.optim.AdamW`` (``bf16-pure-adamw``), a BF16 base, an adapter on q, k or v; refused in one line
     (:func:`memledger.step.implementations.not_modelled`) otherwise."""
     impl = setup.implementation
-    if impl == "reference":
+    if impl != "torchtune":     # LitGPT's: memledger.step.litgpt_lora_step.check (LoraLedger.step)
         return
     lacks = [what for what, off in [
-        ("LoRA and QLoRA (PEFT's or LitGPT's adapters)", impl != "torchtune"),
         (f"adapter_recipe {config.adapter_recipe} (torchtune's adapters are in the model's dtype: bf16-pure-adamw)",
          config.adapter_recipe != "bf16-pure-adamw"),
         ("QLoRA (torchao's NF4Tensor)", config.base == "nf4"),

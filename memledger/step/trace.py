@@ -10,15 +10,18 @@ All blocks run the same program, so at any op of block i the total is
 ``T + i*A + local`` (A: what one block adds), linear in i: its largest value
 over the middle blocks is at block 1 or block L-2. Blocks 0, 1, L-2 and L-1
 are therefore run op by op and blocks 2..L-3 as one lump, which keeps the
-program the same length for any L and the peak exact.
+program the same length for any L and the peak exact. Block 0 may run a program of its own
+(:class:`FirstBlock`): it is always run op by op, so the middle blocks stay linear in i.
 """
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import NamedTuple
 
 from .ops import Ref, residual_names
 from .vocab import Action, Kind, Lifetime, OpRole, Phase, Scope
 
-__all__ = ["GRADIENT_LUMP", "LUMP", "SAVED_LUMP", "Compiled", "Op", "Part", "explicit_layers", "flatten"]
+__all__ = ["GRADIENT_LUMP", "LUMP", "SAVED_LUMP", "Compiled", "FirstBlock", "Op", "Part", "explicit_layers",
+           "flatten"]
 
 #: The ``layer`` of the ops that stand for blocks 2..L-3 at once, and the two tensors that stand for theirs.
 LUMP = "2..L-3"
@@ -50,6 +53,13 @@ class Op:
     role: object = None     # an OpRole (memledger.step.vocab): what the op is, for the transforms that find it
 
 
+class FirstBlock(NamedTuple):
+    """Block 0's own forward and backward programs, where its program differs from the others' (LitGPT's LoRA model:
+    the embedding's output needs no gradient, so its first layer saves nothing before its first adapter)."""
+    forward: list
+    backward: list
+
+
 def explicit_layers(n_layers):
     """The blocks run op by op: all when L <= 4, else 0, 1, L-2, L-1 (the rest is one lump)."""
     return list(range(n_layers)) if n_layers <= 4 else [0, 1, n_layers - 2, n_layers - 1]
@@ -73,10 +83,11 @@ def _qualify(name, layer, n_layers):
     return (0, n) if scope is Scope.FIRST else (n_layers - 1, n)
 
 
-def flatten(n_layers: int, c, outside: dict, fwd, bwd, optimizer, lump=None) -> list:
+def flatten(n_layers: int, c, outside: dict, fwd, bwd, optimizer, lump=None, first: FirstBlock = None) -> list:
     """The step's ops: ``outside`` maps each :class:`Part` to its ops; ``fwd``/``bwd`` one block's, ``optimizer``
     the optimizer step's; ``lump(phase, n_layers)``: (frees, allocs) a framework adds to the lumped blocks' op
-    (:mod:`memledger.step.fsdp2`)."""
+    (:mod:`memledger.step.fsdp2`); ``first``: block 0's own programs (:class:`FirstBlock`), else it runs ``fwd`` and
+    ``bwd`` as every block does."""
     ops = []
     extra = lump or (lambda phase, n: ((), ()))
 
@@ -96,8 +107,9 @@ def flatten(n_layers: int, c, outside: dict, fwd, bwd, optimizer, lump=None) -> 
     layers = explicit_layers(n_layers)
     x = residual_names(c)[0]
     outside_ops(Part.FORWARD_START, Phase.FORWARD)
+    first = first or FirstBlock(fwd, bwd)
     for i in layers:
-        add(Phase.FORWARD, i, fwd)
+        add(Phase.FORWARD, i, first.forward if i == 0 else fwd)
         if i == 1 and n_layers > 4:
             frees, allocs = extra(Phase.FORWARD, n_layers)
             ops.append(Op(Phase.FORWARD, LUMP, "blocks 2 to L-3", ((2, x),) + frees,
@@ -106,7 +118,7 @@ def flatten(n_layers: int, c, outside: dict, fwd, bwd, optimizer, lump=None) -> 
     landmark(Phase.LOSS, "after forward")
     outside_ops(Part.BACKWARD_START, Phase.LOSS)
     for i in reversed(layers):
-        add(Phase.BACKWARD, i, bwd)
+        add(Phase.BACKWARD, i, first.backward if i == 0 else bwd)
         if i == n_layers - 2 and n_layers > 4:
             frees, allocs = extra(Phase.BACKWARD, n_layers)
             ops.append(Op(Phase.BACKWARD, LUMP, "blocks L-3 to 2", ((None, SAVED_LUMP),

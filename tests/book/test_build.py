@@ -610,13 +610,18 @@ def tt_step(rank, targets, quantized=False, landmark=None, load="torchtune-0914d
 
 
 def lg_step(rank, batch, seq, arch="llama2-7b", quant=None):
-    """LitGPT finetune_lora: rank on query and value, dropout 0.05, no recomputation, the head in chunks (memledger's
-    equal chunks: 1304 = 8 x 163, 512 = 4 x 128); QLoRA: NF4 and bitsandbytes' paged AdamW; its
-    max_memory_allocated over the whole run, loading as LitGPT did when its tables were measured, replayed."""
+    """LitGPT finetune_lora: rank on query and value, dropout 0.05, no recomputation; LoRA: LitGPT's own LoRA step
+    (implementation litgpt: its head in 128-token chunks, proved in tests/step/test_litgpt_lora_step.py); QLoRA: NF4
+    and bitsandbytes' paged AdamW on the reference decoder, the head in equal chunks (1304 = 8 x 163, 512 = 4 x 128);
+    its max_memory_allocated over the whole run, loading as LitGPT did when its tables were measured, replayed."""
     from memledger.ledger.lora import LoraConfig, LoraLedger, qlora
     from memledger.ledger.replay import replay_step
-    config = (qlora(rank, QV, "llama", double_quant=quant == "dq", dropout=True) if quant else
-              LoraConfig(rank=rank, targets=QV, adapter_recipe="bf16-pure-adamw", dropout=True))
+    if not quant:
+        config = LoraConfig(rank=rank, targets=QV, adapter_recipe="bf16-pure-adamw", dropout=True)
+        step = LoraLedger(arch, config, batch_size=batch, seq_len=seq, overhead_bytes=0,
+                          implementation="litgpt").step("cuda")
+        return replay_step(step, load="litgpt-00af8b0").allocated
+    config = qlora(rank, QV, "llama", double_quant=quant == "dq", dropout=True)
     return replay_step(LoraLedger(arch, config, batch_size=batch, seq_len=seq, loss_chunks=8 if seq == 1304 else 4,
                                   loss_impl="litgpt", overhead_bytes=0).step("cuda", rmsnorm="composite"),
                        load="litgpt-00af8b0").allocated

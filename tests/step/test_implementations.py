@@ -276,21 +276,39 @@ def test_torchtitan_on_the_cli(capsys):
 
 def test_litgpt_lora_ledger_and_its_refusals(capsys):
     """``ledger --lora-rank --implementation litgpt`` books LitGPT's LoRA layers (memledger.step.litgpt_lora; proved
-    against LitGPT's model in tests/step/test_litgpt_lora.py); what LitGPT cannot build or the step does not model is
-    refused in one line."""
+    against LitGPT's model in tests/step/test_litgpt_lora.py) and is judged by LitGPT's LoRA step
+    (memledger.step.litgpt_lora_step, proved in tests/step/test_litgpt_lora_step.py), whose landmarks are the ledger's;
+    what LitGPT cannot build or the step does not model is refused in one line."""
     lit = ("--lora-rank", "8", "--implementation", "litgpt", "--adapter-recipe", "bf16-pure-adamw", "--lora-dropout")
     code, out, _ = run(capsys, "ledger", *TINY, "--seq", "64", *lit, "--json")
     data = json.loads(out)
-    assert code == 0 and data["inputs"]["implementation"] == "litgpt" and data["peak"] is None
+    assert code == 0 and data["inputs"]["implementation"] == "litgpt" and data["peak"] > data["landmarks"][
+        "after forward"]
     marks = data["landmarks"]       # memledger.step.litgpt_lora.landmarks (proved in tests/step/test_litgpt_lora.py)
     assert marks["before forward"] == marks["after step"] < marks["after backward"] < marks["after forward"]
+    code, out, _ = run(capsys, "step", *TINY, "--seq", "64", *lit, "--backend", "cuda", "--overhead", "0", "--json")
+    assert code == 0 and {k: v["gpu"] for k, v in json.loads(out)["landmarks"].items()} == marks
     code, out, _ = run(capsys, "ledger", *TINY, "--seq", "64", *lit[:-1], "--json")
     assert json.loads(out)["totals"]["gpu"] != data["totals"]["gpu"]
-    refused(capsys, "step", *TINY, *lit, message="the LoRA step (its head in 128-token chunks")
+    refused(capsys, "step", *TINY, *lit, "--backend", "cuda", "--lora-targets", "q_proj,o_proj",
+            message="lora_projection, lora_mlp")
+    refused(capsys, "step", *TINY, "--seq", "129", *lit, "--backend", "cuda", message="seq_len 129")
     refused(capsys, "ledger", *TINY, *lit[:4], "--adapter-recipe", "fp32-adamw", message="FP32 adapters")
     refused(capsys, "ledger", *TINY, *lit, "--lora-targets", "q_proj,up_proj", message="three projections together")
     refused(capsys, "ledger", *TINY, *lit, "--lora-targets", "q_proj,lm_head", message="lm_head adapter")
     refused(capsys, "ledger", *TINY, *lit, "--recompute", "full", message="recompute full")
+
+
+@pytest.mark.parametrize("measure", ["allocated", "reserved", "run"])
+def test_litgpt_lora_step_is_replayed(capsys, measure):
+    """``step --lora-rank ... --implementation litgpt --measure allocated|reserved|run``: LitGPT's LoRA step through
+    the caching allocator's replay (memledger.ledger.replay.replay_step) or the run's phases; the replay's allocated
+    peak is at least the step's."""
+    lit = ("--lora-rank", "8", "--implementation", "litgpt", "--adapter-recipe", "bf16-pure-adamw", "--lora-dropout",
+           "--backend", "cuda", "--seq", "200", "--overhead", "0")
+    code, out, _ = run(capsys, "step", *TINY, *lit, "--measure", measure, "--json")
+    data = json.loads(out)
+    assert code == 0 and data["judged_bytes"] >= data["peak"]["gpu"] > 0
 
 
 def test_litgpt_qlora_quantizes_its_fused_qkv_and_its_head():
