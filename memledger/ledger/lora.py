@@ -214,6 +214,7 @@ class LoraLedger:
     loss_chunks: int = 1            # the step's loss: torchtune's chunked cross-entropy in n chunks (step/lora_loss.py)
     loss_impl: str = "torchtune"    # or LitGPT's chunked_cross_entropy; the sum books no logits either way
     optimizer_in_backward: bool = False     # the step: one AdamW per adapter tensor, stepped in its grad hook
+    implementation: str = "reference"       # or "hf": PEFT's LoRA on transformers' model (memledger.step.hf_lora)
 
     def __post_init__(self):
         from ..models.architecture import Architecture
@@ -232,6 +233,11 @@ class LoraLedger:
         object.__setattr__(self, "loss_chunks", check_count("loss_chunks", self.loss_chunks))
         check_flag("flash_attention", self.flash_attention)
         check_flag("optimizer_in_backward", self.optimizer_in_backward)
+        if self.implementation != "reference":
+            from ..step.implementations import IMPLEMENTATIONS, lora_not_modelled
+            check_choice("implementation", self.implementation, IMPLEMENTATIONS)
+            if self.implementation != "hf":
+                raise ValueError(f"implementation {self.implementation}: {lora_not_modelled(self.implementation)}")
         self.config.check(self.arch.style)
 
     @property
@@ -290,10 +296,12 @@ class LoraLedger:
         """The step timeline of this run (:class:`memledger.step.lora.LoraStep`): landmarks, transients, peak."""
         from ..step.lora import LoraStep
         from .ledger import Ledger
+        if self.implementation == "hf":
+            from ..step import hf_lora  # noqa: F401 (registers PEFT's LoRA on transformers' model)
         ledger = Ledger(self.arch, batch_size=self.batch_size, seq_len=self.seq_len, recipe="bf16-pure-adamw",
                         overhead_bytes=self.overhead_bytes, dropout=False, flash_attention=self.flash_attention,
                         recompute=self.recompute, loss_chunks=self.loss_chunks, loss_impl=self.loss_impl,
-                        optimizer_in_backward=self.optimizer_in_backward)
+                        optimizer_in_backward=self.optimizer_in_backward, implementation=self.implementation)
         return LoraStep(ledger.step_inputs, self.config, backend, record=self.inputs(), origin=self,
                         **conventions)
 

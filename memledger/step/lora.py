@@ -1038,12 +1038,15 @@ def _kind(role):
 
 
 _CACHE = {}
+#: The LoRA step's builders under a library's code, by implementation, registered by their modules
+#: (:mod:`memledger.step.hf_lora`: PEFT on transformers' model).
+LIBRARY_BUILDERS = {}
 
 
 def build_lora(s: LoraStructure) -> LoraBuilt:
     """The programs of ``s``, built once per structure."""
     if s not in _CACHE:
-        _CACHE[s] = LoraBuilt(s)
+        _CACHE[s] = LIBRARY_BUILDERS.get(s.shape.implementation, LoraBuilt)(s)
     return _CACHE[s]
 
 
@@ -1097,6 +1100,11 @@ class LoraStep(Step):
         self.ledger, self.inputs, self.record = origin, setup, dict(record or {})
         self.conventions = conv = get_backend(backend, **changes)
         _check(setup, config, conv)
+        if setup.implementation != "reference":     # a library's LoRA: its module registers its builder
+            from .implementations import lora_not_modelled
+            if setup.implementation not in LIBRARY_BUILDERS:
+                raise ValueError(f"implementation {setup.implementation}: {lora_not_modelled(setup.implementation)}")
+            LIBRARY_BUILDERS[setup.implementation].check(setup, config, conv)
         base = StepStructure.of(setup, conv)
         recipe = get_recipe(config.adapter_recipe)
         shape = replace(base.shape, grad_dtype=recipe.grad_component.dtype)
