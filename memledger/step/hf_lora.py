@@ -20,11 +20,21 @@ PEFT 0.22.0 (``peft/tuners/lora/layer.py`` ``Linear.forward``):
   norm and head, ``ForCausalLMLoss`` (the BF16 logits held by the model's output until the loss is taken, the
   shifted labels kept by ``nll_loss``).
 
-Scope: ``gradient_checkpointing_enable()`` (``recompute="full"``; then ``get_peft_model`` calls
-``enable_input_require_grads``, ``peft/peft_model.py`` l. 243-244, so every layer's input requires grad and the
-layers are alike); SDPA, no dropout, no QLoRA, no ``lm_head`` adapter, no chunked loss. Without checkpointing block
-0's input does not require grad (a different first block): refused. Checked against PEFT on transformers' model
-(``tests/pytorch/test_peft.py``).
+* The final norm's output (``outputs.last_hidden_state``), not saved by the frozen head, is held by the model's
+  output with the BF16 logits until ``LlamaForCausalLM.forward`` returns: one B*S*d tensor more than the reference
+  LoRA step holds while the loss is taken (its forward phase's peak).
+
+With ``gradient_checkpointing_enable()`` (``recompute="full"``) ``get_peft_model`` calls ``enable_input_require_grads``
+(``peft/peft_model.py`` l. 243-244): the embedding's output is a leaf that requires grad, every layer alike (the
+checkpoint keeps the layer's input; cos, sin and position ids held by the checkpoints until block 0's is done).
+Without it (``recompute="none"``) block 0's input does not require grad: its norm 1 keeps nothing, the attention
+residual sum's gradient goes to the attention branch only, SDPA's gradient of a q, k or v without an adapter is
+dropped at once, the q, k, v adapters compute their weights' gradients only and nothing runs below them; block 0's
+input is ``inputs_embeds``, freed when ``LlamaModel.forward`` returns, and no leaf or input gradient is kept.
+
+Scope: SDPA, no LoRA dropout, no QLoRA, no ``lm_head`` adapter, no chunked loss, no optimizer in backward; without
+checkpointing a ``q_proj`` adapter (block 0's rotary backward releases cos and sin). Checked against PEFT on
+transformers' model, every landmark, phase peak, layer peak and the peak (``tests/pytorch/test_peft.py``).
 """
 from ..core.symbols import B, S
 from . import hf, lora, outer
@@ -38,8 +48,8 @@ __all__ = ["HfLoraBuilt", "hf_lora_refusal"]
 def hf_lora_refusal(setup, config) -> str:
     """What the hf LoRA step does not model under ``setup`` and ``config`` (comma-separated), or ""."""
     lacks = [what for what, off in [
-        ("LoRA without gradient_checkpointing_enable() (block 0's input does not require grad: PEFT calls "
-         "enable_input_require_grads only on a checkpointed model)", setup.recompute != "full"),
+        ("LoRA without gradient_checkpointing_enable() and without a q_proj adapter (block 0's q then needs no "
+         "gradient)", setup.recompute == "none" and "q_proj" not in config.targets),
         ("QLoRA", config.base == "nf4"), ("LoRA dropout", config.dropout),
         ("an lm_head adapter", "lm_head" in config.targets), ("a chunked loss", setup.chunked_loss),
         ("optimizer_in_backward", setup.optimizer_in_backward)] if off]
@@ -108,13 +118,26 @@ class _Block(lora._BlockForward):
     """One decoder layer's forward under PEFT (:class:`memledger.step.lora._BlockForward` with transformers' norms,
     projections, rotary code and locals); ``dropped``: under the layer's checkpoint."""
 
+    first = False       # block 0 without the checkpoint: its input does not require grad
+
     def norm(self, k, kept_output) -> str:
+        """``LlamaRMSNorm`` ``k`` (frozen); its output a saved row where an adapter keeps it, else a local. Block 0's
+        norm 1 without the checkpoint keeps nothing: its input does not require grad."""
         p, c = self.p, self.c
         if not self.dropped and kept_output in self.kept:
             out = kept_output
         else:
             out = self.local(f"norm {k} output" + (" (checkpointed)" if self.dropped else ""))
-        return _norm(p, c, k, out, not self.dropped)
+        return _norm(p, c, k, out, not self.dropped and not (self.first and k == "1"))
+
+    def returns(self, dn, xm):
+        """The residual add into the next layer's input; the layer returns: its locals go, and its input unless the
+        checkpoint keeps it or it is block 0's (``inputs_embeds``, held by ``LlamaModel.forward`` until it returns)."""
+        p, c = self.p, self.c
+        x = residual_names(c)[0]
+        p.op("residual add", free=self.mlp_temporary, alloc=[Ref(Scope.NEXT, x, lora._final_input(c))])
+        held = [xm] if self.dropped else [xm, Ref(Scope.NOT_FIRST, x)]
+        p.op("block returns", free=[dn] + held + self.temps, role=OpRole.BLOCK_RETURNS)
 
     def qkv(self, h1):
         """``q_proj``, ``k_proj``, ``v_proj`` (each with its adapter, if any) and the rotary code on q and k: Q, K
@@ -162,9 +185,11 @@ class _Block(lora._BlockForward):
             self.p.op("MLP returns", free=gone)
 
 
-def block_forward(p, c, spec, dropped=False):
-    """One decoder layer's forward under PEFT (its input live; its output the next layer's input)."""
+def block_forward(p, c, spec, dropped=False, first=False):
+    """One decoder layer's forward under PEFT (its input live; its output the next layer's input); ``first``: block
+    0 without the checkpoint (its input does not require grad)."""
     block = _Block(p, c, spec, dropped)
+    block.first = first
     block.h1 = h1 = block.norm("1", "Q/K/V projection input")
     block.qkv(h1)
     pi = block.attention()
@@ -175,26 +200,67 @@ def block_forward(p, c, spec, dropped=False):
     block.returns(dn, xm)
 
 
-def _qkv_backward(p, c, spec, share, gq, gk, gv) -> str:
+def _needs_grad(spec, first, n) -> bool:
+    """Whether ``n`` (q, k or v) requires grad: always, but in block 0 without the checkpoint only with an adapter."""
+    return not first or f"{n}_proj" in spec.targets
+
+
+def _qkv_backward(p, c, spec, share, gq, gk, gv, first=False):
     """k's and q's rotary code (:func:`memledger.step.hf._rotate_backward`), then v's, k's and q's projection (each
-    adapter before its frozen base), the input gradients summed as they arrive; returns norm 1's output gradient."""
-    gkp, gqp = (p.new(f"gradient of {n}_proj's output", hf._width(c, n), c.dtype, "the rotary code's input gradient")
-                for n in "kq")
-    hf._rotate_backward(p, c, "k", gk, gkp)
-    hf._rotate_backward(p, c, "q", gq, gqp)
+    adapter before its frozen base), the input gradients summed as they arrive; returns norm 1's output gradient.
+    ``first`` (block 0 without the checkpoint): SDPA's gradient of a q, k or v without an adapter is dropped as its
+    node returns; the adapters compute their weights' gradients only, the frozen bases nothing (returns None)."""
+    dropped = [g for n, g in (("q", gq), ("k", gk), ("v", gv)) if not _needs_grad(spec, first, n)]
+    if dropped:
+        p.op("gradients no input needs released", free=dropped)
+    grads = {"v": gv}
+    for n, g in (("k", gk), ("q", gq)):
+        if _needs_grad(spec, first, n):
+            grads[n] = p.new(f"gradient of {n}_proj's output", hf._width(c, n), c.dtype,
+                             "the rotary code's input gradient")
+            hf._rotate_backward(p, c, n, g, grads[n])
     total = lora._Sum(p, "gradient of norm 1's output", BSd, c.dtype)
     adapted = [t for t in lora.QKV if t in spec.targets]
-    for n, g in (("v", gv), ("k", gkp), ("q", gqp)):
+    for n in (n for n in "vkq" if n in grads):
         t = f"{n}_proj"
+        if first:
+            _adapter_weights_backward(p, c, spec, t, share, t == adapted[0], grads[n])
+            continue
         lora._projection_backward(p, c, spec, share, total, t, t, "Q/K/V projection input",
-                                  bool(adapted) and t == adapted[0], g,
+                                  bool(adapted) and t == adapted[0], grads[n],
                                   (f"gradient of norm 1's output via {t} (frozen)", BSd, f"the frozen {t}'s"))
     return total.value
 
 
-def block_backward(p, c, spec, share):
-    """One decoder layer's backward under PEFT: ``dX_out`` (live) -> the previous layer's; the layer re-run first
-    (its checkpoint), where the down projection's backward (or its adapter B's) unpacks."""
+def _adapter_weights_backward(p, c, spec, t, share, last_reader, g_out):
+    """An adapter on an input that does not require grad (block 0's q, k, v without the checkpoint): B's weight
+    gradient and A's input gradient, A's weight gradient only; FP32 adapters cast the output gradient to FP32 (the
+    frozen base's share is not computed); ``g_out`` goes once read, the saved input with its ``last_reader``."""
+    out, inp = lora.adapter_shape(c, t)
+    ad = lora._adapter_dtype(c, spec)
+    g = g_out
+    if spec.fp32_adapters:
+        g = p.new(f"LoRA {t} output gradient in FP32", (B, S, out), "fp32", ".to() backward: the sum's gradient")
+        p.op(f"LoRA {t}: back-to-{c.dtype} backward", alloc=[g])
+        p.op("released", free=[g_out])
+    gs = p.new(f"LoRA {t} scaled gradient", (B, S, out), ad, "mul backward: g * scaling")
+    ga = p.new(f"LoRA {t} gradient of A output", (B, S, lora.r), ad, "lora_B's input gradient")
+    grad_b = lora.gradient(p, f"{t}.lora_B", out * lora.r, c, share)
+    grad_a = lora.gradient(p, f"{t}.lora_A", lora.r * inp, c, share)
+    p.op(f"LoRA {t} scaling backward", alloc=[gs])
+    p.op("released", free=[g])
+    p.op(f"LoRA {t} B backward", alloc=[grad_b, ga])
+    p.op("released", free=[gs, f"LoRA {t} A output"])
+    p.op(f"LoRA {t} A backward (its weight's gradient only)", alloc=[grad_a])
+    saved = f"LoRA {t} input (FP32 copy)" if spec.fp32_adapters else ("Q/K/V projection input" if last_reader else None)
+    p.op("released", free=[ga, saved])
+
+
+def block_backward(p, c, spec, share, first=False):
+    """One decoder layer's backward under PEFT: ``dX_out`` (live) -> the previous layer's; under the checkpoint the
+    layer re-run first, where the down projection's backward (or its adapter B's) unpacks. ``first``: block 0
+    without the checkpoint, whose input does not require grad: the attention residual sum's gradient goes to the
+    attention branch only (freed once ``o_proj`` has read it), and nothing runs below the q, k, v adapters."""
     start = len(p.ops)
     g_h2 = lora._mlp_backward(p, c, spec, share)
     gn2 = p.new("gradient of norm 2's input", BSd, c.dtype, "norm 2 backward's output")
@@ -203,15 +269,20 @@ def block_backward(p, c, spec, share):
     p.op("residual gradients summed", alloc=[gxm])
     p.op("released", free=[gn2, "dX_out"])
     g_pi = lora._Sum(p, "gradient of the output projection input", widths_of(c)[0], c.dtype)
-    lora._projection_backward(p, c, spec, share, g_pi, "o_proj", "o_proj", "output projection input", False, None,
+    lora._projection_backward(p, c, spec, share, g_pi, "o_proj", "o_proj", "output projection input", False,
+                              gxm if first else None,
                               ("gradient of the output projection input (frozen)", widths_of(c)[0], "o_proj's"))
-    g_h1 = _qkv_backward(p, c, spec, share, *lora._flash_backward(p, c, spec, g_pi.value))
+    g_h1 = _qkv_backward(p, c, spec, share, *lora._flash_backward(p, c, spec, g_pi.value), first=first)
+    if first:
+        return
     gx1 = p.new("gradient of norm 1's input", BSd, c.dtype, "norm 1 backward's output")
     # the checkpoint's input and the arguments its partial holds (cos, sin, position_ids) go with norm 1's input
-    _norm_backward(p, c, "1", g_h1, gx1, [residual_names(c)[0]] + hf.checkpoint_frame(c))
+    full = c.recompute == "full"
+    _norm_backward(p, c, "1", g_h1, gx1, [residual_names(c)[0]] + hf.checkpoint_frame(c) if full else [])
     p.op("residual gradients summed", alloc=[lora.INPUT_GRADIENT])
     p.op("released", free=[gx1, gxm])
-    _with_recomputation(p, c, spec, start)
+    if full:
+        _with_recomputation(p, c, spec, start)
 
 
 def _recompute(p, c, spec):
@@ -246,7 +317,10 @@ def forward_end(p, c):
     head_in = p.new("LM head input", BSd, a, "outputs.last_hidden_state: not saved (the head is frozen), held by the "
                     "model's output until its forward returns")
     _norm(p, c, "final", head_in, True)
-    p.op("LlamaModel.forward returns", free=[hf.final_input(c)], role=OpRole.FINAL_NORM_INPUT_RELEASED)
+    full = c.recompute == "full"        # the layers' checkpoints hold position_ids and block 0's input (the leaf)
+    p.op("LlamaModel.forward returns", free=[hf.final_input(c), None if full else hf.POSITIONS,
+                                             None if full else Ref(Scope.FIRST, residual_names(c)[0])],
+         role=OpRole.FINAL_NORM_INPUT_RELEASED)
     logits = p.new("logits", outer.LOGITS, a, "the LM head's output, held by the model's output until the loss")
     p.op("LM head (frozen)", alloc=[logits], role=OpRole.LM_HEAD)
     src = p.new("logits in FP32", outer.LOGITS, "fp32", "ForCausalLMLoss: logits.float()")
@@ -285,6 +359,32 @@ def backward_start(p, c):
     _norm_backward(p, c, "final", gfn, Ref(Scope.LAST, "dX_out"))
 
 
+def _loss_released(p):
+    """Without the checkpoint the graph frees the loss and its gradient only (no leaf, no input gradient)."""
+    p.op("loss released", free=["gradient of the loss", "loss"], role=OpRole.LOSS_RELEASED)
+    return p.ops
+
+
+def _with_first(ops, first) -> list:
+    """``ops`` (every layer the same programs) with block 0's forward and backward taken from ``first`` (the same
+    step with block 0's own programs)."""
+    runs, prev = [], None
+    for op in first:
+        if op.layer == 0:
+            if prev != 0:
+                runs.append([])
+            runs[-1].append(op)
+        prev = op.layer
+    out, prev = [], None
+    for op in ops:
+        if op.layer == 0 and prev != 0:
+            out += runs.pop(0)
+        if op.layer != 0:
+            out.append(op)
+        prev = op.layer
+    return out
+
+
 def saved_rows(s) -> tuple:
     """(a layer's saved rows, the rows outside): the LoRA step's with ``LlamaRMSNorm``'s frozen rows (its FP32 input
     and rstd: composite RMSNorm's, less the weight-only ``x*rstd``), plus cos, sin and the shifted labels."""
@@ -317,14 +417,22 @@ class HfLoraBuilt(lora.LoraBuilt):
             q = p.fork()
             make(q, c)
             outside[part] = q.ops
-        fwd, bwd = p.fork(), p.fork()
-        block_forward(fwd, c, spec, dropped=True)
+        full = c.recompute == "full"
+        if not full:        # no leaf: block 0's input does not require grad, the graph frees only the loss
+            outside[Part.BACKWARD_END] = _loss_released(p.fork())
+        fwd, bwd, fwd0, bwd0 = p.fork(), p.fork(), p.fork(), p.fork()
+        block_forward(fwd, c, spec, dropped=full)
         block_backward(bwd, c, spec, lora._one_rank)
+        block_forward(fwd0, c, spec, dropped=full, first=not full)
+        block_backward(bwd0, c, spec, lora._one_rank, first=not full)
         moments, master = outer.adamw(recipe)
         params = lora._params(c, spec, explicit_layers(s.layers or 5))
         opt = lora._optimizer_program(p.fork(), s, params, moments, master)
         lora._lumps(tensors, c, spec, self.layer_rows)
-        self.ops = lora._hold_leaf(flatten(s.layers or 5, c, outside, fwd.ops, bwd.ops, opt.ops), residual_names(c)[0])
+        n = s.layers or 5
+        ops = _with_first(flatten(n, c, outside, fwd.ops, bwd.ops, opt.ops),
+                          flatten(n, c, outside, fwd0.ops, bwd0.ops, opt.ops))
+        self.ops = lora._hold_leaf(ops, residual_names(c)[0]) if full else ops
         self.tensors = tensors
         self._lora_static(recipe, spec, len(params) and 2 * len(spec.targets))
         self._compile()

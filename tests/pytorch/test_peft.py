@@ -89,12 +89,13 @@ def _hf_lora(shape, L, batch, seq, names, fp32_adapters, recompute="full", **con
     from memledger.ledger.lora import LoraConfig, LoraLedger
     from memledger.models.architecture import Architecture
     arch = Architecture(shape["d"], L, shape["H"], shape["F"], shape["V"], "llama", n_kv_heads=shape.get("kv"))
-    lora = LoraConfig(16, names, adapter_recipe="fp32-adamw" if fp32_adapters else "bf16-pure-adamw", **config)
+    config = {"targets": names} | config
+    lora = LoraConfig(16, adapter_recipe="fp32-adamw" if fp32_adapters else "bf16-pure-adamw", **config)
     return LoraLedger(arch, lora, batch, seq, recompute=recompute, overhead_bytes=0, implementation="hf")
 
 
 @pytest.mark.parametrize("recompute, config, message", [
-    ("none", {}, "LoRA without gradient_checkpointing_enable() (block 0's input does not require grad"),
+    ("none", {"targets": ("v_proj",)}, "LoRA without gradient_checkpointing_enable() and without a q_proj adapter"),
     ("full", {"dropout": True}, "LoRA dropout"), ("full", {"base": "nf4"}, "QLoRA")])
 def test_hf_lora_refuses_what_it_does_not_model(recompute, config, message):
     """The hf LoRA step models PEFT on a checkpointed model without dropout or QLoRA; the rest is refused in one
@@ -133,33 +134,39 @@ def agree(step, measured):
     assert step.peak.bytes == measured["peak"]
 
 
-def _measured(shape, L, batch, seq, names, fp32_adapters):
+def _measured(shape, L, batch, seq, names, fp32_adapters, recompute):
     from memledger.pytorch.libraries import library_step
     targets = ",".join(names) if names == QV else "all-linear"
     return library_step("hf", **shape, L=L, batch=batch, seq=seq, loop="fp32-adamw" if fp32_adapters
-                        else "bf16-pure-adamw", gradient_checkpointing=True, lora=(targets, 16, 32, 0.0, fp32_adapters))
+                        else "bf16-pure-adamw", gradient_checkpointing=recompute == "full",
+                        lora=(targets, 16, 32, 0.0, fp32_adapters))
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("recompute", ["full", "none"])
 @pytest.mark.parametrize("shape, L, batch, seq, names, fp32_adapters", [
     (SMALL, 3, 2, 48, QV, False), (SMALL, 3, 2, 48, QV, True), (SMALL, 3, 2, 48, ALL, True),
     (SMALL, 3, 1, 64, QV, True), (dict(SMALL, kv=2), 3, 2, 48, ALL, False), (SMALL, 5, 2, 32, QV, True)])
-def test_hf_lora_step_equals_peft_on_transformers(shape, L, batch, seq, names, fp32_adapters):
-    """``LoraLedger(..., implementation="hf", recompute="full")`` against PEFT's LoRA on transformers' checkpointed
-    ``LlamaForCausalLM`` (rank 16, alpha 32, FP32 or BF16 adapters, AdamW over them; MemTracker's leaf artifact
-    taken off by the harness): every landmark, phase peak, layer peak and the peak, to the byte."""
+def test_hf_lora_step_equals_peft_on_transformers(shape, L, batch, seq, names, fp32_adapters, recompute):
+    """``LoraLedger(..., implementation="hf")`` against PEFT's LoRA on transformers' ``LlamaForCausalLM`` (rank 16,
+    alpha 32, FP32 or BF16 adapters, AdamW over them), with ``gradient_checkpointing_enable()`` (recompute full;
+    MemTracker's leaf artifact taken off by the harness) or without (block 0's input frozen): every landmark, phase
+    peak, layer peak and the peak, to the byte."""
     pytest.importorskip("peft")
-    agree(_hf_lora(shape, L, batch, seq, names, fp32_adapters).step("cpu"),
-          _measured(shape, L, batch, seq, names, fp32_adapters))
+    agree(_hf_lora(shape, L, batch, seq, names, fp32_adapters, recompute).step("cpu"),
+          _measured(shape, L, batch, seq, names, fp32_adapters, recompute))
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("recompute", ["full", "none"])
 @pytest.mark.parametrize("L", [1, 2])
 @pytest.mark.parametrize("names", [QV, ALL])
-def test_hf_lora_step_llama2_7b_width(L, names):
-    """LLaMA-2-7B's width (hidden 4096, 32 heads, FFN 11008, vocabulary 32000), B 1, S 1024, FP32 adapters."""
+def test_hf_lora_step_llama2_7b_width(L, names, recompute):
+    """LLaMA-2-7B's width (hidden 4096, 32 heads, FFN 11008, vocabulary 32000), B 1, S 1024, FP32 adapters (PEFT's
+    default), with and without gradient checkpointing."""
     pytest.importorskip("peft")
-    agree(_hf_lora(LLAMA2, L, 1, 1024, names, True).step("cpu"), _measured(LLAMA2, L, 1, 1024, names, True))
+    agree(_hf_lora(LLAMA2, L, 1, 1024, names, True, recompute).step("cpu"),
+          _measured(LLAMA2, L, 1, 1024, names, True, recompute))
 
 
 def lora_layer_bytes(shape, names, dropout, fp32_adapters, batch, seq, rank=16) -> int:
