@@ -76,13 +76,31 @@ def test_peft_trains_the_adapters_the_lora_step_counts(targets, names):
     assert step.values["P"] == trainable
 
 
-@pytest.mark.parametrize("args", [("step", "--backend", "cuda", "--implementation", "hf"),
-                                  ("step", "--backend", "cuda", "--implementation", "hf", "--attn-implementation", "eager"),
-                                  ("ledger", "--implementation", "hf")])
-def test_lora_under_transformers_is_refused_naming_peft(capsys, args):
-    err = refused(capsys, args[0], "--preset", "llama2-7b", *args[1:], "--lora-rank", "8",
-                  message="LoRA and QLoRA under transformers' code (PEFT 0.22.0's LoRA layers")
-    assert "not modelled yet" in err
+@pytest.mark.parametrize("args, message", [
+    (("step", "--attn-implementation", "eager"), "--attn-implementation eager: PEFT's LoRA on transformers' model is "
+                                                 "modelled with SDPA"),
+    (("ledger", "--attn-implementation", "eager"), "--attn-implementation eager"),
+    (("step", "--lora-dropout", "0.05"), "implementation hf (transformers' model code): LoRA dropout not modelled"),
+    (("step", "--qlora"), "implementation hf (transformers' model code): QLoRA")])
+def test_hf_lora_cli_refuses_what_it_does_not_model(capsys, args, message):
+    backend = ("--backend", "cuda") if args[0] == "step" else ()
+    refused(capsys, args[0], "--preset", "llama2-7b", *backend, "--implementation", "hf", "--lora-rank", "8",
+            *args[1:], message=message)
+
+
+@pytest.mark.parametrize("recompute", ["none", "full"])
+def test_hf_lora_cli_prints_the_api_step(capsys, recompute):
+    """``memledger step --lora-rank 8 --implementation hf --json`` is ``LoraLedger(..., implementation="hf")``'s step."""
+    import json
+
+    from clicheck import run
+    from memledger.ledger.lora import LoraConfig, LoraLedger
+    code, out, _ = run(capsys, "step", "--preset", "llama2-7b", "--backend", "cpu", "--implementation", "hf",
+                       "--lora-rank", "8", "--recompute", recompute, "--batch", "1", "--seq", "1024", "--json")
+    api = LoraLedger("llama2-7b", LoraConfig(8, QV), 1, 1024, recompute=recompute, implementation="hf").step("cpu")
+    assert code == 0 and json.loads(out)["peak"]["gpu"] == api.peak.bytes
+    assert api.peak.bytes != LoraLedger("llama2-7b", LoraConfig(8, QV), 1, 1024, recompute=recompute).step(
+        "cpu").peak.bytes
 
 
 def _hf_lora(shape, L, batch, seq, names, fp32_adapters, recompute="full", **config):
