@@ -22,12 +22,13 @@ return None, what it returns on a real unpacked batch.
 
 PEFT's LoRA on it (``lora=``, PEFT 0.22.0: :func:`_peft`): built as ``get_peft_model`` builds it (two moves that
 change nothing are skipped, checked by ``tests/pytorch/test_peft.py``), MemTracker kept off the frozen parameters'
-gradient hooks (:func:`_frozen`). **A MemTracker artifact, not patched**: with ``gradient_checkpointing=True`` the
+gradient hooks (:func:`_frozen`). **A MemTracker artifact, corrected**: with ``gradient_checkpointing=True`` the
 embedding's output is a leaf that requires grad (``enable_input_require_grads``); under MemTracker that leaf and its
-``.grad`` (2 B·S·d BF16 bytes) are still alive after the step and ``gc.collect()``, where the same step without
-MemTracker leaves no such tensor (its "after step" exceeds "before forward" by that much). Apparently its module
-tracker's multi-grad hooks on the modules' inputs (``mod_tracker.py`` l. 228, ``register_multi_grad_hook`` on the
-leaf's ``AccumulateGrad`` node, which holds the leaf) keep it.
+``.grad`` (2 B·S·d BF16 bytes) are still alive after the step, where the same step without MemTracker has freed them
+(:func:`leaf_alive_after_step`: a plain weak reference). Apparently its module tracker's multi-grad hooks on the
+modules' inputs (``mod_tracker.py`` l. 228, ``register_multi_grad_hook`` on the leaf's ``AccumulateGrad`` node, which
+holds the leaf) keep it; :func:`library_step` takes their bytes off the landmarks after the graph is freed
+(:func:`_without`).
 """
 from contextlib import contextmanager
 
