@@ -207,16 +207,25 @@ def lora_config(a, arch, base: str = "bf16", implementation: str = "reference"):
     return LoraConfig(rank or 16, targets or ("q_proj", "v_proj"), base=base, **options)
 
 
+def lora_implementation(ledger) -> None:
+    """``ValueError`` unless the LoRA step models ``ledger``'s implementation: the reference decoder, transformers'
+    model with SDPA (PEFT's LoRA, :mod:`memledger.step.hf_lora`), torchtune's ``lora_llama2`` or LitGPT's GPT."""
+    from ..step.implementations import lora_not_modelled
+    if ledger.implementation not in ("reference", "hf", "torchtune", "litgpt"):
+        raise ValueError(f"--implementation {ledger.implementation}: {lora_not_modelled(ledger.implementation)}")
+    if ledger.attn_implementation != "sdpa":
+        raise ValueError(f"--attn-implementation {ledger.attn_implementation}: PEFT's LoRA on transformers' model "
+                         "is modelled with SDPA (attn_implementation sdpa, its default)")
+
+
 def lora(a, ledger, by_step=None) -> str:
     """``ledger --lora-rank R`` / ``--qlora``: the LoRA or QLoRA ledger; under ``--measure allocated|reserved|
     nvidia-smi|run`` judged by its step as ``by_step`` (:func:`memledger.cli.step.lora_step`) judges it."""
     from ..ledger.lora import LoraLedger
-    if ledger.implementation not in ("reference", "litgpt", "torchtune") or "attn_implementation" in a.given:
-        from ..step.implementations import lora_not_modelled
-        impl = "hf" if "attn_implementation" in a.given else ledger.implementation
-        raise ValueError(f"--implementation {ledger.implementation}: {lora_not_modelled(impl)}")
     from .paths import allocator_reads
-    reads = LORA_READS | allocator_reads(a) | ({"load"} if getattr(a, "measure", "auto") == "run" else set())
+    lora_implementation(ledger)
+    reads = LORA_READS | {"implementation", "attn_implementation"} | allocator_reads(a) | (
+        {"load"} if getattr(a, "measure", "auto") == "run" else set())
     if "load" in a.given and "load" not in reads:
         from ..ledger.loading import LIBRARY
         raise ValueError("--load says how a run loads its weights: --measure run, or allocated, reserved or "

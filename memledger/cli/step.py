@@ -155,14 +155,16 @@ def lora_step(a, ledger, lora=None) -> str:
     from .compare import lora_config
     if lora is not None:
         return _lora_output(a, lora, lora.step("cuda"))
-    reads = LORA_STEP_READS | {"measure"} | allocator_reads(a) | ({"load"} if a.measure == "run" else set()) | (
-        {"implementation"} if ledger.implementation == "litgpt" else set())     # memledger.step.litgpt_lora_step
+    from .compare import lora_implementation
+    lora_implementation(ledger)
+    reads = LORA_STEP_READS | {"measure", "implementation"} | allocator_reads(a) | (
+        {"load"} if a.measure == "run" else set())
     refused = [d for d in a.given if d not in reads]
     refuse_unread(a, reads, "the LoRA step", {d: "the LoRA step runs on one GPU, without ZeRO, "
                                                           "offload or parallelism" for d in refused} | {
         "offload_activations": "activation offloading of a LoRA block (its frozen weights and NF4 tensors saved "
                                "too) is not modelled",
-        "attn_implementation": lora_not_modelled("hf")})
+        "implementation": lora_not_modelled(ledger.implementation)})
     if ledger.arch is None:
         raise ValueError("LoRA needs an architecture: --preset, --config or a shape")
     base = next(c.dtype for c in get_recipe(ledger.recipe).components if c.role == "param")
@@ -172,7 +174,8 @@ def lora_step(a, ledger, lora=None) -> str:
     config = lora_config(a, ledger.arch, base, ledger.implementation)
     lora = LoraLedger(ledger.arch, config, ledger.batch_size, ledger.seq_len, ledger.recompute,
                       ledger.flash_attention, ledger.overhead_bytes, ledger.loss_chunks,
-                      ledger.loss_impl, bool(getattr(a, "optimizer_in_backward", False)), ledger.implementation)
+                      ledger.loss_impl, bool(getattr(a, "optimizer_in_backward", False)),
+                      implementation=ledger.implementation)
     return _lora_output(a, lora, lora.step(a.backend, foreach=a.foreach, **norm(a)))
 
 

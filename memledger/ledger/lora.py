@@ -228,7 +228,7 @@ class LoraLedger:
     loss_chunks: int = 1            # the step's loss: torchtune's chunked cross-entropy in n chunks (step/lora_loss.py)
     loss_impl: str = "torchtune"    # or LitGPT's chunked_cross_entropy; the sum books no logits either way
     optimizer_in_backward: bool = False     # the step: one AdamW per adapter tensor, stepped in its grad hook
-    implementation: str = "reference"       # the reference decoder, torchtune's lora_llama2 or LitGPT's LoRA GPT
+    implementation: str = "reference"       # or PEFT on transformers' model, torchtune's lora_llama2, LitGPT's GPT
 
     def __post_init__(self):
         from ..models.architecture import Architecture
@@ -249,11 +249,9 @@ class LoraLedger:
         check_flag("optimizer_in_backward", self.optimizer_in_backward)
         from ..step.implementations import check_fields, not_modelled
         check_fields(self.implementation, "sdpa", arch)
-        if self.implementation not in ("reference", "torchtune", "litgpt"):
-            if self.implementation == "hf":
-                from ..step.implementations import lora_not_modelled
-                raise ValueError(f"implementation hf: {lora_not_modelled('hf')}")
-            raise not_modelled(self.implementation, "LoRA and QLoRA")
+        if self.implementation not in ("reference", "hf", "torchtune", "litgpt"):
+            from ..step.implementations import lora_not_modelled
+            raise ValueError(f"implementation {self.implementation}: {lora_not_modelled(self.implementation)}")
         self.config.check(self.arch.style)
         if self.implementation == "torchtune" and self.config.base == "nf4" and not self.config.double_quant:
             raise not_modelled("torchtune", "QLoRA without double quantization (torchao's to_nf4 always "
@@ -368,6 +366,8 @@ class LoraLedger:
                                        ("the optimizer in backward", self.optimizer_in_backward)] if off]
             if lacks:
                 raise not_modelled("litgpt", "the LoRA step with " + ", ".join(lacks))
+        if self.implementation == "hf":
+            from ..step import hf_lora  # noqa: F401 (registers PEFT's LoRA on transformers' model)
         ledger = Ledger(self.arch, batch_size=self.batch_size, seq_len=self.seq_len, recipe="bf16-pure-adamw",
                         overhead_bytes=self.overhead_bytes, dropout=False, flash_attention=self.flash_attention,
                         recompute=self.recompute, loss_chunks=self.loss_chunks, loss_impl=self.loss_impl,

@@ -132,17 +132,15 @@ def not_modelled(implementation: str, what: str) -> ValueError:
 
 
 def lora_not_modelled(implementation: str) -> str:
-    """What the LoRA step says of LoRA under a library's code (the end of a one-line refusal). transformers' LoRA
-    is PEFT's (``get_peft_model``, ``peft/tuners/lora/layer.py`` ``Linear.forward``): PEFT 0.22.0 (requirements.txt)
-    runs beside torchao 0.14.1 (0.19-0.21 raise ImportError in ``get_peft_model`` for a torchao older than 0.16, 0.22
-    warns and leaves torchao out), and :mod:`memledger.pytorch.libraries` measures it (``lora=``)."""
-    if implementation == "hf":
-        return ("LoRA and QLoRA under transformers' code (PEFT 0.22.0's LoRA layers, measured by "
-                "memledger.pytorch.libraries) are not modelled yet")
+    """What the LoRA step says of LoRA under a library's code it does not model (the end of a one-line refusal).
+    transformers' LoRA is PEFT's (``get_peft_model``, PEFT 0.22.0 beside torchao 0.14.1: 0.19-0.21 raise ImportError
+    in ``get_peft_model`` for a torchao older than 0.16), modelled by :mod:`memledger.step.hf_lora` with SDPA, without
+    dropout or QLoRA; torchtune's ``lora_llama2`` by :mod:`memledger.step.lora`; LitGPT's by
+    :mod:`memledger.step.litgpt_lora_step`."""
     if implementation == "litgpt":
         return ("QLoRA and adapters beyond the fused QKV projection under LitGPT's code are not modelled yet in the "
                 "step (memledger.step.litgpt_lora_step models its LoRA on q, k, v with a BF16 base)")
-    return "LoRA and QLoRA under a library's code (PEFT, torchtune, LitGPT) are not modelled yet"
+    return f"LoRA and QLoRA under {LIBRARY.get(implementation, implementation)}'s code are not modelled yet"
 
 
 def check_step(setup, conv) -> None:

@@ -1121,6 +1121,9 @@ def _kind(role):
 
 
 _CACHE = {}
+#: The LoRA step's builders under a library's code, by implementation, registered by their modules
+#: (:mod:`memledger.step.hf_lora`: PEFT on transformers' model).
+LIBRARY_BUILDERS = {}
 
 
 def build_lora(s: LoraStructure) -> LoraBuilt:
@@ -1131,7 +1134,7 @@ def build_lora(s: LoraStructure) -> LoraBuilt:
             from .litgpt_lora_step import LitgptLoraBuilt
             _CACHE[s] = LitgptLoraBuilt(s)
         else:
-            _CACHE[s] = LoraBuilt(s)
+            _CACHE[s] = LIBRARY_BUILDERS.get(s.shape.implementation, LoraBuilt)(s)
     return _CACHE[s]
 
 
@@ -1204,6 +1207,13 @@ class LoraStep(Step):
         self.ledger, self.inputs, self.record = origin, setup, dict(record or {})
         self.conventions = conv = get_backend(backend, **changes)
         _check(setup, config, conv)
+        if setup.implementation == "hf":            # PEFT's LoRA: its module registers its builder
+            from . import hf_lora  # noqa: F401
+        if setup.implementation not in ("reference", "torchtune", "litgpt"):
+            from .implementations import lora_not_modelled
+            if setup.implementation not in LIBRARY_BUILDERS:
+                raise ValueError(f"implementation {setup.implementation}: {lora_not_modelled(setup.implementation)}")
+            LIBRARY_BUILDERS[setup.implementation].check(setup, config, conv)
         base = StepStructure.of(setup, conv)
         recipe = get_recipe(config.adapter_recipe)
         shape = replace(base.shape, grad_dtype=recipe.grad_component.dtype)

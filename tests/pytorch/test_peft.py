@@ -17,6 +17,11 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 
+QV, ALL = ("q_proj", "v_proj"), ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+SMALL = dict(d=256, H=4, F=688, V=1000)
+LLAMA2 = dict(d=4096, H=32, F=11008, V=32000)
+
+
 def _base(torch):
     from transformers import LlamaConfig, LlamaForCausalLM
     torch.manual_seed(0)
@@ -71,13 +76,115 @@ def test_peft_trains_the_adapters_the_lora_step_counts(targets, names):
     assert step.values["P"] == trainable
 
 
-@pytest.mark.parametrize("args", [("step", "--backend", "cuda", "--implementation", "hf"),
-                                  ("step", "--backend", "cuda", "--implementation", "hf", "--attn-implementation", "eager"),
-                                  ("ledger", "--implementation", "hf")])
-def test_lora_under_transformers_is_refused_naming_peft(capsys, args):
-    err = refused(capsys, args[0], "--preset", "llama2-7b", *args[1:], "--lora-rank", "8",
-                  message="LoRA and QLoRA under transformers' code (PEFT 0.22.0's LoRA layers")
-    assert "not modelled yet" in err
+@pytest.mark.parametrize("args, message", [
+    (("step", "--attn-implementation", "eager"), "--attn-implementation eager: PEFT's LoRA on transformers' model is "
+                                                 "modelled with SDPA"),
+    (("ledger", "--attn-implementation", "eager"), "--attn-implementation eager"),
+    (("step", "--lora-dropout", "0.05"), "implementation hf (transformers' model code): LoRA dropout not modelled"),
+    (("step", "--qlora"), "implementation hf (transformers' model code): QLoRA")])
+def test_hf_lora_cli_refuses_what_it_does_not_model(capsys, args, message):
+    backend = ("--backend", "cuda") if args[0] == "step" else ()
+    refused(capsys, args[0], "--preset", "llama2-7b", *backend, "--implementation", "hf", "--lora-rank", "8",
+            *args[1:], message=message)
+
+
+@pytest.mark.parametrize("recompute", ["none", "full"])
+def test_hf_lora_cli_prints_the_api_step(capsys, recompute):
+    """``memledger step --lora-rank 8 --implementation hf --json`` is ``LoraLedger(..., implementation="hf")``'s step."""
+    import json
+
+    from clicheck import run
+    from memledger.ledger.lora import LoraConfig, LoraLedger
+    code, out, _ = run(capsys, "step", "--preset", "llama2-7b", "--backend", "cpu", "--implementation", "hf",
+                       "--lora-rank", "8", "--recompute", recompute, "--batch", "1", "--seq", "1024", "--json")
+    api = LoraLedger("llama2-7b", LoraConfig(8, QV), 1, 1024, recompute=recompute, implementation="hf").step("cpu")
+    assert code == 0 and json.loads(out)["peak"]["gpu"] == api.peak.bytes
+    assert api.peak.bytes != LoraLedger("llama2-7b", LoraConfig(8, QV), 1, 1024, recompute=recompute).step(
+        "cpu").peak.bytes
+
+
+def _hf_lora(shape, L, batch, seq, names, fp32_adapters, recompute="full", **config):
+    from memledger.ledger.lora import LoraConfig, LoraLedger
+    from memledger.models.architecture import Architecture
+    arch = Architecture(shape["d"], L, shape["H"], shape["F"], shape["V"], "llama", n_kv_heads=shape.get("kv"))
+    config = {"targets": names} | config
+    lora = LoraConfig(16, adapter_recipe="fp32-adamw" if fp32_adapters else "bf16-pure-adamw", **config)
+    return LoraLedger(arch, lora, batch, seq, recompute=recompute, overhead_bytes=0, implementation="hf")
+
+
+@pytest.mark.parametrize("recompute, config, message", [
+    ("none", {"targets": ("v_proj",)}, "LoRA without gradient_checkpointing_enable() and without a q_proj adapter"),
+    ("full", {"dropout": True}, "LoRA dropout"), ("full", {"base": "nf4"}, "QLoRA")])
+def test_hf_lora_refuses_what_it_does_not_model(recompute, config, message):
+    """The hf LoRA step models PEFT on a checkpointed model without dropout or QLoRA; the rest is refused in one
+    line, never computed with the reference decoder's block."""
+    with pytest.raises(ValueError, match="implementation hf") as e:
+        _hf_lora(SMALL, 3, 2, 48, QV, True, recompute, **config).step("cpu")
+    assert message in str(e.value)
+
+
+def test_hf_lora_keeps_the_reference_step():
+    """implementation hf changes the LoRA step; the default (reference) is the step it was."""
+    from memledger.ledger.lora import LoraConfig, LoraLedger
+    from memledger.models.architecture import Architecture
+    arch = Architecture(256, 3, 4, 688, 1000, "llama")
+    ref = LoraLedger(arch, LoraConfig(16, QV), 2, 48, recompute="full", overhead_bytes=0).step("cpu")
+    assert ref.peak.bytes != _hf_lora(SMALL, 3, 2, 48, QV, False).step("cpu").peak.bytes
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tracked", [False, True])
+def test_peft_leaf_outlives_the_step_only_under_memtracker(tracked):
+    """The artifact :func:`memledger.pytorch.libraries.library_step` corrects: PEFT's embedding-output leaf (a
+    checkpointed model, ``enable_input_require_grads``) is dead after the step without MemTracker (a plain weak
+    reference, no ``gc.collect()``) and alive after the same step under it."""
+    pytest.importorskip("peft")
+    from memledger.pytorch.libraries import leaf_alive_after_step
+    assert leaf_alive_after_step(tracked) is tracked
+
+
+def agree(step, measured):
+    """Every landmark, each phase's peak, each layer's peak forward and backward and the peak, to the byte."""
+    assert {k: step.landmarks[k]["gpu"] for k in step.landmarks} == {k: measured[k] for k in step.landmarks}
+    assert step.phase_peaks() == measured["phase peaks"]
+    blocks = step.block_peaks()
+    assert blocks == {k: measured["block peaks"][k] for k in blocks}
+    assert step.peak.bytes == measured["peak"]
+
+
+def _measured(shape, L, batch, seq, names, fp32_adapters, recompute):
+    from memledger.pytorch.libraries import library_step
+    targets = ",".join(names) if names == QV else "all-linear"
+    return library_step("hf", **shape, L=L, batch=batch, seq=seq, loop="fp32-adamw" if fp32_adapters
+                        else "bf16-pure-adamw", gradient_checkpointing=recompute == "full",
+                        lora=(targets, 16, 32, 0.0, fp32_adapters))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("recompute", ["full", "none"])
+@pytest.mark.parametrize("shape, L, batch, seq, names, fp32_adapters", [
+    (SMALL, 3, 2, 48, QV, False), (SMALL, 3, 2, 48, QV, True), (SMALL, 3, 2, 48, ALL, True),
+    (SMALL, 3, 1, 64, QV, True), (dict(SMALL, kv=2), 3, 2, 48, ALL, False), (SMALL, 5, 2, 32, QV, True)])
+def test_hf_lora_step_equals_peft_on_transformers(shape, L, batch, seq, names, fp32_adapters, recompute):
+    """``LoraLedger(..., implementation="hf")`` against PEFT's LoRA on transformers' ``LlamaForCausalLM`` (rank 16,
+    alpha 32, FP32 or BF16 adapters, AdamW over them), with ``gradient_checkpointing_enable()`` (recompute full;
+    MemTracker's leaf artifact taken off by the harness) or without (block 0's input frozen): every landmark, phase
+    peak, layer peak and the peak, to the byte."""
+    pytest.importorskip("peft")
+    agree(_hf_lora(shape, L, batch, seq, names, fp32_adapters, recompute).step("cpu"),
+          _measured(shape, L, batch, seq, names, fp32_adapters, recompute))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("recompute", ["full", "none"])
+@pytest.mark.parametrize("L", [1, 2])
+@pytest.mark.parametrize("names", [QV, ALL])
+def test_hf_lora_step_llama2_7b_width(L, names, recompute):
+    """LLaMA-2-7B's width (hidden 4096, 32 heads, FFN 11008, vocabulary 32000), B 1, S 1024, FP32 adapters (PEFT's
+    default), with and without gradient checkpointing."""
+    pytest.importorskip("peft")
+    agree(_hf_lora(LLAMA2, L, 1, 1024, names, True, recompute).step("cpu"),
+          _measured(LLAMA2, L, 1, 1024, names, True, recompute))
 
 
 def lora_layer_bytes(shape, names, dropout, fp32_adapters, batch, seq, rank=16) -> int:
@@ -91,9 +198,6 @@ def lora_layer_bytes(shape, names, dropout, fp32_adapters, batch, seq, rank=16) 
     return sum(row["bytes"] for row in step.rows if row["name"].startswith("L x ")) // step.values["L"]
 
 
-QV, ALL = ("q_proj", "v_proj"), ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-SMALL = dict(d=256, H=4, F=688, V=1000)
-LLAMA2 = dict(d=4096, H=32, F=11008, V=32000)
 
 
 @pytest.mark.slow

@@ -190,7 +190,7 @@ def test_the_cli_echoes_and_refuses(capsys):
     code, out, _ = run(capsys, "ledger", *TINY, "--seq", "64", "--implementation", "torchtune", "--lora-rank", "8",
                        "--json")
     assert code == 0 and json.loads(out)["inputs"]["adapter_recipe"] == "bf16-pure-adamw"
-    refused(capsys, "ledger", *TINY, "--implementation", "hf", "--lora-rank", "8", message="not modelled yet")
+    refused(capsys, "ledger", *TINY, "--implementation", "torchtitan", "--lora-rank", "8", message="not modelled yet")
     for command in ("step", "ledger"):      # torchtune's lora_llama2: its adapters in the model's dtype (bf16-pure-adamw)
         code, out, _ = run(capsys, command, *TINY, "--seq", "64", "--implementation", "torchtune", "--lora-rank", "8",
                            "--adapter-recipe", "bf16-pure-adamw", "--json", *(("--backend", "cuda") if command == "step"
