@@ -23,7 +23,7 @@ from ..core.vocabulary import Device, Group, Role
 from ..models.architecture import Architecture
 from ..models.presets import get_preset
 from ..core.choices import RECOMPUTE, check_choice, check_count, check_flag, lookup
-from ..models.features import Features
+from ..models.features import Features, ModelKey
 from ..states.frameworks import check_framework, framework_buffers
 from ..states.placement import OFFLOAD_DEVICES, PLACEMENTS, ZERO_STAGES, check_state_options, component_key, state_specs
 from ..states.recipes import ALL_RECIPES, DEFAULT_RECIPE
@@ -50,7 +50,7 @@ class RowSpec(NamedTuple):
     name: str
     group: str
     device: str
-    key: tuple
+    key: object             # a formulas.ActivationsKey, formulas.OutsideKey, or a plain tuple
     factor: int = 1
     role: str = ""          # model states: param / grad / optimizer (ZeRO's roles), or "gathered"
 
@@ -116,7 +116,7 @@ def row_specs(s: Structure) -> tuple:
             # ZeRO-3 gathers one module's parameters (and gradients) at a time:
             # DeepSpeed's estimate_zero3_model_states_mem_needs books 4 x largest layer.
             plain = s.arch.features == Features.of(s.arch.style)
-            unit = ("largest unit", s.arch.style) if plain else ("largest unit",) + s.arch.features.key
+            unit = ModelKey("largest unit", s.arch.style if plain else s.arch.features)
             gathered = [c for c in recipe.components if c.role == "param"] + [recipe.grad_component]
             if all(c.plain for c in gathered):
                 specs.append(RowSpec("gathered parameters + gradients (largest layer)", Group.MODEL_STATES, Device.GPU,
@@ -126,18 +126,10 @@ def row_specs(s: Structure) -> tuple:
                                      component_key(gathered, unit), 1, Role.GATHERED))
         f = s.arch.features
         dtype = activation_dtype(recipe)
-        family = (f.parallel, f.shared_norm) if f.parallel else ()      # GPT-NeoX, Phi (issue 16)
-        compiled = (False, False, True) if s.compiled else ()          # torch.compile's blocks (never a family's)
-        # Phi-2: the residual dropouts run, the probabilities' does not (p = 0): the flag last, only then
-        partial = s.dropout and not s.arch.attention_dropout
-        if partial:
-            family, compiled = (), (f.parallel, f.shared_norm, bool(s.compiled), False)
-        refined = f.gqa or f.head_dim or f.moe or dtype == "fp32" or family or compiled
-        refinements = (f.gqa, f.head_dim, f.moe) if refined else ()
-        specs.append(RowSpec("activations", Group.ACTIVATIONS, Device.GPU,
-                             ("activations", s.arch.mlp, s.arch.norm, s.dropout, s.flash_attention, s.recompute,
-                              s.tensor_parallel, s.sequence_parallel) + refinements + (
-                                 (dtype,) if dtype == "fp32" or family or compiled else ()) + family + compiled))
+        specs.append(RowSpec("activations", Group.ACTIVATIONS, Device.GPU, formulas.ActivationsKey(
+            s.arch.mlp, s.arch.norm, s.dropout, s.flash_attention, s.recompute, s.tensor_parallel, s.sequence_parallel,
+            gqa=f.gqa, head_dim=f.head_dim, moe=f.moe, dtype=dtype, parallel=f.parallel, shared_norm=f.shared_norm,
+            compiled=bool(s.compiled), attention_dropout=s.arch.attention_dropout)))
         if s.scope == "model" and s.arch.causal:
             attention = "flash" if s.flash_attention else "eager"
             specs += [RowSpec(name, Group.ACTIVATIONS, Device.GPU, formulas.outside_key(
