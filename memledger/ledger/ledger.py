@@ -12,9 +12,9 @@ evaluated exactly, without SymPy, by its generated plain-Python form.
 ``ledger.values`` maps symbol names to numbers, ``ledger.bindings`` SymPy
 symbols to numbers, and ``ledger.evaluate(expr)`` computes any formula exactly.
 """
-from dataclasses import MISSING, asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields
 from functools import cached_property, lru_cache
-from typing import NamedTuple, Optional, Union
+from typing import NamedTuple, Optional
 
 from .. import formulas
 from ..core.capacity import MARGIN, leaves_margin
@@ -26,12 +26,13 @@ from ..core.choices import RECOMPUTE, check_choice, check_count, check_flag, loo
 from ..models.features import Features, ModelKey
 from ..states.frameworks import check_framework, framework_buffers
 from ..states.placement import OFFLOAD_DEVICES, PLACEMENTS, ZERO_STAGES, check_state_options, component_key, state_specs
-from ..states.recipes import ALL_RECIPES, DEFAULT_RECIPE
+from ..states.recipes import ALL_RECIPES
 from .amp import weight_copy_row
 from .in_backward import check_in_backward
 from ..activations.partitioned import check_compiled
 from .transfer import Traffic, step_traffic
-from ..step.inputs import DDPConfig, FSDP2Config, StepInputs
+from ..step.inputs import DDPConfig, FSDP2Config, SetupChoices, StepInputs
+from . import knobs
 from ..step.implementations import check_fields as check_implementation_fields
 from ..step.structure import AMP_RECIPES, BNB_KINDS, OPTIMIZER_OF, check_loss_impl
 from ..core.units import GB
@@ -159,8 +160,21 @@ def framework_specs(s: Structure, recipe) -> list:
     return []
 
 
+#: The Ledger's keywords, in the order :meth:`Ledger.inputs` (the JSON's ``inputs``) and its ``repr`` give them: its
+#: fields (:class:`~memledger.step.inputs.SetupChoices`' and its own) and each framework knob (:mod:`.knobs`).
+KEYWORDS = ("arch", "n_params", "batch_size", "seq_len", "recipe", "recompute", "tp", "sequence_parallel",
+            "zero_stage", "dp", "offload_optimizer", "offload_params", "offload_placement", "overhead_bytes", "dropout",
+            "flash_attention", "scope", "loss_chunks", "loss_impl", "framework", "ddp_bucket_mb",
+            "gradient_as_bucket_view", "deepspeed_reduce_bucket_size", "deepspeed_contiguous_gradients",
+            "deepspeed_overlap_comm", "deepspeed_prefetch_bucket_size", "deepspeed_max_live_parameters",
+            "deepspeed_param_persistence_threshold", "megatron_gradient_accumulation_fusion", "fsdp_param_dtype",
+            "fsdp_reduce_dtype", "reshard_after_forward", "dp_replicate", "offload_activations",
+            "optimizer_in_backward", "packed", "compile", "fsdp_loss_in_root", "fsdp_cpu_offload",
+            "fsdp_offload_pin_memory", "fsdp_units", "paged_optimizer", "implementation", "attn_implementation")
+
+
 @dataclass(frozen=True)
-class Ledger:
+class Ledger(SetupChoices):
     """Memory of one training setup, per GPU.
 
     ``arch``: an :class:`Architecture` or a preset name; without one, give
@@ -185,57 +199,50 @@ class Ledger:
     (:attr:`peak` is None, :meth:`step` refuses it). ``paged_optimizer``: bitsandbytes' paged optimizer
     (its recipes only): Adam's states of tensors of at least 1e5 elements in CUDA unified memory, outside the
     caching allocator's count; the step (:mod:`memledger.step.bnb`) books them on the host column, the rows do not.
+
+    The setup's choices are :class:`~memledger.step.inputs.SetupChoices`' fields (declared once, shared with the
+    step's :class:`~memledger.step.inputs.StepInputs`); the framework's knobs are one config object,
+    ``framework_config`` (:mod:`memledger.ledger.knobs`: DDP's, FSDP2's, DeepSpeed's or Megatron-LM's; None for the
+    plain loop), each also a keyword and an attribute of its own (``fsdp_units``, ``deepspeed_overlap_comm``, ...).
     """
-    arch: Union[Architecture, str, None] = None
     n_params: Optional[int] = None
-    batch_size: int = 1
-    seq_len: int = 2048
-    recipe: str = DEFAULT_RECIPE
-    recompute: str = "none"
-    tp: int = 1
-    sequence_parallel: bool = False
-    zero_stage: int = 0
-    dp: int = 1
-    offload_optimizer: str = "none"
-    offload_params: str = "none"
-    offload_placement: str = "article"
     overhead_bytes: int = DEFAULT_OVERHEAD
-    dropout: Optional[bool] = None
-    flash_attention: bool = False
     scope: str = "model"
-    loss_chunks: int = 1
-    loss_impl: str = "torchtune"
-    # ---- the framework (issue 15): memledger.states.frameworks ----
-    framework: str = "plain"
-    ddp_bucket_mb: Optional[float] = None
-    gradient_as_bucket_view: bool = False
-    deepspeed_reduce_bucket_size: Optional[int] = None          # None: DeepSpeed's default (DEEPSPEED_DEFAULTS)
-    deepspeed_contiguous_gradients: Optional[bool] = None
-    deepspeed_overlap_comm: Optional[bool] = None
-    deepspeed_prefetch_bucket_size: Optional[int] = None
-    deepspeed_max_live_parameters: Optional[int] = None
-    deepspeed_param_persistence_threshold: Optional[int] = None
-    megatron_gradient_accumulation_fusion: Optional[bool] = None  # None: on, as Megatron-LM's default
-    fsdp_param_dtype: Optional[str] = "bf16"                     # fsdp2: MixedPrecisionPolicy (states.frameworks)
-    fsdp_reduce_dtype: Optional[str] = "fp32"
-    reshard_after_forward: object = True          # fsdp2: True, False, None (PyTorch: the root False) or an int k
-    dp_replicate: int = 1
-    offload_activations: bool = False
-    optimizer_in_backward: bool = False     # torchtune's optimizer_in_bwd: the step's peak honours it
-    packed: int = 0         # documents packed in each row (memledger.step.packing): the step under cpu/cuda reads it
-    compile: bool = False   # the blocks under torch.compile: what the min-cut partitioner saves (sum only)
-    fsdp_loss_in_root: bool = False         # fsdp2: the loss computed in the root module's forward
-    fsdp_cpu_offload: bool = False          # fsdp2: CPUOffloadPolicy (shards, gradients, states on the host)
-    fsdp_offload_pin_memory: bool = True    # fsdp2: CPUOffloadPolicy(pin_memory=...)
-    fsdp_units: str = "per-block"           # fsdp2: per-block (each block, then the root) or torchtitan's grouping
-    paged_optimizer: bool = False           # bitsandbytes' paged states (unified memory): the step's peak honours it
-    implementation: str = "reference"       # whose model code: reference, hf, torchtune, litgpt (step.implementations)
-    attn_implementation: str = "sdpa"       # transformers' attn_implementation (hf only): sdpa, eager, flash_attention_2
+    #: the framework's knobs (:mod:`memledger.ledger.knobs`), set by their own keywords; None: the plain loop's none
+    framework_config: object = None
+
+    def __init__(self, *args, **keywords):
+        """The fields as a dataclass takes them, and each framework knob as its own keyword (:data:`knobs.KNOBS`):
+        they make ``framework_config``."""
+        names = [f.name for f in fields(self)]
+        if len(args) > len(names):
+            raise TypeError(f"Ledger.__init__() takes at most {len(names)} positional arguments")
+        given = dict(zip(names, args))
+        for name, value in keywords.items():
+            if name in given:
+                raise TypeError(f"Ledger.__init__() got multiple values for argument {name!r}")
+            if name not in names and name not in knobs.KNOBS:
+                raise TypeError(f"Ledger.__init__() got an unexpected keyword argument {name!r}")
+            given[name] = value
+        set_knobs = {k: given.pop(k) for k in tuple(given) if k in knobs.KNOBS}
+        framework = given.get("framework", Ledger.framework)
+        config, foreign = knobs.configure(framework, given.pop("framework_config", None), set_knobs)
+        for f in fields(self):
+            object.__setattr__(self, f.name, given.get(f.name, f.default))
+        object.__setattr__(self, "framework_config", config)
+        object.__setattr__(self, "_foreign", foreign)
+        self.__post_init__()
+
+    @classmethod
+    def keywords(cls) -> dict:
+        """Keyword -> default of every keyword the Ledger takes, in :data:`KEYWORDS`' order."""
+        defaults = {f.name: f.default for f in fields(cls)}
+        return {k: defaults[k] if k in defaults else knobs.default(k) for k in KEYWORDS}
 
     def __repr__(self) -> str:
         """The architecture and the fields that differ from their defaults: what the setup chose."""
-        chosen = [f"{f.name}={getattr(self, f.name)!r}" for f in fields(self)
-                  if f.name == "arch" or f.default is MISSING or getattr(self, f.name) != f.default]
+        chosen = [f"{name}={getattr(self, name)!r}" for name, default in self.keywords().items()
+                  if name == "arch" or getattr(self, name) != default]
         return f"{type(self).__name__}({', '.join(chosen)})"
 
     def __post_init__(self):
@@ -247,7 +254,7 @@ class Ledger:
             raise ValueError("give an architecture (a preset or d_model/n_layers/n_heads) or n_params")
         counts = ("batch_size", "seq_len", "tp", "dp", "loss_chunks", "dp_replicate")
         for name in counts + (("n_params",) if self.n_params is not None else ()):
-            object.__setattr__(self, name, check_count(name, getattr(self, name)))
+            self._set(name, check_count(name, getattr(self, name)))
         object.__setattr__(self, "overhead_bytes", check_count("overhead_bytes", self.overhead_bytes, minimum=0))
         recipe = lookup(ALL_RECIPES, self.recipe, "recipe")
         factored = [c.name for c in recipe.components if c.factored]
@@ -290,6 +297,7 @@ class Ledger:
             arch.check_tensor_parallel(self.tp)
             arch.check_modelled()
         check_framework(self, ALL_RECIPES[self.recipe])
+        del self.__dict__["_foreign"]       # every other framework's knob is at its default: the config holds all
         if self.dropout is None:
             object.__setattr__(self, "dropout", arch.dropout if arch is not None else False)
         if self.optimizer_in_backward:
@@ -301,6 +309,15 @@ class Ledger:
         if self.framework == "fsdp2":     # FSDP2 books no sum of rows (its step is the answer)
             return
         _ = self.rows         # every row a whole number of bytes, or a ValueError naming the one that is not
+
+    def _set(self, name: str, value) -> None:
+        """Set a field, or a knob (in the framework config, or among the foreign ones while checked)."""
+        if name not in knobs.KNOBS:
+            object.__setattr__(self, name, value)
+        elif name in knobs.knobs_of(self.framework_config):
+            object.__setattr__(self, "framework_config", knobs.with_knob(self.framework_config, name, value))
+        elif name in self._foreign:
+            self._foreign[name] = value
 
     @property
     def params(self) -> int:
@@ -378,16 +395,12 @@ class Ledger:
     def step_inputs(self) -> StepInputs:
         """What the step timeline reads of this setup (:class:`memledger.step.inputs.StepInputs`): the model, the
         workload and strategy, the framework with its config, the values, the inputs it echoes."""
-        return StepInputs(
-            self.arch, self.recipe, self.batch_size, self.seq_len, self.recompute, bool(self.dropout),
-            self.flash_attention, self.tp, self.sequence_parallel, self.zero_stage, self.dp, self.offload_optimizer,
-            self.offload_params, self.offload_placement, self.loss_chunks, self.loss_impl, self.framework,
-            DDPConfig(self.ddp_bucket_mb, self.gradient_as_bucket_view),
-            FSDP2Config(self.fsdp_param_dtype, self.fsdp_reduce_dtype, self.reshard_after_forward, self.dp_replicate,
-                        self.fsdp_loss_in_root, self.fsdp_cpu_offload, self.fsdp_offload_pin_memory,
-                        self.fsdp_units),
-            self.offload_activations, self.optimizer_in_backward, self.packed, self.compile, self.paged_optimizer,
-            self.implementation, self.attn_implementation, self.values, self.inputs())
+        shared = {f.name: getattr(self, f.name) for f in fields(SetupChoices)}
+        config = self.framework_config
+        return StepInputs(**shared | {"dropout": bool(self.dropout)},
+                          ddp=config if isinstance(config, DDPConfig) else DDPConfig(),
+                          fsdp2=config if isinstance(config, FSDP2Config) else FSDP2Config(),
+                          values=self.values, record=self.inputs())
 
     def step(self, backend=None, **conventions):
         """The step timeline of this setup (:class:`memledger.step.timeline.Step`): landmarks, transients, peak.
@@ -445,7 +458,9 @@ class Ledger:
         return step_traffic(ALL_RECIPES[self.recipe], self.offload_optimizer, self.offload_params, shard)
 
     def inputs(self) -> dict:
-        fields = asdict(self)
+        """Every keyword's value (:data:`KEYWORDS`; the architecture's fields, ``n_params`` the count booked): the
+        JSON's ``inputs``."""
+        fields = {name: getattr(self, name) for name in KEYWORDS}
         fields["arch"] = None if self.arch is None else {
             k: v for k, v in asdict(self.arch).items() if k != "description"}
         fields["n_params"] = self.params
@@ -482,6 +497,11 @@ class Ledger:
 
     def _repr_markdown_(self):
         return self.table().markdown()
+
+
+
+for _keyword in knobs.KNOBS:     # each framework knob read as an attribute of its own (fsdp_units, ...)
+    setattr(Ledger, _keyword, knobs.Knob(_keyword))
 
 
 def sweep(template: Ledger, measure: str = "total", **arrays) -> dict:
