@@ -18,6 +18,7 @@ from ..core.dtypes import nbytes
 from ..core.exact import evaluate_expr
 from ..core.keyed import as_int
 from ..core.tape import Tape, record as tape
+from ..core.vocabulary import State
 from ..core.symbols import L, N_d, O, P, t
 from ..states.placement import ZERO_SHARDS, device_of, state_specs
 from ..states.recipes import ALL_RECIPES as RECIPES
@@ -148,7 +149,7 @@ class Built:
         self.grad_row = next(spec for spec in specs if spec.role == "grad")     # the one backward writes
         bnb_states = OPTIMIZER_OF[s.recipe] in BNB_KINDS
         for spec in specs if not self.fsdp else ():
-            if bnb_states and spec.role == "optimizer" and spec.name != "FP32 master weights":
+            if bnb_states and spec.role == "optimizer" and spec.component.state is not State.MASTER:
                 continue                        # Adam's two states, per tensor below
             if spec is not self.grad_row:
                 factored = spec.component is not None and spec.component.factored

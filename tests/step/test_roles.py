@@ -100,3 +100,27 @@ def test_lora_reads_its_adapters_dtype_and_optimizer_off_the_recipe(recipe, fp32
     from memledger.states.recipes import get_recipe
     from memledger.step.lora import _bitsandbytes, _fp32_adapters
     assert (_fp32_adapters(get_recipe(recipe)), _bitsandbytes(get_recipe(recipe))) == (fp32_adapters, bitsandbytes)
+
+
+#: What AdamW's step reads of each recipe the step models: (the moments' dtype, whether FP32 masters take the update),
+#: as each recipe's components are declared (memledger/states/recipes.py, memledger/states/extra.py).
+ADAMW_OF = {"bf16-adamw": ("fp32", True), "bf16-adamw-fp32-grads": ("fp32", True), "fp32-adamw": ("fp32", False),
+            "bf16-pure-adamw": ("bf16", False), "bf16-sgd": (None, True), "fp32-sgd": (None, False),
+            "bf16-sgd-momentum": (None, True), "fp32-sgd-momentum": (None, False),
+            "bf16-pure-sgd-momentum": (None, False), "adafactor": ("fp32", False), "fp16-amp-adamw": ("fp32", False),
+            "bf16-adam8bit-bnb": (None, True), "bf16-adam8bit-bnb-nomaster": (None, False),
+            "bf16-adamw32-bnb": ("fp32", False)}
+
+
+def test_adamw_reads_a_recipes_typed_states_not_its_component_names():
+    """memledger.step.outer.adamw finds the second moment and the FP32 master weights by their typed State: the same
+    answer for every modelled recipe with each component renamed."""
+    from dataclasses import replace
+    from memledger.states.recipes import get_recipe
+    from memledger.step.outer import adamw
+    from memledger.step.structure import MODELLED_RECIPES
+    assert set(ADAMW_OF) == set(MODELLED_RECIPES)
+    for name, expected in ADAMW_OF.items():
+        recipe = get_recipe(name)
+        renamed = replace(recipe, components=tuple(replace(c, name=f"state {i}") for i, c in enumerate(recipe.components)))
+        assert adamw(recipe) == adamw(renamed) == expected, name
