@@ -10,7 +10,7 @@ expression through :func:`memledger.core.exact.evaluate_expr`).
 """
 from fractions import Fraction
 
-__all__ = ["FormulaKey", "as_int", "compiled_function", "evaluate", "positional", "text", "whole"]
+__all__ = ["FormulaKey", "NotWholeBytes", "as_int", "compiled_function", "evaluate", "positional", "text", "whole"]
 
 
 class FormulaKey:
@@ -29,11 +29,20 @@ def positional(key) -> tuple:
     return key.positional() if isinstance(key, FormulaKey) else key
 
 
+class NotWholeBytes(ArithmeticError):
+    """A formula's value that is not a whole number of bytes (a tensor split over ranks that do not divide it):
+    ``value``, the exact Fraction, for the message that names it."""
+
+    def __init__(self, value: Fraction):
+        super().__init__(f"expected a whole number of bytes, got {value}")
+        self.value = value
+
+
 def as_int(value) -> int:
-    """A whole number of bytes from a Fraction; ``ArithmeticError`` otherwise."""
+    """A whole number of bytes from a Fraction; :class:`NotWholeBytes` (an ``ArithmeticError``) otherwise."""
     value = Fraction(value)
     if value.denominator != 1:
-        raise ArithmeticError(f"expected a whole number of bytes, got {value}")
+        raise NotWholeBytes(value)
     return value.numerator
 
 

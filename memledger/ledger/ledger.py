@@ -18,6 +18,7 @@ from typing import NamedTuple, Optional
 
 from .. import formulas
 from ..core.capacity import MARGIN, leaves_margin
+from ..core.keyed import NotWholeBytes
 from ..core.rows import DEVICES, Row, Rows
 from ..core.vocabulary import Device, Group, Role
 from ..models.architecture import Architecture
@@ -365,8 +366,8 @@ class Ledger(SetupChoices):
             try:
                 rows.append(Row(spec.name, spec.group, spec.device, spec.evaluate(self.values), spec.role,
                                 spec.formula))
-            except ArithmeticError as e:
-                share = str(e).rsplit(" ", 1)[-1]
+            except NotWholeBytes as e:
+                share = e.value
                 raise ValueError(f"{spec.name} would be {share} bytes per rank at tp {self.tp}: tp must divide "
                                  "the tensors it splits (Megatron-LM pads the vocabulary to a multiple of tp; "
                                  "memledger does not)") from None

@@ -9,6 +9,7 @@ projection instead of being copied for the batched matmul.
 """
 from dataclasses import dataclass
 
+from ..core.keyed import NotWholeBytes
 from ..models.features import Features
 from ..states.recipes import ALL_RECIPES as RECIPES
 from .implementations import check_step as check_library
@@ -493,13 +494,13 @@ def step_values(setup: StepInputs) -> dict:
 
 def split_refusal(names, sizes, values) -> ValueError:
     """The error for a step whose tensor is not a whole number of bytes per rank: ``sizes(j)`` evaluates tensor
-    ``j`` exactly (``ArithmeticError`` where it is not whole); the first such of ``names`` is named, as the
-    ledger names a row tp does not divide (:attr:`memledger.ledger.ledger.Ledger.rows`)."""
+    ``j`` exactly (:class:`~memledger.core.keyed.NotWholeBytes` where it is not whole); the first such of ``names``
+    is named, as the ledger names a row tp does not divide (:attr:`memledger.ledger.ledger.Ledger.rows`)."""
     for j, name in enumerate(names):
         try:
             sizes(j)
-        except ArithmeticError as e:
-            share = str(e).rsplit(" ", 1)[-1]
+        except NotWholeBytes as e:
+            share = e.value
             tokens = values.get("B", 1) * values.get("S", 1)
             t = values.get("t", 1)
             why = (f" (sequence parallelism splits the B x S = {tokens:,} token{'s' * (tokens != 1)} over the {t} ranks)"
