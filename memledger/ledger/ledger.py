@@ -103,7 +103,7 @@ def activation_dtype(recipe) -> str:
     weights = next((c.dtype for c in recipe.components if c.role == "param"), "bf16")
     if recipe.name in AMP_RECIPES:      # FP16 autocast saves the matmuls' 16-bit tensors (memledger.step.amp)
         return "bf16"
-    return "fp32" if weights == "fp32" and not recipe.name.startswith("fp8") else "bf16"
+    return "fp32" if weights == "fp32" and not recipe.fp8_gemms else "bf16"
 
 
 @lru_cache(maxsize=256)

@@ -51,7 +51,7 @@ _PLAYBOOK = "Ultra-Scale Playbook, FP8 table (index.html lines 2573-2648)"
 
 
 def _fp8(name, title, parts, source=_PLAYBOOK):
-    return Recipe(name, title, tuple(parts), source)
+    return Recipe(name, title, tuple(parts), source, fp8_gemms=True)
 
 
 EXTRA_RECIPES = [

@@ -76,11 +76,13 @@ class Component:
 
 @dataclass(frozen=True)
 class Recipe:
-    """A named precision/optimizer recipe and the source that books it this way."""
+    """A named precision/optimizer recipe and the source that books it this way; ``fp8_gemms``: its matmuls run
+    in FP8 (Transformer Engine or FP8 kernels, :mod:`memledger.states.extra`)."""
     name: str
     title: str
     components: tuple
     source: str
+    fp8_gemms: bool = False
 
     @property
     def bytes_per_param(self) -> int:

@@ -147,6 +147,9 @@ class Built:
             self.static.append((None, name))
         specs = state_specs(recipe, s.zero_stage, s.offload_optimizer, s.offload_params, s.offload_placement)
         self.grad_row = next(spec for spec in specs if spec.role == "grad")     # the one backward writes
+        #: the master weights among the model states: they exist from the start, the optimizer's other states are
+        #: created at its first step (memledger.ledger.replay)
+        self.masters = frozenset(spec.name for spec in specs if spec.component.state is State.MASTER)
         bnb_states = OPTIMIZER_OF[s.recipe] in BNB_KINDS
         for spec in specs if not self.fsdp else ():
             if bnb_states and spec.role == "optimizer" and spec.component.state is not State.MASTER:

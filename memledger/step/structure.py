@@ -51,8 +51,9 @@ COMPILE_REFUSED = ("compile: the step timeline does not model torch.compile's fo
 def check_recipe(name: str) -> None:
     """``ValueError`` naming what the timeline lacks, unless it models recipe ``name``'s optimizer step."""
     if name not in MODELLED_RECIPES:
+        fp8 = name in RECIPES and RECIPES[name].fp8_gemms
         why = UNMODELLED_RECIPES.get(name, "FP8 GEMMs: Transformer Engine or FP8 kernels, which need an FP8 GPU; not "
-                                           "modelled op by op" if name.startswith("fp8") else "its optimizer")
+                                           "modelled op by op" if fp8 else "its optimizer")
         raise ValueError(f"the step timeline does not model recipe {name} ({why}) yet; it models "
                          f"{', '.join(MODELLED_RECIPES)}")
 
