@@ -46,6 +46,8 @@ def test_the_knobs_are_the_frameworks_options():
     """memledger.states.frameworks checks each framework's options by the same names."""
     grouped = {fw: tuple(k for k, (f, _) in knobs.KNOBS.items() if f == fw) for fw in FRAMEWORK_OPTIONS}
     assert grouped == FRAMEWORK_OPTIONS
+    from memledger.states.frameworks import _DEFAULTS       # what check_framework takes as "not given"
+    assert all(knobs.default(k) == _DEFAULTS.get(k) for k in knobs.KNOBS)
     assert knobs.CONFIGS == {"ddp": DDPConfig, "fsdp2": FSDP2Config, "deepspeed": DeepSpeedConfig,
                              "megatron": MegatronConfig}
     assert all(len(fields(c)) == len(grouped[fw]) for fw, c in knobs.CONFIGS.items())
