@@ -81,3 +81,45 @@ def test_command_line_imports_no_sympy_or_numpy(tmp_path, command):
     env = {**os.environ, "MEMLEDGER_CACHE_DIR": str(tmp_path)}
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert result.returncode == 0, result.stderr
+
+
+def named(key):
+    """The named key whose positional tuple is the compiled ``key`` (None for the short plain keys)."""
+    from memledger.formulas import ActivationsKey, OutsideKey
+    from memledger.models.features import Features, ModelKey
+    name, *args = key
+    before = args[:1] if name == "working buffer" else []
+    rest = args[len(before):]
+    if name == "activations":
+        return ActivationsKey(*args)
+    if name == "outside":
+        return OutsideKey(*args)
+    if name in ("params", "active params", "largest unit", "projections", "working buffer"):
+        return ModelKey(name, rest[0] if len(rest) == 1 else Features(*rest), tuple(before))
+    return None
+
+
+def test_every_long_key_is_a_named_keys_positional_tuple():
+    """The activations, outside-row and model keys of the compiled table are the positional tuples of named keys
+    (:class:`memledger.formulas.ActivationsKey`, ``OutsideKey``, :class:`memledger.models.features.ModelKey`),
+    their fields at the builders' arguments; only the short keys (elements, symbol, kv cache) stay plain."""
+    keys = formulas.keys()
+    plain = [k for k in keys if named(k) is None]
+    assert {k[0] for k in plain} == {"elements", "symbol", "kv cache"} and max(map(len, plain)) == 2
+    assert [named(k).positional() for k in keys if named(k) is not None] == [k for k in keys if named(k) is not None]
+
+
+@pytest.mark.parametrize("preset, dropout, fields", [
+    ("phi-2", True, dict(parallel=True, shared_norm=True, attention_dropout=False, dtype="bf16")),
+    ("pythia-6.9b", False, dict(parallel=True, shared_norm=False, attention_dropout=True)),
+    ("llama2-7b", False, dict(mlp="swiglu", norm="RMSNorm", parallel=False))])
+def test_a_ledgers_activations_row_is_keyed_by_name(preset, dropout, fields):
+    from dataclasses import asdict
+    from memledger import Ledger
+    from memledger.formulas import ActivationsKey
+    from memledger.ledger.ledger import row_specs
+    ledger = Ledger(preset, seq_len=512, dropout=dropout)
+    key = next(s.key for s in row_specs(ledger.structure) if s.name == "activations")
+    assert isinstance(key, ActivationsKey) and fields.items() <= asdict(key).items()
+    from memledger.core.exact import evaluate_expr       # the compiled table's value at the key, and SymPy's
+    assert formulas.evaluate(key, ledger.values) == evaluate_expr(formulas.expr(key.positional()), ledger.values)

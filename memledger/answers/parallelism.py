@@ -24,6 +24,7 @@ import sympy as sp
 
 from .communication import pipeline_elements, ring_elements, tensor_parallel_elements
 from ..formulas import evaluate
+from ..models.features import ModelKey
 from ..core.exact import evaluate_expr
 from ..ledger.ledger import Ledger
 from ..states.recipes import RECIPES
@@ -55,7 +56,7 @@ def gather_buffer_bytes(ledger: Ledger) -> int:
     if ledger.zero_stage < 3 or ledger.arch is None:
         return 0
     recipe = RECIPES[ledger.recipe]
-    unit = evaluate(("largest unit",) + ledger.arch.features.key, ledger.values)
+    unit = evaluate(ModelKey("largest unit", ledger.arch.features), ledger.values)
     return (recipe.role_bytes("param") + recipe.grad_bytes) * unit
 
 

@@ -74,7 +74,7 @@ class Rung:
             raise ValueError(f"a rung needs a name, got {self.name!r}")
         if not isinstance(self.changes, dict):
             raise TypeError(f"changes must be a dict of fields, got {self.changes!r}")
-        known = {f.name for f in fields(Ledger)} | _CONVENTIONS | {"lora"}
+        known = set(Ledger.keywords()) | _CONVENTIONS | {"lora"}
         unknown = sorted(set(self.changes) - known)
         if unknown:
             raise ValueError(f"rung {self.name!r} changes {', '.join(unknown)}: not a Ledger field, a backend "
@@ -102,7 +102,7 @@ def setup_step(model, seq_len: int, setup: dict, backend="cuda"):
         return Ledger(model, seq_len=seq_len, **setup).step(backend, **conventions)
     if not isinstance(lora, LoraConfig):
         raise TypeError(f"lora must be a LoraConfig (or qlora()), got {lora!r}")
-    defaults = {f.name: f.default for f in fields(Ledger)}
+    defaults = Ledger.keywords()
     unmodelled = sorted(k for k, v in setup.items() if k not in _LORA_FIELDS | {"recipe"} and v != defaults.get(k))
     if unmodelled:
         raise ValueError(f"the LoRA step does not model {', '.join(unmodelled)}: restart from the baseline "

@@ -3,7 +3,7 @@
 instead of silently booking bytes nowhere."""
 from enum import StrEnum
 
-__all__ = ["Device", "Group", "Kind", "Norm", "Role", "Style"]
+__all__ = ["Device", "Group", "Kind", "Norm", "Role", "State", "Style"]
 
 
 class Device(StrEnum):
@@ -19,6 +19,13 @@ class Group(StrEnum):
     ACTIVATIONS = "activations"
     OVERHEAD = "overhead"
     INFERENCE = "inference"
+
+
+class State(StrEnum):
+    """What an optimizer-state component of a recipe is, for the step to find it by type, not by its name: the
+    master weights the update is applied to, or the second moment (Adam's v, Adafactor's factored one)."""
+    MASTER = "master weights"
+    SECOND_MOMENT = "second moment"
 
 
 class Role(StrEnum):

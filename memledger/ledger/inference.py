@@ -51,6 +51,7 @@ from ..core.rows import Row, Rows
 from .ledger import DEFAULT_OVERHEAD
 from .prefill import BACKENDS, eager_softmax_bytes
 from .. import formulas
+from ..models.features import ModelKey
 
 __all__ = ["ATTENTIONS", "COMPUTE_DTYPES", "QUANTIZATIONS", "Inference", "quantized_shapes"]
 
@@ -123,7 +124,7 @@ class Inference:
         """Weights, KV cache, working buffer and overhead per GPU (group "inference"), exact bytes."""
         a, values = self.arch, dict(self.arch.values, B=self.batch_size, S=self.seq_len)
         kv = ("kv cache", nbytes(self.kv_dtype))            # memledger.activations.serving, compiled
-        work = ("working buffer", nbytes(self.kv_dtype)) + a.features.key
+        work = ModelKey("working buffer", a.features, (nbytes(self.kv_dtype),))
         c = nbytes(self.weight_dtype)
         buffer = -(-formulas.evaluate(work, values) // self.tp)
         buffer_name, buffer_formula = "working buffer (prefill, one layer)", f"ceiling(({formulas.text(work)})/t)"

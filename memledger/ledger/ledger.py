@@ -12,26 +12,28 @@ evaluated exactly, without SymPy, by its generated plain-Python form.
 ``ledger.values`` maps symbol names to numbers, ``ledger.bindings`` SymPy
 symbols to numbers, and ``ledger.evaluate(expr)`` computes any formula exactly.
 """
-from dataclasses import MISSING, asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields
 from functools import cached_property, lru_cache
-from typing import NamedTuple, Optional, Union
+from typing import NamedTuple, Optional
 
 from .. import formulas
 from ..core.capacity import MARGIN, leaves_margin
+from ..core.keyed import NotWholeBytes
 from ..core.rows import DEVICES, Row, Rows
 from ..core.vocabulary import Device, Group, Role
 from ..models.architecture import Architecture
 from ..models.presets import get_preset
 from ..core.choices import RECOMPUTE, check_choice, check_count, check_flag, lookup
-from ..models.features import Features
+from ..models.features import Features, ModelKey
 from ..states.frameworks import check_framework, framework_buffers
 from ..states.placement import OFFLOAD_DEVICES, PLACEMENTS, ZERO_STAGES, check_state_options, component_key, state_specs
-from ..states.recipes import ALL_RECIPES, DEFAULT_RECIPE
+from ..states.recipes import ALL_RECIPES
 from .amp import weight_copy_row
 from .in_backward import check_in_backward
 from ..activations.partitioned import check_compiled
 from .transfer import Traffic, step_traffic
-from ..step.inputs import DDPConfig, FSDP2Config, StepInputs
+from ..step.inputs import DDPConfig, FSDP2Config, SetupChoices, StepInputs
+from . import knobs
 from ..step.implementations import check_fields as check_implementation_fields
 from ..step.structure import AMP_RECIPES, BNB_KINDS, OPTIMIZER_OF, check_loss_impl
 from ..core.units import GB
@@ -50,7 +52,7 @@ class RowSpec(NamedTuple):
     name: str
     group: str
     device: str
-    key: tuple
+    key: object             # a formulas.ActivationsKey, formulas.OutsideKey, or a plain tuple
     factor: int = 1
     role: str = ""          # model states: param / grad / optimizer (ZeRO's roles), or "gathered"
 
@@ -101,7 +103,7 @@ def activation_dtype(recipe) -> str:
     weights = next((c.dtype for c in recipe.components if c.role == "param"), "bf16")
     if recipe.name in AMP_RECIPES:      # FP16 autocast saves the matmuls' 16-bit tensors (memledger.step.amp)
         return "bf16"
-    return "fp32" if weights == "fp32" and not recipe.name.startswith("fp8") else "bf16"
+    return "fp32" if weights == "fp32" and not recipe.fp8_gemms else "bf16"
 
 
 @lru_cache(maxsize=256)
@@ -116,7 +118,7 @@ def row_specs(s: Structure) -> tuple:
             # ZeRO-3 gathers one module's parameters (and gradients) at a time:
             # DeepSpeed's estimate_zero3_model_states_mem_needs books 4 x largest layer.
             plain = s.arch.features == Features.of(s.arch.style)
-            unit = ("largest unit", s.arch.style) if plain else ("largest unit",) + s.arch.features.key
+            unit = ModelKey("largest unit", s.arch.style if plain else s.arch.features)
             gathered = [c for c in recipe.components if c.role == "param"] + [recipe.grad_component]
             if all(c.plain for c in gathered):
                 specs.append(RowSpec("gathered parameters + gradients (largest layer)", Group.MODEL_STATES, Device.GPU,
@@ -126,18 +128,10 @@ def row_specs(s: Structure) -> tuple:
                                      component_key(gathered, unit), 1, Role.GATHERED))
         f = s.arch.features
         dtype = activation_dtype(recipe)
-        family = (f.parallel, f.shared_norm) if f.parallel else ()      # GPT-NeoX, Phi (issue 16)
-        compiled = (False, False, True) if s.compiled else ()          # torch.compile's blocks (never a family's)
-        # Phi-2: the residual dropouts run, the probabilities' does not (p = 0): the flag last, only then
-        partial = s.dropout and not s.arch.attention_dropout
-        if partial:
-            family, compiled = (), (f.parallel, f.shared_norm, bool(s.compiled), False)
-        refined = f.gqa or f.head_dim or f.moe or dtype == "fp32" or family or compiled
-        refinements = (f.gqa, f.head_dim, f.moe) if refined else ()
-        specs.append(RowSpec("activations", Group.ACTIVATIONS, Device.GPU,
-                             ("activations", s.arch.mlp, s.arch.norm, s.dropout, s.flash_attention, s.recompute,
-                              s.tensor_parallel, s.sequence_parallel) + refinements + (
-                                 (dtype,) if dtype == "fp32" or family or compiled else ()) + family + compiled))
+        specs.append(RowSpec("activations", Group.ACTIVATIONS, Device.GPU, formulas.ActivationsKey(
+            s.arch.mlp, s.arch.norm, s.dropout, s.flash_attention, s.recompute, s.tensor_parallel, s.sequence_parallel,
+            gqa=f.gqa, head_dim=f.head_dim, moe=f.moe, dtype=dtype, parallel=f.parallel, shared_norm=f.shared_norm,
+            compiled=bool(s.compiled), attention_dropout=s.arch.attention_dropout)))
         if s.scope == "model" and s.arch.causal:
             attention = "flash" if s.flash_attention else "eager"
             specs += [RowSpec(name, Group.ACTIVATIONS, Device.GPU, formulas.outside_key(
@@ -167,8 +161,21 @@ def framework_specs(s: Structure, recipe) -> list:
     return []
 
 
+#: The Ledger's keywords, in the order :meth:`Ledger.inputs` (the JSON's ``inputs``) and its ``repr`` give them: its
+#: fields (:class:`~memledger.step.inputs.SetupChoices`' and its own) and each framework knob (:mod:`.knobs`).
+KEYWORDS = ("arch", "n_params", "batch_size", "seq_len", "recipe", "recompute", "tp", "sequence_parallel",
+            "zero_stage", "dp", "offload_optimizer", "offload_params", "offload_placement", "overhead_bytes", "dropout",
+            "flash_attention", "scope", "loss_chunks", "loss_impl", "framework", "ddp_bucket_mb",
+            "gradient_as_bucket_view", "deepspeed_reduce_bucket_size", "deepspeed_contiguous_gradients",
+            "deepspeed_overlap_comm", "deepspeed_prefetch_bucket_size", "deepspeed_max_live_parameters",
+            "deepspeed_param_persistence_threshold", "megatron_gradient_accumulation_fusion", "fsdp_param_dtype",
+            "fsdp_reduce_dtype", "reshard_after_forward", "dp_replicate", "offload_activations",
+            "optimizer_in_backward", "packed", "compile", "fsdp_loss_in_root", "fsdp_cpu_offload",
+            "fsdp_offload_pin_memory", "fsdp_units", "paged_optimizer", "implementation", "attn_implementation")
+
+
 @dataclass(frozen=True)
-class Ledger:
+class Ledger(SetupChoices):
     """Memory of one training setup, per GPU.
 
     ``arch``: an :class:`Architecture` or a preset name; without one, give
@@ -193,57 +200,50 @@ class Ledger:
     (:attr:`peak` is None, :meth:`step` refuses it). ``paged_optimizer``: bitsandbytes' paged optimizer
     (its recipes only): Adam's states of tensors of at least 1e5 elements in CUDA unified memory, outside the
     caching allocator's count; the step (:mod:`memledger.step.bnb`) books them on the host column, the rows do not.
+
+    The setup's choices are :class:`~memledger.step.inputs.SetupChoices`' fields (declared once, shared with the
+    step's :class:`~memledger.step.inputs.StepInputs`); the framework's knobs are one config object,
+    ``framework_config`` (:mod:`memledger.ledger.knobs`: DDP's, FSDP2's, DeepSpeed's or Megatron-LM's; None for the
+    plain loop), each also a keyword and an attribute of its own (``fsdp_units``, ``deepspeed_overlap_comm``, ...).
     """
-    arch: Union[Architecture, str, None] = None
     n_params: Optional[int] = None
-    batch_size: int = 1
-    seq_len: int = 2048
-    recipe: str = DEFAULT_RECIPE
-    recompute: str = "none"
-    tp: int = 1
-    sequence_parallel: bool = False
-    zero_stage: int = 0
-    dp: int = 1
-    offload_optimizer: str = "none"
-    offload_params: str = "none"
-    offload_placement: str = "article"
     overhead_bytes: int = DEFAULT_OVERHEAD
-    dropout: Optional[bool] = None
-    flash_attention: bool = False
     scope: str = "model"
-    loss_chunks: int = 1
-    loss_impl: str = "torchtune"
-    # ---- the framework (issue 15): memledger.states.frameworks ----
-    framework: str = "plain"
-    ddp_bucket_mb: Optional[float] = None
-    gradient_as_bucket_view: bool = False
-    deepspeed_reduce_bucket_size: Optional[int] = None          # None: DeepSpeed's default (DEEPSPEED_DEFAULTS)
-    deepspeed_contiguous_gradients: Optional[bool] = None
-    deepspeed_overlap_comm: Optional[bool] = None
-    deepspeed_prefetch_bucket_size: Optional[int] = None
-    deepspeed_max_live_parameters: Optional[int] = None
-    deepspeed_param_persistence_threshold: Optional[int] = None
-    megatron_gradient_accumulation_fusion: Optional[bool] = None  # None: on, as Megatron-LM's default
-    fsdp_param_dtype: Optional[str] = "bf16"                     # fsdp2: MixedPrecisionPolicy (states.frameworks)
-    fsdp_reduce_dtype: Optional[str] = "fp32"
-    reshard_after_forward: object = True          # fsdp2: True, False, None (PyTorch: the root False) or an int k
-    dp_replicate: int = 1
-    offload_activations: bool = False
-    optimizer_in_backward: bool = False     # torchtune's optimizer_in_bwd: the step's peak honours it
-    packed: int = 0         # documents packed in each row (memledger.step.packing): the step under cpu/cuda reads it
-    compile: bool = False   # the blocks under torch.compile: what the min-cut partitioner saves (sum only)
-    fsdp_loss_in_root: bool = False         # fsdp2: the loss computed in the root module's forward
-    fsdp_cpu_offload: bool = False          # fsdp2: CPUOffloadPolicy (shards, gradients, states on the host)
-    fsdp_offload_pin_memory: bool = True    # fsdp2: CPUOffloadPolicy(pin_memory=...)
-    fsdp_units: str = "per-block"           # fsdp2: per-block (each block, then the root) or torchtitan's grouping
-    paged_optimizer: bool = False           # bitsandbytes' paged states (unified memory): the step's peak honours it
-    implementation: str = "reference"       # whose model code: reference, hf, torchtune, litgpt (step.implementations)
-    attn_implementation: str = "sdpa"       # transformers' attn_implementation (hf only): sdpa, eager, flash_attention_2
+    #: the framework's knobs (:mod:`memledger.ledger.knobs`), set by their own keywords; None: the plain loop's none
+    framework_config: object = None
+
+    def __init__(self, *args, **keywords):
+        """The fields as a dataclass takes them, and each framework knob as its own keyword (:data:`knobs.KNOBS`):
+        they make ``framework_config``."""
+        names = [f.name for f in fields(self)]
+        if len(args) > len(names):
+            raise TypeError(f"Ledger.__init__() takes at most {len(names)} positional arguments")
+        given = dict(zip(names, args))
+        for name, value in keywords.items():
+            if name in given:
+                raise TypeError(f"Ledger.__init__() got multiple values for argument {name!r}")
+            if name not in names and name not in knobs.KNOBS:
+                raise TypeError(f"Ledger.__init__() got an unexpected keyword argument {name!r}")
+            given[name] = value
+        set_knobs = {k: given.pop(k) for k in tuple(given) if k in knobs.KNOBS}
+        framework = given.get("framework", Ledger.framework)
+        config, foreign = knobs.configure(framework, given.pop("framework_config", None), set_knobs)
+        for f in fields(self):
+            object.__setattr__(self, f.name, given.get(f.name, f.default))
+        object.__setattr__(self, "framework_config", config)
+        object.__setattr__(self, "_foreign", foreign)
+        self.__post_init__()
+
+    @classmethod
+    def keywords(cls) -> dict:
+        """Keyword -> default of every keyword the Ledger takes, in :data:`KEYWORDS`' order."""
+        defaults = {f.name: f.default for f in fields(cls)}
+        return {k: defaults[k] if k in defaults else knobs.default(k) for k in KEYWORDS}
 
     def __repr__(self) -> str:
         """The architecture and the fields that differ from their defaults: what the setup chose."""
-        chosen = [f"{f.name}={getattr(self, f.name)!r}" for f in fields(self)
-                  if f.name == "arch" or f.default is MISSING or getattr(self, f.name) != f.default]
+        chosen = [f"{name}={getattr(self, name)!r}" for name, default in self.keywords().items()
+                  if name == "arch" or getattr(self, name) != default]
         return f"{type(self).__name__}({', '.join(chosen)})"
 
     def __post_init__(self):
@@ -255,7 +255,7 @@ class Ledger:
             raise ValueError("give an architecture (a preset or d_model/n_layers/n_heads) or n_params")
         counts = ("batch_size", "seq_len", "tp", "dp", "loss_chunks", "dp_replicate")
         for name in counts + (("n_params",) if self.n_params is not None else ()):
-            object.__setattr__(self, name, check_count(name, getattr(self, name)))
+            self._set(name, check_count(name, getattr(self, name)))
         object.__setattr__(self, "overhead_bytes", check_count("overhead_bytes", self.overhead_bytes, minimum=0))
         recipe = lookup(ALL_RECIPES, self.recipe, "recipe")
         factored = [c.name for c in recipe.components if c.factored]
@@ -298,6 +298,7 @@ class Ledger:
             arch.check_tensor_parallel(self.tp)
             arch.check_modelled()
         check_framework(self, ALL_RECIPES[self.recipe])
+        del self.__dict__["_foreign"]       # every other framework's knob is at its default: the config holds all
         if self.dropout is None:
             object.__setattr__(self, "dropout", arch.dropout if arch is not None else False)
         if self.optimizer_in_backward:
@@ -309,6 +310,15 @@ class Ledger:
         if self.framework == "fsdp2":     # FSDP2 books no sum of rows (its step is the answer)
             return
         _ = self.rows         # every row a whole number of bytes, or a ValueError naming the one that is not
+
+    def _set(self, name: str, value) -> None:
+        """Set a field, or a knob (in the framework config, or among the foreign ones while checked)."""
+        if name not in knobs.KNOBS:
+            object.__setattr__(self, name, value)
+        elif name in knobs.knobs_of(self.framework_config):
+            object.__setattr__(self, "framework_config", knobs.with_knob(self.framework_config, name, value))
+        elif name in self._foreign:
+            self._foreign[name] = value
 
     @property
     def params(self) -> int:
@@ -356,8 +366,8 @@ class Ledger:
             try:
                 rows.append(Row(spec.name, spec.group, spec.device, spec.evaluate(self.values), spec.role,
                                 spec.formula))
-            except ArithmeticError as e:
-                share = str(e).rsplit(" ", 1)[-1]
+            except NotWholeBytes as e:
+                share = e.value
                 raise ValueError(f"{spec.name} would be {share} bytes per rank at tp {self.tp}: tp must divide "
                                  "the tensors it splits (Megatron-LM pads the vocabulary to a multiple of tp; "
                                  "memledger does not)") from None
@@ -386,16 +396,12 @@ class Ledger:
     def step_inputs(self) -> StepInputs:
         """What the step timeline reads of this setup (:class:`memledger.step.inputs.StepInputs`): the model, the
         workload and strategy, the framework with its config, the values, the inputs it echoes."""
-        return StepInputs(
-            self.arch, self.recipe, self.batch_size, self.seq_len, self.recompute, bool(self.dropout),
-            self.flash_attention, self.tp, self.sequence_parallel, self.zero_stage, self.dp, self.offload_optimizer,
-            self.offload_params, self.offload_placement, self.loss_chunks, self.loss_impl, self.framework,
-            DDPConfig(self.ddp_bucket_mb, self.gradient_as_bucket_view),
-            FSDP2Config(self.fsdp_param_dtype, self.fsdp_reduce_dtype, self.reshard_after_forward, self.dp_replicate,
-                        self.fsdp_loss_in_root, self.fsdp_cpu_offload, self.fsdp_offload_pin_memory,
-                        self.fsdp_units),
-            self.offload_activations, self.optimizer_in_backward, self.packed, self.compile, self.paged_optimizer,
-            self.implementation, self.attn_implementation, self.values, self.inputs())
+        shared = {f.name: getattr(self, f.name) for f in fields(SetupChoices)}
+        config = self.framework_config
+        return StepInputs(**shared | {"dropout": bool(self.dropout)},
+                          ddp=config if isinstance(config, DDPConfig) else DDPConfig(),
+                          fsdp2=config if isinstance(config, FSDP2Config) else FSDP2Config(),
+                          values=self.values, record=self.inputs())
 
     def step(self, backend=None, **conventions):
         """The step timeline of this setup (:class:`memledger.step.timeline.Step`): landmarks, transients, peak.
@@ -453,7 +459,9 @@ class Ledger:
         return step_traffic(ALL_RECIPES[self.recipe], self.offload_optimizer, self.offload_params, shard)
 
     def inputs(self) -> dict:
-        fields = asdict(self)
+        """Every keyword's value (:data:`KEYWORDS`; the architecture's fields, ``n_params`` the count booked): the
+        JSON's ``inputs``."""
+        fields = {name: getattr(self, name) for name in KEYWORDS}
         fields["arch"] = None if self.arch is None else {
             k: v for k, v in asdict(self.arch).items() if k != "description"}
         fields["n_params"] = self.params
@@ -490,6 +498,11 @@ class Ledger:
 
     def _repr_markdown_(self):
         return self.table().markdown()
+
+
+
+for _keyword in knobs.KNOBS:     # each framework knob read as an attribute of its own (fsdp_units, ...)
+    setattr(Ledger, _keyword, knobs.Knob(_keyword))
 
 
 def sweep(template: Ledger, measure: str = "total", **arrays) -> dict:

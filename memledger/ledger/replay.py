@@ -105,10 +105,11 @@ def _outside(kinds) -> list:
     return [j for j, (_, kind) in enumerate(kinds) if kind == "overhead"]
 
 
-def _lazy(kinds) -> list:
-    """The indices of the optimizer states PyTorch creates at the first ``optimizer.step()`` (not the FP32 masters,
-    which exist from the start)."""
-    return [j for j, (name, kind) in enumerate(kinds) if kind == "optimizer" and "master" not in name.lower()]
+def _lazy(kinds, masters) -> list:
+    """The indices of the optimizer states PyTorch creates at the first ``optimizer.step()``: not the master weights
+    (``masters``, the step's :attr:`~memledger.step.build.Built.masters`, by the recipe's typed component state),
+    which exist from the start."""
+    return [j for j, (name, kind) in enumerate(kinds) if kind == "optimizer" and name not in masters]
 
 
 def check_streams(framework: str, measure: str = "reserved") -> None:
@@ -148,7 +149,7 @@ def roles(structure) -> dict:
         buckets = [index[ddp.BUCKETS]] + [[index[name] for _, name in part]
                                           for part in ddp.ready_parts(built.ops, built.tensors)]
     data = {"structure": repr(structure),
-            "outside": _outside(kinds), "lazy": _lazy(kinds),
+            "outside": _outside(kinds), "lazy": _lazy(kinds, built.masters),
             "lumps": {str(j): span for j, (name, _) in enumerate(kinds)
                       for pattern, span in (("2..L-3", "L-4"), ("1..L-2", "L-2")) if pattern in name},
             "streams": {str(j): built.tensors[name].stream.value for j, name in enumerate(built.names)
@@ -218,7 +219,7 @@ def replay_step(step, expandable_segments: bool = False, max_split_size_mb=None,
     built = step.built
     deltas, moments = trace(built)
     kinds = [(name, built.tensors[name].kind.value) for name in built.names]
-    outside, lazy = _outside(kinds), _lazy(kinds)
+    outside, lazy = _outside(kinds), _lazy(kinds, built.masters)
     n_layers = step.values["L"]
     pieces = {j: n_layers - (4 if "2..L-3" in name else 2) for j, (name, _) in enumerate(kinds)
               if "2..L-3" in name or "1..L-2" in name}

@@ -5,7 +5,6 @@ Plain Python (no PyTorch). The prediction is ``Ledger(...).step(backend, **conve
 (:class:`memledger.step.timeline.Step`): its landmarks, its phase peaks, its peak and its curve
 (:meth:`~memledger.step.timeline.Step.series`).
 """
-from dataclasses import fields
 from pathlib import Path
 
 from ..activations.backends import BACKENDS, get_backend
@@ -14,7 +13,7 @@ from ..ledger.lora import LoraLedger
 
 __all__ = ["Plan", "check_steps", "output_path", "predicted_side"]
 
-_FIELDS = tuple(f.name for f in fields(Ledger))
+_FIELDS = tuple(Ledger.keywords())
 
 
 class Plan:

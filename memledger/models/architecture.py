@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, fields, replace
 from ..core import keyed
 from ..core.choices import check_choice, check_count, check_flag
 from ..core.vocabulary import Norm, Style
-from .features import STYLES, Features
+from .features import STYLES, Features, ModelKey
 
 __all__ = ["BLOCKS", "Architecture"]
 #: What each block style saves for backward: (MLP kind, norm) of :func:`memledger.activations.inventory.inventory`.
@@ -186,14 +186,14 @@ class Architecture:
     @property
     def computed_params(self) -> int:
         """The parameter count from the architecture (ignores ``n_params``)."""
-        return keyed.evaluate(("params",) + self.features.key, self.values, lambda: self._count("param_count_expr"))
+        return keyed.evaluate(ModelKey("params", self.features), self.values, lambda: self._count("param_count_expr"))
 
     @property
     def active_params(self) -> int:
         """Parameters one token passes through: k of the E experts (= ``computed_params`` if dense)."""
         if not self.n_experts:
             return self.computed_params
-        return keyed.evaluate(("active params",) + self.features.key, self.values,
+        return keyed.evaluate(ModelKey("active params", self.features), self.values,
                               lambda: self._count("active_param_count_expr"))
 
     def _count(self, formula: str) -> int:

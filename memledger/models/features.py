@@ -5,12 +5,14 @@ turns a :class:`Features` record into parameter formulas, :mod:`memledger.activa
 into saved tensors; :meth:`memledger.models.architecture.Architecture.features` reads it off
 an architecture.
 """
+from dataclasses import dataclass
 from fractions import Fraction
-from typing import NamedTuple
+from typing import NamedTuple, Union
 
+from ..core.keyed import FormulaKey
 from ..core.vocabulary import Style
 
-__all__ = ["FAMILY_DEFAULTS", "STYLES", "Features", "swiglu_width"]
+__all__ = ["FAMILY_DEFAULTS", "STYLES", "Features", "ModelKey", "swiglu_width"]
 
 STYLES = tuple(s.value for s in Style)
 
@@ -84,6 +86,22 @@ class Features(NamedTuple):
 _BASE = 10
 #: The defaults of the families' fields (after the first ten).
 FAMILY_DEFAULTS = tuple(Features._field_defaults[name] for name in Features._fields[_BASE:])
+
+
+@dataclass(frozen=True)
+class ModelKey(FormulaKey):
+    """The key of a formula of a model's tensors (:mod:`memledger.formulas`: ``"params"``, ``"active params"``,
+    ``"largest unit"``, ``"projections"``, ``"working buffer"``): the formula's name, the model's
+    :class:`Features` (or a style name, the style's own), and the formula's own choices written before them (the
+    working buffer's bytes per element)."""
+    formula: str
+    features: Union[Features, str]
+    before: tuple = ()
+
+    def positional(self) -> tuple:
+        """``(formula,) + before + features.key``, or ``(formula,) + before + (style,)`` for a style name."""
+        f = self.features
+        return (self.formula,) + self.before + ((f,) if isinstance(f, str) else f.key)
 
 
 def swiglu_width(d_model: int, multiple_of: int = 256, ffn_dim_multiplier=None) -> int:

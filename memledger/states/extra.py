@@ -25,6 +25,7 @@ and source, registered in :data:`memledger.states.recipes.FINETUNE_RECIPES` (and
   DeepSeek-V3 keeps one fp32 scale per 128 x 128 weight block (Playbook
   line 2567; DeepSeek-V3 report Sec. 3.3).
 """
+from ..core.vocabulary import State
 from .recipe import Component, Recipe
 
 __all__ = ["EXTRA_RECIPES"]
@@ -35,21 +36,22 @@ _BF16_G = Component("BF16 gradients", "bf16", "grad", "dLoss/dtheta, one per par
 _FP32_W = Component("FP32 parameters", "fp32", "param", "the weights are their own master copy")
 _FP32_G = Component("FP32 gradients", "fp32", "grad", "dLoss/dtheta in FP32")
 _MASTER = Component("FP32 master weights", "fp32", "optimizer",
-                    "BF16 has 7 fraction bits: small updates round away without an FP32 copy")
+                    "BF16 has 7 fraction bits: small updates round away without an FP32 copy", state=State.MASTER)
 _M8 = Component("Adam m (8-bit, block-wise)", "int8", "optimizer", "signed dynamic-map codes; " + _BNB,
                 constants=((256, "fp32"),), fp32_below=4096)
 _V8 = Component("Adam v (8-bit, block-wise)", "int8", "optimizer", "unsigned dynamic-map codes; " + _BNB,
-                constants=((256, "fp32"),), fp32_below=4096)
+                constants=((256, "fp32"),), fp32_below=4096, state=State.SECOND_MOMENT)
 _BNB32 = "32-bit state of a BF16 parameter (bitsandbytes optim_bits=32)"
 _M32 = Component("Adam first moment m", "fp32", "optimizer", _BNB32)
-_V32 = Component("Adam second moment v", "fp32", "optimizer", _BNB32)
+_V32 = Component("Adam second moment v", "fp32", "optimizer", _BNB32, state=State.SECOND_MOMENT)
 _FACTORED_V = Component("Adafactor second moment (rows + columns)", "fp32", "optimizer",
-                        "a matrix keeps the row and column means of g^2, a vector all of g^2", factored=True)
+                        "a matrix keeps the row and column means of g^2, a vector all of g^2", factored=True,
+                        state=State.SECOND_MOMENT)
 _PLAYBOOK = "Ultra-Scale Playbook, FP8 table (index.html lines 2573-2648)"
 
 
 def _fp8(name, title, parts, source=_PLAYBOOK):
-    return Recipe(name, title, tuple(parts), source)
+    return Recipe(name, title, tuple(parts), source, fp8_gemms=True)
 
 
 EXTRA_RECIPES = [
@@ -83,36 +85,36 @@ EXTRA_RECIPES = [
     Recipe("fp16-amp-adamw", "FP16 autocast (AMP) on FP32 weights + AdamW with a GradScaler (16 B/param + autocast's "
            "FP16 weight copies, 2 B per linear weight while saved)",
            (_FP32_W, _FP32_G, Component("Adam first moment m", "fp32", "optimizer", "AdamW on the FP32 weights"),
-            Component("Adam second moment v", "fp32", "optimizer", "AdamW on the FP32 weights")),
+            Component("Adam second moment v", "fp32", "optimizer", "AdamW on the FP32 weights", state=State.SECOND_MOMENT)),
            "PyTorch AMP: torch.autocast(dtype=torch.float16) + torch.amp.GradScaler (torch/amp/grad_scaler.py); "
            "the FP16 weight copies: aten/src/ATen/autocast_mode.cpp cached_cast (008ec6b1, l. 120-146), cleared at "
            "the region's exit (clear_cache, l. 87-90), kept by autograd until each matmul's backward "
            "(memledger.step.amp)"),
     _fp8("fp8-transformer-engine", "FP8 GEMMs (Transformer Engine): FP32 weights, grads, Adam (16 B/param)",
          (_FP32_W, _FP32_G, Component("Adam m", "fp32", "optimizer", "FP32"),
-          Component("Adam v", "fp32", "optimizer", "FP32"))),
+          Component("Adam v", "fp32", "optimizer", "FP32", state=State.SECOND_MOMENT))),
     _fp8("fp8-deepseek-v3", "FP8 as DeepSeek-V3: FP8 weights (128x128-block scales), BF16 grads and moments "
          "(15 B/param + scales)",
-         (Component("FP32 master weights", "fp32", "optimizer", "updates applied in FP32"),
+         (Component("FP32 master weights", "fp32", "optimizer", "updates applied in FP32", state=State.MASTER),
           Component("FP32 accumulated gradients", "fp32", "grad", "gradients accumulated in FP32"),
           Component("FP8 weights", "fp8", "param", "one FP32 scale per 128 x 128 block",
                     constants=((128 * 128, "fp32"),)),
           Component("BF16 gradients", "bf16", "grad", "as the table states"),
           Component("Adam m (BF16)", "bf16", "optimizer", "BF16 optimizer states"),
-          Component("Adam v (BF16)", "bf16", "optimizer", "BF16 optimizer states")),
+          Component("Adam v (BF16)", "bf16", "optimizer", "BF16 optimizer states", state=State.SECOND_MOMENT)),
          _PLAYBOOK + "; DeepSeek-V3 technical report Sec. 3.3"),
     _fp8("fp8-lm-o3", "FP8-LM level O3: FP16 master, FP8 weights/grads, FP8 + FP16 Adam (9 B/param)",
-         (Component("FP16 master weights", "fp16", "optimizer", "FP8-LM O3"),
+         (Component("FP16 master weights", "fp16", "optimizer", "FP8-LM O3", state=State.MASTER),
           Component("FP16 accumulated gradients", "fp16", "grad", "FP8-LM O3"),
           Component("FP8 weights", "fp8", "param", "FP8-LM O3"),
           Component("FP8 gradients", "fp8", "grad", "FP8-LM O3"),
           Component("Adam m (FP8)", "fp8", "optimizer", "FP8-LM O3"),
-          Component("Adam v (FP16)", "fp16", "optimizer", "FP8-LM O3"))),
+          Component("Adam v (FP16)", "fp16", "optimizer", "FP8-LM O3", state=State.SECOND_MOMENT))),
     _fp8("fp8-nanotron", "Nanotron FP8: BF16 master, FP32 accumulation, FP8 weights/grads/Adam (10 B/param)",
-         (Component("BF16 master weights", "bf16", "optimizer", "Nanotron FP8"),
+         (Component("BF16 master weights", "bf16", "optimizer", "Nanotron FP8", state=State.MASTER),
           Component("FP32 accumulated gradients", "fp32", "grad", "Nanotron FP8"),
           Component("FP8 weights", "fp8", "param", "Nanotron FP8"),
           Component("FP8 gradients", "fp8", "grad", "Nanotron FP8"),
           Component("Adam m (FP8)", "fp8", "optimizer", "Nanotron FP8"),
-          Component("Adam v (FP8)", "fp8", "optimizer", "Nanotron FP8"))),
+          Component("Adam v (FP8)", "fp8", "optimizer", "Nanotron FP8", state=State.SECOND_MOMENT))),
 ]

@@ -15,13 +15,15 @@ reduce_dtype)`` gives the compute and reduce dtypes. An option of one framework 
 Sources: deepspeedai/DeepSpeed at edaa7221 (2026-08-22), NVIDIA/Megatron-LM at d98e8a64 (2026-08-22); files and
 lines at each rule below.
 """
+from dataclasses import dataclass
 from math import ceil
 from numbers import Real
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 from ..core.choices import FRAMEWORKS, FSDP_DTYPES, check_choice, check_flag
 
 __all__ = ["DEEPSPEED_DEFAULTS", "DEEPSPEED_SOURCE", "FRAMEWORKS", "FRAMEWORK_OPTIONS", "FSDP2_RECIPES", "Buffer",
+           "DeepSpeedConfig", "MegatronConfig",
            "MEGATRON_SOURCE", "check_framework", "check_fsdp2", "check_reshard", "deepspeed_buffers", "framework_buffers",
            "megatron_buffers", "param_tensor_numels"]
 
@@ -35,6 +37,26 @@ DEEPSPEED_DEFAULTS = {"reduce_bucket_size": 500_000_000, "allgather_bucket_size"
                       "contiguous_gradients": True, "overlap_comm": None, "sub_group_size": 1_000_000_000,
                       "stage3_prefetch_bucket_size": 50_000_000, "stage3_param_persistence_threshold": 100_000,
                       "stage3_max_live_parameters": 1_000_000_000}
+
+
+
+@dataclass(frozen=True)
+class DeepSpeedConfig:
+    """DeepSpeed's ZeRO knobs (framework deepspeed; :func:`deepspeed_buffers`), each None where not given:
+    DeepSpeed's own default (:data:`DEEPSPEED_DEFAULTS`). The last three are stage 3's (``stage3_...``)."""
+    reduce_bucket_size: Optional[int] = None
+    contiguous_gradients: Optional[bool] = None
+    overlap_comm: Optional[bool] = None
+    prefetch_bucket_size: Optional[int] = None
+    max_live_parameters: Optional[int] = None
+    param_persistence_threshold: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class MegatronConfig:
+    """Megatron-LM's knobs (framework megatron; :func:`megatron_buffers`)."""
+    gradient_accumulation_fusion: Optional[bool] = None       # None: on, as Megatron-LM's default
+
 
 #: The Ledger fields each framework reads beyond the plain loop's (None, or False: not given).
 FRAMEWORK_OPTIONS = {"ddp": ("ddp_bucket_mb", "gradient_as_bucket_view"),

@@ -20,10 +20,11 @@ from dataclasses import dataclass, field
 
 from ..core.choices import check_choice
 from ..core.dtypes import nbits, nbytes
+from ..core.keyed import FormulaKey, positional
 from .recipe import Recipe
 
-__all__ = ["OFFLOAD_DEVICES", "PLACEMENTS", "ZERO_SHARDS", "ZERO_STAGES", "StateSpec", "check_state_options",
-           "component_key", "component_parts", "components_bytes", "device_of", "elements_per_device",
+__all__ = ["OFFLOAD_DEVICES", "PLACEMENTS", "ZERO_SHARDS", "ZERO_STAGES", "ComponentsKey", "StateSpec",
+           "check_state_options", "component_key", "component_parts", "components_bytes", "device_of", "elements_per_device",
            "state_specs", "zero_formula"]
 
 ZERO_STAGES = (0, 1, 2, 3)
@@ -73,13 +74,28 @@ def component_parts(components) -> tuple:
     return tuple((nbits(c.dtype), c.constants, nbytes(c.dtype) if c.factored else 0) for c in components)
 
 
-def component_key(components, count_key, features=None) -> tuple:
+@dataclass(frozen=True)
+class ComponentsKey(FormulaKey):
+    """The key of quantized or factored recipe components' summed bytes (:func:`components_bytes`): their
+    :func:`component_parts`, the key of the element count they are stored for, and the model's features where a
+    factored state needs its matrix shapes (else None)."""
+    parts: tuple
+    count: object
+    features: object = None
+
+    def positional(self) -> tuple:
+        """``("components", parts, count's positional key)``, then the features' key where given."""
+        return ("components", self.parts, positional(self.count)) + (
+            self.features.key if self.features is not None else ())
+
+
+def component_key(components, count_key, features=None) -> ComponentsKey:
     """Formula key of the summed bytes of ``components`` for the element count of ``count_key``."""
     if any(c.factored for c in components) and features is None:
         name = next(c.name for c in components if c.factored)
         raise ValueError(f"{name} needs the matrix shapes: give an architecture")
     parts = component_parts(components)
-    return ("components", parts, count_key) + (features.key if any(p[2] for p in parts) else ())
+    return ComponentsKey(parts, count_key, features if any(p[2] for p in parts) else None)
 
 
 def components_bytes(parts, elements, sharded=False, features=None, exact=True):

@@ -12,9 +12,10 @@ stage 1; the FP32 master copy is optimizer state there, K = 12 for Adam).
 """
 from dataclasses import dataclass
 from fractions import Fraction
+from typing import Optional
 
 from ..core.dtypes import nbits, nbytes
-from ..core.vocabulary import Role
+from ..core.vocabulary import Role, State
 
 __all__ = ["ROLES", "Component", "Recipe"]
 
@@ -28,7 +29,8 @@ class Component:
     Quantized storage adds per-block constants: ``constants`` is a tuple of
     (elements per constant, constant dtype), e.g. ``((64, "int8"), (16384, "fp32"))``
     for QLoRA's NF4 with double quantization. ``factored`` (Adafactor) keeps a
-    matrix's second moment as rows + columns, so its size depends on the shapes.
+    matrix's second moment as rows + columns, so its size depends on the shapes. ``state``: which optimizer
+    state it is, where the step needs to know (:class:`~memledger.core.vocabulary.State`).
     """
     name: str
     dtype: str
@@ -37,6 +39,7 @@ class Component:
     constants: tuple = ()
     factored: bool = False
     fp32_below: int = 0     # tensors with fewer elements are kept in fp32 (bitsandbytes' min_8bit_size)
+    state: Optional[State] = None
 
     @property
     def bytes_per_param(self):
@@ -73,11 +76,13 @@ class Component:
 
 @dataclass(frozen=True)
 class Recipe:
-    """A named precision/optimizer recipe and the source that books it this way."""
+    """A named precision/optimizer recipe and the source that books it this way; ``fp8_gemms``: its matmuls run
+    in FP8 (Transformer Engine or FP8 kernels, :mod:`memledger.states.extra`)."""
     name: str
     title: str
     components: tuple
     source: str
+    fp8_gemms: bool = False
 
     @property
     def bytes_per_param(self) -> int:

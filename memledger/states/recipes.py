@@ -2,6 +2,7 @@
 (:mod:`memledger.states.extra`), by name."""
 from ..core.choices import lookup
 from .extra import EXTRA_RECIPES
+from ..core.vocabulary import State
 from .recipe import Component, Recipe
 
 __all__ = ["ALL_RECIPES", "DEFAULT_RECIPE", "FINETUNE_RECIPES", "RECIPES", "get_recipe"]
@@ -9,9 +10,10 @@ __all__ = ["ALL_RECIPES", "DEFAULT_RECIPE", "FINETUNE_RECIPES", "RECIPES", "get_
 _PARAMS = Component("BF16 parameters", "bf16", "param", "the working weights forward and backward read")
 _GRADS = Component("BF16 gradients", "bf16", "grad", "dLoss/dtheta, one per parameter, written by backward")
 _MASTER = Component("FP32 master weights", "fp32", "optimizer",
-                    "BF16 has 7 fraction bits: small updates round away without an FP32 copy")
+                    "BF16 has 7 fraction bits: small updates round away without an FP32 copy", state=State.MASTER)
 _ADAM_M = Component("Adam first moment m", "fp32", "optimizer", "running mean of gradients")
-_ADAM_V = Component("Adam second moment v", "fp32", "optimizer", "running mean of squared gradients")
+_ADAM_V = Component("Adam second moment v", "fp32", "optimizer", "running mean of squared gradients",
+                    state=State.SECOND_MOMENT)
 
 RECIPES = {r.name: r for r in [
     Recipe("bf16-adamw", "BF16 mixed precision + AdamW (16 B/param)",
@@ -35,7 +37,7 @@ RECIPES = {r.name: r for r in [
            (_PARAMS, _GRADS,
             Component("Adam first moment m (BF16)", "bf16", "optimizer",
                       "torch.optim.AdamW keeps its moments in the parameters' dtype (zeros_like(p))"),
-            Component("Adam second moment v (BF16)", "bf16", "optimizer", "likewise, in BF16")),
+            Component("Adam second moment v (BF16)", "bf16", "optimizer", "likewise, in BF16", state=State.SECOND_MOMENT)),
            "torch/optim/adam.py, Adam._init_group: exp_avg, exp_avg_sq = torch.zeros_like(p)"),
     Recipe("bf16-sgd-momentum", "BF16 mixed precision + SGD with momentum (12 B/param)",
            (_PARAMS, _GRADS, _MASTER, Component("SGD momentum", "fp32", "optimizer", "running gradient average")),
@@ -43,7 +45,7 @@ RECIPES = {r.name: r for r in [
     Recipe("bf16-adam-8bit", "BF16 mixed precision + 8-bit Adam (10 B/param)",
            (_PARAMS, _GRADS, _MASTER,
             Component("Adam m (8-bit)", "int8", "optimizer", "block-quantized first moment"),
-            Component("Adam v (8-bit)", "int8", "optimizer", "block-quantized second moment")),
+            Component("Adam v (8-bit)", "int8", "optimizer", "block-quantized second moment", state=State.SECOND_MOMENT)),
            "Dettmers et al. 2022, 8-bit optimizers; Transformer Math 101 (6 B of optimizer state)"),
 ]}
 DEFAULT_RECIPE = "bf16-adamw"

@@ -60,16 +60,6 @@ def block_forward(p, c: Shape, policy=None):
     core, rest = policy or POLICIES[c.recompute]
     kept, a = rest is Save.KEPT, c.dtype
     x, xm = residual_names(c)
-
-    def saved(row, dropped, shape, why):
-        """A tensor the block saves: its row where kept, a checkpointed temporary where dropped."""
-        return row if kept else p.new(dropped, shape, a, why)
-
-    def release(*names):
-        """Free the temporaries among ``names`` (the rows stay for backward)."""
-        names = [n for n in names if n and p.tensors[n].lifetime is Lifetime.TEMPORARY]
-        if names:
-            p.op("released", free=names)
     n1 = norm_forward(p, c, "1", "Q/K/V projection input", rest)
     pin, leftovers, *layer_locals = _attention(p, c, core, rest, n1)
     layer_locals = layer_locals[0] if layer_locals else []
@@ -90,33 +80,7 @@ def block_forward(p, c: Shape, policy=None):
         held = _residual(p, c, rest, "attention residual", pin, po, xm)
         p.op("residual done" if kept else "released", free=[held])
         n2 = norm_forward(p, c, "2", "MLP input", rest)
-    if c.gpt:
-        u = saved("GeLU input", "up-projection output (checkpointed)", per_rank(c, BSF), "GeLU's input")
-        h = saved("down-projection input", "GeLU output (checkpointed)", per_rank(c, BSF),
-                  "the down projection's input")
-        p.op("up projection", alloc=[u], role=OpRole.UP_PROJECTION)
-        p.op("GeLU", alloc=[h])
-        release(u)
-    elif lit:   # LLaMAMLP.forward (litgpt/model.py l. 827-831): fc_1, fc_2, SiLU, the product; its locals until proj
-        gate, up, silu, h = (p.new(f"{n} (checkpointed)", per_rank(c, BSF), a, "a local of LLaMAMLP.forward")
-                             for n in ("fc_1 output", "fc_2 output", "SiLU output", "SiLU(fc_1) * fc_2"))
-        p.op("fc_1", alloc=[gate], role=OpRole.GATE_PROJECTION)
-        p.op("fc_2", alloc=[up], role=OpRole.UP_PROJECTION)
-        p.op("SiLU", alloc=[silu])
-        p.op("SiLU(fc_1) * fc_2", alloc=[h])
-        p.op("released", free=[silu])
-    else:
-        gate = saved("gate output", "gate output (checkpointed)", per_rank(c, BSF), "SiLU's input")
-        silu = saved("SiLU output", "SiLU output (checkpointed)", per_rank(c, BSF), "a factor")
-        up = saved("up-projection output", "up-projection output (checkpointed)", per_rank(c, BSF), "a factor")
-        h = saved("down-projection input", "SiLU(gate) * up (checkpointed)", per_rank(c, BSF),
-                  "the down projection's input")
-        p.op("gate projection", alloc=[gate], role=OpRole.GATE_PROJECTION)
-        p.op("SiLU", alloc=[silu])
-        release(gate)
-        p.op("up projection", alloc=[up], role=OpRole.UP_PROJECTION)
-        p.op("SiLU(gate) * up", alloc=[h])
-        release(silu, up)
+    gate, up, h = _mlp_forward(p, c, rest, lit)
     dn = p.new("down-projection output" + MARKS[rest], BSd, a, "the MLP branch before the residual add")
     p.op("down projection", alloc=[dn], role=OpRole.DOWN_PROJECTION)
     if c.hf and not kept:               # LlamaMLP.forward returns (its product goes), hidden_states = its output
@@ -130,6 +94,51 @@ def block_forward(p, c: Shape, policy=None):
     if c.hf and x in temporaries:       # LlamaModel.forward holds block 0's input (inputs_embeds) until it returns
         temporaries = [Ref(Scope.NOT_FIRST, n) if n == x else n for n in temporaries]
     p.op("block returns", free=[held] + leftovers + layer_locals + temporaries, role=OpRole.BLOCK_RETURNS)
+
+
+def _mlp_forward(p, c: Shape, rest, lit):
+    """The MLP up to the down projection's input: GPT's up projection and GeLU, LitGPT's LLaMAMLP under its
+    checkpoint, or LLaMA's gate, SiLU, up projection and product. Under ``rest`` KEPT each tensor saved for backward
+    is its row; DROPPED, a checkpointed temporary going with its last reference. Returns (gate, up, the down
+    projection's input): LitGPT's gate and up go when its MLP returns; GPT's MLP has neither (None)."""
+    kept, a = rest is Save.KEPT, c.dtype
+
+    def saved(row, dropped, why):
+        """A tensor the block saves: its row where kept, a checkpointed temporary where dropped."""
+        return row if kept else p.new(dropped, per_rank(c, BSF), a, why)
+
+    def release(*names):
+        """Free the temporaries among ``names`` (the rows stay for backward)."""
+        names = [n for n in names if n and p.tensors[n].lifetime is Lifetime.TEMPORARY]
+        if names:
+            p.op("released", free=names)
+    if c.gpt:
+        u = saved("GeLU input", "up-projection output (checkpointed)", "GeLU's input")
+        h = saved("down-projection input", "GeLU output (checkpointed)", "the down projection's input")
+        p.op("up projection", alloc=[u], role=OpRole.UP_PROJECTION)
+        p.op("GeLU", alloc=[h])
+        release(u)
+        return None, None, h
+    if lit:     # LLaMAMLP.forward (litgpt/model.py l. 827-831): fc_1, fc_2, SiLU, the product; its locals until proj
+        gate, up, silu, h = (p.new(f"{n} (checkpointed)", per_rank(c, BSF), a, "a local of LLaMAMLP.forward")
+                             for n in ("fc_1 output", "fc_2 output", "SiLU output", "SiLU(fc_1) * fc_2"))
+        p.op("fc_1", alloc=[gate], role=OpRole.GATE_PROJECTION)
+        p.op("fc_2", alloc=[up], role=OpRole.UP_PROJECTION)
+        p.op("SiLU", alloc=[silu])
+        p.op("SiLU(fc_1) * fc_2", alloc=[h])
+        p.op("released", free=[silu])
+        return gate, up, h
+    gate = saved("gate output", "gate output (checkpointed)", "SiLU's input")
+    silu = saved("SiLU output", "SiLU output (checkpointed)", "a factor")
+    up = saved("up-projection output", "up-projection output (checkpointed)", "a factor")
+    h = saved("down-projection input", "SiLU(gate) * up (checkpointed)", "the down projection's input")
+    p.op("gate projection", alloc=[gate], role=OpRole.GATE_PROJECTION)
+    p.op("SiLU", alloc=[silu])
+    release(gate)
+    p.op("up projection", alloc=[up], role=OpRole.UP_PROJECTION)
+    p.op("SiLU(gate) * up", alloc=[h])
+    release(silu, up)
+    return gate, up, h
 
 
 def _attention(p, c, core, rest, n1):
@@ -245,49 +254,15 @@ def attention_core(p, c, save):
     a, drop, gqa = c.dtype, c.attention_dropped, c.gqa
     kept, dropped, again = save is Save.KEPT, save is Save.DROPPED, save is Save.RECOMPUTED
     in_place = c.single and not gqa                  # B = 1, multi-head: the matmuls read the views
-    BSq, BSkv = widths_of(c)
-    mark = MARKS[save]
+    BSq, mark = widths_of(c)[0], MARKS[save]
 
     def local(name, shape=None, dtype=a, why="a local of the core"):
         return p.new(name + mark, shape or per_rank(c, BHSS), dtype, why)
-    if kept:
-        q, k, v = "Q", "K", "V"
-    elif in_place:
-        q = k = v = None
-    else:
-        q, k, v = (local(f"{n} copy", w, why="a contiguous copy") for n, w in (("q", BSq), ("k", BSkv), ("v", BSkv)))
-    if gqa and kept:
-        p.op("q copied: a group's query heads as one batch", alloc=[q])
-        p.op("k, v made contiguous at H_kv heads", alloc=[k, v])
-    elif gqa:
-        p.op("q copied, k, v made contiguous" + (" (recomputation)" if again else ""), alloc=[q, k, v])
-    elif not in_place:
-        p.op({Save.KEPT: "q, k copied for the batched matmul", Save.DROPPED: "q, k copied",
-              Save.RECOMPUTED: "q, k copied (recomputation)"}[save], alloc=[q, k])
-    step = " (recomputed)" if again else ""
-    raw, scaled, masked = local("scores QK^T"), local("scaled scores"), local("masked scores")
-    probs = "softmax output" if kept else local("softmax output" if again else "probabilities")
-    p.op("QK^T" + step, alloc=[raw])
-    p.op("scale" + step, alloc=[scaled], free=[q, k] if dropped and not gqa else [])
-    if c.alibi:                 # scores + the (1, H, 1, S) bias: the scaled scores go once it is made
-        biased = local("scores + ALiBi")
-        p.op("+ ALiBi bias" + step, free=[raw], alloc=[biased])
-        raw, scaled = scaled, biased
-    p.op("causal masked_fill" + step, free=[raw], alloc=[masked])
-    p.op("softmax" + step, alloc=[probs])
-    p.op("softmax done" if kept else "released", free=[masked])
+    q, k, v = _core_copies(p, c, save, local)
+    scaled, probs = _core_softmax(p, c, save, local, q, k)
     mask = out = None
     if drop and not (dropped and gqa):              # the grouped core under a checkpoint books no dropout
-        mask = "attention dropout mask" if kept else p.new(
-            "attention dropout mask" + (" (recomputed)" if again else " (dropped)"), per_rank(c, BHSS),
-            c.mask_dtype or a,
-            "the attention dropout's mask")
-        out = "attention dropout output" if kept else local("attention dropout output", why="@ v's input")
-        if dropped:                                  # one op under the checkpoint, whatever the mask
-            p.op("attention dropout", alloc=[mask, out])
-            p.op("released", free=[mask, probs])
-        else:
-            dropout_ops(p, c, "attention" + step, mask, out)
+        mask, out = _core_dropout(p, c, save, local, probs)
     if again:
         if not gqa and not in_place:
             p.op("v copied (recomputation)", alloc=[v])
@@ -300,6 +275,64 @@ def attention_core(p, c, save):
     else:
         p.op("released", free=([q, k, v] if gqa else [v]) + [out or probs, scaled])
     return result
+
+
+def _core_copies(p, c, save, local):
+    """The q, k, v the core's batched matmuls read: the saved Q, K, V rows (KEPT), None where they read the
+    views in place (B = 1, multi-head), else contiguous copies; the copies of q and k (all three, grouped) are
+    made here, a multi-head v's before ``@ v``. Returns (q, k, v)."""
+    gqa, again = c.gqa, save is Save.RECOMPUTED
+    BSq, BSkv = widths_of(c)
+    if save is Save.KEPT:
+        q, k, v = "Q", "K", "V"
+    elif c.single and not gqa:
+        q = k = v = None
+    else:
+        q, k, v = (local(f"{n} copy", w, why="a contiguous copy") for n, w in (("q", BSq), ("k", BSkv), ("v", BSkv)))
+    if gqa and save is Save.KEPT:
+        p.op("q copied: a group's query heads as one batch", alloc=[q])
+        p.op("k, v made contiguous at H_kv heads", alloc=[k, v])
+    elif gqa:
+        p.op("q copied, k, v made contiguous" + (" (recomputation)" if again else ""), alloc=[q, k, v])
+    elif not c.single:                              # B = 1, multi-head: the matmuls read the views
+        p.op({Save.KEPT: "q, k copied for the batched matmul", Save.DROPPED: "q, k copied",
+              Save.RECOMPUTED: "q, k copied (recomputation)"}[save], alloc=[q, k])
+    return q, k, v
+
+
+def _core_softmax(p, c, save, local, q, k):
+    """``QK^T``, the scale, ALiBi's bias where the family has it, the causal mask and softmax, each temporary
+    going once the next is made. Returns (the scaled scores, still live; the probabilities)."""
+    kept, again = save is Save.KEPT, save is Save.RECOMPUTED
+    step = " (recomputed)" if again else ""
+    raw, scaled, masked = local("scores QK^T"), local("scaled scores"), local("masked scores")
+    probs = "softmax output" if kept else local("softmax output" if again else "probabilities")
+    p.op("QK^T" + step, alloc=[raw])
+    p.op("scale" + step, alloc=[scaled], free=[q, k] if save is Save.DROPPED and not c.gqa else [])
+    if c.alibi:                 # scores + the (1, H, 1, S) bias: the scaled scores go once it is made
+        biased = local("scores + ALiBi")
+        p.op("+ ALiBi bias" + step, free=[raw], alloc=[biased])
+        raw, scaled = scaled, biased
+    p.op("causal masked_fill" + step, free=[raw], alloc=[masked])
+    p.op("softmax" + step, alloc=[probs])
+    p.op("softmax done" if kept else "released", free=[masked])
+    return scaled, probs
+
+
+def _core_dropout(p, c, save, local, probs):
+    """The attention dropout over the probabilities: its mask and output are the saved rows (KEPT), one op under
+    the checkpoint (DROPPED, the probabilities going with it), or re-made (RECOMPUTED). Returns (mask, output)."""
+    kept, again = save is Save.KEPT, save is Save.RECOMPUTED
+    mask = "attention dropout mask" if kept else p.new(
+        "attention dropout mask" + (" (recomputed)" if again else " (dropped)"), per_rank(c, BHSS),
+        c.mask_dtype or c.dtype, "the attention dropout's mask")
+    out = "attention dropout output" if kept else local("attention dropout output", why="@ v's input")
+    if save is Save.DROPPED:                         # one op under the checkpoint, whatever the mask
+        p.op("attention dropout", alloc=[mask, out])
+        p.op("released", free=[mask, probs])
+    else:
+        dropout_ops(p, c, "attention" + (" (recomputed)" if again else ""), mask, out)
+    return mask, out
 
 
 def _linear_backward(p, c, label, g_in, grads, saved_input, frees=(), recomputed=False, role: OpRole = None):
@@ -425,8 +458,7 @@ def attention_backward(p, c: Shape, g, share, release):
     gradient of norm 1's output (returned): output projection, the core (re-run first under selective
     recomputation), q, k and v's gradients into the fused projection's, its backward. ``release``: what goes
     with the output projection's backward (eager) or the kernel's (flash), beside what the branch saved."""
-    a, drop = c.dtype, c.attention_dropped          # the probabilities' dropout (not at p = 0, Phi-2's)
-    recomputed, selective = c.recompute == "full", c.recompute == "selective"
+    a, recomputed = c.dtype, c.recompute == "full"
     BSq, BSkv = widths_of(c)
     gpi = p.new("gradient of the output projection input", BSq, a, "the output projection's input gradient")
     proj = define_grads(p, ["proj.weight", "proj.bias"], c, share)
@@ -444,83 +476,106 @@ def attention_backward(p, c: Shape, g, share, release):
                                                                 "softmax log-sum-exp"])
         return (gpt_style.hf_qkv_backward if c.hf else litgpt.qkv_backward)(
             p, c, gq, gk, gv, define_grads(p, ["qkv.weight", "qkv.bias"], c, share))
-    if c.attention == "flash":      # selective: the projection's input is released, then the kernel re-runs
-        kept = [] if selective else ["softmax log-sum-exp", "output projection input"]
-        _linear_backward(p, c, "output projection backward", gpi, proj, "output projection input" if selective
-                         else None, (), recomputed, role=OpRole.OUTPUT_PROJECTION_BACKWARD)
-        again = flash_attention(p, c, Save.RECOMPUTED) if selective else []
-        p.op("flash attention backward", alloc=[gq, gk, gv], role=OpRole.FLASH_ATTENTION_BACKWARD)
-        if again:
-            p.op("recomputed output released", free=again)
-        p.op("released", free=release + [gpi, "Q", "K", "V"] + kept + packing.saved_names(c) + (
-            packing.frame(c) if selective else []))
-    elif c.hf:
-        _linear_backward(p, c, "output projection backward", gpi, proj, "output projection input",
-                         release, recomputed, role=OpRole.OUTPUT_PROJECTION_BACKWARD)
-        gq, gk, gv = hf.eager_backward(p, c, gpi)
+    if c.attention == "flash":
+        _flash_core_backward(p, c, gpi, proj, (gq, gk, gv), release)
     else:
         _linear_backward(p, c, "output projection backward", gpi, proj, "output projection input",
                          release, recomputed, role=OpRole.OUTPUT_PROJECTION_BACKWARD)
-        g4 = gpi
-        single = c.single and not c.gqa         # the grouped core copies q, k and v at any B
-        if not single:
-            g4 = p.new("gradient of the attention output (B, H, S, d/H)", BSq, a, "heads split: a copy")
-            p.op("heads split", alloc=[g4])
-            p.op("released", free=[gpi])
-        if selective:
-            core = attention_core(p, c, Save.RECOMPUTED)
-        else:       # the saved rows; the copies of a batched matmul are the Q, K (and V) rows themselves
-            core = Core("Q", "K", None if single else "V", "softmax output", "attention dropout mask",
-                        "attention dropout output", ("V" if single else None,))
-        gp = p.new("gradient of the probabilities", per_rank(c, BHSS), a, "g @ v^T")
-        p.op("probabilities @ V backward", alloc=[gv, gp])
-        p.op("released", free=[g4, core.v, core.dropped if drop else None])
-        if drop:
-            gp2 = p.new("gradient through the attention dropout", per_rank(c, BHSS), a, "times the mask")
-            p.op("attention dropout backward", alloc=[gp2])
-            p.op("released", free=[gp, core.mask])
-            gp = gp2
-        gm = p.new("gradient of the masked scores", per_rank(c, BHSS), a, "softmax backward's output")
-        p.op("softmax backward", alloc=[gm])
-        p.op("released", free=[gp, core.probs])
-        gsc = p.new("gradient of the scaled scores", per_rank(c, BHSS), a, "masked_fill backward's output")
-        p.op("masked_fill backward", alloc=[gsc])
-        p.op("released", free=[gm, None if recomputed or selective else CAUSAL_MASK])
-        gr = p.new("gradient of QK^T", per_rank(c, BHSS), a, "times the scale")
-        p.op("scale backward", alloc=[gr])
-        p.op("released", free=[gsc])
-        p.op("QK^T backward", alloc=[gq, gk])
-        p.op("released", free=[gr, core.k, core.q, *core.frame])
+        if c.hf:
+            gq, gk, gv = hf.eager_backward(p, c, gpi)
+        else:
+            _eager_core_backward(p, c, gpi, (gq, gk, gv))
     if c.hf and c.gpt:      # transformers' GPT-NeoX: the rotary code's and the fused projection's backward
         return gpt_style.hf_qkv_backward(p, c, gq, gk, gv, define_grads(p, ["qkv.weight", "qkv.bias"], c, share))
     if c.hf:                # transformers: the rotary code's and the three projections' backward
         grads = {n: define_grads(p, [f"{n}_proj.weight"], c, share)[0] for n in "qkv"}
         return hf.qkv_backward(p, c, gq, gk, gv, grads)
-    if c.gqa:               # split's backward concatenates; the views of the (B, S, heads, d/H) grads are free
-        if c.attention != "flash":      # the eager core's q and v gradients are laid out (B, heads, S, d/H)
-            gv2 = None if c.mqa else p.new("gradient of v, copied back", BSkv, a,
-                                           "(B, H_kv, S, d/H) to (B, S, H_kv*d/H): the view's backward copies")
-            gq2 = p.new("gradient of q, copied back", BSq, a, "(B, H, S, d/H) to (B, S, d): the view's backward "
-                        "copies")
-            if gv2:
-                p.op("v gradient copied back", alloc=[gv2])
-                p.op("released", free=[gv])
-                gv = gv2
-            p.op("q gradient copied back", alloc=[gq2])
-            p.op("released", free=[gq])
-            gq = gq2
-        gqkv = p.new("gradient of the QKV projection output", (B, S, qkv_width(c)), a,
-                     "split backward: torch.cat of the q, k, v gradients")
-        p.op("q, k, v gradients concatenated", alloc=[gqkv])
-        p.op("released", free=[gq, gk, gv])
-    else:
+    gqkv = _qkv_gradients_joined(p, c, gq, gk, gv)
+    gn1 = p.new("gradient of norm 1's output", BSd, a, "the QKV projection's input gradient")
+    _linear_backward(p, c, "QKV projection backward", gn1, define_grads(p, ["qkv.weight", "qkv.bias"], c, share),
+                     "Q/K/V projection input", [gqkv], recomputed, role=OpRole.QKV_PROJECTION_BACKWARD)
+    return gn1
+
+
+def _flash_core_backward(p, c: Shape, gpi, proj, gqkv, release):
+    """The output projection's backward and the flash kernel's, writing ``gqkv`` (the q, k, v gradients). Under
+    selective recomputation the projection's input is released, then the kernel re-runs."""
+    selective = c.recompute == "selective"
+    kept = [] if selective else ["softmax log-sum-exp", "output projection input"]
+    _linear_backward(p, c, "output projection backward", gpi, proj, "output projection input" if selective
+                     else None, (), c.recompute == "full", role=OpRole.OUTPUT_PROJECTION_BACKWARD)
+    again = flash_attention(p, c, Save.RECOMPUTED) if selective else []
+    p.op("flash attention backward", alloc=list(gqkv), role=OpRole.FLASH_ATTENTION_BACKWARD)
+    if again:
+        p.op("recomputed output released", free=again)
+    p.op("released", free=release + [gpi, "Q", "K", "V"] + kept + packing.saved_names(c) + (
+        packing.frame(c) if selective else []))
+
+
+def _eager_core_backward(p, c: Shape, gpi, gqkv):
+    """The eager core's backward from ``gpi`` (the gradient of its merged output, live) to ``gqkv`` (the q, k, v
+    gradients): heads split, ``@ v``'s, the attention dropout's, softmax's, the mask's, the scale's and
+    ``QK^T``'s backward, each releasing what it read. Under selective recomputation the core re-runs first."""
+    a, drop = c.dtype, c.attention_dropped          # the probabilities' dropout (not at p = 0, Phi-2's)
+    gq, gk, gv = gqkv
+    g4, single = gpi, c.single and not c.gqa        # the grouped core copies q, k and v at any B
+    if not single:
+        g4 = p.new("gradient of the attention output (B, H, S, d/H)", widths_of(c)[0], a, "heads split: a copy")
+        p.op("heads split", alloc=[g4])
+        p.op("released", free=[gpi])
+    if c.recompute == "selective":
+        core = attention_core(p, c, Save.RECOMPUTED)
+    else:       # the saved rows; the copies of a batched matmul are the Q, K (and V) rows themselves
+        core = Core("Q", "K", None if single else "V", "softmax output", "attention dropout mask",
+                    "attention dropout output", ("V" if single else None,))
+    gp = p.new("gradient of the probabilities", per_rank(c, BHSS), a, "g @ v^T")
+    p.op("probabilities @ V backward", alloc=[gv, gp])
+    p.op("released", free=[g4, core.v, core.dropped if drop else None])
+    if drop:
+        gp2 = p.new("gradient through the attention dropout", per_rank(c, BHSS), a, "times the mask")
+        p.op("attention dropout backward", alloc=[gp2])
+        p.op("released", free=[gp, core.mask])
+        gp = gp2
+    gm = p.new("gradient of the masked scores", per_rank(c, BHSS), a, "softmax backward's output")
+    p.op("softmax backward", alloc=[gm])
+    p.op("released", free=[gp, core.probs])
+    gsc = p.new("gradient of the scaled scores", per_rank(c, BHSS), a, "masked_fill backward's output")
+    p.op("masked_fill backward", alloc=[gsc])
+    p.op("released", free=[gm, None if c.recompute in ("full", "selective") else CAUSAL_MASK])
+    gr = p.new("gradient of QK^T", per_rank(c, BHSS), a, "times the scale")
+    p.op("scale backward", alloc=[gr])
+    p.op("released", free=[gsc])
+    p.op("QK^T backward", alloc=[gq, gk])
+    p.op("released", free=[gr, core.k, core.q, *core.frame])
+
+
+def _qkv_gradients_joined(p, c: Shape, gq, gk, gv):
+    """The gradient of the fused QKV projection's output from the q, k, v gradients (released): grouped heads
+    concatenate (split's backward; the eager core's q and v gradients, laid out (B, heads, S, d/H), are copied
+    back first), multi-head ones are stacked and permuted back."""
+    a, (BSq, BSkv) = c.dtype, widths_of(c)
+    if not c.gqa:
         stack = p.new("stacked q, k, v gradients", (B, S, 3 * BSq[2]), a, "torch.stack of the three gradients")
         gqkv = p.new("gradient of the QKV projection output", (B, S, 3 * BSq[2]), a, "permuted back: a copy")
         p.op("q, k, v gradients stacked", alloc=[stack])
         p.op("released", free=[gq, gk, gv])
         p.op("permuted back", alloc=[gqkv])
         p.op("released", free=[stack])
-    gn1 = p.new("gradient of norm 1's output", BSd, a, "the QKV projection's input gradient")
-    _linear_backward(p, c, "QKV projection backward", gn1, define_grads(p, ["qkv.weight", "qkv.bias"], c, share),
-                     "Q/K/V projection input", [gqkv], recomputed, role=OpRole.QKV_PROJECTION_BACKWARD)
-    return gn1
+        return gqkv
+    if c.attention != "flash":      # the views of the (B, S, heads, d/H) grads are free; these are not
+        gv2 = None if c.mqa else p.new("gradient of v, copied back", BSkv, a,
+                                       "(B, H_kv, S, d/H) to (B, S, H_kv*d/H): the view's backward copies")
+        gq2 = p.new("gradient of q, copied back", BSq, a, "(B, H, S, d/H) to (B, S, d): the view's backward "
+                    "copies")
+        if gv2:
+            p.op("v gradient copied back", alloc=[gv2])
+            p.op("released", free=[gv])
+            gv = gv2
+        p.op("q gradient copied back", alloc=[gq2])
+        p.op("released", free=[gq])
+        gq = gq2
+    gqkv = p.new("gradient of the QKV projection output", (B, S, qkv_width(c)), a,
+                 "split backward: torch.cat of the q, k, v gradients")
+    p.op("q, k, v gradients concatenated", alloc=[gqkv])
+    p.op("released", free=[gq, gk, gv])
+    return gqkv

@@ -18,6 +18,7 @@ from ..core.dtypes import nbytes
 from ..core.exact import evaluate_expr
 from ..core.keyed import as_int
 from ..core.tape import Tape, record as tape
+from ..core.vocabulary import State
 from ..core.symbols import L, N_d, O, P, t
 from ..states.placement import ZERO_SHARDS, device_of, state_specs
 from ..states.recipes import ALL_RECIPES as RECIPES
@@ -152,9 +153,12 @@ class Built:
             self.static.append((None, name))
         specs = state_specs(recipe, s.zero_stage, s.offload_optimizer, s.offload_params, s.offload_placement)
         self.grad_row = next(spec for spec in specs if spec.role == "grad")     # the one backward writes
+        #: the master weights among the model states: they exist from the start, the optimizer's other states are
+        #: created at its first step (memledger.ledger.replay)
+        self.masters = frozenset(spec.name for spec in specs if spec.component.state is State.MASTER)
         bnb_states = OPTIMIZER_OF[s.recipe] in BNB_KINDS
         for spec in specs if not self.fsdp else ():
-            if bnb_states and spec.role == "optimizer" and spec.name != "FP32 master weights":
+            if bnb_states and spec.role == "optimizer" and spec.component.state is not State.MASTER:
                 continue                        # Adam's two states, per tensor below
             if spec is not self.grad_row:
                 factored = spec.component is not None and spec.component.factored

@@ -1,5 +1,6 @@
 """What the step reads of a setup: :class:`StepInputs`, typed, with each framework's knobs in its own small config
-(:class:`FSDP2Config`, :class:`DDPConfig`). A :class:`~memledger.ledger.ledger.Ledger` produces it
+(:class:`FSDP2Config`, :class:`DDPConfig`). The choices a setup makes (:class:`SetupChoices`) are declared once,
+here: the :class:`~memledger.ledger.ledger.Ledger` and :class:`StepInputs` both extend them. A Ledger produces it
 (``Ledger.step_inputs``); nothing in :mod:`memledger.step` reads a Ledger's attributes, so the layer contract
 (the step under the ledger) shows everything the step depends on: this module. Free of SymPy.
 
@@ -11,8 +12,9 @@ from types import MappingProxyType
 from typing import Mapping, Optional, Union
 
 from ..models.architecture import Architecture
+from ..states.recipes import DEFAULT_RECIPE
 
-__all__ = ["DDPConfig", "FSDP2Config", "StepInputs", "inputs_of"]
+__all__ = ["DDPConfig", "FSDP2Config", "SetupChoices", "StepInputs", "inputs_of"]
 
 
 @dataclass(frozen=True)
@@ -36,16 +38,16 @@ class DDPConfig:
 
 
 @dataclass(frozen=True)
-class StepInputs:
-    """Everything the step timeline reads of one training setup, per GPU: the model, the workload and strategy,
-    the framework and its config, and the symbol values the formulas are evaluated at."""
-    arch: Optional[Architecture]
-    recipe: str
-    batch_size: int
-    seq_len: int
+class SetupChoices:
+    """The choices of one training setup that the step reads, declared once: the :class:`StepInputs` and the
+    :class:`~memledger.ledger.ledger.Ledger` (which checks them and books its sum from them) extend this.
+    ``arch``: an :class:`Architecture` (a Ledger also takes a preset name, or None with ``n_params``);
+    ``dropout`` None (a Ledger's default): as the architecture says."""
+    arch: Union[Architecture, str, None] = None
+    batch_size: int = 1
+    seq_len: int = 2048
+    recipe: str = DEFAULT_RECIPE
     recompute: str = "none"
-    dropout: bool = False
-    flash_attention: bool = False
     tp: int = 1
     sequence_parallel: bool = False
     zero_stage: int = 0
@@ -53,20 +55,29 @@ class StepInputs:
     offload_optimizer: str = "none"
     offload_params: str = "none"
     offload_placement: str = "article"
+    dropout: Optional[bool] = None
+    flash_attention: bool = False
     loss_chunks: int = 1
     loss_impl: str = "torchtune"
     framework: str = "plain"
-    ddp: DDPConfig = DDPConfig()
-    fsdp2: FSDP2Config = FSDP2Config()
     offload_activations: bool = False
-    optimizer_in_backward: bool = False
-    packed: int = 0
-    compile: bool = False
-    paged_optimizer: bool = False
+    optimizer_in_backward: bool = False     # torchtune's optimizer_in_bwd: the step's peak honours it
+    packed: int = 0         # documents packed in each row (memledger.step.packing): the step under cpu/cuda reads it
+    compile: bool = False   # the blocks under torch.compile: what the min-cut partitioner saves (sum only)
+    paged_optimizer: bool = False           # bitsandbytes' paged states (unified memory): the step's peak honours it
     #: whose model code runs the step: reference, hf, torchtune or litgpt (:mod:`memledger.step.implementations`)
     implementation: str = "reference"
-    #: transformers' attn_implementation (sdpa, eager, flash_attention_2); sdpa under the others
+    #: transformers' attn_implementation (sdpa, eager, flash_attention_2; hf only); sdpa under the others
     attn_implementation: str = "sdpa"
+
+
+@dataclass(frozen=True)
+class StepInputs(SetupChoices):
+    """Everything the step timeline reads of one training setup, per GPU: the model, the workload and strategy
+    (:class:`SetupChoices`, the architecture resolved and dropout decided), the framework's config, and the symbol
+    values the formulas are evaluated at."""
+    ddp: DDPConfig = DDPConfig()
+    fsdp2: FSDP2Config = FSDP2Config()
     #: symbol name -> value (``Ledger.values``: B, S, d, H, L, F, V, P, N_d, t, O and the architecture's own)
     values: Mapping[str, int] = field(default_factory=dict, compare=False)
     #: the setup's inputs as ``memledger step --json`` prints them (``Ledger.inputs()``)

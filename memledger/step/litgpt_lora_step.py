@@ -86,6 +86,7 @@ class LitgptLoraBuilt(Built):
         self.structure = s
         spec, recipe = s.lora, get_recipe(s.recipe)
         targets, dropout = spec.targets, spec.dropout
+        self.masters = frozenset()      # bf16-pure-adamw only (check): no FP32 master weights
         mask = "bool" if c.mask_dtype == "bool" else c.dtype
         self.layer_rows = layer_rows(targets, dropout, mask, c.dtype)
         self.first_rows = layer_rows(targets, dropout, mask, c.dtype, first=True)

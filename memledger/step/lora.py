@@ -78,7 +78,7 @@ from ..activations.outside import outside_inventory
 from ..core.dtypes import nbytes
 from ..core.exact import evaluate_expr
 from ..core.symbols import B, F, H, L, O, S, V, d, r
-from ..core.vocabulary import Role
+from ..core.vocabulary import Role, State
 from ..states.bnb import nf4_gemm_fallback, nf4_parts
 from ..states.recipes import get_recipe
 from . import loss, optim, outer, torchtune as tune
@@ -1096,6 +1096,7 @@ class LoraBuilt(Built):
         self.adapter_params = P
         grad = recipe.grad_component
         self.grad_row = _GradRow(f"LoRA adapters: {grad.name}", grad.bytes_for(1))
+        self.masters = frozenset(f"LoRA adapters: {x.name}" for x in recipe.components if x.state is State.MASTER)
         for x in recipe.components:
             if x.role != Role.GRAD:
                 static(f"LoRA adapters: {x.name}", x.bytes_for(P), _kind(x.role), "the adapter recipe's component")

@@ -101,7 +101,6 @@ def norm_backward(p, c, k, g_out, g_in, grads, residual=None, also_free=()):
     with the norm's input.
     """
     prefix = _prefix(c, k)
-    f = "fp32"
     if c.rmsnorm == "hf" and not c.gpt:
         return _hf_backward(p, c, k, prefix, g_out, g_in, grads, also_free)
     if not c.composite:
@@ -109,20 +108,7 @@ def norm_backward(p, c, k, g_out, g_in, grads, residual=None, also_free=()):
         p.op(f"norm {k} released", free=[g_out, f"{prefix} input"] + _stats(c, prefix) + list(also_free))
         return
     x32, rstd, xr = f"{prefix} input", f"{prefix} rstd", f"{prefix} x*rstd"
-    t = {n: p.new(f"norm {k} backward: {n}", shape, f, why) for n, shape, why in [
-        ("g32", BSd, "the output gradient upcast to FP32"),
-        ("g*w", BSd, "gradient of x*rstd: g times the weight"),
-        ("g*xr", BSd, "for the weight gradient: g times x*rstd"),
-        ("sum g*xr", (d,), "the weight gradient before its downcast"),
-        ("g*rstd", BSd, "gradient of x through x*rstd"),
-        ("g*x", BSd, "for the rstd gradient: g times x"),
-        ("g_rstd", BS, "the rstd gradient"),
-        ("rsqrt'", BS, "rsqrt backward: a per-token temporary"),
-        ("rsqrt''", BS, "rsqrt backward: a per-token temporary"), ("g_ms", BS, "gradient of mean(x^2)"),
-        ("g_mean", BSd, "mean backward: expanded over d, divided by d"),
-        ("pow'", BSd, "pow backward: a temporary"), ("pow''", BSd, "pow backward: a temporary"),
-        ("g_pow", BSd, "gradient of x through x^2"), ("g_x32", BSd, "sum of both gradients of x (FP32)"),
-        ("g_x+res", BSd, "autograd's input buffer: the skip gradient plus the first norm gradient")]}
+    t = _composite_temporaries(p, k)
     role = {node: NODE_ROLES.get((k, node)) for node in ("weight", "x*rstd", "rsqrt", "pow")}
     if c.upcast:
         p.op(f"norm {k} backward: upcast", alloc=[t["g32"]])
@@ -178,6 +164,27 @@ def _square_backward(p, k, t, first, x32, also_free, role, g_in):
     p.op("released", free=[once, a, b])
     p.op(f"norm {k} backward: downcast", alloc=[g_in])
     p.op(f"norm {k} backward: done", free=[t["g_x32"]])
+
+
+def _composite_temporaries(p, k):
+    """The FP32 temporaries of composite RMSNorm ``k``'s backward (``x * rsqrt(mean(x^2) + eps) * w`` under
+    autograd), by the step each stands for: the weight's and x*rstd's products, rsqrt's, mean's and pow's
+    backward, the two gradients of x summed and the skip gradient added."""
+    f = "fp32"
+    return {n: p.new(f"norm {k} backward: {n}", shape, f, why) for n, shape, why in [
+        ("g32", BSd, "the output gradient upcast to FP32"),
+        ("g*w", BSd, "gradient of x*rstd: g times the weight"),
+        ("g*xr", BSd, "for the weight gradient: g times x*rstd"),
+        ("sum g*xr", (d,), "the weight gradient before its downcast"),
+        ("g*rstd", BSd, "gradient of x through x*rstd"),
+        ("g*x", BSd, "for the rstd gradient: g times x"),
+        ("g_rstd", BS, "the rstd gradient"),
+        ("rsqrt'", BS, "rsqrt backward: a per-token temporary"),
+        ("rsqrt''", BS, "rsqrt backward: a per-token temporary"), ("g_ms", BS, "gradient of mean(x^2)"),
+        ("g_mean", BSd, "mean backward: expanded over d, divided by d"),
+        ("pow'", BSd, "pow backward: a temporary"), ("pow''", BSd, "pow backward: a temporary"),
+        ("g_pow", BSd, "gradient of x through x^2"), ("g_x32", BSd, "sum of both gradients of x (FP32)"),
+        ("g_x+res", BSd, "autograd's input buffer: the skip gradient plus the first norm gradient")]}
 
 
 def _hf_forward(p, c, k, prefix, out, kept):

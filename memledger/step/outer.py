@@ -10,7 +10,9 @@ converts each gradient to FP32, one parameter at a time.
 """
 from typing import NamedTuple
 
+from ..core.dtypes import nbits
 from ..core.symbols import B, S, V, d
+from ..core.vocabulary import State
 from .families import alibi_released, embedding_backward, embedding_forward, extra_params
 from .norms import norm_backward, norm_forward
 from .ops import BSd, Ref, Tensor, final_input, gradient
@@ -140,10 +142,12 @@ def backward_end(p, c: Shape):
 
 def adamw(recipe) -> tuple:
     """(dtype of AdamW's moments, whether FP32 master weights take the update) of ``recipe``, read off its
-    components by their names in :mod:`memledger.states.recipes`; (None, False) for a recipe without Adam's
-    second moment."""
-    moments = next((x.dtype for x in recipe.components if "second moment" in x.name), None)
-    return moments, any(x.name == "FP32 master weights" for x in recipe.components)
+    components' typed :class:`~memledger.core.vocabulary.State`: the moments' dtype is the second moment's where
+    it is kept at 16 bits or more (a block-quantized 8-bit state is bitsandbytes' own update,
+    :mod:`memledger.step.bnb`), None for a recipe without one."""
+    moments = next((x.dtype for x in recipe.components if x.state is State.SECOND_MOMENT and nbits(x.dtype) >= 16),
+                   None)
+    return moments, any(x.state is State.MASTER and x.dtype == "fp32" for x in recipe.components)
 
 
 def optimizer(p, params, state_dtype: str, master: bool, foreach: bool, grad_dtype: str, kept: bool = False,

@@ -9,6 +9,7 @@ projection instead of being copied for the batched matmul.
 """
 from dataclasses import dataclass
 
+from ..core.keyed import NotWholeBytes
 from ..models.features import Features
 from ..states.recipes import ALL_RECIPES as RECIPES
 from .implementations import check_step as check_library
@@ -50,8 +51,9 @@ COMPILE_REFUSED = ("compile: the step timeline does not model torch.compile's fo
 def check_recipe(name: str) -> None:
     """``ValueError`` naming what the timeline lacks, unless it models recipe ``name``'s optimizer step."""
     if name not in MODELLED_RECIPES:
+        fp8 = name in RECIPES and RECIPES[name].fp8_gemms
         why = UNMODELLED_RECIPES.get(name, "FP8 GEMMs: Transformer Engine or FP8 kernels, which need an FP8 GPU; not "
-                                           "modelled op by op" if name.startswith("fp8") else "its optimizer")
+                                           "modelled op by op" if fp8 else "its optimizer")
         raise ValueError(f"the step timeline does not model recipe {name} ({why}) yet; it models "
                          f"{', '.join(MODELLED_RECIPES)}")
 
@@ -499,13 +501,13 @@ def step_values(setup: StepInputs) -> dict:
 
 def split_refusal(names, sizes, values) -> ValueError:
     """The error for a step whose tensor is not a whole number of bytes per rank: ``sizes(j)`` evaluates tensor
-    ``j`` exactly (``ArithmeticError`` where it is not whole); the first such of ``names`` is named, as the
-    ledger names a row tp does not divide (:attr:`memledger.ledger.ledger.Ledger.rows`)."""
+    ``j`` exactly (:class:`~memledger.core.keyed.NotWholeBytes` where it is not whole); the first such of ``names``
+    is named, as the ledger names a row tp does not divide (:attr:`memledger.ledger.ledger.Ledger.rows`)."""
     for j, name in enumerate(names):
         try:
             sizes(j)
-        except ArithmeticError as e:
-            share = str(e).rsplit(" ", 1)[-1]
+        except NotWholeBytes as e:
+            share = e.value
             tokens = values.get("B", 1) * values.get("S", 1)
             t = values.get("t", 1)
             why = (f" (sequence parallelism splits the B x S = {tokens:,} token{'s' * (tokens != 1)} over the {t} ranks)"

@@ -51,8 +51,9 @@ def test_ids_mask_and_loss_are_never_split(tp, sequence_parallel):
 
 def test_unsplit_keys_are_unchanged():
     """t = 1 keeps the keys it had (compiled ahead of time in memledger/core/compiled.py)."""
-    assert formulas.outside_key("gpt", "eager", "LM head input") == ("outside", "gpt", "eager", "LM head input")
-    assert formulas.outside_key("gpt", "eager", "LM head input", False, False) == \
+    assert formulas.outside_key("gpt", "eager", "LM head input").positional() == \
+        ("outside", "gpt", "eager", "LM head input")
+    assert formulas.outside_key("gpt", "eager", "LM head input", False, False).positional() == \
         ("outside", "gpt", "eager", "LM head input")
 
 

@@ -28,7 +28,7 @@ def test_defaults_are_the_ledger_defaults():
 
 
 def test_every_ledger_field_is_a_ledger_keyword():
-    fields = set(Ledger.__dataclass_fields__)
+    fields = set(Ledger.keywords())
     assert set(ledger_settings(defaults())) <= fields
 
 
