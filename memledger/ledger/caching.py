@@ -156,8 +156,10 @@ class CachingAllocator:
     def _add(self, allocated=0, reserved=0):
         self.allocated += allocated
         self.reserved += reserved
-        self.max_allocated = max(self.max_allocated, self.allocated)
-        self.max_reserved = max(self.max_reserved, self.reserved)
+        if self.allocated > self.max_allocated:
+            self.max_allocated = self.allocated
+        if self.reserved > self.max_reserved:
+            self.max_reserved = self.reserved
 
     def reset_peak(self):
         """``torch.cuda.reset_peak_memory_stats()``."""
@@ -171,7 +173,8 @@ class CachingAllocator:
             raise ValueError(f"nbytes must be a non-negative integer, got {nbytes!r}")
         if nbytes == 0:
             return None
-        self.process_events()
+        if self.pending:
+            self.process_events()
         size = round_size(nbytes, self.divisions)
         pool = self.pools[size <= K_SMALL_SIZE]
         block = self._get_free_block(pool, size, stream)
