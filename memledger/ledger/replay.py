@@ -307,18 +307,20 @@ class _Trace:
         if start is None:
             start = next((k for k, p in enumerate(self.phases) if p == "backward"), 0)
         self.start = start
-        self.pieces = pieces or {}
+        self.pieces, self._parts = pieces or {}, {}
         # each op's changes of tensors in the allocator, frees first (op 0's are those of the live tensors)
         self.ops = [[(j, c) for j, c in changes if j not in self.outside and c] for changes in deltas]
         self.ops = [[(j, c) for j, c in op if c < 0] + [(j, c) for j, c in op if c > 0] for op in self.ops]
         self.over = sum(sizes[j] * c for j, c in deltas[0] if j in self.outside and j not in set(preloaded))
 
     def parts(self, j):
-        n = self.pieces.get(j, 1)
-        if isinstance(n, list):
-            return n
-        n, size = max(1, n), self.sizes[j]
-        return [size // n] * (n - 1) + [size - (n - 1) * (size // n)]
+        if j not in self._parts:
+            n = self.pieces.get(j, 1)
+            if not isinstance(n, list):
+                n, size = max(1, n), self.sizes[j]
+                n = [size // n] * (n - 1) + [size - (n - 1) * (size // n)]
+            self._parts[j] = n
+        return self._parts[j]
 
     def walk(self, allocator):
         """Replay through ``allocator``, yielding (step, op, phase) after each event of the prelude and each op;
