@@ -9,7 +9,7 @@ of the package is the checkout's), and each setup is replayed by both, alternate
 must agree to the byte (the peaks, where they are, the series after every op and the segments at the peak): the
 script stops otherwise. The setups are a QLoRA step (r 8, all projections) of a LLaMA-2 7B shape with
 ``L`` blocks after torchtune's loading (``memledger ledger --lora-rank 8 --qlora --load torchtune --measure
-reserved``), with and without expandable segments; LoRA (r 8) after LitGPT's loading; and the step of a
+reserved``), with and without expandable segments; LoRA (r 8, q and v) after LitGPT's loading; and the step of a
 ``Ledger`` (``--preset llama2-7b --measure reserved``) and under FSDP2 on 8 ranks. The machine is shared: the
 ratio is what counts.
 """
