@@ -80,6 +80,12 @@ def get_allocation_size(size: int) -> int:
     return _up(size, K_ROUND_LARGE)
 
 
+def _grows(block) -> int:
+    """The size a free block of an expandable segment can grow to: its own and its unmapped neighbour's."""
+    following = block.next
+    return block.size + (following.size if following is not None and not following.mapped else 0)
+
+
 class Block:
     """``struct Block``: a range of a segment, allocated or free, with its neighbours in the segment."""
     __slots__ = ("addr", "size", "stream", "small", "allocated", "prev", "next", "segment", "mapped", "stream_uses",
@@ -156,8 +162,10 @@ class CachingAllocator:
     def _add(self, allocated=0, reserved=0):
         self.allocated += allocated
         self.reserved += reserved
-        self.max_allocated = max(self.max_allocated, self.allocated)
-        self.max_reserved = max(self.max_reserved, self.reserved)
+        if self.allocated > self.max_allocated:
+            self.max_allocated = self.allocated
+        if self.reserved > self.max_reserved:
+            self.max_reserved = self.reserved
 
     def reset_peak(self):
         """``torch.cuda.reset_peak_memory_stats()``."""
@@ -167,11 +175,12 @@ class CachingAllocator:
     def malloc(self, nbytes: int, stream=0):
         """``malloc()``: a block for ``nbytes`` on ``stream`` (None for 0 bytes); :class:`OutOfMemory` past
         ``allowed``."""
-        if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
+        if type(nbytes) is not int and (isinstance(nbytes, bool) or not isinstance(nbytes, int)) or nbytes < 0:
             raise ValueError(f"nbytes must be a non-negative integer, got {nbytes!r}")
         if nbytes == 0:
             return None
-        self.process_events()
+        if self.pending:
+            self.process_events()
         size = round_size(nbytes, self.divisions)
         pool = self.pools[size <= K_SMALL_SIZE]
         block = self._get_free_block(pool, size, stream)
@@ -202,11 +211,9 @@ class CachingAllocator:
         block = pool.by_key[keys[i]]
         if block.segment.expandable:
             if self.expandable:     # best fit by the size a block can grow to (its unmapped neighbour)
-                def grows(b):
-                    return b.size + (b.next.size if b.next is not None and not b.next.mapped else 0)
                 j = i + 1
                 while block.segment.expandable and j < len(keys) and keys[j][0] == stream and \
-                        grows(pool.by_key[keys[j]]) < grows(block):
+                        _grows(pool.by_key[keys[j]]) < _grows(block):
                     i, block, j = j, pool.by_key[keys[j]], j + 1
             else:                   # expandable segments turned off: only other blocks
                 i += 1
@@ -252,7 +259,9 @@ class CachingAllocator:
             pool.insert(remaining)
         block.allocated, block.requested = True, nbytes
         self.requested += nbytes
-        self._add(allocated=block.size)
+        self.allocated += block.size            # _add(allocated=block.size)
+        if self.allocated > self.max_allocated:
+            self.max_allocated = self.allocated
         return block
 
     # -- expandable segments ----------------------------------------------------------------------------------
@@ -330,7 +339,7 @@ class CachingAllocator:
         if not block.allocated:
             raise ValueError(f"{block!r} is not allocated")
         block.allocated = False
-        self._add(allocated=-block.size)
+        self.allocated -= block.size            # _add(allocated=-block.size): no new peak
         self.requested -= block.requested
         if block.stream_uses:
             block.events = len(block.stream_uses)

@@ -56,6 +56,10 @@ __all__ = ["ALLOCATOR_MEASURES", "Replay", "check_streams", "replay", "replay_st
 ALLOCATOR_MEASURES = ("allocated", "reserved")
 #: What a replay walks (:func:`memledger.core.choices.check_layers_one_by_one` bounds it, before anything is built).
 WALK = "the caching allocator's replay (a lumped tensor as one block per model block)"
+#: The blocks and segments :func:`run`'s snapshots may walk in all per request or free replayed so far (a snapshot
+#: walks a block in about a fifth of the time the allocator serves a request: at most about as long as the replay);
+#: see :func:`run`.
+SNAPSHOT_BUDGET = 4
 #: Frameworks whose collectives allocate on side streams (see the module docstring).
 SIDE_STREAMS = {"deepspeed": "DeepSpeed allocates its reduce and gather buckets on side streams",
                 "megatron": "Megatron-LM's distributed optimizer communicates on side streams"}
@@ -247,83 +251,121 @@ def run(deltas, moments, sizes, outside=(), lazy=(), expandable_segments=False, 
     one), each stream a pool of its own; ``resident``: (phase, bytes) allocations made with the first op of that phase
     in the first step and never freed (cuBLAS's workspaces, :mod:`memledger.ledger.outside`); ``prelude``: a
     loading trace of ("alloc", key, bytes) and ("free", key) events replayed before the first step (step 0, phase
-    "load"), whose surviving blocks stand for the ``preloaded`` tensors (the step does not allocate those)."""
+    "load"), whose surviving blocks stand for the ``preloaded`` tensors (the step does not allocate those).
+
+    The segments at the reserved peak (``snapshot()``, which walks every block) are taken as the peak rises, but not
+    at every rise: the peak rises with every new segment while loading and in the first forward pass, and a
+    snapshot at each would cost the number of segments squared. A rise is snapshotted where the allocator's requests
+    and frees since the last snapshot are at least the blocks (and segments) that snapshot walked, or where the
+    blocks walked in all snapshots would stay within :data:`SNAPSHOT_BUDGET` per request or free so far (for the
+    last rises of a burst). Where the last rise was not snapshotted, the trace is walked again on a fresh allocator
+    (the replay is deterministic) to that point, and the snapshot taken there."""
     if not deltas:
         raise ValueError("an empty trace")
+    trace = _Trace(deltas, moments, sizes, outside, lazy, steps, pieces, streams, resident, prelude, preloaded)
     allocator = CachingAllocator(expandable_segments, max_split_size_mb)
-    streams = streams or {}
-    # the allocator's stream ids: 0 the default stream, then the others in the order of Stream
-    ids = {s: k for k, s in enumerate(Stream)}
-    names = {k: s.value for s, k in ids.items()}
-    stream_of = {j: ids[Stream(s)] for j, s in streams.items()}
-    outside, lazy = set(outside) | set(preloaded), set(lazy)
-    live = {}                                     # tensor -> its blocks, last allocated last
-    target = {j: c for j, c in deltas[0]}         # the counts the step starts from
-    phases = [m[0] for m in moments]
-    start = next((k for k, p in enumerate(phases) if p == "optimizer"), None)
-    if start is None:
-        start = next((k for k, p in enumerate(phases) if p == "backward"), 0)
-    series, best_allocated, best_reserved = [], (-1, None), (-1, None)
-    snapshot = []
-
-    pieces = pieces or {}
-    booked = set()                                # the phases whose resident allocations are made
-
-    def parts(j):
-        n = pieces.get(j, 1)
-        if isinstance(n, list):
-            return n
-        n, size = max(1, n), sizes[j]
-        return [size // n] * (n - 1) + [size - (n - 1) * (size // n)]
-
-    def change(j, count):
-        copies = live.setdefault(j, [])
-        stream = stream_of.get(j, 0)
-        for _ in range(count):
-            copies.append([allocator.malloc(part, stream) for part in parts(j)])
-        for _ in range(-count):
-            for block in reversed(copies.pop()):
-                allocator.free(block)
-    loaded = {}
-    for event in prelude:                         # loading, before the first step
-        if event[0] == "alloc":
-            loaded[event[1]] = allocator.malloc(event[2])
-        else:
-            allocator.free(loaded.pop(event[1]))
-        series.append((0, 0, "load", allocator.allocated, allocator.reserved))
+    series, best_allocated, best_reserved, peak_point = [], (-1, None), (-1, None), None
+    segments, taken, since, cost, spent = [], None, 0, 0, 0
+    for point, at in enumerate(trace.walk(allocator)):
+        series.append(at + (allocator.allocated, allocator.reserved))
         if allocator.max_allocated > best_allocated[0]:
-            best_allocated = (allocator.max_allocated, (0, 0, "load"))
+            best_allocated = (allocator.max_allocated, at)
         if allocator.max_reserved > best_reserved[0]:
-            best_reserved = (allocator.max_reserved, (0, 0, "load"))
-            snapshot = [dict(s, stream=names[s["stream"]]) for s in allocator.snapshot()]
-    for n in range(1, steps + 1):
-        for k, changes in enumerate(deltas):
-            if k == 0:                            # bring the live tensors to the step's start
-                changes = [[j, target[j] - len(live.get(j, ()))] for j, _ in changes]
-                if n == 1:
-                    changes = [[j, c] for j, c in changes if j not in lazy]
-            if n == 1 and k == start:
-                for j in sorted(lazy & set(target)):
-                    change(j, target[j])
-            changes = [(j, c) for j, c in changes if j not in outside and c]
-            for j, c in changes:
-                if c < 0:
+            best_reserved, peak_point = (allocator.max_reserved, at), point
+            if taken is None or trace.calls - since >= cost or spent + cost <= SNAPSHOT_BUDGET * trace.calls:
+                segments, taken, since = allocator.snapshot(), point, trace.calls
+                cost = len(segments) + sum(len(s["blocks"]) for s in segments)
+                spent += cost
+    if taken != peak_point:
+        segments = _snapshot_at(trace, peak_point, expandable_segments, max_split_size_mb)
+    names = {k: s.value for k, s in enumerate(Stream)}
+    return Replay(allocator.max_allocated, allocator.max_reserved, trace.over, best_allocated[1], best_reserved[1],
+                  [dict(s, stream=names[s["stream"]]) for s in segments], series, bool(expandable_segments),
+                  max_split_size_mb)
+
+
+def _snapshot_at(trace, stop: int, expandable_segments, max_split_size_mb) -> list:
+    """The allocator's ``snapshot()`` at point ``stop`` of ``trace``'s series, walked again on a fresh allocator."""
+    allocator = CachingAllocator(expandable_segments, max_split_size_mb)
+    for point, _ in enumerate(trace.walk(allocator)):
+        if point == stop:
+            break
+    return allocator.snapshot()
+
+
+class _Trace:
+    """The requests and frees of :func:`run`'s replay, walked through an allocator (:meth:`walk`)."""
+
+    def __init__(self, deltas, moments, sizes, outside, lazy, steps, pieces, streams, resident, prelude, preloaded):
+        self.deltas, self.sizes, self.steps, self.resident, self.prelude = deltas, sizes, steps, resident, prelude
+        # the allocator's stream ids: 0 the default stream, then the others in the order of Stream
+        ids = {s: k for k, s in enumerate(Stream)}
+        self.stream_of = {j: ids[Stream(s)] for j, s in (streams or {}).items()}
+        self.outside, self.lazy = set(outside) | set(preloaded), set(lazy)
+        self.target = {j: c for j, c in deltas[0]}          # the counts the step starts from
+        self.phases = [m[0] for m in moments]
+        start = next((k for k, p in enumerate(self.phases) if p == "optimizer"), None)
+        if start is None:
+            start = next((k for k, p in enumerate(self.phases) if p == "backward"), 0)
+        self.start = start
+        self.pieces, self._parts = pieces or {}, {}
+        # each op's changes of tensors in the allocator, frees first (op 0's are those of the live tensors)
+        self.ops = [[(j, c) for j, c in changes if j not in self.outside and c] for changes in deltas]
+        self.ops = [[(j, c) for j, c in op if c < 0] + [(j, c) for j, c in op if c > 0] for op in self.ops]
+        self.over = sum(sizes[j] * c for j, c in deltas[0] if j in self.outside and j not in set(preloaded))
+
+    def parts(self, j):
+        if j not in self._parts:
+            n = self.pieces.get(j, 1)
+            if not isinstance(n, list):
+                n, size = max(1, n), self.sizes[j]
+                n = [size // n] * (n - 1) + [size - (n - 1) * (size // n)]
+            self._parts[j] = n
+        return self._parts[j]
+
+    def walk(self, allocator):
+        """Replay through ``allocator``, yielding (step, op, phase) after each event of the prelude and each op;
+        :attr:`calls` counts the requests and frees made."""
+        live = {}                                     # tensor -> its blocks, last allocated last
+        self.calls = 0                                # the allocator's requests and frees so far
+
+        def change(j, count):
+            copies = live.setdefault(j, [])
+            stream = self.stream_of.get(j, 0)
+            for _ in range(count):
+                copies.append([allocator.malloc(part, stream) for part in self.parts(j)])
+                self.calls += len(copies[-1])
+            for _ in range(-count):
+                blocks = copies.pop()
+                self.calls += len(blocks)
+                for block in reversed(blocks):
+                    allocator.free(block)
+        loaded = {}
+        for event in self.prelude:                    # loading, before the first step
+            if event[0] == "alloc":
+                loaded[event[1]] = allocator.malloc(event[2])
+            else:
+                allocator.free(loaded.pop(event[1]))
+            self.calls += 1
+            yield (0, 0, "load")
+        booked, phases, lazy, target = set(), self.phases, self.lazy, self.target
+        for n in range(1, self.steps + 1):
+            for k, changes in enumerate(self.ops):
+                if k == 0:                            # bring the live tensors to the step's start
+                    changes = [(j, target[j] - len(live.get(j, ()))) for j, _ in self.deltas[0]]
+                    if n == 1:
+                        changes = [(j, c) for j, c in changes if j not in lazy]
+                    changes = [(j, c) for j, c in changes if j not in self.outside and c]
+                    changes = [(j, c) for j, c in changes if c < 0] + [(j, c) for j, c in changes if c > 0]
+                if n == 1 and k == self.start:
+                    for j in sorted(lazy & set(target)):
+                        change(j, target[j])
+                for j, c in changes:
                     change(j, c)
-            for j, c in changes:
-                if c > 0:
-                    change(j, c)
-            if n == 1 and phases[k] not in booked:
-                for phase, size in resident:
-                    if phase == phases[k]:
-                        allocator.malloc(size)
-                booked.add(phases[k])
-            at = (n, k, phases[k])
-            series.append((n, k, phases[k], allocator.allocated, allocator.reserved))
-            if allocator.max_allocated > best_allocated[0]:
-                best_allocated = (allocator.max_allocated, at)
-            if allocator.max_reserved > best_reserved[0]:
-                best_reserved = (allocator.max_reserved, at)
-                snapshot = [dict(s, stream=names[s["stream"]]) for s in allocator.snapshot()]
-    over = sum(sizes[j] * c for j, c in deltas[0] if j in outside and j not in set(preloaded))
-    return Replay(allocator.max_allocated, allocator.max_reserved, over, best_allocated[1], best_reserved[1],
-                  snapshot, series, bool(expandable_segments), max_split_size_mb)
+                if n == 1 and phases[k] not in booked:
+                    for phase, size in self.resident:
+                        if phase == phases[k]:
+                            allocator.malloc(size)
+                            self.calls += 1
+                    booked.add(phases[k])
+                yield (n, k, phases[k])

@@ -167,3 +167,57 @@ def test_the_lora_step_replays_with_the_measures_in_order(quantized):
     assert replayed.outside == 2 * 10**9                    # the overhead row, beside the allocator
     with pytest.raises(ValueError, match="max_split_size_mb"):
         replay_step(step, max_split_size_mb=8)
+
+
+def _peak_setups():
+    """Replays whose reserved peak rises many times (loading, the first forward pass), each as a function of nothing."""
+    from memledger.ledger.lora import LoraConfig, LoraLedger, qlora
+    arch = Architecture(1024, 12, 16, 2752, 32000, "llama")
+    quantized = LoraLedger(arch, qlora(8), 1, 512, overhead_bytes=0).step("cuda")
+    plain = LoraLedger(arch, LoraConfig(rank=8), 1, 512, overhead_bytes=0).step("cuda")
+    ledger = Ledger(arch=arch, batch_size=2, seq_len=512)
+    fsdp2 = Ledger(arch=arch, batch_size=2, seq_len=512, framework="fsdp2", dp=4, recipe="fp32-adamw")
+    return [lambda: replay_step(quantized, load="torchtune"),
+            lambda: replay_step(quantized, True, load="torchtune"),
+            lambda: replay_step(quantized, False, 32, load="litgpt"),
+            lambda: replay_step(plain, load="litgpt"),
+            lambda: replay_step(plain, True, load="torchtune"),
+            lambda: replay(ledger), lambda: replay(ledger, expandable_segments=True), lambda: replay(fsdp2)]
+
+
+def test_the_segments_are_those_at_the_reserved_peak(monkeypatch):
+    """``segments``, the snapshot at the reserved peak, is the allocator's state where the peak last rose: its
+    segments hold exactly the reserved peak, their allocated blocks the bytes allocated at that point of the
+    series, and their blocks tile them. It is the same whether every rise of the peak is snapshotted (the replay as
+    it was first written), a budget of them, or none but the last, read by walking the trace again
+    (``SNAPSHOT_BUDGET``, :func:`memledger.ledger.replay.run`)."""
+    import memledger.ledger.replay as module
+    from memledger.ledger.caching import CachingAllocator
+    walked, again = [], []
+    snapshot, snapshot_at = CachingAllocator.snapshot, module._snapshot_at
+
+    def counted(self):
+        out = snapshot(self)
+        walked.append(sum(len(s["blocks"]) + 1 for s in out))
+        return out
+    monkeypatch.setattr(CachingAllocator, "snapshot", counted)
+    monkeypatch.setattr(module, "_snapshot_at", lambda *a: again.append(a[1]) or snapshot_at(*a))
+    for setup in _peak_setups():
+        results = {}
+        for budget in (10**12, module.SNAPSHOT_BUDGET, 0):
+            monkeypatch.setattr(module, "SNAPSHOT_BUDGET", budget)
+            walked.clear()
+            r = setup()
+            results[budget] = (r.allocated, r.reserved, r.allocated_at, r.reserved_at, r.series, r.segments)
+            rises = sum(1 for before, now in zip([(0, 0, 0, 0, -1)] + r.series, r.series) if now[4] > before[4])
+            if budget == 10**12:
+                assert len(walked) == rises          # every rise snapshotted
+            elif budget == 0:
+                assert len(walked) <= rises // 2     # one in several
+        assert len(set(map(repr, results.values()))) == 1
+        at = next(s for s in r.series if s[4] == r.reserved)
+        assert at[:3] == r.reserved_at
+        assert sum(s["total_size"] for s in r.segments) == r.reserved
+        assert sum(s["allocated_size"] for s in r.segments) == at[3]
+        assert all(sum(size for size, _ in s["blocks"]) == s["total_size"] for s in r.segments)
+    assert again                               # the walk to the last rise was taken
