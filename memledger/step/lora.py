@@ -1208,9 +1208,7 @@ class LoraStep(Step):
         self.ledger, self.inputs, self.record = origin, setup, dict(record or {})
         self.conventions = conv = get_backend(backend, **changes)
         _check(setup, config, conv)
-        if setup.implementation == "hf":            # PEFT's LoRA: its module registers its builder
-            from . import hf_lora  # noqa: F401
-        if setup.implementation not in ("reference", "torchtune", "litgpt"):
+        if setup.implementation not in ("reference", "torchtune", "litgpt"):    # PEFT's: registered by hf_lora
             from .implementations import lora_not_modelled
             if setup.implementation not in LIBRARY_BUILDERS:
                 raise ValueError(f"implementation {setup.implementation}: {lora_not_modelled(setup.implementation)}")
