@@ -273,6 +273,9 @@ def _dequantized(p, c, base):
     return scales, weight
 
 
+#: torchtune's QLoRA base in the step: torchao's NF4Tensors' codes, and their scalers, factors, means and tables
+TORCHAO_ROWS = ("frozen NF4 projections (torchao): quantized_data (4-bit codes)",
+                "frozen NF4 projections (torchao): scalers, BF16 factors, means, tables")
 #: torchtune's q, k and v projections (three ``nn.Linear``s or ``LoRALinear``s): their base names
 TUNE_QKV = {"q_proj": "q", "k_proj": "k", "v_proj": "v"}
 
@@ -1157,8 +1160,9 @@ class LoraBuilt(Built):
                                                                            for t, v in TUNE_QKV.items()}
         for out, inp in shapes.values():
             n = out * inp
-            if spec.qlora and tune.on(c):
-                packed += L * nf4_bytes(n)      # memledger.states.torchao
+            if spec.qlora and tune.on(c):   # memledger.states.torchao: the codes, then the rest
+                packed += L * n / 2
+                absmax += L * (nf4_bytes(n) - n / 2)
             elif spec.qlora:
                 parts = nf4_parts(n)                # memledger.states.bnb: bitsandbytes' NF4 storage
                 packed += L * parts["packed"]
@@ -1168,8 +1172,9 @@ class LoraBuilt(Built):
         static(f"frozen base weights ({c.dtype}; no grads, no states)", dense, Kind.PARAM,
                "frozen: requires_grad=False")
         if spec.qlora and tune.on(c):
-            static("frozen NF4 projections (torchao NF4Tensor)", packed, Kind.PARAM,
-                   "to_nf4: 4-bit codes, int8 scalers per 64, BF16 factor per 256, scaler mean and table per tensor")
+            static(TORCHAO_ROWS[0], packed, Kind.PARAM, "to_nf4's quantized_data: two 4-bit codes a byte")
+            static(TORCHAO_ROWS[1], absmax, Kind.PARAM,
+                   "to_nf4: int8 scalers per 64, a BF16 factor per 256 scalers, scaler mean and 16-entry table")
         elif spec.qlora:
             static("frozen NF4 projections: packed 4-bit weights", packed, Kind.PARAM, "two 4-bit codes per byte")
             static("frozen NF4 projections: absmax (8-bit) and their FP32 constants", absmax, Kind.PARAM,
