@@ -17,7 +17,10 @@ read over all of it. BERT-large after loading is its parameters moved to the GPU
 context the guide itself measured (``nvidia-smi``); the BERT run is not replayed, because the step does not model
 BERT's blocks. The relative error is always printed: it is the point of the table.
 
-Approximations, each a source of error the table does not separate: the LitGPT LoRA rows run LitGPT's own LoRA step
+Approximations, each a source of error the table does not separate: torchtune's QLoRA rows run torchtune's own step
+(implementation torchtune: torchao's ``NF4Tensor``, each projection dequantized as torchao 0.14.1 does) where the
+measured run had torchao 0.1 (its loading, :mod:`memledger.ledger.library_loading`, is 0.1's and sets their peak);
+the LitGPT LoRA rows run LitGPT's own LoRA step
 (:mod:`memledger.step.litgpt_lora_step`), but its QLoRA rows run the reference decoder's LoRA step with the head in
 equal chunks, not LitGPT's 128-token ones (:func:`litgpt_lora`); memledger's LoRA step keeps NF4 weights for every
 block projection, as both libraries' QLoRA do, but its timeline does not yet tell double quantization from single
@@ -150,9 +153,9 @@ def _torchtune_implementation(quantized) -> str:
     """torchtune's rows run its ``lora_llama2`` (implementation torchtune, :mod:`memledger.step.lora`: each layer's
     RoPE buffers, the first layer without an input gradient, its attention's locals under the checkpoint) with
     0.6.1's recipe loop; the tutorials' loop at 0914d5c differs (``logits[..., :-1, :].contiguous()``, kept through
-    backward, recipes/lora_finetune_single_device.py l. 447-468 there). QLoRA (torchao's NF4Tensor) is not modelled
-    under torchtune's code: those rows stay on the reference decoder."""
-    return "reference" if quantized else "torchtune"
+    backward, recipes/lora_finetune_single_device.py l. 447-468 there). QLoRA too: torchao's NF4Tensor per projection,
+    q, k, v three projections, each dequantized in forward and backward (torchao 0.14.1's ``get_original_weight``)."""
+    return "torchtune"
 
 
 def torchtune_lora(rank, targets, quantized=False):
@@ -177,7 +180,8 @@ def torchtune_qlora_loading(load: str = TT_LOAD) -> dict:
     step starts with, "allocated" and "reserved": their largest while loading, "step_reserved": the step alone
     replayed, without loading}."""
     from ..ledger.replay import replay_step
-    step = _lora_step(_torchtune_config(8, ALL_BUT_HEAD, True), 2, 512, recompute="full")
+    step = _lora_step(_torchtune_config(8, ALL_BUT_HEAD, True), 2, 512, recompute="full",
+                      implementation=_torchtune_implementation(True))
     return {"weights": step.landmarks["before forward"]["gpu"], "allocated": _after_loading(step, "allocated", load),
             "reserved": _after_loading(step, "reserved", load), "step_reserved": replay_step(step).reserved}
 

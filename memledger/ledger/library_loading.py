@@ -74,7 +74,7 @@ import math
 
 from ..core.choices import check_layers_one_by_one
 
-__all__ = ["LIBRARY_LOADS", "STEP_TENSORS", "load_trace", "trace_peak"]
+__all__ = ["LIBRARY_LOADS", "STEP_TENSORS", "TORCHAO_STEP_TENSORS", "load_trace", "trace_peak"]
 
 #: ``--load`` choices modelled as an allocation trace (by library).
 LIBRARY_LOADS = ("torchtune", "torchtune-0914d5c", "litgpt", "litgpt-00af8b0")
@@ -84,6 +84,10 @@ STEP_TENSORS = {"base": "frozen base weights (bf16; no grads, no states)",
                 "scalers": "frozen NF4 projections: absmax (8-bit) and their FP32 constants",
                 "absmax": "frozen NF4 projections: absmax (8-bit) and their FP32 constants",
                 "adapters": "LoRA adapters: BF16 parameters"}
+#: The same parts in torchtune's QLoRA step (:data:`memledger.step.lora.TORCHAO_ROWS`: torchao's NF4Tensor).
+TORCHAO_STEP_TENSORS = {"packed": "frozen NF4 projections (torchao): quantized_data (4-bit codes)",
+                        "scalers": "frozen NF4 projections (torchao): scalers, BF16 factors, means, tables",
+                        "absmax": "frozen NF4 projections (torchao): scalers, BF16 factors, means, tables"}
 CHUNK = 2**20           # torchao/dtypes/nf4tensor.py line 82: CHUNK_SIZE = 1024**2
 BLOCK, SCALER_BLOCK = 64, 256
 

@@ -229,11 +229,13 @@ def replay_step(step, expandable_segments: bool = False, max_split_size_mb=None,
               if "2..L-3" in name or "1..L-2" in name}
     prelude, preloaded = (), ()
     if load is not None:
-        from .library_loading import STEP_TENSORS, load_trace
+        from .library_loading import STEP_TENSORS, TORCHAO_STEP_TENSORS, load_trace
         prelude, kept = load_trace(step.ledger, load)
         adapters = next((name for name in built.names if name.startswith("LoRA adapters:")
                          and name.endswith("parameters")), STEP_TENSORS["adapters"])
-        names = {adapters if tag == "adapters" else STEP_TENSORS[tag] for tag, _ in kept}
+        table = TORCHAO_STEP_TENSORS | {k: v for k, v in STEP_TENSORS.items() if v in built.names} \
+            if TORCHAO_STEP_TENSORS["packed"] in built.names else STEP_TENSORS
+        names = {adapters if tag == "adapters" else table[tag] for tag, _ in kept}
         missing = names - set(built.names)
         if missing:
             raise AssertionError(f"the load trace keeps tensors the step does not book: {sorted(missing)}")

@@ -44,6 +44,9 @@ def build_lora(d: int, L: int, H: int, F: int, V: int, rank: int, alpha: float, 
     before = torch.get_default_dtype()
     torch.set_default_dtype(torch.bfloat16)
     try:
+        if quantize:
+            kv = d // H * (n_kv_heads or H)
+            _warm_nf4({(d, d), (d, kv), (d, F), (F, d)})
         model = lora_llama2(lora_attn_modules=list(attn), apply_lora_to_mlp=mlp, apply_lora_to_output=output,
                             vocab_size=V, num_layers=L, num_heads=H, num_kv_heads=n_kv_heads or H, embed_dim=d,
                             max_seq_len=max_seq_len, intermediate_dim=F, lora_rank=rank, lora_alpha=alpha,
@@ -57,6 +60,19 @@ def build_lora(d: int, L: int, H: int, F: int, V: int, rank: int, alpha: float, 
                 del module._parameters[name]
                 module.register_buffer(name, p.detach())
     return model, list(model.layers)
+
+
+def _warm_nf4(shapes):
+    """A process's first ``FrozenNF4Linear`` of each (in, out) under ``FakeTensorMode`` fails (``torch.utils.
+    swap_tensors``: "Cannot swap t1 because it has weakref associated with it", torchtune 0.6.1
+    ``modules/low_precision/nf4_linear.py`` l. 51, torch 2.13); later ones of that shape build. One throwaway build
+    of each shape first, outside any measurement."""
+    from torchtune.modules.low_precision import FrozenNF4Linear
+    for inp, out in shapes:
+        try:
+            FrozenNF4Linear(inp, out)
+        except RuntimeError:
+            pass
 
 
 def _check(loss):

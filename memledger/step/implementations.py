@@ -67,7 +67,8 @@ LoRA under torchtune's code (``LoraLedger(..., implementation="torchtune")``, ``
 torchtune``): ``lora_llama2`` as ``lora_finetune_single_device`` runs it, its adapters in the model's dtype
 (``bf16-pure-adamw``), with or without its activation checkpointing (:mod:`memledger.step.lora`: ``first_block``, the
 attention's locals; :func:`memledger.step.torchtune.statics` with one RoPE module a layer), checked against its own step
-(tests/pytorch/test_torchtune_lora.py); its QLoRA (torchao's ``NF4Tensor``) is refused.
+(tests/pytorch/test_torchtune_lora.py); its QLoRA too (torchao's ``NF4Tensor``: q, k, v three projections, each
+weight dequantized in forward and backward, :func:`memledger.step.lora._torchao_dequantized`).
 
 What is not modelled yet under a library's code is refused in one line (:func:`check_step`), never computed with
 the reference decoder's block in its place.

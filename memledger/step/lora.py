@@ -57,9 +57,13 @@ The programs of :mod:`memledger.pytorch.lora`'s reference (PEFT's ``LoraLayer`` 
   lives until the layer returns; under the checkpoint its attention's q, k, v and SDPA output die when the attention
   returns, and ``LoRALinear``'s ``lora_out`` (A's output) lives through the scaling. Its middle blocks otherwise run
   the reference's ops (fused QKV, no RoPE ops), which tests/pytorch/test_torchtune_lora.py finds equal at every
-  landmark and peak. Adapters in the model's dtype only; QLoRA (torchao's ``NF4Tensor``) is refused here: its storage
-  (the ledger's rows) and one ``linear_nf4``'s dequantization peak are :mod:`memledger.states.torchao`'s, but the
-  step would need q, k and v as three projections, each dequantized in turn, forward and backward.
+  landmark and peak. Adapters in the model's dtype only. Its QLoRA (``quantize_base``: every block projection a
+  torchao ``NF4Tensor``, :mod:`memledger.states.torchao`'s storage): q, k and v are three projections in turn (the
+  earlier outputs alive; backward v, k, q, each adapter before its base), each ``linear_nf4`` dequantizing its weight
+  in forward and again in backward (:func:`_torchao_dequantized`: ``get_original_weight``'s locals beside the BF16
+  weight, gone as it returns; the weight freed after the matmul); under the checkpoint the recomputation stops after
+  the down projection's forward (``LinearNF4`` saves its weight as its forward returns). Proved to the byte at every
+  landmark and peak against torchtune's QLoRA step (tests/pytorch/test_torchtune_lora.py).
 
 Scope: LLaMA blocks (multi-head or grouped-query), the SDPA flash kernel, composite (CPU) or fused RMSNorm,
 no, selective (the attention core checkpointed: its flash output and log-sum-exp not saved, the core re-run in
@@ -80,6 +84,7 @@ from ..core.exact import evaluate_expr
 from ..core.symbols import B, F, H, L, O, S, V, d, r
 from ..core.vocabulary import Role, State
 from ..states.bnb import nf4_gemm_fallback, nf4_parts
+from ..states.torchao import nf4_bytes, nf4_dequant_locals
 from ..states.recipes import get_recipe
 from . import loss, optim, outer, torchtune as tune
 from .build import IDS, Built
@@ -268,6 +273,28 @@ def _dequantized(p, c, base):
     return scales, weight
 
 
+#: torchtune's QLoRA base in the step: torchao's NF4Tensors' codes, and their scalers, factors, means and tables
+TORCHAO_ROWS = ("frozen NF4 projections (torchao): quantized_data (4-bit codes)",
+                "frozen NF4 projections (torchao): scalers, BF16 factors, means, tables")
+#: torchtune's q, k and v projections (three ``nn.Linear``s or ``LoRALinear``s): their base names
+TUNE_QKV = {"q_proj": "q", "k_proj": "k", "v_proj": "v"}
+
+
+def _torchao_dequantized(p, c, base) -> str:
+    """torchao's ``weight.to(dtype)`` of ``base``'s ``NF4Tensor`` (``LinearNF4.forward``/``backward``,
+    ``torchao/dtypes/nf4tensor.py`` l. 1037-1048; ``get_original_weight`` l. 829-855): its locals
+    (:func:`memledger.states.torchao.nf4_dequant_locals`) beside the BF16 weight at its peak, gone as it returns;
+    returns the weight, which the caller frees after its matmul."""
+    shapes = _base_shapes(c) | {v: adapter_shape(c, t) for t, v in TUNE_QKV.items()}
+    out, inp = shapes[base]
+    scratch = p.new(f"{base}: get_original_weight's locals", (nf4_dequant_locals(out * inp),), "int8",
+                    "int64 codes, looked-up and scaled BF16 halves, the scalers (torchao)")
+    weight = p.new(f"{base}: weight dequantized (torchao)", (out, inp), c.dtype, "NF4Tensor.to(bf16)")
+    p.op(f"{base}: NF4 weight dequantized (torchao)", alloc=[scratch, weight])
+    p.op("released (get_original_weight returns)", free=[scratch])
+    return weight
+
+
 def _nf4_fallback(c, values) -> tuple:
     """The bases whose NF4 forward runs bitsandbytes' ``_dequant_linear_fallback`` at these values: M = B*S rows
     past 1536, or an input width not a multiple of 64 (:func:`memledger.states.bnb.nf4_gemm_fallback`)."""
@@ -285,12 +312,22 @@ def _base_forward(p, c, spec, base, out, role: OpRole = None):
         out = [out] if isinstance(out, str) else list(out)
         p.op(f"{base} (frozen)", alloc=out, role=role)
         return
+    if tune.on(c):
+        weight = _torchao_dequantized(p, c, base)
+        p.op(f"{base} (frozen, NF4): F.linear", alloc=[out] if isinstance(out, str) else list(out), role=role)
+        p.op("released (the BF16 weight: LinearNF4.forward returns)", free=[weight])
+        return
     nf4_forward_ops(p, c.dtype, base, out, _base_shapes(c)[base], base in spec.nf4_fallback, f"{base} (frozen, NF4)",
                     role)
 
 
 def _base_backward(p, c, spec, base, g_in, frees=()):
     """A frozen base projection's backward: only its input gradient ``g_in``; then ``frees`` go."""
+    if spec.qlora and tune.on(c):
+        weight = _torchao_dequantized(p, c, base)
+        p.op(f"{base} backward: grad_output @ weight (input gradient only)", alloc=[g_in])
+        p.op("released", free=[weight] + list(frees))
+        return
     if spec.qlora:
         scales, weight = _dequantized(p, c, base)
         p.op(f"{base} backward: dequantize absmax", alloc=[scales])
@@ -466,9 +503,12 @@ class _BlockForward:
         """The frozen QKV projection on ``h1``; with adapters on q, k or v, each added to its column slice and the
         slices concatenated again (``torch.cat``; q, k, v: views of it)."""
         p, c, spec = self.p, self.c, self.spec
+        if spec.qlora and tune.on(c):
+            self._three_projections(h1)
+            return
         qkv = ["Q", "K", "V"] if not self.dropped else [self.local(
             "q, k, v (checkpointed)", (B, S, qkv_width(c)), "the fused projection's output, q, k, v views of it")]
-        self.qkv_out = qkv[0]
+        self.qkv_out = qkv[:1]
         adapted = [t for t in QKV if t in spec.targets]
         if not adapted:
             _base_forward(p, c, spec, "qkv", qkv)     # q, k, v: views of the frozen projection's output
@@ -479,6 +519,24 @@ class _BlockForward:
         sums = [self._slice_plus_adapter(t, h1, after=[base] if every and t == adapted[-1] else ()) for t in adapted]
         p.op("torch.cat: the fused output again (q, k, v: views of it)", alloc=qkv)
         p.op("released", free=sums + ([] if every else [base]))
+
+    def _three_projections(self, h1):
+        """torchtune's ``q_proj``, ``k_proj``, ``v_proj`` in turn on ``h1`` (QLoRA: each ``NF4Tensor`` dequantized
+        with the earlier outputs alive), each its adapter's sum where it has one; q, k, v separate tensors."""
+        p, c, spec = self.p, self.c, self.spec
+        names = ["Q", "K", "V"]
+        if self.dropped:
+            names = [self.local(f"{n} (checkpointed)", (B, S, adapter_shape(c, t)[0]), "a local of the attention")
+                     for n, t in zip(names, QKV)]
+        self.qkv_out = names
+        for (t, base), out in zip(TUNE_QKV.items(), names):
+            if t not in spec.targets:
+                _base_forward(p, c, spec, base, out)
+                continue
+            raw = p.new(f"{base} output (frozen)", (B, S, adapter_shape(c, t)[0]), c.dtype, "before the adapter's sum")
+            _base_forward(p, c, spec, base, raw)
+            adapter = _adapter_forward(p, c, spec, t, h1, self.dropped, unsaved_mask=self.first)
+            _adapter_sum(p, c, spec, t, adapter, out, raw=raw)
 
     def _slice_plus_adapter(self, t, h1, after) -> str:
         """One q, k or v column slice plus its adapter's output (on ``h1``); ``after``: freed when the sum returns.
@@ -519,7 +577,8 @@ class _BlockForward:
             branch = p.new("o_proj output + adapter", BSd, c.dtype, "the attention branch")
             _adapter_sum(p, c, spec, "o_proj", adapter, branch, raw=po)
         if self.dropped and tune.on(c):     # torchtune's q, k, v and SDPA's output: locals of its attention's forward
-            self.release(self.qkv_out)      # (modules/attention.py l. 182-304), not the layer's
+            for name in self.qkv_out:       # (modules/attention.py l. 182-304), not the layer's
+                self.release(name)
             self.release(pi)
         p.op("residual add", alloc=[xm])
         if tune.on(c):      # TransformerSelfAttentionLayer.forward's attn_out (transformer.py l. 122-132): until it returns
@@ -608,8 +667,8 @@ def _recompute(p, c, spec, first=False):
     roles = [op.role for op in q.ops]
     if "down_proj" in spec.targets:
         stop = roles.index(OpRole.LORA_DOWN_B)
-    elif spec.qlora:
-        stop = roles.index(OpRole.DOWN_PROJECTION) + (2 if "down" in spec.nf4_fallback else 1)   # the output made
+    elif spec.qlora:     # LinearNF4 saves after its forward: the BF16 weight (torchao's, bnb's fallback's) freed
+        stop = roles.index(OpRole.DOWN_PROJECTION) + (2 if "down" in spec.nf4_fallback or tune.on(c) else 1)
     else:
         stop = roles.index(OpRole.DOWN_PROJECTION)
     alive = []
@@ -692,7 +751,8 @@ def _attention_backward(p, c, spec, share, g_branch=None) -> str:
         "gradient of the output projection input (frozen)", BSq, "the frozen output projection's"))
     if g_branch:
         p.op("released (the skip's gradient goes nowhere: the block's input requires no grad)", free=[g_branch])
-    return _qkv_gradient(p, c, *_flash_backward(p, c, spec, g_pi.value))
+    grads = _flash_backward(p, c, spec, g_pi.value)
+    return grads if spec.qlora and tune.on(c) else _qkv_gradient(p, c, *grads)
 
 
 def _flash_backward(p, c, spec, g_pi) -> tuple:
@@ -739,6 +799,8 @@ def _qkv_backward(p, c, spec, share, gqkv, first=False) -> str:
     h1 = "Q/K/V projection input"
     g_h1 = _Sum(p, "gradient of norm 1's output", BSd, c.dtype)
     adapted = [t for t in QKV if t in spec.targets]
+    if isinstance(gqkv, tuple):         # torchtune's three projections (QLoRA)
+        return _three_backward(p, c, spec, share, gqkv, adapted, g_h1, first)
     assert h1 not in _kept_inputs(c, spec) or adapted         # a kept Q/K/V input is an adapter's
     slices = []
     for t in reversed(adapted):
@@ -757,6 +819,21 @@ def _qkv_backward(p, c, spec, share, gqkv, first=False) -> str:
         gqkv = gbase
     _base_backward(p, c, spec, "qkv", g, [gqkv])
     g_h1.add(g)
+    return g_h1.value
+
+
+def _three_backward(p, c, spec, share, grads, adapted, g_h1, first) -> str:
+    """torchtune's v, k, q projections' backward in turn (the node made last first), each adapter before its frozen
+    base; ``grads``: q, k, v's gradients. ``first``: the adapters' weight gradients only."""
+    h1 = "Q/K/V projection input"
+    for (t, base), g in reversed(list(zip(TUNE_QKV.items(), grads))):
+        if first:
+            if t in spec.targets:
+                _adapter_backward(p, c, spec, t, h1, share, t == adapted[0], input_grad=False)
+            p.op("released", free=[g])
+            continue
+        _projection_backward(p, c, spec, share, g_h1, t, base, h1, t == adapted[0], g, (
+            f"gradient of norm 1's output via {base} (frozen)", BSd, f"the frozen {base} projection's"))
     return g_h1.value
 
 
@@ -1078,9 +1155,15 @@ class LoraBuilt(Built):
         if c.has_qkv_bias:
             dense += L * qkv_width(c) * a
         packed = absmax = sp.Integer(0)
+        if spec.qlora and tune.on(c):       # torchao's NF4Tensor per projection, q, k and v separate
+            shapes = {k: v for k, v in shapes.items() if k != "qkv"} | {v: adapter_shape(c, t)
+                                                                           for t, v in TUNE_QKV.items()}
         for out, inp in shapes.values():
             n = out * inp
-            if spec.qlora:
+            if spec.qlora and tune.on(c):   # memledger.states.torchao: the codes, then the rest
+                packed += L * n / 2
+                absmax += L * (nf4_bytes(n) - n / 2)
+            elif spec.qlora:
                 parts = nf4_parts(n)                # memledger.states.bnb: bitsandbytes' NF4 storage
                 packed += L * parts["packed"]
                 absmax += L * parts["absmax"]
@@ -1088,7 +1171,11 @@ class LoraBuilt(Built):
                 dense += L * n * a
         static(f"frozen base weights ({c.dtype}; no grads, no states)", dense, Kind.PARAM,
                "frozen: requires_grad=False")
-        if spec.qlora:
+        if spec.qlora and tune.on(c):
+            static(TORCHAO_ROWS[0], packed, Kind.PARAM, "to_nf4's quantized_data: two 4-bit codes a byte")
+            static(TORCHAO_ROWS[1], absmax, Kind.PARAM,
+                   "to_nf4: int8 scalers per 64, a BF16 factor per 256 scalers, scaler mean and 16-entry table")
+        elif spec.qlora:
             static("frozen NF4 projections: packed 4-bit weights", packed, Kind.PARAM, "two 4-bit codes per byte")
             static("frozen NF4 projections: absmax (8-bit) and their FP32 constants", absmax, Kind.PARAM,
                    "double quantization: one 8-bit absmax per 64 weights, one FP32 per 256 absmax")
@@ -1180,15 +1267,14 @@ def _check(setup, config, conv):
 
 def _check_library(setup, config):
     """What the LoRA step models under a library's code: torchtune's ``lora_llama2`` with its adapters in the model's
-    dtype under ``torch.optim.AdamW`` (``bf16-pure-adamw``), a BF16 base, an adapter on q, k or v; refused in one line
-    (:func:`memledger.step.implementations.not_modelled`) otherwise."""
+    dtype under ``torch.optim.AdamW`` (``bf16-pure-adamw``), a BF16 or NF4 (torchao's) base, an adapter on q, k or
+    v; refused in one line (:func:`memledger.step.implementations.not_modelled`) otherwise."""
     impl = setup.implementation
     if impl != "torchtune":     # LitGPT's: memledger.step.litgpt_lora_step.check (LoraLedger.step)
         return
     lacks = [what for what, off in [
         (f"adapter_recipe {config.adapter_recipe} (torchtune's adapters are in the model's dtype: bf16-pure-adamw)",
          config.adapter_recipe != "bf16-pure-adamw"),
-        ("QLoRA (torchao's NF4Tensor)", config.base == "nf4"),
         ("LoRA without an adapter on q_proj, k_proj or v_proj (its first layer's attention without a gradient)",
          not set(QKV) & set(config.targets)),
         ("the optimizer in backward", setup.optimizer_in_backward)] if off]
@@ -1218,7 +1304,7 @@ class LoraStep(Step):
         shape = replace(base.shape, grad_dtype=recipe.grad_component.dtype)
         spec = LoraSpec(tuple(t for t in BLOCK_TARGETS if t in config.targets), config.dropout,
                         config.base == "nf4", _bitsandbytes(recipe), _fp32_adapters(recipe), "lm_head" in config.targets,
-                        _nf4_fallback(shape, setup.values) if config.base == "nf4" else ())
+                        _nf4_fallback(shape, setup.values) if config.base == "nf4" and not tune.on(shape) else ())
         fields = {f: getattr(base, f) for f in base.__dataclass_fields__}
         self.structure = LoraStructure(**(fields | {"shape": shape, "recipe": config.adapter_recipe, "lora": spec}))
         self.built = build_lora(self.structure)

@@ -594,13 +594,14 @@ def tt_step(rank, targets, quantized=False, landmark=None, load="torchtune-0914d
     cross-entropy, BF16 adapters and AdamW, dropout 0.05) or 7B_qlora_single_device (NF4 with double quantization);
     no overhead row (the allocator's counters do not see the context); its max_memory_reserved over the whole run,
     the model built and loaded as torchtune at that commit did (``load``; None: the step alone), replayed; or
-    (``after_loading``) ``measure`` at its largest before the first step."""
+    (``after_loading``) ``measure`` at its largest before the first step. QLoRA: torchtune's own step
+    (implementation torchtune: torchao's NF4Tensor, q, k, v dequantized in turn), as the published rows."""
     from memledger.ledger.lora import LoraConfig, LoraLedger
     from memledger.ledger.replay import replay_step
     config = LoraConfig(rank=rank, targets=targets, adapter_recipe="bf16-pure-adamw", dropout=True,
                         base="nf4" if quantized else "bf16")
-    step = LoraLedger("llama2-7b", config, batch_size=2, seq_len=512, recompute="full", overhead_bytes=0).step(
-        "cuda", rmsnorm="composite")
+    step = LoraLedger("llama2-7b", config, batch_size=2, seq_len=512, recompute="full", overhead_bytes=0,
+                      implementation="torchtune" if quantized else "reference").step("cuda", rmsnorm="composite")
     if landmark:
         return step.landmarks[landmark]["gpu"]
     replay = replay_step(step, load=load)

@@ -100,10 +100,12 @@ def test_torchtune_lora_step_outside(adapters, loss, checkpointed):
     assert got["after step"] - step.landmarks["after step"]["gpu"] == extra - 8 * B * S
 
 
-def torchtune_step(shape, L, B, S, targets, recompute="none", chunks=1, dropout=False):
-    """memledger's LoRA step under ``implementation="torchtune"`` (CPU conventions)."""
+def torchtune_step(shape, L, B, S, targets, recompute="none", chunks=1, dropout=False, quantize=False):
+    """memledger's LoRA step (``quantize``: QLoRA's, an NF4 base) under ``implementation="torchtune"`` (CPU
+    conventions)."""
     c = RefConfig(shape["d"], L, shape["H"], shape["F"], shape["V"], "llama")
-    config = LoraConfig(8, targets, adapter_recipe="bf16-pure-adamw", dropout=dropout)
+    config = LoraConfig(8, targets, base="nf4" if quantize else "bf16", adapter_recipe="bf16-pure-adamw",
+                        dropout=dropout)
     return LoraLedger(architecture_of(c), config, B, S, recompute, overhead_bytes=0, loss_chunks=chunks,
                       implementation="torchtune").step("cpu")
 
@@ -122,11 +124,12 @@ QV_HEAD = dict(attn=("q_proj", "v_proj"), mlp=False, output=True, targets=("q_pr
 ALL_HEAD = dict(ALL, output=True, targets=ALL["targets"] + ("lm_head",))
 
 
-def run(adapters, shape, L, B, S, loss, checkpointed, dropout):
+def run(adapters, shape, L, B, S, loss, checkpointed, dropout, quantize=False):
     got = lora_step(**shape, L=L, batch=B, seq=S, loss=loss, attn=adapters["attn"], mlp=adapters["mlp"],
-                    output=adapters.get("output", False), checkpointed=checkpointed, dropout=dropout)
+                    output=adapters.get("output", False), checkpointed=checkpointed, dropout=dropout,
+                    quantize=quantize)
     step = torchtune_step(shape, L, B, S, adapters["targets"], "full" if checkpointed else "none",
-                          8 if loss == "chunked" else 1, dropout > 0)
+                          8 if loss == "chunked" else 1, dropout > 0, quantize)
     return differences(got, step)
 
 
@@ -170,8 +173,8 @@ def test_torchtune_qlora_holds_torchaos_nf4_tensors(adapters):
     FakeTensorMode): before the forward pass its step holds the BF16 LoRA step's bytes with each projection's
     2n BF16 bytes replaced by :func:`nf4_bytes` (not bitsandbytes' layout, which memledger's QLoRA books: FP32
     constants per 256 absmax, no lookup table). The step itself (``linear_nf4``: the whole weight dequantized to
-    BF16 in forward and again in backward, ``get_original_weight`` l. 829-855 with its int64 codes) is not modelled
-    under implementation torchtune."""
+    BF16 in forward and again in backward, ``get_original_weight`` l. 829-855 with its int64 codes) is
+    :func:`test_torchtune_qlora_step_equals_memledgers`'."""
     d, F, L, B, S = SMALL["d"], SMALL["F"], 2, 2, 64
     kw = dict(**SMALL, L=L, batch=B, seq=S, attn=adapters["attn"], mlp=adapters["mlp"])
     lora, qlora = lora_step(**kw), lora_step(**kw, quantize=True)
@@ -208,3 +211,31 @@ def test_torchao_nf4_dequantization_is_measured(out, inp, B, S):
     y, gx = 2 * B * S * out, 2 * B * S * inp
     assert got == {"forward": max(nf4_dequant_peak(n), 2 * n + y), "after forward": y,
                    "backward": max(nf4_dequant_peak(n), 2 * n + gx), "after backward": gx}
+
+
+#: F below 3d: the fused q, k, v weight (3 d x d) would be dequantized at once, larger than the MLP's (d x F)
+NARROW = dict(SMALL, F=512)
+
+
+@pytest.mark.parametrize("checkpointed", [False, True], ids=["none", "full"])
+@pytest.mark.parametrize("adapters, shape, L, B, S, loss, dropout", [
+    (QV, SMALL, 2, 2, 64, "ce", 0.0), (ALL, SMALL, 2, 2, 64, "ce", 0.0), (QV, NARROW, 2, 2, 64, "ce", 0.0),
+    (ALL, NARROW, 3, 1, 64, "chunked", 0.0), (QV, NARROW, 3, 1, 64, "chunked", 0.05),
+    (ALL, SMALL, 3, 1, 64, "ce", 0.05), (QV_HEAD, NARROW, 2, 2, 64, "ce", 0.05)],
+    ids=["q-v", "all", "q-v-narrow", "all-narrow-chunked", "q-v-narrow-dropout", "all-dropout", "q-v-head"])
+def test_torchtune_qlora_step_equals_memledgers(adapters, shape, L, B, S, loss, dropout, checkpointed):
+    """torchtune's QLoRA step (``quantize_base=True``: every block projection a torchao ``NF4Tensor``, through
+    ``LoRALinear`` or ``FrozenNF4Linear``, both ``linear_nf4``) as ``lora_finetune_single_device`` runs it equals
+    memledger's QLoRA step under implementation torchtune at every landmark and peak, to the byte: q, k and v three
+    projections in turn, each weight dequantized (``get_original_weight``'s locals beside the BF16 weight, the locals
+    gone before the matmul, the weight after it) in forward and again in backward, the earlier outputs (gradients)
+    alive. ``NARROW`` (F < 3d) tells three dequantizations from one fused one."""
+    assert run(adapters, shape, L, B, S, loss, checkpointed, dropout, quantize=True) == {}
+
+
+@pytest.mark.parametrize("checkpointed", [False, True], ids=["none", "full"])
+def test_torchtune_qlora_7b_width_step(checkpointed):
+    """LLaMA-2 7B's width (two layers, V 32000), as ``7B_qlora_single_device.yaml`` runs it (rank 8, every projection
+    and the MLP, NF4 base, CEWithChunkedOutputLoss), B 2, S 512: every landmark and peak equals memledger's QLoRA step
+    under implementation torchtune to the byte."""
+    assert run(ALL, SEVEN_B, 2, 2, 512, "chunked", checkpointed, 0.0, quantize=True) == {}
