@@ -117,20 +117,24 @@ def _local(t):
     return t
 
 
-def _parallel_dims(tp: int):
-    """torchtitan's ``ParallelDims`` of tensor parallelism ``tp`` alone (its default backend ``spmd_types``,
-    ``config/configs.py`` l. 163-165), its meshes built on the CPU (``tools/utils.py`` l. 54-57 picks "cuda" when
-    no accelerator is found) before any ``FakeTensorMode``."""
+def _parallel_dims(tp: int, backend: str = "spmd_types"):
+    """torchtitan's ``ParallelDims`` of tensor parallelism ``tp`` alone (``backend``: its
+    ``parallelism.spmd_backend``, "spmd_types" by default, ``config/configs.py`` l. 163-172), its meshes built on
+    the CPU (``tools/utils.py`` l. 54-57 picks "cuda" when no accelerator is found) before any ``FakeTensorMode``."""
     import torchtitan.distributed.parallel_dims as parallel_dims
-    parallel_dims.device_type = "cpu"
-    dims = parallel_dims.ParallelDims(dp_replicate=1, dp_shard=1, cp=1, tp=tp, pp=1, ep=1, world_size=tp)
-    dims.build_mesh()
+    device_type, parallel_dims.device_type = parallel_dims.device_type, "cpu"
+    try:
+        dims = parallel_dims.ParallelDims(dp_replicate=1, dp_shard=1, cp=1, tp=tp, pp=1, ep=1, world_size=tp,
+                                          spmd_backend=backend)
+        dims.build_mesh()
+    finally:
+        parallel_dims.device_type = device_type
     return dims
 
 
 @recorded
 def tp_layer_saved(d: int, H: int, F: int, V: int, batch: int, seq: int, tp: int, sequence_parallel: bool = True,
-                   n_kv_heads: int = None) -> int:
+                   n_kv_heads: int = None, backend: str = "spmd_types") -> int:
     """What one layer saves on rank 0 of a fake world of ``tp`` ranks under torchtitan's own tensor parallelism
     (2-layer total minus 1-layer total, one forward pass, local shards only, deduplicated by storage, parameters
     and buffers excluded).
@@ -141,18 +145,21 @@ def tp_layer_saved(d: int, H: int, F: int, V: int, batch: int, seq: int, tp: int
     (``distributed/utils.py`` l. 400-427, ``trainer.py`` l. 813): without that context ``current_spmd_mesh()`` is
     None and every redistribution is skipped (``distributed/spmd_types.py`` l. 124-131, 374-375), so sequence
     parallelism would silently not happen. DTensor's sharding propagation gets its own ``FakeTensorMode``
-    (:func:`memledger.pytorch.distributed._propagation_as_in_a_real_run`)."""
+    (:func:`memledger.pytorch.distributed._propagation_as_in_a_real_run`). ``backend``: "spmd_types" (plain local
+    tensors) or "partial_dtensor" (DTensors on the tp axis)."""
+    if backend not in ("spmd_types", "partial_dtensor"):
+        raise ValueError(f"backend must be spmd_types or partial_dtensor, got {backend!r}")
     from torch._subclasses.fake_tensor import FakeTensorMode
     from .distributed import _propagation_as_in_a_real_run, fake_world
     totals = {}
     for L in (1, 2):
         with fake_world(tp):
-            dims = _parallel_dims(tp)
+            dims = _parallel_dims(tp, backend)
+            from torchtitan.distributed import utils as dist_utils
+            dist_utils.set_spmd_backend(dims.spmd_backend)      # before parallelize, as the trainer does
             with FakeTensorMode():
                 model, _ = build(d, L, H, F, V, seq, n_kv_heads, sequence_parallel=sequence_parallel)
                 model.parallelize(dims)
-                from torchtitan.distributed import utils as dist_utils
-                dist_utils.set_spmd_backend(dims.spmd_backend)
                 skip = {id(_local(x).untyped_storage()) for x in (*model.parameters(), *model.buffers())}
                 seen = {}
 

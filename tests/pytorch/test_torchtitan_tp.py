@@ -38,6 +38,15 @@ def test_small_layer_on_rank_0_of_8(shape, B, S, kv, sp):
 
 
 @pytest.mark.parametrize("sp", [False, True])
+def test_the_dtensor_backend_saves_the_same(sp):
+    """``parallelism.spmd_backend = "partial_dtensor"`` (DTensors on the tp axis, counted by their local shards):
+    the same bytes as the default ``spmd_types`` backend."""
+    shape = dict(d=256, H=8, F=512, V=512)
+    assert tp_layer_saved(**shape, batch=2, seq=64, tp=TP, sequence_parallel=sp, backend="partial_dtensor") == \
+        booked(shape, 2, 64, sp)
+
+
+@pytest.mark.parametrize("sp", [False, True])
 def test_llama2_7b_width_and_the_56_mib(sp):
     """LLaMA-2 7B widths, B 1, S 4096, t 8: to the byte; with SP, 56 MiB a layer above Megatron's slice (the two
     gathered inputs whole, 2 x 32 MiB, where Megatron keeps 2 x 4 MiB); without SP, no difference."""
