@@ -35,7 +35,7 @@ from .measure import tracker_class
 from .record import recorded
 
 __all__ = ["CHECKPOINTING", "IMPLEMENTATIONS", "build", "checkpointing", "layer_saved", "missing", "titan_fsdp1_step",
-           "titan_step"]
+           "titan_step", "tp_layer_saved"]
 
 IMPLEMENTATIONS = ("for-loop", "foreach", "fused")
 #: torchtitan's activation checkpointing policies run here (``distributed/activation_checkpoint.py``): none,
@@ -54,9 +54,12 @@ def missing():
     return None
 
 
-def build(d: int, L: int, H: int, F: int, V: int, seq: int, n_kv_heads: int = None):
+def build(d: int, L: int, H: int, F: int, V: int, seq: int, n_kv_heads: int = None, sequence_parallel: bool = None):
     """torchtitan's ``Llama3Model`` (BF16, no weights) with SDPA in every layer and a RoPE cache of ``seq``
-    positions; returns (model, its layers)."""
+    positions; returns (model, its layers). ``sequence_parallel`` (True or False): its sharding declarations filled
+    in as ``Llama3Model.Config.update_from_config`` fills them (``models/llama3/model.py`` l. 83-88:
+    ``set_llama3_sharding_config(enable_sp=parallelism.enable_sequence_parallel)``, True by default,
+    ``config/configs.py`` l. 160); None: none (one device)."""
     from .titan import import_titan
     import_titan()
     from torchtitan.models.common import ComplexRoPE, Embedding, Linear, RMSNorm
@@ -70,6 +73,9 @@ def build(d: int, L: int, H: int, F: int, V: int, seq: int, n_kv_heads: int = No
     config = Llama3Model.Config(dim=d, vocab_size=V, tok_embeddings=Embedding.Config(num_embeddings=V, embedding_dim=d),
                                 norm=RMSNorm.Config(normalized_shape=d),
                                 lm_head=Linear.Config(in_features=d, out_features=V), layers=layers)
+    if sequence_parallel is not None:
+        from torchtitan.models.llama3.sharding import set_llama3_sharding_config
+        set_llama3_sharding_config(config, enable_sp=sequence_parallel)
     before = torch.get_default_dtype()
     torch.set_default_dtype(torch.bfloat16)
     try:
@@ -102,6 +108,72 @@ def layer_saved(d: int, H: int, F: int, V: int, batch: int, seq: int, n_kv_heads
             totals[L] = sum(v[1] for v in seen.values())
             buffers = sum(b.untyped_storage().nbytes() for b in model.buffers())
     return {"layer": totals[2] - totals[1], "buffers": buffers}
+
+
+def _local(t):
+    """A DTensor's local shard (this rank's), else ``t``."""
+    while hasattr(t, "_local_tensor"):
+        t = t._local_tensor
+    return t
+
+
+def _parallel_dims(tp: int, backend: str = "spmd_types"):
+    """torchtitan's ``ParallelDims`` of tensor parallelism ``tp`` alone (``backend``: its
+    ``parallelism.spmd_backend``, "spmd_types" by default, ``config/configs.py`` l. 163-172), its meshes built on
+    the CPU (``tools/utils.py`` l. 54-57 picks "cuda" when no accelerator is found) before any ``FakeTensorMode``."""
+    import torchtitan.distributed.parallel_dims as parallel_dims
+    device_type, parallel_dims.device_type = parallel_dims.device_type, "cpu"
+    try:
+        dims = parallel_dims.ParallelDims(dp_replicate=1, dp_shard=1, cp=1, tp=tp, pp=1, ep=1, world_size=tp,
+                                          spmd_backend=backend)
+        dims.build_mesh()
+    finally:
+        parallel_dims.device_type = device_type
+    return dims
+
+
+@recorded
+def tp_layer_saved(d: int, H: int, F: int, V: int, batch: int, seq: int, tp: int, sequence_parallel: bool = True,
+                   n_kv_heads: int = None, backend: str = "spmd_types") -> int:
+    """What one layer saves on rank 0 of a fake world of ``tp`` ranks under torchtitan's own tensor parallelism
+    (2-layer total minus 1-layer total, one forward pass, local shards only, deduplicated by storage, parameters
+    and buffers excluded).
+
+    As its trainer does it (torchtitan 0.3.0): the sharding declarations set (:func:`build`), ``model.parallelize(
+    parallel_dims)`` (``models/llama3/parallelize.py`` l. 41-52, ``protocols/module.py`` l. 248-294),
+    ``set_spmd_backend`` (``trainer.py`` l. 319) and the forward inside its ``train_context``
+    (``distributed/utils.py`` l. 400-427, ``trainer.py`` l. 813): without that context ``current_spmd_mesh()`` is
+    None and every redistribution is skipped (``distributed/spmd_types.py`` l. 124-131, 374-375), so sequence
+    parallelism would silently not happen. DTensor's sharding propagation gets its own ``FakeTensorMode``
+    (:func:`memledger.pytorch.distributed._propagation_as_in_a_real_run`). ``backend``: "spmd_types" (plain local
+    tensors) or "partial_dtensor" (DTensors on the tp axis)."""
+    if backend not in ("spmd_types", "partial_dtensor"):
+        raise ValueError(f"backend must be spmd_types or partial_dtensor, got {backend!r}")
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from .distributed import _propagation_as_in_a_real_run, fake_world
+    totals = {}
+    for L in (1, 2):
+        with fake_world(tp):
+            dims = _parallel_dims(tp, backend)
+            from torchtitan.distributed import utils as dist_utils
+            dist_utils.set_spmd_backend(dims.spmd_backend)      # before parallelize, as the trainer does
+            with FakeTensorMode():
+                model, _ = build(d, L, H, F, V, seq, n_kv_heads, sequence_parallel=sequence_parallel)
+                model.parallelize(dims)
+                skip = {id(_local(x).untyped_storage()) for x in (*model.parameters(), *model.buffers())}
+                seen = {}
+
+                def pack(x, skip=skip, seen=seen):
+                    st = _local(x).untyped_storage()
+                    if id(st) not in skip:
+                        seen.setdefault(id(st), (st, st.nbytes()))
+                    return x
+                with dist_utils.get_spmd_context(parallel_dims=dims)(), _propagation_as_in_a_real_run(), \
+                        torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x):
+                    out = model(torch.randint(0, V, (batch, seq)))
+                del out
+                totals[L] = sum(v[1] for v in seen.values())
+    return totals[2] - totals[1]
 
 
 def checkpointing(model, policy: str) -> None:

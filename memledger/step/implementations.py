@@ -55,7 +55,8 @@ early_stop=False)`` on every block), proved at every landmark, phase peak and th
 policy (compute-intensive and collective ops saved, every second mm recomputed, l. 185-287; 0.3.0 has no per-layer
 "every k-th block" option); measured on the CPU it saves the block's input and the outputs of wqkv, w1 and w2, but the
 CPU's flash kernel is not in its save list where CUDA's is (``torch/_functorch/partitioners.py`` l. 2971-2980), so
-what it keeps on a GPU is not measurable here: refused.
+what it keeps on a GPU is not measurable here: refused. Its tensor parallelism: one layer on one rank only
+(:func:`memledger.step.torchtitan.tp_layer_bytes`, docs/fsdp2.md section 16); its step under TP is refused.
 
 A GPT-style family: pythia (GPT-NeoX: LayerNorm, GeLU, biases, a parallel residual, rotary on a quarter of each
 head, an untied head) under LitGPT's and transformers' code (sdpa or eager), each block as

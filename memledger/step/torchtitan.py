@@ -31,15 +31,23 @@ Not booked: on one GPU ``parallelize_llama`` still wraps the model with ``apply_
 (``models/llama3/parallelize.py`` l. 69-90), whose final norm and LM head unit keeps an unsharded BF16 copy from
 forward into backward, 2 (V d + d) bytes (measured: tests/pytorch/test_torchtitan.py, a strict xfail).
 
+Tensor parallelism (:func:`tp_layer_bytes`, one layer only): torchtitan 0.3.0 declares its plan on the configs
+(``models/llama3/sharding.py`` l. 25-74, ``models/common/decoder_sharding.py``): ``wqkv``, ``w1``, ``w3`` column-wise,
+``wo``, ``w2`` row-wise; with sequence parallelism (``enable_sequence_parallel``, True by default) the norms run
+on S/t positions and the attention module and the feed-forward module each all-gather their input once at their
+boundary (``in_dst_shardings`` Replicate, l. 190-200 and 283-289): fused QKV and w1/w3 share that copy, saved
+whole. The whole step under TP (its vocabulary-parallel loss, ``components/loss.py`` l. 32-65) is not modelled.
+
 Under ``recompute="full"`` (torchtitan's ``FullAC``, ``distributed/activation_checkpoint.py`` l. 166-182) the
 reference's checkpointed block runs unchanged. Checked against torchtitan's own model and loop under ``FakeTensorMode``
 (:func:`memledger.pytorch.torchtitan_step.titan_step`, tests/pytorch/test_torchtitan.py).
 """
 from ..core.symbols import B, H, L, S, d
+from .tensor import SP_NORM_OUTPUT
 from .vocab import Kind, OpRole
 
 __all__ = ["COUNT", "GRADIENTS", "LOSS", "backward_start", "forward_end", "forward_start", "on", "optimizer", "outside",
-           "statics"]
+           "statics", "tp_layer_bytes"]
 
 COUNT = "local_valid_tokens (int64)"
 LOSS = "loss / global_valid_tokens (FP32)"
@@ -150,3 +158,16 @@ def optimizer(ops: list, c, fork, n_tensors) -> list:
     clip(a, n_tensors, c.grad_dtype)
     b.op("train_step returns", free=[LOSS, COUNT, NORM])
     return a.ops + list(ops) + b.ops
+
+
+def tp_layer_bytes(rows, sequence_parallel: bool = True):
+    """One layer's saved bytes on one rank under torchtitan's tensor parallelism (the rows: the layer's inventory,
+    :class:`~memledger.activations.inventory.Saved`): each row's rank share (``Saved.rank_bytes``: /t where the
+    row is split on heads or F, and under SP on the sequence), except that under SP the two inputs gathered at the
+    attention and feed-forward boundaries are saved whole (B S d each) where Megatron-LM saves the S/t shard:
+    sum(rank_bytes) + (1 - 1/t) (|QKV input| + |MLP input|). At LLaMA-2 7B, B 1, S 4096, t 8: 56 MiB a layer
+    above Megatron's slice. Measured: :func:`memledger.pytorch.torchtitan_step.tp_layer_saved`."""
+    total = sum(r.rank_bytes(True, sequence_parallel) for r in rows)
+    if sequence_parallel:
+        total += sum(r.bytes - r.rank_bytes(True, True) for r in rows if r.name in SP_NORM_OUTPUT)
+    return total
