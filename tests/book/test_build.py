@@ -591,7 +591,8 @@ QV, ALL7 = ("q_proj", "v_proj"), ("q_proj", "k_proj", "v_proj", "o_proj", "gate_
 def tt_step(rank, targets, quantized=False, landmark=None, load="torchtune-0914d5c", after_loading=False,
             measure="reserved"):
     """torchtune at 0914d5cfb: 7B_lora_single_device (batch 2, Alpaca cut at 512, every block checkpointed, plain
-    cross-entropy, BF16 adapters and AdamW, dropout 0.05) or 7B_qlora_single_device (NF4 with double quantization);
+    cross-entropy, BF16 adapters and AdamW, dropout 0.05; torchtune's lora_llama2, implementation torchtune, proved in
+    tests/pytorch/test_torchtune_lora.py) or 7B_qlora_single_device (NF4 with double quantization);
     no overhead row (the allocator's counters do not see the context); its max_memory_reserved over the whole run,
     the model built and loaded as torchtune at that commit did (``load``; None: the step alone), replayed; or
     (``after_loading``) ``measure`` at its largest before the first step. QLoRA: torchtune's own step
@@ -601,7 +602,7 @@ def tt_step(rank, targets, quantized=False, landmark=None, load="torchtune-0914d
     config = LoraConfig(rank=rank, targets=targets, adapter_recipe="bf16-pure-adamw", dropout=True,
                         base="nf4" if quantized else "bf16")
     step = LoraLedger("llama2-7b", config, batch_size=2, seq_len=512, recompute="full", overhead_bytes=0,
-                      implementation="torchtune" if quantized else "reference").step("cuda", rmsnorm="composite")
+                      implementation="torchtune").step("cuda", rmsnorm="composite")
     if landmark:
         return step.landmarks[landmark]["gpu"]
     replay = replay_step(step, load=load)
